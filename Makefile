@@ -1,0 +1,44 @@
+# Tally — the README's two commands: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# apt packages the tests need: Chromium for browser tests, the PostgreSQL JDBC jar for Spark.
+APT_PACKAGES := chromium libpostgresql-jdbc-java
+
+.PHONY: run test setup system-deps database lint clean
+
+run: setup database
+	$(PY) manage.py devstack
+
+test: setup system-deps database
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Installs only what is missing; needs root (CI and dev machines run as root) or sudo.
+system-deps:
+	@missing=""; \
+	for pkg in $(APT_PACKAGES); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+database: setup
+	$(PY) manage.py ensure_database
+	$(PY) manage.py migrate --noinput -v 0
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) var/*.log

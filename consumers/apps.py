@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConsumersConfig(AppConfig):
+    name = "consumers"
+    verbose_name = "Consumers and pipelines"

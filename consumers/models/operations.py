@@ -1,0 +1,36 @@
+"""The audit log of operator actions (start, stop, pause, resume, restart, rewind, group offset reset)."""
+from django.db import models
+from django.utils import timezone
+
+
+class ActionResult(models.TextChoices):
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    REFUSED = "refused", "refused"
+    FAILED = "failed", "failed"
+
+
+class ActionLog(models.Model):
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="actions")
+    group_id = models.CharField(max_length=255, blank=True, default="",
+                                help_text="For actions on consumer groups that Tally does not run.")
+    action = models.CharField(max_length=30)
+    actor = models.CharField(max_length=150, help_text="Username, 'cli', or 'supervisor'.")
+    params = models.JSONField(default=dict)
+    dry_run = models.BooleanField(default=False)
+    offsets_before = models.JSONField(default=dict)
+    offsets_after = models.JSONField(default=dict)
+    result = models.CharField(max_length=10, choices=ActionResult.choices, default=ActionResult.RUNNING)
+    message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx")]
+
+    @property
+    def is_rewind(self) -> bool:
+        # Rewinds are planned: monitoring must not treat the rewound range as an incident.
+        return self.action in ("rewind", "reset_group")

@@ -1,0 +1,164 @@
+"""Pipelines and their state. The database, not Kafka, is the source of truth for positions.
+
+Invariants (DESIGN.md): a batch's sink rows, dead letters, ledger row and `next_offset` commit in one
+transaction (consumers/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
+older epoch are refused.
+"""
+from django.db import models
+from django.db.models import F
+from django.utils import timezone
+
+
+class DeliveryMode(models.TextChoices):
+    EXACTLY_ONCE = "exactly_once", "exactly-once"
+    AT_LEAST_ONCE = "at_least_once", "at-least-once"
+    AT_MOST_ONCE = "at_most_once", "at-most-once"
+
+
+class Engine(models.TextChoices):
+    PYTHON = "python", "kafka-python"
+    SPARK = "spark", "Spark Structured Streaming"
+
+
+class DesiredState(models.TextChoices):
+    RUNNING = "running", "running"
+    PAUSED = "paused", "paused"
+    STOPPED = "stopped", "stopped"
+
+
+class ResetPolicy(models.TextChoices):
+    EARLIEST = "earliest", "earliest"
+    LATEST = "latest", "latest"
+
+
+class BadRecordPolicy(models.TextChoices):
+    DEAD_LETTER = "dead_letter", "dead-letter and go on"
+    STOP = "stop", "stop the pipeline"
+
+
+class Pipeline(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    topic = models.CharField(max_length=249)
+    group_id = models.CharField(max_length=255, help_text="Kafka consumer group id (defaults to the name).")
+    sink_table = models.CharField(max_length=63)
+    transform = models.CharField(max_length=200, default="int_value",
+                                 help_text="A registered transform name or a dotted path to a function.")
+    delivery_mode = models.CharField(max_length=20, choices=DeliveryMode.choices,
+                                     default=DeliveryMode.EXACTLY_ONCE)
+    engine = models.CharField(max_length=10, choices=Engine.choices, default=Engine.PYTHON)
+    batch_size = models.PositiveIntegerField(default=500)
+    reset_policy = models.CharField(max_length=10, choices=ResetPolicy.choices, default=ResetPolicy.EARLIEST)
+    on_bad_record = models.CharField(max_length=20, choices=BadRecordPolicy.choices,
+                                     default=BadRecordPolicy.DEAD_LETTER)
+    desired_state = models.CharField(max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED)
+    epoch = models.PositiveBigIntegerField(default=0)
+    # Supervision (issue 4): consecutive automatic restarts, when the next one may happen, and why.
+    restart_attempts = models.PositiveIntegerField(default=0)
+    restart_after = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        permissions = [("operate_pipeline", "Can start, stop, pause, resume, restart and rewind pipelines")]
+
+    def __str__(self):
+        return self.name
+
+    def save(self, *args, **kwargs):
+        if not self.group_id:
+            self.group_id = self.name
+        super().save(*args, **kwargs)
+
+    @property
+    def is_exactly_once(self) -> bool:
+        return self.delivery_mode == DeliveryMode.EXACTLY_ONCE
+
+    def bump_epoch(self) -> int:
+        """Start a new epoch (fencing every writer of the old one) and return it."""
+        Pipeline.objects.filter(pk=self.pk).update(epoch=F("epoch") + 1)
+        self.refresh_from_db(fields=["epoch"])
+        return self.epoch
+
+
+class PartitionOffset(models.Model):
+    """The DB's position for one topic-partition: the next offset to process. Written only by commit.py
+    (and by operator rewinds in one audited transaction)."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="offsets")
+    partition = models.PositiveIntegerField()
+    next_offset = models.BigIntegerField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "partition"], name="uniq_offset_partition")]
+        ordering = ["pipeline", "partition"]
+
+    def __str__(self):
+        return f"{self.pipeline}[{self.partition}] next={self.next_offset}"
+
+
+class BatchLedger(models.Model):
+    """One row per committed batch: [first_offset, end_offset) of one partition."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="ledger")
+    partition = models.PositiveIntegerField()
+    first_offset = models.BigIntegerField()
+    end_offset = models.BigIntegerField(help_text="Exclusive: the next offset after this batch.")
+    records = models.PositiveIntegerField()
+    rows_written = models.PositiveIntegerField()
+    dead_letters = models.PositiveIntegerField(default=0)
+    epoch = models.PositiveBigIntegerField()
+    committed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_range_idx"),
+                   models.Index(fields=["pipeline", "committed_at"], name="ledger_time_idx")]
+
+
+class DeadLetter(models.Model):
+    """A record the transform rejected, stored with the reason, in the batch's transaction."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="dead_letters")
+    partition = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    key = models.BinaryField(null=True)
+    value = models.BinaryField(null=True)
+    error = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "partition", "offset"],
+                                               name="uniq_dead_letter_offset")]
+        ordering = ["pipeline", "partition", "offset"]
+
+
+class RunState(models.TextChoices):
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    STOPPED = "stopped", "stopped"
+    FENCED = "fenced", "fenced"
+    CRASHED = "crashed", "crashed"
+    FAILED = "failed", "failed"
+
+
+class ConsumerRun(models.Model):
+    """Who runs a pipeline: one row per engine process (or Celery task) and epoch."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="runs")
+    epoch = models.PositiveBigIntegerField()
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    task_id = models.CharField(max_length=255, blank=True, default="")
+    engine = models.CharField(max_length=10, choices=Engine.choices, default=Engine.PYTHON)
+    state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.STARTING)
+    assigned_partitions = models.JSONField(default=list)
+    records_processed = models.PositiveBigIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["pipeline", "state"], name="run_state_idx")]
+        ordering = ["-started_at"]

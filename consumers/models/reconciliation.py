@@ -1,0 +1,75 @@
+"""What reconciliation found, per pipeline and partition, and lag/throughput snapshots for charts."""
+from django.db import models
+from django.utils import timezone
+
+
+class Status(models.TextChoices):
+    """Lag evaluation status (rules documented in docs/reconciliation.md)."""
+    OK = "OK", "OK"
+    WARN = "WARN", "WARN"
+    ERR = "ERR", "ERR"
+    STALL = "STALL", "STALL"
+    STOP = "STOP", "STOP"
+    REWIND = "REWIND", "REWIND"
+
+
+class PartitionHealth(models.Model):
+    """The latest reconciliation of one partition, and the incremental mark `verified_offset`:
+    offsets below it have been verified and are not read again (a rewind moves it back)."""
+
+    pipeline = models.ForeignKey("consumers.Pipeline", on_delete=models.CASCADE, related_name="partition_health")
+    partition = models.PositiveIntegerField()
+    verified_offset = models.BigIntegerField(default=0)
+    log_start = models.BigIntegerField(null=True)
+    high_watermark = models.BigIntegerField(null=True)
+    next_offset = models.BigIntegerField(null=True)
+    kafka_committed = models.BigIntegerField(null=True)
+    lag_records = models.BigIntegerField(null=True)
+    lag_seconds = models.FloatField(null=True)
+    lost = models.BigIntegerField(default=0)
+    duplicated = models.BigIntegerField(default=0)
+    phantom = models.BigIntegerField(default=0)
+    dead_lettered = models.BigIntegerField(default=0)
+    unrecoverable = models.BigIntegerField(default=0)
+    findings = models.JSONField(default=list)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OK)
+    checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "partition"], name="uniq_health_partition")]
+        ordering = ["pipeline", "partition"]
+
+
+class PipelineHealth(models.Model):
+    pipeline = models.OneToOneField("consumers.Pipeline", on_delete=models.CASCADE, related_name="health")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OK)
+    lost = models.BigIntegerField(default=0)
+    duplicated = models.BigIntegerField(default=0)
+    phantom = models.BigIntegerField(default=0)
+    dead_lettered = models.BigIntegerField(default=0)
+    lag_records = models.BigIntegerField(null=True)
+    lag_seconds = models.FloatField(null=True)
+    records_per_second = models.FloatField(null=True)
+    checked_at = models.DateTimeField(default=timezone.now)
+
+
+class LagSnapshot(models.Model):
+    """Periodic lag/throughput sample. partition=None is the pipeline total. Old samples are downsampled
+    (resolution grows) and finally deleted so the table stays bounded."""
+
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="snapshots")
+    group_id = models.CharField(max_length=255, blank=True, default="")
+    partition = models.IntegerField(null=True, blank=True)
+    taken_at = models.DateTimeField(default=timezone.now)
+    resolution_seconds = models.PositiveIntegerField(default=0)
+    lag_records = models.BigIntegerField(null=True)
+    lag_seconds = models.FloatField(null=True)
+    position = models.BigIntegerField(null=True)
+    high_watermark = models.BigIntegerField(null=True)
+    records_per_second = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["pipeline", "partition", "taken_at"], name="snapshot_series_idx"),
+                   models.Index(fields=["group_id", "taken_at"], name="snapshot_group_idx"),
+                   models.Index(fields=["taken_at"], name="snapshot_time_idx")]

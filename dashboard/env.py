@@ -1,0 +1,95 @@
+"""Settings from the environment, failing loudly with the variable's name.
+
+Tiny helpers in the spirit of healthchecks' `envbool` / `envint`: a bad value stops start-up with a
+message that names the variable, instead of a confusing error much later.
+"""
+import os
+from urllib.parse import urlparse
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _fail(name, value, expected):
+    raise ImproperlyConfigured(f"Environment variable {name}={value!r} is not valid: expected {expected}.")
+
+
+def env_str(name, default):
+    return os.environ.get(name, default)
+
+
+def env_bool(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    _fail(name, value, "a boolean (true/false, 1/0, yes/no, on/off)")
+
+
+def env_int(name, default, minimum=None):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        _fail(name, value, "an integer")
+    if minimum is not None and number < minimum:
+        _fail(name, value, f"an integer >= {minimum}")
+    return number
+
+
+def env_list(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_url(name, default, schemes):
+    """A URL whose scheme is one of `schemes`, e.g. redis://host:6379/0."""
+    value = os.environ.get(name, default)
+    parsed = urlparse(value)
+    if parsed.scheme not in schemes or not (parsed.hostname or parsed.path):
+        _fail(name, value, f"a URL with scheme {' or '.join(schemes)}")
+    return value
+
+
+def env_database(name, default):
+    value = os.environ.get(name, default)
+    try:
+        config = environ.Env.db_url_config(value)
+    except Exception as exc:  # django-environ raises several types for bad URLs
+        _fail(name, value, f"a database URL such as postgres://user@host:5432/db ({exc})")
+    if config.get("ENGINE") != "django.db.backends.postgresql":
+        _fail(name, value, "a PostgreSQL URL (postgres:// or postgresql://)")
+    if not config.get("NAME"):
+        _fail(name, value, "a database name in the URL path")
+    return config
+
+
+def env_email(name):
+    """Django EMAIL_* settings from EMAIL_URL (smtp://user:pass@host:port, smtp+tls://, console://)."""
+    value = os.environ.get(name)
+    if value is None:
+        return {}
+    try:
+        return environ.Env.email_url_config(value)
+    except Exception as exc:
+        _fail(name, value, f"an email URL such as smtp://user:password@host:25 ({exc})")
+
+
+def env_bootstrap_servers(name, default):
+    value = os.environ.get(name, default)
+    servers = [item.strip() for item in value.split(",") if item.strip()]
+    if not servers:
+        _fail(name, value, "a comma-separated list of host:port")
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            _fail(name, value, "a comma-separated list of host:port")
+    return ",".join(servers)

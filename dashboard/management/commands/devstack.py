@@ -1,0 +1,118 @@
+"""`make run`: the whole local stack in one foreground process.
+
+Starts the embedded broker (when KAFKA_BOOTSTRAP_SERVERS is not reachable), a Celery worker, Celery beat
+and the web server; seeds the demo; prints the URL and the login. Ctrl-C (or SIGTERM) stops every process
+it started — each child runs in its own session so that its whole process group can be signalled.
+"""
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command, get_commands
+from django.core.management.base import BaseCommand, CommandError
+
+from consumers import broker
+
+PYTHON = sys.executable
+
+
+def stack_commands(host: str, port: int) -> dict[str, list[str]]:
+    """The long-running processes of the stack, by name (also documented in the README)."""
+    celery = [PYTHON, "-m", "celery", "-A", "dashboard"]
+    return {
+        # The threads pool: each pipeline is a long-lived task, and Spark must never be started in a
+        # prefork child (see DESIGN.md); threads let one worker host many pipelines.
+        "worker": celery + ["worker", "--pool", "threads", "--concurrency", "16", "--loglevel", "INFO"],
+        "beat": celery + ["beat", "--loglevel", "INFO", "--schedule", os.path.join("var", "celerybeat-schedule")],
+        "web": [PYTHON, "manage.py", "runserver", f"{host}:{port}", "--noreload"],
+    }
+
+
+class Command(BaseCommand):
+    help = "Run the local stack (broker if needed, worker, beat, web) until Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-demo", action="store_true", help="Do not seed the demo pipelines.")
+
+    def handle(self, *args, host, port, no_demo, **options):
+        os.makedirs("var", exist_ok=True)
+        self.children: dict[str, subprocess.Popen] = {}
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            self.start_broker_if_needed()
+            login, password = self.ensure_operator_login()
+            if not no_demo and "seed_demo" in get_commands():
+                call_command("seed_demo")
+            for name, command in stack_commands(host, port).items():
+                log = open(os.path.join("var", f"{name}.log"), "ab")
+                self.children[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True)
+            self.stdout.write(self.style.SUCCESS(
+                f"\nTally is starting at http://{host}:{port}/  login: {login} / {password}\n"
+                f"Processes: {', '.join(f'{n} (pid {p.pid})' for n, p in self.children.items())}; "
+                f"logs in var/*.log. Ctrl-C stops everything.\n"))
+            self.watch()
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping…")
+        finally:
+            self.stop_all()
+
+    def start_broker_if_needed(self):
+        servers = settings.KAFKA_BOOTSTRAP_SERVERS
+        if broker.is_reachable(servers):
+            self.stdout.write(f"Using the Kafka cluster at {servers}.")
+            return
+        first = servers.split(",")[0]
+        host, _, port = first.rpartition(":")
+        if host not in ("127.0.0.1", "localhost"):
+            raise CommandError(f"KAFKA_BOOTSTRAP_SERVERS={servers} is not reachable.")
+        log = open(os.path.join("var", "broker.log"), "ab")
+        try:
+            self.children["broker"] = broker.start_broker(int(port), log_file=log)
+        except broker.BrokerError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"Started the embedded Kafka-compatible broker on 127.0.0.1:{port}.")
+
+    def ensure_operator_login(self):
+        username = os.environ.get("DJANGO_SUPERUSER_USERNAME", "admin")
+        password = os.environ.get("DJANGO_SUPERUSER_PASSWORD") or secrets.token_urlsafe(9)
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        if "setup_roles" in get_commands():
+            call_command("setup_roles", verbosity=0)
+        return username, password
+
+    def watch(self):
+        while True:
+            for name, process in self.children.items():
+                if process.poll() is not None:
+                    raise CommandError(f"{name} exited with code {process.returncode}; see var/{name}.log")
+            time.sleep(0.5)
+
+    def stop_all(self):
+        for process in self.children.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for process in self.children.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+        self.stdout.write("All processes stopped.")

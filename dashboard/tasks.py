@@ -1,0 +1,8 @@
+"""Small housekeeping tasks of the web side."""
+from celery import shared_task
+
+
+@shared_task(name="tally.ping")
+def ping_task(value):
+    """Round-trip check used by health checks and the smoke test: returns what it was given."""
+    return {"pong": value}

@@ -1,0 +1,129 @@
+"""Shared fixtures: the real broker, a real Celery worker, and the environment for subprocesses.
+
+Integration tests talk to the real PostgreSQL and Redis of the machine, and start their own broker on a
+free port. Parallel runs on one machine stay apart through TEST_DATABASE_NAME and TEST_REDIS_URL.
+"""
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from consumers import broker
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    """A fresh embedded broker on a free port for this test session; settings point at it."""
+    port = broker.free_port()
+    log = open(ROOT / "var" / f"test-broker-{port}.log", "wb") if (ROOT / "var").is_dir() else None
+    process = broker.start_broker(port, log_file=log)
+    bootstrap = f"127.0.0.1:{port}"
+    previous = settings.KAFKA_BOOTSTRAP_SERVERS
+    settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
+    os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+    yield bootstrap
+    settings.KAFKA_BOOTSTRAP_SERVERS = previous
+    broker.stop_broker(process)
+
+
+@pytest.fixture
+def make_topic(kafka_bootstrap):
+    """Create a uniquely named topic: make_topic("nums", partitions=3) -> "nums-1a2b3c"."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+
+    def create(prefix="t", partitions=1):
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(name, partitions, 1)])
+        return name
+
+    yield create
+    admin.close()
+
+
+def database_url() -> str:
+    """A URL for the database the tests use right now (the test database once pytest-django set it up)."""
+    db = settings.DATABASES["default"]
+    auth = db.get("USER") or "postgres"
+    if db.get("PASSWORD"):
+        auth += ":" + db["PASSWORD"]
+    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def subprocess_env(db):
+    """Environment for child processes (engines, workers) so they use this test's database and broker."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["REDIS_URL"] = TEST_REDIS_URL
+    env["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS
+    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def celery_app_for_tests():
+    """The project's Celery app pointed at the test Redis database."""
+    from dashboard.celery import app
+
+    old = (app.conf.broker_url, app.conf.result_backend)
+    app.conf.broker_url = TEST_REDIS_URL
+    app.conf.result_backend = TEST_REDIS_URL
+    yield app
+    app.conf.broker_url, app.conf.result_backend = old
+
+
+def start_celery_worker(env, *extra_args, log_name="celery-worker"):
+    """Start a real Celery worker process (threads pool) and wait until it answers a ping."""
+    (ROOT / "var").mkdir(exist_ok=True)
+    log = open(ROOT / "var" / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")
+    command = [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--pool", "threads",
+               "--concurrency", "8", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+               "-n", f"test-{uuid.uuid4().hex[:6]}@%h", *extra_args]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    process.log_path = log.name
+    return process
+
+
+def stop_process_group(process, timeout=10):
+    import signal
+
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=timeout)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+@pytest.fixture
+def celery_worker(subprocess_env, celery_app_for_tests):
+    """A real Celery worker against the real Redis (test database 15 by default) and this test's DB."""
+    process = start_celery_worker(subprocess_env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"Celery worker exited: {Path(process.log_path).read_text()[-2000:]}")
+        replies = celery_app_for_tests.control.ping(timeout=0.5)
+        if replies:
+            break
+    else:
+        stop_process_group(process)
+        raise RuntimeError("Celery worker did not answer a ping within 60 s")
+    yield process
+    stop_process_group(process)
