@@ -101,6 +101,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
 # --- Spark -------------------------------------------------------------------------------------------
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
