@@ -1,0 +1,244 @@
+"""Every Kafka admin call Tally makes: partitions, watermarks, group offsets, groups, resets.
+
+One module so that broker quirks are handled once. The embedded broker (Tansu) answers ListOffsets
+"latest" with the base offset of the last record batch + 1, which is too low for multi-record batches;
+the high watermark carried by a Fetch reply is right on every broker, so `watermarks()` reads it from a
+fetch. On real Kafka the two agree.
+"""
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import OffsetSpec
+from kafka.structs import OffsetAndMetadata
+
+log = logging.getLogger("tally.kafka")
+
+
+class KafkaAdminError(RuntimeError):
+    pass
+
+
+def _common(**overrides):
+    config = {"bootstrap_servers": settings.KAFKA_BOOTSTRAP_SERVERS,
+              "request_timeout_ms": settings.KAFKA_REQUEST_TIMEOUT_MS,
+              "client_id": "tally-admin"}
+    config.update(overrides)
+    return config
+
+
+class _AdminClient(KafkaAdminClient):
+    """kafka-python's admin client, tolerant of a DescribeGroups reply whose authorized-operations bit
+    set has values it does not know (the embedded broker sends them even when not asked)."""
+
+    def _process_acl_operations(self, obj):
+        try:
+            return super()._process_acl_operations(obj)
+        except ValueError:
+            obj["authorized_operations"] = None
+            return obj
+
+
+def admin_client(**overrides) -> KafkaAdminClient:
+    return _AdminClient(**_common(**overrides))
+
+
+def probe_consumer(**overrides) -> KafkaConsumer:
+    """A group-less consumer for reads (watermarks, timestamps); never commits."""
+    config = _common(enable_auto_commit=False, group_id=None, **overrides)
+    config.setdefault("consumer_timeout_ms", 1000)
+    return KafkaConsumer(**config)
+
+
+@contextlib.contextmanager
+def admin_session():
+    client = admin_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def partitions_for(topic: str) -> list[int]:
+    consumer = probe_consumer()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+    finally:
+        consumer.close()
+    if not partitions:
+        raise KafkaAdminError(f"Topic {topic!r} does not exist or has no partitions.")
+    return sorted(partitions)
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    log_start: int
+    high: int
+
+
+def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float = 10.0) -> dict[int, Watermarks]:
+    """Log start offset and high watermark per partition. The high watermark comes from a Fetch reply
+    (see module docstring): seek to ListOffsets' "latest" and fetch once, which costs at most one record
+    batch per partition."""
+    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16)
+    try:
+        partitions = partitions if partitions is not None else sorted(consumer.partitions_for_topic(topic) or [])
+        if not partitions:
+            raise KafkaAdminError(f"Topic {topic!r} does not exist or has no partitions.")
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        starts = consumer.beginning_offsets(tps)
+        listed_ends = consumer.end_offsets(tps)
+        for tp in tps:
+            # Seeking one below the listed end makes the broker send a batch (and its high watermark)
+            # even when the listed end is exact; on an empty partition the fetch still carries it.
+            consumer.seek(tp, max(starts[tp], listed_ends[tp] - 1))
+        high = _fetch_high_watermarks(consumer, tps, timeout_s)
+    finally:
+        consumer.close()
+    return {tp.partition: Watermarks(starts[tp], max(high[tp], listed_ends[tp])) for tp in tps}
+
+
+def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        marks = {tp: consumer.highwater(tp) for tp in tps}
+        if all(mark is not None for mark in marks.values()):
+            return marks
+        if time.monotonic() > deadline:
+            missing = [tp.partition for tp, mark in marks.items() if mark is None]
+            raise KafkaAdminError(f"No fetch reply with a high watermark for partitions {missing}")
+        # Pause partitions that already answered so their records are not fetched again and again.
+        consumer.pause(*[tp for tp, mark in marks.items() if mark is not None])
+        consumer.poll(timeout_ms=200, max_records=1)
+
+
+def high_watermarks(topic: str, partitions: list[int] | None = None) -> dict[int, int]:
+    return {p: w.high for p, w in watermarks(topic, partitions).items()}
+
+
+def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = None) -> dict[int, int | None]:
+    """Kafka's committed offset of a group per partition (None where the group has committed nothing)."""
+    with admin_session() as admin:
+        result = admin.list_group_offsets({group_id: None}).get(group_id, {})
+    committed = {tp.partition: (meta.offset if meta.offset >= 0 else None)
+                 for tp, meta in result.items() if tp.topic == topic}
+    if partitions is not None:
+        committed = {p: committed.get(p) for p in partitions}
+    return committed
+
+
+def commit_offsets(group_id: str, topic: str, offsets: dict[int, int]) -> None:
+    """Set a group's committed offsets (the group must have no active members)."""
+    with admin_session() as admin:
+        errors = admin.alter_group_offsets(
+            group_id, {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    failed = {tp.partition: err.__name__ for tp, err in errors.items() if err.__name__ != "NoError"}
+    if failed:
+        raise KafkaAdminError(f"Kafka refused the offset change for group {group_id!r}: {failed}")
+
+
+def offsets_for_time(topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int | None]:
+    """Earliest offset whose timestamp is >= timestamp_ms, per partition (None: no such record)."""
+    with admin_session() as admin:
+        result = admin.list_partition_offsets({TopicPartition(topic, p): timestamp_ms for p in partitions})
+    return {tp.partition: (ot.offset if ot is not None and ot.offset >= 0 else None) for tp, ot in result.items()}
+
+
+def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.0) -> dict[int, int | None]:
+    """Timestamp (ms) of the record at each partition's offset; None where there is no such record.
+    Used for lag in seconds: the age of the record at the consumer's position."""
+    result: dict[int, int | None] = {p: None for p in offsets}
+    if not offsets:
+        return result
+    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16)
+    try:
+        tps = {p: TopicPartition(topic, p) for p in offsets}
+        consumer.assign(list(tps.values()))
+        for p, tp in tps.items():
+            consumer.seek(tp, offsets[p])
+        deadline = time.monotonic() + timeout_s
+        pending = set(offsets)
+        while pending and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200, max_records=len(pending) * 4).items():
+                for record in records:
+                    if tp.partition in pending and record.offset >= offsets[tp.partition]:
+                        result[tp.partition] = record.timestamp
+                        pending.discard(tp.partition)
+                        consumer.pause(tp)
+            # A partition whose high watermark is at the offset has no record there yet.
+            for p in list(pending):
+                mark = consumer.highwater(tps[p])
+                if mark is not None and mark <= offsets[p]:
+                    pending.discard(p)
+    finally:
+        consumer.close()
+    return result
+
+
+@dataclass
+class GroupDescription:
+    group_id: str
+    state: str
+    protocol_type: str = ""
+    members: list[dict] = field(default_factory=list)
+
+    @property
+    def has_active_members(self) -> bool:
+        return bool(self.members) or self.state.lower() in ("stable", "preparingrebalance",
+                                                            "completingrebalance")
+
+
+def list_groups() -> list[str]:
+    with admin_session() as admin:
+        groups = admin.list_groups()
+    names = []
+    for group in groups:
+        if isinstance(group, dict):
+            names.append(group.get("group_id") or group.get("group"))
+        else:
+            names.append(group[0])
+    return sorted(n for n in names if n)
+
+
+def describe_group(group_id: str) -> GroupDescription:
+    """State and members of a group (see _AdminClient for the embedded broker's quirk)."""
+    with admin_session() as admin:
+        described = admin.describe_groups([group_id], include_authorized_operations=False)
+    info = described.get(group_id) if isinstance(described, dict) else described[0]
+    if info is None:
+        return GroupDescription(group_id, "Dead")
+    info = info if isinstance(info, dict) else info._asdict()
+    members = []
+    for member in info.get("members") or []:
+        member = member if isinstance(member, dict) else member._asdict()
+        assignment = member.get("member_assignment") or {}
+        if not isinstance(assignment, dict):
+            assignment = getattr(assignment, "_asdict", lambda: {})()
+        members.append({"member_id": member.get("member_id"), "client_id": member.get("client_id"),
+                        "host": member.get("client_host"),
+                        "assignment": _assignment_partitions(assignment)})
+    return GroupDescription(group_id, str(info.get("group_state") or info.get("state") or "Unknown"),
+                            str(info.get("protocol_type") or ""), members)
+
+
+def _assignment_partitions(assignment: dict) -> dict[str, list[int]]:
+    partitions = assignment.get("assignment") or assignment.get("assigned_partitions") or []
+    result: dict[str, list[int]] = {}
+    for item in partitions:
+        if isinstance(item, TopicPartition):
+            result.setdefault(item.topic, []).append(item.partition)
+        elif isinstance(item, dict):
+            result.setdefault(item.get("topic"), []).extend(item.get("partitions") or [])
+        elif isinstance(item, list | tuple) and len(item) == 2:
+            result.setdefault(item[0], []).extend(item[1])
+    return result
+
+
+def earliest_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
+    with admin_session() as admin:
+        result = admin.list_partition_offsets({TopicPartition(topic, p): OffsetSpec.EARLIEST for p in partitions})
+    return {tp.partition: ot.offset for tp, ot in result.items()}

@@ -1,0 +1,69 @@
+"""Kafka admin calls against the real broker, with multi-record batches (where the embedded broker's
+ListOffsets reply is too low)."""
+import time
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from consumers import kafka_admin
+
+pytestmark = pytest.mark.kafka
+
+
+def produce(bootstrap, topic, count, partitions=1, linger_ms=50):
+    # linger_ms batches many records into one produce request: the case the embedded broker gets wrong
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, batch_size=1 << 20)
+    for i in range(count):
+        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def test_high_watermark_is_right_for_multi_record_batches(kafka_bootstrap, make_topic):
+    topic = make_topic("hw", partitions=3)
+    produce(kafka_bootstrap, topic, 1000, partitions=3)
+    marks = kafka_admin.watermarks(topic)
+    assert {p: (w.log_start, w.high) for p, w in marks.items()} == {0: (0, 334), 1: (0, 333), 2: (0, 333)}
+
+
+def test_high_watermark_of_an_empty_partition_is_zero(kafka_bootstrap, make_topic):
+    topic = make_topic("empty", partitions=2)
+    produce(kafka_bootstrap, topic, 5, partitions=1)
+    assert kafka_admin.high_watermarks(topic) == {0: 5, 1: 0}
+
+
+def test_committed_offsets_and_commit_offsets_round_trip(kafka_bootstrap, make_topic):
+    topic = make_topic("grp", partitions=2)
+    produce(kafka_bootstrap, topic, 10, partitions=2)
+    assert kafka_admin.committed_offsets("g-round-trip", topic, [0, 1]) == {0: None, 1: None}
+    kafka_admin.commit_offsets("g-round-trip", topic, {0: 3, 1: 5})
+    assert kafka_admin.committed_offsets("g-round-trip", topic, [0, 1]) == {0: 3, 1: 5}
+
+
+def test_record_timestamps_give_the_time_of_the_record_at_an_offset(kafka_bootstrap, make_topic):
+    topic = make_topic("ts")
+    before = int(time.time() * 1000) - 1000
+    produce(kafka_bootstrap, topic, 20)
+    stamps = kafka_admin.record_timestamps(topic, {0: 7})
+    assert before <= stamps[0] <= int(time.time() * 1000) + 1000
+    assert kafka_admin.record_timestamps(topic, {0: 20}) == {0: None}  # at the high watermark: no record
+
+
+def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make_topic):
+    topic = make_topic("desc")
+    produce(kafka_bootstrap, topic, 3)
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id="g-desc",
+                             session_timeout_ms=6000, heartbeat_interval_ms=1000, auto_offset_reset="earliest")
+    try:
+        deadline = time.monotonic() + 20
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)
+        assert consumer.assignment() == {TopicPartition(topic, 0)}
+        described = kafka_admin.describe_group("g-desc")
+        assert described.has_active_members
+        assert described.state == "Stable" and len(described.members) == 1
+        # (The embedded broker sends empty member assignments; real Kafka fills them in.)
+        consumer.commit()
+        assert "g-desc" in kafka_admin.list_groups()  # the embedded broker lists groups once they commit
+    finally:
+        consumer.close()
