@@ -74,6 +74,22 @@ def copy_rows(cursor, table: str, columns: list[str], rows) -> None:
     cursor.copy_expert(statement.as_string(cursor), copy_buffer(rows))
 
 
+def insert_rows_skipping_existing(cursor, table: str, columns: list[str], rows, key_columns) -> int:
+    """COPY into a transaction-local staging table, then insert what the sink does not have yet
+    (ON CONFLICT on the provenance key DO NOTHING). Returns the number of rows inserted."""
+    staging = f"staging_{table}"[:63]
+    cursor.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+                   .format(sql.Identifier(staging), sql.Identifier(table)))
+    copy_rows(cursor, staging, columns, rows)
+    column_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    cursor.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO NOTHING").format(
+        sql.Identifier(table), column_list, column_list, sql.Identifier(staging),
+        sql.SQL(", ").join(sql.Identifier(c) for c in key_columns)))
+    inserted = cursor.rowcount
+    cursor.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(staging)))
+    return inserted
+
+
 def delete_rows_from(cursor, table: str, topic: str, partition: int, offset: int) -> int:
     """Delete the rows of one partition at or beyond `offset` (rewind with roll back sink)."""
     cursor.execute(sql.SQL("DELETE FROM {} WHERE source_topic = %s AND source_partition = %s "

@@ -97,3 +97,16 @@ def test_the_classic_modes_write_replays_again(pipeline_and_conn):
     commit.commit_batch(conn, target, 1, {0: records(0, range(2, 6))})
     assert sink_offsets(pipeline.sink_table) == [0, 1, 2, 2, 3, 3, 4, 5]
     assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 6
+
+
+def test_exactly_once_replays_inside_a_rewind_window_skip_rows_the_sink_already_has(pipeline_and_conn):
+    make, conn = pipeline_and_conn
+    pipeline, target = make()
+    commit.ensure_positions(conn, pipeline.pk, {0: 0})
+    commit.commit_batch(conn, target, 1, {0: records(0, range(0, 10))})
+    # A rewind to 4 that keeps the sink: offsets 4..9 come again and must not be duplicated.
+    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=4, replay_until=10)
+    commit.commit_batch(conn, target, 1, {0: records(0, range(4, 12))})
+    assert sink_offsets(pipeline.sink_table) == list(range(12))
+    position = PartitionOffset.objects.get(pipeline=pipeline)
+    assert (position.next_offset, position.replay_until) == (12, None)

@@ -88,6 +88,9 @@ class PartitionOffset(models.Model):
     pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="offsets")
     partition = models.PositiveIntegerField()
     next_offset = models.BigIntegerField()
+    # Set by a rewind that keeps the sink: below this offset rows may already exist, so the commit
+    # protocol inserts with ON CONFLICT DO NOTHING there (idempotent replay) instead of a plain COPY.
+    replay_until = models.BigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -110,6 +113,9 @@ class BatchLedger(models.Model):
     dead_letters = models.PositiveIntegerField(default=0)
     epoch = models.PositiveBigIntegerField()
     committed_at = models.DateTimeField(default=timezone.now)
+    # Set by a rewind to its new offset: this row now covers only [first_offset, superseded_from);
+    # the rest will be covered again by the batches written after the rewind.
+    superseded_from = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_range_idx"),

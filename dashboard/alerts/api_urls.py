@@ -1,0 +1,3 @@
+"""Alerts in the JSON API under /api/alerts/."""
+app_name = "alerts_api"
+urlpatterns: list = []

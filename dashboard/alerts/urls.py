@@ -1,0 +1,3 @@
+"""Alerts pages (list, filter, acknowledge, mute)."""
+app_name = "alerts"
+urlpatterns: list = []
