@@ -4,6 +4,8 @@ Used for development, demos and tests. Production points KAFKA_BOOTSTRAP_SERVERS
 Quirks of this broker are documented in docs/ and handled where they matter (see kafka_admin).
 """
 import contextlib
+import ctypes
+import signal
 import socket
 import subprocess
 import time
@@ -56,6 +58,13 @@ def broker_command(port: int, host: str = "127.0.0.1") -> list[str]:
     ]
 
 
+def _die_with_parent():
+    # Linux: the broker gets SIGTERM when the process that started it dies, however it dies, so a
+    # killed `make run` or test session never leaves a broker behind.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds: float = 15.0):
     """Start the broker in the background and wait until it accepts connections.
 
@@ -66,7 +75,7 @@ def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds
                           f"another port with --port.")
     stdout = log_file if log_file is not None else subprocess.DEVNULL
     process = subprocess.Popen(broker_command(port, host), stdout=stdout, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
