@@ -33,6 +33,10 @@ def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     }
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Run the local stack (broker if needed, worker, beat, web) until Ctrl-C."
 
@@ -44,7 +48,9 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, no_demo, **options):
         os.makedirs("var", exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Explicit handlers: a shell may start us with SIGINT ignored, and SIGTERM must clean up too.
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             self.start_broker_if_needed()
             login, password = self.ensure_operator_login()
@@ -99,6 +105,7 @@ class Command(BaseCommand):
             time.sleep(0.5)
 
     def stop_all(self):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
         for process in self.children.values():
             if process.poll() is None:
                 try:
