@@ -1,0 +1,52 @@
+"""`make run`'s stack: it serves the login page, and an interrupt stops every process it started."""
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from consumers.broker import free_port, is_reachable
+from tests.conftest import ROOT
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def login_page_status(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=2) as response:
+            return response.status
+    except OSError:
+        return None
+
+
+@pytest.mark.kafka
+@pytest.mark.celery
+def test_devstack_serves_the_login_page_and_an_interrupt_leaves_no_process_behind(subprocess_env):
+    web_port, kafka_port = free_port(), free_port()
+    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
+               DJANGO_SUPERUSER_PASSWORD="stack-test-password")
+    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
+        assert is_reachable(f"127.0.0.1:{kafka_port}"), "the embedded broker was not started"
+        children = psutil.Process(stack.pid).children(recursive=True)
+        names = " ".join(" ".join(child.cmdline()) for child in children)
+        assert "tansu" in names and "worker" in names and "beat" in names and "runserver" in names
+    finally:
+        stack.send_signal(signal.SIGINT)
+        output, _ = stack.communicate(timeout=30)
+    assert "login: admin / stack-test-password" in output
+    assert "All processes stopped." in output
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child.cmdline()
+    assert not is_reachable(f"127.0.0.1:{kafka_port}", timeout=0.2)
+    assert stack.returncode == 0
