@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "rest_framework",
+    "rest_framework.authtoken",
     "consumers",
     "dashboard",
 ]
@@ -83,6 +85,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# JSON API (dashboard/api/): session auth for the browser, token auth for scripts; JSON only.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
+                                       "rest_framework.authentication.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": None,
+}
+
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -124,6 +135,13 @@ if DEBUG and "EMAIL_URL" not in __import__("os").environ and "EMAIL_HOST" not in
 globals().update(env_email("EMAIL_URL"))
 ALERT_RECIPIENTS = env_list("ALERT_RECIPIENTS", [])
 TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
+# Alerts (dashboard/alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
+ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
+ALERT_HEARTBEAT_TIMEOUT_SECONDS = env_int("ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60, minimum=5)
+ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)
+ALERT_SEND_MAX_ATTEMPTS = env_int("ALERT_SEND_MAX_ATTEMPTS", 10, minimum=1)
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "tally.alerts.evaluate", "schedule": ALERT_EVALUATE_SECONDS,
+                                           "options": {"expires": ALERT_EVALUATE_SECONDS}}
 
 LOGGING = {
     "version": 1,

@@ -1,4 +1,4 @@
-"""Small housekeeping tasks of the web side."""
+"""Tasks of the web side: housekeeping and alerts. Thin wrappers over plain functions."""
 from celery import shared_task
 
 
@@ -6,3 +6,23 @@ from celery import shared_task
 def ping_task(value):
     """Round-trip check used by health checks and the smoke test: returns what it was given."""
     return {"pong": value}
+
+
+@shared_task(name="tally.alerts.evaluate", ignore_result=True)
+def evaluate_alerts_task():
+    """Evaluate every alert rule once, then send the due emails. Idempotent: safe to run any time, twice,
+    or right after a reconciliation."""
+    from dashboard.alerts.evaluate import evaluate_all
+    from dashboard.alerts.notify import deliver_due
+
+    report = evaluate_all()
+    emails = deliver_due()
+    return {"firing": len(report.firing), "fired": len(report.fired), "resolved": len(report.resolved), **emails}
+
+
+@shared_task(name="tally.alerts.deliver", ignore_result=True)
+def deliver_alert_emails_task():
+    """Send due outbox emails (first attempts and retries whose backoff has passed)."""
+    from dashboard.alerts.notify import deliver_due
+
+    return deliver_due()
