@@ -20,6 +20,10 @@ class PartitionHealth(models.Model):
     pipeline = models.ForeignKey("consumers.Pipeline", on_delete=models.CASCADE, related_name="partition_health")
     partition = models.PositiveIntegerField()
     verified_offset = models.BigIntegerField(default=0)
+    # Highest ledger row id already taken into account: a newer row that starts below verified_offset (an
+    # at-least-once re-write) moves the mark back. Per partition, ledger ids follow commit order (the
+    # commit protocol inserts them while holding the partition's offset row lock).
+    verified_ledger_id = models.BigIntegerField(default=0)
     log_start = models.BigIntegerField(null=True)
     high_watermark = models.BigIntegerField(null=True)
     next_offset = models.BigIntegerField(null=True)
