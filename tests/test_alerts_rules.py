@@ -1,0 +1,167 @@
+"""Rule conditions read from what reconciliation stored (PipelineHealth / PartitionHealth), with injected time."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    ConsumerRun,
+    DeadLetter,
+    PartitionHealth,
+    Pipeline,
+    PipelineHealth,
+    RunState,
+    Status,
+)
+from dashboard.alerts.evaluate import evaluate_all
+from dashboard.alerts.rules import PipelineView, check, rules_for
+from dashboard.models import Alert, AlertRule, AlertState, Notification, RuleKind
+
+NOW = timezone.now().replace(microsecond=0)
+
+
+@pytest.fixture
+def pipeline(db):
+    return Pipeline.objects.create(name="nums", topic="nums", sink_table="nums_sink", desired_state="running")
+
+
+def rule(kind, **fields):
+    return AlertRule(name=kind, kind=kind, **fields)
+
+
+def health(pipeline, status=Status.OK, **fields):
+    PipelineHealth.objects.update_or_create(pipeline=pipeline, defaults={"status": status, "checked_at": NOW})
+    return PartitionHealth.objects.update_or_create(
+        pipeline=pipeline, partition=fields.pop("partition", 0), defaults={"status": status, **fields})[0]
+
+
+def fires(kind, pipeline, now=NOW, **rule_fields):
+    finding = check(rule(kind, **rule_fields), PipelineView.load(pipeline, now))
+    return finding.summary if finding else None
+
+
+def test_lag_in_records_fires_only_above_the_threshold(pipeline):
+    health(pipeline, lag_records=500, next_offset=100, high_watermark=600)
+    assert fires(RuleKind.LAG_RECORDS, pipeline, threshold=499) == "lag 500 records > 499"
+    assert fires(RuleKind.LAG_RECORDS, pipeline, threshold=500) is None
+
+
+def test_lag_in_records_does_not_count_a_rewound_range_being_replayed(pipeline):
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="bob", result=ActionResult.DONE,
+                             offsets_before={"0": 1000}, offsets_after={"0": 0}, created_at=NOW - timedelta(hours=1))
+    health(pipeline, lag_records=1100, next_offset=200, high_watermark=1300)
+    assert fires(RuleKind.LAG_RECORDS, pipeline, threshold=299) == "lag 300 records > 299"
+    assert fires(RuleKind.LAG_RECORDS, pipeline, threshold=300) is None
+
+
+def test_lag_in_seconds_uses_the_worst_partition(pipeline):
+    health(pipeline, partition=0, lag_seconds=10.0)
+    health(pipeline, partition=1, lag_seconds=95.4)
+    assert fires(RuleKind.LAG_SECONDS, pipeline, threshold=60) == "lag 95 s > 60 s"
+    assert fires(RuleKind.LAG_SECONDS, pipeline, threshold=120) is None
+
+
+@pytest.mark.parametrize("kind,finding_kind,label", [
+    (RuleKind.LOST, "lost", "lost records"),
+    (RuleKind.DUPLICATED, "duplicated", "duplicated records"),
+    (RuleKind.PHANTOM, "phantom", "phantom rows"),
+    (RuleKind.GAP, "gap", "offsets in ledger gaps"),
+])
+def test_each_kind_of_finding_fires_its_own_rule_with_offsets(pipeline, kind, finding_kind, label):
+    health(pipeline, findings=[{"kind": finding_kind, "start": 20, "end": 23, "count": 3}])
+    assert fires(kind, pipeline) == f"3 {label} (partition 0: offsets 20-22)"
+    other = RuleKind.PHANTOM if kind != RuleKind.PHANTOM else RuleKind.LOST
+    assert fires(other, pipeline) is None
+
+
+def test_a_count_without_findings_still_fires(pipeline):
+    health(pipeline, lost=4)
+    assert fires(RuleKind.LOST, pipeline) == "4 lost records (partition 0)"
+
+
+@pytest.mark.parametrize("status,fired", [(Status.OK, False), (Status.WARN, False), (Status.ERR, True),
+                                          (Status.STALL, True), (Status.STOP, True)])
+def test_status_rule_fires_on_stall_stop_and_err(pipeline, status, fired):
+    health(pipeline, status=status)
+    assert (fires(RuleKind.STATUS, pipeline) is not None) is fired
+
+
+def test_a_stall_of_a_paused_pipeline_is_planned_but_err_still_fires(pipeline):
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state="paused")
+    pipeline.refresh_from_db()
+    health(pipeline, status=Status.STALL)
+    assert fires(RuleKind.STATUS, pipeline) is None
+    health(pipeline, status=Status.ERR)
+    assert fires(RuleKind.STATUS, pipeline) == "status ERR (partitions 0)"
+
+
+def test_dead_letters_fire_above_n_within_the_interval_only(pipeline):
+    for offset, age in ((1, 10), (2, 20), (3, 30), (4, 400)):
+        DeadLetter.objects.create(pipeline=pipeline, partition=0, offset=offset, error="bad",
+                                  created_at=NOW - timedelta(seconds=age))
+    assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=2, interval_seconds=60) == "3 dead letters in 60 s > 2"
+    assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=3, interval_seconds=60) is None
+    assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=3, interval_seconds=600) is not None
+
+
+def test_a_pipeline_that_should_run_without_a_live_heartbeat_fires(pipeline, settings):
+    settings.ALERT_HEARTBEAT_TIMEOUT_SECONDS = 30
+    assert fires(RuleKind.NO_CONSUMER, pipeline) == "should run but has no live consumer (never started)"
+    run = ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="w1", pid=7, state=RunState.RUNNING,
+                                     heartbeat_at=NOW - timedelta(seconds=10))
+    assert fires(RuleKind.NO_CONSUMER, pipeline) is None
+    assert fires(RuleKind.NO_CONSUMER, pipeline, now=NOW + timedelta(seconds=21)).startswith(
+        "should run but has no live consumer (last heartbeat")
+    ConsumerRun.objects.filter(pk=run.pk).update(state=RunState.CRASHED, heartbeat_at=NOW)
+    assert fires(RuleKind.NO_CONSUMER, pipeline) is not None
+
+
+def test_a_stopped_pipeline_needs_no_consumer(pipeline):
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state="stopped")
+    pipeline.refresh_from_db()
+    assert fires(RuleKind.NO_CONSUMER, pipeline) is None
+
+
+def test_a_pipelines_own_rule_replaces_the_global_rule_of_its_kind(pipeline):
+    other = Pipeline.objects.create(name="other", topic="o", sink_table="o_sink")
+    AlertRule.objects.all().delete()
+    global_lag = AlertRule.objects.create(name="lag", kind=RuleKind.LAG_RECORDS, threshold=1000)
+    global_lost = AlertRule.objects.create(name="lost", kind=RuleKind.LOST)
+    own_lag = AlertRule.objects.create(name="nums lag", kind=RuleKind.LAG_RECORDS, threshold=10, pipeline=pipeline)
+    own_lost_off = AlertRule.objects.create(name="nums lost off", kind=RuleKind.LOST, pipeline=pipeline, enabled=False)
+    rules = list(AlertRule.objects.all())
+    assert set(rules_for(pipeline, rules)) == {own_lag}
+    assert set(rules_for(other, rules)) == {global_lag, global_lost}
+    assert own_lost_off not in rules_for(other, rules)
+
+
+def test_disabling_a_rule_resolves_its_open_alert(pipeline, settings):
+    settings.ALERT_RECIPIENTS = ["oncall@example.com"]
+    health(pipeline, findings=[{"kind": "lost", "start": 0, "end": 1, "count": 1}])
+    ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="w1", pid=7, state=RunState.RUNNING, heartbeat_at=NOW)
+    evaluate_all(now=NOW)
+    alert = Alert.objects.get(pipeline=pipeline)
+    AlertRule.objects.filter(pk=alert.rule_id).update(enabled=False)
+
+    report = evaluate_all(now=NOW + timedelta(seconds=5))
+
+    alert.refresh_from_db()
+    assert alert.state == AlertState.RESOLVED and report.resolved == [f"nums/{alert.rule.name}"]
+    assert sorted(Notification.objects.values_list("kind", flat=True)) == ["fired", "resolved"]
+
+
+def test_a_rule_check_that_fails_is_reported_and_does_not_stop_the_others(pipeline, monkeypatch):
+    from dashboard.alerts import rules as rules_module
+
+    def broken(rule, view):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(rules_module.CHECKS, RuleKind.DUPLICATED, broken)
+    health(pipeline, findings=[{"kind": "lost", "start": 0, "end": 2, "count": 2}])
+
+    report = evaluate_all(now=NOW)
+
+    assert [e["error"] for e in report.errors] == ["boom"]
+    assert [a["summary"] for a in report.firing if "lost" in a["summary"]] == ["2 lost records (partition 0: offsets 0-1)"]
