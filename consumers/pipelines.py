@@ -1,0 +1,33 @@
+"""Creating pipelines: the Pipeline row and its sink table, together."""
+from django.db import connection, transaction
+
+from consumers import sinks
+from consumers.models import DeliveryMode, Pipeline
+from consumers.transforms import resolve
+
+MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers silently; refuse them instead
+
+
+def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "int_value",
+                    delivery_mode: str = DeliveryMode.EXACTLY_ONCE, *, exist_ok: bool = False,
+                    **fields) -> Pipeline:
+    """Create a pipeline and its sink table (transform columns + provenance; a unique provenance key for
+    exactly-once) in one transaction. `fields` are other Pipeline fields (group_id, batch_size,
+    reset_policy, on_bad_record, engine, ...). With exist_ok, an existing pipeline of that name is
+    returned unchanged (its sink table is created if missing)."""
+    if delivery_mode not in DeliveryMode.values:
+        raise ValueError(f"Unknown delivery mode {delivery_mode!r}: use one of {', '.join(DeliveryMode.values)}.")
+    if not sink_table or len(sink_table) > MAX_IDENTIFIER:
+        raise ValueError(f"Sink table name must have 1 to {MAX_IDENTIFIER} characters: {sink_table!r}.")
+    resolved = resolve(transform)
+    with transaction.atomic():
+        existing = Pipeline.objects.select_for_update().filter(name=name).first()
+        if existing is not None and not exist_ok:
+            raise ValueError(f"A pipeline named {name!r} exists already.")
+        pipeline = existing or Pipeline.objects.create(
+            name=name, topic=topic, sink_table=sink_table, transform=transform, delivery_mode=delivery_mode,
+            **fields)
+        with connection.cursor() as cursor:
+            sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve(pipeline.transform) if existing else resolved,
+                                    pipeline.is_exactly_once)
+    return pipeline
