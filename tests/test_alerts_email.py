@@ -12,11 +12,18 @@ from django.utils import timezone
 
 from consumers.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
+from dashboard.alerts.defaults import ensure_default_rules
 from dashboard.alerts.evaluate import evaluate_all
 from dashboard.alerts.notify import deliver_due
 from dashboard.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 
 T0 = timezone.now().replace(microsecond=0)
+
+
+@pytest.fixture(autouse=True)
+def default_rules(db):
+    """The global rules a fresh installation has (a transactional test elsewhere may have flushed them)."""
+    ensure_default_rules()
 
 
 class Inbox:
@@ -105,7 +112,8 @@ def test_a_loss_alert_email_names_the_pipeline_partitions_and_lost_offsets(inbox
     assert "partition 2: 3 records, offsets 3, 7-8" in mail["text"]
     assert f"Since:      {T0:%Y-%m-%d %H:%M:%S} UTC" in mail["text"]
     assert "https://tally.example.com/pipelines/orders-at-most-once/" in mail["text"]
-    assert "<td>10-13</td>" in mail["html"] and 'href="https://tally.example.com/pipelines/orders-at-most-once/"' in mail["html"]
+    assert "<td>10-13</td>" in mail["html"]
+    assert 'href="https://tally.example.com/pipelines/orders-at-most-once/"' in mail["html"]
 
 
 @pytest.mark.django_db

@@ -29,7 +29,7 @@ def alert_list(request):
         "alerts": filtered_alerts(state, pipeline)[:PAGE_SIZE], "state": state, "pipeline": pipeline,
         "states": STATE_FILTERS, "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True),
         "mutes": Mute.objects.filter(until__gt=timezone.now()).select_related("rule", "pipeline"),
-        "can_operate": can_operate(request.user), "now": timezone.now(),
+        "can_operate": can_operate(request.user), "now": timezone.now(), "nav": "alerts",
     }
     template = "alerts/list.html#alert_table" if getattr(request, "htmx", False) else "alerts/list.html"
     return render(request, template, context)

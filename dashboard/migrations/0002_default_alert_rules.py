@@ -1,22 +1,12 @@
-"""Global rules every installation gets: data loss, duplicates, phantoms, gaps, bad status, dead consumer.
-Lag thresholds depend on the deployment, so they are left for operators to add."""
+"""Global default alert rules (dashboard/alerts/defaults.py): loss, duplicates, phantoms, gaps, bad status,
+no live consumer, dead letters."""
 from django.db import migrations
 
-DEFAULT_RULES = [
-    ("Lost records", "lost", None),
-    ("Duplicated records", "duplicated", None),
-    ("Phantom rows", "phantom", None),
-    ("Ledger gap", "gap", None),
-    ("Stalled, stopped or erroring", "status", None),
-    ("No live consumer", "no_consumer", None),
-    ("Dead letters (over 100 in 5 minutes)", "dead_letters", 100),
-]
+from dashboard.alerts.defaults import DEFAULT_RULES, ensure_default_rules
 
 
 def add_defaults(apps, schema_editor):
-    AlertRule = apps.get_model("dashboard", "AlertRule")
-    for name, kind, threshold in DEFAULT_RULES:
-        AlertRule.objects.get_or_create(name=name, kind=kind, pipeline=None, defaults={"threshold": threshold})
+    ensure_default_rules(apps.get_model("dashboard", "AlertRule"))
 
 
 def remove_defaults(apps, schema_editor):
