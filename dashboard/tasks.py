@@ -8,7 +8,7 @@ def ping_task(value):
     return {"pong": value}
 
 
-@shared_task(name="tally.alerts.evaluate", ignore_result=True)
+@shared_task(name="tally.alerts.evaluate")
 def evaluate_alerts_task():
     """Evaluate every alert rule once, then send the due emails. Idempotent: safe to run any time, twice,
     or right after a reconciliation."""
@@ -20,7 +20,7 @@ def evaluate_alerts_task():
     return {"firing": len(report.firing), "fired": len(report.fired), "resolved": len(report.resolved), **emails}
 
 
-@shared_task(name="tally.alerts.deliver", ignore_result=True)
+@shared_task(name="tally.alerts.deliver")
 def deliver_alert_emails_task():
     """Send due outbox emails (first attempts and retries whose backoff has passed)."""
     from dashboard.alerts.notify import deliver_due

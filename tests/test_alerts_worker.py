@@ -1,0 +1,60 @@
+"""The beat task evaluates alerts in a real Celery worker and the email reaches a real SMTP server."""
+import time
+
+import pytest
+from django.conf import settings
+
+from consumers.broker import free_port
+from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
+from dashboard.alerts.defaults import ensure_default_rules
+from dashboard.models import Alert, AlertState, Notification
+from tests.conftest import start_celery_worker, stop_process_group
+from tests.test_alerts_email import start_smtp
+
+
+@pytest.fixture
+def smtp_inbox():
+    port = free_port()
+    controller, inbox = start_smtp(port)
+    inbox.port = port
+    yield inbox
+    controller.stop()
+
+
+@pytest.fixture
+def alerts_worker(subprocess_env, celery_app_for_tests, smtp_inbox):
+    env = dict(subprocess_env, EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_inbox.port),
+               ALERT_RECIPIENTS="oncall@example.com", TALLY_BASE_URL="https://tally.example.com")
+    process = start_celery_worker(env, log_name="alerts-worker")
+    deadline = time.monotonic() + 60
+    while not celery_app_for_tests.control.ping(timeout=0.5):
+        assert process.poll() is None and time.monotonic() < deadline, "the Celery worker did not start"
+    yield process
+    stop_process_group(process)
+
+
+def test_the_beat_schedule_runs_alert_evaluation_periodically():
+    entry = settings.CELERY_BEAT_SCHEDULE["alerts-evaluate"]
+    assert entry["task"] == "tally.alerts.evaluate"
+    assert 0 < entry["schedule"] <= 300
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worker, smtp_inbox):
+    from dashboard.tasks import evaluate_alerts_task
+
+    ensure_default_rules()
+    pipeline = Pipeline.objects.create(name="worker-nums", topic="nums", sink_table="worker_nums")
+    PartitionHealth.objects.create(pipeline=pipeline, partition=1, lost=2,
+                                   findings=[{"kind": "lost", "start": 30, "end": 32, "count": 2}])
+    PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=2)
+
+    evaluate_alerts_task.apply_async().get(timeout=60)
+    evaluate_alerts_task.apply_async().get(timeout=60)
+
+    assert [m["subject"] for m in smtp_inbox.messages] == [
+        "[Tally] FIRING: worker-nums: 2 lost records (partition 1: offsets 30-31)"]
+    assert "https://tally.example.com/pipelines/worker-nums/" in smtp_inbox.messages[0]["text"]
+    assert Alert.objects.get(pipeline=pipeline).state == AlertState.FIRING
+    assert Notification.objects.get().delivered_at is not None
