@@ -1,0 +1,58 @@
+"""Evaluations and senders running at the same time still produce one alert and one email per state."""
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
+from dashboard.alerts.defaults import ensure_default_rules
+from dashboard.alerts.evaluate import evaluate_all
+from dashboard.alerts.notify import deliver_due
+from dashboard.models import Alert, Notification
+from tests.test_alerts_email import inbox, smtp_port  # noqa: F401 - fixtures
+
+NOW = timezone.now().replace(microsecond=0)
+RACERS = 4
+
+
+def race(function, *args):
+    """Run `function(*args)` in RACERS threads released together; return their results."""
+    barrier, results, errors = threading.Barrier(RACERS), [], []
+
+    def run():
+        try:
+            barrier.wait(timeout=10)
+            results.append(function(*args))
+        except Exception as error:  # noqa: BLE001 - collected and asserted below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(RACERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_evaluations_and_senders_deliver_each_state_exactly_once(inbox):  # noqa: F811
+    ensure_default_rules()
+    pipelines = [Pipeline.objects.create(name=f"race-{n}", topic="t", sink_table=f"race_{n}") for n in range(3)]
+    for pipeline in pipelines:
+        PartitionHealth.objects.create(pipeline=pipeline, partition=0, lost=1,
+                                       findings=[{"kind": "lost", "start": 9, "end": 10, "count": 1}])
+        PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=1)
+
+    race(evaluate_all, NOW)
+    race(evaluate_all, NOW + timedelta(seconds=1))
+    sent = race(deliver_due, NOW + timedelta(seconds=1))
+
+    assert Alert.objects.count() == 3
+    assert Notification.objects.count() == 3
+    assert sum(result["sent"] for result in sent) == 3
+    assert sorted(m["subject"].split(":")[1].strip() for m in inbox.messages) == ["race-0", "race-1", "race-2"]
