@@ -1,0 +1,89 @@
+"""Pipeline runs inside a Celery worker: one long-lived task per run, stopped cleanly on warm shutdown.
+
+The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
+apart); the supervisor (consumers/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
+A worker's warm shutdown sets every run's stop event, so runs commit what they hold and leave the
+consumer group instead of being cut off mid-batch.
+"""
+import logging
+import threading
+
+from django.db.models import F
+from django.utils import timezone
+
+from consumers.models import DesiredState, Engine, Pipeline
+
+log = logging.getLogger("tally.runs")
+
+_lock = threading.Lock()
+_stop_events: dict[str, threading.Event] = {}
+
+
+def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "") -> dict:
+    """Run the pipeline until it is stopped, fenced or fails. A task whose epoch is no longer the
+    pipeline's (a newer action enqueued its own run) or whose pipeline should not run, does nothing."""
+    pipeline = Pipeline.objects.filter(pk=pipeline_id).first()
+    if pipeline is None:
+        return {"reason": "skipped", "detail": f"pipeline {pipeline_id} no longer exists"}
+    if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
+        detail = (f"{pipeline.name} is {pipeline.desired_state} at epoch {pipeline.epoch}; "
+                  f"this run was for epoch {epoch}")
+        log.info("run task skipped: %s", detail)
+        return {"reason": "skipped", "detail": detail}
+    run_pipeline = _engine_for(pipeline)
+    stop = threading.Event()
+    key = task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
+    with _lock:
+        _stop_events[key] = stop
+    try:
+        result = run_pipeline(pipeline.name, stop=stop, task_id=task_id)
+    finally:
+        with _lock:
+            _stop_events.pop(key, None)
+    _after_run(pipeline, result)
+    return {"reason": result.reason, "detail": getattr(result, "detail", ""), "records": result.records,
+            "epoch": getattr(result, "epoch", epoch)}
+
+
+def _engine_for(pipeline: Pipeline):
+    # Lazy imports: Spark (and its JVM) is loaded only by a worker that runs a Spark pipeline.
+    if pipeline.engine == Engine.SPARK:
+        from consumers.spark.engine import run_pipeline
+    else:
+        from consumers.engine import run_pipeline
+    return run_pipeline
+
+
+def _after_run(pipeline: Pipeline, result) -> None:
+    """A run that ended on its own (not fenced, not stopped by an operator) tells the supervisor why."""
+    detail = getattr(result, "detail", "")
+    if result.reason == "bad_record":
+        # The pipeline's policy is to stop on a bad record: restarting would stop again on the same one.
+        updated = Pipeline.objects.filter(pk=pipeline.pk, epoch=result.epoch,
+                                          desired_state=DesiredState.RUNNING).update(
+            desired_state=DesiredState.STOPPED, epoch=F("epoch") + 1, last_error=f"stopped on a bad record: {detail}",
+            updated_at=timezone.now())
+        if updated:
+            from consumers.models import ActionLog, ActionResult
+
+            ActionLog.objects.create(pipeline=pipeline, action="stop", actor="engine",
+                                     params={"reason": "bad_record"}, result=ActionResult.DONE,
+                                     message=f"stopped on a bad record: {detail}", finished_at=timezone.now())
+    elif result.reason == "error":
+        Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"run failed: {detail}"[:2000])
+
+
+def stop_all_runs(reason: str = "worker shutting down") -> int:
+    """Ask every run of this process to stop (warm shutdown). Returns how many were asked."""
+    with _lock:
+        events = list(_stop_events.values())
+    for event in events:
+        event.set()
+    if events:
+        log.info("%s: asked %d run(s) to stop", reason, len(events))
+    return len(events)
+
+
+def active_runs() -> int:
+    with _lock:
+        return len(_stop_events)
