@@ -115,6 +115,21 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
+# --- Operating layer: runs, supervisor (consumers/supervisor.py) ---------------------------------------
+# A run whose heartbeat (written about every second) is older than the lease is considered dead.
+TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
+TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)
+TALLY_SUPERVISOR_BACKOFF_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_SECONDS", 5, minimum=1)
+TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS", 300, minimum=1)
+TALLY_SUPERVISOR_MAX_ATTEMPTS = env_int("TALLY_SUPERVISOR_MAX_ATTEMPTS", 5, minimum=1)
+TALLY_SUPERVISOR_STABLE_SECONDS = env_int("TALLY_SUPERVISOR_STABLE_SECONDS", 60, minimum=1)
+TALLY_MAX_RUNS_PER_PIPELINE = env_int("TALLY_MAX_RUNS_PER_PIPELINE", 16, minimum=1)
+# How long a rewind waits for the paused pipeline's runs to end before it gives up (nothing moved).
+TALLY_REWIND_STOP_TIMEOUT_SECONDS = env_int("TALLY_REWIND_STOP_TIMEOUT_SECONDS", 30, minimum=1)
+CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
+    "task": "consumers.supervise", "schedule": TALLY_SUPERVISOR_INTERVAL_SECONDS,
+    "options": {"expires": TALLY_SUPERVISOR_INTERVAL_SECONDS}}
+
 # --- Spark -------------------------------------------------------------------------------------------
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "1g")

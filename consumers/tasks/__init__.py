@@ -1,2 +1,3 @@
 """Celery tasks of the consumers app, one module per area (autodiscover imports this package).
 Tasks are thin: they take ids or names and call plain functions that do the work."""
+from consumers.tasks import operations  # noqa: E402,F401,I001  (pipeline runs and the supervisor)
