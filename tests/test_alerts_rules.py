@@ -173,3 +173,22 @@ def test_a_rule_check_that_fails_is_reported_and_does_not_stop_the_others(pipeli
     assert [e["error"] for e in report.errors] == ["boom"]
     lost = [a["summary"] for a in report.firing if "lost" in a["summary"]]
     assert lost == ["2 lost records (partition 0: offsets 0-1)"]
+
+
+def test_err_caused_by_lost_records_is_left_to_the_loss_rule_so_one_incident_sends_one_email(pipeline):
+    health(pipeline, status=Status.ERR, findings=[{"kind": "lost", "start": 3, "end": 4, "count": 1}])
+    assert fires(RuleKind.STATUS, pipeline) is None
+    assert fires(RuleKind.LOST, pipeline) == "1 lost records (partition 0: offsets 3)"
+    health(pipeline, status=Status.ERR, findings=[])  # e.g. Kafka could not be read
+    assert fires(RuleKind.STATUS, pipeline) == "status ERR (partitions 0)"
+
+
+def test_folded_findings_are_named_as_a_covering_range_with_their_true_count(pipeline):
+    health(pipeline, findings=[{"kind": "lost", "start": 1, "end": 2, "count": 1},
+                               {"kind": "lost", "start": 10, "end": 90, "count": 7, "folded": 7}])
+    assert fires(RuleKind.LOST, pipeline) == "8 lost records (partition 0: offsets 1, within 10-89)"
+
+
+def test_unrecoverable_records_count_as_lost(pipeline):
+    health(pipeline, findings=[{"kind": "unrecoverable", "start": 0, "end": 5, "count": 5}])
+    assert fires(RuleKind.LOST, pipeline) == "5 lost records (partition 0: offsets 0-4)"

@@ -43,8 +43,7 @@ def absolute_url(path: str) -> str:
 
 def pipeline_url(pipeline) -> str:
     """The pipeline's page; its URL name belongs to the dashboard, so try the likely names."""
-    for name, kwargs in (("pipeline_detail", {"name": pipeline.name}), ("pipeline", {"name": pipeline.name}),
-                         ("pipelines:detail", {"name": pipeline.name})):
+    for name, kwargs in (("pipeline", {"name": pipeline.name}), ("pipeline_detail", {"name": pipeline.name})):
         try:
             return absolute_url(reverse(name, kwargs=kwargs))
         except NoReverseMatch:

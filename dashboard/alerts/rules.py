@@ -55,8 +55,10 @@ class PipelineView:
         return self.rewinds.latest_at is not None and self.now - self.rewinds.latest_at < rewind_grace()
 
 
-def _format_ranges(ranges) -> str:
-    return ", ".join(str(s) if e - s == 1 else f"{s}-{e - 1}" for s, e in ranges)
+def _format_range(start: int, end: int, folded: bool = False) -> str:
+    text = str(start) if end - start == 1 else f"{start}-{end - 1}"
+    # Reconciliation folds its findings beyond the first few into one covering range.
+    return f"within {text}" if folded else text
 
 
 def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: str | None, label: str,
@@ -64,7 +66,7 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
     """Findings of the given kinds per partition, minus rewound ranges when `planned_exempt`."""
     per_partition, total = {}, 0
     for part in view.partitions:
-        ranges, count, samples = [], 0, []
+        pieces, count, samples = [], 0, []
         typed = [f for f in (part.findings or []) if isinstance(f, dict) and f.get("kind") in kinds]
         planned = view.rewinds.planned_ranges(part.partition) if planned_exempt else []
         for finding in typed:
@@ -76,18 +78,21 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
             kept = subtract_ranges(start, end, planned)
             kept_size = sum(e - s for s, e in kept)
             reported = int(finding.get("count") or (end - start))
-            # A duplicated range may hold several extra rows per offset: scale by what stays unplanned.
+            # A range may hold fewer (folded) or more (duplicates) records than offsets: scale by what stays.
             count += reported if kept_size == end - start else round(reported * kept_size / max(end - start, 1))
-            ranges.extend(kept)
+            pieces.extend((s, e, bool(finding.get("folded"))) for s, e in kept)
             samples.extend(o for o in finding.get("offsets") or [] if any(s <= o < e for s, e in kept))
         if not typed and count_field and getattr(part, count_field, 0) and not planned:
             count = int(getattr(part, count_field))
         if count > 0:
-            ranges.sort()
+            pieces.sort()
+            shown = pieces[:MAX_RANGES_PER_PARTITION]
+            text = ", ".join(_format_range(*piece) for piece in shown)
             per_partition[str(part.partition)] = {
-                "count": count, "ranges": [list(r) for r in ranges[:MAX_RANGES_PER_PARTITION]],
-                "ranges_truncated": len(ranges) > MAX_RANGES_PER_PARTITION,
-                "offsets_text": _format_ranges(ranges[:MAX_RANGES_PER_PARTITION]), "sample_offsets": samples[:20]}
+                "count": count, "ranges": [[s, e] for s, e, _ in shown],
+                "ranges_truncated": len(pieces) > MAX_RANGES_PER_PARTITION,
+                "offsets_text": text + (", ..." if len(pieces) > MAX_RANGES_PER_PARTITION else ""),
+                "sample_offsets": samples[:20]}
             total += count
     if not view.partitions and count_field and view.health and getattr(view.health, count_field, 0):
         total = int(getattr(view.health, count_field))
@@ -96,11 +101,14 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
     where = "; ".join(f"partition {p}: offsets {info['offsets_text']}" if info["offsets_text"] else f"partition {p}"
                       for p, info in per_partition.items())
     summary = f"{total} {label}" + (f" ({where})" if where else "")
-    return Finding(summary[:300], {"count": total, "partitions": per_partition, "checked_at": view.checked_at})
+    if len(summary) > 300:
+        summary = summary[:296] + " ..."
+    return Finding(summary, {"count": total, "partitions": per_partition, "checked_at": view.checked_at})
 
 
 def check_lost(rule, view):
-    return _offset_findings(view, ("lost",), "lost", "lost records", planned_exempt=True)
+    # Unrecoverable records (below the log start before anyone read them) are lost too.
+    return _offset_findings(view, ("lost", "unrecoverable"), "lost", "lost records", planned_exempt=True)
 
 
 def check_gap(rule, view):
@@ -161,24 +169,45 @@ def check_lag_seconds(rule, view):
 
 
 STALL_LIKE = {"STALL", "STOP", "REWIND"}
+# Findings that make reconciliation call a partition ERR; each has its own rule (lost, duplicated, ...),
+# so the status rule does not send a second email for the same incident.
+INCIDENT_KINDS = {"lost", "duplicated", "phantom", "gap", "overlap", "unrecoverable"}
+
+
+def _has_incident(part) -> bool:
+    return any(isinstance(f, dict) and f.get("kind") in INCIDENT_KINDS for f in part.findings or [])
+
+
+def _status_fires(status: str, wanted: set[str], planned: bool, incident: bool) -> bool:
+    if status not in wanted:
+        return False
+    if status in STALL_LIKE and planned:
+        return False
+    return not (status == "ERR" and incident)
 
 
 def check_status(rule, view):
-    """STALL/STOP after a rewind, or of a pipeline an operator paused or stopped, are planned: no alert."""
+    """STALL/STOP after a rewind, or of a pipeline an operator paused or stopped, are planned: no alert.
+    ERR caused by findings is left to the finding rules; ERR for other reasons (Kafka unreadable) fires."""
     if not view.health:
         return None
     wanted = rule.status_set()
     planned = view.pipeline.desired_state != DesiredState.RUNNING or view.recently_rewound()
     bad = {}
     for part in view.partitions:
-        if part.status in wanted and not (planned and part.status in STALL_LIKE):
+        if _status_fires(part.status, wanted, planned, _has_incident(part)):
             bad[str(part.partition)] = {"status": part.status, "next_offset": part.next_offset,
                                         "lag_records": part.lag_records}
     status = view.health.status
-    pipeline_bad = status in wanted and not (planned and status in STALL_LIKE)
-    if not pipeline_bad and not bad:
-        return None
-    shown = status if pipeline_bad else ",".join(sorted({p["status"] for p in bad.values()}))
+    if view.partitions:
+        if not bad:
+            return None
+        shown = ",".join(sorted({p["status"] for p in bad.values()}))
+    else:
+        if not _status_fires(status, wanted, planned, incident=bool(view.health.lost or view.health.duplicated
+                                                                     or view.health.phantom)):
+            return None
+        shown = status
     where = f" (partitions {', '.join(bad)})" if bad else ""
     return Finding(f"status {shown}{where}", {"status": status, "partitions": bad, "checked_at": view.checked_at})
 
