@@ -1,0 +1,484 @@
+"""Reconciliation: prove, per pipeline and partition, that every consumed record landed exactly once.
+
+The one module the views, the JSON API, the CLI (`manage.py reconcile`) and Celery beat call:
+`reconcile_pipeline(pipeline)`, `reconcile_all()`, `report_json(reports)`. Rules and the meaning of each
+finding: docs/reconciliation.md.
+
+One run, per pipeline:
+  1. Kafka: the group's committed offsets and the watermarks (read BEFORE the database, so a batch that
+     commits meanwhile never looks lost: Kafka's offset is written after the DB commit).
+  2. The database, in one REPEATABLE READ snapshot: positions, the marks of the last run, new ledger
+     rows; then the NEW range [verified_offset, next_offset) of each partition is verified
+     (consumers/reconcile_verify.py). A new ledger row that starts below the mark (an at-least-once
+     re-write) or a rewind moves the mark back first.
+  3. What is re-evaluated every run, never marked as verified: phantom rows (at or beyond the committed
+     position), a classic consumer's Kafka offset beyond the DB (records it skipped), a position below the
+     log start (unrecoverable).
+  4. Lag in records and seconds, status by the lag evaluation rules (consumers/lag_status.py), and the
+     results stored in PartitionHealth / PipelineHealth.
+
+Consumed range of a partition: from the first ledger offset to the DB's `next_offset`; for the classic
+modes, which resume from Kafka, up to max(next_offset, Kafka's committed offset).
+"""
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from consumers import kafka_admin, lag_status
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    ConsumerRun,
+    DeliveryMode,
+    LagSnapshot,
+    PartitionHealth,
+    Pipeline,
+    PipelineHealth,
+    ResetPolicy,
+    RunState,
+    Status,
+)
+from consumers.reconcile_verify import SinkShape, sink_shape, table_exists, verify_range
+from consumers.transforms import resolve
+
+log = logging.getLogger("tally.reconcile")
+
+# Kinds that are incidents (exit code 1, status ERR); dead letters are accounted for, hence exact.
+INCIDENT_KINDS = ("lost", "duplicated", "phantom", "gap", "overlap", "unrecoverable")
+# Findings of the verified range are kept between runs; "current" ones are recomputed every run.
+VERIFIED, CURRENT = "verified", "current"
+
+
+def status_window() -> timedelta:
+    return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
+
+
+def heartbeat_timeout() -> timedelta:
+    return timedelta(seconds=getattr(settings, "RECONCILE_HEARTBEAT_TIMEOUT_SECONDS", 60))
+
+
+@dataclass
+class PartitionReport:
+    partition: int
+    log_start: int | None = None
+    high_watermark: int | None = None
+    next_offset: int | None = None
+    kafka_committed: int | None = None
+    lag_records: int | None = None
+    lag_seconds: float | None = None
+    lost: int = 0
+    duplicated: int = 0
+    phantom: int = 0
+    dead_lettered: int = 0
+    unrecoverable: int = 0
+    gap: int = 0
+    overlap: int = 0
+    findings: list[dict] = field(default_factory=list)
+    status: str = Status.OK
+    verified_offset: int | None = None
+    checked_from: int | None = None   # the range read by this run: [checked_from, verified_offset)
+    proven: bool = True               # the cheap aggregate proved the new range without locating anything
+
+    @property
+    def incident(self) -> bool:
+        return any(f["kind"] in INCIDENT_KINDS for f in self.findings)
+
+    def as_json(self) -> dict:
+        return {"partition": self.partition, "log_start": self.log_start, "high_watermark": self.high_watermark,
+                "next_offset": self.next_offset, "kafka_committed": self.kafka_committed,
+                "lag_records": self.lag_records, "lag_seconds": self.lag_seconds, "lost": self.lost,
+                "duplicated": self.duplicated, "phantom": self.phantom, "dead_lettered": self.dead_lettered,
+                "unrecoverable": self.unrecoverable, "gap": self.gap, "overlap": self.overlap,
+                "status": self.status, "verified_offset": self.verified_offset, "findings": self.findings}
+
+
+@dataclass
+class PipelineReport:
+    name: str
+    status: str
+    delivery_mode: str
+    partitions: list[PartitionReport]
+    lag_records: int | None
+    lag_seconds: float | None
+    records_per_second: float | None
+    checked_at: datetime
+    kafka_error: str = ""
+    db_ms: float = 0.0       # time spent in PostgreSQL (verification, history, storing)
+    kafka_ms: float = 0.0    # time spent in Kafka calls (committed offsets, watermarks, timestamps)
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(p, name) for p in self.partitions)
+
+    lost = property(lambda self: self._sum("lost"))
+    duplicated = property(lambda self: self._sum("duplicated"))
+    phantom = property(lambda self: self._sum("phantom"))
+    dead_lettered = property(lambda self: self._sum("dead_lettered"))
+    unrecoverable = property(lambda self: self._sum("unrecoverable"))
+    gap = property(lambda self: self._sum("gap"))
+    overlap = property(lambda self: self._sum("overlap"))
+
+    @property
+    def exact(self) -> bool:
+        """No loss, duplication, phantom, gap, overlap or unrecoverable record in any partition."""
+        return not any(p.incident for p in self.partitions)
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "delivery_mode": self.delivery_mode,
+                "exact": self.exact, "lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom,
+                "dead_lettered": self.dead_lettered, "unrecoverable": self.unrecoverable, "gap": self.gap,
+                "overlap": self.overlap, "lag_records": self.lag_records, "lag_seconds": self.lag_seconds,
+                "records_per_second": self.records_per_second, "kafka_error": self.kafka_error or None,
+                "checked_at": self.checked_at.isoformat(),
+                "partitions": [p.as_json() for p in self.partitions]}
+
+
+def report_json(reports: list[PipelineReport]) -> dict:
+    """The JSON shape of the CLI and `/api/pipelines/NAME/reconciliation`."""
+    return {"pipelines": [r.as_json() for r in reports]}
+
+
+def reconcile_all(*, full: bool = False, kafka=kafka_admin) -> list[PipelineReport]:
+    reports = []
+    for pipeline in Pipeline.objects.order_by("name"):
+        try:
+            reports.append(reconcile_pipeline(pipeline, full=full, kafka=kafka))
+        except Exception:  # one broken pipeline must not hide the others' reports
+            log.exception("reconciliation of pipeline %s failed", pipeline.name)
+    return reports
+
+
+def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_admin,
+                       now: datetime | None = None) -> PipelineReport:
+    """Verify what is new since the last run (everything when `full`), measure lag, evaluate the status
+    and store PartitionHealth / PipelineHealth. `kafka` is the Kafka admin module (a stand-in in tests)."""
+    timer = _Timer()
+    errors: list[str] = []
+    classic = pipeline.delivery_mode != DeliveryMode.EXACTLY_ONCE
+    with timer.kafka:
+        committed = _kafka_call(errors, kafka.committed_offsets, {}, pipeline.group_id, pipeline.topic)
+        marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
+    committed = {p: o for p, o in committed.items() if o is not None}
+    with timer.db:
+        states = _verify_database(pipeline, classic, committed, marks, full)
+    now = now or timezone.now()
+    reports = []
+    for p, state in sorted(states.items()):
+        mark = marks.get(p)
+        report = state.report
+        report.log_start, report.high_watermark = (mark.log_start, mark.high) if mark else (None, None)
+        report.kafka_committed = committed.get(p)
+        if mark is not None:
+            report.lag_records = max(0, mark.high - state.consumed_end)
+        reports.append(report)
+    for p, mark in marks.items():  # partitions this pipeline never consumed: everything there is lag
+        if p not in states:
+            start = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
+            reports.append(PartitionReport(p, mark.log_start, mark.high, None, committed.get(p),
+                                           lag_records=max(0, mark.high - start)))
+            states[p] = _PartitionState(reports[-1], consumed_end=start)
+    with timer.kafka:
+        _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
+    with timer.db:
+        rate = _evaluate_status(pipeline, reports, states, now, kafka_failed=bool(errors))
+        report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
+                                (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
+                                sorted(reports, key=lambda r: r.partition),
+                                _total(r.lag_records for r in reports), _max(r.lag_seconds for r in reports),
+                                rate, now, "; ".join(errors))
+        if errors:
+            report.status = Status.ERR
+        _store(pipeline, report, states)
+    report.db_ms, report.kafka_ms = timer.db.ms, timer.kafka.ms
+    return report
+
+
+# --- the database snapshot -----------------------------------------------------------------------------
+
+@dataclass
+class _PartitionState:
+    report: PartitionReport
+    consumed_end: int
+    marks_read: tuple[int, int] | None = None     # (verified_offset, verified_ledger_id) as read
+    new_marks: tuple[int, int] | None = None      # what this run verified
+    moved_at: datetime | None = None
+
+
+@contextlib.contextmanager
+def _snapshot_cursor():
+    """A raw psycopg2 cursor in one REPEATABLE READ, read-only transaction: positions, ledger and sink are
+    read as of one instant, so a batch committing meanwhile cannot look like phantom rows."""
+    connection.ensure_connection()
+    if connection.in_atomic_block:  # inside a caller's transaction (e.g. a test): read in it
+        with connection.cursor() as cursor:
+            yield cursor.cursor
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield cursor.cursor
+
+
+def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool) -> dict:
+    transform = resolve(pipeline.transform)
+    with _snapshot_cursor() as cur:
+        cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
+                    "WHERE pipeline_id = %s", [pipeline.pk])
+        positions = {p: (n, until, at) for p, n, until, at in cur.fetchall()}
+        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings FROM "
+                    "consumers_partitionhealth WHERE pipeline_id = %s", [pipeline.pk])
+        # Django's connection hands jsonb over as text (its JSONField decodes it), so decode here.
+        health = {p: (v, m, json.loads(f) if isinstance(f, str) else f) for p, v, m, f in cur.fetchall()}
+        newest = _new_ledger_rows(cur, pipeline.pk, {p: (0 if full else m) for p, (_, m, _) in health.items()})
+        shape = (sink_shape(cur, pipeline.sink_table, pipeline.topic, transform.multi_row)
+                 if table_exists(cur, pipeline.sink_table) else None)
+        partitions = set(positions) | (set(committed) if classic else set())
+        states = {}
+        for p in sorted(partitions):
+            states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
+                                          marks.get(p), None if full else health.get(p), health.get(p),
+                                          newest.get(p))
+    return states
+
+
+def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """{partition: (lowest first_offset, highest id)} of ledger rows newer than each partition's mark."""
+    floor = min(ledger_marks.values(), default=0)
+    cur.execute("SELECT partition, id, first_offset FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s",
+                [pipeline_id, floor])
+    newest: dict[int, tuple[int, int]] = {}
+    for p, row_id, first in cur.fetchall():
+        if row_id > ledger_marks.get(p, 0):
+            low, high = newest.get(p, (first, row_id))
+            newest[p] = (min(low, first), max(high, row_id))
+    return newest
+
+
+def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
+                      mark, health, health_as_read, newest) -> _PartitionState:
+    next_offset, replay_until, moved_at = position if position else (None, None, None)
+    if health is not None:
+        verified, ledger_mark, stored = health
+        kept = [f for f in stored or [] if f.get("scope") == VERIFIED]
+    else:
+        start = _consumed_start(cur, pipeline, classic, p, next_offset, kafka_offset, mark)
+        verified, ledger_mark, kept = start, 0, []
+    if next_offset is None:  # a classic consumer that committed to Kafka but never wrote
+        next_offset = verified
+    if newest:
+        verified, ledger_mark = min(verified, newest[0]), max(ledger_mark, newest[1])
+    verified = min(verified, next_offset)  # a rewind below the mark that did not move it
+    verified, kept = _reopen_findings(verified, kept)
+    report = PartitionReport(p, next_offset=next_offset, checked_from=verified, verified_offset=next_offset)
+    consumed_end = max(next_offset, kafka_offset) if classic and kafka_offset is not None else next_offset
+    state = _PartitionState(report, consumed_end, moved_at=moved_at,
+                            marks_read=health_as_read[:2] if health_as_read else None,
+                            new_marks=(next_offset, ledger_mark))
+    new_findings, current = [], []
+    if shape is not None:
+        result = verify_range(cur, shape, pipeline.pk, p, verified, next_offset,
+                              _ledger(cur, pipeline.pk, p, verified, next_offset))
+        report.proven = result.proven
+        new_findings = result.findings
+        if consumed_end > next_offset:  # Kafka says consumed, the DB never wrote it (at-most-once)
+            current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
+                                    _ledger(cur, pipeline.pk, p, next_offset, consumed_end)).findings
+        current += _phantom(cur, shape, p, max(consumed_end, replay_until or 0))
+    resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
+    if mark is not None and resume_at < mark.log_start:
+        current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
+                        "count": mark.log_start - resume_at})
+    report.findings = ([dict(f, scope=VERIFIED) for f in kept + new_findings]
+                       + [dict(f, scope=CURRENT) for f in current])
+    _count(report)
+    return state
+
+
+def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_offset, mark) -> int:
+    """Where a partition's consumed range starts: its first ledger offset. A classic consumer that started
+    from the earliest offset may have lost its first batches before writing any ledger row, so there
+    the log start counts too."""
+    cur.execute("SELECT min(first_offset) FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s",
+                [pipeline.pk, p])
+    first = cur.fetchone()[0]
+    candidates = [o for o in (first, next_offset) if o is not None]
+    if classic and pipeline.reset_policy == ResetPolicy.EARLIEST and mark is not None:
+        candidates.append(mark.log_start)
+    if candidates:
+        return min(candidates)
+    return kafka_offset if kafka_offset is not None else 0
+
+
+def _reopen_findings(verified: int, kept: list[dict]) -> tuple[int, list[dict]]:
+    """Findings that reach the mark are dropped and their range verified again (the mark moves to their
+    start), so counts never mix old and new evidence."""
+    for _ in range(len(kept) + 1):
+        crossing = [f for f in kept if f["end"] > verified]
+        if not crossing:
+            break
+        verified = min(verified, *(f["start"] for f in crossing))
+        kept = [f for f in kept if f["end"] <= verified]
+    return verified, kept
+
+
+def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple[int, int]]:
+    if end <= start:
+        return []
+    cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end "
+                "FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s AND first_offset < %s "
+                "AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %s ORDER BY first_offset",
+                [pipeline_id, p, end, start])
+    return cur.fetchall()
+
+
+def _phantom(cur, shape: SinkShape, p: int, committed_position: int) -> list[dict]:
+    from psycopg2 import sql
+
+    cur.execute(sql.SQL("SELECT count(*), min(source_offset), max(source_offset) FROM {} WHERE source_topic = %s "
+                        "AND source_partition = %s AND source_offset >= %s").format(sql.Identifier(shape.table)),
+                [shape.topic, p, committed_position])
+    count, low, high = cur.fetchone()
+    return [{"kind": "phantom", "start": low, "end": high + 1, "count": count}] if count else []
+
+
+def _count(report: PartitionReport) -> None:
+    totals: dict[str, int] = {}
+    for finding in report.findings:
+        totals[finding["kind"]] = totals.get(finding["kind"], 0) + int(finding["count"])
+    report.lost, report.duplicated = totals.get("lost", 0), totals.get("duplicated", 0)
+    report.phantom, report.dead_lettered = totals.get("phantom", 0), totals.get("dead_letter", 0)
+    report.unrecoverable, report.gap = totals.get("unrecoverable", 0), totals.get("gap", 0)
+    report.overlap = totals.get("overlap", 0)
+
+
+# --- lag, status, storing ------------------------------------------------------------------------------
+
+def _lag_seconds(errors, kafka, topic: str, reports, states, marks, now: datetime) -> None:
+    """Age of the record at the consumer's position; 0 when caught up."""
+    behind = {}
+    for report in reports:
+        if report.lag_records is None:
+            continue
+        if report.lag_records == 0:
+            report.lag_seconds = 0.0
+        else:
+            behind[report.partition] = max(states[report.partition].consumed_end, marks[report.partition].log_start)
+    if not behind:
+        return
+    stamps = _kafka_call(errors, kafka.record_timestamps, {}, topic, behind)
+    now_ms = now.timestamp() * 1000
+    for report in reports:
+        stamp = stamps.get(report.partition)
+        if stamp is not None:
+            report.lag_seconds = max(0.0, (now_ms - stamp) / 1000)
+
+
+def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: bool) -> float | None:
+    """Set each partition's status; return the records per second over the window."""
+    window = status_window()
+    history: dict[int, list[lag_status.Sample]] = {}
+    for s in (LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=False, taken_at__gte=now - window)
+              .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
+        history.setdefault(s["partition"], []).append(
+            lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
+    alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
+                                       heartbeat_at__gte=now - heartbeat_timeout()).exists()
+    rewound = _rewound_partitions(pipeline, now - window)
+    rate, rate_known = 0.0, False
+    for report in reports:
+        state = states[report.partition]
+        samples = history.get(report.partition, []) + [
+            lag_status.Sample(now, state.consumed_end, report.lag_records)]
+        facts = lag_status.PartitionFacts(
+            samples, report.lag_records, state.moved_at or pipeline.created_at, alive,
+            rewound is True or report.partition in (rewound or ()), report.incident or kafka_failed, now, window)
+        report.status = lag_status.evaluate(facts)
+        first = samples[0]
+        if first.position is not None and now > first.taken_at and state.consumed_end >= first.position:
+            rate += (state.consumed_end - first.position) / (now - first.taken_at).total_seconds()
+            rate_known = True
+    return rate if rate_known else None
+
+
+def _rewound_partitions(pipeline, since: datetime):
+    """True (all partitions), a set of partitions, or None: operator rewinds within the window."""
+    actions = ActionLog.objects.filter(pipeline=pipeline, action="rewind", dry_run=False, created_at__gte=since) \
+        .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)).values_list("offsets_after", flat=True)
+    partitions: set[int] = set()
+    for after in actions:
+        keys = [k for k in (after or {}) if str(k).isdigit()]
+        if not keys:
+            return True
+        partitions.update(int(k) for k in keys)
+    return partitions or None
+
+
+def _store(pipeline, report: PipelineReport, states) -> None:
+    with transaction.atomic():
+        stored = {h.partition: h for h in PartitionHealth.objects.select_for_update().filter(pipeline=pipeline)}
+        for part in report.partitions:
+            state = states[part.partition]
+            if state.new_marks is None and part.partition not in stored:
+                continue  # never consumed: a health row would plant a wrong mark at 0
+            health = stored.get(part.partition) or PartitionHealth(pipeline=pipeline, partition=part.partition)
+            as_read = state.marks_read
+            concurrent = health.pk is not None and as_read is not None and \
+                (health.verified_offset, health.verified_ledger_id) != as_read
+            if state.new_marks is not None and not concurrent:
+                # Otherwise a rewind (or another run) moved the marks meanwhile: keep theirs, verify next run.
+                health.verified_offset, health.verified_ledger_id = state.new_marks
+                health.findings = part.findings
+                for name in ("lost", "duplicated", "phantom", "dead_lettered", "unrecoverable"):
+                    setattr(health, name, getattr(part, name))
+            for name in ("log_start", "high_watermark", "next_offset", "kafka_committed", "lag_records",
+                         "lag_seconds", "status"):
+                setattr(health, name, getattr(part, name))
+            health.checked_at = report.checked_at
+            health.save()
+        PipelineHealth.objects.update_or_create(pipeline=pipeline, defaults={
+            "status": report.status, "lost": report.lost, "duplicated": report.duplicated,
+            "phantom": report.phantom, "dead_lettered": report.dead_lettered, "lag_records": report.lag_records,
+            "lag_seconds": report.lag_seconds, "records_per_second": report.records_per_second,
+            "checked_at": report.checked_at})
+
+
+# --- small helpers -------------------------------------------------------------------------------------
+
+def _kafka_call(errors: list[str], func, default, *args):
+    try:
+        return func(*args)
+    except Exception as exc:  # Kafka down must not stop the database verification
+        errors.append(f"{func.__name__}: {type(exc).__name__}: {exc}")
+        log.warning("reconciliation: %s failed: %s", func.__name__, exc)
+        return default
+
+
+def _total(values):
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def _max(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+class _Stopwatch:
+    def __init__(self):
+        self.ms = 0.0
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.ms += (time.perf_counter() - self._start) * 1000
+
+
+class _Timer:
+    def __init__(self):
+        self.db, self.kafka = _Stopwatch(), _Stopwatch()
