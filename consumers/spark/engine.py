@@ -20,13 +20,13 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 from django.conf import settings
 from django.utils import timezone
 
 from consumers import commit, db, kafka_admin, sinks
+from consumers.engine import _RUN_STATE, RunResult, UnknownPipeline
 from consumers.faults import NO_FAULTS, FaultInjector
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
 from consumers.spark.kafka_source import kafka_format, offsets_json
@@ -44,30 +44,13 @@ TRIGGER_INTERVAL = "250 milliseconds"
 HEARTBEAT_SECONDS = 1.0
 
 
-@dataclass
-class RunResult:
-    pipeline: str
-    run_id: int
-    epoch: int
-    reason: str                 # caught-up, stopped, max-seconds, fenced, failed
-    records: int = 0
-    rows: int = 0
-    dead_letters: int = 0
-    skipped: int = 0
-    batches: int = 0
-    seconds: float = 0.0
-    error: str = ""
-    positions: dict[int, int] = field(default_factory=dict)
-
-
-class _Stop(Exception):
-    pass
-
-
 def run_pipeline(name, *, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
                  faults: FaultInjector = NO_FAULTS, task_id="") -> RunResult:
     """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time."""
-    pipeline = Pipeline.objects.get(name=name)
+    try:
+        pipeline = Pipeline.objects.get(name=name)
+    except Pipeline.DoesNotExist:
+        raise UnknownPipeline(f"No pipeline named {name!r}.") from None
     return SparkRun(pipeline, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
                     stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults,
                     task_id=task_id).run()
@@ -79,7 +62,7 @@ class SparkRun:
         self.pipeline = pipeline
         self.stop = stop
         self.records_per_trigger = batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
-        self.delay_s = (delay_ms or 0) / 1000
+        self.delay_per_record_s = (delay_ms or 0) / 1000  # as the Python engine: simulated work per record
         self.stop_when_caught_up = stop_when_caught_up
         self.max_seconds = max_seconds
         self.faults = faults
@@ -88,7 +71,7 @@ class SparkRun:
         self.target = commit.Target.for_pipeline(pipeline)
         self.mode = pipeline.delivery_mode
         self.positions: dict[int, int] = {}
-        self.ending: str | None = None      # set by the batch callback: fenced / failed
+        self.ending: str | None = None      # set by the batch callback: fenced / bad_record / error
         self.error = ""
         self.result = None
         self._lock = threading.Lock()
@@ -100,7 +83,7 @@ class SparkRun:
         self.run_row = ConsumerRun.objects.create(
             pipeline=self.pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(),
             task_id=self.task_id, engine=Engine.SPARK, state=RunState.STARTING)
-        self.result = RunResult(self.pipeline.name, self.run_row.pk, self.epoch, reason="stopped")
+        self.result = RunResult(self.pipeline.name, reason="stopped", epoch=self.epoch, run_id=self.run_row.pk)
         self.conn = db.connect(f"tally-spark-{self.pipeline.name}")
         checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
         query = None
@@ -112,7 +95,7 @@ class SparkRun:
             self._supervise(query, started)
         except Exception as exc:
             log.exception("Spark run of %s failed", self.pipeline.name)
-            self.result.reason, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.result.reason, self.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             if query is not None:
                 self._stop_query(query)
@@ -120,10 +103,11 @@ class SparkRun:
             if self._kafka is not None:
                 self._kafka.close()
             shutil.rmtree(checkpoint, ignore_errors=True)
-        self.result.seconds = time.monotonic() - started
-        self.result.error = self.error
-        self.result.positions = dict(self.positions)
+        self.result.detail = self.error
         self._finish_run_row()
+        log.info("%s: Spark run %s ended: %s %s (%s records in %s batches, %.1f s)", self.pipeline.name,
+                 self.run_row.pk, self.result.reason, self.error, self.result.records, self.result.batches,
+                 time.monotonic() - started)
         return self.result
 
     def _starting_positions(self) -> dict[int, int]:
@@ -167,7 +151,7 @@ class SparkRun:
         while True:
             if query.exception() is not None or not query.isActive:
                 failure = query.exception()
-                self.result.reason = "failed"
+                self.result.reason = "error"
                 self.error = self.error or (str(failure) if failure else "the Spark query ended")
                 return
             if self.ending:
@@ -177,7 +161,7 @@ class SparkRun:
                 self.result.reason = "stopped"
                 return
             if self.max_seconds is not None and time.monotonic() - started >= self.max_seconds:
-                self.result.reason = "max-seconds"
+                self.result.reason = "max_seconds"
                 return
             now = time.monotonic()
             if now >= next_heartbeat:
@@ -186,7 +170,7 @@ class SparkRun:
                     self.result.reason = "fenced"
                     return
                 if self.stop_when_caught_up and self._caught_up():
-                    self.result.reason = "caught-up"
+                    self.result.reason = "caught_up"
                     return
             query.awaitTermination(0.2)
 
@@ -215,10 +199,10 @@ class SparkRun:
             log.warning("Stopping the Spark query of %s: %s", self.pipeline.name, exc)
         failure = query.exception()
         if failure is not None and not self.error:
-            self.result.reason, self.error = "failed", str(failure)
+            self.result.reason, self.error = "error", str(failure)
 
     def _finish_run_row(self) -> None:
-        state = {"fenced": RunState.FENCED, "failed": RunState.FAILED}.get(self.result.reason, RunState.STOPPED)
+        state = _RUN_STATE.get(self.result.reason, RunState.CRASHED)
         ConsumerRun.objects.filter(pk=self.run_row.pk).update(
             state=state, ended_at=timezone.now(), heartbeat_at=timezone.now(),
             records_processed=self.result.records,
@@ -241,21 +225,24 @@ class SparkRun:
         except commit.Fenced as exc:
             self.ending, self.error = "fenced", str(exc)
             return
-        except commit.CommitRefused as exc:  # a gap, or a bad record under the stop policy
-            self.ending, self.error = "failed", f"{type(exc).__name__}: {exc}"
+        except commit.StopOnBadRecord as exc:
+            self.ending, self.error = "bad_record", str(exc)
+            return
+        except commit.Gap as exc:  # e.g. records gone from the log (retention): never skip them silently
+            self.ending, self.error = "error", f"Gap: {exc}"
             return
         self.faults.maybe_crash("after-db-commit")
         if self.mode != DeliveryMode.AT_MOST_ONCE:
             self._commit_kafka({o.partition: o.end_offset for o in outcomes})
         self._count(outcomes, ends)
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        if self.delay_per_record_s:
+            time.sleep(self.delay_per_record_s * sum(len(r) for r in batches.values()))
 
     def _count(self, outcomes, ends) -> None:
         with self._lock:
             for o in outcomes:
                 self.result.records += o.records
-                self.result.rows += o.rows_written
+                self.result.rows_written += o.rows_written
                 self.result.dead_letters += o.dead_letters
                 self.result.skipped += o.skipped
             for p, end in ends.items():

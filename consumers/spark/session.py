@@ -7,8 +7,10 @@
 - Never build a session before a fork (a Celery prefork pool): the forked JVM gateway gives garbled answers
   and hangs. Spark work runs in a threads or solo pool worker and builds the session lazily, on first use.
 """
+import contextlib
 import logging
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -71,12 +73,38 @@ def get_spark():
         return _session
 
 
-def stop_spark() -> None:
+def stop_spark(shutdown_jvm: bool = False) -> None:
+    """Stop the session; with shutdown_jvm also end this process's JVM (its memory goes back to the
+    machine, and the next get_spark() starts a fresh one)."""
     global _session
     with _lock:
         if _session is not None:
             _session.stop()
             _session = None
+        if shutdown_jvm:
+            _shutdown_gateway()
+
+
+def _shutdown_gateway() -> None:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if process is not None:
+        # The gateway JVM exits when its stdin closes (PySpark's contract with spark-submit).
+        with contextlib.suppress(Exception):
+            process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _session_is_stopped(spark) -> bool:

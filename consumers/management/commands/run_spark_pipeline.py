@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.engine import UnknownPipeline
 from consumers.faults import FaultInjector
-from consumers.models import Pipeline
 
 
 class Command(BaseCommand):
@@ -28,21 +28,23 @@ class Command(BaseCommand):
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
         from consumers.spark.engine import run_pipeline
 
-        if not Pipeline.objects.filter(name=name).exists():
-            raise CommandError(f"No pipeline named {name!r}.")
         try:
-            faults = FaultInjector.parse(crash_at)
+            faults = FaultInjector.parse([spec for item in crash_at for spec in item.split(",") if spec])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        result = run_pipeline(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
-                              stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults)
+        try:
+            result = run_pipeline(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
+                                  stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults)
+        except UnknownPipeline as exc:
+            raise CommandError(str(exc)) from exc
         if options["json"]:
             self.stdout.write(json.dumps(asdict(result)))
         else:
-            self.stdout.write(f"{name}: {result.reason} after {result.seconds:.1f} s, {result.records} records, "
-                              f"{result.rows} rows in {result.batches} batches; positions {result.positions}")
-        if result.reason == "failed":
-            raise CommandError(result.error or "the run failed")
+            self.stdout.write(f"{name}: {result.reason} after {result.records} records in {result.batches} batches "
+                              f"({result.rows_written} rows, {result.dead_letters} dead letters, "
+                              f"{result.skipped} replays skipped)")
+        if not result.ok:
+            raise CommandError(f"{result.reason}: {result.detail}")
