@@ -4,8 +4,9 @@ Every consumed offset must have exactly one outcome: one row (or, for multi-row 
 rows numbered by `source_row`) or exactly one dead letter. Counts come from one cheap aggregate per
 range over the provenance index: a count bounded by [start, end) (so min and max are implied), plus a
 distinct count only where no unique index proves "no duplicate". When `rows + dead letters == end -
-start` with no duplicate, the range is proven and nothing else is read. Only a range that fails the cheap check is searched for *where* (islands over the present
-offsets with `lag()`); an anti-join against `generate_series` is never used (several times slower).
+start` with no duplicate, the range is proven and nothing else is read. Only a range that fails the
+cheap check is searched for *where* (islands over the present offsets with `lag()`); an anti-join
+against `generate_series` is never used (several times slower).
 
 The ledger is checked apart from the sink: its ranges (trimmed by rewinds: a row with `superseded_from`
 covers only `[first_offset, min(end_offset, superseded_from))`) must tile the range with no gap and no
