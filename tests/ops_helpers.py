@@ -1,0 +1,74 @@
+"""Helpers for the operating-layer tests: the demo topic and pipelines, producing, reading sinks row by row."""
+import time
+
+from django.conf import settings
+from django.db import connection
+from kafka import KafkaProducer
+from psycopg2 import sql
+
+from consumers import sinks
+from consumers.demo import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
+from consumers.engine import run_pipeline
+from consumers.models import Pipeline
+
+EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "nums-exactly-once", "nums-at-least-once", "nums-at-most-once"
+PARTITIONS = 2
+
+
+def seed(records: int) -> None:
+    seed_demo(records=records, partitions=PARTITIONS, reset=True)
+
+
+def drop_demo_sinks() -> None:
+    with connection.cursor() as cursor:
+        for demo in DEMO_PIPELINES:
+            sinks.drop_sink_table(cursor, demo.sink_table)
+
+
+def produce(first_value: int, last_value: int) -> None:
+    """Append values first..last to the demo topic, spread as seed_demo spreads them."""
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
+    try:
+        for value in range(first_value, last_value + 1):
+            producer.send(DEMO_TOPIC, str(value).encode(), partition=(value - 1) % PARTITIONS)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=5)
+
+
+def location(value: int) -> tuple[int, int]:
+    """(partition, offset) of a value produced by seed/produce in order."""
+    return (value - 1) % PARTITIONS, (value - 1) // PARTITIONS
+
+
+def catch_up(name: str, max_seconds: float = 60):
+    result = run_pipeline(name, stop_when_caught_up=True, max_seconds=max_seconds)
+    assert result.reason == "caught_up", (result.reason, result.detail)
+    return result
+
+
+def sink_rows(name: str) -> list[tuple[int, int, int]]:
+    """(partition, offset, value) of every sink row, sorted; duplicates stay visible."""
+    table = Pipeline.objects.get(name=name).sink_table
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("SELECT source_partition, source_offset, id FROM {} ORDER BY 1, 2, 3")
+                       .format(sql.Identifier(table)).as_string(cursor.cursor))
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def expected_rows(values) -> list[tuple[int, int, int]]:
+    return sorted((*location(v), v) for v in values)
+
+
+def positions(name: str) -> dict[int, int]:
+    return dict(Pipeline.objects.get(name=name).offsets.values_list("partition", "next_offset"))
+
+
+def wait_for(check, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
