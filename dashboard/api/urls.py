@@ -1,3 +1,22 @@
-"""JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, audit)."""
+"""JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, audit). See README."""
+from django.urls import path
+from rest_framework.authtoken.views import obtain_auth_token
+
+from dashboard.api import views
+
 app_name = "api"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.api_root, name="root"),
+    path("me", views.me, name="me"),
+    path("token", obtain_auth_token, name="token"),
+    path("pipelines/", views.pipeline_list, name="pipelines"),
+    path("pipelines/<slug:name>/", views.pipeline_detail, name="pipeline"),
+    path("pipelines/<slug:name>/reconciliation", views.reconciliation, name="reconciliation"),
+    path("pipelines/<slug:name>/dead-letters", views.dead_letters, name="dead_letters"),
+    path("pipelines/<slug:name>/actions/<slug:action>", views.pipeline_action, name="action"),
+    path("pipelines/<slug:name>/rewind", views.pipeline_rewind, name="rewind"),
+    path("groups/", views.group_list, name="groups"),
+    path("groups/<path:group_id>/reset", views.group_reset_view, name="group_reset"),
+    path("groups/<path:group_id>/", views.group_detail, name="group"),
+    path("audit", views.audit_log, name="audit"),
+]

@@ -1,12 +1,54 @@
-"""Full pages of the dashboard."""
+"""Read-only pages: overview, pipeline page, audit log. Thin: read through dashboard.status, render."""
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
-from consumers.models import Pipeline
+from consumers.models import ActionLog, AuditJob, Pipeline
+from dashboard import status, timeline
+from dashboard.roles import can_operate
+from dashboard.views.actions import ACTION_BUTTONS
+from dashboard.views.common import render_page
+
+AUDIT_PAGE_SIZE = 50
 
 
 @require_GET
 @login_required
 def overview(request):
-    return render(request, "overview.html", {"pipelines": Pipeline.objects.order_by("name")})
+    context = {"nav": "overview", "rows": status.pipeline_rows(), "groups": status.external_group_rows(),
+               "last_check": status.last_reconciliation()}
+    return render_page(request, "overview.html", context, fragment="live")
+
+
+@require_GET
+@login_required
+def pipeline_detail(request, name):
+    pipeline = get_object_or_404(Pipeline.objects.select_related("health"), name=name)
+    partitions = status.partition_rows(pipeline)
+    context = {"nav": "overview", "pipeline": pipeline, "row": status.pipeline_row(pipeline),
+               "partitions": partitions, "can_operate": can_operate(request.user), "action_buttons": ACTION_BUTTONS}
+    if request.htmx and request.GET.get("fragment") == "live":
+        return render_page(request, "pipeline.html", context, fragment="live")
+    runs = status.recent_runs(pipeline)
+    context.update({
+        "runs": runs, "summary": status.pipeline_summary(pipeline, runs),
+        "dead_letters": status.recent_dead_letters(pipeline), "actions": status.recent_actions(pipeline),
+        "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
+        "chart": status.chart_series(pipeline),
+        "audits": list(AuditJob.objects.filter(pipeline=pipeline)[:5]),
+    })
+    return render_page(request, "pipeline.html", context)
+
+
+@require_GET
+@login_required
+def audit_log(request):
+    actions = ActionLog.objects.select_related("pipeline").order_by("-created_at")
+    pipeline = request.GET.get("pipeline", "")
+    if pipeline:
+        actions = actions.filter(pipeline__name=pipeline)
+    page = Paginator(actions, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {"nav": "audit", "page": page, "pipeline": pipeline,
+               "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True)}
+    return render_page(request, "audit_log.html", context, fragment="entries")

@@ -1,0 +1,131 @@
+"""/metrics for Prometheus: lag (records, seconds), throughput, lost / duplicated / phantom, status, per
+pipeline and partition — read from reconciliation's tables on each scrape by a custom collector, so the
+numbers are the dashboard's numbers and no process has to keep them in memory.
+
+Scrapes authenticate like the API: a logged-in session, or `Authorization: Token <key>` (Prometheus:
+`authorization: {type: Token, credentials: <key>}`).
+"""
+from django.http import HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+from consumers.models import PartitionHealth, Status
+from dashboard import status as dashboard_status
+
+STATUSES = [s.value for s in Status] + ["UNKNOWN"]
+PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode"]
+
+
+class TallyCollector:
+    """Reads the latest reconciliation in three queries (pipelines, partitions, groups) per scrape."""
+
+    def collect(self):
+        yield from self._pipelines()
+        yield from self._partitions()
+        yield from self._groups()
+
+    def _pipelines(self):
+        gauges = {
+            "lag_records": GaugeMetricFamily("tally_pipeline_lag_records", "Records behind the high watermark",
+                                             labels=PIPELINE_LABELS),
+            "lag_seconds": GaugeMetricFamily("tally_pipeline_lag_seconds", "Age of the record at the position",
+                                             labels=PIPELINE_LABELS),
+            "records_per_second": GaugeMetricFamily("tally_pipeline_throughput_records_per_second",
+                                                    "Records written per second", labels=PIPELINE_LABELS),
+            "lost": GaugeMetricFamily("tally_pipeline_lost_records", "Records consumed but not in the sink",
+                                      labels=PIPELINE_LABELS),
+            "duplicated": GaugeMetricFamily("tally_pipeline_duplicated_records", "Records in the sink more than once",
+                                            labels=PIPELINE_LABELS),
+            "phantom": GaugeMetricFamily("tally_pipeline_phantom_records", "Sink rows beyond the committed position",
+                                         labels=PIPELINE_LABELS),
+            "dead_lettered": GaugeMetricFamily("tally_pipeline_dead_lettered_records", "Records dead-lettered",
+                                               labels=PIPELINE_LABELS),
+        }
+        status = GaugeMetricFamily("tally_pipeline_status", "1 for the pipeline's current status (OK, WARN, ERR, "
+                                   "STALL, STOP, REWIND, UNKNOWN), 0 for the others",
+                                   labels=[*PIPELINE_LABELS, "status"])
+        checked = GaugeMetricFamily("tally_pipeline_last_reconciliation_timestamp_seconds",
+                                    "When reconciliation last checked the pipeline", labels=PIPELINE_LABELS)
+        for row in dashboard_status.pipeline_rows():
+            labels = [row.name, row.pipeline.topic, row.pipeline.delivery_mode]
+            for field, gauge in gauges.items():
+                value = getattr(row, field)
+                if value is not None:
+                    gauge.add_metric(labels, float(value))
+            for name in STATUSES:
+                status.add_metric([*labels, name], 1.0 if row.status == name else 0.0)
+            if row.checked_at:
+                checked.add_metric(labels, row.checked_at.timestamp())
+        yield from gauges.values()
+        yield status
+        yield checked
+
+    def _partitions(self):
+        labels = ["pipeline", "topic", "partition"]
+        fields = {
+            "lag_records": ("tally_partition_lag_records", "Records behind the high watermark"),
+            "lag_seconds": ("tally_partition_lag_seconds", "Age of the record at the position"),
+            "high_watermark": ("tally_partition_high_watermark", "Kafka's high watermark"),
+            "log_start": ("tally_partition_log_start_offset", "Kafka's log start offset"),
+            "next_offset": ("tally_partition_db_offset", "The database's next offset (Tally's position)"),
+            "kafka_committed": ("tally_partition_kafka_committed_offset", "The group's committed offset in Kafka"),
+            "lost": ("tally_partition_lost_records", "Records consumed but not in the sink"),
+            "duplicated": ("tally_partition_duplicated_records", "Records in the sink more than once"),
+            "phantom": ("tally_partition_phantom_records", "Sink rows beyond the committed position"),
+        }
+        gauges = {f: GaugeMetricFamily(name, doc, labels=labels) for f, (name, doc) in fields.items()}
+        status = GaugeMetricFamily("tally_partition_status", "1 for the partition's current status",
+                                   labels=[*labels, "status"])
+        rows = PartitionHealth.objects.select_related("pipeline").order_by("pipeline__name", "partition")
+        for health in rows:
+            values = [health.pipeline.name, health.pipeline.topic, str(health.partition)]
+            for field, gauge in gauges.items():
+                value = getattr(health, field)
+                if value is not None:
+                    gauge.add_metric(values, float(value))
+            for name in STATUSES[:-1]:
+                status.add_metric([*values, name], 1.0 if health.status == name else 0.0)
+        yield from gauges.values()
+        yield status
+
+    def _groups(self):
+        lag = GaugeMetricFamily("tally_group_lag_records", "Lag of consumer groups Tally does not run",
+                                labels=["group"])
+        seconds = GaugeMetricFamily("tally_group_lag_seconds", "Lag in seconds of consumer groups Tally does not run",
+                                    labels=["group"])
+        for group in dashboard_status.external_group_rows():
+            if group.lag_records is not None:
+                lag.add_metric([group.group_id], float(group.lag_records))
+            if group.lag_seconds is not None:
+                seconds.add_metric([group.group_id], float(group.lag_seconds))
+        yield lag
+        yield seconds
+
+
+def render_metrics() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TallyCollector())
+    return generate_latest(registry)
+
+
+def _authenticated(request) -> bool:
+    if request.user.is_authenticated:
+        return True
+    try:
+        return TokenAuthentication().authenticate(request) is not None
+    except AuthenticationFailed:
+        return False
+
+
+def metrics_view(request):
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET"})
+    if not _authenticated(request):
+        return HttpResponse("Authentication required: log in, or send 'Authorization: Token <key>'.\n",
+                            status=401, content_type="text/plain", headers={"WWW-Authenticate": "Token"})
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+

@@ -1,0 +1,189 @@
+"""What the pages, the JSON API and /metrics show, read from the models in a fixed, small number of
+queries (no query per pipeline or partition: the overview must stay fast with hundreds of them).
+
+Reconciliation (consumers/reconcile.py) writes PartitionHealth / PipelineHealth / LagSnapshot; this module
+only reads them, together with the positions the commit protocol keeps.
+"""
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db.models import Max
+from django.utils import timezone
+
+from consumers.models import (
+    ActionLog,
+    ConsumerRun,
+    DeadLetter,
+    LagSnapshot,
+    PartitionHealth,
+    PartitionOffset,
+    Pipeline,
+    RunState,
+)
+
+CHART_WINDOW = timedelta(hours=6)
+# A chart needs a few hundred points at most; beyond that the browser draws pixels nobody can tell apart.
+CHART_MAX_POINTS = 720
+RECENT_ROWS = 20
+LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
+
+
+@dataclass
+class PipelineRow:
+    """One line of the overview (and of the API's pipeline list)."""
+
+    pipeline: Pipeline
+    status: str
+    lag_records: int | None
+    lag_seconds: float | None
+    records_per_second: float | None
+    lost: int
+    duplicated: int
+    phantom: int
+    dead_lettered: int
+    checked_at: object
+
+    @property
+    def name(self):
+        return self.pipeline.name
+
+    def as_json(self) -> dict:
+        p = self.pipeline
+        return {"name": p.name, "topic": p.topic, "group_id": p.group_id, "sink_table": p.sink_table,
+                "delivery_mode": p.delivery_mode, "engine": p.engine, "desired_state": p.desired_state,
+                "epoch": p.epoch, "status": self.status, "lag_records": self.lag_records,
+                "lag_seconds": self.lag_seconds, "records_per_second": self.records_per_second,
+                "lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom,
+                "dead_lettered": self.dead_lettered,
+                "last_reconciliation": self.checked_at.isoformat() if self.checked_at else None}
+
+
+def _row(pipeline: Pipeline) -> PipelineRow:
+    health = getattr(pipeline, "health", None)
+    if health is None:
+        return PipelineRow(pipeline, "UNKNOWN", None, None, None, 0, 0, 0, 0, None)
+    return PipelineRow(pipeline, health.status, health.lag_records, health.lag_seconds,
+                       health.records_per_second, health.lost, health.duplicated, health.phantom,
+                       health.dead_lettered, health.checked_at)
+
+
+def pipeline_rows() -> list[PipelineRow]:
+    """Every pipeline with its latest reconciliation: one query."""
+    return [_row(p) for p in Pipeline.objects.select_related("health").order_by("name")]
+
+
+def pipeline_row(pipeline: Pipeline) -> PipelineRow:
+    return _row(pipeline)
+
+
+@dataclass
+class GroupRow:
+    """A consumer group Tally does not run, as last sampled by reconciliation's snapshots."""
+
+    group_id: str
+    lag_records: int | None
+    lag_seconds: float | None
+    records_per_second: float | None
+    taken_at: object
+
+    def as_json(self) -> dict:
+        return {"group_id": self.group_id, "lag_records": self.lag_records, "lag_seconds": self.lag_seconds,
+                "records_per_second": self.records_per_second,
+                "sampled_at": self.taken_at.isoformat() if self.taken_at else None}
+
+
+def external_group_rows() -> list[GroupRow]:
+    """The latest whole-group sample of every group that is not a pipeline's: one query (DISTINCT ON)."""
+    latest = (LagSnapshot.objects.filter(pipeline__isnull=True, partition__isnull=True).exclude(group_id="")
+              .order_by("group_id", "-taken_at").distinct("group_id"))
+    return [GroupRow(s.group_id, s.lag_records, s.lag_seconds, s.records_per_second, s.taken_at) for s in latest]
+
+
+@dataclass
+class PartitionRow:
+    partition: int
+    next_offset: int | None
+    replay_until: int | None
+    health: PartitionHealth | None
+
+    def __getattr__(self, name):
+        # Health fields (log_start, high_watermark, lag_records, ...) read through; None before a check.
+        health = self.__dict__.get("health")
+        if name in _HEALTH_FIELDS:
+            return getattr(health, name) if health is not None else None
+        raise AttributeError(name)
+
+    def as_json(self) -> dict:
+        data = {"partition": self.partition, "next_offset": self.next_offset, "replay_until": self.replay_until}
+        for name in _HEALTH_FIELDS:
+            value = getattr(self, name)
+            data[name] = value.isoformat() if hasattr(value, "isoformat") else value
+        if self.health is not None and self.health.next_offset is not None and self.next_offset is None:
+            data["next_offset"] = self.health.next_offset
+        return data
+
+
+_HEALTH_FIELDS = ("log_start", "high_watermark", "kafka_committed", "lag_records", "lag_seconds",
+                  "verified_offset", "lost", "duplicated", "phantom", "dead_lettered", "unrecoverable",
+                  "findings", "status", "checked_at")
+
+
+def partition_rows(pipeline: Pipeline) -> list[PartitionRow]:
+    """Per-partition state: the DB position joined with the latest reconciliation. Two queries."""
+    offsets = {o.partition: o for o in PartitionOffset.objects.filter(pipeline=pipeline)}
+    health = {h.partition: h for h in PartitionHealth.objects.filter(pipeline=pipeline)}
+    rows = []
+    for partition in sorted(set(offsets) | set(health)):
+        offset = offsets.get(partition)
+        rows.append(PartitionRow(partition, offset.next_offset if offset else None,
+                                 offset.replay_until if offset else None, health.get(partition)))
+    return rows
+
+
+def chart_series(pipeline: Pipeline, now=None) -> dict:
+    """Lag and throughput over the last CHART_WINDOW for the pipeline total, as parallel arrays
+    (uPlot's data shape: x in Unix seconds)."""
+    now = now or timezone.now()
+    samples = list(LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=True,
+                                              taken_at__gte=now - CHART_WINDOW)
+                   .order_by("-taken_at").values_list("taken_at", "lag_records", "lag_seconds",
+                                                      "records_per_second")[:CHART_MAX_POINTS])
+    samples.reverse()
+    return {"t": [round(s[0].timestamp(), 3) for s in samples], "lag_records": [s[1] for s in samples],
+            "lag_seconds": [s[2] for s in samples], "records_per_second": [s[3] for s in samples]}
+
+
+def recent_dead_letters(pipeline: Pipeline, limit: int = RECENT_ROWS):
+    return list(DeadLetter.objects.filter(pipeline=pipeline).order_by("-created_at", "-offset")[:limit])
+
+
+def recent_actions(pipeline: Pipeline | None = None, limit: int = RECENT_ROWS):
+    actions = ActionLog.objects.select_related("pipeline")
+    if pipeline is not None:
+        actions = actions.filter(pipeline=pipeline)
+    return list(actions.order_by("-created_at")[:limit])
+
+
+def recent_runs(pipeline: Pipeline, limit: int = 10):
+    return list(ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at")[:limit])
+
+
+@dataclass
+class PipelineSummary:
+    """Counts for the header of the pipeline page."""
+
+    dead_letters: int = 0
+    live_runs: int = 0
+    last_heartbeat: object = None
+    extra: dict = field(default_factory=dict)
+
+
+def pipeline_summary(pipeline: Pipeline, runs) -> PipelineSummary:
+    live = [r for r in runs if r.state in LIVE_RUN_STATES]
+    last = max((r.heartbeat_at for r in runs), default=None)
+    return PipelineSummary(dead_letters=DeadLetter.objects.filter(pipeline=pipeline).count(),
+                           live_runs=len(live), last_heartbeat=last)
+
+
+def last_reconciliation():
+    return PartitionHealth.objects.aggregate(last=Max("checked_at"))["last"]

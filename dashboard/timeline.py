@@ -1,0 +1,130 @@
+"""The offset timeline of a pipeline: per partition, what the ledger covers, where it has gaps and
+overlaps, and where operators rewound — computed in PostgreSQL and drawn as server-side SVG.
+
+A ledger row covers [first_offset, end_offset), clipped to [first_offset, superseded_from) once a rewind
+superseded it (docs/architecture.md). One window query per pipeline returns only the rows where coverage
+is not continuous, so the cost does not grow with the number of healthy batches sent to the browser.
+"""
+from dataclasses import dataclass, field
+
+from django.db import connection
+
+# More anomalies than this in one partition are summarised: the drawing would be unreadable anyway.
+MAX_MARKS_PER_PARTITION = 50
+
+_COVERAGE_SQL = """
+WITH covered AS (
+    SELECT partition, first_offset AS f, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS e
+    FROM consumers_batchledger
+    WHERE pipeline_id = %(pipeline)s AND COALESCE(superseded_from, end_offset) > first_offset
+), ordered AS (
+    SELECT partition, f, e,
+           MAX(e) OVER (PARTITION BY partition ORDER BY f, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+               AS covered_to
+    FROM covered
+), bounds AS (
+    SELECT partition, MIN(f) AS lo, MAX(e) AS hi, COUNT(*) AS batches FROM covered GROUP BY partition
+)
+SELECT 'bounds' AS kind, partition, lo, hi, batches FROM bounds
+UNION ALL
+SELECT CASE WHEN f > covered_to THEN 'gap' ELSE 'overlap' END, partition,
+       CASE WHEN f > covered_to THEN covered_to ELSE f END,
+       CASE WHEN f > covered_to THEN f ELSE LEAST(e, covered_to) END, NULL
+FROM ordered WHERE covered_to IS NOT NULL AND f <> covered_to
+UNION ALL
+SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL
+FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NOT NULL
+ORDER BY 2, 3
+"""
+
+
+@dataclass
+class PartitionTimeline:
+    partition: int
+    covered_from: int | None = None
+    covered_to: int | None = None
+    batches: int = 0
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+    overlaps: list[tuple[int, int]] = field(default_factory=list)
+    rewinds: list[int] = field(default_factory=list)
+    log_start: int | None = None
+    high_watermark: int | None = None
+    next_offset: int | None = None
+
+    @property
+    def covered(self) -> list[tuple[int, int]]:
+        """Covered ranges: the ledger's bounds minus its gaps."""
+        if self.covered_from is None:
+            return []
+        ranges, start = [], self.covered_from
+        for gap_start, gap_end in sorted(self.gaps):
+            if gap_start > start:
+                ranges.append((start, gap_start))
+            start = max(start, gap_end)
+        if self.covered_to > start:
+            ranges.append((start, self.covered_to))
+        return ranges
+
+    @property
+    def domain(self) -> tuple[int, int]:
+        points = [p for p in (self.log_start, self.high_watermark, self.next_offset, self.covered_from,
+                              self.covered_to, *self.rewinds) if p is not None]
+        if not points:
+            return 0, 1
+        lo, hi = min(points), max(points)
+        return lo, max(hi, lo + 1)
+
+    def as_json(self) -> dict:
+        return {"partition": self.partition, "covered": self.covered, "gaps": self.gaps,
+                "overlaps": self.overlaps, "rewinds": self.rewinds, "batches": self.batches}
+
+
+def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
+    """One PartitionTimeline per partition that has ledger rows or appears in `partitions` (rows with
+    log_start/high_watermark/next_offset from dashboard.status.partition_rows)."""
+    timelines: dict[int, PartitionTimeline] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_COVERAGE_SQL, {"pipeline": pipeline.pk})
+        for kind, partition, lo, hi, batches in cursor.fetchall():
+            timeline = timelines.setdefault(partition, PartitionTimeline(partition))
+            if kind == "bounds":
+                timeline.covered_from, timeline.covered_to, timeline.batches = lo, hi, batches
+            elif kind == "gap" and len(timeline.gaps) < MAX_MARKS_PER_PARTITION:
+                timeline.gaps.append((lo, hi))
+            elif kind == "overlap" and len(timeline.overlaps) < MAX_MARKS_PER_PARTITION:
+                timeline.overlaps.append((lo, hi))
+            elif kind == "rewind" and len(timeline.rewinds) < MAX_MARKS_PER_PARTITION:
+                timeline.rewinds.append(lo)
+    for row in partitions:
+        timeline = timelines.setdefault(row.partition, PartitionTimeline(row.partition))
+        timeline.log_start, timeline.high_watermark = row.log_start, row.high_watermark
+        timeline.next_offset = row.next_offset
+    return [timelines[p] for p in sorted(timelines)]
+
+
+# --- drawing ----------------------------------------------------------------------------------------
+WIDTH, BAR_Y, BAR_H, HEIGHT = 600.0, 14.0, 16.0, 44.0
+
+
+def _x(offset: int, lo: int, hi: int) -> float:
+    return round((offset - lo) / (hi - lo) * WIDTH, 2)
+
+
+def svg_shapes(timeline: PartitionTimeline) -> dict:
+    """Rectangles and markers in SVG user units (viewBox 0 0 600 44) for the template to draw."""
+    lo, hi = timeline.domain
+
+    def span(a, b):
+        x = _x(a, lo, hi)
+        return {"x": x, "w": max(_x(b, lo, hi) - x, 1.5), "from": a, "to": b}
+
+    shapes = {"covered": [span(a, b) for a, b in timeline.covered],
+              "gaps": [span(a, b) for a, b in timeline.gaps],
+              "overlaps": [span(a, b) for a, b in timeline.overlaps],
+              "rewinds": [{"x": _x(o, lo, hi), "offset": o} for o in timeline.rewinds],
+              "lo": lo, "hi": hi}
+    if timeline.log_start is not None and timeline.high_watermark is not None:
+        shapes["log"] = span(timeline.log_start, timeline.high_watermark)
+    if timeline.next_offset is not None:
+        shapes["position"] = {"x": _x(timeline.next_offset, lo, hi), "offset": timeline.next_offset}
+    return shapes

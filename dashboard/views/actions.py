@@ -1,0 +1,42 @@
+"""Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the audit
+log entry are consumers.actions'; this view checks the role, calls it and shows the outcome."""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect
+from django.views.decorators.http import require_POST
+
+from consumers import actions
+from consumers.models import Pipeline
+from dashboard.roles import can_operate
+from dashboard.views.common import render_page
+
+ACTION_BUTTONS = [("start", "Start"), ("pause", "Pause"), ("resume", "Resume"), ("restart", "Restart"),
+                  ("stop", "Stop")]
+VIEWER_REFUSAL = ("You are a viewer: only operators can start, stop, pause, resume, restart or rewind "
+                  "pipelines. Ask an administrator for the operators role.")
+
+
+def refuse_viewer(request, pipeline, fragment="outcome"):
+    """403 with the reason, on the page (htmx swaps 403s: see the htmx-config in base.html)."""
+    messages.error(request, VIEWER_REFUSAL)
+    return render_page(request, "refused.html", {"pipeline": pipeline}, fragment=fragment, status=403)
+
+
+@require_POST
+@login_required
+def pipeline_action(request, name, action):
+    pipeline = get_object_or_404(Pipeline, name=name)
+    if action not in actions.ACTIONS:
+        raise Http404(f"No action {action!r}")
+    if not can_operate(request.user):
+        return refuse_viewer(request, pipeline)
+    try:
+        entry = actions.perform(action, pipeline, actor=request.user.username)
+    except actions.ActionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{pipeline.name}: {entry.message}.")
+    if request.htmx:
+        return render_page(request, "pipeline.html", {"pipeline": pipeline}, fragment="outcome")
+    return redirect("pipeline", name=pipeline.name)

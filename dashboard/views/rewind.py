@@ -1,0 +1,54 @@
+"""Rewind from the browser: form -> dry-run preview (before / after / records to reprocess or skip) ->
+confirmation -> execution. consumers.rewind does the work and writes the audit log; this view only
+validates input (dashboard.forms), checks the role and shows the outcome."""
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect
+from django.views.decorators.http import require_http_methods
+from django_htmx.http import HttpResponseClientRedirect
+
+from consumers import rewind as rewinds
+from consumers.models import Pipeline
+from consumers.offset_specs import Refused
+from dashboard.forms import RewindForm
+from dashboard.roles import can_operate
+from dashboard.views.actions import refuse_viewer
+from dashboard.views.common import render_page
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def rewind(request, name):
+    pipeline = get_object_or_404(Pipeline, name=name)
+    operator = can_operate(request.user)
+    context = {"nav": "overview", "pipeline": pipeline, "can_operate": operator}
+    if request.method == "GET":
+        return render_page(request, "rewind.html", {**context, "form": RewindForm()})
+    if not operator:
+        return refuse_viewer(request, pipeline, fragment="panel")
+    form = RewindForm(request.POST)
+    if not form.is_valid():
+        return render_page(request, "rewind.html", {**context, "form": form}, fragment="panel", status=422)
+    data = form.cleaned_data
+    execute = request.POST.get("step") == "execute"
+    try:
+        result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"] or None,
+                                rollback_sink=data["rollback_sink"], dry_run=not execute,
+                                actor=request.user.username)
+    except Refused as exc:
+        form.add_error(None, str(exc))
+        return render_page(request, "rewind.html", {**context, "form": form}, fragment="panel", status=422)
+    if execute:
+        messages.success(request, f"Rewind done on {pipeline.name}: {result.message}"
+                                  + (" The pipeline was resumed." if result.resumed else ""))
+        if request.htmx:
+            return HttpResponseClientRedirect(pipeline_url(pipeline))
+        return redirect("pipeline", name=pipeline.name)
+    context.update(form=form, preview=result.as_dict(), carry=form.hidden_copy(), rollback_sink=data["rollback_sink"])
+    return render_page(request, "rewind.html", context, fragment="panel")
+
+
+def pipeline_url(pipeline) -> str:
+    from django.urls import reverse
+
+    return reverse("pipeline", kwargs={"name": pipeline.name})
