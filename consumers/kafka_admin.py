@@ -131,6 +131,17 @@ def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = 
     return committed
 
 
+def group_committed_offsets(group_id: str) -> dict[str, dict[int, int]]:
+    """Every committed offset of a group: {topic: {partition: offset}} (for groups Tally does not run)."""
+    with admin_session() as admin:
+        result = admin.list_group_offsets({group_id: None}).get(group_id, {})
+    committed: dict[str, dict[int, int]] = {}
+    for tp, meta in result.items():
+        if meta.offset >= 0:
+            committed.setdefault(tp.topic, {})[tp.partition] = meta.offset
+    return committed
+
+
 def commit_offsets(group_id: str, topic: str, offsets: dict[int, int]) -> None:
     """Set a group's committed offsets (the group must have no active members)."""
     with admin_session() as admin:
