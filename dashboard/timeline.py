@@ -29,10 +29,10 @@ SELECT 'bounds' AS kind, partition, lo, hi, batches FROM bounds
 UNION ALL
 SELECT CASE WHEN f > covered_to THEN 'gap' ELSE 'overlap' END, partition,
        CASE WHEN f > covered_to THEN covered_to ELSE f END,
-       CASE WHEN f > covered_to THEN f ELSE LEAST(e, covered_to) END, NULL
+       CASE WHEN f > covered_to THEN f ELSE LEAST(e, covered_to) END, NULL::bigint
 FROM ordered WHERE covered_to IS NOT NULL AND f <> covered_to
 UNION ALL
-SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL
+SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL::bigint
 FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NOT NULL
 ORDER BY 2, 3
 """

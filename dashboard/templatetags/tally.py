@@ -34,14 +34,12 @@ def num(value):
 
 @register.filter
 def duration(seconds):
-    """Lag in seconds, for people: 0.4 s, 12 s, 3 min 5 s, 2 h 10 min."""
+    """Lag in seconds, for people: 0.4 s, 12.5 s, 3 min 5 s, 2 h 10 min."""
     if seconds is None:
         return "—"
     seconds = float(seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
     if seconds < 60:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.1f} s"
     minutes, secs = divmod(int(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {secs} s"

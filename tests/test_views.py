@@ -1,0 +1,193 @@
+"""Dashboard pages: login, roles, the live fragment, CSRF, and bad form input (clear errors, no change)."""
+import re
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
+from tests.test_views_support import make_operator, make_pipeline, make_viewer
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/pipelines/orders/", "/pipelines/orders/rewind/", "/audit/", "/demo/", "/groups/"]
+
+
+@pytest.fixture
+def pipeline():
+    return make_pipeline()
+
+
+@pytest.fixture
+def viewer_client(client):
+    client.force_login(make_viewer())
+    return client
+
+
+@pytest.fixture
+def operator_client():
+    client = Client(enforce_csrf_checks=False)
+    client.force_login(make_operator())
+    return client
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_every_page_redirects_an_anonymous_visitor_to_login(client, pipeline, url):
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+def test_the_overview_shows_each_pipeline_with_status_text_lag_and_counts(viewer_client, pipeline):
+    make_pipeline("payments", lost=3, status="ERR")
+    html = viewer_client.get("/").content.decode()
+    assert 'href="/pipelines/orders/"' in html and 'href="/pipelines/payments/"' in html
+    payments = re.search(r'<tr id="pipeline-payments".*?</tr>', html, re.S).group(0)
+    assert "ERR" in payments and "badge-err" in payments  # text as well as colour
+    assert re.search(r'data-field="lost">⚠ 3<', payments)
+    orders = re.search(r'<tr id="pipeline-orders".*?</tr>', html, re.S).group(0)
+    assert re.search(r'data-field="lag_records">40<', orders)
+    assert "12.5 s" in orders and "42.0/s" in orders
+
+
+def test_the_overview_polls_a_fragment_that_htmx_gets_from_the_same_url(viewer_client, pipeline):
+    page = viewer_client.get("/")
+    assert 'hx-get="/" hx-trigger="every 2s"' in page.content.decode()
+    fragment = viewer_client.get("/", HTTP_HX_REQUEST="true")
+    body = fragment.content.decode()
+    assert body.lstrip().startswith('<div id="overview-live"')
+    assert "<html" not in body and "pipeline-orders" in body
+    assert "HX-Request" in fragment["Vary"] and "HX-Request" in page["Vary"]
+
+
+def test_the_overview_fragment_shows_new_numbers_after_reconciliation_changes_them(viewer_client, pipeline):
+    pipeline.health.lag_records = 777
+    pipeline.health.save()
+    body = viewer_client.get("/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-field="lag_records">777<' in body
+
+
+def test_the_pipeline_page_shows_partitions_timeline_dead_letters_and_runs(viewer_client, pipeline):
+    html = viewer_client.get("/pipelines/orders/").content.decode()
+    row = re.search(r'<tr id="partition-0">.*?</tr>', html, re.S).group(0)
+    assert [int(n) for n in re.findall(r'<td class="num">(\d+)', row)][:5] == [0, 120, 100, 100, 20]
+    timeline = re.search(r'<figure class="timeline" id="timeline-0">.*?</figure>', html, re.S).group(0)
+    assert "gaps: 40–49" in timeline and "overlaps: 60–64" in timeline and "rewinds to 80" in timeline
+    assert 'class="gap"' in timeline and 'class="overlap"' in timeline and 'class="rewind"' in timeline
+    assert "continuous" in re.search(r'id="timeline-1">.*?</figure>', html, re.S).group(0)
+    assert "not-a-number" in html and "value is not an integer" in html
+    assert "worker-a:4242" in html
+    assert '"lag_records": [100, 90, 80, 70, 60, 50, 40, 30, 20, 10]' in html  # chart data, oldest first
+
+
+def test_a_viewer_sees_no_action_buttons_and_is_told_why(viewer_client, pipeline):
+    html = viewer_client.get("/pipelines/orders/").content.decode()
+    assert 'id="viewer-note"' in html and "only operators can" in html
+    assert "/actions/start/" not in html and 'id="rewind-link"' not in html
+
+
+def test_a_viewer_posting_an_action_gets_403_with_the_reason_and_nothing_changes(viewer_client, pipeline):
+    epoch = pipeline.epoch
+    response = viewer_client.post("/pipelines/orders/actions/start/")
+    assert response.status_code == 403
+    assert "only operators can" in response.content.decode()
+    pipeline.refresh_from_db()
+    assert (pipeline.desired_state, pipeline.epoch) == (DesiredState.STOPPED, epoch)
+    assert not ActionLog.objects.exists()
+
+
+def test_a_viewer_cannot_rewind(viewer_client, pipeline):
+    response = viewer_client.post("/pipelines/orders/rewind/", {"mode": "to-earliest", "step": "execute"})
+    assert response.status_code == 403
+    assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
+
+
+def test_an_operator_can_start_a_pipeline_and_sees_the_outcome_in_the_fragment(operator_client, pipeline):
+    response = operator_client.post("/pipelines/orders/actions/start/", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="action-outcome"') and "desired state running" in body
+    pipeline.refresh_from_db()
+    assert pipeline.desired_state == DesiredState.RUNNING
+    assert ActionLog.objects.get().actor == "otto"
+
+
+def test_a_refused_action_shows_why(operator_client, pipeline):
+    response = operator_client.post("/pipelines/orders/actions/pause/", follow=True)
+    assert "Cannot pause pipeline &#x27;orders&#x27;: it is not running" in response.content.decode()
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+
+
+def test_csrf_is_enforced_on_actions(pipeline):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_operator())
+    assert client.post("/pipelines/orders/actions/start/").status_code == 403
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+    page = client.get("/pipelines/orders/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    assert client.post("/pipelines/orders/actions/start/", {"csrfmiddlewaretoken": token}).status_code == 302
+    assert Pipeline.objects.get().desired_state == DesiredState.RUNNING
+
+
+def test_csrf_is_enforced_on_the_rewind_form(pipeline):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_operator())
+    response = client.post("/pipelines/orders/rewind/", {"mode": "to-earliest", "step": "execute"})
+    assert response.status_code == 403
+    assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
+
+
+@pytest.mark.parametrize("data, field, message", [
+    ({"mode": "to-offset", "value": "abc"}, "value", "to-offset needs an integer, got &#x27;abc&#x27;"),
+    ({"mode": "to-offset", "value": ""}, "value", "to-offset needs a value"),
+    ({"mode": "shift-by", "value": "-10", "partitions": "zero"}, "partitions", "Partitions are numbers"),
+    ({"mode": "to-datetime", "value": "2999-01-01T00:00:00Z"}, "value", "is in the future"),
+    ({"mode": "by-duration", "value": "yesterday"}, "value", "by-duration"),
+    ({"mode": "to-somewhere"}, "mode", "Select a valid choice"),
+])
+def test_bad_rewind_input_gives_a_clear_error_and_changes_nothing(operator_client, pipeline, data, field, message):
+    response = operator_client.post("/pipelines/orders/rewind/", {**data, "step": "execute"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 422
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="rewind-panel"')
+    assert message in body
+    assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
+    assert not ActionLog.objects.exists()
+
+
+def test_the_audit_log_lists_actions_and_filters_by_pipeline(operator_client, pipeline):
+    make_pipeline("payments")
+    operator_client.post("/pipelines/orders/actions/start/")
+    operator_client.post("/pipelines/payments/actions/pause/")
+    everything = operator_client.get("/audit/").content.decode()
+    assert "start" in everything and "refused" in everything
+    only_orders = operator_client.get("/audit/?pipeline=orders", HTTP_HX_REQUEST="true").content.decode()
+    assert only_orders.lstrip().startswith('<div id="audit-entries"')
+    assert "/pipelines/orders/" in only_orders and "/pipelines/payments/" not in only_orders
+
+
+def test_setup_roles_gives_operators_and_only_operators_the_operate_permission(db):
+    call_command("setup_roles", verbosity=0)
+    viewer, operator = make_viewer(), make_operator()
+    assert operator.has_perm("consumers.operate_pipeline")
+    assert not viewer.has_perm("consumers.operate_pipeline")
+    assert viewer.has_perm("consumers.view_partitionoffset")
+
+
+def test_the_admin_shows_offsets_and_ledger_read_only(admin_client, pipeline):
+    offset = PartitionOffset.objects.first()
+    assert admin_client.get("/admin/consumers/partitionoffset/").status_code == 200
+    assert admin_client.get("/admin/consumers/partitionoffset/add/").status_code == 403
+    detail = admin_client.get(f"/admin/consumers/partitionoffset/{offset.pk}/change/").content.decode()
+    assert 'name="next_offset"' not in detail  # shown, not editable
+    assert admin_client.post(f"/admin/consumers/partitionoffset/{offset.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert admin_client.get("/admin/consumers/batchledger/add/").status_code == 403
+    assert PartitionOffset.objects.count() == 2
+
+
+def test_the_base_layout_links_every_area_and_loads_only_local_assets(viewer_client, pipeline):
+    html = viewer_client.get("/").content.decode()
+    for href in ('href="/groups/"', 'href="/demo/"', 'href="/audit/"', 'href="/alerts/"'):
+        assert href in html
+    assert not re.search(r'(src|href)="https?://', html)
+    assert "vera · viewer" in html
