@@ -1,0 +1,68 @@
+"""Consumer groups that Tally does not run, read from the real embedded broker."""
+import time
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from consumers import groups, snapshots
+from consumers.models import LagSnapshot, Pipeline
+
+pytestmark = pytest.mark.kafka
+
+
+def produce(bootstrap, topic, count, partitions):
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
+    for i in range(count):
+        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+@pytest.fixture
+def member(kafka_bootstrap):
+    """join(topic, group, {partition: offset}) -> a live group member that committed those offsets."""
+    consumers = []
+
+    def join(topic, group_id, offsets):
+        consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=group_id,
+                                 session_timeout_ms=6000, heartbeat_interval_ms=1000, enable_auto_commit=False,
+                                 auto_offset_reset="earliest")
+        consumers.append(consumer)
+        deadline = time.monotonic() + 20
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)
+        consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+        return consumer
+
+    yield join
+    for consumer in consumers:
+        consumer.close()
+
+
+def test_an_external_group_is_described_with_state_members_and_lag_per_partition(kafka_bootstrap, make_topic,
+                                                                                   member, db):
+    topic = make_topic("grp", partitions=2)
+    produce(kafka_bootstrap, topic, 60, partitions=2)
+    member(topic, "g-external", {0: 10, 1: 30})
+    report = groups.describe("g-external")
+    assert report.state == "Stable" and len(report.members) == 1 and report.pipeline is None
+    rows = {p.partition: (p.committed, p.high_watermark, p.lag_records) for p in report.partitions}
+    assert rows == {0: (10, 30, 20), 1: (30, 30, 0)}
+    assert report.lag_records == 20 and report.lag_seconds > 0 and report.errors == []
+    assert report.as_json()["partitions"][0]["topic"] == topic
+
+
+def test_pipeline_groups_are_left_out_of_the_external_list_and_sampled_groups_get_a_snapshot(
+        kafka_bootstrap, make_topic, member, db):
+    topic = make_topic("grp-own")
+    produce(kafka_bootstrap, topic, 10, partitions=1)
+    Pipeline.objects.create(name="own", topic=topic, group_id="g-own", sink_table="own_sink")
+    member(topic, "g-own", {0: 4})
+    member(topic, "g-other", {0: 6})
+    external = groups.list_groups()
+    assert "g-other" in external and "g-own" not in external
+    assert "g-own" in groups.list_groups(include_pipelines=True)
+    snapshots.take_snapshots()
+    sample = LagSnapshot.objects.get(group_id="g-other", pipeline__isnull=True)
+    assert (sample.lag_records, sample.position, sample.high_watermark) == (4, 6, 10)
