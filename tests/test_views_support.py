@@ -75,3 +75,34 @@ def make_pipeline(name="orders", partitions=2, topic="orders-topic", delivery_mo
     ConsumerRun.objects.create(pipeline=pipeline, epoch=2, host="worker-a", pid=4242, state=RunState.RUNNING,
                                assigned_partitions=list(range(partitions)), records_processed=180)
     return pipeline
+
+
+def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    for value in values:
+        producer.send(topic, value=str(value).encode(), partition=partition)
+    producer.flush(timeout=10)
+    producer.close(timeout=10)
+
+
+def consumed_pipeline(bootstrap: str, topic: str, name: str, records: int):
+    """A real exactly-once pipeline over `topic` that has consumed "1".."records" with the engine.
+    Needs a transactional test (the engine writes through its own connection)."""
+    from consumers.engine import run_pipeline
+    from consumers.pipelines import create_pipeline
+
+    produce(bootstrap, topic, range(1, records + 1))
+    pipeline = create_pipeline(name, topic, f"sink_{name}".replace("-", "_"), "int_value", batch_size=10)
+    run_pipeline(name, stop_when_caught_up=True, max_seconds=60)
+    return pipeline
+
+
+def drop_sink(table: str) -> None:
+    from django.db import connection
+
+    from consumers import sinks
+
+    with connection.cursor() as cursor:
+        sinks.drop_sink_table(cursor, table)

@@ -1,0 +1,164 @@
+"""The JSON API: reads for any signed-in user (session or token), actions for operators only (403 for
+viewers), clear 400s for bad input, and real rewinds and reconciliation against the broker."""
+import pytest
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
+from tests.test_views_support import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline, make_viewer
+
+
+@pytest.fixture
+def viewer_api(db):
+    client = Client()
+    client.force_login(make_viewer())
+    return client
+
+
+@pytest.fixture
+def operator_api(db):
+    client = Client()
+    client.force_login(make_operator())
+    return client
+
+
+@pytest.mark.django_db
+def test_anonymous_requests_are_refused(client):
+    make_pipeline()
+    assert client.get("/api/pipelines/").status_code in (401, 403)
+    assert client.post("/api/pipelines/orders/actions/start").status_code in (401, 403)
+
+
+@pytest.mark.django_db
+def test_the_pipeline_list_has_status_lag_and_counts(viewer_api):
+    make_pipeline("orders")
+    make_pipeline("payments", lost=3, status="ERR")
+    data = viewer_api.get("/api/pipelines/").json()
+    by_name = {p["name"]: p for p in data["pipelines"]}
+    assert by_name["payments"]["status"] == "ERR" and by_name["payments"]["lost"] == 3
+    assert by_name["orders"]["lag_records"] == 40 and by_name["orders"]["lag_seconds"] == 12.5
+    assert by_name["orders"]["last_reconciliation"] is not None
+
+
+@pytest.mark.django_db
+def test_a_pipeline_detail_has_per_partition_state_ledger_and_runs(viewer_api):
+    make_pipeline("orders", lost=10, status="ERR")
+    data = viewer_api.get("/api/pipelines/orders/").json()
+    first = data["partitions"][0]
+    assert (first["partition"], first["log_start"], first["high_watermark"], first["next_offset"],
+            first["kafka_committed"], first["lag_records"], first["lost"]) == (0, 0, 120, 100, 100, 20, 10)
+    assert first["findings"] == [{"kind": "lost", "start": 40, "end": 50, "count": 10}]
+    ledger = data["ledger"][0]
+    assert ledger["gaps"] == [[40, 50]] and ledger["overlaps"] == [[60, 65]] and ledger["rewinds"] == [80]
+    assert data["runs"][0]["worker"] == "worker-a:4242"
+
+
+@pytest.mark.django_db
+def test_a_token_authenticates_scripts(client):
+    make_pipeline()
+    user = make_operator()
+    response = client.post("/api/token", {"username": user.username, "password": PASSWORD})
+    key = response.json()["token"]
+    assert key == Token.objects.get(user=user).key
+    me = client.get("/api/me", HTTP_AUTHORIZATION=f"Token {key}").json()
+    assert me == {"username": "otto", "role": "operator", "can_operate": True}
+
+
+@pytest.mark.django_db
+def test_a_viewer_gets_403_on_every_action_and_nothing_changes(viewer_api):
+    make_pipeline()
+    for url in ("/api/pipelines/orders/actions/start", "/api/pipelines/orders/rewind",
+                "/api/groups/some-group/reset"):
+        response = viewer_api.post(url, {"mode": "to-earliest", "topic": "t"}, content_type="application/json")
+        assert response.status_code == 403, url
+        assert "Only operators may act" in response.json()["detail"]
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+    assert not ActionLog.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_operator_starts_and_pauses_a_pipeline_and_a_refusal_is_409(operator_api):
+    make_pipeline()
+    started = operator_api.post("/api/pipelines/orders/actions/start")
+    assert started.status_code == 200 and started.json()["result"] == "done"
+    assert Pipeline.objects.get().desired_state == DesiredState.RUNNING
+    refused = operator_api.post("/api/pipelines/orders/actions/resume")
+    assert refused.status_code == 409 and "it is not paused" in refused.json()["error"]
+    assert operator_api.post("/api/pipelines/orders/actions/explode").status_code == 404
+
+
+@pytest.mark.django_db
+def test_session_posts_to_the_api_need_the_csrf_token():
+    make_pipeline()
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_operator())
+    assert client.post("/api/pipelines/orders/actions/start").status_code == 403
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+
+
+@pytest.mark.django_db
+def test_bad_rewind_input_is_a_400_with_field_errors(operator_api):
+    make_pipeline()
+    response = operator_api.post("/api/pipelines/orders/rewind", {"mode": "to-offset", "value": "ten"},
+                                 content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["errors"]["value"][0]["message"] == "to-offset needs an integer, got 'ten'."
+    assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
+
+
+@pytest.mark.django_db
+def test_the_audit_log_lists_actions_newest_first_with_filters(operator_api):
+    make_pipeline("orders")
+    make_pipeline("payments")
+    operator_api.post("/api/pipelines/orders/actions/start")
+    operator_api.post("/api/pipelines/payments/actions/pause")
+    entries = operator_api.get("/api/audit").json()["actions"]
+    assert [(e["pipeline"], e["action"], e["result"]) for e in entries] == [
+        ("payments", "pause", "refused"), ("orders", "start", "done")]
+    assert [e["pipeline"] for e in operator_api.get("/api/audit?pipeline=orders").json()["actions"]] == ["orders"]
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_a_rewind_dry_run_changes_nothing_and_the_execution_moves_the_position(operator_api, kafka_bootstrap,
+                                                                                make_topic):
+    topic = make_topic("api-rewind")
+    pipeline = consumed_pipeline(kafka_bootstrap, topic, "api-rewind", 30)
+    try:
+        assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 30
+        preview = operator_api.post("/api/pipelines/api-rewind/rewind", {"mode": "shift-by", "value": "-12"},
+                                    content_type="application/json")
+        assert preview.status_code == 200, preview.content
+        plan = preview.json()
+        assert plan["dry_run"] is True and plan["reprocess"] == 12
+        assert plan["partitions"][0]["current"] == 30 and plan["partitions"][0]["new"] == 18
+        assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 30
+
+        done = operator_api.post("/api/pipelines/api-rewind/rewind",
+                                 {"mode": "to-offset", "value": "18", "dry_run": False, "rollback_sink": True},
+                                 content_type="application/json")
+        assert done.status_code == 200, done.content
+        assert done.json()["partitions"][0]["rows_deleted"] == 12
+        assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 18
+        outside = operator_api.post("/api/pipelines/api-rewind/rewind", {"mode": "to-offset", "value": "999"},
+                                    content_type="application/json")
+        assert outside.status_code == 409 and "outside [0, 30]" in outside.json()["error"]
+    finally:
+        drop_sink(pipeline.sink_table)
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, kafka_bootstrap, make_topic):
+    topic = make_topic("api-reconcile")
+    pipeline = consumed_pipeline(kafka_bootstrap, topic, "api-reconcile", 25)
+    try:
+        report = viewer_api.get("/api/pipelines/api-reconcile/reconciliation").json()
+        (entry,) = report["pipelines"]
+        assert entry["name"] == "api-reconcile"
+        assert (entry["lost"], entry["duplicated"], entry["phantom"], entry["lag_records"]) == (0, 0, 0, 0)
+        assert entry["partitions"][0]["next_offset"] == 25 and entry["partitions"][0]["high_watermark"] == 25
+        listed = viewer_api.get("/api/pipelines/").json()["pipelines"][0]
+        assert listed["last_reconciliation"] is not None and listed["status"] == entry["status"]
+    finally:
+        drop_sink(pipeline.sink_table)
