@@ -162,3 +162,28 @@ def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, kafka
         assert listed["last_reconciliation"] is not None and listed["status"] == entry["status"]
     finally:
         drop_sink(pipeline.sink_table)
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_an_external_group_is_described_and_reset_with_a_dry_run_first(operator_api, kafka_bootstrap, make_topic):
+    from consumers import kafka_admin
+    from tests.test_views_support import produce
+
+    topic = make_topic("api-group")
+    produce(kafka_bootstrap, topic, range(40))
+    kafka_admin.commit_offsets("billing-etl", topic, {0: 25})
+    assert "billing-etl" in [g["group_id"] for g in operator_api.get("/api/groups/").json()["groups"]]
+    described = operator_api.get("/api/groups/billing-etl/").json()
+    assert [(p["committed"], p["high_watermark"], p["lag_records"]) for p in described["partitions"]] == [(25, 40, 15)]
+
+    preview = operator_api.post("/api/groups/billing-etl/reset", {"topic": topic, "mode": "to-offset", "value": "10"},
+                                content_type="application/json").json()
+    assert preview["dry_run"] is True and preview["partitions"][0]["reprocess"] == 15
+    assert kafka_admin.committed_offsets("billing-etl", topic) == {0: 25}
+    done = operator_api.post("/api/groups/billing-etl/reset",
+                             {"topic": topic, "mode": "to-offset", "value": "10", "execute": True},
+                             content_type="application/json")
+    assert done.status_code == 200 and done.json()["dry_run"] is False
+    assert kafka_admin.committed_offsets("billing-etl", topic) == {0: 10}
+    assert ActionLog.objects.filter(group_id="billing-etl", action="reset_group").count() == 2

@@ -191,3 +191,27 @@ def test_the_base_layout_links_every_area_and_loads_only_local_assets(viewer_cli
         assert href in html
     assert not re.search(r'(src|href)="https?://', html)
     assert "vera · viewer" in html
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_bootstrap, make_topic):
+    from consumers import kafka_admin
+    from tests.test_views_support import produce
+
+    client = Client()
+    client.force_login(make_operator())
+    topic = make_topic("page-group")
+    produce(kafka_bootstrap, topic, range(12))
+    kafka_admin.commit_offsets("reports-job", topic, {0: 4})
+    page = client.get("/groups/reports-job/").content.decode()
+    row = re.search(r'<table class="striped" id="group-partitions">.*?</table>', page, re.S).group(0)
+    assert re.findall(r'<td class="num">([^<]+)</td>', row)[:5] == ["0", "0", "12", "4", "8"]
+    bad = client.post("/groups/reports-job/reset/", {"topic": topic, "mode": "to-offset", "value": "99",
+                                                     "step": "execute"})
+    assert bad.status_code == 422 and "outside [0, 12]" in bad.content.decode()
+    preview = client.post("/groups/reports-job/reset/", {"topic": topic, "mode": "to-earliest", "step": "preview"})
+    assert 'id="confirm-reset"' in preview.content.decode()
+    assert kafka_admin.committed_offsets("reports-job", topic) == {0: 4}
+    client.post("/groups/reports-job/reset/", {"topic": topic, "mode": "to-earliest", "value": "", "step": "execute"})
+    assert kafka_admin.committed_offsets("reports-job", topic) == {0: 0}

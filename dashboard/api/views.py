@@ -12,7 +12,8 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from consumers import actions, group_reset, kafka_admin
+from consumers import actions, group_reset
+from consumers import groups as kafka_groups
 from consumers import rewind as rewinds
 from consumers.models import ActionLog, Pipeline
 from consumers.offset_specs import Refused
@@ -20,7 +21,6 @@ from dashboard import status, timeline
 from dashboard.api.permissions import OperatorForWrites
 from dashboard.forms import GroupResetForm, RewindForm
 from dashboard.roles import can_operate
-from dashboard.views.groups import group_offsets
 
 AUDIT_LIMIT_MAX = 500
 OPERATE = [IsAuthenticated, OperatorForWrites]
@@ -150,19 +150,14 @@ def pipeline_rewind(request, name):
 
 @api_view(["GET"])
 def group_list(request):
-    names = kafka_admin.list_groups()
+    names = kafka_groups.list_groups(include_pipelines=True)
     owners = dict(Pipeline.objects.values_list("group_id", "name"))
     return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
 
 
 @api_view(["GET"])
 def group_detail(request, group_id):
-    description = kafka_admin.describe_group(group_id)
-    return Response({"group_id": group_id, "state": description.state, "members": description.members,
-                     "pipeline": Pipeline.objects.filter(group_id=group_id).values_list("name", flat=True).first(),
-                     "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed,
-                                     "log_start": p.log_start, "high_watermark": p.high_watermark, "lag": p.lag}
-                                    for p in group_offsets(group_id)]})
+    return Response(kafka_groups.describe(group_id).as_json())
 
 
 @api_view(["POST"])

@@ -1,14 +1,12 @@
-"""Consumer groups Tally does not run: list, detail (state, members, lag per partition) and the offset
-reset form (dry run first, then confirm). Kafka is asked live, with the admin module's timeouts."""
-from dataclasses import dataclass
-
+"""Consumer groups Tally does not run: list, detail (state, members, lag per partition, from
+consumers.groups) and the offset reset form (dry run first, then confirm; consumers.group_reset)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from consumers import group_reset as group_resets
-from consumers import kafka_admin
+from consumers import groups as kafka_groups
 from consumers.models import AuditJob, Pipeline
 from consumers.offset_specs import Refused
 from dashboard import status
@@ -16,35 +14,6 @@ from dashboard.forms import GroupResetForm
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
-
-
-@dataclass
-class GroupPartition:
-    topic: str
-    partition: int
-    committed: int | None
-    log_start: int | None
-    high_watermark: int | None
-
-    @property
-    def lag(self) -> int | None:
-        if self.high_watermark is None:
-            return None
-        return self.high_watermark - (self.committed if self.committed is not None else (self.log_start or 0))
-
-
-def group_offsets(group_id: str) -> list[GroupPartition]:
-    """Committed offset, log start and high watermark of every partition the group has committed on."""
-    with kafka_admin.admin_session() as admin:
-        committed = admin.list_group_offsets({group_id: None}).get(group_id, {})
-    by_topic: dict[str, dict[int, int | None]] = {}
-    for tp, meta in committed.items():
-        by_topic.setdefault(tp.topic, {})[tp.partition] = meta.offset if meta.offset >= 0 else None
-    rows = []
-    for topic, offsets in sorted(by_topic.items()):
-        marks = kafka_admin.watermarks(topic, sorted(offsets))
-        rows += [GroupPartition(topic, p, offsets[p], marks[p].log_start, marks[p].high) for p in sorted(offsets)]
-    return rows
 
 
 def _pipeline_groups() -> dict[str, str]:
@@ -56,7 +25,7 @@ def _pipeline_groups() -> dict[str, str]:
 def group_list(request):
     error = ""
     try:
-        names = kafka_admin.list_groups()
+        names = kafka_groups.list_groups(include_pipelines=True)
     except Exception as exc:  # Kafka down: show the page with the reason, not a 500
         names, error = [], f"Kafka did not answer: {exc}"
     pipelines = _pipeline_groups()
@@ -68,11 +37,8 @@ def group_list(request):
 def _detail_context(request, group_id, form=None, preview=None, carry=None):
     context = {"nav": "groups", "group_id": group_id, "pipeline": Pipeline.objects.filter(group_id=group_id).first(),
                "can_operate": can_operate(request.user), "preview": preview, "carry": carry, "error": ""}
-    try:
-        context["description"] = kafka_admin.describe_group(group_id)
-        context["partitions"] = group_offsets(group_id)
-    except Exception as exc:
-        context.update(description=None, partitions=[], error=f"Kafka did not answer: {exc}")
+    report = kafka_groups.describe(group_id)
+    context.update(description=report, partitions=report.partitions, error="; ".join(report.errors))
     topics = sorted({p.topic for p in context["partitions"]})
     context["topics"] = topics
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
