@@ -1,0 +1,99 @@
+"""Every refused rewind input, through the command line: the message, the exit code (1 refused, 2 usage
+error), the refusal in the audit log, and nothing moved."""
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.management import load_command_class
+
+from consumers.models import ActionLog, ActionResult, Pipeline
+from tests.ops_helpers import EXACTLY_ONCE, catch_up, drop_demo_sinks, positions, seed, sink_rows
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+
+
+
+@pytest.fixture
+def consumed(kafka_bootstrap, settings):
+    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    seed(20)
+    catch_up(EXACTLY_ONCE)
+    yield
+    drop_demo_sinks()
+
+
+def run_command(capsys, *argv) -> tuple[int, str, str]:
+    command = load_command_class("consumers", argv[0])
+    with pytest.raises(SystemExit) as exited:
+        command.run_from_argv(["manage.py", *argv])
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def state():
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    return positions(EXACTLY_ONCE), sink_rows(EXACTLY_ONCE), pipeline.epoch, pipeline.desired_state
+
+
+FUTURE = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+REFUSALS = [
+    (["--to-offset", "11"], "partition 0: offset 11 is outside [0, 10]"),
+    (["--to-offset", "-1"], "to-offset needs an offset >= 0"),
+    (["--shift-by", "-11"], "offset -1 is outside [0, 10]"),
+    (["--shift-by", "1"], "offset 11 is outside [0, 10]"),
+    (["--to-datetime", FUTURE], "is in the future"),
+    (["--to-datetime", "yesterday"], "needs an ISO-8601 date and time"),
+    (["--to-datetime", "2026-13-45T99:00:00"], "needs an ISO-8601 date and time"),
+    (["--by-duration", "10 minutes"], "needs an ISO-8601 duration"),
+    (["--by-duration", "P1M"], "needs an ISO-8601 duration in days, hours, minutes or seconds"),
+    (["--by-duration=-PT5M"], "needs a positive duration"),
+    (["--to-offset", "abc"], "to-offset needs an integer"),
+    (["--to-earliest", "--partition", "7"], "Unknown partition(s) 7 of topic 'nums'"),
+]
+
+
+@pytest.mark.parametrize("arguments,message", REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
+def test_bad_input_is_refused_with_exit_code_1_and_nothing_moves(consumed, capsys, arguments, message):
+    before = state()
+    code, out, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments)
+    assert code == 1
+    assert message in err and "Refused" in err
+    assert state() == before
+    entry = ActionLog.objects.filter(action="rewind").latest("created_at")
+    assert entry.result == ActionResult.REFUSED and message in entry.message
+
+
+def test_an_unknown_pipeline_is_refused(consumed, capsys):
+    code, _, err = run_command(capsys, "rewind", "no-such-pipeline", "--to-earliest")
+    assert code == 1 and "No pipeline named 'no-such-pipeline'" in err
+    assert ActionLog.objects.get(result=ActionResult.REFUSED).params["pipeline"] == "no-such-pipeline"
+
+
+def test_a_rewind_while_another_action_runs_on_the_pipeline_is_refused(consumed, capsys):
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="bob", result=ActionResult.RUNNING)
+    before = state()
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink")
+    assert code == 1 and "Another action is running on pipeline 'nums-exactly-once': rewind by bob" in err
+    assert state() == before
+
+
+@pytest.mark.parametrize("arguments", [[], ["--to-earliest", "--to-latest"], ["--to-offset"],
+                                       ["--shift-by", "1", "--partition", "x"]],
+                         ids=["no-mode", "two-modes", "missing-value", "bad-partition"])
+def test_usage_errors_exit_with_code_2_and_move_nothing(consumed, capsys, arguments):
+    before = state()
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments)
+    assert code == 2 and "usage:" in err
+    assert state() == before
+
+
+def test_the_dry_run_prints_the_plan_as_json_and_exits_0(consumed, capsys):
+    import json
+
+    code, out, _ = run_command(capsys, "rewind", EXACTLY_ONCE, "--shift-by", "-4", "--dry-run", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["dry_run"] is True and data["reprocess"] == 8
+    assert [(p["current"], p["new"]) for p in data["partitions"]] == [(10, 6), (10, 6)]
+    assert positions(EXACTLY_ONCE) == {0: 10, 1: 10}
