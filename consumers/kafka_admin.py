@@ -83,7 +83,8 @@ def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float
     """Log start offset and high watermark per partition. The high watermark comes from a Fetch reply
     (see module docstring): seek to ListOffsets' "latest" and fetch once, which costs at most one record
     batch per partition."""
-    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16)
+    # fetch_max_wait_ms: an empty partition's fetch otherwise waits the default 500 ms for data to arrive
+    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20)
     try:
         partitions = partitions if partitions is not None else sorted(consumer.partitions_for_topic(topic) or [])
         if not partitions:
@@ -113,7 +114,7 @@ def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> di
             raise KafkaAdminError(f"No fetch reply with a high watermark for partitions {missing}")
         # Pause partitions that already answered so their records are not fetched again and again.
         consumer.pause(*[tp for tp, mark in marks.items() if mark is not None])
-        consumer.poll(timeout_ms=200, max_records=1)
+        consumer.poll(timeout_ms=20, max_records=1)  # short: an empty fetch reply does not end a poll early
 
 
 def high_watermarks(topic: str, partitions: list[int] | None = None) -> dict[int, int]:
