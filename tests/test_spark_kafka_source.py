@@ -13,7 +13,7 @@ from consumers.spark.session import get_spark
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def spark():
     return get_spark()
 

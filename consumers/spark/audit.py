@@ -7,7 +7,8 @@ transform `compare()`: a pure DataFrame-in, DataFrame-out function -> one row pe
 load      counts and samples into a JSON report (stored in consumers.models.AuditJob by `run_audit_job`)
 
 Findings: missing (consumed, never written), duplicated (written more often than consumed, at least
-twice), unexpected (written, never consumed in the range: e.g. a record beyond the committed offset).
+twice), unexpected (written, never consumed in the range: e.g. a record beyond the committed offset),
+unparsable (records the value parser cannot map to a key: the pipeline's dead letters).
 """
 import logging
 import time
@@ -36,10 +37,12 @@ class AuditError(RuntimeError):
 
 
 # --- value parsers: record -> key, as Spark column expressions (no Python per record) ---------------------
+# A record a parser cannot map gets a null key (try_cast: Spark's ANSI casts would fail the job) and is
+# reported as unparsable, like the dead letter the transform makes of it.
 def _int_value(frame):
     from pyspark.sql import functions as F
 
-    return frame.select(F.trim(F.col("value").cast("string")).cast("bigint").alias("key"))
+    return frame.select(F.trim(F.col("value").cast("string")).try_cast("bigint").alias("key"))
 
 
 def _string_value(frame):
@@ -51,14 +54,14 @@ def _string_value(frame):
 def _json_id(frame):
     from pyspark.sql import functions as F
 
-    return frame.select(F.get_json_object(F.col("value").cast("string"), "$.id").cast("bigint").alias("key"))
+    return frame.select(F.get_json_object(F.col("value").cast("string"), "$.id").try_cast("bigint").alias("key"))
 
 
 def _csv_ints(frame):
     from pyspark.sql import functions as F
 
     parts = F.explode(F.split(F.col("value").cast("string"), ","))
-    return frame.select(parts.alias("part")).select(F.trim("part").cast("bigint").alias("key"))
+    return frame.select(parts.alias("part")).select(F.trim("part").try_cast("bigint").alias("key"))
 
 
 def _record_key(frame):
@@ -165,15 +168,17 @@ def extract_written(spark, table: str, key_column: str):
 def compare(consumed, written):
     """consumed: DataFrame(key), one row per consumed record; written: DataFrame(key, written), one row per
     key of the table with its row count. Returns DataFrame(key, consumed, written, finding) for every key,
-    finding one of "missing", "duplicated", "unexpected", or null when the key is right."""
+    finding one of "missing", "duplicated", "unexpected", "unparsable" (the records without a key, on one
+    row with a null key), or null when the key is right."""
     from pyspark.sql import functions as F
 
-    per_key = consumed.where(F.col("key").isNotNull()).groupBy("key").agg(F.count(F.lit(1)).alias("consumed"))
+    per_key = consumed.groupBy("key").agg(F.count(F.lit(1)).alias("consumed"))
     written = written.select(F.col("key").cast(per_key.schema["key"].dataType).alias("key"),
                              F.col("written").cast("long").alias("written"))
     joined = per_key.join(written, "key", "full_outer").select(
         "key", F.coalesce("consumed", F.lit(0)).alias("consumed"), F.coalesce("written", F.lit(0)).alias("written"))
-    finding = (F.when((F.col("consumed") > 0) & (F.col("written") == 0), "missing")
+    finding = (F.when(F.col("key").isNull(), "unparsable")
+               .when((F.col("consumed") > 0) & (F.col("written") == 0), "missing")
                .when((F.col("consumed") == 0) & (F.col("written") > 0), "unexpected")
                .when(F.col("written") > F.greatest(F.col("consumed"), F.lit(1)), "duplicated"))
     return joined.withColumn("finding", finding)
@@ -190,7 +195,9 @@ def summarize(compared, sample_limit: int = SAMPLE_LIMIT) -> dict:
     totals = compared.agg(
         F.coalesce(F.sum("consumed"), F.lit(0)).alias("records_read"),
         F.coalesce(F.sum("written"), F.lit(0)).alias("rows_read"),
-        F.sum(F.when(F.col("consumed") > 0, 1).otherwise(0)).alias("distinct_keys_consumed"),
+        F.sum(F.when((F.col("consumed") > 0) & F.col("key").isNotNull(), 1).otherwise(0)).alias(
+            "distinct_keys_consumed"),
+        F.sum(F.when(F.col("finding") == "unparsable", F.col("consumed")).otherwise(0)).alias("unparsable_count"),
         count_of("missing").alias("missing_count"), count_of("duplicated").alias("duplicated_count"),
         count_of("unexpected").alias("unexpected_count"),
         F.coalesce(F.sum(F.when(F.col("finding") == "duplicated", F.col("written") - F.greatest(

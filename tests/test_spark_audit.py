@@ -1,0 +1,227 @@
+"""The Spark audit: the classic example (`nums`) in all three delivery modes, a table with both lost and
+duplicated keys checked against plain SQL, the pure compare() step on tiny DataFrames, the CLI and the
+stored job (the Celery job is in test_spark_audit_job.py)."""
+import json
+import random
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from kafka import KafkaProducer
+from psycopg2 import sql
+
+from consumers import commit, db, kafka_admin, sinks
+from consumers.models import AuditJob, AuditJobStatus, DeliveryMode, Pipeline
+from consumers.spark import audit
+from consumers.spark.session import get_spark
+from consumers.transforms import SourceRecord, resolve
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+VALUES = 100        # the classic example: "1".."100"
+PARTITIONS = 2
+
+
+@pytest.fixture
+def spark():
+    return get_spark()  # one per process, reused (rebuilt only if a test ended the JVM)
+
+
+def produce_nums(bootstrap, topic, count=VALUES, partitions=PARTITIONS) -> dict[int, list[int]]:
+    """Values 1..count, value v to partition (v-1) % partitions; returns each partition's values in offset order."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20)
+    log = {p: [] for p in range(partitions)}
+    for value in range(1, count + 1):
+        partition = (value - 1) % partitions
+        producer.send(topic, str(value).encode(), partition=partition)
+        log[partition].append(value)
+    producer.flush()
+    producer.close()
+    return log
+
+
+def records(log, partition, offsets):
+    return [SourceRecord(partition, o, None, str(log[partition][o]).encode()) for o in offsets]
+
+
+@pytest.fixture
+def classic(transactional_db, kafka_bootstrap, make_topic):
+    """A `nums` topic and a pipeline per delivery mode with its sink table; tables dropped afterwards."""
+    topic = make_topic("nums", partitions=PARTITIONS)
+    log = produce_nums(kafka_bootstrap, topic)
+    conn = db.connect()
+    made = []
+
+    def pipeline(mode):
+        p = Pipeline.objects.create(name=f"nums-{mode}".replace("_", "-"), topic=topic,
+                                    group_id=f"{topic}-{mode}", sink_table=f"audit_nums_{mode}",
+                                    delivery_mode=mode, epoch=1)
+        with connection.cursor() as cur:
+            sinks.ensure_sink_table(cur, p.sink_table, resolve("int_value"), p.is_exactly_once)
+        made.append(p.sink_table)
+        return p, commit.Target.for_pipeline(p)
+
+    yield topic, log, conn, pipeline
+    conn.close()
+    with connection.cursor() as cur:
+        for table in made:
+            sinks.drop_sink_table(cur, table)
+
+
+def run_audit(pipeline, **kwargs):
+    return audit.audit(pipeline.topic, pipeline.group_id, pipeline.sink_table, "id", "int_value",
+                       pipeline=pipeline, **kwargs)
+
+
+def test_exactly_once_finds_nothing_missing_duplicated_or_unexpected(spark, classic):
+    topic, log, conn, make = classic
+    pipeline, target = make(DeliveryMode.EXACTLY_ONCE)
+    commit.ensure_positions(conn, pipeline.pk, {0: 0, 1: 0})
+    for start in range(0, 50, 10):
+        # A replayed batch after a crash: the protocol skips what is already written.
+        commit.commit_batch(conn, target, 1, {p: records(log, p, range(max(0, start - 5), start + 10))
+                                              for p in range(PARTITIONS)})
+    report = run_audit(pipeline)
+    assert report["offsets_source"] == "tally"
+    assert (report["records_read"], report["rows_read"]) == (VALUES, VALUES)
+    assert (report["missing_count"], report["duplicated_count"], report["unexpected_count"]) == (0, 0, 0)
+    assert (report["missing"], report["duplicated"], report["unexpected"]) == ([], {}, [])
+
+
+def test_at_most_once_with_crashes_names_exactly_the_lost_values(spark, classic):
+    topic, log, conn, make = classic
+    pipeline, target = make(DeliveryMode.AT_MOST_ONCE)
+    lost = {0: range(10, 20), 1: range(30, 35)}  # Kafka committed these batches, then the consumer died
+    for p in range(PARTITIONS):
+        for start in range(0, 50, 5):
+            batch = range(start, start + 5)
+            if not set(batch) & set(lost[p]):
+                commit.commit_batch(conn, target, 1, {p: records(log, p, batch)})
+    kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
+    report = run_audit(pipeline)
+    expected = sorted(log[p][o] for p in lost for o in lost[p])
+    assert report["offsets_source"] == "kafka"
+    assert report["missing"] == expected and report["missing_count"] == len(expected) == 15
+    assert (report["duplicated_count"], report["unexpected_count"]) == (0, 0)
+
+
+def test_at_least_once_with_crashes_names_the_values_written_twice(spark, classic):
+    topic, log, conn, make = classic
+    pipeline, target = make(DeliveryMode.AT_LEAST_ONCE)
+    for start in range(0, 50, 10):
+        commit.commit_batch(conn, target, 1, {0: records(log, 0, range(start, start + 10))})
+    # Crash after the DB commit, before the Kafka commit: the batch is consumed and written again.
+    commit.commit_batch(conn, target, 1, {0: records(log, 0, range(20, 30))})
+    commit.commit_batch(conn, target, 1, {1: records(log, 1, range(0, 50))})
+    kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
+    report = run_audit(pipeline)
+    assert report["duplicated"] == {str(log[0][o]): 2 for o in range(20, 30)}
+    assert report["duplicated_count"] == 10 and report["extra_rows"] == 10
+    assert (report["missing_count"], report["unexpected_count"]) == (0, 0)
+
+
+@pytest.fixture
+def orders_table(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE audit_orders (order_id bigint, note text)")
+    yield "audit_orders"
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS audit_orders")
+
+
+def sql_count(query, *params):
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_bootstrap, make_topic, orders_table):
+    topic = make_topic("orders", partitions=3)
+    produce_nums(kafka_bootstrap, topic, count=2000, partitions=3)
+    committed = {0: 600, 1: 667, 2: 500}  # the group has not consumed everything
+    kafka_admin.commit_offsets("orders-loader", topic, committed)
+    consumed = [v for p, end in committed.items() for v in range(p + 1, 2001, 3)[:end]]
+    rng = random.Random(8)
+    written = [v for v in consumed if rng.random() > 0.03]               # some lost
+    written += rng.sample(written, 40) + rng.sample(written, 5)          # some written twice or three times
+    written += [5001, 5002]                                              # never in the topic
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO audit_orders (order_id) SELECT unnest(%s::bigint[])", [written])
+
+    report = audit.audit(topic, "orders-loader", orders_table, "order_id", "int_value")
+
+    (missing,), = sql_count("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
+                            "WHERE NOT EXISTS (SELECT 1 FROM audit_orders WHERE order_id = c.k)", consumed)
+    duplicated = dict(sql_count("SELECT order_id, count(*) FROM audit_orders GROUP BY order_id HAVING count(*) > 1"))
+    (unexpected,), = sql_count("SELECT count(DISTINCT order_id) FROM audit_orders WHERE NOT order_id = ANY(%s)",
+                               consumed)
+    assert report["records_read"] == sum(committed.values()) == len(consumed)
+    assert report["missing_count"] == missing > 0
+    assert report["duplicated"] == {str(k): n for k, n in duplicated.items()} and len(duplicated) > 0
+    assert report["unexpected_count"] == unexpected == 2 and report["unexpected"] == [5001, 5002]
+    assert report["rows_read"] == len(written)
+
+
+def test_compare_classifies_each_key_on_tiny_dataframes(spark):
+    consumed = spark.createDataFrame([(k,) for k in [1, 2, 3, 4, 4, 5, None, None]], "key bigint")
+    written = spark.createDataFrame([(1, 1), (3, 2), (4, 2), (5, 3), (9, 1)], "key bigint, written bigint")
+    rows = {r.key: (r.consumed, r.written, r.finding) for r in audit.compare(consumed, written).collect()}
+    assert rows == {1: (1, 1, None), 2: (1, 0, "missing"), 3: (1, 2, "duplicated"),
+                    4: (2, 2, None),  # consumed twice, written twice: right
+                    5: (1, 3, "duplicated"), 9: (0, 1, "unexpected"), None: (2, 0, "unparsable")}
+    report = audit.summarize(audit.compare(consumed, written))
+    assert {k: report[k] for k in ("missing_count", "duplicated_count", "unexpected_count", "unparsable_count",
+                                   "records_read", "rows_read", "distinct_keys_consumed", "extra_rows")} == {
+        "missing_count": 1, "duplicated_count": 2, "unexpected_count": 1, "unparsable_count": 2,
+        "records_read": 8, "rows_read": 9, "distinct_keys_consumed": 5, "extra_rows": 3}
+    assert (report["missing"], report["duplicated"], report["unexpected"]) == ([2], {"3": 2, "5": 3}, [9])
+
+
+def test_the_value_parsers_map_records_to_keys(spark):
+    frame = spark.createDataFrame([(b"k1", b' 42 '), (b"k2", b'{"id": 7, "kind": "x"}'), (b"k3", b"1,2")],
+                                  "key binary, value binary")
+    assert [r.key for r in audit.VALUE_PARSERS["int_value"](frame).collect()] == [42, None, None]
+    assert [r.key for r in audit.VALUE_PARSERS["json_id"](frame).collect()] == [None, 7, None]
+    # the JSON value splits at its comma into two parts, neither an integer
+    assert [r.key for r in audit.VALUE_PARSERS["csv_ints"](frame).collect()] == [42, None, None, 1, 2]
+    assert [r.key for r in audit.VALUE_PARSERS["record_key"](frame).collect()] == ["k1", "k2", "k3"]
+
+
+def test_an_unknown_table_or_column_is_a_clear_error(spark, orders_table):
+    with pytest.raises(audit.AuditError, match="does not exist"):
+        audit.written_keys_query("no_such_table", "id")
+    with pytest.raises(audit.AuditError, match="Cannot read column 'nope'"):
+        audit.written_keys_query(orders_table, "nope")
+
+
+def test_the_audit_command_prints_the_report_as_json_and_stores_the_job(spark, classic):
+    topic, log, conn, make = classic
+    pipeline, target = make(DeliveryMode.AT_MOST_ONCE)
+    commit.commit_batch(conn, target, 1, {0: records(log, 0, range(0, 50)), 1: records(log, 1, range(0, 40))})
+    kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
+    out = StringIO()
+    call_command("audit", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
+                 "--key-column", "id", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["missing"] == [log[1][o] for o in range(40, 50)] and report["missing_count"] == 10
+    job = AuditJob.objects.get()
+    assert (job.status, job.pipeline, job.requested_by, job.progress) == (AuditJobStatus.DONE, pipeline, "cli", 1.0)
+    assert job.result == report
+
+
+def test_an_audit_of_an_unknown_parser_is_refused_before_it_is_queued(transactional_db):
+    with pytest.raises(audit.AuditError, match="Unknown value parser"):
+        audit.request_audit("t", "g", "tbl", "id", value_parser="nope")
+    assert not AuditJob.objects.exists()
+
+
+def test_sql_identifiers_in_the_jdbc_query_are_quoted(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} ({} bigint)").format(sql.Identifier("Odd Table"), sql.Identifier("Key")))
+    try:
+        query = audit.written_keys_query("Odd Table", "Key")
+        assert query.startswith('SELECT "Key" AS key, count(*) AS written FROM "Odd Table"')
+    finally:
+        with connection.cursor() as cur:
+            cur.execute('DROP TABLE "Odd Table"')

@@ -1,0 +1,38 @@
+"""The dashboard's audit: a Celery job (real worker, threads pool) that starts Spark in the worker and
+stores progress and the result in AuditJob."""
+import time
+
+import pytest
+
+from consumers import commit, kafka_admin
+from consumers.models import AuditJobStatus, DeliveryMode
+from consumers.spark import audit
+from consumers.spark.session import stop_spark
+from tests.test_spark_audit import classic, records  # noqa: F401,F811  (the classic example's fixture)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.celery]
+
+
+def test_the_dashboard_audit_runs_as_a_celery_job_with_progress_and_a_stored_result(classic, celery_worker):  # noqa: F811
+    # The worker starts its own JVM: end this process's first, to keep one Spark JVM at a time.
+    stop_spark(shutdown_jvm=True)
+    topic, log, conn, make = classic
+    pipeline, target = make(DeliveryMode.AT_MOST_ONCE)
+    commit.commit_batch(conn, target, 1, {0: records(log, 0, range(0, 45)), 1: records(log, 1, range(0, 50))})
+    kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
+    job = audit.request_audit(topic, pipeline.group_id, pipeline.sink_table, "id", requested_by="alice")
+    assert job.pipeline == pipeline
+    seen_progress = set()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        job.refresh_from_db()
+        seen_progress.add(job.progress_message)
+        if job.status in (AuditJobStatus.DONE, AuditJobStatus.FAILED):
+            break
+        time.sleep(0.5)
+    assert job.status == AuditJobStatus.DONE, job.error
+    assert job.result["missing"] == [log[0][o] for o in range(45, 50)]
+    assert (job.progress, job.finished_at is not None) == (1.0, True)
+    assert len(seen_progress - {"", "done"}) >= 1  # progress was reported while it ran
+
+
