@@ -10,6 +10,8 @@ from consumers.faults import POINTS, FaultInjector
 
 class Command(BaseCommand):
     help = "Run a pipeline in the foreground until stopped (SIGTERM/Ctrl-C), fenced or caught up."
+    # A worker: restarted often (chaos, demo), and it must not depend on URL or admin modules loading.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="The pipeline's name.")

@@ -1,0 +1,121 @@
+"""Helpers for engine, demo and chaos tests: topics with the values 1..N, engine subprocesses, and the
+row-by-row view of a sink."""
+import collections
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from django.conf import settings
+from kafka import KafkaProducer
+from psycopg2 import sql
+
+from consumers import db
+from tests.conftest import ROOT
+
+CHAOS_SESSION_TIMEOUT_MS = "2000"  # a killed member blocks the group until its session expires
+
+
+def produce_values(topic: str, values, partitions: int = 1) -> None:
+    """Values as text, round-robin over the partitions (so each partition holds them in order)."""
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, linger_ms=5, acks="all")
+    deadline = time.monotonic() + 10
+    while len(producer.partitions_for(topic) or ()) < partitions and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for i, value in enumerate(values):
+        producer.send(topic, str(value).encode(), partition=i % partitions)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+
+
+def sink_counts(table: str) -> collections.Counter:
+    """{id: how many rows} of a sink table, read through a fresh connection (sees committed rows only)."""
+    conn = db.connect("tally-tests")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(sql.Identifier(table)))
+            counts = collections.Counter(dict(cursor.fetchall()))
+        conn.rollback()
+    finally:
+        conn.close()
+    return counts
+
+
+def ledger_batches(pipeline_id: int) -> int:
+    conn = db.connect("tally-tests")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM consumers_batchledger WHERE pipeline_id = %s", [pipeline_id])
+            (count,) = cursor.fetchone()
+        conn.rollback()
+    finally:
+        conn.close()
+    return count
+
+
+class EngineProcess:
+    """`manage.py run_pipeline NAME ...` in its own process group, output in a temporary file."""
+
+    def __init__(self, env: dict, name: str, *args: str):
+        env = dict(env, KAFKA_SESSION_TIMEOUT_MS=CHAOS_SESSION_TIMEOUT_MS)
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "run_pipeline", name, *args],
+                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self):
+        return self.process.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not end in time; always reaped."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def run_until_clean_exit(env: dict, name: str, args: list[str], max_runs: int, timeout: float = 60) -> int:
+    """Run the engine again and again until it exits 0; returns how many runs were SIGKILLed."""
+    kills = 0
+    for _ in range(max_runs):
+        engine = EngineProcess(env, name, *args)
+        try:
+            code = engine.wait(timeout)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            raise AssertionError(f"{name} ran longer than {timeout} s:\n{engine.output()[-3000:]}") from None
+        if code == 0:
+            return kills
+        assert code == -signal.SIGKILL, f"engine failed with {code}:\n{engine.output()[-3000:]}"
+        kills += 1
+    raise AssertionError(f"{name} did not finish within {max_runs} runs")
