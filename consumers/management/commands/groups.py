@@ -1,0 +1,69 @@
+"""`groups list`, `groups describe G`, `groups reset G --topic T <mode> [--partition P ...] [--execute]`:
+consumer groups that Tally does not run. Reset is a dry run unless --execute, and is refused while the
+group has active members. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from consumers import groups
+from consumers.group_reset import reset_group
+from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
+from consumers.offset_specs import Refused
+
+
+class Command(BaseCommand):
+    help = "List, describe and reset consumer groups Tally does not run. Exit 0 done, 1 refused, 2 usage error."
+
+    def add_arguments(self, parser):
+        commands = parser.add_subparsers(dest="command", required=True)
+        listing = commands.add_parser("list", help="Group ids (not Tally's own pipelines' groups).")
+        listing.add_argument("--all", action="store_true", help="Include Tally pipelines' groups.")
+        listing.add_argument("--json", action="store_true")
+        describe = commands.add_parser("describe", help="State, members, committed offset, end offset, lag.")
+        describe.add_argument("group")
+        describe.add_argument("--json", action="store_true")
+        reset = commands.add_parser("reset", help="Reset committed offsets (dry run unless --execute).")
+        reset.add_argument("group")
+        reset.add_argument("--topic", required=True)
+        add_mode_arguments(reset)
+        reset.add_argument("--execute", action="store_true", help="Apply the plan (default: dry run).")
+        reset.add_argument("--json", action="store_true")
+        reset.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+
+    def handle(self, *args, command, **options):
+        if command == "list":
+            names = groups.list_groups(include_pipelines=options["all"])
+            self.stdout.write(json.dumps(names) if options["json"] else "\n".join(names))
+        elif command == "describe":
+            self._describe(options["group"], options["json"])
+        else:
+            self._reset(options)
+
+    def _describe(self, group_id: str, as_json: bool) -> None:
+        report = groups.describe(group_id)
+        if as_json:
+            self.stdout.write(json.dumps(report.as_json(), indent=2, default=str))
+            return
+        owner = f" (Tally pipeline {report.pipeline})" if report.pipeline else ""
+        self.stdout.write(f"group {report.group_id}{owner}: state {report.state}, {len(report.members)} member(s)")
+        for member in report.members:
+            self.stdout.write(f"  member {member.get('member_id')} {member.get('client_id')} {member.get('host')}")
+        self.stdout.write(f"{'topic':>20} {'partition':>9} {'committed':>10} {'end':>10} {'lag':>8}")
+        for p in report.partitions:
+            self.stdout.write(f"{p.topic:>20} {p.partition:>9} {str(p.committed):>10} {str(p.high_watermark):>10} "
+                              f"{str(p.lag_records):>8}")
+        for error in report.errors:
+            self.stderr.write(f"warning: {error}")
+
+    def _reset(self, options) -> None:
+        mode, value = chosen_mode(options)
+        try:
+            result = reset_group(options["group"], options["topic"], mode, value, partitions=options["partitions"],
+                                 execute=options["execute"], actor=options["actor"])
+        except Refused as exc:
+            raise CommandError(f"Refused: {exc}", returncode=1) from None
+        data = result.as_dict()
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2, default=str))
+        else:
+            print_plan(self.stdout, data)
