@@ -31,10 +31,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from consumers import kafka_admin, lag_status
+from consumers import kafka_admin, lag_status, reconcile_rewinds
 from consumers.models import (
-    ActionLog,
-    ActionResult,
     ConsumerRun,
     DeliveryMode,
     LagSnapshot,
@@ -80,6 +78,7 @@ class PartitionReport:
     unrecoverable: int = 0
     gap: int = 0
     overlap: int = 0
+    skipped: int = 0                  # offsets an operator rewind forward skipped on purpose (not lost)
     findings: list[dict] = field(default_factory=list)
     status: str = Status.OK
     verified_offset: int | None = None
@@ -88,7 +87,7 @@ class PartitionReport:
 
     @property
     def incident(self) -> bool:
-        return any(f["kind"] in INCIDENT_KINDS for f in self.findings)
+        return any(f["kind"] in INCIDENT_KINDS and not f.get("planned") for f in self.findings)
 
     def as_json(self) -> dict:
         return {"partition": self.partition, "log_start": self.log_start, "high_watermark": self.high_watermark,
@@ -96,7 +95,8 @@ class PartitionReport:
                 "lag_records": self.lag_records, "lag_seconds": self.lag_seconds, "lost": self.lost,
                 "duplicated": self.duplicated, "phantom": self.phantom, "dead_lettered": self.dead_lettered,
                 "unrecoverable": self.unrecoverable, "gap": self.gap, "overlap": self.overlap,
-                "status": self.status, "verified_offset": self.verified_offset, "findings": self.findings}
+                "skipped_by_rewind": self.skipped, "status": self.status, "verified_offset": self.verified_offset,
+                "findings": self.findings}
 
 
 @dataclass
@@ -186,6 +186,10 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
     with timer.kafka:
         _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
     with timer.db:
+        skipped = reconcile_rewinds.skipped_ranges(pipeline)
+        for report in reports:
+            report.findings = reconcile_rewinds.mark_planned(report.findings, skipped.get(report.partition, []))
+            _count(report)
         rate = _evaluate_status(pipeline, reports, states, now, kafka_failed=bool(errors))
         report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
                                 (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
@@ -349,7 +353,11 @@ def _phantom(cur, shape: SinkShape, p: int, committed_position: int) -> list[dic
 def _count(report: PartitionReport) -> None:
     totals: dict[str, int] = {}
     for finding in report.findings:
-        totals[finding["kind"]] = totals.get(finding["kind"], 0) + int(finding["count"])
+        kind = "skipped" if finding.get("planned") and finding["kind"] == "lost" else finding["kind"]
+        if finding.get("planned") and kind == "gap":
+            continue
+        totals[kind] = totals.get(kind, 0) + int(finding["count"])
+    report.skipped = totals.get("skipped", 0)
     report.lost, report.duplicated = totals.get("lost", 0), totals.get("duplicated", 0)
     report.phantom, report.dead_lettered = totals.get("phantom", 0), totals.get("dead_letter", 0)
     report.unrecoverable, report.gap = totals.get("unrecoverable", 0), totals.get("gap", 0)
@@ -388,7 +396,7 @@ def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: boo
             lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
     alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
                                        heartbeat_at__gte=now - heartbeat_timeout()).exists()
-    rewound = _rewound_partitions(pipeline, now - window)
+    rewound = reconcile_rewinds.rewound_partitions(pipeline, now - window)
     rate, rate_known = 0.0, False
     for report in reports:
         state = states[report.partition]
@@ -403,19 +411,6 @@ def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: boo
             rate += (state.consumed_end - first.position) / (now - first.taken_at).total_seconds()
             rate_known = True
     return rate if rate_known else None
-
-
-def _rewound_partitions(pipeline, since: datetime):
-    """True (all partitions), a set of partitions, or None: operator rewinds within the window."""
-    actions = ActionLog.objects.filter(pipeline=pipeline, action="rewind", dry_run=False, created_at__gte=since) \
-        .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)).values_list("offsets_after", flat=True)
-    partitions: set[int] = set()
-    for after in actions:
-        keys = [k for k in (after or {}) if str(k).isdigit()]
-        if not keys:
-            return True
-        partitions.update(int(k) for k in keys)
-    return partitions or None
 
 
 def _store(pipeline, report: PipelineReport, states) -> None:

@@ -263,3 +263,29 @@ def test_report_json_has_the_documented_shape(setup):
     assert {"partition", "log_start", "high_watermark", "next_offset", "kafka_committed", "lost", "duplicated",
             "phantom", "findings"} <= set(entry["partitions"][0])
     assert (entry["name"], entry["lag_records"], entry["partitions"][0]["next_offset"]) == (pipeline.name, 2, 10)
+
+
+def test_offsets_a_rewind_forward_skipped_are_planned_not_lost(setup):
+    pipeline, write = setup()
+    write(0, range(0, 20))
+    # The operator skips 20..59 (rewind --to-offset 60): no row, no ledger row there, on purpose.
+    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=60)
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done",
+                             offsets_before={"0": 20}, offsets_after={"0": 60})
+    write(0, range(60, 70))
+    report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 70}, committed={0: 70}))
+    assert report.exact and report.status == "REWIND"
+    assert (report.lost, report.gap, report.partitions[0].skipped) == (0, 0, 40)
+    assert [(f["kind"], f["start"], f["end"], f.get("planned")) for f in report.partitions[0].findings] == [
+        ("gap", 20, 60, True), ("lost", 20, 60, True)]
+
+
+def test_a_loss_next_to_a_skipped_range_is_still_an_incident(setup):
+    pipeline, write = setup(DeliveryMode.AT_MOST_ONCE)
+    write(0, range(0, 10))
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done",
+                             offsets_before={"0": 15}, offsets_after={"0": 40})
+    write(0, range(40, 50))  # 10..14 lost by the at-most-once consumer, 15..39 skipped by the operator
+    report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 50}, committed={0: 50}))
+    assert (report.lost, report.partitions[0].skipped) == (5, 25)
+    assert not report.exact and report.status == "ERR"

@@ -1,0 +1,77 @@
+"""Operator rewinds as reconciliation sees them: planned, not incidents.
+
+A rewind back replays `[new, old)`: the commit protocol and consumers/rewind.py keep that exact (ledger rows
+superseded, sink rolled back or replayed idempotently), so nothing is reported there. A rewind FORWARD
+skips `[old, new)` on purpose: those offsets have no row and no ledger row, which reconciliation finds as
+lost and gap; such findings are marked `"planned": true`, are not counted as lost, and do not make the
+status ERR. The audit log (ActionLog) holds the offsets before and after as {"partition": offset}.
+"""
+from datetime import datetime
+
+from consumers.models import ActionLog, ActionResult
+
+REWIND_ACTIONS = ("rewind", "reset_group")
+PLANNED_KINDS = ("lost", "gap")   # contiguous kinds: count == end - start
+
+
+def _effective(pipeline):
+    return (ActionLog.objects.filter(pipeline=pipeline, action__in=REWIND_ACTIONS, dry_run=False)
+            .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)))
+
+
+def _offsets(values) -> dict[int, int]:
+    result = {}
+    for key, value in (values or {}).items() if isinstance(values, dict) else []:
+        if isinstance(value, dict):
+            value = value.get("next_offset")
+        if str(key).isdigit() and isinstance(value, int):
+            result[int(key)] = value
+    return result
+
+
+def skipped_ranges(pipeline) -> dict[int, list[tuple[int, int]]]:
+    """Per partition, the ranges that rewinds forward skipped."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for before, after in _effective(pipeline).values_list("offsets_before", "offsets_after"):
+        before, after = _offsets(before), _offsets(after)
+        for p in before.keys() & after.keys():
+            if after[p] > before[p]:
+                ranges.setdefault(p, []).append((before[p], after[p]))
+    return ranges
+
+
+def rewound_partitions(pipeline, since: datetime):
+    """True (every partition), a set of partitions, or None: rewinds that took effect since `since`."""
+    partitions: set[int] = set()
+    for after in _effective(pipeline).filter(created_at__gte=since).values_list("offsets_after", flat=True):
+        moved = _offsets(after)
+        if not moved:
+            return True
+        partitions.update(moved)
+    return partitions or None
+
+
+def mark_planned(findings: list[dict], skipped: list[tuple[int, int]]) -> list[dict]:
+    """Split lost/gap findings along the skipped ranges; the parts inside are marked planned."""
+    if not skipped:
+        return findings
+    result = []
+    for finding in findings:
+        contiguous = finding["kind"] in PLANNED_KINDS and finding["count"] == finding["end"] - finding["start"]
+        if not contiguous:
+            result.append(finding)
+            continue
+        for start, end, planned in _split(finding["start"], finding["end"], skipped):
+            part = dict(finding, start=start, end=end, count=end - start)
+            part.pop("planned", None)
+            if planned:
+                part["planned"] = True
+            result.append(part)
+    return result
+
+
+def _split(start: int, end: int, ranges: list[tuple[int, int]]):
+    """[start, end) cut into (s, e, inside any range?) pieces, in order."""
+    cuts = sorted({start, end, *(o for r in ranges for o in r if start < o < end)})
+    for s, e in zip(cuts, cuts[1:], strict=False):
+        yield s, e, any(rs <= s and e <= re for rs, re in ranges)
