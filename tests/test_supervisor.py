@@ -1,0 +1,119 @@
+"""The supervisor's decisions against the real database: restart a pipeline that should run but has no
+live run (with the reason, a new epoch and backoff), leave live ones alone, claim each restart once, and
+give up after the bounded number of attempts. (The real beat + worker path is in test_celery_pipelines.py.)"""
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from consumers import actions, supervisor
+from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def enqueued(monkeypatch):
+    calls = []
+    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: calls.append((pipeline_id, epoch)))
+    return calls
+
+
+@pytest.fixture
+def running(settings):
+    settings.TALLY_RUN_LEASE_SECONDS = 15
+    settings.TALLY_SUPERVISOR_BACKOFF_SECONDS = 2
+    settings.TALLY_SUPERVISOR_MAX_ATTEMPTS = 3
+    return Pipeline.objects.create(name="orders", topic="orders", sink_table="orders_sink",
+                                   desired_state=DesiredState.RUNNING, epoch=5)
+
+
+def run_row(pipeline, *, heartbeat_age=0.0, epoch=None, pid=None, host="worker-2", state=RunState.RUNNING):
+    now = timezone.now()
+    return ConsumerRun.objects.create(pipeline=pipeline, epoch=pipeline.epoch if epoch is None else epoch, host=host,
+                                      pid=pid or 4242, state=state, started_at=now - timedelta(seconds=120),
+                                      heartbeat_at=now - timedelta(seconds=heartbeat_age))
+
+
+def decision(name="orders"):
+    return next(d for d in supervisor.supervise() if d.pipeline == name)
+
+
+def test_a_pipeline_with_a_live_heartbeat_is_left_alone(running, enqueued):
+    run_row(running, heartbeat_age=2)
+    assert decision().action == "ok"
+    assert enqueued == [] and not ActionLog.objects.exists()
+
+
+def test_a_pipeline_whose_run_stopped_heartbeating_gets_a_new_run_of_a_new_epoch_with_the_reason(running, enqueued):
+    stale = run_row(running, heartbeat_age=20)
+    assert decision().action == "restarted"
+    running.refresh_from_db()
+    assert enqueued == [(running.pk, 6)] and running.epoch == 6 and running.restart_attempts == 1
+    assert f"run {stale.pk} on worker-2 (pid 4242) stopped heartbeating 20 s ago" in running.last_error
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result) == ("restart", "supervisor", ActionResult.DONE)
+    assert "attempt 1" in entry.message and "stopped heartbeating" in entry.message
+
+
+def test_a_run_whose_process_died_on_this_host_is_dead_before_its_lease_runs_out(running, enqueued):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()   # a pid that existed and is gone
+    run_row(running, heartbeat_age=1, host=socket.gethostname(), pid=child.pid)
+    assert decision().action == "restarted"
+    assert "died" in Pipeline.objects.get(pk=running.pk).last_error
+    run_row(Pipeline.objects.get(pk=running.pk), heartbeat_age=1, host=socket.gethostname(), pid=os.getpid())
+    Pipeline.objects.filter(pk=running.pk).update(restart_after=None)
+    assert decision().action == "ok"
+
+
+def test_the_next_attempt_waits_for_its_backoff(running, enqueued):
+    assert decision().action == "restarted"
+    assert decision().action == "waiting"
+    assert len(enqueued) == 1
+
+
+def test_backoff_doubles_up_to_its_maximum(settings):
+    settings.TALLY_SUPERVISOR_BACKOFF_SECONDS = 2
+    settings.TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = 10
+    assert [supervisor.backoff_seconds(n) for n in range(5)] == [2, 4, 8, 10, 10]
+
+
+def test_two_supervisors_claim_one_restart_once(running, enqueued):
+    stale_view = Pipeline.objects.get(pk=running.pk)
+    assert supervisor._restart(stale_view, "first", timezone.now()).action == "restarted"
+    assert supervisor._restart(stale_view, "second", timezone.now()).action == "skipped"
+    assert len(enqueued) == 1 and ActionLog.objects.count() == 1
+
+
+def test_it_gives_up_after_the_bounded_number_of_attempts_and_stops_the_pipeline(running, enqueued):
+    Pipeline.objects.filter(pk=running.pk).update(restart_attempts=3, last_error="run 9 died")
+    assert decision().action == "gave_up"
+    running.refresh_from_db()
+    assert running.desired_state == DesiredState.STOPPED and running.epoch == 6
+    assert "gave up after 3 restart attempts" in running.last_error
+    assert ActionLog.objects.get().result == ActionResult.FAILED and enqueued == []
+
+
+def test_a_run_of_an_older_epoch_does_not_count_as_live(running, enqueued):
+    run_row(running, heartbeat_age=1, epoch=4)
+    assert decision().action == "restarted"
+    assert "no run joined epoch 5" in Pipeline.objects.get(pk=running.pk).last_error
+
+
+def test_a_steady_run_clears_the_restart_series(running, enqueued, settings):
+    settings.TALLY_SUPERVISOR_STABLE_SECONDS = 60
+    Pipeline.objects.filter(pk=running.pk).update(restart_attempts=2)
+    run_row(running, heartbeat_age=1)           # started two minutes ago
+    assert decision().action == "ok"
+    assert Pipeline.objects.get(pk=running.pk).restart_attempts == 0
+
+
+def test_paused_and_stopped_pipelines_are_not_supervised(running, enqueued):
+    Pipeline.objects.filter(pk=running.pk).update(desired_state=DesiredState.PAUSED)
+    assert supervisor.supervise() == []
+    assert enqueued == []
