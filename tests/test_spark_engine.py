@@ -1,0 +1,103 @@
+"""The Spark engine in this process: it starts from PostgreSQL's positions, writes every record once
+through the commit protocol, keeps Kafka's copy of the offsets, and ends when fenced by a newer epoch."""
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+
+from consumers import commit, db, kafka_admin, sinks
+from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, Pipeline, RunState
+from consumers.spark.engine import run_pipeline
+from consumers.spark.session import get_spark
+from consumers.transforms import SourceRecord, resolve
+from tests.spark_helpers import expected_rows, produce_values, sink_rows
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+@pytest.fixture
+def spark_pipeline(transactional_db, kafka_bootstrap, make_topic):
+    get_spark()  # started before the timed part of each test
+    made = []
+
+    def make(name, partitions=3, mode=DeliveryMode.EXACTLY_ONCE):
+        topic = make_topic(name, partitions=partitions)
+        pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=f"spark_{name}".replace("-", "_"),
+                                           delivery_mode=mode, engine=Engine.SPARK, epoch=1)
+        made.append(pipeline.sink_table)
+        return pipeline
+
+    yield make
+    with connection.cursor() as cur:
+        for table in made:
+            sinks.drop_sink_table(cur, table)
+
+
+def test_it_writes_every_record_exactly_once_from_the_database_positions(spark_pipeline, kafka_bootstrap):
+    pipeline = spark_pipeline("spark-once", partitions=3)
+    log = produce_values(kafka_bootstrap, pipeline.topic, 700, partitions=2)  # partition 2 stays empty
+    # A previous run already committed partition 0 up to offset 40: the engine must start there.
+    conn = db.connect()
+    with connection.cursor() as cur:
+        sinks.ensure_sink_table(cur, pipeline.sink_table, resolve("int_value"), True)
+    commit.ensure_positions(conn, pipeline.pk, {0: 0, 1: 0, 2: 0})
+    commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1,
+                        {0: [SourceRecord(0, o, None, str(log[0][o]).encode()) for o in range(40)]})
+    conn.close()
+
+    result = run_pipeline(pipeline.name, batch_size=150, stop_when_caught_up=True, max_seconds=120)
+
+    assert result.reason == "caught_up", result.detail
+    assert (result.records, result.skipped) == (700 - 40, 0)
+    assert sink_rows(pipeline.sink_table) == expected_rows(log)
+    highs = {0: 350, 1: 350, 2: 0}
+    assert dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset")) == highs
+    assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1]) == {0: 350, 1: 350}
+    for partition in (0, 1):
+        ranges = list(BatchLedger.objects.filter(pipeline=pipeline, partition=partition)
+                      .order_by("first_offset").values_list("first_offset", "end_offset"))
+        assert ranges[0][0] == 0 and ranges[-1][1] == 350
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # no gap, no overlap
+    run = ConsumerRun.objects.get(pipeline=pipeline)
+    assert (run.engine, run.state, run.records_processed) == (Engine.SPARK, RunState.STOPPED, 660)
+
+
+def test_a_newer_epoch_fences_the_run_and_nothing_of_the_old_epoch_lands_after_it(spark_pipeline, kafka_bootstrap):
+    pipeline = spark_pipeline("spark-fenced", partitions=1)
+    produce_values(kafka_bootstrap, pipeline.topic, 3000, partitions=1)
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = run_pipeline(pipeline.name, batch_size=50, delay_ms=2, max_seconds=90)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not BatchLedger.objects.filter(pipeline=pipeline).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    new_epoch = pipeline.bump_epoch()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    result = outcome["result"]
+    assert result.reason == "fenced"
+    assert not BatchLedger.objects.filter(pipeline=pipeline, epoch=new_epoch).exists()
+    assert BatchLedger.objects.filter(pipeline=pipeline).count() >= 1
+    written = PartitionOffset.objects.get(pipeline=pipeline).next_offset
+    assert 0 < written < 3000 and len(sink_rows(pipeline.sink_table)) == written
+    assert ConsumerRun.objects.get(pipeline=pipeline).state == RunState.FENCED
+
+
+def test_at_least_once_resumes_from_kafkas_committed_offset(spark_pipeline, kafka_bootstrap):
+    pipeline = spark_pipeline("spark-alo", partitions=2, mode=DeliveryMode.AT_LEAST_ONCE)
+    log = produce_values(kafka_bootstrap, pipeline.topic, 200, partitions=2)
+    kafka_admin.commit_offsets(pipeline.group_id, pipeline.topic, {0: 60, 1: 0})
+
+    result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=120)
+
+    assert result.reason == "caught_up", result.detail
+    assert sink_rows(pipeline.sink_table) == [r for r in expected_rows(log) if not (r[0] == 0 and r[1] < 60)]
+    assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1]) == {0: 100, 1: 100}
