@@ -103,7 +103,7 @@ def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
 
 
 # --- drawing ----------------------------------------------------------------------------------------
-WIDTH, BAR_Y, BAR_H, HEIGHT = 600.0, 14.0, 16.0, 44.0
+WIDTH = 1000.0  # SVG user units; the drawing scales to the page width (viewBox 0 0 1000 40)
 
 
 def _x(offset: int, lo: int, hi: int) -> float:
@@ -111,7 +111,7 @@ def _x(offset: int, lo: int, hi: int) -> float:
 
 
 def svg_shapes(timeline: PartitionTimeline) -> dict:
-    """Rectangles and markers in SVG user units (viewBox 0 0 600 44) for the template to draw."""
+    """Rectangles and markers in SVG user units (viewBox 0 0 1000 40) for the template to draw."""
     lo, hi = timeline.domain
 
     def span(a, b):

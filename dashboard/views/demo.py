@@ -5,7 +5,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from consumers.demo import DEMO_PIPELINES
-from consumers.models import Pipeline
+from consumers.models import DeliveryMode, Pipeline
 from dashboard import demo_runs
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
@@ -33,7 +33,8 @@ def _columns(state: dict | None) -> list[dict]:
             h = health[demo.name]
             numbers = {"status": h.status, "lost": h.lost, "duplicated": h.duplicated, "phantom": h.phantom}
         cells = [{"value": v, "missing": v in missing, "count": duplicated.get(v, 1)} for v in range(1, records + 1)]
-        columns.append({"name": demo.name, "mode": demo.delivery_mode, "result": result,
+        columns.append({"name": demo.name, "mode": demo.delivery_mode,
+                        "mode_label": DeliveryMode(demo.delivery_mode).label, "result": result,
                         "has_rows": "rows" in result, "missing": sorted(missing), "duplicated": duplicated,
                         "extra_rows": sum(c - 1 for c in duplicated.values()), "reconciliation": numbers,
                         "cells": cells, "exact": "rows" in result and not missing and not duplicated})

@@ -1,0 +1,206 @@
+"""The dashboard in a real browser (Playwright driving Debian's Chromium) against a live server:
+log in as viewer and operator, the overview updating live as records are produced and reconciled, a
+rewind dry run then its execution from the page, and a viewer who cannot act. Saves screenshots of the
+overview, the pipeline page and the demo page to docs/screenshots/ for the README."""
+import os
+import re
+import time
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from consumers.models import PartitionOffset
+from tests.conftest import ROOT
+from tests.test_views_support import (
+    PASSWORD,
+    consumed_pipeline,
+    drop_sink,
+    make_operator,
+    make_pipeline,
+    make_viewer,
+    produce,
+)
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls the test makes are still plain
+# synchronous calls on the test's own connection.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def log_in(page, live_server, user):
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.get_by_label("Username").fill(user.username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+def test_a_viewer_logs_in_sees_everything_and_cannot_act(page, live_server):
+    make_pipeline("orders", lost=3, status="ERR")
+    log_in(page, live_server, make_viewer())
+    expect(page.locator("#pipeline-orders")).to_contain_text("ERR")
+    page.get_by_role("link", name="orders", exact=True).click()
+    expect(page.locator("#viewer-note")).to_contain_text("only operators can")
+    expect(page.get_by_role("button", name="Start")).to_have_count(0)
+    # Even a hand-made request from the viewer's session is refused.
+    status = page.evaluate("""async () => {
+        const token = document.querySelector('[name=csrfmiddlewaretoken]').value;
+        const response = await fetch('/pipelines/orders/actions/start/', {method: 'POST',
+            headers: {'X-CSRFToken': token}});
+        return response.status; }""")
+    assert status == 403
+    api = page.evaluate("""async () => {
+        const token = document.querySelector('[name=csrfmiddlewaretoken]').value;
+        const response = await fetch('/api/pipelines/orders/actions/start', {method: 'POST',
+            headers: {'X-CSRFToken': token}});
+        return [response.status, (await response.json()).detail]; }""")
+    assert api[0] == 403 and "Only operators may act" in api[1]
+    page.goto(f"{live_server.url}/pipelines/orders/rewind/")
+    expect(page.locator("#rewind-panel")).to_contain_text("only operators can rewind")
+    expect(page.locator("#rewind-form")).to_have_count(0)
+
+
+@pytest.mark.kafka
+def test_the_overview_updates_without_reload_when_records_are_produced(page, live_server, kafka_bootstrap, make_topic):
+    from consumers.engine import run_pipeline
+    from consumers.reconcile import reconcile_pipeline
+
+    topic = make_topic("live")
+    pipeline = consumed_pipeline(kafka_bootstrap, topic, "live-orders", 10)
+    try:
+        reconcile_pipeline(pipeline)
+        log_in(page, live_server, make_operator())
+        lag = page.locator("#pipeline-live-orders [data-field=lag_records]")
+        expect(lag).to_have_text("0")
+        page.evaluate("window.notReloaded = true")
+
+        produce(kafka_bootstrap, topic, range(11, 26))
+        reconcile_pipeline(pipeline)
+        expect(lag).to_have_text("15", timeout=10_000)
+
+        run_pipeline("live-orders", stop_when_caught_up=True, max_seconds=60)
+        reconcile_pipeline(pipeline)
+        expect(lag).to_have_text("0", timeout=10_000)
+        expect(page.locator("#pipeline-live-orders [data-field=lost]")).to_have_text("0")
+        assert page.evaluate("window.notReloaded") is True
+    finally:
+        drop_sink(pipeline.sink_table)
+
+
+@pytest.mark.kafka
+def test_an_operator_rewinds_from_the_page_after_a_dry_run(page, live_server, kafka_bootstrap, make_topic):
+    from consumers.reconcile import reconcile_pipeline
+
+    topic = make_topic("rewind")
+    pipeline = consumed_pipeline(kafka_bootstrap, topic, "rewind-orders", 20)
+    try:
+        reconcile_pipeline(pipeline)
+        log_in(page, live_server, make_operator())
+        page.goto(f"{live_server.url}/pipelines/rewind-orders/")
+        page.locator("#rewind-link").click()
+        page.locator("input[name=mode][value=shift-by]").check()
+        page.get_by_label("Value").fill("-5")
+        page.get_by_role("button", name="Preview (dry run)").click()
+
+        preview = page.locator("#preview-table tbody tr")
+        expect(preview).to_have_count(1)
+        expect(preview.locator("td")).to_have_text(["0", "0", "20", "20", "15", "5", "0"])
+        assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 20  # a dry run changes nothing
+
+        page.get_by_role("button", name="Confirm: rewind rewind-orders").click()
+        expect(page.locator("#action-outcome")).to_contain_text("Rewind done on rewind-orders")
+        expect(page).to_have_url(re.compile(r"/pipelines/rewind-orders/$"))
+        assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 15
+        expect(page.locator(".actions-log").first).to_contain_text("rewind")
+    finally:
+        drop_sink(pipeline.sink_table)
+
+
+def test_bad_rewind_input_shows_the_error_next_to_the_field(page, live_server):
+    make_pipeline("orders")
+    log_in(page, live_server, make_operator())
+    page.goto(f"{live_server.url}/pipelines/orders/rewind/")
+    page.locator("input[name=mode][value=to-offset]").check()
+    page.get_by_label("Value").fill("soon")
+    page.keyboard.press("Enter")  # keyboard-usable: Enter submits the preview
+    expect(page.locator("#value-errors")).to_have_text("to-offset needs an integer, got 'soon'.")
+    assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
+
+
+def test_screenshots_of_the_overview_and_pipeline_page(page, live_server):
+    """Rich fixture data (reconciled pipelines, a gap, an overlap, a rewind, snapshots) for the README."""
+    make_pipeline("orders-exactly-once", partitions=3)
+    make_pipeline("payments-at-least-once", partitions=2, duplicated=7, status="WARN",
+                  delivery_mode="at_least_once")
+    make_pipeline("clicks-at-most-once", partitions=2, lost=10, status="ERR", delivery_mode="at_most_once")
+    log_in(page, live_server, make_operator())
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+    page.goto(f"{live_server.url}/pipelines/clicks-at-most-once/")
+    expect(page.locator("#chart-lag canvas")).to_have_count(1)
+    page.screenshot(path=str(SCREENSHOTS / "pipeline.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{live_server.url}/")
+    page.screenshot(path=str(SCREENSHOTS / "overview-phone.png"), full_page=False)
+    assert (SCREENSHOTS / "pipeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.kafka
+@pytest.mark.celery
+def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page, live_server, kafka_bootstrap,
+                                                                           celery_worker, settings):
+    from consumers.demo import DEMO_PIPELINES
+    from tests.conftest import TEST_REDIS_URL
+
+    settings.REDIS_URL = TEST_REDIS_URL  # the web side reads the progress the worker writes
+    from dashboard import demo_runs
+
+    demo_runs._redis().delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
+    try:
+        log_in(page, live_server, make_operator())
+        page.goto(f"{live_server.url}/demo/")
+        page.get_by_label("Records").fill("100")
+        page.get_by_label("Crash probability per batch").fill("0.3")
+        page.get_by_role("button", name="Run the demo").click()
+        expect(page.locator("#demo-state")).to_have_text(re.compile("queued|running|done"))
+        expect(page.locator("#demo-state")).to_have_text("done", timeout=240_000)
+        exactly = page.locator("#demo-exactly_once")
+        expect(exactly).to_contain_text("every value exactly once")
+        state = demo_runs.read_state()
+        at_most = state["pipelines"]["nums-at-most-once"]
+        at_least = state["pipelines"]["nums-at-least-once"]
+        exact = state["pipelines"]["nums-exactly-once"]
+        assert (exact["rows"], exact["distinct"], exact["missing"], exact["duplicated"]) == (100, 100, [], {})
+        # What the page says is what the sinks hold, and reconciliation counts the same as the row check.
+        expect(page.locator("#demo-at_most_once")).to_contain_text(f"{at_most['rows']}")
+        numbers = state["reconciliation"]
+        assert numbers["nums-at-most-once"]["lost"] == len(at_most["missing"])
+        assert numbers["nums-at-least-once"]["duplicated"] == sum(c - 1 for c in at_least["duplicated"].values())
+        assert numbers["nums-exactly-once"]["lost"] == numbers["nums-exactly-once"]["duplicated"] == 0
+        time.sleep(0.5)
+        page.screenshot(path=str(SCREENSHOTS / "demo.png"), full_page=True)
+    finally:
+        demo_runs._redis().delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
+        for demo in DEMO_PIPELINES:
+            drop_sink(demo.sink_table)
