@@ -1,0 +1,170 @@
+"""Pipelines in real Celery workers (threads pool) with real Celery beat, Redis, PostgreSQL and the broker:
+a killed worker's pipeline comes back through the supervisor, a restart fences the old run, a rewind of a
+running pipeline resumes it, and the sink holds every record exactly once, row by row."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from consumers import actions, kafka_admin
+from consumers.demo import DEMO_TOPIC
+from consumers.models import ActionLog, BatchLedger, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.rewind import rewind
+from tests.conftest import ROOT, start_celery_worker, stop_process_group
+from tests.ops_helpers import EXACTLY_ONCE, drop_demo_sinks, expected_rows, positions, produce, seed, sink_rows, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+LEASE_SECONDS = 5
+
+
+@pytest.fixture
+def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
+    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.TALLY_RUN_LEASE_SECONDS = LEASE_SECONDS
+    env = dict(subprocess_env, KAFKA_SESSION_TIMEOUT_MS="2000", TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
+               TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
+    processes = []
+
+    def worker():
+        process = start_celery_worker(env, log_name="ops-worker")
+        processes.append(process)
+        wait_for(lambda: _answers(celery_app_for_tests, process), 60, "the worker to answer a ping", 0.5)
+        return process
+
+    def beat():
+        schedule = ROOT / "var" / f"ops-beat-{uuid.uuid4().hex[:6]}"
+        log = open(ROOT / "var" / f"{schedule.name}.log", "wb")
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "beat", "-s", str(schedule),
+                                    "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        processes.append(process)
+        return process
+
+    seed(20)
+    yield worker, beat
+    Pipeline.objects.update(desired_state=DesiredState.STOPPED)
+    for process in reversed(processes):
+        stop_process_group(process)
+    celery_app_for_tests.control.purge()
+    drop_demo_sinks()
+
+
+def _answers(app, process) -> bool:
+    if process.poll() is not None:
+        raise AssertionError(f"worker exited: {open(process.log_path).read()[-2000:]}")
+    return bool(app.control.ping(timeout=0.5))
+
+
+def live_run(after_pk=0):
+    """A run of the pipeline's current epoch that heartbeats, newer than run `after_pk`."""
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    return (ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, state=RunState.RUNNING,
+                                       pk__gt=after_pk, heartbeat_at__gte=timezone.now() - timezone.timedelta(
+                                           seconds=LEASE_SECONDS)).order_by("-pk").first())
+
+
+def caught_up():
+    high = kafka_admin.high_watermarks(DEMO_TOPIC)
+    return positions(EXACTLY_ONCE) == high
+
+
+def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and_misses_nothing(ops_env):
+    start_worker, start_beat = ops_env
+    worker_a = start_worker()
+    actions.start(EXACTLY_ONCE, actor="alice")
+    first = wait_for(live_run, 30, "the first run")
+    assert first.pid == worker_a.pid
+    wait_for(caught_up, 30, "the first run to catch up")
+    start_worker()
+    start_beat()
+    produce(21, 40)
+    wait_for(caught_up, 30, "the first run to consume 21..40")
+
+    killed_at = time.monotonic()
+    os.killpg(worker_a.pid, signal.SIGKILL)
+    worker_a.wait()
+    produce(41, 60)                                   # records arrive while the pipeline is down
+    second = wait_for(lambda: live_run(after_pk=first.pk), 60, "the supervisor to bring the pipeline back")
+    back_after = time.monotonic() - killed_at
+    wait_for(caught_up, 60, "the new run to catch up")
+    caught_up_after = time.monotonic() - killed_at
+    print(f"\nkilled worker: pipeline running again after {back_after:.1f} s, caught up after "
+          f"{caught_up_after:.1f} s (lease {LEASE_SECONDS} s, supervisor every 1 s, session 2 s)")
+
+    assert second.pid != worker_a.pid
+    assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 61))
+    restart = ActionLog.objects.get(action="restart", actor="supervisor")
+    assert f"run {first.pk}" in restart.message and "died" in restart.message
+    assert Pipeline.objects.get(name=EXACTLY_ONCE).restart_attempts == 1
+
+
+def test_a_restart_while_records_flow_fences_the_old_run_and_loses_or_duplicates_nothing(ops_env):
+    start_worker, _ = ops_env
+    start_worker()
+    actions.start(EXACTLY_ONCE)
+    first = wait_for(live_run, 30, "the first run")
+    wait_for(caught_up, 30, "the first run to catch up")
+
+    flowing = threading.Thread(target=_produce_slowly, args=(21, 220))
+    flowing.start()
+    time.sleep(1.0)
+    entry = actions.restart(EXACTLY_ONCE, actor="alice")
+    new_epoch = entry.params["epoch"]
+    flowing.join()
+    wait_for(lambda: live_run(after_pk=first.pk), 30, "the new run")
+    wait_for(caught_up, 60, "the new run to catch up")
+
+    assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 221))
+    old_rows = BatchLedger.objects.filter(pipeline__name=EXACTLY_ONCE, epoch__lt=new_epoch)
+    assert old_rows.exists() and BatchLedger.objects.filter(epoch=new_epoch).exists()
+    assert max(row.committed_at for row in old_rows) < entry.created_at   # no write of the old epoch after it
+    first.refresh_from_db()
+    assert first.state == RunState.FENCED and f"moved to epoch {new_epoch}" in first.end_reason
+
+
+def _produce_slowly(first_value, last_value):
+    for start in range(first_value, last_value + 1, 10):
+        produce(start, min(start + 9, last_value))
+        time.sleep(0.05)
+
+
+def test_pause_ends_the_run_within_seconds_and_a_rewind_of_a_running_pipeline_resumes_it(ops_env):
+    start_worker, _ = ops_env
+    start_worker()
+    actions.start(EXACTLY_ONCE)
+    first = wait_for(live_run, 30, "the first run")
+    wait_for(caught_up, 30, "the first run to catch up")
+
+    paused_at = time.monotonic()
+    actions.pause(EXACTLY_ONCE)
+    wait_for(lambda: ConsumerRun.objects.get(pk=first.pk).ended_at, 10, "the run to end after pause", 0.1)
+    assert time.monotonic() - paused_at < 5
+    actions.resume(EXACTLY_ONCE)
+    second = wait_for(lambda: live_run(after_pk=first.pk), 30, "the resumed run")
+
+    produce(21, 30)
+    wait_for(caught_up, 30, "the resumed run to catch up")
+    result = rewind(EXACTLY_ONCE, "to-offset", "3", rollback_sink=True, actor="alice")
+    assert result.resumed and Pipeline.objects.get(name=EXACTLY_ONCE).desired_state == DesiredState.RUNNING
+    assert ConsumerRun.objects.get(pk=second.pk).state == RunState.FENCED
+    wait_for(lambda: live_run(after_pk=second.pk), 30, "the run after the rewind")
+    wait_for(caught_up, 30, "the rewound pipeline to catch up")
+    assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 31))
+
+
+def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
+    start_worker, _ = ops_env
+    worker = start_worker()
+    actions.start(EXACTLY_ONCE)
+    run = wait_for(live_run, 30, "the run")
+    os.killpg(worker.pid, signal.SIGTERM)               # Celery's warm shutdown
+    worker.wait(timeout=30)
+    run.refresh_from_db()
+    assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped")
