@@ -1,5 +1,10 @@
 """Tasks of the web side: housekeeping and alerts. Thin wrappers over plain functions."""
 from celery import shared_task
+from celery.signals import task_success
+
+# Alerts are evaluated right after each reconciliation (its beat task), so an incident is emailed within
+# one reconciliation interval; the "alerts-evaluate" beat entry is the backstop when no reconciliation runs.
+RECONCILE_TASKS = ("consumers.reconcile_all", "consumers.reconcile_pipeline")
 
 
 @shared_task(name="tally.ping")
@@ -26,3 +31,9 @@ def deliver_alert_emails_task():
     from dashboard.alerts.notify import deliver_due
 
     return deliver_due()
+
+
+@task_success.connect
+def evaluate_alerts_after_reconciliation(sender=None, **kwargs):
+    if getattr(sender, "name", None) in RECONCILE_TASKS:
+        evaluate_alerts_task.delay()
