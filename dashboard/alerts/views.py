@@ -25,11 +25,18 @@ from dashboard.models import Alert, Mute
 def alert_list(request):
     state = request.GET.get("state", "open")
     pipeline = request.GET.get("pipeline", "")
+    now = timezone.now()
+    alerts = list(filtered_alerts(state, pipeline)[:PAGE_SIZE])
+    mutes = list(Mute.objects.filter(until__gt=now).select_related("rule", "pipeline"))
+    for alert in alerts:
+        covering = [m.until for m in mutes
+                    if m.rule_id in (None, alert.rule_id) and m.pipeline_id in (None, alert.pipeline_id)]
+        alert.muted_until = max(covering) if covering and alert.is_open else None
     context = {
-        "alerts": filtered_alerts(state, pipeline)[:PAGE_SIZE], "state": state, "pipeline": pipeline,
+        "alerts": alerts, "state": state, "pipeline": pipeline,
         "states": STATE_FILTERS, "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True),
-        "mutes": Mute.objects.filter(until__gt=timezone.now()).select_related("rule", "pipeline"),
-        "can_operate": can_operate(request.user), "now": timezone.now(), "nav": "alerts",
+        "mutes": mutes,
+        "can_operate": can_operate(request.user), "now": now, "nav": "alerts",
     }
     template = "alerts/list.html#alert_table" if getattr(request, "htmx", False) else "alerts/list.html"
     return render(request, template, context)
