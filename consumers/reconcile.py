@@ -238,7 +238,8 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
                     "consumers_partitionhealth WHERE pipeline_id = %s", [pipeline.pk])
         # Django's connection hands jsonb over as text (its JSONField decodes it), so decode here.
         health = {p: (v, m, json.loads(f) if isinstance(f, str) else f) for p, v, m, f in cur.fetchall()}
-        newest = _new_ledger_rows(cur, pipeline.pk, {p: (0 if full else m) for p, (_, m, _) in health.items()})
+        ledger_marks = {p: (0 if full or p not in health else health[p][1]) for p in set(positions) | set(health)}
+        newest = _new_ledger_rows(cur, pipeline.pk, ledger_marks)
         shape = (sink_shape(cur, pipeline.sink_table, pipeline.topic, transform.multi_row)
                  if table_exists(cur, pipeline.sink_table) else None)
         partitions = set(positions) | (set(committed) if classic else set())

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from psycopg2 import sql
 
+from consumers.sinks import PROVENANCE
+
 # More findings than this per kind and range are folded into one last finding (counts stay exact): a
 # partition that lost every other record must not store millions of ranges.
 MAX_FINDINGS_PER_KIND = 100
@@ -51,9 +53,12 @@ class RangeResult:
 
 
 def sink_shape(cur, table: str, topic: str, multi_row: bool) -> SinkShape:
-    """Read from the catalog whether the sink has a unique index on its provenance key."""
-    cur.execute("SELECT bool_or(i.indisunique) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
-                "WHERE c.oid = to_regclass(%s)", [sql.Identifier(table).as_string(cur)])
+    """Read from the catalog whether the sink has a unique index on exactly its provenance key."""
+    key = sorted(PROVENANCE + (("source_row",) if multi_row else ()))
+    cur.execute("SELECT coalesce(bool_or(i.indisunique AND i.indpred IS NULL AND (SELECT array_agg(a.attname::text "
+                "ORDER BY a.attname::text) FROM pg_attribute a WHERE a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey)) = %s::text[]), false) FROM pg_index i "
+                "WHERE i.indrelid = to_regclass(%s)", [key, sql.Identifier(table).as_string(cur)])
     unique = bool(cur.fetchone()[0])
     return SinkShape(table, topic, multi_row, unique)
 

@@ -289,3 +289,16 @@ def test_a_loss_next_to_a_skipped_range_is_still_an_incident(setup):
     report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 50}, committed={0: 50}))
     assert (report.lost, report.partitions[0].skipped) == (5, 25)
     assert not report.exact and report.status == "ERR"
+
+
+def test_only_a_unique_index_on_the_provenance_key_spares_the_distinct_count(setup):
+    from consumers.reconcile_verify import sink_shape
+
+    exactly, _ = setup()
+    classic, _ = setup(DeliveryMode.AT_LEAST_ONCE)
+    multi, _ = setup(transform="csv_ints")
+    run_sql(f"CREATE UNIQUE INDEX recon_other_key ON {classic.sink_table} (id, source_offset)")
+    with connection.cursor() as cur:
+        shapes = [sink_shape(cur.cursor, p.sink_table, "nums", p.transform == "csv_ints")
+                  for p in (exactly, classic, multi)]
+    assert [s.unique_key for s in shapes] == [True, False, True]
