@@ -82,6 +82,8 @@ def test_lag_uses_the_true_high_watermark_of_multi_record_batches(kafka_bootstra
     assert (by_partition[0].lag_records, by_partition[1].lag_records, report.lag_records) == (180, 0, 180)
     assert 0 < by_partition[0].lag_seconds < 120 and by_partition[1].lag_seconds == 0
     assert report.exact and report.kafka_error == ""
+    # The normal case of the log-start check on a real broker: nothing deleted, nothing unrecoverable.
+    assert [p.log_start for p in report.partitions] == [0, 0] and report.unrecoverable == 0
 
 
 def test_a_kafka_offset_committed_beyond_the_database_is_counted_as_lost(kafka_bootstrap, make_topic, pipelines):
