@@ -1,75 +1,54 @@
-"""Alerts in the JSON API: list (any signed-in user), acknowledge and mute (operators; 403 otherwise)."""
-import json
-
-from django.http import JsonResponse
+"""Alerts in the JSON API (Django REST framework, like the rest of /api/): session or token auth; list and
+detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
 from django.shortcuts import get_object_or_404
-from django.views.decorators.http import require_GET, require_POST
+from rest_framework import status as http
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
 
 from dashboard.alerts import evaluate
-from dashboard.alerts.queries import PAGE_SIZE, can_operate, filtered_alerts, parse_minutes
+from dashboard.alerts.queries import PAGE_SIZE, filtered_alerts, parse_minutes
+from dashboard.api.permissions import OperatorForWrites
 from dashboard.models import Alert
 
-
-def _require_login(request):
-    if not request.user.is_authenticated:
-        return JsonResponse({"error": "authentication required"}, status=401)
-    return None
+OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
-def _body(request) -> dict:
-    if request.content_type == "application/json":
-        try:
-            data = json.loads(request.body or b"{}")
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
-    return request.POST.dict()
-
-
-@require_GET
+@api_view(["GET"])
 def alert_list(request):
-    if denied := _require_login(request):
-        return denied
-    alerts = filtered_alerts(request.GET.get("state", "open"), request.GET.get("pipeline", ""))[:PAGE_SIZE]
-    return JsonResponse({"alerts": [alert.as_json() for alert in alerts]})
+    alerts = filtered_alerts(request.query_params.get("state", "open"), request.query_params.get("pipeline", ""))
+    return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
 
 
-@require_GET
+@api_view(["GET"])
 def alert_detail(request, alert_id):
-    if denied := _require_login(request):
-        return denied
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
     data = alert.as_json()
     data["notifications"] = [{"kind": n.kind, "sequence": n.sequence, "attempts": n.attempts,
                               "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
                               "last_error": n.last_error or None}
                              for n in alert.notifications.order_by("created_at")]
-    return JsonResponse(data)
+    return Response(data)
 
 
-@require_POST
+@api_view(["POST"])
+@permission_classes(OPERATE)
 def alert_acknowledge(request, alert_id):
-    if denied := _require_login(request):
-        return denied
-    if not can_operate(request.user):
-        return JsonResponse({"error": "operators only"}, status=403)
-    alert = get_object_or_404(Alert, pk=alert_id)
+    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
     if not evaluate.acknowledge(alert, request.user.get_username()):
-        return JsonResponse({"error": f"alert is {alert.state}, not firing", "alert": alert.as_json()}, status=409)
-    return JsonResponse({"alert": alert.as_json()})
+        return Response({"error": f"The alert is {alert.state}, not firing.", "alert": alert.as_json()},
+                        status=http.HTTP_409_CONFLICT)
+    return Response({"alert": alert.as_json()})
 
 
-@require_POST
+@api_view(["POST"])
+@permission_classes(OPERATE)
 def alert_mute(request, alert_id):
-    if denied := _require_login(request):
-        return denied
-    if not can_operate(request.user):
-        return JsonResponse({"error": "operators only"}, status=403)
-    alert = get_object_or_404(Alert, pk=alert_id)
-    body = _body(request)
-    minutes = parse_minutes(body.get("minutes"))
+    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    minutes = parse_minutes(request.data.get("minutes"))
     if minutes is None:
-        return JsonResponse({"error": "minutes must be an integer from 1 to 43200"}, status=400)
-    mute = evaluate.mute(alert, minutes, request.user.get_username(), str(body.get("reason", "")))
-    return JsonResponse({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
-                                  "until": mute.until.isoformat()}, "alert": alert.as_json()})
+        return Response({"error": "minutes must be an integer from 1 to 43200 (30 days)."},
+                        status=http.HTTP_400_BAD_REQUEST)
+    mute = evaluate.mute(alert, minutes, request.user.get_username(), str(request.data.get("reason", "")))
+    return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
+                              "until": mute.until.isoformat()}, "alert": alert.as_json()})
