@@ -1,0 +1,162 @@
+"""Chaos: the engine runs in subprocesses that are killed with SIGKILL (from outside at random moments,
+or by themselves at fault points), restarted until caught up, and the sink is then checked row by row."""
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from consumers import db, kafka_admin, sinks
+from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
+from consumers.pipelines import create_pipeline
+from tests.chaos import EngineProcess, ledger_batches, produce_values, run_until_clean_exit, sink_counts, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
+
+BATCH = ["--batch-size", "10"]
+UNTIL_CAUGHT_UP = [*BATCH, "--stop-when-caught-up", "--max-seconds", "120"]
+
+
+@pytest.fixture
+def chaos_pipeline(transactional_db, kafka_bootstrap, make_topic, subprocess_env):
+    created = []
+
+    def make(records, mode=DeliveryMode.EXACTLY_ONCE, partitions=1):
+        topic = make_topic("chaos", partitions=partitions)
+        produce_values(topic, range(1, records + 1), partitions)
+        pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), "int_value", mode,
+                                   batch_size=10)
+        created.append(pipeline.sink_table)
+        return pipeline
+
+    yield make
+    conn = db.connect("tally-tests")
+    with conn.cursor() as cursor:
+        for table in created:
+            sinks.drop_sink_table(cursor, table)
+    conn.commit()
+    conn.close()
+
+
+def every_value_once(records):
+    return {value: 1 for value in range(1, records + 1)}
+
+
+def assert_positions_at_high_watermarks(pipeline):
+    positions = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    assert positions == kafka_admin.high_watermarks(pipeline.topic)
+
+
+def test_exactly_once_writes_every_value_once_despite_random_sigkills(chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(500, partitions=3)
+    rng = random.Random()
+    kills = 0
+    while kills < 10:
+        before = ledger_batches(pipeline.pk)
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--delay-ms", "20")
+        try:
+            wait_for(lambda engine=engine, before=before: engine.poll() is not None
+                     or ledger_batches(pipeline.pk) > before, 60,
+                     "the engine's next batch")
+            assert engine.poll() is None, f"finished before {kills + 1} kills:\n{engine.output()[-2000:]}"
+            time.sleep(rng.uniform(0, 0.25))  # somewhere in a poll, a write, a commit or a sleep
+            engine.kill()
+            kills += 1
+        finally:
+            engine.kill()
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == every_value_once(500)
+    assert_positions_at_high_watermarks(pipeline)
+
+
+def test_exactly_once_writes_every_value_once_with_crashes_at_every_fault_point(chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(200, partitions=2)
+    # after-kafka-commit belongs to at-most-once; an exactly-once run never passes it.
+    points = ["after-poll", "mid-write", "after-write", "after-db-commit"]
+    for run in range(10):
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", f"{points[run % 4]}:1")
+        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+    assert ledger_batches(pipeline.pk) == 2  # only the two after-db-commit crashes had committed a batch
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    assert_positions_at_high_watermarks(pipeline)
+
+
+def test_at_least_once_duplicates_after_kills_between_the_write_and_the_kafka_commit(chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(100, DeliveryMode.AT_LEAST_ONCE)
+    for _ in range(3):
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-db-commit:1")
+        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    counts = sink_counts(pipeline.sink_table)
+    assert set(counts) == set(range(1, 101))                     # nothing missing
+    duplicated = {value: n for value, n in counts.items() if n > 1}
+    # Kafka never heard of the first batch, so every run wrote it again: 3 kills + the clean run.
+    assert duplicated and set(duplicated.values()) == {4} and max(duplicated) <= 10
+
+
+def test_at_most_once_loses_values_after_kills_between_the_kafka_commit_and_the_write(chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(100, DeliveryMode.AT_MOST_ONCE)
+    for _ in range(3):
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-kafka-commit:1")
+        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    counts = sink_counts(pipeline.sink_table)
+    missing = sorted(set(range(1, 101)) - set(counts))
+    # Each killed run had committed its batch to Kafka: three batches are gone for good.
+    assert missing and missing == list(range(1, len(missing) + 1)) and 3 <= len(missing) <= 30
+    assert set(counts.values()) == {1}
+
+
+def test_a_zombie_from_an_older_epoch_writes_nothing_after_a_restart(chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(200, partitions=2)
+    zombie = EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "50")
+    try:
+        wait_for(lambda: ledger_batches(pipeline.pk) >= 2, 60, "the first engine's batches")
+        os.kill(zombie.pid, signal.SIGSTOP)   # frozen mid-batch (a long GC pause, a stuck VM)
+        restarted_epoch = Pipeline.objects.get(pk=pipeline.pk).bump_epoch()  # the operator restarts the pipeline
+        assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+        os.kill(zombie.pid, signal.SIGCONT)   # the zombie wakes up holding records it polled long ago
+        assert zombie.wait(30) != 0
+        assert "fenced" in zombie.output()
+    finally:
+        if zombie.poll() is None:
+            os.kill(zombie.pid, signal.SIGCONT)
+        zombie.kill()
+    assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    runs = {run.epoch: run for run in ConsumerRun.objects.filter(pipeline=pipeline)}
+    assert runs[restarted_epoch - 1].state == "fenced" and runs[restarted_epoch].state == "stopped"
+    assert_positions_at_high_watermarks(pipeline)
+
+
+def test_when_one_of_two_group_members_is_killed_its_partitions_move_and_nothing_is_lost_or_doubled(
+        chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(400, partitions=4)
+    first = EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "20")
+    second = EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "20")
+    try:
+        runs = {}
+
+        def both_assigned_and_working():
+            for process in (first, second):
+                run = ConsumerRun.objects.filter(pipeline=pipeline, pid=process.pid).first()
+                if run is None or not run.assigned_partitions or not run.records_processed:
+                    return False
+                runs[process.pid] = run
+            return True
+
+        wait_for(both_assigned_and_working, 60, "two working members")
+        shares = [set(runs[p.pid].assigned_partitions) for p in (first, second)]
+        assert shares[0].isdisjoint(shares[1]) and shares[0] | shares[1] == {0, 1, 2, 3}
+        first.kill()
+        wait_for(lambda: ConsumerRun.objects.get(pk=runs[second.pid].pk).assigned_partitions == [0, 1, 2, 3], 60,
+                 "the survivor to take every partition")
+        wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, next_offset=100).count() == 4, 90,
+                 "every partition to be consumed")
+        second.stop()
+        assert second.poll() == 0, second.output()[-2000:]
+    finally:
+        first.kill()
+        second.kill()
+    assert sink_counts(pipeline.sink_table) == every_value_once(400)
