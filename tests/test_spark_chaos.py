@@ -1,0 +1,87 @@
+"""Chaos for the Spark engine: the driver process (`manage.py run_spark_pipeline`) is killed with SIGKILL at
+random moments, at least five times, and restarted; after catching up, every record is in the sink exactly
+once, row by row, and the ledger tiles every partition without gap or overlap."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+
+from consumers import sinks
+from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
+from consumers.spark.session import stop_spark
+from tests.conftest import ROOT, stop_process_group
+from tests.spark_helpers import expected_rows, produce_values, sink_rows
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.chaos]
+
+KILLS = 5
+RECORDS = 1500
+
+
+def start_engine(env, name, *extra):
+    (ROOT / "var").mkdir(exist_ok=True)
+    log = open(ROOT / "var" / f"spark-chaos-{name}.log", "ab")
+    return subprocess.Popen([sys.executable, "manage.py", "run_spark_pipeline", name, *extra], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def committed_batches(pipeline) -> int:
+    return BatchLedger.objects.filter(pipeline=pipeline).count()
+
+
+@pytest.fixture
+def chaos_pipeline(transactional_db, kafka_bootstrap, make_topic):
+    # Each engine process starts its own JVM: end this process's, so only one Spark JVM runs at a time.
+    stop_spark(shutdown_jvm=True)
+    topic = make_topic("chaos", partitions=3)
+    pipeline = Pipeline.objects.create(name="spark-chaos", topic=topic, sink_table="spark_chaos_sink",
+                                       delivery_mode=DeliveryMode.EXACTLY_ONCE, engine=Engine.SPARK, epoch=1)
+    yield pipeline
+    with connection.cursor() as cur:
+        sinks.drop_sink_table(cur, pipeline.sink_table)
+
+
+def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos_pipeline, kafka_bootstrap,
+                                                                           subprocess_env):
+    pipeline = chaos_pipeline
+    log = produce_values(kafka_bootstrap, pipeline.topic, RECORDS, partitions=3)
+    rng = random.Random()
+    kills = 0
+    for _ in range(KILLS):
+        before = committed_batches(pipeline)
+        # Small micro-batches with a little work per record: many transactions to be killed in.
+        engine = start_engine(subprocess_env, pipeline.name, "--batch-size", "90", "--delay-ms", "2")
+        try:
+            # Wait until this run commits something, then kill it a random moment later: before, inside or
+            # after a batch's transaction.
+            deadline = time.monotonic() + 90
+            while committed_batches(pipeline) == before and time.monotonic() < deadline:
+                assert engine.poll() is None, f"the engine exited early with {engine.returncode}"
+                time.sleep(0.1)
+            assert committed_batches(pipeline) > before, "the engine made no progress within 90 s"
+            time.sleep(rng.uniform(0.0, 1.5))
+            os.kill(engine.pid, signal.SIGKILL)  # the driver: no cleanup, no finally, no commit
+            kills += 1
+        finally:
+            stop_process_group(engine, timeout=10)  # and its JVM, before the next run starts another
+    assert kills >= 5
+    assert PartitionOffset.objects.filter(pipeline=pipeline).exists()
+    assert sum(PartitionOffset.objects.filter(pipeline=pipeline).values_list("next_offset", flat=True)) < RECORDS
+
+    final = start_engine(subprocess_env, pipeline.name, "--stop-when-caught-up", "--max-seconds", "180")
+    try:
+        assert final.wait(timeout=240) == 0
+    finally:
+        stop_process_group(final)
+
+    assert sink_rows(pipeline.sink_table) == expected_rows(log)
+    for partition, values in log.items():
+        ranges = list(BatchLedger.objects.filter(pipeline=pipeline, partition=partition)
+                      .order_by("first_offset").values_list("first_offset", "end_offset"))
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(values)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
