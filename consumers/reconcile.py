@@ -30,15 +30,14 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg2.extras import execute_values
 
 from consumers import kafka_admin, lag_status, reconcile_rewinds
 from consumers.models import (
     ConsumerRun,
     DeliveryMode,
     LagSnapshot,
-    PartitionHealth,
     Pipeline,
-    PipelineHealth,
     ResetPolicy,
     RunState,
     Status,
@@ -186,11 +185,12 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
     with timer.kafka:
         _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
     with timer.db:
-        skipped = reconcile_rewinds.skipped_ranges(pipeline)
+        rewinds = reconcile_rewinds.load(pipeline, now - status_window())
         for report in reports:
-            report.findings = reconcile_rewinds.mark_planned(report.findings, skipped.get(report.partition, []))
+            report.findings = reconcile_rewinds.mark_planned(report.findings,
+                                                             rewinds.skipped.get(report.partition, []))
             _count(report)
-        rate = _evaluate_status(pipeline, reports, states, now, kafka_failed=bool(errors))
+        rate = _evaluate_status(pipeline, reports, states, rewinds, now, kafka_failed=bool(errors))
         report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
                                 (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
                                 sorted(reports, key=lambda r: r.partition),
@@ -212,6 +212,7 @@ class _PartitionState:
     marks_read: tuple[int, int] | None = None     # (verified_offset, verified_ledger_id) as read
     new_marks: tuple[int, int] | None = None      # what this run verified
     moved_at: datetime | None = None
+    phantom_from: int | None = None               # rows at or beyond this offset are phantoms
 
 
 @contextlib.contextmanager
@@ -248,6 +249,8 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
                                           newest.get(p))
+        if shape is not None:
+            _phantoms(cur, shape, states)
     return states
 
 
@@ -293,7 +296,7 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
         if consumed_end > next_offset:  # Kafka says consumed, the DB never wrote it (at-most-once)
             current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
                                     _ledger(cur, pipeline.pk, p, next_offset, consumed_end)).findings
-        current += _phantom(cur, shape, p, max(consumed_end, replay_until or 0))
+        state.phantom_from = max(consumed_end, replay_until or 0)
     resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
     if mark is not None and resume_at < mark.log_start:
         current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
@@ -341,14 +344,22 @@ def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple[i
     return cur.fetchall()
 
 
-def _phantom(cur, shape: SinkShape, p: int, committed_position: int) -> list[dict]:
+def _phantoms(cur, shape: SinkShape, states: dict) -> None:
+    """Rows at or beyond each partition's committed position: one query for all partitions."""
     from psycopg2 import sql
 
-    cur.execute(sql.SQL("SELECT count(*), min(source_offset), max(source_offset) FROM {} WHERE source_topic = %s "
-                        "AND source_partition = %s AND source_offset >= %s").format(sql.Identifier(shape.table)),
-                [shape.topic, p, committed_position])
-    count, low, high = cur.fetchone()
-    return [{"kind": "phantom", "start": low, "end": high + 1, "count": count}] if count else []
+    limits = [(p, state.phantom_from) for p, state in states.items() if state.phantom_from is not None]
+    if not limits:
+        return
+    values = sql.SQL(", ").join(sql.SQL("(%s::integer, %s::bigint)") for _ in limits)
+    cur.execute(sql.SQL("SELECT v.p, count(*), min(s.source_offset), max(s.source_offset) FROM (VALUES {}) AS "
+                        "v(p, o) JOIN {} AS s ON s.source_topic = %s AND s.source_partition = v.p "
+                        "AND s.source_offset >= v.o GROUP BY v.p").format(values, sql.Identifier(shape.table)),
+                [x for limit in limits for x in limit] + [shape.topic])
+    for p, count, low, high in cur.fetchall():
+        report = states[p].report
+        report.findings.append({"kind": "phantom", "start": low, "end": high + 1, "count": count, "scope": CURRENT})
+        _count(report)
 
 
 def _count(report: PartitionReport) -> None:
@@ -387,7 +398,7 @@ def _lag_seconds(errors, kafka, topic: str, reports, states, marks, now: datetim
             report.lag_seconds = max(0.0, (now_ms - stamp) / 1000)
 
 
-def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: bool) -> float | None:
+def _evaluate_status(pipeline, reports, states, rewinds, now: datetime, kafka_failed: bool) -> float | None:
     """Set each partition's status; return the records per second over the window."""
     window = status_window()
     history: dict[int, list[lag_status.Sample]] = {}
@@ -397,7 +408,6 @@ def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: boo
             lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
     alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
                                        heartbeat_at__gte=now - heartbeat_timeout()).exists()
-    rewound = reconcile_rewinds.rewound_partitions(pipeline, now - window)
     rate, rate_known = 0.0, False
     for report in reports:
         state = states[report.partition]
@@ -405,7 +415,7 @@ def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: boo
             lag_status.Sample(now, state.consumed_end, report.lag_records)]
         facts = lag_status.PartitionFacts(
             samples, report.lag_records, state.moved_at or pipeline.created_at, alive,
-            rewound is True or report.partition in (rewound or ()), report.incident or kafka_failed, now, window)
+            rewinds.recently_rewound(report.partition), report.incident or kafka_failed, now, window)
         report.status = lag_status.evaluate(facts)
         first = samples[0]
         if first.position is not None and now > first.taken_at and state.consumed_end >= first.position:
@@ -414,33 +424,54 @@ def _evaluate_status(pipeline, reports, states, now: datetime, kafka_failed: boo
     return rate if rate_known else None
 
 
+_HEALTH_COLUMNS = ("verified_offset", "verified_ledger_id", "findings", "lost", "duplicated", "phantom",
+                   "dead_lettered", "unrecoverable", "log_start", "high_watermark", "next_offset", "kafka_committed",
+                   "lag_records", "lag_seconds", "status", "checked_at")
+
+
 def _store(pipeline, report: PipelineReport, states) -> None:
-    with transaction.atomic():
-        stored = {h.partition: h for h in PartitionHealth.objects.select_for_update().filter(pipeline=pipeline)}
+    """Upsert every partition's health and the pipeline's in a few raw statements (an ORM bulk_update of
+    16 columns costs more Python time than the whole idle verification)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cur = cursor.cursor
+        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings, lost, duplicated, phantom, "
+                    "dead_lettered, unrecoverable FROM consumers_partitionhealth WHERE pipeline_id = %s FOR UPDATE",
+                    [pipeline.pk])
+        stored = {row[0]: row[1:] for row in cur.fetchall()}
+        rows = []
         for part in report.partitions:
             state = states[part.partition]
-            if state.new_marks is None and part.partition not in stored:
+            current = stored.get(part.partition)
+            if state.new_marks is None and current is None:
                 continue  # never consumed: a health row would plant a wrong mark at 0
-            health = stored.get(part.partition) or PartitionHealth(pipeline=pipeline, partition=part.partition)
-            as_read = state.marks_read
-            concurrent = health.pk is not None and as_read is not None and \
-                (health.verified_offset, health.verified_ledger_id) != as_read
-            if state.new_marks is not None and not concurrent:
-                # Otherwise a rewind (or another run) moved the marks meanwhile: keep theirs, verify next run.
-                health.verified_offset, health.verified_ledger_id = state.new_marks
-                health.findings = part.findings
-                for name in ("lost", "duplicated", "phantom", "dead_lettered", "unrecoverable"):
-                    setattr(health, name, getattr(part, name))
-            for name in ("log_start", "high_watermark", "next_offset", "kafka_committed", "lag_records",
-                         "lag_seconds", "status"):
-                setattr(health, name, getattr(part, name))
-            health.checked_at = report.checked_at
-            health.save()
-        PipelineHealth.objects.update_or_create(pipeline=pipeline, defaults={
-            "status": report.status, "lost": report.lost, "duplicated": report.duplicated,
-            "phantom": report.phantom, "dead_lettered": report.dead_lettered, "lag_records": report.lag_records,
-            "lag_seconds": report.lag_seconds, "records_per_second": report.records_per_second,
-            "checked_at": report.checked_at})
+            moved = current is not None and state.marks_read is not None and tuple(current[:2]) != state.marks_read
+            if state.new_marks is None or moved:
+                # A rewind (or another run) moved the marks meanwhile: keep theirs and their findings; the
+                # next run verifies from there.
+                verified, ledger_id, findings, *counts = current
+                findings = findings if isinstance(findings, str) else json.dumps(findings)
+            else:
+                (verified, ledger_id), findings = state.new_marks, json.dumps(part.findings)
+                counts = [part.lost, part.duplicated, part.phantom, part.dead_lettered, part.unrecoverable]
+            rows.append((pipeline.pk, part.partition, verified, ledger_id, findings, *counts, part.log_start,
+                         part.high_watermark, part.next_offset, part.kafka_committed, part.lag_records,
+                         part.lag_seconds, part.status, report.checked_at))
+        if rows:
+            columns = ", ".join(_HEALTH_COLUMNS)
+            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _HEALTH_COLUMNS)  # fixed names from this module
+            execute_values(cur, f"INSERT INTO consumers_partitionhealth (pipeline_id, partition, {columns}) "
+                                f"VALUES %s ON CONFLICT (pipeline_id, partition) DO UPDATE SET {updates}",
+                           rows, template="(" + ", ".join(["%s"] * 4 + ["%s::jsonb"] + ["%s"] * 13) + ")")
+        cur.execute("INSERT INTO consumers_pipelinehealth (pipeline_id, status, lost, duplicated, phantom, "
+                    "dead_lettered, lag_records, lag_seconds, records_per_second, checked_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline_id) DO UPDATE SET "
+                    "status = EXCLUDED.status, lost = EXCLUDED.lost, duplicated = EXCLUDED.duplicated, "
+                    "phantom = EXCLUDED.phantom, dead_lettered = EXCLUDED.dead_lettered, "
+                    "lag_records = EXCLUDED.lag_records, lag_seconds = EXCLUDED.lag_seconds, "
+                    "records_per_second = EXCLUDED.records_per_second, checked_at = EXCLUDED.checked_at",
+                    [pipeline.pk, report.status, report.lost, report.duplicated, report.phantom,
+                     report.dead_lettered, report.lag_records, report.lag_seconds, report.records_per_second,
+                     report.checked_at])
 
 
 # --- small helpers -------------------------------------------------------------------------------------

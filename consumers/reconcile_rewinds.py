@@ -6,6 +6,7 @@ skips `[old, new)` on purpose: those offsets have no row and no ledger row, whic
 lost and gap; such findings are marked `"planned": true`, are not counted as lost, and do not make the
 status ERR. The audit log (ActionLog) holds the offsets before and after as {"partition": offset}.
 """
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from consumers.models import ActionLog, ActionResult
@@ -29,26 +30,33 @@ def _offsets(values) -> dict[int, int]:
     return result
 
 
-def skipped_ranges(pipeline) -> dict[int, list[tuple[int, int]]]:
-    """Per partition, the ranges that rewinds forward skipped."""
-    ranges: dict[int, list[tuple[int, int]]] = {}
-    for before, after in _effective(pipeline).values_list("offsets_before", "offsets_after"):
+@dataclass
+class Rewinds:
+    skipped: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # ranges rewinds forward skipped
+    recent: bool | set[int] | None = None   # rewound within the window: True (all partitions) or a set
+
+    def recently_rewound(self, partition: int) -> bool:
+        return self.recent is True or partition in (self.recent or ())
+
+
+def load(pipeline, since: datetime) -> Rewinds:
+    """Every rewind of the pipeline that took effect (one query)."""
+    rewinds = Rewinds()
+    recent: set[int] = set()
+    for created_at, before, after in _effective(pipeline).values_list("created_at", "offsets_before",
+                                                                      "offsets_after"):
         before, after = _offsets(before), _offsets(after)
         for p in before.keys() & after.keys():
             if after[p] > before[p]:
-                ranges.setdefault(p, []).append((before[p], after[p]))
-    return ranges
-
-
-def rewound_partitions(pipeline, since: datetime):
-    """True (every partition), a set of partitions, or None: rewinds that took effect since `since`."""
-    partitions: set[int] = set()
-    for after in _effective(pipeline).filter(created_at__gte=since).values_list("offsets_after", flat=True):
-        moved = _offsets(after)
-        if not moved:
-            return True
-        partitions.update(moved)
-    return partitions or None
+                rewinds.skipped.setdefault(p, []).append((before[p], after[p]))
+        if created_at >= since and rewinds.recent is not True:
+            if not after:
+                rewinds.recent = True
+            else:
+                recent.update(after)
+    if rewinds.recent is None and recent:
+        rewinds.recent = recent
+    return rewinds
 
 
 def mark_planned(findings: list[dict], skipped: list[tuple[int, int]]) -> list[dict]:
