@@ -164,9 +164,11 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         committed = _kafka_call(errors, kafka.committed_offsets, {}, pipeline.group_id, pipeline.topic)
         marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
     committed = {p: o for p, o in committed.items() if o is not None}
-    with timer.db:
-        states = _verify_database(pipeline, classic, committed, marks, full)
     now = now or timezone.now()
+    with timer.db:
+        alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
+                                           heartbeat_at__gte=now - heartbeat_timeout()).exists()
+        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive)
     reports = []
     for p, state in sorted(states.items()):
         mark = marks.get(p)
@@ -190,7 +192,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
             report.findings = reconcile_rewinds.mark_planned(report.findings,
                                                              rewinds.skipped.get(report.partition, []))
             _count(report)
-        rate = _evaluate_status(pipeline, reports, states, rewinds, now, kafka_failed=bool(errors))
+        rate = _evaluate_status(pipeline, reports, states, rewinds, alive, now, kafka_failed=bool(errors))
         report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
                                 (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
                                 sorted(reports, key=lambda r: r.partition),
@@ -229,7 +231,7 @@ def _snapshot_cursor():
         yield cursor.cursor
 
 
-def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool) -> dict:
+def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool) -> dict:
     transform = resolve(pipeline.transform)
     with _snapshot_cursor() as cur:
         cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
@@ -248,7 +250,7 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
         for p in sorted(partitions):
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
-                                          newest.get(p))
+                                          newest.get(p), in_flight)
         if shape is not None:
             _phantoms(cur, shape, states)
     return states
@@ -268,7 +270,7 @@ def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dic
 
 
 def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
-                      mark, health, health_as_read, newest) -> _PartitionState:
+                      mark, health, health_as_read, newest, in_flight: bool) -> _PartitionState:
     next_offset, replay_until, moved_at = position if position else (None, None, None)
     if health is not None:
         verified, ledger_mark, stored = health
@@ -293,7 +295,9 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
                               _ledger(cur, pipeline.pk, p, verified, next_offset))
         report.proven = result.proven
         new_findings = result.findings
-        if consumed_end > next_offset:  # Kafka says consumed, the DB never wrote it (at-most-once)
+        # Kafka says consumed, the DB never wrote it: at-most-once lost it if its consumer died; while a
+        # consumer is alive it is the batch being written right now (Kafka commit first), not a loss.
+        if consumed_end > next_offset and not in_flight:
             current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
                                     _ledger(cur, pipeline.pk, p, next_offset, consumed_end)).findings
         state.phantom_from = max(consumed_end, replay_until or 0)
@@ -398,7 +402,8 @@ def _lag_seconds(errors, kafka, topic: str, reports, states, marks, now: datetim
             report.lag_seconds = max(0.0, (now_ms - stamp) / 1000)
 
 
-def _evaluate_status(pipeline, reports, states, rewinds, now: datetime, kafka_failed: bool) -> float | None:
+def _evaluate_status(pipeline, reports, states, rewinds, alive: bool, now: datetime,
+                     kafka_failed: bool) -> float | None:
     """Set each partition's status; return the records per second over the window."""
     window = status_window()
     history: dict[int, list[lag_status.Sample]] = {}
@@ -406,8 +411,6 @@ def _evaluate_status(pipeline, reports, states, rewinds, now: datetime, kafka_fa
               .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
         history.setdefault(s["partition"], []).append(
             lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
-    alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
-                                       heartbeat_at__gte=now - heartbeat_timeout()).exists()
     rate, rate_known = 0.0, False
     for report in reports:
         state = states[report.partition]

@@ -302,3 +302,16 @@ def test_only_a_unique_index_on_the_provenance_key_spares_the_distinct_count(set
         shapes = [sink_shape(cur.cursor, p.sink_table, "nums", p.transform == "csv_ints")
                   for p in (exactly, classic, multi)]
     assert [s.unique_key for s in shapes] == [True, False, True]
+
+
+def test_a_kafka_offset_beyond_the_database_is_in_flight_while_an_at_most_once_consumer_is_alive(setup):
+    from consumers.models import ConsumerRun, RunState
+
+    pipeline, write = setup(DeliveryMode.AT_MOST_ONCE)
+    write(0, range(0, 10))
+    run = ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING)
+    kafka = FakeKafka(high={0: 40}, committed={0: 20})  # committed to Kafka, being written now
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).exact
+    run.state = RunState.CRASHED
+    run.save()
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).lost == 10
