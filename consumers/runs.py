@@ -7,11 +7,18 @@ consumer group instead of being cut off mid-batch.
 """
 import logging
 import threading
+import time
+from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from consumers.models import DesiredState, Engine, Pipeline
+from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, RunState
+
+LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
+# A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
+OLDER_RUNS_WAIT_S = 20.0
 
 log = logging.getLogger("tally.runs")
 
@@ -30,6 +37,13 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "") -> dict:
                   f"this run was for epoch {epoch}")
         log.info("run task skipped: %s", detail)
         return {"reason": "skipped", "detail": detail}
+    if not _older_runs_ended(pipeline, epoch):
+        detail = f"{pipeline.name}: runs of an older epoch are still live after {OLDER_RUNS_WAIT_S} s"
+        log.warning("run task gives up: %s", detail)
+        return {"reason": "skipped", "detail": detail}
+    pipeline.refresh_from_db()
+    if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
+        return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
     run_pipeline = _engine_for(pipeline)
     stop = threading.Event()
     key = task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
@@ -43,6 +57,20 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "") -> dict:
     _after_run(pipeline, result)
     return {"reason": result.reason, "detail": getattr(result, "detail", ""), "records": result.records,
             "epoch": getattr(result, "epoch", epoch)}
+
+
+def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
+    """Wait (bounded) until the runs this one replaces have left. They were fenced by the epoch bump and
+    end within about a second; joining the consumer group while they leave it is a needless rebalance,
+    and the embedded broker never completes a join that overlaps a member's LeaveGroup."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    deadline = time.monotonic() + OLDER_RUNS_WAIT_S
+    while time.monotonic() < deadline:
+        if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch, state__in=LIVE_STATES,
+                                          heartbeat_at__gte=timezone.now() - lease).exists():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _engine_for(pipeline: Pipeline):
