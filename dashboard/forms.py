@@ -76,3 +76,21 @@ class GroupResetForm(OffsetMoveForm):
 
     def hidden_copy(self) -> dict:
         return {**super().hidden_copy(), "topic": self.cleaned_data["topic"]}
+
+
+class AuditRequestForm(forms.Form):
+    """A Spark audit of a topic range (up to a group's committed offsets) against a sink table."""
+
+    topic = forms.CharField(max_length=249)
+    group_id = forms.CharField(max_length=255)
+    table = forms.RegexField(regex=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", max_length=63,
+                             error_messages={"invalid": "A table name: letters, digits and _, at most 63."})
+    key_column = forms.RegexField(regex=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", max_length=63, initial="id",
+                                  error_messages={"invalid": "A column name: letters, digits and _, at most 63."})
+    value_parser = forms.ChoiceField(choices=())
+
+    def __init__(self, *args, **kwargs):
+        from consumers.spark.audit import VALUE_PARSERS
+
+        super().__init__(*args, **kwargs)
+        self.fields["value_parser"].choices = [(name, name) for name in VALUE_PARSERS]

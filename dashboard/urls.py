@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from dashboard import metrics
-from dashboard.views import actions, demo, groups, pages, rewind
+from dashboard.views import actions, audits, demo, groups, pages, rewind
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
@@ -13,6 +13,8 @@ urlpatterns = [
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),
     path("audit/", pages.audit_log, name="audit_log"),
+    path("audits/", audits.audit_jobs, name="audit_jobs"),
+    path("audits/request/", audits.request_audit, name="request_audit"),
     path("demo/", demo.demo_page, name="demo"),
     path("demo/run/", demo.demo_run, name="demo_run"),
     path("metrics", metrics.metrics_view, name="metrics"),

@@ -216,3 +216,39 @@ def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_boots
     assert kafka_admin.committed_offsets("reports-job", topic) == {0: 4}
     client.post("/groups/reports-job/reset/", {"topic": topic, "mode": "to-earliest", "value": "", "step": "execute"})
     assert kafka_admin.committed_offsets("reports-job", topic) == {0: 0}
+
+
+def test_an_operator_requests_a_spark_audit_and_a_viewer_cannot(operator_client, pipeline):
+    from consumers.models import AuditJob
+
+    form = {"topic": "orders-topic", "group_id": "orders", "table": "sink_orders", "key_column": "id",
+            "value_parser": "int_value", "next": "/pipelines/orders/"}
+    bad = operator_client.post("/audits/request/", {**form, "table": "drop table; --"}, follow=True)
+    assert "The audit was not requested: table: A table name" in bad.content.decode()
+    assert not AuditJob.objects.exists()
+    done = operator_client.post("/audits/request/", form, follow=True)
+    job = AuditJob.objects.get()
+    assert (job.table, job.requested_by, job.pipeline) == ("sink_orders", "otto", pipeline)
+    assert f"Spark audit #{job.pk} queued" in done.content.decode()
+
+    viewer = Client()
+    viewer.force_login(make_viewer())
+    assert viewer.post("/audits/request/", form).status_code == 403
+    assert AuditJob.objects.count() == 1
+
+
+def test_audit_results_show_on_the_pipeline_page_and_poll_while_running(viewer_client, pipeline):
+    from consumers.models import AuditJob
+
+    AuditJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
+                            key_column="id", status="done", progress=1.0,
+                            result={"records_read": 100, "missing_count": 2, "duplicated_count": 1, "extra_rows": 1,
+                                    "missing": [41, 42], "duplicated": {"7": 2}})
+    html = viewer_client.get("/pipelines/orders/").content.decode()
+    jobs = re.search(r'<div id="audit-jobs".*?</table>', html, re.S).group(0)
+    assert "hx-trigger" not in jobs.split(">")[0]  # nothing running: no polling
+    assert "⚠ 2" in jobs and "missing: 41, 42" in jobs and "7×2" in jobs
+    AuditJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
+                            key_column="id", status="running", progress=0.4, progress_message="reading 100 records")
+    fragment = viewer_client.get("/audits/?topic=orders-topic&group=orders", HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.lstrip().startswith('<div id="audit-jobs" hx-get=') and "reading 100 records" in fragment

@@ -7,12 +7,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from consumers import group_reset as group_resets
 from consumers import groups as kafka_groups
-from consumers.models import AuditJob, Pipeline
+from consumers.models import Pipeline
 from consumers.offset_specs import Refused
 from dashboard import status
 from dashboard.forms import GroupResetForm
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
+from dashboard.views.audits import audit_context, audit_form_defaults
 from dashboard.views.common import render_page
 
 
@@ -44,7 +45,7 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
     context["actions"] = list(status.recent_actions(None, limit=200))
     context["actions"] = [a for a in context["actions"] if a.group_id == group_id][:20]
-    context["audits"] = list(AuditJob.objects.filter(group_id=group_id)[:5])
+    context.update(audit_context(topics[0] if topics else "", group_id), **audit_form_defaults("", "int_value"))
     return context
 
 

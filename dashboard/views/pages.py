@@ -4,10 +4,11 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
-from consumers.models import ActionLog, AuditJob, Pipeline
+from consumers.models import ActionLog, Pipeline
 from dashboard import status, timeline
 from dashboard.roles import can_operate
 from dashboard.views.actions import ACTION_BUTTONS
+from dashboard.views.audits import PARSER_FOR_TRANSFORM, audit_context, audit_form_defaults
 from dashboard.views.common import render_page
 
 AUDIT_PAGE_SIZE = 50
@@ -36,7 +37,8 @@ def pipeline_detail(request, name):
         "dead_letters": status.recent_dead_letters(pipeline), "actions": status.recent_actions(pipeline),
         "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
         "chart": status.chart_series(pipeline),
-        "audits": list(AuditJob.objects.filter(pipeline=pipeline)[:5]),
+        **audit_context(pipeline.topic, pipeline.group_id),
+        **audit_form_defaults(pipeline.sink_table, PARSER_FOR_TRANSFORM.get(pipeline.transform, "int_value")),
     })
     return render_page(request, "pipeline.html", context)
 
