@@ -42,9 +42,14 @@ def request_run(records: int, crash_probability: float, user: str) -> str:
     run_id = uuid.uuid4().hex[:12]
     if not _redis().set(LOCK_KEY, run_id, nx=True, ex=LOCK_SECONDS):
         raise DemoBusy("A demo run is already in progress: wait for it to finish.")
-    write_state({"run_id": run_id, "state": "queued", "records": records, "crash_probability": crash_probability,
-                 "requested_by": user, "started_at": timezone.now().isoformat(), "pipelines": {}})
-    run_demo_task.delay(run_id, records, crash_probability)
+    try:
+        write_state({"run_id": run_id, "state": "queued", "records": records,
+                     "crash_probability": crash_probability, "requested_by": user,
+                     "started_at": timezone.now().isoformat(), "pipelines": {}})
+        run_demo_task.delay(run_id, records, crash_probability)
+    except Exception:
+        _redis().delete(LOCK_KEY)  # nothing was enqueued: do not block the next try for LOCK_SECONDS
+        raise
     return run_id
 
 

@@ -252,3 +252,24 @@ def test_audit_results_show_on_the_pipeline_page_and_poll_while_running(viewer_c
                             key_column="id", status="running", progress=0.4, progress_message="reading 100 records")
     fragment = viewer_client.get("/audits/?topic=orders-topic&group=orders", HTTP_HX_REQUEST="true").content.decode()
     assert fragment.lstrip().startswith('<div id="audit-jobs" hx-get=') and "reading 100 records" in fragment
+
+
+def test_the_demo_page_refuses_viewers_bad_input_and_a_second_run(operator_client, settings):
+    from dashboard import demo_runs
+    from tests.conftest import TEST_REDIS_URL
+
+    settings.REDIS_URL = TEST_REDIS_URL
+    client = demo_runs._redis()
+    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
+    try:
+        viewer = Client()
+        viewer.force_login(make_viewer())
+        assert viewer.post("/demo/run/", {"records": 100, "crash_probability": 0.2}).status_code == 403
+        bad = operator_client.post("/demo/run/", {"records": "lots", "crash_probability": 0.2}, follow=True)
+        assert "Records must be 1–10,000" in bad.content.decode()
+        client.set(demo_runs.LOCK_KEY, "another-run")
+        busy = operator_client.post("/demo/run/", {"records": 100, "crash_probability": 0.2}, follow=True)
+        assert "A demo run is already in progress" in busy.content.decode()
+        assert demo_runs.read_state() is None  # nothing was queued
+    finally:
+        client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
