@@ -58,7 +58,8 @@ def status_window() -> timedelta:
 
 
 def heartbeat_timeout() -> timedelta:
-    return timedelta(seconds=getattr(settings, "RECONCILE_HEARTBEAT_TIMEOUT_SECONDS", 60))
+    # The runs' lease (consumers/supervisor.py): a run whose heartbeat is older is dead.
+    return timedelta(seconds=getattr(settings, "TALLY_RUN_LEASE_SECONDS", 15))
 
 
 @dataclass

@@ -134,7 +134,6 @@ CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
 RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1)
 # The lag evaluation window (docs/reconciliation.md): 10 snapshots at one per minute, as Burrow's default.
 RECONCILE_WINDOW_SECONDS = env_int("RECONCILE_WINDOW_SECONDS", 600, minimum=10)
-RECONCILE_HEARTBEAT_TIMEOUT_SECONDS = env_int("RECONCILE_HEARTBEAT_TIMEOUT_SECONDS", 60, minimum=1)
 CELERY_BEAT_SCHEDULE["reconcile-all"] = {"task": "consumers.reconcile_all", "schedule": RECONCILE_INTERVAL_SECONDS,
                                          "options": {"expires": RECONCILE_INTERVAL_SECONDS}}
 CELERY_BEAT_SCHEDULE["lag-snapshots"] = {"task": "consumers.take_lag_snapshots", "schedule": 60,
