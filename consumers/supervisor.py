@@ -100,6 +100,16 @@ def _why_not_running(pipeline: Pipeline, now) -> str:
     return f"run {last.pk} on {last.host} ended: {last.end_reason or last.state}"
 
 
+def _mark_dead_runs(pipeline: Pipeline, reason: str, now) -> None:
+    """Runs still marked running whose heartbeat expired or whose process is gone crashed: say so, so that
+    the dashboard shows it and the new run does not wait for them to leave."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    for run in ConsumerRun.objects.filter(pipeline=pipeline, state__in=LIVE_STATES):
+        if run.heartbeat_at < now - lease or _died_on_this_host(run):
+            ConsumerRun.objects.filter(pk=run.pk, state__in=LIVE_STATES).update(
+                state=RunState.CRASHED, ended_at=now, end_reason=f"declared dead by the supervisor: {reason}"[:2000])
+
+
 def backoff_seconds(attempts: int) -> float:
     """Seconds to leave the run started by attempt number `attempts` (0-based) before the next one."""
     base = settings.TALLY_SUPERVISOR_BACKOFF_SECONDS
@@ -120,6 +130,7 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
         if claimed != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
         epoch = pipeline.epoch + 1
+        _mark_dead_runs(pipeline, reason, now)
         offsets = actions.positions(pipeline)
         ActionLog.objects.create(pipeline=pipeline, action="restart", actor=ACTOR,
                                  params={"attempt": attempt, "epoch": epoch}, offsets_before=offsets,

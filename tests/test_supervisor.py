@@ -117,3 +117,13 @@ def test_paused_and_stopped_pipelines_are_not_supervised(running, enqueued):
     Pipeline.objects.filter(pk=running.pk).update(desired_state=DesiredState.PAUSED)
     assert supervisor.supervise() == []
     assert enqueued == []
+
+
+def test_the_runs_it_declares_dead_are_marked_crashed_with_the_reason(running, enqueued):
+    stale = run_row(running, heartbeat_age=30)
+    alive = run_row(running, heartbeat_age=1, epoch=4)
+    supervisor.supervise()
+    stale.refresh_from_db()
+    alive.refresh_from_db()
+    assert stale.state == RunState.CRASHED and "declared dead by the supervisor" in stale.end_reason
+    assert alive.state == RunState.RUNNING
