@@ -315,3 +315,33 @@ def test_a_kafka_offset_beyond_the_database_is_in_flight_while_an_at_most_once_c
     run.state = RunState.CRASHED
     run.save()
     assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).lost == 10
+
+
+def test_reconciling_while_batches_commit_never_reports_a_phantom_or_a_loss(setup):
+    import threading
+
+    pipeline, _ = setup()
+    target = commit.Target.for_pipeline(pipeline)
+    done = threading.Event()
+
+    def writer():
+        conn = db.connect()
+        try:
+            commit.ensure_positions(conn, pipeline.pk, {0: 0})
+            for start in range(0, 3000, 10):
+                commit.commit_batch(conn, target, 1, {0: records(0, range(start, start + 10))})
+        finally:
+            conn.close()
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    kafka = FakeKafka(high={0: 3000}, committed={0: 0})
+    reports = []
+    while not done.is_set():
+        reports.append(reconcile.reconcile_pipeline(pipeline, kafka=kafka))
+    thread.join()
+    reports.append(reconcile.reconcile_pipeline(pipeline, kafka=kafka))
+    assert len(reports) > 3
+    assert [r.partitions[0].findings for r in reports if not r.exact] == []
+    assert reports[-1].partitions[0].verified_offset == 3000
