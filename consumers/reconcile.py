@@ -42,7 +42,7 @@ from consumers.models import (
     RunState,
     Status,
 )
-from consumers.reconcile_verify import SinkShape, sink_shape, table_exists, verify_range
+from consumers.reconcile_verify import SinkShape, fold, sink_shape, table_exists, verify_range
 from consumers.transforms import resolve
 
 log = logging.getLogger("tally.reconcile")
@@ -306,7 +306,7 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
     if mark is not None and resume_at < mark.log_start:
         current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
                         "count": mark.log_start - resume_at})
-    report.findings = ([dict(f, scope=VERIFIED) for f in kept + new_findings]
+    report.findings = ([dict(f, scope=VERIFIED) for f in fold(kept + new_findings)]
                        + [dict(f, scope=CURRENT) for f in current])
     _count(report)
     return state

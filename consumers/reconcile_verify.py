@@ -20,8 +20,8 @@ from psycopg2 import sql
 
 from consumers.sinks import PROVENANCE
 
-# More findings than this per kind and range are folded into one last finding (counts stay exact): a
-# partition that lost every other record must not store millions of ranges.
+# More findings than this per kind are folded: the oldest into one covering finding (counts stay exact), so
+# a partition that dead-letters every other record does not store millions of ranges.
 MAX_FINDINGS_PER_KIND = 100
 # Sample offsets kept in a duplicated finding, for the operator and the alert email.
 SAMPLE_OFFSETS = 10
@@ -145,7 +145,7 @@ def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, star
         'steps AS (SELECT o, lag(o) OVER (ORDER BY o) AS prev FROM present) '
         'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where),
         params + [pipeline_id, partition, start, end, start - 1, end])
-    return _fold([{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()])
+    return fold([{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()])
 
 
 def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
@@ -171,7 +171,7 @@ def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int
         "SELECT min(o), max(o) + 1, sum(extra)::bigint, (array_agg(o ORDER BY o))[1:%s] "
         "FROM islands GROUP BY island ORDER BY 1").format(per_offset, with_rows),
         params + [shape.topic, partition, pipeline_id, partition, start, end, SAMPLE_OFFSETS])
-    return _fold([{"kind": "duplicated", "start": s, "end": e, "count": int(n), "offsets": sample}
+    return fold([{"kind": "duplicated", "start": s, "end": e, "count": int(n), "offsets": sample}
                   for s, e, n, sample in cur.fetchall()])
 
 
@@ -180,7 +180,7 @@ def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end
                 'row_number() OVER (ORDER BY "offset") AS island FROM consumers_deadletter WHERE pipeline_id = %s '
                 'AND partition = %s AND "offset" >= %s AND "offset" < %s) AS d GROUP BY island ORDER BY 1',
                 [pipeline_id, partition, start, end])
-    return _fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
+    return fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
 
 
 def _sweep_ledger(result: RangeResult, ledger: list[tuple[int, int]]) -> None:
@@ -201,8 +201,8 @@ def _sweep_ledger(result: RangeResult, ledger: list[tuple[int, int]]) -> None:
         gaps.append((covered, end))
     result.gap = sum(e - s for s, e in gaps)
     result.overlap = sum(e - s for s, e in overlaps)
-    result.findings += _fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in _merge(gaps)])
-    result.findings += _fold([{"kind": "overlap", "start": s, "end": e, "count": e - s}
+    result.findings += fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in _merge(gaps)])
+    result.findings += fold([{"kind": "overlap", "start": s, "end": e, "count": e - s}
                               for s, e in sorted(overlaps)])
 
 
@@ -216,11 +216,20 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in merged]
 
 
-def _fold(findings: list[dict]) -> list[dict]:
-    """Keep the first MAX_FINDINGS_PER_KIND findings; fold the rest into one covering finding."""
-    if len(findings) <= MAX_FINDINGS_PER_KIND:
-        return findings
-    kept, rest = findings[:MAX_FINDINGS_PER_KIND - 1], findings[MAX_FINDINGS_PER_KIND - 1:]
-    folded = {"kind": rest[0]["kind"], "start": rest[0]["start"], "end": rest[-1]["end"],
-              "count": sum(f["count"] for f in rest), "folded": len(rest)}
-    return kept + [folded]
+def fold(findings: list[dict]) -> list[dict]:
+    """At most MAX_FINDINGS_PER_KIND findings per kind: the oldest (lowest offsets) are folded into one
+    covering finding, so the recent ones stay precise and the stored list stays bounded run after run."""
+    by_kind: dict[str, list[dict]] = {}
+    for finding in findings:
+        by_kind.setdefault(finding["kind"], []).append(finding)
+    result = []
+    for same in by_kind.values():
+        if len(same) > MAX_FINDINGS_PER_KIND:
+            same.sort(key=lambda f: f["start"])
+            old, same = same[:len(same) - MAX_FINDINGS_PER_KIND + 1], same[len(same) - MAX_FINDINGS_PER_KIND + 1:]
+            folded = {k: v for k, v in old[0].items() if k not in ("offsets", "end", "count")}
+            folded.update(end=max(f["end"] for f in old), count=sum(f["count"] for f in old),
+                          folded=sum(f.get("folded", 1) for f in old))
+            same.insert(0, folded)
+        result += same
+    return result

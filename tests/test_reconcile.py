@@ -345,3 +345,22 @@ def test_reconciling_while_batches_commit_never_reports_a_phantom_or_a_loss(setu
     assert len(reports) > 3
     assert [r.partitions[0].findings for r in reports if not r.exact] == []
     assert reports[-1].partitions[0].verified_offset == 3000
+
+
+def test_findings_stay_bounded_across_runs_with_exact_counts(setup):
+    from consumers.reconcile_verify import MAX_FINDINGS_PER_KIND
+
+    pipeline, write = setup()
+    kafka = FakeKafka()
+    for run in range(3):  # every other record is bad: one dead-letter range per bad record
+        base, end = run * 2 * MAX_FINDINGS_PER_KIND, (run + 1) * 2 * MAX_FINDINGS_PER_KIND
+        for offset in range(base, end, 2):
+            write(0, [offset])
+            write(0, [offset + 1], value="bad")
+        kafka.high = kafka.committed = {0: end}
+        report = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+    letters = [f for f in report.partitions[0].findings if f["kind"] == "dead_letter"]
+    assert len(letters) == MAX_FINDINGS_PER_KIND and report.dead_lettered == 3 * MAX_FINDINGS_PER_KIND
+    assert letters[0]["folded"] == 2 * MAX_FINDINGS_PER_KIND + 1 and letters[0]["start"] == 1
+    assert (letters[-1]["start"], letters[-1]["end"]) == (6 * MAX_FINDINGS_PER_KIND - 1, 6 * MAX_FINDINGS_PER_KIND)
+    assert report.exact
