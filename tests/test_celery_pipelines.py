@@ -17,7 +17,16 @@ from consumers.demo import DEMO_TOPIC
 from consumers.models import ActionLog, BatchLedger, ConsumerRun, DesiredState, Pipeline, RunState
 from consumers.rewind import rewind
 from tests.conftest import ROOT, start_celery_worker, stop_process_group
-from tests.ops_helpers import EXACTLY_ONCE, drop_demo_sinks, expected_rows, positions, produce, seed, sink_rows, wait_for
+from tests.ops_helpers import (
+    EXACTLY_ONCE,
+    drop_demo_sinks,
+    expected_rows,
+    positions,
+    produce,
+    seed,
+    sink_rows,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
