@@ -64,6 +64,10 @@ def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make
         assert described.state == "Stable" and len(described.members) == 1
         # (The embedded broker sends empty member assignments; real Kafka fills them in.)
         consumer.commit()
-        assert "g-desc" in kafka_admin.list_groups()  # the embedded broker lists groups once they commit
+        # The embedded broker lists a group once it has committed; the listing can lag the commit briefly.
+        deadline = time.monotonic() + 10
+        while "g-desc" not in kafka_admin.list_groups() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "g-desc" in kafka_admin.list_groups()
     finally:
         consumer.close()
