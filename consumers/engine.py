@@ -61,6 +61,8 @@ class RunResult:
     epoch: int = 0
     run_id: int | None = None
     detail: str = ""
+    seconds: float = 0.0        # wall time of the run
+    busy_seconds: float = 0.0   # from the first polled record to the last committed batch (throughput)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +105,7 @@ class _Engine:
         self.last_ends: dict[int, int] = {}
         self.gaps = 0
         self.next_heartbeat = 0.0
+        self.first_record_at = self.last_commit_at = None
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -110,6 +113,7 @@ class _Engine:
             pipeline=self.pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(),
             task_id=self.task_id, engine=Engine.PYTHON, state=RunState.RUNNING)
         self.result.run_id = self.run_row.pk
+        started = time.monotonic()
         log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.run_row.pk, self.epoch,
                  self.mode, self.batch_size)
         self.conn = db.connect(f"tally-engine {self.pipeline.name}"[:63])
@@ -130,6 +134,9 @@ class _Engine:
             self.result.reason, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
             self._shutdown()
+        self.result.seconds = time.monotonic() - started
+        if self.first_record_at is not None and self.last_commit_at is not None:
+            self.result.busy_seconds = self.last_commit_at - self.first_record_at
         log.info("%s: run %s ended: %s %s (%s records in %s batches)", self.pipeline.name, self.run_row.pk,
                  self.result.reason, self.result.detail, self.result.records, self.result.batches)
         return self.result
@@ -152,6 +159,8 @@ class _Engine:
                     return "caught_up"
                 continue
             self.faults.maybe_crash("after-poll")
+            if self.first_record_at is None:
+                self.first_record_at = time.monotonic()
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._at_most_once(batches)
             else:
@@ -232,6 +241,7 @@ class _Engine:
             self.result.skipped += outcome.skipped
             ends[outcome.partition] = outcome.end_offset
         self.result.batches += 1
+        self.last_commit_at = time.monotonic()
         self.last_ends.update(ends)
         if self.mode != DeliveryMode.AT_MOST_ONCE:
             # Exactly-once: advisory, so asynchronous. At-least-once resumes from it: wait for it.

@@ -60,9 +60,29 @@ def _copy_text(value) -> str:
     return text
 
 
+def _column_text(values: tuple) -> list[str]:
+    """One column of a batch in COPY text format. Column by column, because a column usually holds one
+    type: integers need only str(), and a repeated text (the topic) is escaped once."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        return list(map(str, values))
+    if kinds == {str}:
+        distinct = set(values)
+        if len(distinct) <= 16:
+            escaped = {value: _copy_text(value) for value in distinct}
+            return [escaped[value] for value in values]
+    return list(map(_copy_text, values))
+
+
 def copy_buffer(rows) -> io.StringIO:
+    """Rows (tuples of one width) as a COPY text buffer. The hot path of every batch: 3x faster than
+    formatting field by field (bench/bench_engine.py)."""
+    rows = rows if isinstance(rows, list) else list(rows)
     buffer = io.StringIO()
-    buffer.writelines("\t".join(map(_copy_text, row)) + "\n" for row in rows)
+    if rows:
+        columns = [_column_text(column) for column in zip(*rows)]
+        buffer.write("\n".join(map("\t".join, zip(*columns))))
+        buffer.write("\n")
     buffer.seek(0)
     return buffer
 
@@ -71,7 +91,7 @@ def copy_rows(cursor, table: str, columns: list[str], rows) -> None:
     """COPY rows (tuples in `columns` order) into the table: the fastest bulk path in PostgreSQL."""
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-    cursor.copy_expert(statement.as_string(cursor), copy_buffer(rows))
+    cursor.copy_expert(statement.as_string(cursor), copy_buffer(rows), size=1 << 16)
 
 
 def insert_rows_skipping_existing(cursor, table: str, columns: list[str], rows, key_columns) -> int:
