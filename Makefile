@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # apt packages the tests need: Chromium for browser tests, the PostgreSQL JDBC jar for Spark.
 APT_PACKAGES := chromium libpostgresql-jdbc-java
 
-.PHONY: run test setup system-deps database lint clean
+.PHONY: run test setup system-deps database lint screenshots clean
 
 run: setup database
 	$(PY) manage.py devstack
@@ -36,6 +36,10 @@ system-deps:
 database: setup
 	$(PY) manage.py ensure_database
 	$(PY) manage.py migrate --noinput -v 0
+
+# Refresh the README's screenshots from the browser tests.
+screenshots: setup system-deps database
+	TALLY_UPDATE_SCREENSHOTS=1 $(VENV)/bin/pytest -m browser
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -127,3 +127,11 @@ def celery_worker(subprocess_env, celery_app_for_tests):
         raise RuntimeError("Celery worker did not answer a ping within 60 s")
     yield process
     stop_process_group(process)
+
+
+def screenshot_dir() -> Path:
+    """Where browser tests save screenshots: docs/screenshots/ when TALLY_UPDATE_SCREENSHOTS=1 (`make
+    screenshots`), otherwise var/screenshots/, so that a test run leaves the docs untouched."""
+    folder = ROOT / ("docs/screenshots" if os.environ.get("TALLY_UPDATE_SCREENSHOTS") == "1" else "var/screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -9,7 +9,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from consumers.models import Pipeline
 from dashboard.models import Alert, AlertRule, AlertState, Mute, RuleKind
-from tests.conftest import ROOT
+from tests.conftest import screenshot_dir
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -77,7 +77,7 @@ def test_an_operator_filters_acknowledges_and_mutes_in_the_browser(browser, live
         expect(page.locator("#mutes")).to_contain_text("payments loss on payments")
         page.goto(f"{live_server.url}/alerts/")
         expect(page.locator(f"#alert-{orders.pk}")).to_be_visible()
-        page.screenshot(path=str(ROOT / "docs" / "screenshots" / "alerts.png"), full_page=True)
+        page.screenshot(path=str(screenshot_dir() / "alerts.png"), full_page=True)
     finally:
         context.close()
 

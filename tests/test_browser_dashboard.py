@@ -1,7 +1,7 @@
 """The dashboard in a real browser (Playwright driving Debian's Chromium) against a live server:
 log in as viewer and operator, the overview updating live as records are produced and reconciled, a
 rewind dry run then its execution from the page, and a viewer who cannot act. Saves screenshots of the
-overview, the pipeline page and the demo page to docs/screenshots/ for the README."""
+overview, the pipeline page and the demo page (to docs/screenshots/ with `make screenshots`)."""
 import os
 import re
 import time
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from consumers.models import PartitionOffset
-from tests.conftest import ROOT
+from tests.conftest import screenshot_dir
 from tests.test_views_support import (
     PASSWORD,
     consumed_pipeline,
@@ -22,7 +22,6 @@ from tests.test_views_support import (
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 
@@ -162,15 +161,14 @@ def test_screenshots_of_the_overview_and_pipeline_page(page, live_server):
                   delivery_mode="at_least_once")
     make_pipeline("clicks-at-most-once", partitions=2, lost=10, status="ERR", delivery_mode="at_most_once")
     log_in(page, live_server, make_operator())
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+    page.screenshot(path=str(screenshot_dir() / "overview.png"), full_page=True)
     page.goto(f"{live_server.url}/pipelines/clicks-at-most-once/")
     expect(page.locator("#chart-lag canvas")).to_have_count(1)
-    page.screenshot(path=str(SCREENSHOTS / "pipeline.png"), full_page=True)
+    page.screenshot(path=str(screenshot_dir() / "pipeline.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(f"{live_server.url}/")
-    page.screenshot(path=str(SCREENSHOTS / "overview-phone.png"), full_page=False)
-    assert (SCREENSHOTS / "pipeline.png").stat().st_size > 10_000
+    page.screenshot(path=str(screenshot_dir() / "overview-phone.png"), full_page=False)
+    assert (screenshot_dir() / "pipeline.png").stat().st_size > 10_000
 
 
 @pytest.mark.kafka
@@ -206,7 +204,7 @@ def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page,
         assert numbers["nums-at-least-once"]["duplicated"] == sum(c - 1 for c in at_least["duplicated"].values())
         assert numbers["nums-exactly-once"]["lost"] == numbers["nums-exactly-once"]["duplicated"] == 0
         time.sleep(0.5)
-        page.screenshot(path=str(SCREENSHOTS / "demo.png"), full_page=True)
+        page.screenshot(path=str(screenshot_dir() / "demo.png"), full_page=True)
     finally:
         demo_runs._redis().delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
         for demo in DEMO_PIPELINES:
