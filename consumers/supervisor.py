@@ -58,7 +58,7 @@ def live_runs(pipeline: Pipeline, now=None) -> list[ConsumerRun]:
 
 def _died_on_this_host(run: ConsumerRun) -> bool:
     # Saves waiting out the lease when the worker ran on this machine and its process is gone.
-    if run.host != socket.gethostname() or not run.pid:
+    if not settings.TALLY_SUPERVISOR_CHECK_LOCAL_PIDS or run.host != socket.gethostname() or not run.pid:
         return False
     try:
         os.kill(run.pid, 0)

@@ -124,6 +124,8 @@ TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SEC
 TALLY_SUPERVISOR_MAX_ATTEMPTS = env_int("TALLY_SUPERVISOR_MAX_ATTEMPTS", 5, minimum=1)
 TALLY_SUPERVISOR_STABLE_SECONDS = env_int("TALLY_SUPERVISOR_STABLE_SECONDS", 60, minimum=1)
 TALLY_MAX_RUNS_PER_PIPELINE = env_int("TALLY_MAX_RUNS_PER_PIPELINE", 16, minimum=1)
+# A run on the supervisor's own host whose process is gone is dead without waiting out its lease.
+TALLY_SUPERVISOR_CHECK_LOCAL_PIDS = env_bool("TALLY_SUPERVISOR_CHECK_LOCAL_PIDS", True)
 # How long a rewind waits for the paused pipeline's runs to end before it gives up (nothing moved).
 TALLY_REWIND_STOP_TIMEOUT_SECONDS = env_int("TALLY_REWIND_STOP_TIMEOUT_SECONDS", 30, minimum=1)
 CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {

@@ -41,18 +41,18 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
                TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
     processes = []
 
-    def worker():
-        process = start_celery_worker(env, log_name="ops-worker")
+    def worker(**extra_env):
+        process = start_celery_worker({**env, **extra_env}, log_name="ops-worker")
         processes.append(process)
         wait_for(lambda: _answers(celery_app_for_tests, process), 60, "the worker to answer a ping", 0.5)
         return process
 
-    def beat():
+    def beat(**extra_env):
         schedule = ROOT / "var" / f"ops-beat-{uuid.uuid4().hex[:6]}"
         log = open(ROOT / "var" / f"{schedule.name}.log", "wb")
         process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "beat", "-s", str(schedule),
-                                    "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                    "--loglevel", "INFO"], cwd=ROOT, env={**env, **extra_env}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
         processes.append(process)
         return process
 
@@ -84,15 +84,20 @@ def caught_up():
     return positions(EXACTLY_ONCE) == high
 
 
-def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and_misses_nothing(ops_env):
+@pytest.mark.chaos
+@pytest.mark.parametrize("same_host", [True, False], ids=["dead-pid-seen-on-this-host", "lease-expires"])
+def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and_misses_nothing(ops_env, same_host):
+    """same_host: the supervisor sees the run's process is gone; otherwise (as when the worker's host died)
+    it waits for the run's lease to expire."""
     start_worker, start_beat = ops_env
     worker_a = start_worker()
     actions.start(EXACTLY_ONCE, actor="alice")
     first = wait_for(live_run, 30, "the first run")
     assert first.pid == worker_a.pid
     wait_for(caught_up, 30, "the first run to catch up")
-    start_worker()
-    start_beat()
+    supervision = {} if same_host else {"TALLY_SUPERVISOR_CHECK_LOCAL_PIDS": "false"}
+    start_worker(**supervision)
+    start_beat(**supervision)
     produce(21, 40)
     wait_for(caught_up, 30, "the first run to consume 21..40")
 
@@ -104,13 +109,16 @@ def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and
     back_after = time.monotonic() - killed_at
     wait_for(caught_up, 60, "the new run to catch up")
     caught_up_after = time.monotonic() - killed_at
-    print(f"\nkilled worker: pipeline running again after {back_after:.1f} s, caught up after "
-          f"{caught_up_after:.1f} s (lease {LEASE_SECONDS} s, supervisor every 1 s, session 2 s)")
+    print(f"\nkilled worker ({'same host' if same_host else 'lease expiry'}): pipeline running again after "
+          f"{back_after:.1f} s, caught up after {caught_up_after:.1f} s (lease {LEASE_SECONDS} s, supervisor "
+          f"every 1 s, session 2 s)")
 
     assert second.pid != worker_a.pid
     assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 61))
     restart = ActionLog.objects.get(action="restart", actor="supervisor")
-    assert f"run {first.pk}" in restart.message and "died" in restart.message
+    assert f"run {first.pk}" in restart.message
+    assert ("died" if same_host else "stopped heartbeating") in restart.message
+    assert ConsumerRun.objects.get(pk=first.pk).state == RunState.CRASHED
     assert Pipeline.objects.get(name=EXACTLY_ONCE).restart_attempts == 1
 
 
