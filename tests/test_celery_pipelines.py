@@ -185,3 +185,21 @@ def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
     worker.wait(timeout=30)
     run.refresh_from_db()
     assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped")
+
+
+def test_two_runs_share_the_partitions_through_the_group_protocol_and_write_each_record_once(ops_env):
+    start_worker, _ = ops_env
+    start_worker()
+    start_worker()
+    actions.start(EXACTLY_ONCE, runs=2)
+
+    def split_between_two_runs():
+        pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+        runs = ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, state=RunState.RUNNING)
+        assigned = [sorted(run.assigned_partitions) for run in runs]
+        return sorted(assigned) == [[0], [1]]
+
+    wait_for(split_between_two_runs, 30, "two runs with one partition each")
+    produce(21, 60)
+    wait_for(caught_up, 30, "the two runs to catch up")
+    assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 61))
