@@ -110,3 +110,11 @@ def test_the_pipeline_command_exits_0_1_and_2(pipeline, enqueued, capsys):
     code, _, err = run_command(capsys, "explode", "orders")
     assert code == 2 and "invalid choice: 'explode'" in err
     assert reloaded(pipeline).epoch == 1
+
+
+def test_an_abandoned_running_action_no_longer_blocks_the_pipeline(pipeline, enqueued):
+    from django.utils import timezone
+
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="carol", result=ActionResult.RUNNING,
+                             created_at=timezone.now() - actions.STALE_ACTION_AFTER * 2)
+    assert actions.start("orders").result == ActionResult.DONE

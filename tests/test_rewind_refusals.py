@@ -97,3 +97,26 @@ def test_the_dry_run_prints_the_plan_as_json_and_exits_0(consumed, capsys):
     assert code == 0 and data["dry_run"] is True and data["reprocess"] == 8
     assert [(p["current"], p["new"]) for p in data["partitions"]] == [(10, 6), (10, 6)]
     assert positions(EXACTLY_ONCE) == {0: 10, 1: 10}
+
+
+def test_a_rewind_whose_runs_do_not_end_in_time_is_refused_and_the_pipeline_keeps_running(
+        consumed, capsys, settings, monkeypatch):
+    from django.utils import timezone
+
+    from consumers import actions
+    from consumers.models import ConsumerRun, DesiredState, RunState
+
+    enqueued = []
+    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: enqueued.append(epoch))
+    settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS = 1
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    stuck = ConsumerRun.objects.create(pipeline=pipeline, epoch=pipeline.epoch, host="elsewhere", pid=1,
+                                       state=RunState.RUNNING, heartbeat_at=timezone.now())
+    before_positions, before_rows = positions(EXACTLY_ONCE), sink_rows(EXACTLY_ONCE)
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink")
+    assert code == 1 and f"Run(s) {stuck.pk} of pipeline 'nums-exactly-once' did not end within 1 s" in err
+    assert (positions(EXACTLY_ONCE), sink_rows(EXACTLY_ONCE)) == (before_positions, before_rows)
+    pipeline.refresh_from_db()
+    assert pipeline.desired_state == DesiredState.RUNNING and enqueued == [pipeline.epoch]
+    assert ActionLog.objects.get(action="rewind").result == ActionResult.REFUSED
