@@ -186,24 +186,31 @@ def _plan_partition(target: Target, partition: int, records: list[SourceRecord],
 
 
 def _transform(target: Target, plans: list[_Plan]):
+    # The hot loop of every engine: names are hoisted into locals and per-partition counts are taken
+    # once at the end, because every attribute access here is paid once per record.
     rows, dead = [], []
     topic, transform = target.topic, target.transform
+    func, multi_row = transform.func, transform.multi_row
+    append = rows.append
     for plan in plans:
         partition = plan.partition
+        rows_before, dead_before = len(rows), len(dead)
         for record in plan.records:
             try:
-                produced = transform.rows(record)
+                produced = func(record)
+                if not produced or (not multi_row and len(produced) != 1):
+                    produced = transform.rows(record)  # raises BadRecord with the reason
             except Exception as exc:  # any failure of user code is the record's fault, not the batch's
                 if target.stop_on_bad_record:
                     raise StopOnBadRecord(f"partition {partition} offset {record.offset}: {exc}") from exc
                 dead.append((partition, record.offset, record.key, record.value, f"{type(exc).__name__}: {exc}"))
-                plan.dead_letters += 1
                 continue
-            if transform.multi_row:
+            if multi_row:
                 rows.extend(row + (topic, partition, record.offset, i) for i, row in enumerate(produced))
             else:
-                rows.append(produced[0] + (topic, partition, record.offset))
-            plan.rows_written += len(produced)
+                append((*produced[0], topic, partition, record.offset))
+        plan.rows_written = len(rows) - rows_before
+        plan.dead_letters = len(dead) - dead_before
     return rows, dead
 
 
