@@ -39,7 +39,7 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
     settings.TALLY_RUN_LEASE_SECONDS = LEASE_SECONDS
     env = dict(subprocess_env, KAFKA_SESSION_TIMEOUT_MS="2000", TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
                TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
-    processes = []
+    processes, schedules = [], []
 
     def worker(**extra_env):
         process = start_celery_worker({**env, **extra_env}, log_name="ops-worker")
@@ -49,6 +49,7 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
 
     def beat(**extra_env):
         schedule = ROOT / "var" / f"ops-beat-{uuid.uuid4().hex[:6]}"
+        schedules.append(schedule)
         log = open(ROOT / "var" / f"{schedule.name}.log", "wb")
         process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "beat", "-s", str(schedule),
                                     "--loglevel", "INFO"], cwd=ROOT, env={**env, **extra_env}, stdout=log,
@@ -61,6 +62,10 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
     Pipeline.objects.update(desired_state=DesiredState.STOPPED)
     for process in reversed(processes):
         stop_process_group(process)
+    for schedule in schedules:
+        for leftover in schedule.parent.glob(f"{schedule.name}*"):
+            if not leftover.name.endswith(".log"):
+                leftover.unlink()
     celery_app_for_tests.control.purge()
     drop_demo_sinks()
 

@@ -4,9 +4,11 @@ group has active members. Exit codes: 0 done, 1 refused (the reason on stderr), 
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from kafka.errors import KafkaError
 
 from consumers import groups
 from consumers.group_reset import reset_group
+from consumers.kafka_admin import KafkaAdminError
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
 from consumers.offset_specs import Refused
 
@@ -62,6 +64,8 @@ class Command(BaseCommand):
                                  execute=options["execute"], actor=options["actor"])
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
+        except (KafkaAdminError, KafkaError) as exc:
+            raise CommandError(f"Failed: Kafka: {exc}", returncode=1) from None
         data = result.as_dict()
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2, default=str))

@@ -3,7 +3,9 @@ consumers.rewind. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage 
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from kafka.errors import KafkaError
 
+from consumers.kafka_admin import KafkaAdminError
 from consumers.offset_specs import Refused
 from consumers.rewind import rewind
 
@@ -72,6 +74,8 @@ class Command(BaseCommand):
                             dry_run=dry_run, actor=actor)
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
+        except (KafkaAdminError, KafkaError) as exc:
+            raise CommandError(f"Failed: Kafka: {exc} (recorded in the audit log)", returncode=1) from None
         data = result.as_dict()
         if json:
             self.stdout.write(_dumps(data))
