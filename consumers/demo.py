@@ -161,22 +161,26 @@ def _wait_until(check: Callable, what: str, timeout_s: float = TOPIC_TIMEOUT_S):
 # --- the run with crashes --------------------------------------------------------------------------
 def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_restarts: int = 30,
                      progress: Callable[[dict], None] | None = None, *, partitions: int = 1,
-                     timeout_s: float = 600.0, env: dict | None = None) -> dict:
+                     timeout_s: float = 600.0, env: dict | None = None, pipelines: list[str] | None = None) -> dict:
     """Seed from scratch, then run every demo pipeline as a subprocess that kills itself (SIGKILL) at its
     mode's classic fault points (a batch crashes with `crash_probability`), restarting it after each
     crash until it exits 0.
     After `max_restarts` crashes a pipeline runs once more without faults, so each one finishes. All
     pipelines run at once; `timeout_s` bounds the whole run. `progress(status)` gets the per-pipeline
-    status dict whenever it changes.
+    status dict whenever it changes. `pipelines` limits the run to these demo pipelines (default: all).
 
     Returns {pipeline name: {delivery_mode, state, restarts, rows, distinct, missing (sorted list),
     duplicated ({value: count}), error}}; state is done, failed or timed_out."""
     if not 0.0 <= crash_probability <= 1.0:
         raise DemoError("crash_probability must be within [0, 1].")
+    selected = [demo for demo in DEMO_PIPELINES if pipelines is None or demo.name in pipelines]
+    unknown = set(pipelines or ()) - {demo.name for demo in selected}
+    if unknown:
+        raise DemoError(f"Not demo pipelines: {', '.join(sorted(unknown))}.")
     seed_demo(records=records, partitions=partitions, reset=True)
-    runner = _DemoRunner(crash_probability, max_restarts, progress, _subprocess_env(env))
+    runner = _DemoRunner(selected, crash_probability, max_restarts, progress, _subprocess_env(env))
     status = runner.run(timeout_s)
-    for demo in DEMO_PIPELINES:
+    for demo in selected:
         status[demo.name].update(count_sink(demo.sink_table, records))
     if progress:
         progress(status)
@@ -208,17 +212,18 @@ def count_sink(table: str, records: int) -> dict:
 class _DemoRunner:
     """Runs the demo pipelines' processes side by side and restarts them after crashes."""
 
-    def __init__(self, crash_probability, max_restarts, progress, env):
+    def __init__(self, demos, crash_probability, max_restarts, progress, env):
+        self.demos = demos
         self.crash_probability, self.max_restarts = crash_probability, max_restarts
         self.progress, self.env = progress, env
         self.status = {demo.name: {"delivery_mode": demo.delivery_mode, "state": "starting", "restarts": 0,
-                                   "error": ""} for demo in DEMO_PIPELINES}
+                                   "error": ""} for demo in demos}
         self.processes: dict[str, tuple[subprocess.Popen, object]] = {}
 
     def run(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
         try:
-            for demo in DEMO_PIPELINES:
+            for demo in self.demos:
                 self._start(demo)
             self._report()
             while self.processes:
@@ -226,7 +231,7 @@ class _DemoRunner:
                     for name in list(self.processes):
                         self._finish(name, "timed_out", f"still running after {timeout_s:.0f} s")
                     break
-                for demo in DEMO_PIPELINES:
+                for demo in self.demos:
                     if demo.name in self.processes:
                         self._check(demo)
                 time.sleep(0.1)
