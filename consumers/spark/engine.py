@@ -77,6 +77,10 @@ class SparkRun:
         self.error = ""
         self.result = None
         self._lock = threading.Lock()
+        # Held while a micro-batch commits: shutdown waits for the batch in flight before closing the
+        # connection (query.stop() does not wait for a Python foreachBatch callback to return).
+        self._batch_lock = threading.Lock()
+        self._closing = False
         self._kafka = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -99,11 +103,13 @@ class SparkRun:
             log.exception("Spark run of %s failed", self.pipeline.name)
             self.result.reason, self.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
+            self._closing = True
             if query is not None:
                 self._stop_query(query)
-            self.conn.close()
-            if self._kafka is not None:
-                self._kafka.close()
+            with self._batch_lock:
+                self.conn.close()
+                if self._kafka is not None:
+                    self._kafka.close()
             shutil.rmtree(checkpoint, ignore_errors=True)
         self.result.detail = self.error
         self._finish_run_row()
@@ -212,9 +218,14 @@ class SparkRun:
 
     # --- one micro-batch (runs on the driver, in Spark's callback thread) -------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:
-        if self.ending:
-            return  # fenced or failed: the supervisor is stopping the query; write nothing more
+        if self.ending or self._closing:
+            return  # fenced, failed or stopping: the supervisor is stopping the query; write nothing more
         batches = to_source_records(frame.toArrow())
+        with self._batch_lock:
+            if not self._closing:
+                self._commit(batches)
+
+    def _commit(self, batches: dict[int, list[SourceRecord]]) -> None:
         if not any(batches.values()):
             return
         self.faults.maybe_crash("after-poll")
