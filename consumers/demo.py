@@ -56,6 +56,8 @@ DEMO_PIPELINES: list[DemoPipeline] = [
     DemoPipeline("nums-at-most-once", DeliveryMode.AT_MOST_ONCE, "demo_nums_at_most_once", ("after-kafka-commit",)),
     DemoPipeline("nums-at-least-once", DeliveryMode.AT_LEAST_ONCE, "demo_nums_at_least_once", ("after-db-commit",)),
     DemoPipeline("nums-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_exactly_once", POINTS),
+    DemoPipeline("nums-spark-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_spark_exactly_once", POINTS,
+                 engine=Engine.SPARK, command="run_spark_pipeline"),
 ]
 
 
