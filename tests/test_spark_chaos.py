@@ -85,3 +85,27 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
                       .order_by("first_offset").values_list("first_offset", "end_offset"))
         assert ranges[0][0] == 0 and ranges[-1][1] == len(values)
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+@pytest.fixture
+def demo_sinks(transactional_db, kafka_bootstrap):
+    from consumers.demo import DEMO_PIPELINES
+
+    stop_spark(shutdown_jvm=True)  # the demo's engine process starts its own JVM
+    yield
+    with connection.cursor() as cur:
+        for demo in DEMO_PIPELINES:
+            sinks.drop_sink_table(cur, demo.sink_table)
+
+
+def test_the_demos_spark_pipeline_crashes_restarts_and_ends_with_every_value_once(demo_sinks, settings):
+    from consumers.demo import run_classic_demo
+
+    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    # Its first run dies (SIGKILL) in its first batch; the restart runs without faults and catches up.
+    result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, timeout_s=240,
+                              pipelines=["nums-spark-exactly-once"])
+    spark = result["nums-spark-exactly-once"]
+    assert (spark["state"], spark["restarts"]) == ("done", 1), spark
+    assert (spark["rows"], spark["distinct"], spark["missing"], spark["duplicated"]) == (30, 30, [], {})
+    assert Pipeline.objects.get(name="nums-spark-exactly-once").engine == Engine.SPARK
