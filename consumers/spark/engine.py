@@ -230,6 +230,11 @@ class SparkRun:
             return
         self.faults.maybe_crash("after-poll")
         ends = {p: records[-1].offset + 1 for p, records in batches.items() if records}
+        added = {p: records[0].offset for p, records in batches.items() if records and p not in self.positions}
+        if added and self.target.exactly_once:
+            # Partitions added to the topic during the run: the source reads them from their log start (as
+            # Spark's Kafka source does), so that is where their stored position begins.
+            commit.ensure_positions(self.conn, self.pipeline.pk, added)
         try:
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._commit_kafka(ends)
