@@ -19,6 +19,7 @@ from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, RunSta
 LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
 OLDER_RUNS_WAIT_S = 20.0
+PEERS_WAIT_S = 30.0
 
 log = logging.getLogger("tally.runs")
 
@@ -26,9 +27,10 @@ _lock = threading.Lock()
 _stop_events: dict[str, threading.Event] = {}
 
 
-def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "") -> dict:
+def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0) -> dict:
     """Run the pipeline until it is stopped, fenced or fails. A task whose epoch is no longer the
-    pipeline's (a newer action enqueued its own run) or whose pipeline should not run, does nothing."""
+    pipeline's (a newer action enqueued its own run) or whose pipeline should not run, does nothing.
+    With `settled_peers`, it first waits (bounded) until that many runs of its epoch hold partitions."""
     pipeline = Pipeline.objects.filter(pk=pipeline_id).first()
     if pipeline is None:
         return {"reason": "skipped", "detail": f"pipeline {pipeline_id} no longer exists"}
@@ -41,6 +43,8 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "") -> dict:
         detail = f"{pipeline.name}: runs of an older epoch are still live after {OLDER_RUNS_WAIT_S} s"
         log.warning("run task gives up: %s", detail)
         return {"reason": "skipped", "detail": detail}
+    if settled_peers:
+        _wait_for_settled_peers(pipeline, epoch, settled_peers)
     pipeline.refresh_from_db()
     if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
@@ -71,6 +75,20 @@ def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
+    """Join the group only after `peers` runs of this epoch have their partitions: one join at a time.
+    Bounded: with fewer partitions than runs some peers never get any, and this run joins anyway."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    deadline = time.monotonic() + PEERS_WAIT_S
+    while time.monotonic() < deadline:
+        settled = ConsumerRun.objects.filter(pipeline=pipeline, epoch=epoch, state__in=LIVE_STATES,
+                                             heartbeat_at__gte=timezone.now() - lease).exclude(
+            assigned_partitions=[]).count()
+        if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
+            return
+        time.sleep(0.2)
 
 
 def _engine_for(pipeline: Pipeline):

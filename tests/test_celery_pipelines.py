@@ -186,6 +186,7 @@ def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
     worker = start_worker()
     actions.start(EXACTLY_ONCE)
     run = wait_for(live_run, 30, "the run")
+    wait_for(caught_up, 30, "the run to catch up")
     os.killpg(worker.pid, signal.SIGTERM)               # Celery's warm shutdown
     worker.wait(timeout=30)
     run.refresh_from_db()

@@ -10,10 +10,10 @@ from celery.signals import worker_shutting_down
 
 
 @shared_task(name="consumers.run_pipeline", bind=True, acks_late=False, ignore_result=False)
-def run_pipeline_task(self, pipeline_id: int, epoch: int):
+def run_pipeline_task(self, pipeline_id: int, epoch: int, settled_peers: int = 0):
     from consumers.runs import run_in_worker
 
-    return run_in_worker(pipeline_id, epoch, task_id=self.request.id or "")
+    return run_in_worker(pipeline_id, epoch, task_id=self.request.id or "", settled_peers=settled_peers)
 
 
 @shared_task(name="consumers.supervise", ignore_result=True)
