@@ -11,6 +11,7 @@ exits cleanly, and reads the sinks row by row.
 offsets start at 0 again) and any Kafka offsets the demo groups still hold for it are set back to 0; the
 demo pipelines are deleted with all their state (offsets, ledger, runs, health) and created again.
 """
+import logging
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from consumers import db, kafka_admin, sinks
 from consumers.faults import POINTS
 from consumers.models import DeliveryMode, Engine, Pipeline
 from consumers.pipelines import create_pipeline
+
+log = logging.getLogger("tally.demo")
 
 DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
@@ -89,6 +92,11 @@ def _reset() -> None:
         conn.commit()
     finally:
         conn.close()
+    # Starting over includes the demo's consumer groups: their committed offsets, and any membership a
+    # killed engine left behind (on the embedded broker such a group can stay stuck in a rebalance).
+    failed = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
+    if failed:
+        log.warning("Could not delete demo consumer groups: %s", failed)
     with kafka_admin.admin_session() as admin:
         if DEMO_TOPIC in admin.list_topics():
             admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))

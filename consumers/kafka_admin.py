@@ -250,6 +250,17 @@ def _assignment_partitions(assignment: dict) -> dict[str, list[int]]:
     return result
 
 
+def delete_groups(group_ids: list[str]) -> dict[str, str]:
+    """Delete consumer groups (their committed offsets and membership). Returns {group: "OK" or the error}.
+    A group that does not exist counts as deleted."""
+    if not group_ids:
+        return {}
+    with admin_session() as admin:
+        result = admin.delete_groups(list(group_ids))
+    return {group: ("OK" if str(outcome) == "OK" or "GroupIdNotFound" in str(outcome) else str(outcome))
+            for group, outcome in result.items()}
+
+
 def earliest_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
     with admin_session() as admin:
         result = admin.list_partition_offsets({TopicPartition(topic, p): OffsetSpec.EARLIEST for p in partitions})

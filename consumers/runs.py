@@ -14,7 +14,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, RunState
+from consumers.models import ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.pipelines import engine_runner
 
 LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
@@ -48,7 +49,7 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
     pipeline.refresh_from_db()
     if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
-    run_pipeline = _engine_for(pipeline)
+    run_pipeline = engine_runner(pipeline.engine)
     stop = threading.Event()
     key = task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
     with _lock:
@@ -89,15 +90,6 @@ def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
         if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
             return
         time.sleep(0.2)
-
-
-def _engine_for(pipeline: Pipeline):
-    # Lazy imports: Spark (and its JVM) is loaded only by a worker that runs a Spark pipeline.
-    if pipeline.engine == Engine.SPARK:
-        from consumers.spark.engine import run_pipeline
-    else:
-        from consumers.engine import run_pipeline
-    return run_pipeline
 
 
 def _after_run(pipeline: Pipeline, result) -> None:

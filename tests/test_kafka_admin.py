@@ -71,3 +71,11 @@ def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make
         assert "g-desc" in kafka_admin.list_groups()
     finally:
         consumer.close()
+
+
+def test_delete_groups_forgets_committed_offsets_and_tolerates_unknown_groups(kafka_bootstrap, make_topic):
+    topic = make_topic("del")
+    produce(kafka_bootstrap, topic, 3)
+    kafka_admin.commit_offsets("g-delete", topic, {0: 2})
+    assert kafka_admin.delete_groups(["g-delete", "g-never-existed"]) == {"g-delete": "OK", "g-never-existed": "OK"}
+    assert kafka_admin.committed_offsets("g-delete", topic, [0]) == {0: None}

@@ -1,20 +1,28 @@
-"""Run one pipeline in the foreground with the kafka-python engine (no Celery)."""
+"""Run one pipeline in the foreground (no Celery) with its engine: kafka-python or Spark."""
+import json
 import signal
 import threading
+from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.engine import UnknownPipeline, run_pipeline
+from consumers.engine import UnknownPipeline
 from consumers.faults import POINTS, FaultInjector
+from consumers.models import Engine, Pipeline
+from consumers.pipelines import engine_runner
 
 
 class Command(BaseCommand):
     help = "Run a pipeline in the foreground until stopped (SIGTERM/Ctrl-C), fenced or caught up."
     # A worker: restarted often (chaos, demo), and it must not depend on URL or admin modules loading.
     requires_system_checks = []
+    engine_override = None  # run_spark_pipeline sets "spark"
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="The pipeline's name.")
+        if self.engine_override is None:
+            parser.add_argument("--engine", choices=Engine.values, default=None,
+                                help="Run with this engine instead of the pipeline's own.")
         parser.add_argument("--batch-size", type=int, default=None, help="Records per poll (default: the pipeline's).")
         parser.add_argument("--delay-ms", type=int, default=0, help="Sleep per record: simulates slow processing.")
         parser.add_argument("--stop-when-caught-up", action="store_true",
@@ -23,6 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("--crash-at", action="append", default=[], metavar="POINT[:PROBABILITY]",
                             help=f"Kill this process (SIGKILL) at a fault point; repeatable or comma-separated. "
                                  f"Points: {', '.join(POINTS)}.")
+        parser.add_argument("--json", action="store_true", help="Print the run's result as JSON.")
 
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
         if batch_size is not None and batch_size < 1:
@@ -33,6 +42,9 @@ class Command(BaseCommand):
             faults = FaultInjector.parse([spec for item in crash_at for spec in item.split(",") if spec])
         except ValueError as exc:
             raise CommandError(f"--crash-at: {exc}") from exc
+        engine = self.engine_override or options.get("engine")
+        if engine is None:
+            engine = Pipeline.objects.filter(name=name).values_list("engine", flat=True).first() or Engine.PYTHON
         stop = threading.Event()
 
         def request_stop(signum, frame):
@@ -41,13 +53,17 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         try:
-            result = run_pipeline(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
-                                  stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults)
+            result = engine_runner(engine)(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
+                                           stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
+                                           faults=faults)
         except UnknownPipeline as exc:
             raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(asdict(result), default=str))
         summary = (f"{name}: {result.reason} after {result.records} records in {result.batches} batches "
                    f"({result.rows_written} rows, {result.dead_letters} dead letters, "
                    f"{result.skipped} replays skipped)")
         if not result.ok:
             raise CommandError(f"{summary}: {result.detail}")
-        self.stdout.write(summary)
+        if not options["json"]:
+            self.stdout.write(summary)

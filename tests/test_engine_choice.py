@@ -1,0 +1,30 @@
+"""Which engine runs a pipeline: one choice, shared by the Celery run and `run_pipeline`."""
+import subprocess
+import sys
+
+import pytest
+
+from consumers import engine as python_engine
+from consumers.pipelines import engine_runner
+from consumers.spark import engine as spark_engine
+from tests.conftest import ROOT
+
+
+def test_each_engine_name_maps_to_its_run_pipeline():
+    assert engine_runner("python") is python_engine.run_pipeline
+    assert engine_runner("spark") is spark_engine.run_pipeline
+
+
+@pytest.mark.django_db
+def test_run_pipeline_refuses_an_unknown_pipeline_with_a_clear_message(subprocess_env):
+    result = subprocess.run([sys.executable, "manage.py", "run_pipeline", "no-such-pipeline", "--max-seconds", "1"],
+                            cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "No pipeline named 'no-such-pipeline'" in result.stderr
+
+
+def test_run_pipeline_refuses_an_unknown_crash_point(subprocess_env):
+    result = subprocess.run([sys.executable, "manage.py", "run_pipeline", "any", "--crash-at", "before-lunch"],
+                            cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Unknown crash point 'before-lunch'" in result.stderr
