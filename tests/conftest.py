@@ -135,3 +135,28 @@ def screenshot_dir() -> Path:
     folder = ROOT / ("docs/screenshots" if os.environ.get("TALLY_UPDATE_SCREENSHOTS") == "1" else "var/screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def drop_sink_tables(tables) -> None:
+    """Sink tables are not Django tables: transactional tests must drop the ones they create."""
+    from consumers import db, sinks
+
+    conn = db.connect("tally-tests")
+    try:
+        with conn.cursor() as cursor:
+            for table in tables:
+                sinks.drop_sink_table(cursor, table)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def demo(transactional_db, kafka_bootstrap, settings):
+    """The demo pipelines on the test broker, with a short session timeout (a killed member holds its
+    partitions until its session expires); their sink tables are dropped afterwards."""
+    from consumers.demo import DEMO_PIPELINES
+
+    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    yield
+    drop_sink_tables(demo.sink_table for demo in DEMO_PIPELINES)

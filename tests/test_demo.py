@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from consumers import db, kafka_admin, sinks
+from consumers import kafka_admin
 from consumers.demo import DEMO_PIPELINES, DEMO_TOPIC, DemoError, run_classic_demo, seed_demo
 from consumers.models import ConsumerRun, PartitionOffset, Pipeline
 from tests.chaos import sink_counts
@@ -12,18 +12,6 @@ from tests.chaos import sink_counts
 pytestmark = [pytest.mark.kafka]
 
 CLASSIC = ["nums-at-most-once", "nums-at-least-once", "nums-exactly-once"]  # the kafka-python engine's three
-
-
-@pytest.fixture
-def demo(transactional_db, kafka_bootstrap, settings):
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
-    yield
-    conn = db.connect("tally-tests")
-    with conn.cursor() as cursor:
-        for pipeline in DEMO_PIPELINES:
-            sinks.drop_sink_table(cursor, pipeline.sink_table)
-    conn.commit()
-    conn.close()
 
 
 def held_records(topic):

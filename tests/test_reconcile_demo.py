@@ -3,25 +3,13 @@ reconciliation's lost and duplicated counts must equal a row-by-row count of eac
 does not rely on provenance) — and be zero for exactly-once."""
 import pytest
 
-from consumers import db, reconcile, sinks
-from consumers.demo import DEMO_PIPELINES, run_classic_demo
+from consumers import reconcile
+from consumers.demo import run_classic_demo
 from consumers.models import Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
 RECORDS = 80
-
-
-@pytest.fixture
-def demo(transactional_db, kafka_bootstrap, settings):
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
-    yield
-    conn = db.connect("tally-tests")
-    with conn.cursor() as cursor:
-        for pipeline in DEMO_PIPELINES:
-            sinks.drop_sink_table(cursor, pipeline.sink_table)
-    conn.commit()
-    conn.close()
 
 
 def test_reconciliation_counts_exactly_what_the_crashed_classic_consumers_lost_and_duplicated(demo):
