@@ -190,15 +190,16 @@ def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page,
         page.get_by_role("button", name="Run the demo").click()
         expect(page.locator("#demo-state")).to_have_text(re.compile("queued|running|done"))
         expect(page.locator("#demo-state")).to_have_text("done", timeout=240_000)
-        exactly = page.locator("#demo-exactly_once")
-        expect(exactly).to_contain_text("every value exactly once")
+        # One card per pipeline, the Spark engine's exactly-once pipeline beside the kafka-python one.
+        for name in ("nums-exactly-once", "nums-spark-exactly-once"):
+            expect(page.locator(f"#demo-{name}")).to_contain_text("every value exactly once")
         state = demo_runs.read_state()
         at_most = state["pipelines"]["nums-at-most-once"]
         at_least = state["pipelines"]["nums-at-least-once"]
         exact = state["pipelines"]["nums-exactly-once"]
         assert (exact["rows"], exact["distinct"], exact["missing"], exact["duplicated"]) == (100, 100, [], {})
         # What the page says is what the sinks hold, and reconciliation counts the same as the row check.
-        expect(page.locator("#demo-at_most_once")).to_contain_text(f"{at_most['rows']}")
+        expect(page.locator("#demo-nums-at-most-once")).to_contain_text(f"{at_most['rows']}")
         numbers = state["reconciliation"]
         assert numbers["nums-at-most-once"]["lost"] == len(at_most["missing"])
         assert numbers["nums-at-least-once"]["duplicated"] == sum(c - 1 for c in at_least["duplicated"].values())
