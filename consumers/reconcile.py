@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from consumers import kafka_admin, lag_status, reconcile_rewinds
@@ -274,8 +275,6 @@ def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple[i
 
 def _phantoms(cur, shape: SinkShape, states: dict) -> None:
     """Rows at or beyond each partition's committed position: one query for all partitions."""
-    from psycopg2 import sql
-
     limits = [(p, state.phantom_from) for p, state in states.items() if state.phantom_from is not None]
     if not limits:
         return
@@ -370,11 +369,13 @@ def _store(pipeline, report: PipelineReport, states) -> None:
                          part.high_watermark, part.next_offset, part.kafka_committed, part.lag_records,
                          part.lag_seconds, part.status, report.checked_at))
         if rows:
-            columns = ", ".join(_HEALTH_COLUMNS)
-            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _HEALTH_COLUMNS)  # fixed names from this module
-            execute_values(cur, f"INSERT INTO consumers_partitionhealth (pipeline_id, partition, {columns}) "
-                                f"VALUES %s ON CONFLICT (pipeline_id, partition) DO UPDATE SET {updates}",
-                           rows, template="(" + ", ".join(["%s"] * 4 + ["%s::jsonb"] + ["%s"] * 13) + ")")
+            columns = sql.SQL(", ").join(sql.Identifier(c) for c in _HEALTH_COLUMNS)
+            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                         for c in _HEALTH_COLUMNS)
+            statement = sql.SQL("INSERT INTO consumers_partitionhealth (pipeline_id, partition, {}) VALUES %s "
+                                "ON CONFLICT (pipeline_id, partition) DO UPDATE SET {}").format(columns, updates)
+            execute_values(cur, statement.as_string(cur), rows,
+                           template="(" + ", ".join(["%s"] * 4 + ["%s::jsonb"] + ["%s"] * 13) + ")")
         cur.execute("INSERT INTO consumers_pipelinehealth (pipeline_id, status, lost, duplicated, phantom, "
                     "dead_lettered, lag_records, lag_seconds, records_per_second, checked_at) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline_id) DO UPDATE SET "
