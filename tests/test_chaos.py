@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from consumers import db, kafka_admin, sinks
+from consumers import kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
 from consumers.pipelines import create_pipeline
 from tests.chaos import EngineProcess, ledger_batches, produce_values, run_until_clean_exit, sink_counts, wait_for
+from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -31,12 +32,7 @@ def chaos_pipeline(transactional_db, kafka_bootstrap, make_topic, subprocess_env
         return pipeline
 
     yield make
-    conn = db.connect("tally-tests")
-    with conn.cursor() as cursor:
-        for table in created:
-            sinks.drop_sink_table(cursor, table)
-    conn.commit()
-    conn.close()
+    drop_sink_tables(created)
 
 
 def every_value_once(records):

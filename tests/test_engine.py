@@ -10,12 +10,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from consumers import commit, db, kafka_admin, sinks
+from consumers import commit, db, kafka_admin
 from consumers.engine import UnknownPipeline, run_pipeline
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from consumers.pipelines import create_pipeline
 from tests.chaos import produce_values, sink_counts, wait_for
-from tests.conftest import ROOT
+from tests.conftest import ROOT, drop_sink_tables
 
 pytestmark = [pytest.mark.kafka]
 
@@ -35,12 +35,7 @@ def make_pipeline(transactional_db, kafka_bootstrap, make_topic, settings):
         return pipeline
 
     yield make
-    conn = db.connect("tally-tests")
-    with conn.cursor() as cursor:
-        for table in created:
-            sinks.drop_sink_table(cursor, table)
-    conn.commit()
-    conn.close()
+    drop_sink_tables(created)
 
 
 def in_thread(name, **kwargs):
