@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from psycopg2 import sql
 from psycopg2.extras import execute_values
@@ -91,8 +92,12 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
     committed = {p: o for p, o in committed.items() if o is not None}
     now = now or timezone.now()
     with timer.db:
+        # A SIGKILLed run leaves its row "running" with a recent heartbeat; a run started after that
+        # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive.
+        restarted_after = ConsumerRun.objects.filter(pipeline=pipeline, started_at__gt=OuterRef("heartbeat_at"))
         alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
-                                           heartbeat_at__gte=now - heartbeat_timeout()).exists()
+                                           heartbeat_at__gte=now - heartbeat_timeout()).filter(
+            ~Exists(restarted_after)).exists()
         states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive)
     reports = []
     for p, state in sorted(states.items()):

@@ -317,6 +317,25 @@ def test_a_kafka_offset_beyond_the_database_is_in_flight_while_an_at_most_once_c
     assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).lost == 10
 
 
+def test_a_killed_run_whose_row_still_says_running_does_not_excuse_a_loss_once_a_later_run_started(setup):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from consumers.models import ConsumerRun, RunState
+
+    pipeline, write = setup(DeliveryMode.AT_MOST_ONCE)
+    write(0, range(0, 10))
+    kafka = FakeKafka(high={0: 20}, committed={0: 20})
+    # SIGKILL leaves the row "running" with a fresh heartbeat; the restart that followed has ended.
+    killed_at = timezone.now() - timedelta(seconds=2)
+    ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING,
+                               started_at=killed_at - timedelta(seconds=5), heartbeat_at=killed_at)
+    ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="h", pid=2, state=RunState.STOPPED,
+                               started_at=killed_at + timedelta(seconds=1), ended_at=timezone.now())
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).lost == 10
+
+
 def test_reconciling_while_batches_commit_never_reports_a_phantom_or_a_loss(setup):
     import threading
 
