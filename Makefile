@@ -7,13 +7,23 @@ STAMP := $(VENV)/.installed
 # apt packages the tests need: Chromium for browser tests, the PostgreSQL JDBC jar for Spark.
 APT_PACKAGES := chromium libpostgresql-jdbc-java
 
-.PHONY: run test setup system-deps database lint screenshots clean
+.PHONY: run test test-fast test-clock setup system-deps database lint screenshots clean
 
 run: setup database
 	$(PY) manage.py devstack
 
 test: setup system-deps database
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Every test that needs no broker, Celery worker, Spark or browser: run it before every commit.
+FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos
+test-fast: setup database
+	$(VENV)/bin/pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# The clock-dependent tests with the clock a year ahead and a year back: no test may depend on today's date.
+test-clock: setup database
+	TALLY_TEST_CLOCK_SHIFT_DAYS=365 $(VENV)/bin/pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	TALLY_TEST_CLOCK_SHIFT_DAYS=-365 $(VENV)/bin/pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

@@ -92,9 +92,11 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
     committed = {p: o for p, o in committed.items() if o is not None}
     now = now or timezone.now()
     with timer.db:
-        # A SIGKILLed run leaves its row "running" with a recent heartbeat; a run started after that
-        # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive.
-        restarted_after = ConsumerRun.objects.filter(pipeline=pipeline, started_at__gt=OuterRef("heartbeat_at"))
+        # A SIGKILLed run leaves its row "running" with a recent heartbeat; another run started after that
+        # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive. A run
+        # is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
+        restarted_after = ConsumerRun.objects.filter(
+            pipeline=pipeline, started_at__gt=OuterRef("heartbeat_at")).exclude(pk=OuterRef("pk"))
         alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
                                            heartbeat_at__gte=now - heartbeat_timeout()).filter(
             ~Exists(restarted_after)).exists()

@@ -8,15 +8,53 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import time_machine
 from django.conf import settings
 
 from consumers import broker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+# A test that uses one of these fixtures needs that service, whatever markers it declares: `make test-fast`
+# deselects the markers, so a missing marker cannot smuggle a broker or a worker into the fast lane.
+SERVICE_FIXTURES = {"kafka_bootstrap": "kafka", "celery_worker": "celery", "page": "browser", "browser": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in SERVICE_FIXTURES.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+
+
+def clock_shift() -> timedelta:
+    """TALLY_TEST_CLOCK_SHIFT_DAYS=365 (or -365) runs the suite with the clock moved: no test may depend on
+    today's date (README, "Testing")."""
+    raw = os.environ.get("TALLY_TEST_CLOCK_SHIFT_DAYS", "").strip()
+    return timedelta(days=int(raw)) if raw else timedelta(0)
+
+
+def pytest_configure(config):
+    shift = clock_shift()
+    if shift:
+        # Started before collection, so module-level times move too; tick=True: the moved clock keeps
+        # running, so deadlines and heartbeats behave as on any other day.
+        config._tally_clock = time_machine.travel(datetime.now(UTC) + shift, tick=True)
+        config._tally_clock.start()
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_tally_clock", None):
+        config._tally_clock.stop()
+        return
+    # tick=True: the moved clock keeps running, so deadlines and heartbeats behave as on any other day.
+    with time_machine.travel(datetime.now(UTC) + shift, tick=True):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
 """Evaluations and senders running at the same time still produce one alert and one email per state."""
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 from django.db import connection
-from django.utils import timezone
 
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
 from dashboard.alerts.defaults import ensure_default_rules
@@ -13,7 +13,16 @@ from dashboard.alerts.notify import deliver_due
 from dashboard.models import Alert, Notification
 from tests.test_alerts_email import inbox, smtp_port  # noqa: F401 - fixtures
 
-NOW = timezone.now().replace(microsecond=0)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    """Every clock read in these tests (row defaults, code without an injected time) reads NOW."""
+    with time_machine.travel(NOW, tick=False):
+        yield
+
+
 RACERS = 4
 
 

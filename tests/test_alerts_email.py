@@ -2,13 +2,13 @@
 import email
 import email.policy
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
+import time_machine
 from aiosmtpd.controller import Controller
 from django.core.management import call_command
-from django.utils import timezone
 
 from consumers.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
@@ -17,7 +17,14 @@ from dashboard.alerts.evaluate import evaluate_all
 from dashboard.alerts.notify import deliver_due
 from dashboard.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 
-T0 = timezone.now().replace(microsecond=0)
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    """Every clock read in these tests (row defaults, code without an injected time) reads T0."""
+    with time_machine.travel(T0, tick=False):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """Rule conditions read from what reconciliation stored (PipelineHealth / PartitionHealth), with injected time."""
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.utils import timezone
+import time_machine
 
 from consumers.models import (
     ActionLog,
@@ -20,7 +20,14 @@ from dashboard.alerts.evaluate import evaluate_all
 from dashboard.alerts.rules import PipelineView, check, rules_for
 from dashboard.models import Alert, AlertRule, AlertState, Notification, RuleKind
 
-NOW = timezone.now().replace(microsecond=0)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    """Every clock read in these tests (row defaults, code without an injected time) reads NOW."""
+    with time_machine.travel(NOW, tick=False):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ snapshots, runs and rewinds."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 
 from consumers import reconcile
 from consumers.kafka_admin import Watermarks
@@ -69,7 +70,14 @@ class StillKafka:
 
 
 @pytest.fixture
-def stuck_pipeline(db):
+def frozen_clock():
+    """Rows created with default timestamps (a run's started_at) read the same clock as `now=NOW`."""
+    with time_machine.travel(NOW, tick=False):
+        yield
+
+
+@pytest.fixture
+def stuck_pipeline(db, frozen_clock):
     pipeline = Pipeline.objects.create(name="stuck", topic="t", sink_table="stuck_sink_absent", epoch=1)
     PartitionOffset.objects.create(pipeline=pipeline, partition=0, next_offset=100)
     PartitionOffset.objects.filter(pipeline=pipeline).update(updated_at=NOW - timedelta(minutes=20))
@@ -90,6 +98,21 @@ def test_a_pipeline_that_sits_still_with_a_live_consumer_is_stalled(stuck_pipeli
     ConsumerRun.objects.create(pipeline=stuck_pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING,
                                heartbeat_at=NOW - timedelta(seconds=5))
     assert reconcile.reconcile_pipeline(stuck_pipeline, kafka=StillKafka(), now=NOW).status == "STALL"
+
+
+def test_a_run_whose_start_reads_later_than_its_heartbeat_is_not_its_own_restart(stuck_pipeline):
+    # The worker that created the row and the one that heartbeats may disagree on the time by a second.
+    ConsumerRun.objects.create(pipeline=stuck_pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING,
+                               started_at=NOW - timedelta(seconds=4), heartbeat_at=NOW - timedelta(seconds=5))
+    assert reconcile.reconcile_pipeline(stuck_pipeline, kafka=StillKafka(), now=NOW).status == "STALL"
+
+
+def test_a_run_started_after_the_last_heartbeat_of_another_proves_that_one_dead(stuck_pipeline):
+    ConsumerRun.objects.create(pipeline=stuck_pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING,
+                               started_at=NOW - timedelta(seconds=30), heartbeat_at=NOW - timedelta(seconds=5))
+    ConsumerRun.objects.create(pipeline=stuck_pipeline, epoch=2, host="h", pid=2, state=RunState.CRASHED,
+                               started_at=NOW - timedelta(seconds=3), heartbeat_at=NOW - timedelta(seconds=3))
+    assert reconcile.reconcile_pipeline(stuck_pipeline, kafka=StillKafka(), now=NOW).status == "STOP"
 
 
 def test_a_recent_operator_rewind_turns_a_stopped_pipeline_into_rewind(stuck_pipeline):

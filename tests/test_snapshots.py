@@ -2,12 +2,20 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import time_machine
 
 from consumers import snapshots
 from consumers.kafka_admin import Watermarks
 from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    """Everything that reads the clock in these tests reads NOW (stored rows get it as their default)."""
+    with time_machine.travel(NOW, tick=False):
+        yield
 
 
 class FakeKafka:
