@@ -51,10 +51,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if getattr(config, "_tally_clock", None):
         config._tally_clock.stop()
-        return
-    # tick=True: the moved clock keeps running, so deadlines and heartbeats behave as on any other day.
-    with time_machine.travel(datetime.now(UTC) + shift, tick=True):
-        yield
 
 
 @pytest.fixture(scope="session")
