@@ -3,6 +3,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY tally tally
 COPY dashboard dashboard
 COPY consumers consumers
 RUN pip install --no-cache-dir .

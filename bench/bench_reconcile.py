@@ -40,7 +40,7 @@ def parse_args():
 
 def setup_django(database_url: str):
     os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
     import psycopg2
 
     url = urlparse(database_url)

@@ -104,7 +104,7 @@ def subprocess_env(db):
     env["DATABASE_URL"] = database_url()
     env["REDIS_URL"] = TEST_REDIS_URL
     env["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS
-    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tally.settings"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -112,7 +112,7 @@ def subprocess_env(db):
 @pytest.fixture
 def celery_app_for_tests():
     """The project's Celery app pointed at the test Redis database."""
-    from dashboard.celery import app
+    from tally.celery import app
 
     old = (app.conf.broker_url, app.conf.result_backend)
     app.conf.broker_url = TEST_REDIS_URL
@@ -125,7 +125,7 @@ def start_celery_worker(env, *extra_args, log_name="celery-worker"):
     """Start a real Celery worker process (threads pool) and wait until it answers a ping."""
     (ROOT / "var").mkdir(exist_ok=True)
     log = open(ROOT / "var" / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")
-    command = [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--pool", "threads",
+    command = [sys.executable, "-m", "celery", "-A", "tally", "worker", "--pool", "threads",
                "--concurrency", "8", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
                "-n", f"test-{uuid.uuid4().hex[:6]}@%h", *extra_args]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -51,7 +51,7 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
         schedule = ROOT / "var" / f"ops-beat-{uuid.uuid4().hex[:6]}"
         schedules.append(schedule)
         log = open(ROOT / "var" / f"{schedule.name}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "beat", "-s", str(schedule),
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tally", "beat", "-s", str(schedule),
                                     "--loglevel", "INFO"], cwd=ROOT, env={**env, **extra_env}, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         processes.append(process)

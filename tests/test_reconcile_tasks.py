@@ -12,7 +12,7 @@ from consumers.transforms import SourceRecord, resolve
 
 
 def test_the_beat_schedule_runs_reconciliation_snapshots_and_downsampling():
-    from dashboard.celery import app
+    from tally.celery import app
 
     app.loader.import_default_modules()
     tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}

@@ -23,7 +23,7 @@ PYTHON = sys.executable
 
 def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     """The long-running processes of the stack, by name (also documented in the README)."""
-    celery = [PYTHON, "-m", "celery", "-A", "dashboard"]
+    celery = [PYTHON, "-m", "celery", "-A", "tally"]
     return {
         # The threads pool: each pipeline is a long-lived task, and Spark must never be started in a
         # prefork child (see DESIGN.md); threads let one worker host many pipelines.

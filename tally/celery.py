@@ -3,7 +3,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 
 app = Celery("tally")
 app.config_from_object("django.conf:settings", namespace="CELERY")

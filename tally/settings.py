@@ -1,7 +1,7 @@
 """Tally settings. Every deployment-specific value comes from the environment (see README)."""
 from pathlib import Path
 
-from dashboard.env import (
+from tally.env import (
     env_bool,
     env_bootstrap_servers,
     env_database,
@@ -49,7 +49,7 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
-ROOT_URLCONF = "dashboard.urls"
+ROOT_URLCONF = "tally.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -64,8 +64,8 @@ TEMPLATES = [
         },
     },
 ]
-WSGI_APPLICATION = "dashboard.wsgi.application"
-ASGI_APPLICATION = "dashboard.asgi.application"
+WSGI_APPLICATION = "tally.wsgi.application"
+ASGI_APPLICATION = "tally.asgi.application"
 
 DATABASES = {"default": env_database("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally")}
 # Parallel test runs (e.g. several developers' sessions on one server) need distinct test databases.
