@@ -61,8 +61,8 @@ def fill(pipelines: int, partitions: int, incident_share: float) -> list:
     from django.utils import timezone
 
     from consumers.models import ConsumerRun, PartitionHealth, Pipeline, PipelineHealth
-    from dashboard.alerts.defaults import ensure_default_rules
-    from dashboard.models import Alert, Mute
+    from alerts.defaults import ensure_default_rules
+    from alerts.models import Alert, Mute
 
     Alert.objects.all().delete()
     Mute.objects.all().delete()
@@ -111,8 +111,8 @@ def main():
 
     from consumers.broker import free_port
     from consumers.models import PartitionHealth, PipelineHealth
-    from dashboard.alerts.evaluate import evaluate_all
-    from dashboard.alerts.notify import deliver_due
+    from alerts.evaluate import evaluate_all
+    from alerts.notify import deliver_due
 
     class Sink:
         received = 0

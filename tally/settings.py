@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "consumers",
     "dashboard",
+    "alerts",
 ]
 
 MIDDLEWARE = [
@@ -163,7 +164,7 @@ if DEBUG and "EMAIL_URL" not in __import__("os").environ and "EMAIL_HOST" not in
 globals().update(env_email("EMAIL_URL"))
 ALERT_RECIPIENTS = env_list("ALERT_RECIPIENTS", [])
 TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
-# Alerts (dashboard/alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
+# Alerts (alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
 ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
 ALERT_HEARTBEAT_TIMEOUT_SECONDS = env_int("ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60, minimum=5)
 ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)

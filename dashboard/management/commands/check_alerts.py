@@ -3,8 +3,8 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.alerts.notify import deliver_due
+from alerts.evaluate import evaluate_all
+from alerts.notify import deliver_due
 
 
 class Command(BaseCommand):

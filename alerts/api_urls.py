@@ -1,7 +1,7 @@
 """Alerts in the JSON API under /api/alerts/."""
 from django.urls import path
 
-from dashboard.alerts import api
+from alerts import api
 
 app_name = "alerts_api"
 urlpatterns = [

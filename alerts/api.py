@@ -6,10 +6,10 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from dashboard.alerts import evaluate
-from dashboard.alerts.queries import PAGE_SIZE, filtered_alerts, parse_minutes
+from alerts import evaluate
+from alerts.models import Alert
+from alerts.queries import PAGE_SIZE, filtered_alerts, parse_minutes
 from dashboard.api.permissions import OperatorForWrites
-from dashboard.models import Alert
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
 

@@ -1,7 +1,7 @@
 """Alerts pages (list, filter, acknowledge, mute)."""
 from django.urls import path
 
-from dashboard.alerts import views
+from alerts import views
 
 app_name = "alerts"
 urlpatterns = [

@@ -17,7 +17,7 @@ def ensure_default_rules(rule_model=None) -> int:
     """Create the missing default rules (idempotent); returns how many were created. Takes the model so
     that the data migration can pass its historical one."""
     if rule_model is None:
-        from dashboard.models import AlertRule as rule_model
+        from alerts.models import AlertRule as rule_model
     created = 0
     for name, kind, threshold in DEFAULT_RULES:
         created += rule_model.objects.get_or_create(name=name, kind=kind, pipeline=None,

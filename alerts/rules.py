@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from alerts.models import AlertRule, RuleKind
+from alerts.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
 from consumers.models import ConsumerRun, DeadLetter, DesiredState, PartitionHealth, PipelineHealth, RunState
-from dashboard.alerts.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
-from dashboard.models import AlertRule, RuleKind
 
 # Findings keep at most this many ranges per partition: an email listing 10,000 ranges helps nobody.
 MAX_RANGES_PER_PARTITION = 20

@@ -1,7 +1,7 @@
 """Admin for alert rules, alerts, mutes and the email outbox."""
 from django.contrib import admin
 
-from dashboard.models import Alert, AlertRule, Mute, Notification
+from alerts.models import Alert, AlertRule, Mute, Notification
 
 
 @admin.register(AlertRule)

@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from dashboard.models import Notification, NotificationKind
+from alerts.models import Notification, NotificationKind
 
 logger = logging.getLogger("tally.alerts")
 

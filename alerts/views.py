@@ -13,10 +13,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from alerts import evaluate
+from alerts.models import Alert, Mute
+from alerts.queries import PAGE_SIZE, STATE_FILTERS, can_operate, filtered_alerts, parse_minutes
 from consumers.models import Pipeline
-from dashboard.alerts import evaluate
-from dashboard.alerts.queries import PAGE_SIZE, STATE_FILTERS, can_operate, filtered_alerts, parse_minutes
-from dashboard.models import Alert, Mute
 
 
 @require_GET

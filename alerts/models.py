@@ -50,6 +50,7 @@ class AlertRule(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        db_table = "dashboard_alertrule"  # created when alerts lived in the dashboard app
         ordering = ["kind", "name"]
 
     def __str__(self):
@@ -90,6 +91,7 @@ class Alert(models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "dashboard_alert"  # created when alerts lived in the dashboard app
         ordering = ["-started_at"]
         constraints = [models.UniqueConstraint(fields=["rule", "pipeline"], condition=Q(state__in=OPEN_STATES),
                                                name="uniq_open_alert_per_rule_pipeline")]
@@ -138,6 +140,7 @@ class Mute(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        db_table = "dashboard_mute"  # created when alerts lived in the dashboard app
         ordering = ["-until"]
 
     def __str__(self):
@@ -164,7 +167,7 @@ class NotificationKind(models.TextChoices):
 
 class Notification(models.Model):
     """The email outbox: one row per email to send, rendered when queued, sent (and retried with backoff)
-    by `dashboard.alerts.notify.deliver_due`. Unique per (alert, kind, sequence): never two emails for
+    by `alerts.notify.deliver_due`. Unique per (alert, kind, sequence): never two emails for
     the same state."""
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
@@ -182,6 +185,7 @@ class Notification(models.Model):
     failed_at = models.DateTimeField(null=True, blank=True, help_text="Gave up after the last attempt.")
 
     class Meta:
+        db_table = "dashboard_notification"  # created when alerts lived in the dashboard app
         ordering = ["-created_at"]
         constraints = [models.UniqueConstraint(fields=["alert", "kind", "sequence"], name="uniq_notification_state")]
         indexes = [models.Index(fields=["next_attempt_at"], name="notification_due_idx",

@@ -1,5 +1,5 @@
 """Listing alerts with the page's and the API's filters (one place, so both agree)."""
-from dashboard.models import OPEN_STATES, Alert, AlertState
+from alerts.models import OPEN_STATES, Alert, AlertState
 
 # The page shows this many alerts: the newest matter; older ones are in the admin.
 PAGE_SIZE = 200

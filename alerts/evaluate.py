@@ -16,10 +16,10 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from alerts import notify
+from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
+from alerts.rules import Finding, PipelineView, check, rules_for
 from consumers.models import Pipeline
-from dashboard.alerts import notify
-from dashboard.alerts.rules import Finding, PipelineView, check, rules_for
-from dashboard.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
 
 logger = logging.getLogger("tally.alerts")
 
