@@ -60,9 +60,9 @@ def setup_django(database_url: str):
 def fill(pipelines: int, partitions: int, incident_share: float) -> list:
     from django.utils import timezone
 
-    from consumers.models import ConsumerRun, PartitionHealth, Pipeline, PipelineHealth
     from alerts.defaults import ensure_default_rules
     from alerts.models import Alert, Mute
+    from consumers.models import ConsumerRun, PartitionHealth, Pipeline, PipelineHealth
 
     Alert.objects.all().delete()
     Mute.objects.all().delete()
@@ -109,10 +109,10 @@ def main():
     from django.conf import settings
     from django.utils import timezone
 
-    from consumers.broker import free_port
-    from consumers.models import PartitionHealth, PipelineHealth
     from alerts.evaluate import evaluate_all
     from alerts.notify import deliver_due
+    from consumers.kafka.broker import free_port
+    from consumers.models import PartitionHealth, PipelineHealth
 
     class Sink:
         received = 0

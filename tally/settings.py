@@ -116,7 +116,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
-# --- Operating layer: runs, supervisor (consumers/supervisor.py) ---------------------------------------
+# --- Operating layer: runs, supervisor (consumers/operations/supervisor.py) ---------------------------------------
 # A run whose heartbeat (written about every second) is older than the lease is considered dead.
 TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
 TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)
@@ -133,7 +133,7 @@ CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
     "task": "consumers.supervise", "schedule": TALLY_SUPERVISOR_INTERVAL_SECONDS,
     "options": {"expires": TALLY_SUPERVISOR_INTERVAL_SECONDS}}
 
-# --- Reconciliation (consumers/reconcile.py, consumers/snapshots.py) -----------------------------------
+# --- Reconciliation (consumers/reconciliation/: reconcile.py, snapshots.py) ------------------------------
 RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1)
 # The lag evaluation window (docs/reconciliation.md): 10 snapshots at one per minute, as Burrow's default.
 RECONCILE_WINDOW_SECONDS = env_int("RECONCILE_WINDOW_SECONDS", 600, minimum=10)

@@ -15,7 +15,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
-from consumers import broker
+from consumers.kafka import broker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -177,7 +177,7 @@ def screenshot_dir() -> Path:
 
 def drop_sink_tables(tables) -> None:
     """Sink tables are not Django tables: transactional tests must drop the ones they create."""
-    from consumers import db, sinks
+    from consumers.engine import db, sinks
 
     conn = db.connect("tally-tests")
     try:
@@ -193,7 +193,7 @@ def drop_sink_tables(tables) -> None:
 def demo(transactional_db, kafka_bootstrap, settings):
     """The demo pipelines on the test broker, with a short session timeout (a killed member holds its
     partitions until its session expires); their sink tables are dropped afterwards."""
-    from consumers.demo import DEMO_PIPELINES
+    from consumers.demo.classic import DEMO_PIPELINES
 
     settings.KAFKA_SESSION_TIMEOUT_MS = 2000
     yield

@@ -14,7 +14,7 @@ from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 from alerts.notify import deliver_due
-from consumers.broker import free_port
+from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

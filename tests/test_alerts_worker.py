@@ -6,7 +6,7 @@ from django.conf import settings
 
 from alerts.defaults import ensure_default_rules
 from alerts.models import Alert, AlertState, Notification
-from consumers.broker import free_port
+from consumers.kafka.broker import free_port
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.test_alerts_email import start_smtp

@@ -12,10 +12,11 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from consumers import actions, kafka_admin
-from consumers.demo import DEMO_TOPIC
+from consumers.demo.classic import DEMO_TOPIC
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, BatchLedger, ConsumerRun, DesiredState, Pipeline, RunState
-from consumers.rewind import rewind
+from consumers.operations import actions
+from consumers.operations.rewind import rewind
 from tests.conftest import ROOT, start_celery_worker, stop_process_group
 from tests.ops_helpers import (
     EXACTLY_ONCE,

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers import broker
+from consumers.kafka import broker
 
 PYTHON = sys.executable
 

@@ -1,14 +1,14 @@
 """Consumer groups that Tally does not run: list them and describe state, members and lag per partition.
 
-The read side only (group offset resets are operator actions, in consumers/rewind.py). Everything comes
-from Kafka through consumers/kafka_admin.py: the group's committed offsets, the high watermark from a
+The read side only (group offset resets are operator actions, in consumers/operations/rewind.py). Everything comes
+from Kafka through consumers/kafka/admin.py: the group's committed offsets, the high watermark from a
 fetch (the embedded broker's ListOffsets is too low for multi-record batches), and the timestamp of the
 record at the committed offset for lag in seconds.
 """
 import time
 from dataclasses import dataclass, field
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 from consumers.models import Pipeline
 
 

@@ -12,7 +12,7 @@ One Spark input partition per topic-partition offset range `[start, end)`.
 
 Pitfalls this module handles: option keys arrive lower-cased; readers are pickled to Spark's Python
 workers, so `__init__` keeps only plain values (connections are opened in `read`); end offsets come from
-the fetch high watermark (consumers.kafka_admin.watermarks), never from ListOffsets; `poll` is asked for
+the fetch high watermark (consumers.kafka.admin.watermarks), never from ListOffsets; `poll` is asked for
 `max_records=remaining`, or kafka-python decodes a whole fetch for a few records.
 """
 import json
@@ -111,7 +111,7 @@ def _use_bootstrap(bootstrap: str, timeout_ms: int) -> None:
 
 def _watermarks(options: _Options):
     _use_bootstrap(options.bootstrap, options.timeout_ms)
-    from consumers import kafka_admin
+    from consumers.kafka import admin as kafka_admin
 
     return kafka_admin.watermarks(options.topic)
 
@@ -250,7 +250,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return read_range(partition)
 
     def commit(self, end: dict) -> None:
-        # Offsets become durable in PostgreSQL inside foreachBatch (consumers.commit), not here.
+        # Offsets become durable in PostgreSQL inside foreachBatch (consumers.engine.commit), not here.
         pass
 
 

@@ -20,7 +20,8 @@ from django.db import transaction
 from django.utils import timezone
 from psycopg2 import sql
 
-from consumers import db, kafka_admin
+from consumers.engine import db
+from consumers.kafka import admin as kafka_admin
 from consumers.models import AuditJob, AuditJobStatus, PartitionOffset, Pipeline
 
 log = logging.getLogger("tally.spark.audit")
@@ -115,7 +116,7 @@ def consumed_range(topic: str, group_id: str, pipeline: Pipeline | None = None) 
 
 
 def extract_consumed(spark, consumed: ConsumedRange, parser: Callable):
-    from consumers.spark.kafka_source import kafka_format, offsets_json
+    from consumers.engine.spark_source import kafka_format, offsets_json
 
     frame = (spark.read.format(kafka_format(spark))
              .option("kafka.bootstrap.servers", settings.KAFKA_BOOTSTRAP_SERVERS)
@@ -227,7 +228,7 @@ def audit(topic: str, group_id: str, table: str, key_column: str, value_parser_n
     """Run the audit and return its report (a JSON-ready dict)."""
     from pyspark import StorageLevel
 
-    from consumers.spark.session import get_spark
+    from consumers.engine.spark_session import get_spark
 
     progress = progress or (lambda fraction, message: None)
     parser = parser_for(value_parser_name)

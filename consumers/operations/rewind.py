@@ -21,7 +21,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from consumers import actions, kafka_admin, sinks
+from consumers.engine import sinks
+from consumers.kafka import admin as kafka_admin
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -32,8 +33,16 @@ from consumers.models import (
     ResetPolicy,
     RunState,
 )
-from consumers.offset_specs import OffsetSpec, PartitionMove, Refused, choose_partitions, offsets_of, parse_spec
-from consumers.offset_specs import resolve_offsets as resolve
+from consumers.operations import actions
+from consumers.operations.offset_specs import (
+    OffsetSpec,
+    PartitionMove,
+    Refused,
+    choose_partitions,
+    offsets_of,
+    parse_spec,
+)
+from consumers.operations.offset_specs import resolve_offsets as resolve
 
 log = logging.getLogger("tally.rewind")
 

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from consumers import actions
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.operations import actions
 
 log = logging.getLogger("tally.supervisor")
 

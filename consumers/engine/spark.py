@@ -1,4 +1,4 @@
-"""The Spark engine: a Structured Streaming query per pipeline run, committing through consumers.commit.
+"""The Spark engine: a Structured Streaming query per pipeline run, committing through consumers.engine.commit.
 
     Kafka ──(tally_kafka, or Spark's `kafka` format when its connector is on the classpath)──> micro-batch
       └─ foreachBatch (driver): collect the batch as Arrow -> SourceRecords per partition
@@ -10,7 +10,7 @@ The query starts from PostgreSQL's positions (`startingOffsets`) with a scratch 
 away when the run ends, so the database alone says where a pipeline stands: a restart, a rewind or a
 switch between the Python and the Spark engine all resume from `PartitionOffset.next_offset`.
 
-Same entry point and result as the Python engine (consumers/engine.py); epochs as in docs/architecture.md:
+Same entry point and result as the Python engine (consumers/engine/python.py); epochs as in docs/architecture.md:
 a run joins the pipeline's current epoch, notices a newer one at its next heartbeat or commit, and ends.
 """
 import logging
@@ -25,13 +25,14 @@ import pyarrow as pa
 from django.conf import settings
 from django.utils import timezone
 
-from consumers import commit, db, kafka_admin, sinks
-from consumers.engine import _RUN_STATE, RunResult, UnknownPipeline
-from consumers.faults import NO_FAULTS, FaultInjector
+from consumers.engine import commit, db, sinks
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
+from consumers.engine.spark_session import get_spark
+from consumers.engine.spark_source import kafka_format, offsets_json
+from consumers.engine.transforms import SourceRecord
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
-from consumers.spark.kafka_source import kafka_format, offsets_json
-from consumers.spark.session import get_spark
-from consumers.transforms import SourceRecord
 
 log = logging.getLogger("tally.spark.engine")
 

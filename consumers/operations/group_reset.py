@@ -11,10 +11,17 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, Pipeline
-from consumers.offset_specs import OffsetSpec, PartitionMove, Refused, choose_partitions, offsets_of, parse_spec
-from consumers.offset_specs import resolve_offsets as resolve
+from consumers.operations.offset_specs import (
+    OffsetSpec,
+    PartitionMove,
+    Refused,
+    choose_partitions,
+    offsets_of,
+    parse_spec,
+)
+from consumers.operations.offset_specs import resolve_offsets as resolve
 
 log = logging.getLogger("tally.groups")
 

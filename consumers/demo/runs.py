@@ -55,7 +55,7 @@ def request_run(records: int, crash_probability: float, user: str) -> str:
 
 def run(run_id: str, records: int, crash_probability: float) -> dict:
     """Run the classic demo, recording progress, then reconcile the three pipelines. Called by the task."""
-    from consumers import demo
+    from consumers.demo import classic as demo
 
     state = read_state() or {}
     state.update(run_id=run_id, state="running", records=records, crash_probability=crash_probability)
@@ -85,11 +85,11 @@ def run(run_id: str, records: int, crash_probability: float) -> dict:
 def reconcile_demo_pipelines() -> dict:
     """Reconciliation's verdict per demo pipeline (lost, duplicated, phantom), computed from offsets,
     ledger and sink — independent of the demo's own row count it is shown next to."""
-    from consumers.demo import DEMO_PIPELINES
+    from consumers.demo.classic import DEMO_PIPELINES
     from consumers.models import Pipeline
 
     try:
-        from consumers.reconcile import reconcile_pipeline
+        from consumers.reconciliation.reconcile import reconcile_pipeline
     except ImportError:
         return {}
     numbers = {}

@@ -1,6 +1,6 @@
 """Operator rewinds as reconciliation sees them: planned, not incidents.
 
-A rewind back replays `[new, old)`: the commit protocol and consumers/rewind.py keep that exact (ledger rows
+A rewind back replays `[new, old)`: the commit protocol and consumers/operations/rewind.py keep that exact (ledger rows
 superseded, sink rolled back or replayed idempotently), so nothing is reported there. A rewind FORWARD
 skips `[old, new)` on purpose: those offsets have no row and no ledger row, which reconciliation finds as
 lost and gap; such findings are marked `"planned": true`, are not counted as lost, and do not make the

@@ -19,8 +19,9 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from consumers import groups, kafka_admin
+from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline, ResetPolicy
+from consumers.operations import groups
 
 log = logging.getLogger("tally.snapshots")
 

@@ -27,10 +27,11 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from psycopg2 import sql
 
-from consumers import db, kafka_admin, sinks
-from consumers.faults import POINTS
+from consumers.engine import db, sinks
+from consumers.engine.faults import POINTS
+from consumers.engine.pipelines import create_pipeline
+from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Engine, Pipeline
-from consumers.pipelines import create_pipeline
 
 log = logging.getLogger("tally.demo")
 

@@ -1,9 +1,9 @@
 """Creating pipelines: the Pipeline row and its sink table, together."""
 from django.db import connection, transaction
 
-from consumers import sinks
+from consumers.engine import sinks
+from consumers.engine.transforms import resolve
 from consumers.models import DeliveryMode, Engine, Pipeline
-from consumers.transforms import resolve
 
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers silently; refuse them instead
 
@@ -37,7 +37,7 @@ def engine_runner(engine: str):
     """The `run_pipeline(name, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds, faults,
     task_id)` of an engine. Imported lazily: Spark (and its JVM) loads only where a Spark pipeline runs."""
     if engine == Engine.SPARK:
-        from consumers.spark.engine import run_pipeline
+        from consumers.engine.spark import run_pipeline
     else:
-        from consumers.engine import run_pipeline
+        from consumers.engine.python import run_pipeline
     return run_pipeline

@@ -9,12 +9,12 @@ One run, per pipeline:
      commits meanwhile never looks lost: Kafka's offset is written after the DB commit).
   2. The database, in one REPEATABLE READ snapshot: positions, the marks of the last run, new ledger
      rows; then the NEW range [verified_offset, next_offset) of each partition is verified
-     (consumers/reconcile_verify.py). A new ledger row that starts below the mark (an at-least-once
+     (consumers/reconciliation/verify.py). A new ledger row that starts below the mark (an at-least-once
      re-write) or a rewind moves the mark back first.
   3. What is re-evaluated every run, never marked as verified: phantom rows (at or beyond the committed
      position), a classic consumer's Kafka offset beyond the DB (records it skipped), a position below the
      log start (unrecoverable).
-  4. Lag in records and seconds, status by the lag evaluation rules (consumers/lag_status.py), and the
+  4. Lag in records and seconds, status by the lag evaluation rules (consumers/reconciliation/lag_status.py), and the
      results stored in PartitionHealth / PipelineHealth.
 
 Consumed range of a partition: from the first ledger offset to the DB's `next_offset`; for the classic
@@ -34,7 +34,8 @@ from django.utils import timezone
 from psycopg2 import sql
 from psycopg2.extras import execute_values
 
-from consumers import kafka_admin, lag_status, reconcile_rewinds
+from consumers.engine.transforms import resolve
+from consumers.kafka import admin as kafka_admin
 from consumers.models import (
     ConsumerRun,
     DeliveryMode,
@@ -44,15 +45,16 @@ from consumers.models import (
     RunState,
     Status,
 )
-from consumers.reconcile_report import (  # noqa: F401  (public names of this module)
+from consumers.reconciliation import lag_status
+from consumers.reconciliation import rewinds as reconcile_rewinds
+from consumers.reconciliation.report import (  # noqa: F401  (public names of this module)
     INCIDENT_KINDS,
     PartitionReport,
     PipelineReport,
     count_findings,
     report_json,
 )
-from consumers.reconcile_verify import SinkShape, fold, sink_shape, table_exists, verify_range
-from consumers.transforms import resolve
+from consumers.reconciliation.verify import SinkShape, fold, sink_shape, table_exists, verify_range
 
 log = logging.getLogger("tally.reconcile")
 
@@ -65,7 +67,7 @@ def status_window() -> timedelta:
 
 
 def heartbeat_timeout() -> timedelta:
-    # The runs' lease (consumers/supervisor.py): a run whose heartbeat is older is dead.
+    # The runs' lease (consumers/operations/supervisor.py): a run whose heartbeat is older is dead.
     return timedelta(seconds=getattr(settings, "TALLY_RUN_LEASE_SECONDS", 15))
 
 

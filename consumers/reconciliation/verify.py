@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from psycopg2 import sql
 
-from consumers.sinks import PROVENANCE
+from consumers.engine.sinks import PROVENANCE
 
 # More findings than this per kind are folded: the oldest into one covering finding (counts stay exact), so
 # a partition that dead-letters every other record does not store millions of ranges.

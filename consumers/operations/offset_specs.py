@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 
 MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
 MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")

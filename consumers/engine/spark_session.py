@@ -46,7 +46,7 @@ def session_config(master: str | None = None) -> dict[str, str]:
         "spark.pyspark.driver.python": sys.executable,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # Tally owns offsets in PostgreSQL; Spark's checkpoints are scratch (see consumers/spark/engine.py).
+        # Tally owns offsets in PostgreSQL; Spark's checkpoints are scratch (see consumers/engine/spark.py).
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
@@ -128,7 +128,7 @@ def _build():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    from consumers.spark.kafka_source import register
+    from consumers.engine.spark_source import register
 
     register(spark)
     log.info("SparkSession started: master=%s, Spark %s", master, spark.version)

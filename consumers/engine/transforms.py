@@ -94,5 +94,5 @@ def resolve(name: str) -> Transform:
     except (ImportError, AttributeError) as exc:
         raise LookupError(f"Cannot import transform {name!r}: {exc}") from exc
     if not isinstance(candidate, Transform):
-        raise LookupError(f"{name!r} is not a consumers.transforms.Transform")
+        raise LookupError(f"{name!r} is not a consumers.engine.transforms.Transform")
     return candidate

@@ -18,7 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
-from consumers.offset_specs import Refused
+from consumers.operations.offset_specs import Refused
 
 log = logging.getLogger("tally.actions")
 

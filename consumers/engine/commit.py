@@ -10,15 +10,15 @@ Steps of `commit_batch`, in ONE PostgreSQL transaction:
   6. Set `next_offset` = last offset + 1.
   7. COMMIT.
 The engine commits the same offsets to Kafka only afterwards; that commit is advisory (for lag tools).
-Fault points `mid-write` and `after-write` sit inside the transaction (see consumers/faults.py).
+Fault points `mid-write` and `after-write` sit inside the transaction (see consumers/engine/faults.py).
 """
 from dataclasses import dataclass
 
 from psycopg2.extras import execute_values
 
-from consumers import sinks
-from consumers.faults import NO_FAULTS, FaultInjector
-from consumers.transforms import SourceRecord, Transform, resolve
+from consumers.engine import sinks
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.transforms import SourceRecord, Transform, resolve
 
 
 class CommitRefused(Exception):

@@ -13,7 +13,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
-from consumers.transforms import SourceRecord
+from consumers.engine.transforms import SourceRecord
 
 log = logging.getLogger("tally.engine")
 

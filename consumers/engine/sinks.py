@@ -9,7 +9,7 @@ import io
 
 from psycopg2 import sql
 
-from consumers.transforms import Transform
+from consumers.engine.transforms import Transform
 
 PROVENANCE = ("source_topic", "source_partition", "source_offset")
 

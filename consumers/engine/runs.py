@@ -1,7 +1,7 @@
 """Pipeline runs inside a Celery worker: one long-lived task per run, stopped cleanly on warm shutdown.
 
 The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
-apart); the supervisor (consumers/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
+apart); the supervisor (consumers/operations/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
 A worker's warm shutdown sets every run's stop event, so runs commit what they hold and leave the
 consumer group instead of being cut off mid-batch.
 """
@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from consumers.engine.pipelines import engine_runner
 from consumers.models import ConsumerRun, DesiredState, Pipeline, RunState
-from consumers.pipelines import engine_runner
 
 LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from consumers import commit, db, kafka_admin
-from consumers.engine_kafka import AssignmentTracker, commit_to_kafka, make_consumer, to_source_records
-from consumers.faults import NO_FAULTS, FaultInjector
+from consumers.engine import commit, db
+from consumers.engine.consumer import AssignmentTracker, commit_to_kafka, make_consumer, to_source_records
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
 
 log = logging.getLogger("tally.engine")
@@ -208,7 +209,7 @@ class _Engine:
         self._drain()
 
     def _write(self, batches):
-        """Writer thread: the one DB transaction of a batch (consumers/commit.py)."""
+        """Writer thread: the one DB transaction of a batch (consumers/engine/commit.py)."""
         outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
         self.faults.maybe_crash("after-db-commit")
         return outcomes
