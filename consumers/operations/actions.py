@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -26,6 +27,9 @@ ActionRefused = Refused   # the name callers outside the rewind code expect
 
 # An action still marked "running" after this long was abandoned (its process died): it no longer blocks.
 STALE_ACTION_AFTER = timedelta(minutes=10)
+
+# Enqueued by name: the tasks import this module, never the reverse (consumers/tasks/operations.py).
+RUN_PIPELINE_TASK = "consumers.run_pipeline"
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,9 @@ def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, 
 def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:
     """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through Kafka's
     group protocol). Returns the task ids."""
-    from consumers.tasks.operations import run_pipeline_task  # the tasks module imports this one
-
     # Run i joins the consumer group once i runs of the epoch hold partitions: one join at a time (the
     # embedded broker never completes two joins that overlap).
-    return [run_pipeline_task.delay(pipeline_id, epoch, i).id for i in range(runs)]
+    return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i)).delay().id for i in range(runs)]
 
 
 def lookup(name, action: str, actor: str, params: dict) -> Pipeline:

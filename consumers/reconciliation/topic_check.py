@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -29,6 +30,8 @@ log = logging.getLogger("tally.spark.audit")
 # Samples per finding kept in the report: enough to name every lost value of a demo-sized topic, small
 # enough to store in one JSON column when a whole table is missing.
 SAMPLE_LIMIT = 1000
+# Enqueued by name: the tasks import this module, never the reverse (consumers/tasks/spark.py).
+RUN_AUDIT_TASK = "consumers.run_audit"
 # Rows per JDBC round trip: PostgreSQL's driver otherwise loads the whole result into the JVM at once.
 JDBC_FETCH_SIZE = 50_000
 
@@ -261,13 +264,11 @@ def audit(topic: str, group_id: str, table: str, key_column: str, value_parser_n
 def request_audit(topic: str, group_id: str, table: str, key_column: str, value_parser: str = "int_value",
                   requested_by: str = "", pipeline: Pipeline | None = None) -> AuditJob:
     """Queue an audit job: stored now, run by a Celery worker (threads or solo pool: it starts Spark)."""
-    from consumers.tasks.spark import run_audit_task
-
     parser_for(value_parser)  # refuse an unknown parser now, not in the worker
     job = AuditJob.objects.create(topic=topic, group_id=group_id, table=table, key_column=key_column,
                                   value_parser=value_parser, requested_by=requested_by,
                                   pipeline=pipeline or find_pipeline(topic, group_id))
-    transaction.on_commit(lambda: run_audit_task.delay(job.pk))
+    transaction.on_commit(lambda: current_app.signature(RUN_AUDIT_TASK, args=(job.pk,)).delay())
     return job
 
 

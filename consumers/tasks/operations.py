@@ -8,8 +8,10 @@ Workers use the threads pool (Spark must never start in a prefork child).
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
+from consumers.operations.actions import RUN_PIPELINE_TASK
 
-@shared_task(name="consumers.run_pipeline", bind=True, acks_late=False, ignore_result=False)
+
+@shared_task(name=RUN_PIPELINE_TASK, bind=True, acks_late=False, ignore_result=False)
 def run_pipeline_task(self, pipeline_id: int, epoch: int, settled_peers: int = 0):
     from consumers.engine.runs import run_in_worker
 

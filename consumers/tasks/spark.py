@@ -5,8 +5,10 @@ worker with the threads or solo pool, never prefork (a JVM gateway does not surv
 """
 from celery import shared_task
 
+from consumers.reconciliation.topic_check import RUN_AUDIT_TASK
 
-@shared_task(name="consumers.run_audit", acks_late=False, ignore_result=True)
+
+@shared_task(name=RUN_AUDIT_TASK, acks_late=False, ignore_result=True)
 def run_audit_task(job_id: int):
     from consumers.reconciliation.topic_check import run_audit_job
 

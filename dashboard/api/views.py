@@ -2,8 +2,9 @@
 
 Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
 consumers.operations.rewind and consumers.operations.group_reset (which write the audit log). Input is validated
-by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad input, 409 when the action
-is refused (wrong state, another action running, target outside the log), 403 for viewers.
+by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad
+input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
+viewers.
 """
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
