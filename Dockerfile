@@ -5,6 +5,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY tally tally
 COPY dashboard dashboard
+COPY alerts alerts
 COPY consumers consumers
 RUN pip install --no-cache-dir .
 COPY . .
