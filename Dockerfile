@@ -3,7 +3,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY tally tally
 COPY dashboard dashboard
+COPY alerts alerts
 COPY consumers consumers
 RUN pip install --no-cache-dir .
 COPY . .

@@ -39,7 +39,7 @@ def setup_django(database_url: str):
 
     os.environ["DATABASE_URL"] = database_url
     os.environ["EMAIL_HOST"] = "127.0.0.1"  # the SMTP backend, not the DEBUG console backend
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
     url = urlparse(database_url)
     admin = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
                              dbname="postgres", connect_timeout=10)
@@ -60,9 +60,9 @@ def setup_django(database_url: str):
 def fill(pipelines: int, partitions: int, incident_share: float) -> list:
     from django.utils import timezone
 
+    from alerts.defaults import ensure_default_rules
+    from alerts.models import Alert, Mute
     from consumers.models import ConsumerRun, PartitionHealth, Pipeline, PipelineHealth
-    from dashboard.alerts.defaults import ensure_default_rules
-    from dashboard.models import Alert, Mute
 
     Alert.objects.all().delete()
     Mute.objects.all().delete()
@@ -109,10 +109,10 @@ def main():
     from django.conf import settings
     from django.utils import timezone
 
-    from consumers.broker import free_port
+    from alerts.evaluate import evaluate_all
+    from alerts.notify import deliver_due
+    from consumers.kafka.broker import free_port
     from consumers.models import PartitionHealth, PipelineHealth
-    from dashboard.alerts.evaluate import evaluate_all
-    from dashboard.alerts.notify import deliver_due
 
     class Sink:
         received = 0

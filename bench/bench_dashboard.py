@@ -50,7 +50,7 @@ def setup_django(database_url: str):
     from psycopg2 import sql
 
     os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
     url = urlparse(database_url)
     name = url.path.lstrip("/")
     admin = admin_connection(url)

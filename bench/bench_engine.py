@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench")
 os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "2000")
 
@@ -41,7 +41,7 @@ def main() -> None:
     import django
     from django.core.management import call_command
 
-    from consumers import broker
+    from consumers.kafka import broker
 
     port = broker.free_port()
     process = broker.start_broker(port)
@@ -83,7 +83,7 @@ def produce(topic: str, records: int, partitions: int, payload: str) -> None:
     from kafka import KafkaProducer
     from kafka.admin import NewTopic
 
-    from consumers import kafka_admin
+    from consumers.kafka import admin as kafka_admin
 
     with kafka_admin.admin_session() as admin:
         admin.create_topics([NewTopic(topic, partitions, 1)])
@@ -105,7 +105,7 @@ def _reader(topic: str, batch_size: int):
     from django.conf import settings
     from kafka import KafkaConsumer, TopicPartition
 
-    from consumers import kafka_admin
+    from consumers.kafka import admin as kafka_admin
 
     consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, enable_auto_commit=False,
                              max_poll_records=batch_size)
@@ -132,8 +132,8 @@ def naive_loop(topic: str, records: int, transform_name: str) -> float:
     """One INSERT per record, autocommitted (a transaction each), as in the blog post's consumer."""
     from psycopg2 import sql
 
-    from consumers import db, sinks
-    from consumers.transforms import SourceRecord, resolve
+    from consumers.engine import db, sinks
+    from consumers.engine.transforms import SourceRecord, resolve
 
     transform = resolve(transform_name)
     conn = db.connect("tally-bench")
@@ -163,10 +163,10 @@ def naive_loop(topic: str, records: int, transform_name: str) -> float:
 
 
 def engine(topic: str, records: int, transform: str, mode, batch_size: int) -> float:
-    from consumers import db, sinks
-    from consumers.engine import run_pipeline
+    from consumers.engine import db, sinks
+    from consumers.engine.pipelines import create_pipeline
+    from consumers.engine.python import run_pipeline
     from consumers.models import Pipeline
-    from consumers.pipelines import create_pipeline
 
     name = f"{topic}-{mode.value}".replace("_", "-")
     table = f"bench_{mode.value}"
@@ -187,7 +187,7 @@ def report(args, results: dict) -> None:
     import kafka
     import psycopg2
 
-    from consumers import db
+    from consumers.engine import db
 
     conn = db.connect("tally-bench")
     with conn.cursor() as cursor:

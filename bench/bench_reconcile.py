@@ -1,4 +1,4 @@
-"""Benchmark of reconciliation (consumers/reconcile.py) on a large sink. Not run by CI.
+"""Benchmark of reconciliation (consumers/reconciliation/reconcile.py) on a large sink. Not run by CI.
 
     .venv/bin/python bench/bench_reconcile.py [--rows 10000000] [--partitions 4] [--new-rows 1000000]
 
@@ -40,7 +40,7 @@ def parse_args():
 
 def setup_django(database_url: str):
     os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
     import psycopg2
 
     url = urlparse(database_url)
@@ -67,7 +67,7 @@ class StandInKafka:
         self.positions = positions
 
     def watermarks(self, topic):
-        from consumers.kafka_admin import Watermarks
+        from consumers.kafka.admin import Watermarks
 
         return {p: Watermarks(0, n) for p, n in self.positions.items()}
 
@@ -117,9 +117,12 @@ def main():
     setup_django(args.database_url)
     from django.db import connection
 
-    from consumers import broker, kafka_admin, reconcile, sinks
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
+    from consumers.kafka import admin as kafka_admin
+    from consumers.kafka import broker
     from consumers.models import Pipeline
-    from consumers.transforms import resolve
+    from consumers.reconciliation import reconcile
 
     per_partition = args.rows // args.partitions
     new_per_partition = args.new_rows // args.partitions

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench_spark")
 os.environ.setdefault("SPARK_MASTER", "local[2]")
 os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
@@ -48,7 +48,7 @@ def main() -> None:
     import django
     from django.core.management import call_command
 
-    from consumers import broker
+    from consumers.kafka import broker
 
     port = broker.free_port()
     process = broker.start_broker(port)
@@ -117,9 +117,9 @@ def produce(topic, total, count, processes=2) -> float:
 def make_pipeline(name, topic, engine):
     from django.db import connection
 
-    from consumers import sinks
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
     from consumers.models import Pipeline
-    from consumers.transforms import resolve
 
     pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=name.replace("-", "_"), engine=engine,
                                        epoch=1)
@@ -131,7 +131,7 @@ def make_pipeline(name, topic, engine):
 def drop_pipeline(pipeline):
     from django.db import connection
 
-    from consumers import sinks
+    from consumers.engine import sinks
 
     with connection.cursor() as cur:
         sinks.drop_sink_table(cur, pipeline.sink_table)
@@ -156,9 +156,9 @@ def timed_run(pipeline, run, **kwargs) -> dict:
 
 
 def engines(args) -> None:
-    from consumers.engine import run_pipeline as python_run
-    from consumers.spark import engine as spark_engine
-    from consumers.spark.session import get_spark
+    from consumers.engine import spark as spark_engine
+    from consumers.engine.python import run_pipeline as python_run
+    from consumers.engine.spark_session import get_spark
 
     tag = uuid.uuid4().hex[:6]
     topic = f"bench-spark-{tag}"
@@ -201,9 +201,9 @@ def engines(args) -> None:
 def audit(args) -> None:
     from django.db import connection
 
-    from consumers import kafka_admin
-    from consumers.spark import audit as spark_audit
-    from consumers.spark.session import get_spark
+    from consumers.engine.spark_session import get_spark
+    from consumers.kafka import admin as kafka_admin
+    from consumers.reconciliation import topic_check as spark_audit
 
     total = args.audit_records
     topic = f"bench-audit-{uuid.uuid4().hex[:6]}"

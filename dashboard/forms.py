@@ -1,8 +1,8 @@
 """Forms for operator input: rewinds and consumer-group resets. Validation turns bad input into clear
-messages before anything is read from Kafka or changed (consumers.offset_specs does the parsing)."""
+messages before anything is read from Kafka or changed (consumers.operations.offset_specs does the parsing)."""
 from django import forms
 
-from consumers.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
+from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
 
 MODE_HELP = {
     "to-earliest": "the log start (re-read everything still in Kafka)",
@@ -90,7 +90,7 @@ class AuditRequestForm(forms.Form):
     value_parser = forms.ChoiceField(choices=())
 
     def __init__(self, *args, **kwargs):
-        from consumers.spark.audit import VALUE_PARSERS
+        from consumers.reconciliation.topic_check import VALUE_PARSERS
 
         super().__init__(*args, **kwargs)
         self.fields["value_parser"].choices = [(name, name) for name in VALUE_PARSERS]

@@ -1,8 +1,8 @@
 """What the pages, the JSON API and /metrics show, read from the models in a fixed, small number of
 queries (no query per pipeline or partition: the overview must stay fast with hundreds of them).
 
-Reconciliation (consumers/reconcile.py) writes PartitionHealth / PipelineHealth / LagSnapshot; this module
-only reads them, together with the positions the commit protocol keeps.
+Reconciliation (consumers/reconciliation/reconcile.py) writes PartitionHealth / PipelineHealth / LagSnapshot;
+this module only reads them, together with the positions the commit protocol keeps.
 """
 from dataclasses import dataclass, field
 from datetime import timedelta

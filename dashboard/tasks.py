@@ -1,39 +1,8 @@
-"""Tasks of the web side: housekeeping and alerts. Thin wrappers over plain functions."""
+"""Tasks of the web side: housekeeping. Thin wrappers over plain functions."""
 from celery import shared_task
-from celery.signals import task_success
-
-# Alerts are evaluated right after each reconciliation (its beat task), so an incident is emailed within
-# one reconciliation interval; the "alerts-evaluate" beat entry is the backstop when no reconciliation runs.
-RECONCILE_TASKS = ("consumers.reconcile_all", "consumers.reconcile_pipeline")
 
 
 @shared_task(name="tally.ping")
 def ping_task(value):
     """Round-trip check used by health checks and the smoke test: returns what it was given."""
     return {"pong": value}
-
-
-@shared_task(name="tally.alerts.evaluate")
-def evaluate_alerts_task():
-    """Evaluate every alert rule once, then send the due emails. Idempotent: safe to run any time, twice,
-    or right after a reconciliation."""
-    from dashboard.alerts.evaluate import evaluate_all
-    from dashboard.alerts.notify import deliver_due
-
-    report = evaluate_all()
-    emails = deliver_due()
-    return {"firing": len(report.firing), "fired": len(report.fired), "resolved": len(report.resolved), **emails}
-
-
-@shared_task(name="tally.alerts.deliver")
-def deliver_alert_emails_task():
-    """Send due outbox emails (first attempts and retries whose backoff has passed)."""
-    from dashboard.alerts.notify import deliver_due
-
-    return deliver_due()
-
-
-@task_success.connect
-def evaluate_alerts_after_reconciliation(sender=None, **kwargs):
-    if getattr(sender, "name", None) in RECONCILE_TASKS:
-        evaluate_alerts_task.delay()

@@ -11,7 +11,7 @@ from django.conf import settings
 from kafka import KafkaProducer
 from psycopg2 import sql
 
-from consumers import db
+from consumers.engine import db
 from tests.conftest import ROOT
 
 CHAOS_SESSION_TIMEOUT_MS = "2000"  # a killed member blocks the group until its session expires

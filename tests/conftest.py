@@ -15,7 +15,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
-from consumers import broker
+from consumers.kafka import broker
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -100,7 +100,7 @@ def subprocess_env(db):
     env["DATABASE_URL"] = database_url()
     env["REDIS_URL"] = TEST_REDIS_URL
     env["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS
-    env["DJANGO_SETTINGS_MODULE"] = "dashboard.settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tally.settings"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -108,7 +108,7 @@ def subprocess_env(db):
 @pytest.fixture
 def celery_app_for_tests():
     """The project's Celery app pointed at the test Redis database."""
-    from dashboard.celery import app
+    from tally.celery import app
 
     old = (app.conf.broker_url, app.conf.result_backend)
     app.conf.broker_url = TEST_REDIS_URL
@@ -121,7 +121,7 @@ def start_celery_worker(env, *extra_args, log_name="celery-worker"):
     """Start a real Celery worker process (threads pool) and wait until it answers a ping."""
     (ROOT / "var").mkdir(exist_ok=True)
     log = open(ROOT / "var" / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")
-    command = [sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--pool", "threads",
+    command = [sys.executable, "-m", "celery", "-A", "tally", "worker", "--pool", "threads",
                "--concurrency", "8", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
                "-n", f"test-{uuid.uuid4().hex[:6]}@%h", *extra_args]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -173,7 +173,7 @@ def screenshot_dir() -> Path:
 
 def drop_sink_tables(tables) -> None:
     """Sink tables are not Django tables: transactional tests must drop the ones they create."""
-    from consumers import db, sinks
+    from consumers.engine import db, sinks
 
     conn = db.connect("tally-tests")
     try:
@@ -189,7 +189,7 @@ def drop_sink_tables(tables) -> None:
 def demo(transactional_db, kafka_bootstrap, settings):
     """The demo pipelines on the test broker, with a short session timeout (a killed member holds its
     partitions until its session expires); their sink tables are dropped afterwards."""
-    from consumers.demo import DEMO_PIPELINES
+    from consumers.demo.classic import DEMO_PIPELINES
 
     settings.KAFKA_SESSION_TIMEOUT_MS = 2000
     yield

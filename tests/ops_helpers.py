@@ -6,9 +6,9 @@ from django.db import connection
 from kafka import KafkaProducer
 from psycopg2 import sql
 
-from consumers import sinks
-from consumers.demo import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
-from consumers.engine import run_pipeline
+from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
+from consumers.engine import sinks
+from consumers.engine.python import run_pipeline
 from consumers.models import Pipeline
 
 EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "nums-exactly-once", "nums-at-least-once", "nums-at-most-once"

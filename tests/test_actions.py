@@ -3,8 +3,8 @@ audited (refusals too), and start/resume/restart enqueue a run of the new epoch 
 import pytest
 from django.core.management import load_command_class
 
-from consumers import actions
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
+from consumers.operations import actions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

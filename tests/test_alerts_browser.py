@@ -7,8 +7,8 @@ from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 from playwright.sync_api import expect, sync_playwright
 
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from consumers.models import Pipeline
-from dashboard.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from tests.conftest import screenshot_dir
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -7,13 +7,15 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from consumers import db, reconcile, rewind, sinks
-from consumers.demo import DEMO_PIPELINES, DEMO_TOPIC, run_classic_demo
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert
+from alerts.notify import deliver_due
+from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, run_classic_demo
+from consumers.engine import db, sinks
 from consumers.models import Pipeline
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.alerts.notify import deliver_due
-from dashboard.models import Alert
+from consumers.operations import rewind
+from consumers.reconciliation import reconcile
 from tests.test_alerts_worker import alerts_worker, smtp_inbox  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.celery]

@@ -6,11 +6,11 @@ import pytest
 import time_machine
 from django.db import connection
 
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert, Notification
+from alerts.notify import deliver_due
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.alerts.notify import deliver_due
-from dashboard.models import Alert, Notification
 from tests.test_alerts_email import inbox, smtp_port  # noqa: F401 - fixtures
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

@@ -10,12 +10,12 @@ import time_machine
 from aiosmtpd.controller import Controller
 from django.core.management import call_command
 
-from consumers.broker import free_port
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
+from alerts.notify import deliver_due
+from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.alerts.notify import deliver_due
-from dashboard.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

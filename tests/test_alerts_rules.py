@@ -4,6 +4,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert, AlertRule, AlertState, Notification, RuleKind
+from alerts.rules import PipelineView, check, rules_for
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -15,10 +19,6 @@ from consumers.models import (
     RunState,
     Status,
 )
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.alerts.rules import PipelineView, check, rules_for
-from dashboard.models import Alert, AlertRule, AlertState, Notification, RuleKind
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -167,7 +167,7 @@ def test_disabling_a_rule_resolves_its_open_alert(pipeline, settings):
 
 
 def test_a_rule_check_that_fails_is_reported_and_does_not_stop_the_others(pipeline, monkeypatch):
-    from dashboard.alerts import rules as rules_module
+    from alerts import rules as rules_module
 
     def broken(rule, view):
         raise RuntimeError("boom")

@@ -6,8 +6,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from consumers.models import Pipeline
-from dashboard.models import Alert, AlertRule, AlertState, Mute, RuleKind
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ import time
 import pytest
 from django.conf import settings
 
-from consumers.broker import free_port
+from alerts.defaults import ensure_default_rules
+from alerts.models import Alert, AlertState, Notification
+from consumers.kafka.broker import free_port
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.models import Alert, AlertState, Notification
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.test_alerts_email import start_smtp
 
@@ -42,7 +42,7 @@ def test_the_beat_schedule_runs_alert_evaluation_periodically():
 @pytest.mark.celery
 @pytest.mark.django_db(transaction=True)
 def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worker, smtp_inbox):
-    from dashboard.tasks import evaluate_alerts_task
+    from alerts.tasks import evaluate_alerts_task
 
     ensure_default_rules()
     pipeline = Pipeline.objects.create(name="worker-nums", topic="nums", sink_table="worker_nums")

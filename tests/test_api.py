@@ -167,7 +167,7 @@ def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, kafka
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
 def test_an_external_group_is_described_and_reset_with_a_dry_run_first(operator_api, kafka_bootstrap, make_topic):
-    from consumers import kafka_admin
+    from consumers.kafka import admin as kafka_admin
     from tests.test_views_support import produce
 
     topic = make_topic("api-group")

@@ -89,8 +89,8 @@ def test_a_viewer_logs_in_sees_everything_and_cannot_act(page, live_server):
 
 @pytest.mark.kafka
 def test_the_overview_updates_without_reload_when_records_are_produced(page, live_server, kafka_bootstrap, make_topic):
-    from consumers.engine import run_pipeline
-    from consumers.reconcile import reconcile_pipeline
+    from consumers.engine.python import run_pipeline
+    from consumers.reconciliation.reconcile import reconcile_pipeline
 
     topic = make_topic("live")
     pipeline = consumed_pipeline(kafka_bootstrap, topic, "live-orders", 10)
@@ -116,7 +116,7 @@ def test_the_overview_updates_without_reload_when_records_are_produced(page, liv
 
 @pytest.mark.kafka
 def test_an_operator_rewinds_from_the_page_after_a_dry_run(page, live_server, kafka_bootstrap, make_topic):
-    from consumers.reconcile import reconcile_pipeline
+    from consumers.reconciliation.reconcile import reconcile_pipeline
 
     topic = make_topic("rewind")
     pipeline = consumed_pipeline(kafka_bootstrap, topic, "rewind-orders", 20)
@@ -175,11 +175,11 @@ def test_screenshots_of_the_overview_and_pipeline_page(page, live_server):
 @pytest.mark.celery
 def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page, live_server, kafka_bootstrap,
                                                                            celery_worker, settings):
-    from consumers.demo import DEMO_PIPELINES
+    from consumers.demo.classic import DEMO_PIPELINES
     from tests.conftest import TEST_REDIS_URL
 
     settings.REDIS_URL = TEST_REDIS_URL  # the web side reads the progress the worker writes
-    from dashboard import demo_runs
+    from consumers.demo import runs as demo_runs
 
     demo_runs._redis().delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
     try:

@@ -12,10 +12,11 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from consumers import actions, kafka_admin
-from consumers.demo import DEMO_TOPIC
+from consumers.demo.classic import DEMO_TOPIC
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, BatchLedger, ConsumerRun, DesiredState, Pipeline, RunState
-from consumers.rewind import rewind
+from consumers.operations import actions
+from consumers.operations.rewind import rewind
 from tests.conftest import ROOT, start_celery_worker, stop_process_group
 from tests.ops_helpers import (
     EXACTLY_ONCE,
@@ -51,7 +52,7 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
         schedule = ROOT / "var" / f"ops-beat-{uuid.uuid4().hex[:6]}"
         schedules.append(schedule)
         log = open(ROOT / "var" / f"{schedule.name}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "dashboard", "beat", "-s", str(schedule),
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tally", "beat", "-s", str(schedule),
                                     "--loglevel", "INFO"], cwd=ROOT, env={**env, **extra_env}, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         processes.append(process)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from consumers import kafka_admin
+from consumers.engine.pipelines import create_pipeline
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
-from consumers.pipelines import create_pipeline
 from tests.chaos import EngineProcess, ledger_batches, produce_values, run_until_clean_exit, sink_counts, wait_for
 from tests.conftest import drop_sink_tables
 

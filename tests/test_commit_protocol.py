@@ -3,9 +3,9 @@ bad records dead-lettered — each batch all or nothing."""
 import pytest
 from django.db import connection
 
-from consumers import commit, db, sinks
+from consumers.engine import commit, db, sinks
+from consumers.engine.transforms import SourceRecord, resolve
 from consumers.models import BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
-from consumers.transforms import SourceRecord, resolve
 
 
 def records(partition, offsets, value=None):

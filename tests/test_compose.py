@@ -5,7 +5,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-SETTINGS_ENV = ROOT / "dashboard" / "settings.py"
+SETTINGS_ENV = ROOT / "tally" / "settings.py"
 
 
 def load_compose():

@@ -4,8 +4,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from consumers import kafka_admin
-from consumers.demo import DEMO_PIPELINES, DEMO_TOPIC, DemoError, run_classic_demo, seed_demo
+from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, DemoError, run_classic_demo, seed_demo
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, PartitionOffset, Pipeline
 from tests.chaos import sink_counts
 

@@ -8,7 +8,7 @@ import urllib.request
 import psutil
 import pytest
 
-from consumers.broker import free_port, is_reachable
+from consumers.kafka.broker import free_port, is_reachable
 from tests.conftest import ROOT
 
 

@@ -10,10 +10,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from consumers import commit, db, kafka_admin
-from consumers.engine import UnknownPipeline, run_pipeline
+from consumers.engine import commit, db
+from consumers.engine.pipelines import create_pipeline
+from consumers.engine.python import UnknownPipeline, run_pipeline
+from consumers.kafka import admin as kafka_admin
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
-from consumers.pipelines import create_pipeline
 from tests.chaos import produce_values, sink_counts, wait_for
 from tests.conftest import ROOT, drop_sink_tables
 

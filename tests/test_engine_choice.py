@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from consumers import engine as python_engine
-from consumers.pipelines import engine_runner
-from consumers.spark import engine as spark_engine
+from consumers.engine import python as python_engine
+from consumers.engine import spark as spark_engine
+from consumers.engine.pipelines import engine_runner
 from tests.conftest import ROOT
 
 

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import load_command_class
 from kafka import KafkaConsumer, KafkaProducer
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult
 from tests.ops_helpers import drop_demo_sinks, seed
 

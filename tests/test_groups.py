@@ -5,8 +5,9 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from consumers import groups, snapshots
 from consumers.models import LagSnapshot, Pipeline
+from consumers.operations import groups
+from consumers.reconciliation import snapshots
 
 pytestmark = pytest.mark.kafka
 

@@ -5,7 +5,7 @@ import time
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 
 pytestmark = pytest.mark.kafka
 

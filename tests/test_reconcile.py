@@ -7,10 +7,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from consumers import commit, db, reconcile, sinks
-from consumers.kafka_admin import Watermarks
+from consumers.engine import commit, db, sinks
+from consumers.engine.transforms import SourceRecord, resolve
+from consumers.kafka.admin import Watermarks
 from consumers.models import ActionLog, BatchLedger, DeliveryMode, PartitionHealth, PartitionOffset, Pipeline
-from consumers.transforms import SourceRecord, resolve
+from consumers.reconciliation import reconcile
 
 
 class FakeKafka:
@@ -191,7 +192,7 @@ def test_a_rewind_with_superseded_ledger_rows_is_not_an_incident(setup):
     write(0, range(0, 50))
     kafka = FakeKafka(high={0: 50}, committed={0: 50})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
-    # The operator rewinds to 20 and rolls back the sink, as consumers/rewind.py does.
+    # The operator rewinds to 20 and rolls back the sink, as consumers/operations/rewind.py does.
     BatchLedger.objects.filter(pipeline=pipeline, end_offset__gt=20).update(superseded_from=20)
     run_sql(f"DELETE FROM {pipeline.sink_table} WHERE source_offset >= 20")
     PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=20)
@@ -292,7 +293,7 @@ def test_a_loss_next_to_a_skipped_range_is_still_an_incident(setup):
 
 
 def test_only_a_unique_index_on_the_provenance_key_spares_the_distinct_count(setup):
-    from consumers.reconcile_verify import sink_shape
+    from consumers.reconciliation.verify import sink_shape
 
     exactly, _ = setup()
     classic, _ = setup(DeliveryMode.AT_LEAST_ONCE)
@@ -367,7 +368,7 @@ def test_reconciling_while_batches_commit_never_reports_a_phantom_or_a_loss(setu
 
 
 def test_findings_stay_bounded_across_runs_with_exact_counts(setup):
-    from consumers.reconcile_verify import MAX_FINDINGS_PER_KIND
+    from consumers.reconciliation.verify import MAX_FINDINGS_PER_KIND
 
     pipeline, write = setup()
     kafka = FakeKafka()

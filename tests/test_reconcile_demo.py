@@ -3,9 +3,9 @@ reconciliation's lost and duplicated counts must equal a row-by-row count of eac
 does not rely on provenance) — and be zero for exactly-once."""
 import pytest
 
-from consumers import reconcile
-from consumers.demo import run_classic_demo
+from consumers.demo.classic import run_classic_demo
 from consumers.models import Pipeline
+from consumers.reconciliation import reconcile
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 

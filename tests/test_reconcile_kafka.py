@@ -8,9 +8,11 @@ from django.core.management import call_command
 from django.db import connection
 from kafka import KafkaProducer
 
-from consumers import commit, db, kafka_admin, reconcile, sinks
+from consumers.engine import commit, db, sinks
+from consumers.engine.transforms import SourceRecord, resolve
+from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline
-from consumers.transforms import SourceRecord, resolve
+from consumers.reconciliation import reconcile
 
 pytestmark = pytest.mark.kafka
 

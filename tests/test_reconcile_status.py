@@ -5,10 +5,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from consumers import reconcile
-from consumers.kafka_admin import Watermarks
-from consumers.lag_status import PartitionFacts, Sample, evaluate, worst
+from consumers.kafka.admin import Watermarks
 from consumers.models import ActionLog, ConsumerRun, LagSnapshot, PartitionOffset, Pipeline, RunState
+from consumers.reconciliation import reconcile
+from consumers.reconciliation.lag_status import PartitionFacts, Sample, evaluate, worst
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=10)

@@ -5,14 +5,14 @@ from django.conf import settings
 from django.db import connection
 from kafka import KafkaProducer
 
-from consumers import commit, db, sinks
+from consumers.engine import commit, db, sinks
+from consumers.engine.transforms import SourceRecord, resolve
 from consumers.models import LagSnapshot, PipelineHealth
 from consumers.tasks.reconciliation import reconcile_all_task, take_lag_snapshots_task
-from consumers.transforms import SourceRecord, resolve
 
 
 def test_the_beat_schedule_runs_reconciliation_snapshots_and_downsampling():
-    from dashboard.celery import app
+    from tally.celery import app
 
     app.loader.import_default_modules()
     tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}

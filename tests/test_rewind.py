@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from consumers.models import ActionLog, ActionResult, BatchLedger, PartitionOffset, Pipeline
-from consumers.rewind import rewind
+from consumers.operations.rewind import rewind
 from tests.ops_helpers import (
     AT_LEAST_ONCE,
     AT_MOST_ONCE,

@@ -103,8 +103,8 @@ def test_a_rewind_whose_runs_do_not_end_in_time_is_refused_and_the_pipeline_keep
         consumed, capsys, settings, monkeypatch):
     from django.utils import timezone
 
-    from consumers import actions
     from consumers.models import ConsumerRun, DesiredState, RunState
+    from consumers.operations import actions
 
     enqueued = []
     monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: enqueued.append(epoch))

@@ -86,7 +86,7 @@ def test_kafka_broker_command_refuses_a_port_that_is_taken(kafka_bootstrap):
 
 @pytest.mark.kafka
 def test_kafka_broker_command_serves_until_terminated():
-    from consumers.broker import free_port, is_reachable
+    from consumers.kafka.broker import free_port, is_reachable
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "manage.py", "kafka_broker", "--port", str(port)], cwd=ROOT,

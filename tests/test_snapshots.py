@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from consumers import snapshots
-from consumers.kafka_admin import Watermarks
+from consumers.kafka.admin import Watermarks
 from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline
+from consumers.reconciliation import snapshots
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 

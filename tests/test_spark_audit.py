@@ -11,11 +11,12 @@ from django.db import connection
 from kafka import KafkaProducer
 from psycopg2 import sql
 
-from consumers import commit, db, kafka_admin, sinks
+from consumers.engine import commit, db, sinks
+from consumers.engine.spark_session import get_spark
+from consumers.engine.transforms import SourceRecord, resolve
+from consumers.kafka import admin as kafka_admin
 from consumers.models import AuditJob, AuditJobStatus, DeliveryMode, Pipeline
-from consumers.spark import audit
-from consumers.spark.session import get_spark
-from consumers.transforms import SourceRecord, resolve
+from consumers.reconciliation import topic_check as audit
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -4,10 +4,11 @@ import time
 
 import pytest
 
-from consumers import commit, kafka_admin
+from consumers.engine import commit
+from consumers.engine.spark_session import stop_spark
+from consumers.kafka import admin as kafka_admin
 from consumers.models import AuditJobStatus, DeliveryMode
-from consumers.spark import audit
-from consumers.spark.session import stop_spark
+from consumers.reconciliation import topic_check as audit
 from tests.test_spark_audit import classic, records  # noqa: F401,F811  (the classic example's fixture)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.celery]

@@ -11,9 +11,9 @@ import time
 import pytest
 from django.db import connection
 
-from consumers import sinks
+from consumers.engine import sinks
+from consumers.engine.spark_session import stop_spark
 from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
-from consumers.spark.session import stop_spark
 from tests.conftest import ROOT, stop_process_group
 from tests.spark_helpers import expected_rows, produce_values, sink_rows
 
@@ -89,7 +89,7 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
 
 @pytest.fixture
 def demo_sinks(transactional_db, kafka_bootstrap):
-    from consumers.demo import DEMO_PIPELINES
+    from consumers.demo.classic import DEMO_PIPELINES
 
     stop_spark(shutdown_jvm=True)  # the demo's engine process starts its own JVM
     yield
@@ -99,7 +99,7 @@ def demo_sinks(transactional_db, kafka_bootstrap):
 
 
 def test_the_demos_spark_pipeline_crashes_restarts_and_ends_with_every_value_once(demo_sinks, settings):
-    from consumers.demo import run_classic_demo
+    from consumers.demo.classic import run_classic_demo
 
     settings.KAFKA_SESSION_TIMEOUT_MS = 2000
     # Its first run dies (SIGKILL) in its first batch; the restart runs without faults and catches up.

@@ -6,11 +6,12 @@ import time
 import pytest
 from django.db import connection, connections
 
-from consumers import commit, db, kafka_admin, sinks
+from consumers.engine import commit, db, sinks
+from consumers.engine.spark import run_pipeline
+from consumers.engine.spark_session import get_spark
+from consumers.engine.transforms import SourceRecord, resolve
+from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, Pipeline, RunState
-from consumers.spark.engine import run_pipeline
-from consumers.spark.session import get_spark
-from consumers.transforms import SourceRecord, resolve
 from tests.spark_helpers import expected_rows, produce_values, sink_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -6,9 +6,9 @@ import json
 import pytest
 from kafka import KafkaProducer
 
-from consumers import kafka_admin
-from consumers.spark import kafka_source
-from consumers.spark.session import get_spark
+from consumers.engine import spark_source as kafka_source
+from consumers.engine.spark_session import get_spark
+from consumers.kafka import admin as kafka_admin
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from consumers.spark import session
-from consumers.spark.session import SparkSessionError, get_spark
+from consumers.engine import spark_session as session
+from consumers.engine.spark_session import SparkSessionError, get_spark
 
 pytestmark = pytest.mark.spark
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from consumers import actions, supervisor
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.operations import actions, supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

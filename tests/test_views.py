@@ -197,7 +197,7 @@ def test_the_base_layout_links_every_area_and_loads_only_local_assets(viewer_cli
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
 def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_bootstrap, make_topic):
-    from consumers import kafka_admin
+    from consumers.kafka import admin as kafka_admin
     from tests.test_views_support import produce
 
     client = Client()
@@ -255,7 +255,7 @@ def test_audit_results_show_on_the_pipeline_page_and_poll_while_running(viewer_c
 
 
 def test_the_demo_page_refuses_viewers_bad_input_and_a_second_run(operator_client, settings):
-    from dashboard import demo_runs
+    from consumers.demo import runs as demo_runs
     from tests.conftest import TEST_REDIS_URL
 
     settings.REDIS_URL = TEST_REDIS_URL

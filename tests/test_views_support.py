@@ -90,8 +90,8 @@ def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
 def consumed_pipeline(bootstrap: str, topic: str, name: str, records: int):
     """A real exactly-once pipeline over `topic` that has consumed "1".."records" with the engine.
     Needs a transactional test (the engine writes through its own connection)."""
-    from consumers.engine import run_pipeline
-    from consumers.pipelines import create_pipeline
+    from consumers.engine.pipelines import create_pipeline
+    from consumers.engine.python import run_pipeline
 
     produce(bootstrap, topic, range(1, records + 1))
     pipeline = create_pipeline(name, topic, f"sink_{name}".replace("-", "_"), "int_value", batch_size=10)
@@ -102,7 +102,7 @@ def consumed_pipeline(bootstrap: str, topic: str, name: str, records: int):
 def drop_sink(table: str) -> None:
     from django.db import connection
 
-    from consumers import sinks
+    from consumers.engine import sinks
 
     with connection.cursor() as cursor:
         sinks.drop_sink_table(cursor, table)

@@ -1,7 +1,7 @@
 """Pipelines and their state. The database, not Kafka, is the source of truth for positions.
 
 Invariants (DESIGN.md): a batch's sink rows, dead letters, ledger row and `next_offset` commit in one
-transaction (consumers/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
+transaction (consumers/engine/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
 older epoch are refused.
 """
 from django.db import models

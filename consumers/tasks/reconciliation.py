@@ -1,10 +1,11 @@
 """Reconciliation tasks for Celery beat: verify every pipeline, sample lag, keep the samples bounded.
 
-Thin wrappers: the work is in consumers/reconcile.py and consumers/snapshots.py. Each returns a small
-JSON-able summary (visible in the result backend and the worker log)."""
+Thin wrappers: the work is in consumers/reconciliation/reconcile.py and
+consumers/reconciliation/snapshots.py. Each returns a small JSON-able summary (visible in the result backend
+and the worker log)."""
 from celery import shared_task
 
-from consumers import reconcile, snapshots
+from consumers.reconciliation import reconcile, snapshots
 
 
 @shared_task(name="consumers.reconcile_all")

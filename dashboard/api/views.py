@@ -1,9 +1,10 @@
 """The JSON API (Django REST framework function views): the dashboard's data and actions for scripts.
 
-Reads go through dashboard.status (the pages' numbers); actions through consumers.actions, consumers.rewind
-and consumers.group_reset (which write the audit log). Input is validated by the dashboard's forms, so the
-API and the pages refuse the same things with the same messages: 400 for bad input, 409 when the action
-is refused (wrong state, another action running, target outside the log), 403 for viewers.
+Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
+consumers.operations.rewind and consumers.operations.group_reset (which write the audit log). Input is validated
+by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad
+input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
+viewers.
 """
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -12,11 +13,11 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from consumers import actions, group_reset
-from consumers import groups as kafka_groups
-from consumers import rewind as rewinds
 from consumers.models import ActionLog, Pipeline
-from consumers.offset_specs import Refused
+from consumers.operations import actions, group_reset
+from consumers.operations import groups as kafka_groups
+from consumers.operations import rewind as rewinds
+from consumers.operations.offset_specs import Refused
 from dashboard import status, timeline
 from dashboard.api.permissions import OperatorForWrites
 from dashboard.forms import GroupResetForm, RewindForm
@@ -99,7 +100,7 @@ def pipeline_detail(request, name):
 @api_view(["GET"])
 def reconciliation(request, name):
     """Runs reconciliation now (incremental; `?full=1` re-verifies everything) and returns its report."""
-    from consumers.reconcile import reconcile_pipeline, report_json
+    from consumers.reconciliation.reconcile import reconcile_pipeline, report_json
 
     pipeline = get_object_or_404(Pipeline, name=name)
     report = reconcile_pipeline(pipeline, full=_truthy(request.query_params.get("full", "")))

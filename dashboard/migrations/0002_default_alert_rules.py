@@ -1,8 +1,8 @@
-"""Global default alert rules (dashboard/alerts/defaults.py): loss, duplicates, phantoms, gaps, bad status,
+"""Global default alert rules (alerts/defaults.py): loss, duplicates, phantoms, gaps, bad status,
 no live consumer, dead letters."""
 from django.db import migrations
 
-from dashboard.alerts.defaults import DEFAULT_RULES, ensure_default_rules
+from alerts.defaults import DEFAULT_RULES, ensure_default_rules
 
 
 def add_defaults(apps, schema_editor):

@@ -1,13 +1,13 @@
 """Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the audit
-log entry are consumers.actions'; this view checks the role, calls it and shows the outcome."""
+log entry are consumers.operations.actions'; this view checks the role, calls it and shows the outcome."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from consumers import actions
 from consumers.models import Pipeline
+from consumers.operations import actions
 from dashboard.roles import can_operate
 from dashboard.views.common import render_page
 

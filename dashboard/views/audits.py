@@ -1,5 +1,5 @@
 """Spark audits from the browser: request one (operators) and watch the jobs' progress and results.
-consumers.spark.audit stores and runs the job (a Celery task); this view only validates and lists."""
+consumers.reconciliation.topic_check stores and runs the job (a Celery task); this view only validates and lists."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -34,7 +34,7 @@ def audit_context(topic: str, group_id: str) -> dict:
 
 
 def audit_form_defaults(table: str, parser: str) -> dict:
-    from consumers.spark.audit import VALUE_PARSERS
+    from consumers.reconciliation.topic_check import VALUE_PARSERS
 
     return {"audit_table": table, "audit_parser": parser, "audit_parsers": list(VALUE_PARSERS)}
 
@@ -50,8 +50,8 @@ def audit_jobs(request):
 @require_POST
 @login_required
 def request_audit(request):
-    from consumers.spark.audit import AuditError
-    from consumers.spark.audit import request_audit as queue_audit
+    from consumers.reconciliation.topic_check import AuditError
+    from consumers.reconciliation.topic_check import request_audit as queue_audit
 
     back = request.POST.get("next", "/")
     if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):

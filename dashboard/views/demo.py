@@ -4,9 +4,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from consumers.demo import DEMO_PIPELINES
+from consumers.demo import runs as demo_runs
+from consumers.demo.classic import DEMO_PIPELINES
 from consumers.models import DeliveryMode, Pipeline
-from dashboard import demo_runs
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page

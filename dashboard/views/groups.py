@@ -1,14 +1,15 @@
 """Consumer groups Tally does not run: list, detail (state, members, lag per partition, from
-consumers.groups) and the offset reset form (dry run first, then confirm; consumers.group_reset)."""
+consumers.operations.groups) and the offset reset form (dry run first, then confirm;
+consumers.operations.group_reset)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from consumers import group_reset as group_resets
-from consumers import groups as kafka_groups
 from consumers.models import Pipeline
-from consumers.offset_specs import Refused
+from consumers.operations import group_reset as group_resets
+from consumers.operations import groups as kafka_groups
+from consumers.operations.offset_specs import Refused
 from dashboard import status
 from dashboard.forms import GroupResetForm
 from dashboard.roles import can_operate

@@ -1,5 +1,5 @@
 """Rewind from the browser: form -> dry-run preview (before / after / records to reprocess or skip) ->
-confirmation -> execution. consumers.rewind does the work and writes the audit log; this view only
+confirmation -> execution. consumers.operations.rewind does the work and writes the audit log; this view only
 validates input (dashboard.forms), checks the role and shows the outcome."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -7,9 +7,9 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
-from consumers import rewind as rewinds
 from consumers.models import Pipeline
-from consumers.offset_specs import Refused
+from consumers.operations import rewind as rewinds
+from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer

@@ -14,7 +14,7 @@ class Command(BaseCommand):
     help = "Check a topic range (up to a group's committed offsets) against a table's keys, with Spark."
 
     def add_arguments(self, parser):
-        from consumers.spark.audit import VALUE_PARSERS
+        from consumers.reconciliation.topic_check import VALUE_PARSERS
 
         parser.add_argument("--topic", required=True)
         parser.add_argument("--group", required=True, help="The consumer group whose committed offsets end the range.")
@@ -25,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
     def handle(self, *args, topic, group, table, key_column, value_parser, **options):
-        from consumers.spark.audit import find_pipeline, run_audit_job
+        from consumers.reconciliation.topic_check import find_pipeline, run_audit_job
 
         job = AuditJob.objects.create(topic=topic, group_id=group, table=table, key_column=key_column,
                                       value_parser=value_parser, requested_by="cli",

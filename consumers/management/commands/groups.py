@@ -6,11 +6,11 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from kafka.errors import KafkaError
 
-from consumers import groups
-from consumers.group_reset import reset_group
-from consumers.kafka_admin import KafkaAdminError
+from consumers.kafka.admin import KafkaAdminError
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
-from consumers.offset_specs import Refused
+from consumers.operations import groups
+from consumers.operations.group_reset import reset_group
+from consumers.operations.offset_specs import Refused
 
 
 class Command(BaseCommand):

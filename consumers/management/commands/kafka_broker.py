@@ -3,7 +3,7 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers import broker
+from consumers.kafka import broker
 
 
 class Command(BaseCommand):

@@ -1,8 +1,8 @@
-"""`pipeline (start|stop|pause|resume|restart) NAME [--runs N]` — a thin shell over consumers.actions.
+"""`pipeline (start|stop|pause|resume|restart) NAME [--runs N]` — a thin shell over consumers.operations.actions.
 Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers import actions
+from consumers.operations import actions
 
 
 class Command(BaseCommand):

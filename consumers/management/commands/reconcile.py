@@ -7,8 +7,8 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers import reconcile
 from consumers.models import Pipeline
+from consumers.reconciliation import reconcile
 
 
 class Command(BaseCommand):

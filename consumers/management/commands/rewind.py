@@ -1,13 +1,13 @@
 """`rewind NAME <mode> [--partition P ...] [--rollback-sink] [--dry-run] [--json]` — a thin shell over
-consumers.rewind. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
+consumers.operations.rewind. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 from kafka.errors import KafkaError
 
-from consumers.kafka_admin import KafkaAdminError
-from consumers.offset_specs import Refused
-from consumers.rewind import rewind
+from consumers.kafka.admin import KafkaAdminError
+from consumers.operations.offset_specs import Refused
+from consumers.operations.rewind import rewind
 
 MODE_OPTIONS = (
     ("--to-earliest", "to-earliest", {"action": "store_true"}, "the log start of each partition"),

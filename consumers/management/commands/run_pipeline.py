@@ -6,10 +6,10 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.engine import UnknownPipeline
-from consumers.faults import POINTS, FaultInjector
+from consumers.engine.faults import POINTS, FaultInjector
+from consumers.engine.pipelines import engine_runner
+from consumers.engine.python import UnknownPipeline
 from consumers.models import Engine, Pipeline
-from consumers.pipelines import engine_runner
 
 
 class Command(BaseCommand):

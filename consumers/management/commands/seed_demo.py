@@ -1,7 +1,7 @@
 """Seed the classic example: topic `nums` with "1".."N" and one demo pipeline per delivery mode."""
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.demo import DemoError, seed_demo
+from consumers.demo.classic import DemoError, seed_demo
 
 
 class Command(BaseCommand):

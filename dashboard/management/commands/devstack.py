@@ -16,14 +16,14 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers import broker
+from consumers.kafka import broker
 
 PYTHON = sys.executable
 
 
 def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     """The long-running processes of the stack, by name (also documented in the README)."""
-    celery = [PYTHON, "-m", "celery", "-A", "dashboard"]
+    celery = [PYTHON, "-m", "celery", "-A", "tally"]
     return {
         # The threads pool: each pipeline is a long-lived task, and Spark must never be started in a
         # prefork child (see DESIGN.md); threads let one worker host many pipelines.

@@ -1,0 +1,54 @@
+"""Alerts in the JSON API (Django REST framework, like the rest of /api/): session or token auth; list and
+detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
+from django.shortcuts import get_object_or_404
+from rest_framework import status as http
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from alerts import evaluate
+from alerts.models import Alert
+from alerts.queries import PAGE_SIZE, filtered_alerts, parse_minutes
+from dashboard.api.permissions import OperatorForWrites
+
+OPERATE = [IsAuthenticated, OperatorForWrites]
+
+
+@api_view(["GET"])
+def alert_list(request):
+    alerts = filtered_alerts(request.query_params.get("state", "open"), request.query_params.get("pipeline", ""))
+    return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
+
+
+@api_view(["GET"])
+def alert_detail(request, alert_id):
+    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    data = alert.as_json()
+    data["notifications"] = [{"kind": n.kind, "sequence": n.sequence, "attempts": n.attempts,
+                              "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
+                              "last_error": n.last_error or None}
+                             for n in alert.notifications.order_by("created_at")]
+    return Response(data)
+
+
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def alert_acknowledge(request, alert_id):
+    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    if not evaluate.acknowledge(alert, request.user.get_username()):
+        return Response({"error": f"The alert is {alert.state}, not firing.", "alert": alert.as_json()},
+                        status=http.HTTP_409_CONFLICT)
+    return Response({"alert": alert.as_json()})
+
+
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def alert_mute(request, alert_id):
+    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    minutes = parse_minutes(request.data.get("minutes"))
+    if minutes is None:
+        return Response({"error": "minutes must be an integer from 1 to 43200 (30 days)."},
+                        status=http.HTTP_400_BAD_REQUEST)
+    mute = evaluate.mute(alert, minutes, request.user.get_username(), str(request.data.get("reason", "")))
+    return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
+                              "until": mute.until.isoformat()}, "alert": alert.as_json()})

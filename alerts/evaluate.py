@@ -1,0 +1,149 @@
+"""Evaluation: turn rule checks into alert state changes and outbox emails. Idempotent and stored.
+
+For each pipeline and each rule that applies to it, in one transaction holding the open alert's row lock:
+  - firing and no open alert   -> create it (the partial unique index stops a concurrent twin) and queue
+                                  the "fired" email;
+  - firing and open            -> refresh its facts; queue a reminder when `next_reminder_at` is due
+                                  (firing only: acknowledging stops reminders);
+  - not firing and open        -> resolve it and queue the "resolved" email (if a "fired" one went out).
+A mute holds every email of its rule/pipeline; an alert that fired while muted gets its "fired" email when
+the mute ends, if it still fires. Running evaluation twice at the same `now` changes nothing.
+"""
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from alerts import notify
+from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
+from alerts.rules import Finding, PipelineView, check, rules_for
+from consumers.models import Pipeline
+
+logger = logging.getLogger("tally.alerts")
+
+
+@dataclass
+class EvaluationReport:
+    now: str = ""
+    pipelines: int = 0
+    checks: int = 0
+    fired: list = field(default_factory=list)
+    reminded: list = field(default_factory=list)
+    resolved: list = field(default_factory=list)
+    muted: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    firing: list = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _label(rule, pipeline) -> str:
+    return f"{pipeline.name}/{rule.name}"
+
+
+def _next_reminder(rule, after, now):
+    """The first reminder time after `now` on the schedule `after + k * interval` (no bursts after downtime)."""
+    if not rule.reminder_seconds:
+        return None
+    interval = timedelta(seconds=rule.reminder_seconds)
+    due = after + interval
+    if due <= now:
+        due += interval * ((now - due) // interval + 1)
+    return due
+
+
+def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: EvaluationReport) -> None:
+    with transaction.atomic():
+        alert = (Alert.objects.select_for_update().select_related("rule", "pipeline")
+                 .filter(rule=rule, pipeline=pipeline, state__in=OPEN_STATES).first())
+        muted = Mute.active_for(rule, pipeline, now).exists()
+        if finding is None:
+            if alert is not None:
+                _resolve(alert, now, muted, report)
+            return
+        if alert is None:
+            try:
+                with transaction.atomic():
+                    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING,
+                                                 summary=finding.summary[:300], facts=finding.facts,
+                                                 started_at=now, last_seen_at=now)
+            except IntegrityError:
+                return  # a concurrent evaluation opened it first; that one queues the email
+        else:
+            alert.summary, alert.facts, alert.last_seen_at = finding.summary[:300], finding.facts, now
+        report.firing.append({"alert": alert.pk, "pipeline": pipeline.name, "rule": rule.name,
+                              "state": alert.state, "summary": alert.summary})
+        if muted:
+            report.muted.append(_label(rule, pipeline))
+        elif alert.notified_at is None:
+            if notify.queue(alert, NotificationKind.FIRED, 0, now):
+                report.fired.append(_label(rule, pipeline))
+            alert.notified_at = now
+            alert.next_reminder_at = _next_reminder(rule, now, now)
+        elif alert.state == AlertState.FIRING and alert.next_reminder_at and now >= alert.next_reminder_at:
+            sequence = alert.reminders_sent + 1
+            if notify.queue(alert, NotificationKind.REMINDER, sequence, now):
+                report.reminded.append(_label(rule, pipeline))
+            alert.reminders_sent = sequence
+            alert.next_reminder_at = _next_reminder(rule, alert.next_reminder_at, now)
+        # Only the fields evaluation owns: an operator's acknowledge (a conditional UPDATE) is never undone.
+        alert.save(update_fields=["summary", "facts", "last_seen_at", "notified_at", "next_reminder_at",
+                                  "reminders_sent"])
+
+
+def _resolve(alert: Alert, now, muted: bool, report: EvaluationReport) -> None:
+    changed = Alert.objects.filter(pk=alert.pk, state__in=OPEN_STATES).update(
+        state=AlertState.RESOLVED, resolved_at=now, next_reminder_at=None)
+    if not changed:
+        return
+    alert.state, alert.resolved_at = AlertState.RESOLVED, now
+    report.resolved.append(_label(alert.rule, alert.pipeline))
+    # Recipients who never heard of it (it fired while muted) get no "resolved" email either.
+    if alert.notified_at is not None and not muted:
+        notify.queue(alert, NotificationKind.RESOLVED, 0, now)
+
+
+def evaluate_all(now=None) -> EvaluationReport:
+    """Evaluate every rule for every pipeline once. A failing check is recorded and skipped, never fatal."""
+    now = now or timezone.now()
+    report = EvaluationReport(now=now.isoformat())
+    all_rules = list(AlertRule.objects.select_related("pipeline"))
+    # Healthy pipelines without an open alert need no transaction at all: most of them, most of the time.
+    open_pairs = set(Alert.objects.filter(state__in=OPEN_STATES).values_list("rule_id", "pipeline_id"))
+    evaluated = set()
+    for pipeline in Pipeline.objects.order_by("name"):
+        report.pipelines += 1
+        try:
+            view = PipelineView.load(pipeline, now)
+        except Exception as error:  # noqa: BLE001 - one broken pipeline must not silence the others
+            logger.exception("alerts: cannot load %s", pipeline.name)
+            report.errors.append({"pipeline": pipeline.name, "error": str(error)})
+            continue
+        for rule in rules_for(pipeline, all_rules):
+            evaluated.add((rule.pk, pipeline.pk))
+            report.checks += 1
+            try:
+                finding = check(rule, view)
+                if finding is None and (rule.pk, pipeline.pk) not in open_pairs:
+                    continue
+                apply(rule, pipeline, finding, now, report)
+            except Exception as error:  # noqa: BLE001
+                logger.exception("alerts: rule %s on %s failed", rule.name, pipeline.name)
+                report.errors.append({"pipeline": pipeline.name, "rule": rule.name, "error": str(error)})
+    # Open alerts of rules that no longer apply (disabled, overridden, deleted pipeline rule): resolve them.
+    for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline"):
+        if (alert.rule_id, alert.pipeline_id) not in evaluated:
+            apply(alert.rule, alert.pipeline, None, now, report)
+    return report
+
+
+def acknowledge(alert: Alert, user: str, now=None) -> bool:
+    return alert.acknowledge(user, now)
+
+
+def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
+    """Mute the alert's rule for its pipeline for `minutes`."""
+    return Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)

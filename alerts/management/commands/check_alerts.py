@@ -1,0 +1,31 @@
+"""`check_alerts [--json] [--no-send]`: evaluate every alert rule once and send the due emails (for cron and tests)."""
+import json
+
+from django.core.management.base import BaseCommand
+
+from alerts.evaluate import evaluate_all
+from alerts.notify import deliver_due
+
+
+class Command(BaseCommand):
+    help = "Evaluate alert rules once, then send due alert emails (retrying failed ones whose time has come)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="Print the evaluation report as JSON.")
+        parser.add_argument("--no-send", action="store_true", help="Only evaluate; leave emails in the outbox.")
+
+    def handle(self, *args, **options):
+        report = evaluate_all().as_json()
+        report["emails"] = None if options["no_send"] else deliver_due()
+        if options["json"]:
+            self.stdout.write(json.dumps(report, indent=2))
+            return
+        for alert in report["firing"]:
+            self.stdout.write(f"FIRING  {alert['pipeline']}: {alert['summary']} [{alert['state']}]")
+        for label in report["resolved"]:
+            self.stdout.write(f"RESOLVED {label}")
+        for error in report["errors"]:
+            self.stderr.write(f"ERROR {error}")
+        emails = report["emails"]
+        self.stdout.write(f"{report['pipelines']} pipelines, {report['checks']} checks, {len(report['firing'])} firing"
+                          + (f"; emails sent {emails['sent']}, failed {emails['failed']}" if emails else ""))

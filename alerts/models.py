@@ -1,0 +1,195 @@
+"""Alerts: rules, the alerts they raise (firing -> acknowledged -> resolved), mutes and the email outbox.
+
+The database keeps alerts honest: at most one open alert per (rule, pipeline) (a partial unique index),
+state changes are conditional UPDATEs, and every email is an outbox row unique per (alert, kind,
+sequence), so one state never produces two emails however often evaluation runs.
+"""
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class RuleKind(models.TextChoices):
+    LAG_RECORDS = "lag_records", "lag above N records"
+    LAG_SECONDS = "lag_seconds", "lag above N seconds"
+    LOST = "lost", "any lost record"
+    DUPLICATED = "duplicated", "any duplicated record"
+    PHANTOM = "phantom", "phantom rows"
+    GAP = "gap", "a gap in the ledger"
+    STATUS = "status", "status STALL / STOP / ERR"
+    DEAD_LETTERS = "dead_letters", "dead letters above N per interval"
+    NO_CONSUMER = "no_consumer", "should run but no live consumer"
+
+
+# Kinds that compare a measured value with `threshold`; the others fire on "any".
+THRESHOLD_KINDS = {RuleKind.LAG_RECORDS, RuleKind.LAG_SECONDS, RuleKind.DEAD_LETTERS}
+DEFAULT_STATUSES = "STALL,STOP,ERR"
+
+
+class AlertRule(models.Model):
+    """A condition to watch. `pipeline=None` makes it global; a pipeline's own rule of the same kind
+    replaces the global one for that pipeline (so a pipeline can tune or disable a global rule)."""
+
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=RuleKind.choices)
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="alert_rules", help_text="Empty: applies to every pipeline.")
+    threshold = models.FloatField(null=True, blank=True,
+                                  help_text="N for lag (records or seconds) and dead letters per interval.")
+    interval_seconds = models.PositiveIntegerField(default=300, help_text="Window for dead letters per interval.")
+    statuses = models.CharField(max_length=50, default=DEFAULT_STATUSES, blank=True,
+                                help_text="For the status rule: comma-separated statuses that fire.")
+    recipients = models.TextField(blank=True, default="",
+                                  help_text="Comma-separated addresses; empty: settings.ALERT_RECIPIENTS.")
+    reminder_seconds = models.PositiveIntegerField(default=3600,
+                                                   help_text="Reminder interval while firing; 0: no reminders.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "dashboard_alertrule"  # created when alerts lived in the dashboard app
+        ordering = ["kind", "name"]
+
+    def __str__(self):
+        scope = self.pipeline.name if self.pipeline_id else "all pipelines"
+        return f"{self.name} ({self.get_kind_display()}, {scope})"
+
+    def recipient_list(self) -> list[str]:
+        own = [address.strip() for address in self.recipients.replace(";", ",").split(",") if address.strip()]
+        return own or list(settings.ALERT_RECIPIENTS)
+
+    def status_set(self) -> set[str]:
+        return {status.strip().upper() for status in (self.statuses or DEFAULT_STATUSES).split(",") if status.strip()}
+
+
+class AlertState(models.TextChoices):
+    FIRING = "firing", "firing"
+    ACKNOWLEDGED = "acknowledged", "acknowledged"
+    RESOLVED = "resolved", "resolved"
+
+
+OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
+
+
+class Alert(models.Model):
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
+    pipeline = models.ForeignKey("consumers.Pipeline", on_delete=models.CASCADE, related_name="alerts")
+    state = models.CharField(max_length=15, choices=AlertState.choices, default=AlertState.FIRING)
+    summary = models.CharField(max_length=300)
+    facts = models.JSONField(default=dict, help_text="What evaluation saw last: partitions, offsets, counts.")
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    # When the "fired" email was queued (None while muted: it is queued when the mute ends).
+    notified_at = models.DateTimeField(null=True, blank=True)
+    next_reminder_at = models.DateTimeField(null=True, blank=True)
+    reminders_sent = models.PositiveIntegerField(default=0)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "dashboard_alert"  # created when alerts lived in the dashboard app
+        ordering = ["-started_at"]
+        constraints = [models.UniqueConstraint(fields=["rule", "pipeline"], condition=Q(state__in=OPEN_STATES),
+                                               name="uniq_open_alert_per_rule_pipeline")]
+        indexes = [models.Index(fields=["state", "-started_at"], name="alert_state_idx")]
+
+    def __str__(self):
+        return f"[{self.state}] {self.pipeline.name}: {self.summary}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+    def acknowledge(self, user: str, now=None) -> bool:
+        """firing -> acknowledged (stops reminders). False if it was not firing any more."""
+        now = now or timezone.now()
+        changed = Alert.objects.filter(pk=self.pk, state=AlertState.FIRING).update(
+            state=AlertState.ACKNOWLEDGED, acknowledged_at=now, acknowledged_by=user[:150])
+        self.refresh_from_db()
+        return bool(changed)
+
+    def active_mute(self, now=None):
+        return Mute.active_for(self.rule, self.pipeline, now).first()
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.pk, "state": self.state, "pipeline": self.pipeline.name, "rule": self.rule.name,
+            "kind": self.rule.kind, "summary": self.summary, "facts": self.facts,
+            "started_at": self.started_at.isoformat(), "last_seen_at": self.last_seen_at.isoformat(),
+            "acknowledged_at": self.acknowledged_at.isoformat() if self.acknowledged_at else None,
+            "acknowledged_by": self.acknowledged_by or None,
+            "resolved_at": self.resolved_at.isoformat() if self.resolved_at else None,
+            "reminders_sent": self.reminders_sent,
+        }
+
+
+class Mute(models.Model):
+    """Silences emails for a period. Empty rule: every rule; empty pipeline: every pipeline. Alerts are
+    still evaluated and listed while muted; only their emails are held."""
+
+    rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.CASCADE, related_name="mutes")
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="alert_mutes")
+    until = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "dashboard_mute"  # created when alerts lived in the dashboard app
+        ordering = ["-until"]
+
+    def __str__(self):
+        return f"mute {self.rule or 'all rules'} / {self.pipeline or 'all pipelines'} until {self.until:%Y-%m-%d %H:%M}"
+
+    @classmethod
+    def active_for(cls, rule, pipeline, now=None):
+        now = now or timezone.now()
+        return cls.objects.filter(Q(rule=rule) | Q(rule__isnull=True), Q(pipeline=pipeline) | Q(pipeline__isnull=True),
+                                  until__gt=now)
+
+    @classmethod
+    def mute(cls, *, rule, pipeline, minutes: int, user: str = "", reason: str = "", now=None) -> "Mute":
+        now = now or timezone.now()
+        return cls.objects.create(rule=rule, pipeline=pipeline, until=now + timedelta(minutes=minutes),
+                                  created_by=user[:150], reason=reason[:200], created_at=now)
+
+
+class NotificationKind(models.TextChoices):
+    FIRED = "fired", "fired"
+    REMINDER = "reminder", "reminder"
+    RESOLVED = "resolved", "resolved"
+
+
+class Notification(models.Model):
+    """The email outbox: one row per email to send, rendered when queued, sent (and retried with backoff)
+    by `alerts.notify.deliver_due`. Unique per (alert, kind, sequence): never two emails for
+    the same state."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=10, choices=NotificationKind.choices)
+    sequence = models.PositiveIntegerField(default=0, help_text="Reminder number; 0 for fired/resolved.")
+    recipients = models.JSONField(default=list)
+    subject = models.CharField(max_length=300)
+    body_text = models.TextField()
+    body_html = models.TextField()
+    created_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True, help_text="Gave up after the last attempt.")
+
+    class Meta:
+        db_table = "dashboard_notification"  # created when alerts lived in the dashboard app
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["alert", "kind", "sequence"], name="uniq_notification_state")]
+        indexes = [models.Index(fields=["next_attempt_at"], name="notification_due_idx",
+                                condition=Q(delivered_at__isnull=True, failed_at__isnull=True))]
+
+    def __str__(self):
+        return f"{self.kind} #{self.sequence} for alert {self.alert_id}"

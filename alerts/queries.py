@@ -1,0 +1,30 @@
+"""Listing alerts with the page's and the API's filters (one place, so both agree)."""
+from alerts.models import OPEN_STATES, Alert, AlertState
+
+# The page shows this many alerts: the newest matter; older ones are in the admin.
+PAGE_SIZE = 200
+STATE_FILTERS = ("open", *AlertState.values, "all")
+
+
+def filtered_alerts(state: str = "open", pipeline: str = ""):
+    alerts = Alert.objects.select_related("rule", "pipeline").order_by("-started_at", "-pk")
+    if state == "open" or state not in STATE_FILTERS:
+        alerts = alerts.filter(state__in=OPEN_STATES)
+    elif state != "all":
+        alerts = alerts.filter(state=state)
+    if pipeline:
+        alerts = alerts.filter(pipeline__name=pipeline)
+    return alerts
+
+
+def can_operate(user) -> bool:
+    return user.is_authenticated and user.has_perm("consumers.operate_pipeline")
+
+
+def parse_minutes(value, default=60) -> int | None:
+    """Mute length in minutes: 1 minute to 30 days, else None (invalid)."""
+    try:
+        minutes = int(value if value not in (None, "") else default)
+    except (TypeError, ValueError):
+        return None
+    return minutes if 1 <= minutes <= 30 * 24 * 60 else None

@@ -1,0 +1,264 @@
+"""Rule conditions: given what reconciliation stored for a pipeline, does a rule fire, and with which facts?
+
+Pure reads. Each check returns None (not firing) or a Finding with a one-line summary and the facts an
+operator needs (partitions, offset ranges, counts, measured value and threshold).
+"""
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from alerts.models import AlertRule, RuleKind
+from alerts.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
+from consumers.models import ConsumerRun, DeadLetter, DesiredState, PartitionHealth, PipelineHealth, RunState
+
+# Findings keep at most this many ranges per partition: an email listing 10,000 ranges helps nobody.
+MAX_RANGES_PER_PARTITION = 20
+LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
+
+
+def heartbeat_timeout() -> timedelta:
+    return timedelta(seconds=getattr(settings, "ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60))
+
+
+def rewind_grace() -> timedelta:
+    return timedelta(seconds=getattr(settings, "ALERT_REWIND_GRACE_SECONDS", 600))
+
+
+@dataclass
+class Finding:
+    summary: str
+    facts: dict = field(default_factory=dict)
+
+
+@dataclass
+class PipelineView:
+    """Everything the rules read about one pipeline, loaded once per evaluation."""
+
+    pipeline: object
+    health: PipelineHealth | None
+    partitions: list[PartitionHealth]
+    rewinds: PipelineRewinds
+    now: datetime
+
+    @classmethod
+    def load(cls, pipeline, now):
+        health = PipelineHealth.objects.filter(pipeline=pipeline).first()
+        partitions = list(PartitionHealth.objects.filter(pipeline=pipeline).order_by("partition"))
+        return cls(pipeline, health, partitions, rewinds_for(pipeline), now)
+
+    @property
+    def checked_at(self):
+        return self.health.checked_at.isoformat() if self.health else None
+
+    def recently_rewound(self) -> bool:
+        return self.rewinds.latest_at is not None and self.now - self.rewinds.latest_at < rewind_grace()
+
+
+def _format_range(start: int, end: int, folded: bool = False) -> str:
+    text = str(start) if end - start == 1 else f"{start}-{end - 1}"
+    # Reconciliation folds its findings beyond the first few into one covering range.
+    return f"within {text}" if folded else text
+
+
+def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: str | None, label: str,
+                     planned_exempt: bool) -> Finding | None:
+    """Findings of the given kinds per partition, minus rewound ranges when `planned_exempt`."""
+    per_partition, total = {}, 0
+    for part in view.partitions:
+        pieces, count, samples = [], 0, []
+        typed = [f for f in (part.findings or []) if isinstance(f, dict) and f.get("kind") in kinds]
+        planned = view.rewinds.planned_ranges(part.partition) if planned_exempt else []
+        for finding in typed:
+            start, end = finding.get("start"), finding.get("end")
+            if start is None or end is None:
+                count += int(finding.get("count") or 0)
+                continue
+            start, end = int(start), int(end)
+            kept = subtract_ranges(start, end, planned)
+            kept_size = sum(e - s for s, e in kept)
+            reported = int(finding.get("count") or (end - start))
+            # A range may hold fewer (folded) or more (duplicates) records than offsets: scale by what stays.
+            count += reported if kept_size == end - start else round(reported * kept_size / max(end - start, 1))
+            pieces.extend((s, e, bool(finding.get("folded"))) for s, e in kept)
+            samples.extend(o for o in finding.get("offsets") or [] if any(s <= o < e for s, e in kept))
+        if not typed and count_field and getattr(part, count_field, 0) and not planned:
+            count = int(getattr(part, count_field))
+        if count > 0:
+            pieces.sort()
+            shown = pieces[:MAX_RANGES_PER_PARTITION]
+            text = ", ".join(_format_range(*piece) for piece in shown)
+            per_partition[str(part.partition)] = {
+                "count": count, "ranges": [[s, e] for s, e, _ in shown],
+                "ranges_truncated": len(pieces) > MAX_RANGES_PER_PARTITION,
+                "offsets_text": text + (", ..." if len(pieces) > MAX_RANGES_PER_PARTITION else ""),
+                "sample_offsets": samples[:20]}
+            total += count
+    if not view.partitions and count_field and view.health and getattr(view.health, count_field, 0):
+        total = int(getattr(view.health, count_field))
+    if total <= 0:
+        return None
+    where = "; ".join(f"partition {p}: offsets {info['offsets_text']}" if info["offsets_text"] else f"partition {p}"
+                      for p, info in per_partition.items())
+    summary = f"{total} {label}" + (f" ({where})" if where else "")
+    if len(summary) > 300:
+        summary = summary[:296] + " ..."
+    return Finding(summary, {"count": total, "partitions": per_partition, "checked_at": view.checked_at})
+
+
+def check_lost(rule, view):
+    # Unrecoverable records (below the log start before anyone read them) are lost too.
+    return _offset_findings(view, ("lost", "unrecoverable"), "lost", "lost records", planned_exempt=True)
+
+
+def check_gap(rule, view):
+    return _offset_findings(view, ("gap",), None, "offsets in ledger gaps", planned_exempt=True)
+
+
+def check_duplicated(rule, view):
+    return _offset_findings(view, ("duplicated", "overlap"), "duplicated", "duplicated records", planned_exempt=False)
+
+
+def check_phantom(rule, view):
+    return _offset_findings(view, ("phantom",), "phantom", "phantom rows", planned_exempt=False)
+
+
+def _threshold(rule) -> float:
+    return rule.threshold if rule.threshold is not None else 0.0
+
+
+def check_lag_records(rule, view):
+    """Lag in records, not counting a rewound range that is being replayed (planned, not behind)."""
+    per_partition, total = {}, 0
+    for part in view.partitions:
+        if part.lag_records is None:
+            continue
+        lag = part.lag_records
+        replay_end = view.rewinds.replay_end(part.partition, part.next_offset)
+        if replay_end is not None:
+            lag = max(0, lag - (replay_end - part.next_offset))
+        per_partition[str(part.partition)] = {"lag_records": lag, "next_offset": part.next_offset,
+                                              "high_watermark": part.high_watermark}
+        total += lag
+    if not view.partitions:
+        if not view.health or view.health.lag_records is None:
+            return None
+        total = view.health.lag_records
+    if total <= _threshold(rule):
+        return None
+    return Finding(f"lag {total} records > {_threshold(rule):g}",
+                   {"value": total, "threshold": _threshold(rule), "partitions": per_partition,
+                    "checked_at": view.checked_at})
+
+
+def check_lag_seconds(rule, view):
+    worst, per_partition = None, {}
+    for part in view.partitions:
+        if part.lag_seconds is None or view.rewinds.replay_end(part.partition, part.next_offset) is not None:
+            continue
+        per_partition[str(part.partition)] = {"lag_seconds": round(part.lag_seconds, 1),
+                                              "next_offset": part.next_offset}
+        worst = part.lag_seconds if worst is None else max(worst, part.lag_seconds)
+    if not view.partitions and view.health:
+        worst = view.health.lag_seconds
+    if worst is None or worst <= _threshold(rule):
+        return None
+    return Finding(f"lag {worst:.0f} s > {_threshold(rule):g} s",
+                   {"value": round(worst, 1), "threshold": _threshold(rule), "partitions": per_partition,
+                    "checked_at": view.checked_at})
+
+
+STALL_LIKE = {"STALL", "STOP", "REWIND"}
+# Findings that make reconciliation call a partition ERR; each has its own rule (lost, duplicated, ...),
+# so the status rule does not send a second email for the same incident.
+INCIDENT_KINDS = {"lost", "duplicated", "phantom", "gap", "overlap", "unrecoverable"}
+
+
+def _has_incident(part) -> bool:
+    return any(isinstance(f, dict) and f.get("kind") in INCIDENT_KINDS for f in part.findings or [])
+
+
+def _status_fires(status: str, wanted: set[str], planned: bool, incident: bool) -> bool:
+    if status not in wanted:
+        return False
+    if status in STALL_LIKE and planned:
+        return False
+    return not (status == "ERR" and incident)
+
+
+def check_status(rule, view):
+    """STALL/STOP after a rewind, or of a pipeline an operator paused or stopped, are planned: no alert.
+    ERR caused by findings is left to the finding rules; ERR for other reasons (Kafka unreadable) fires."""
+    if not view.health:
+        return None
+    wanted = rule.status_set()
+    planned = view.pipeline.desired_state != DesiredState.RUNNING or view.recently_rewound()
+    bad = {}
+    for part in view.partitions:
+        if _status_fires(part.status, wanted, planned, _has_incident(part)):
+            bad[str(part.partition)] = {"status": part.status, "next_offset": part.next_offset,
+                                        "lag_records": part.lag_records}
+    status = view.health.status
+    if view.partitions:
+        if not bad:
+            return None
+        shown = ",".join(sorted({p["status"] for p in bad.values()}))
+    else:
+        if not _status_fires(status, wanted, planned, incident=bool(view.health.lost or view.health.duplicated
+                                                                     or view.health.phantom)):
+            return None
+        shown = status
+    where = f" (partitions {', '.join(bad)})" if bad else ""
+    return Finding(f"status {shown}{where}", {"status": status, "partitions": bad, "checked_at": view.checked_at})
+
+
+def check_dead_letters(rule, view):
+    since = view.now - timedelta(seconds=rule.interval_seconds)
+    letters = DeadLetter.objects.filter(pipeline=view.pipeline, created_at__gt=since, created_at__lte=view.now)
+    count = letters.count()
+    if count <= _threshold(rule):
+        return None
+    per_partition = {}
+    for letter in letters.order_by("partition", "offset")[:200]:
+        per_partition.setdefault(str(letter.partition), []).append(letter.offset)
+    partitions = {p: {"count": len(o), "sample_offsets": o[:20], "offsets_text": ", ".join(map(str, o[:20]))}
+                  for p, o in per_partition.items()}
+    return Finding(f"{count} dead letters in {rule.interval_seconds} s > {_threshold(rule):g}",
+                   {"count": count, "value": count, "threshold": _threshold(rule),
+                    "interval_seconds": rule.interval_seconds, "partitions": partitions})
+
+
+def check_no_consumer(rule, view):
+    if view.pipeline.desired_state != DesiredState.RUNNING:
+        return None
+    alive_since = view.now - heartbeat_timeout()
+    runs = ConsumerRun.objects.filter(pipeline=view.pipeline)
+    if runs.filter(state__in=LIVE_RUN_STATES, heartbeat_at__gte=alive_since).exists():
+        return None
+    last = runs.order_by("-heartbeat_at").first()
+    facts = {"desired_state": view.pipeline.desired_state,
+             "last_heartbeat_at": last.heartbeat_at.isoformat() if last else None,
+             "last_run_state": last.state if last else None,
+             "last_end_reason": (last.end_reason[:200] if last else "")}
+    when = f"last heartbeat {last.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if last else "never started"
+    return Finding(f"should run but has no live consumer ({when})", facts)
+
+
+CHECKS = {
+    RuleKind.LOST: check_lost, RuleKind.GAP: check_gap, RuleKind.DUPLICATED: check_duplicated,
+    RuleKind.PHANTOM: check_phantom, RuleKind.LAG_RECORDS: check_lag_records,
+    RuleKind.LAG_SECONDS: check_lag_seconds, RuleKind.STATUS: check_status,
+    RuleKind.DEAD_LETTERS: check_dead_letters, RuleKind.NO_CONSUMER: check_no_consumer,
+}
+
+
+def check(rule: AlertRule, view: PipelineView) -> Finding | None:
+    return CHECKS[rule.kind](rule, view)
+
+
+def rules_for(pipeline, all_rules: list[AlertRule]) -> list[AlertRule]:
+    """The pipeline's own rules, plus global rules of kinds it has no own rule for; enabled ones only."""
+    own = [r for r in all_rules if r.pipeline_id == pipeline.pk]
+    own_kinds = {r.kind for r in own}
+    chosen = own + [r for r in all_rules if r.pipeline_id is None and r.kind not in own_kinds]
+    return [r for r in chosen if r.enabled]

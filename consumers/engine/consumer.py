@@ -1,0 +1,108 @@
+"""The engine's side of kafka-python: the group consumer, the rebalance listener, Kafka offset commits.
+
+Rebalance callbacks run on kafka-python's IO thread (the one that also sends heartbeats), so the
+listener does no I/O: it pauses newly assigned partitions and records them. The engine's thread then
+waits for the batch in flight, seeks them to the database's positions and resumes them, before any
+record of theirs is fetched.
+"""
+import logging
+import threading
+
+from django.conf import settings
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+
+from consumers.engine.transforms import SourceRecord
+
+log = logging.getLogger("tally.engine")
+
+
+def heartbeat_interval_ms(session_timeout_ms: int) -> int:
+    # Kafka wants heartbeats well inside the session; a third of it, at most one per second.
+    return max(100, min(1000, session_timeout_ms // 3))
+
+
+def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
+                  listener: ConsumerRebalanceListener, **overrides) -> KafkaConsumer:
+    session_ms = settings.KAFKA_SESSION_TIMEOUT_MS
+    config = dict(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=group_id, client_id=client_id,
+                  enable_auto_commit=False, auto_offset_reset=reset_policy,
+                  session_timeout_ms=session_ms, heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
+                  request_timeout_ms=max(settings.KAFKA_REQUEST_TIMEOUT_MS, session_ms + 1000),
+                  max_poll_records=max_poll_records)
+    config.update(overrides)
+    consumer = KafkaConsumer(**config)
+    consumer.subscribe([topic], listener=listener)
+    return consumer
+
+
+class AssignmentTracker(ConsumerRebalanceListener):
+    """Remembers what the group gave this member and which partitions still need a seek."""
+
+    def __init__(self, pause_new: bool):
+        self._lock = threading.Lock()
+        self._pending: set[TopicPartition] = set()
+        self.pause_new = pause_new
+        self.consumer: KafkaConsumer | None = None
+        self.rebalances = 0
+
+    def on_partitions_revoked(self, revoked):
+        with self._lock:
+            self._pending -= set(revoked)
+
+    def on_partitions_assigned(self, assigned):
+        assigned = set(assigned)
+        if self.pause_new and self.consumer is not None and assigned:
+            # No fetch until the engine has moved them to the database's positions.
+            self.consumer.pause(*assigned)
+        with self._lock:
+            self._pending |= assigned
+            self.rebalances += 1
+
+    def take_pending(self) -> set[TopicPartition]:
+        with self._lock:
+            pending, self._pending = self._pending, set()
+            return pending
+
+    def has_pending(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
+
+
+def to_source_records(polled: dict, skip: set[TopicPartition] = frozenset()) -> dict[int, list[SourceRecord]]:
+    """kafka-python's records -> the commit protocol's SourceRecords, per partition, in offset order."""
+    batches = {}
+    for tp, records in polled.items():
+        if tp in skip or not records:
+            continue
+        batches[tp.partition] = [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp)
+                                 for r in records]
+    return batches
+
+
+def offsets_to_commit(topic: str, ends: dict[int, int]) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(topic, p): OffsetAndMetadata(end, "", -1) for p, end in ends.items()}
+
+
+def commit_to_kafka(consumer: KafkaConsumer, topic: str, ends: dict[int, int], *, wait: bool) -> bool:
+    """Commit `ends` (the next offset per partition) to the group. Advisory after a DB commit: a failure
+    is logged, never raised. Returns True when the commit is known to have succeeded (or was sent)."""
+    if not ends:
+        return True
+    offsets = offsets_to_commit(topic, ends)
+    try:
+        if wait:
+            consumer.commit(offsets, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+        else:
+            consumer.commit_async(offsets, callback=_log_async_commit_failure)
+        return True
+    except Exception as exc:  # Kafka's copy of the position is advisory: keep going
+        log.warning("Kafka offset commit %s failed: %s", ends, exc)
+        return False
+
+
+def _log_async_commit_failure(offsets, response):
+    if isinstance(response, Exception):
+        log.warning("Kafka offset commit %s failed: %s",
+                    {tp.partition: meta.offset for tp, meta in offsets.items()}, response)

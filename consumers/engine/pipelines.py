@@ -1,0 +1,43 @@
+"""Creating pipelines: the Pipeline row and its sink table, together."""
+from django.db import connection, transaction
+
+from consumers.engine import sinks
+from consumers.engine.transforms import resolve
+from consumers.models import DeliveryMode, Engine, Pipeline
+
+MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers silently; refuse them instead
+
+
+def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "int_value",
+                    delivery_mode: str = DeliveryMode.EXACTLY_ONCE, *, exist_ok: bool = False,
+                    **fields) -> Pipeline:
+    """Create a pipeline and its sink table (transform columns + provenance; a unique provenance key for
+    exactly-once) in one transaction. `fields` are other Pipeline fields (group_id, batch_size,
+    reset_policy, on_bad_record, engine, ...). With exist_ok, an existing pipeline of that name is
+    returned unchanged (its sink table is created if missing)."""
+    if delivery_mode not in DeliveryMode.values:
+        raise ValueError(f"Unknown delivery mode {delivery_mode!r}: use one of {', '.join(DeliveryMode.values)}.")
+    if not sink_table or len(sink_table) > MAX_IDENTIFIER:
+        raise ValueError(f"Sink table name must have 1 to {MAX_IDENTIFIER} characters: {sink_table!r}.")
+    resolved = resolve(transform)
+    with transaction.atomic():
+        existing = Pipeline.objects.select_for_update().filter(name=name).first()
+        if existing is not None and not exist_ok:
+            raise ValueError(f"A pipeline named {name!r} exists already.")
+        pipeline = existing or Pipeline.objects.create(
+            name=name, topic=topic, sink_table=sink_table, transform=transform, delivery_mode=delivery_mode,
+            **fields)
+        with connection.cursor() as cursor:
+            sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve(pipeline.transform) if existing else resolved,
+                                    pipeline.is_exactly_once)
+    return pipeline
+
+
+def engine_runner(engine: str):
+    """The `run_pipeline(name, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds, faults,
+    task_id)` of an engine. Imported lazily: Spark (and its JVM) loads only where a Spark pipeline runs."""
+    if engine == Engine.SPARK:
+        from consumers.engine.spark import run_pipeline
+    else:
+        from consumers.engine.python import run_pipeline
+    return run_pipeline

@@ -1,0 +1,329 @@
+"""The kafka-python engine: runs one pipeline in this process, in its delivery mode.
+
+Exactly-once, per poll, in this order:
+  1. poll up to `batch_size` records (fault point `after-poll`);
+  2. the writer thread calls `commit.commit_batch`: sink rows, dead letters, ledger row and next_offset
+     in one PostgreSQL transaction (fault points `mid-write`, `after-write`), then `after-db-commit`;
+  3. meanwhile this thread polls and decodes the next batch (the overlap is the engine's speed-up);
+  4. once the write is done, the same offsets go to Kafka (advisory: a failure is logged, never fatal).
+Positions come from the database: every assigned partition is paused by the rebalance listener, then
+sought to its stored next_offset (created from the reset policy when missing) and resumed. A batch
+refused as a gap (commit.Gap) is dropped and the partitions are sought back to the database.
+
+At-least-once: the same steps, but positions come from Kafka's committed offset, so a crash after the DB
+commit and before the Kafka commit writes the batch again. At-most-once: Kafka commit first (fault point
+`after-kafka-commit`), then the write, so a crash in between loses the batch. Both are the classic
+consumers of the blog post the demo reproduces.
+
+Epochs (docs/architecture.md): a run joins the pipeline's current epoch; it ends when its heartbeat (at
+most HEARTBEAT_INTERVAL_S apart) sees a newer epoch, or when the commit protocol raises Fenced.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from consumers.engine import commit, db
+from consumers.engine.consumer import AssignmentTracker, commit_to_kafka, make_consumer, to_source_records
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.kafka import admin as kafka_admin
+from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
+
+log = logging.getLogger("tally.engine")
+
+HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
+POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbeat and deadline often
+MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
+
+REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "error")
+CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
+_RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
+              "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "error": RunState.CRASHED}
+
+
+class UnknownPipeline(LookupError):
+    pass
+
+
+@dataclass
+class RunResult:
+    pipeline: str
+    reason: str                 # one of REASONS
+    records: int = 0            # records committed by this run (rows + dead letters, replays excluded)
+    batches: int = 0            # committed batches (one per poll)
+    rows_written: int = 0
+    dead_letters: int = 0
+    skipped: int = 0            # replayed records the commit protocol skipped
+    epoch: int = 0
+    run_id: int | None = None
+    detail: str = ""
+    seconds: float = 0.0        # wall time of the run
+    busy_seconds: float = 0.0   # from the first polled record to the last committed batch (throughput)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason in CLEAN_REASONS
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def run_pipeline(name: str, *, stop: threading.Event | None = None, batch_size: int | None = None,
+                 delay_ms: int = 0, stop_when_caught_up: bool = False, max_seconds: float | None = None,
+                 faults: FaultInjector = NO_FAULTS, task_id: str = "") -> RunResult:
+    """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time."""
+    try:
+        pipeline = Pipeline.objects.get(name=name)
+    except Pipeline.DoesNotExist:
+        raise UnknownPipeline(f"No pipeline named {name!r}.") from None
+    engine = _Engine(pipeline, stop=stop or threading.Event(), batch_size=batch_size or pipeline.batch_size,
+                     delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
+                     faults=faults, task_id=task_id)
+    return engine.run()
+
+
+class _Engine:
+    def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
+                 faults, task_id):
+        self.pipeline = pipeline
+        self.target = commit.Target.for_pipeline(pipeline)
+        self.epoch = pipeline.epoch
+        self.mode = pipeline.delivery_mode
+        self.positions_from_db = pipeline.is_exactly_once
+        self.stop, self.batch_size, self.delay_s = stop, batch_size, delay_ms / 1000
+        self.stop_when_caught_up, self.max_seconds = stop_when_caught_up, max_seconds
+        self.faults, self.task_id = faults, task_id
+        self.result = RunResult(pipeline.name, reason="error", epoch=self.epoch)
+        self.in_flight: Future | None = None
+        self.last_ends: dict[int, int] = {}
+        self.gaps = 0
+        self.next_heartbeat = 0.0
+        self.first_record_at = self.last_commit_at = None
+
+    # --- life cycle --------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.run_row = ConsumerRun.objects.create(
+            pipeline=self.pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(),
+            task_id=self.task_id, engine=Engine.PYTHON, state=RunState.RUNNING)
+        self.result.run_id = self.run_row.pk
+        started = time.monotonic()
+        log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.run_row.pk, self.epoch,
+                 self.mode, self.batch_size)
+        self.conn = db.connect(f"tally-engine {self.pipeline.name}"[:63])
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="tally-writer")
+        self.consumer = None
+        try:
+            self.tracker = AssignmentTracker(pause_new=self.positions_from_db)
+            self.consumer = make_consumer(self.target.topic, self.pipeline.group_id,
+                                          client_id=f"tally-{self.pipeline.name}",
+                                          reset_policy=self.pipeline.reset_policy,
+                                          max_poll_records=self.batch_size, listener=self.tracker)
+            self.tracker.consumer = self.consumer
+            self.result.reason = self._loop()
+        except _Stop as stop:
+            self.result.reason, self.result.detail = stop.reason, stop.detail
+        except Exception as exc:
+            log.exception("%s: run %s failed", self.pipeline.name, self.run_row.pk)
+            self.result.reason, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            self._shutdown()
+        self.result.seconds = time.monotonic() - started
+        if self.first_record_at is not None and self.last_commit_at is not None:
+            self.result.busy_seconds = self.last_commit_at - self.first_record_at
+        log.info("%s: run %s ended: %s %s (%s records in %s batches)", self.pipeline.name, self.run_row.pk,
+                 self.result.reason, self.result.detail, self.result.records, self.result.batches)
+        return self.result
+
+    def _loop(self) -> str:
+        deadline = time.monotonic() + self.max_seconds if self.max_seconds else None
+        while True:
+            if self.stop.is_set():
+                self._drain()
+                return "stopped"
+            if deadline is not None and time.monotonic() >= deadline:
+                self._drain()
+                return "max_seconds"
+            self._heartbeat()
+            polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
+            skip = self._take_assignment() if self.tracker.has_pending() else set()
+            batches = to_source_records(polled, skip)
+            if not batches:
+                if self.stop_when_caught_up and not self._drain() and self._caught_up():
+                    return "caught_up"
+                continue
+            self.faults.maybe_crash("after-poll")
+            if self.first_record_at is None:
+                self.first_record_at = time.monotonic()
+            if self.mode == DeliveryMode.AT_MOST_ONCE:
+                self._at_most_once(batches)
+            else:
+                self._write_behind(batches)
+
+    def _shutdown(self) -> None:
+        future, self.in_flight = self.in_flight, None
+        if future is not None:
+            # Never close the connection under a write; its outcome no longer matters to this run.
+            try:
+                future.result()
+            except Exception as exc:
+                log.info("%s: batch in flight at shutdown was not committed: %s", self.pipeline.name, exc)
+        self.writer.shutdown(wait=True)
+        if self.consumer is not None:
+            if self.result.reason in CLEAN_REASONS and self.last_ends and self.mode != DeliveryMode.AT_MOST_ONCE:
+                # Async commits may still be queued; a last synchronous one leaves Kafka's lag exact.
+                commit_to_kafka(self.consumer, self.target.topic, self.last_ends, wait=True)
+            try:
+                # close() does not call on_partitions_revoked; nothing is pending here, so nothing is lost.
+                self.consumer.close(autocommit=False, timeout_ms=5000)
+            except Exception as exc:
+                log.warning("%s: closing the Kafka consumer failed: %s", self.pipeline.name, exc)
+        self.conn.close()
+        reason = self.result.reason
+        ConsumerRun.objects.filter(pk=self.run_row.pk).update(
+            state=_RUN_STATE[reason], end_reason=f"{reason}: {self.result.detail}" if self.result.detail else reason,
+            ended_at=timezone.now(), heartbeat_at=timezone.now(), records_processed=self.result.records)
+
+    # --- batches -----------------------------------------------------------------------------------
+    def _write_behind(self, batches) -> None:
+        """Exactly-once and at-least-once: write this batch while the next one is polled."""
+        self._simulate_processing(batches)
+        if self._drain():
+            return  # the previous batch was a gap: positions moved back, this batch is a gap too
+        self.in_flight = self.writer.submit(self._write, batches)
+
+    def _at_most_once(self, batches) -> None:
+        """The classic loss: Kafka commit first, then the write."""
+        ends = {p: records[-1].offset + 1 for p, records in batches.items()}
+        commit_to_kafka(self.consumer, self.target.topic, ends, wait=True)
+        self.faults.maybe_crash("after-kafka-commit")
+        self._simulate_processing(batches)
+        self.in_flight = self.writer.submit(self._write, batches)
+        self._drain()
+
+    def _write(self, batches):
+        """Writer thread: the one DB transaction of a batch (consumers/engine/commit.py)."""
+        outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
+        self.faults.maybe_crash("after-db-commit")
+        return outcomes
+
+    def _drain(self) -> bool:
+        """Wait for the batch in flight and commit its offsets to Kafka. Returns True when it was refused
+        as a gap and the partitions were sought back to the database (drop whatever was polled since)."""
+        future, self.in_flight = self.in_flight, None
+        if future is None:
+            return False
+        try:
+            outcomes = future.result()
+        except commit.Fenced as exc:
+            raise _Stop("fenced", str(exc)) from None
+        except commit.StopOnBadRecord as exc:
+            raise _Stop("bad_record", str(exc)) from None
+        except commit.Gap as exc:
+            self.gaps += 1
+            if self.gaps > MAX_CONSECUTIVE_GAPS:
+                raise _Stop("error", f"gap not cured by seeking to the database: {exc}") from None
+            log.warning("%s: %s; seeking back to the database's positions", self.pipeline.name, exc)
+            self._seek_to_database(self.consumer.assignment())
+            return True
+        self.gaps = 0
+        ends = {}
+        for outcome in outcomes:
+            self.result.records += outcome.records
+            self.result.rows_written += outcome.rows_written
+            self.result.dead_letters += outcome.dead_letters
+            self.result.skipped += outcome.skipped
+            ends[outcome.partition] = outcome.end_offset
+        self.result.batches += 1
+        self.last_commit_at = time.monotonic()
+        self.last_ends.update(ends)
+        if self.mode != DeliveryMode.AT_MOST_ONCE:
+            # Exactly-once: advisory, so asynchronous. At-least-once resumes from it: wait for it.
+            commit_to_kafka(self.consumer, self.target.topic, ends, wait=not self.positions_from_db)
+        return False
+
+    def _simulate_processing(self, batches) -> None:
+        if not self.delay_s:
+            return
+        for records in batches.values():
+            for _ in records:
+                self._sleep(self.delay_s)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            # A stop abandons the batch (not yet written); at-most-once has already committed it to
+            # Kafka, so it finishes the batch rather than lose it on a graceful stop.
+            if self.stop.is_set() and self.mode != DeliveryMode.AT_MOST_ONCE:
+                raise _Stop("stopped", "stopped while processing a batch; it was not written")
+            self._heartbeat()
+            time.sleep(min(left, 0.1))
+
+    # --- positions ---------------------------------------------------------------------------------
+    def _take_assignment(self) -> set:
+        """Seek newly assigned partitions to the database's positions (exactly-once) and resume them.
+        Returns the partitions whose records from the last poll must be dropped."""
+        new = self.tracker.take_pending()
+        if not self.positions_from_db or not new:
+            self._heartbeat(force=True)
+            return set()
+        moved_back = self._drain()   # the positions must include the batch in flight
+        assignment = self.consumer.assignment()
+        new = {tp for tp in new if tp in assignment}
+        self._seek_to_database(new)
+        self.consumer.resume(*new)
+        log.info("%s: assigned %s", self.pipeline.name,
+                 {tp.partition: self.consumer.position(tp, timeout_ms=1000) for tp in new})
+        self._heartbeat(force=True)
+        return assignment if moved_back else new
+
+    def _seek_to_database(self, tps) -> None:
+        tps = [tp for tp in tps if tp in self.consumer.assignment()]
+        if not tps:
+            return
+        stored = commit.stored_positions(self.conn, self.pipeline.pk)
+        missing = sorted(tp.partition for tp in tps if tp.partition not in stored)
+        if missing:
+            marks = kafka_admin.watermarks(self.target.topic, missing)
+            earliest = self.pipeline.reset_policy == ResetPolicy.EARLIEST
+            stored = commit.ensure_positions(self.conn, self.pipeline.pk,
+                                             {p: marks[p].log_start if earliest else marks[p].high for p in missing})
+        for tp in tps:
+            self.consumer.seek(tp, stored[tp.partition])
+
+    def _caught_up(self) -> bool:
+        """Every assigned partition's position has reached the high watermark of its last fetch (right
+        on every broker, unlike ListOffsets on the embedded one)."""
+        assignment = self.consumer.assignment()
+        if not assignment or self.tracker.has_pending():
+            return False
+        for tp in assignment:
+            high = self.consumer.highwater(tp)
+            if high is None:
+                return False
+            position = self.consumer.position(tp, timeout_ms=1000)
+            if position is None or position < high:
+                return False
+        return True
+
+    # --- heartbeat and fencing ---------------------------------------------------------------------
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self.next_heartbeat:
+            return
+        self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
+        partitions = sorted(tp.partition for tp in self.consumer.assignment()) if self.consumer else []
+        ConsumerRun.objects.filter(pk=self.run_row.pk).update(
+            heartbeat_at=timezone.now(), assigned_partitions=partitions, records_processed=self.result.records)
+        epoch = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
+        if epoch is None:
+            raise _Stop("fenced", "the pipeline was deleted")
+        if epoch != self.epoch:
+            raise _Stop("fenced", f"the pipeline moved to epoch {epoch} (this run joined epoch {self.epoch})")

@@ -1,0 +1,127 @@
+"""Pipeline runs inside a Celery worker: one long-lived task per run, stopped cleanly on warm shutdown.
+
+The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
+apart); the supervisor (consumers/operations/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
+A worker's warm shutdown sets every run's stop event, so runs commit what they hold and leave the
+consumer group instead of being cut off mid-batch.
+"""
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from consumers.engine.pipelines import engine_runner
+from consumers.models import ConsumerRun, DesiredState, Pipeline, RunState
+
+LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
+# A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
+OLDER_RUNS_WAIT_S = 20.0
+PEERS_WAIT_S = 30.0
+
+log = logging.getLogger("tally.runs")
+
+_lock = threading.Lock()
+_stop_events: dict[str, threading.Event] = {}
+
+
+def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0) -> dict:
+    """Run the pipeline until it is stopped, fenced or fails. A task whose epoch is no longer the
+    pipeline's (a newer action enqueued its own run) or whose pipeline should not run, does nothing.
+    With `settled_peers`, it first waits (bounded) until that many runs of its epoch hold partitions."""
+    pipeline = Pipeline.objects.filter(pk=pipeline_id).first()
+    if pipeline is None:
+        return {"reason": "skipped", "detail": f"pipeline {pipeline_id} no longer exists"}
+    if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
+        detail = (f"{pipeline.name} is {pipeline.desired_state} at epoch {pipeline.epoch}; "
+                  f"this run was for epoch {epoch}")
+        log.info("run task skipped: %s", detail)
+        return {"reason": "skipped", "detail": detail}
+    if not _older_runs_ended(pipeline, epoch):
+        detail = f"{pipeline.name}: runs of an older epoch are still live after {OLDER_RUNS_WAIT_S} s"
+        log.warning("run task gives up: %s", detail)
+        return {"reason": "skipped", "detail": detail}
+    if settled_peers:
+        _wait_for_settled_peers(pipeline, epoch, settled_peers)
+    pipeline.refresh_from_db()
+    if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
+        return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
+    run_pipeline = engine_runner(pipeline.engine)
+    stop = threading.Event()
+    key = task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
+    with _lock:
+        _stop_events[key] = stop
+    try:
+        result = run_pipeline(pipeline.name, stop=stop, task_id=task_id)
+    finally:
+        with _lock:
+            _stop_events.pop(key, None)
+    _after_run(pipeline, result)
+    return {"reason": result.reason, "detail": getattr(result, "detail", ""), "records": result.records,
+            "epoch": getattr(result, "epoch", epoch)}
+
+
+def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
+    """Wait (bounded) until the runs this one replaces have left. They were fenced by the epoch bump and
+    end within about a second; joining the consumer group while they leave it is a needless rebalance,
+    and the embedded broker never completes a join that overlaps a member's LeaveGroup."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    deadline = time.monotonic() + OLDER_RUNS_WAIT_S
+    while time.monotonic() < deadline:
+        if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch, state__in=LIVE_STATES,
+                                          heartbeat_at__gte=timezone.now() - lease).exists():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
+    """Join the group only after `peers` runs of this epoch have their partitions: one join at a time.
+    Bounded: with fewer partitions than runs some peers never get any, and this run joins anyway."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    deadline = time.monotonic() + PEERS_WAIT_S
+    while time.monotonic() < deadline:
+        settled = ConsumerRun.objects.filter(pipeline=pipeline, epoch=epoch, state__in=LIVE_STATES,
+                                             heartbeat_at__gte=timezone.now() - lease).exclude(
+            assigned_partitions=[]).count()
+        if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
+            return
+        time.sleep(0.2)
+
+
+def _after_run(pipeline: Pipeline, result) -> None:
+    """A run that ended on its own (not fenced, not stopped by an operator) tells the supervisor why."""
+    detail = getattr(result, "detail", "")
+    if result.reason == "bad_record":
+        # The pipeline's policy is to stop on a bad record: restarting would stop again on the same one.
+        updated = Pipeline.objects.filter(pk=pipeline.pk, epoch=result.epoch,
+                                          desired_state=DesiredState.RUNNING).update(
+            desired_state=DesiredState.STOPPED, epoch=F("epoch") + 1, last_error=f"stopped on a bad record: {detail}",
+            updated_at=timezone.now())
+        if updated:
+            from consumers.models import ActionLog, ActionResult
+
+            ActionLog.objects.create(pipeline=pipeline, action="stop", actor="engine",
+                                     params={"reason": "bad_record"}, result=ActionResult.DONE,
+                                     message=f"stopped on a bad record: {detail}", finished_at=timezone.now())
+    elif result.reason == "error":
+        Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"run failed: {detail}"[:2000])
+
+
+def stop_all_runs(reason: str = "worker shutting down") -> int:
+    """Ask every run of this process to stop (warm shutdown). Returns how many were asked."""
+    with _lock:
+        events = list(_stop_events.values())
+    for event in events:
+        event.set()
+    if events:
+        log.info("%s: asked %d run(s) to stop", reason, len(events))
+    return len(events)
+
+
+def active_runs() -> int:
+    with _lock:
+        return len(_stop_events)

@@ -1,0 +1,135 @@
+"""The one place that builds Tally's SparkSession, from settings, once per process.
+
+- `SPARK_MASTER` (default `local[*]`) picks the cluster; `SPARK_DRIVER_MEMORY` the driver's heap;
+  `spark.jars` gets the PostgreSQL JDBC jar (`SPARK_JDBC_JAR`) for the audit's table reads.
+- Spark's Python workers run the interpreter of this process (`sys.executable`): the project is installed
+  into that environment, so the Kafka Data Source module is importable there (no `addPyFile`).
+- Never build a session before a fork (a Celery prefork pool): the forked JVM gateway gives garbled answers
+  and hangs. Spark work runs in a threads or solo pool worker and builds the session lazily, on first use.
+"""
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger("tally.spark")
+
+_lock = threading.Lock()
+_session = None
+_session_pid = None
+
+# Local masters run on one small machine: Spark's default of 200 shuffle partitions would mean 200 tiny
+# tasks per aggregation, each costing more to schedule than to run.
+LOCAL_SHUFFLE_PARTITIONS = 4
+
+
+class SparkSessionError(RuntimeError):
+    pass
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def session_config(master: str | None = None) -> dict[str, str]:
+    """The Spark configuration Tally uses, from settings (a plain dict, so it can be shown and tested)."""
+    master = master or settings.SPARK_MASTER
+    config = {
+        "spark.app.name": "tally",
+        "spark.driver.memory": settings.SPARK_DRIVER_MEMORY,
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Tally owns offsets in PostgreSQL; Spark's checkpoints are scratch (see consumers/engine/spark.py).
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    jar = settings.SPARK_JDBC_JAR
+    if jar and Path(jar).is_file():
+        config["spark.jars"] = jar
+    if is_local(master):
+        config["spark.sql.shuffle.partitions"] = str(LOCAL_SHUFFLE_PARTITIONS)
+        config["spark.driver.host"] = "127.0.0.1"
+        config["spark.driver.bindAddress"] = "127.0.0.1"
+    return config
+
+
+def get_spark():
+    """The process's SparkSession, created on first use and then reused."""
+    global _session, _session_pid
+    with _lock:
+        if _session is not None and _session_pid != os.getpid():
+            raise SparkSessionError("This process was forked after its SparkSession was created; Spark cannot "
+                                    "be used across a fork. Run Spark work in a threads or solo pool worker.")
+        if _session is None or _session_is_stopped(_session):
+            _session = _build()
+            _session_pid = os.getpid()
+        return _session
+
+
+def stop_spark(shutdown_jvm: bool = False) -> None:
+    """Stop the session; with shutdown_jvm also end this process's JVM (its memory goes back to the
+    machine, and the next get_spark() starts a fresh one)."""
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None
+        if shutdown_jvm:
+            _shutdown_gateway()
+
+
+def _shutdown_gateway() -> None:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if process is not None:
+        # The gateway JVM exits when its stdin closes (PySpark's contract with spark-submit).
+        with contextlib.suppress(Exception):
+            process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def _session_is_stopped(spark) -> bool:
+    try:
+        return spark.sparkContext._jsc is None
+    except Exception:  # a dead gateway: build a new session
+        return True
+
+
+def _build():
+    from pyspark.sql import SparkSession
+
+    master = settings.SPARK_MASTER
+    # Workers inherit these: the same interpreter, so the same installed project and dependencies.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if is_local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master)
+    for key, value in session_config(master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from consumers.engine.spark_source import register
+
+    register(spark)
+    log.info("SparkSession started: master=%s, Spark %s", master, spark.version)
+    return spark

@@ -1,0 +1,186 @@
+"""Operator actions on Tally pipelines: start, stop, pause, resume, restart — audited.
+
+The dashboard views, the JSON API and the command line all call these functions. Every call writes one
+`ActionLog` row (who, when, what, parameters, offsets before/after, result, message), refusals included.
+
+Epochs (docs/architecture.md): every action bumps `Pipeline.epoch` under the pipeline's row lock. The
+lock waits for batches in flight (the commit protocol holds the row FOR SHARE), so once the bump commits
+no write of the old epoch can land; the old run notices the new epoch at its next heartbeat (about a
+second) and ends. `start`, `resume` and `restart` then enqueue a run, which joins the new epoch.
+"""
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
+from consumers.operations.offset_specs import Refused
+
+log = logging.getLogger("tally.actions")
+
+ActionRefused = Refused   # the name callers outside the rewind code expect
+
+# An action still marked "running" after this long was abandoned (its process died): it no longer blocks.
+STALE_ACTION_AFTER = timedelta(minutes=10)
+
+# Enqueued by name: the tasks import this module, never the reverse (consumers/tasks/operations.py).
+RUN_PIPELINE_TASK = "consumers.run_pipeline"
+
+
+@dataclass(frozen=True)
+class Transition:
+    allowed_from: tuple[str, ...]
+    to: str
+    enqueue_run: bool
+    refusal: str
+
+
+TRANSITIONS = {
+    "start": Transition((DesiredState.STOPPED, DesiredState.PAUSED), DesiredState.RUNNING, True,
+                        "it is already running; use restart to start a new run"),
+    "stop": Transition((DesiredState.RUNNING, DesiredState.PAUSED), DesiredState.STOPPED, False,
+                       "it is already stopped"),
+    "pause": Transition((DesiredState.RUNNING,), DesiredState.PAUSED, False, "it is not running"),
+    "resume": Transition((DesiredState.PAUSED,), DesiredState.RUNNING, True, "it is not paused"),
+    "restart": Transition((DesiredState.RUNNING,), DesiredState.RUNNING, True, "it is not running; use start"),
+}
+ACTIONS = tuple(TRANSITIONS)
+
+
+def start(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+    return perform("start", name, actor, runs=runs)
+
+
+def stop(name, actor: str = "cli") -> ActionLog:
+    return perform("stop", name, actor)
+
+
+def pause(name, actor: str = "cli") -> ActionLog:
+    return perform("pause", name, actor)
+
+
+def resume(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+    return perform("resume", name, actor, runs=runs)
+
+
+def restart(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+    return perform("restart", name, actor, runs=runs)
+
+
+def perform(action: str, name, actor: str = "cli", *, runs: int = 1) -> ActionLog:
+    """Do `action` on the pipeline `name` (a name or a Pipeline). Returns the ActionLog row; raises
+    Refused (with `.action_log` set) when the action is not allowed now."""
+    if action not in TRANSITIONS:
+        raise ValueError(f"Unknown action {action!r}: use one of {', '.join(ACTIONS)}.")
+    transition = TRANSITIONS[action]
+    params = {"runs": runs} if transition.enqueue_run and runs != 1 else {}
+    pipeline = lookup(name, action, actor, params)
+    if not 1 <= runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
+        refuse(pipeline, action, actor, params,
+               f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE}, got {runs}.")
+    with transaction.atomic():
+        locked = Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+        problem = busy_reason(locked)
+        if problem is None and locked.desired_state not in transition.allowed_from:
+            problem = f"Cannot {action} pipeline {locked.name!r}: {transition.refusal} (desired state " \
+                      f"{locked.desired_state})."
+        if problem is not None:
+            entry = None  # written after the rollback below, so the refusal is recorded
+        else:
+            before = positions(locked)
+            epoch = set_state(locked, transition.to, enqueue_runs=runs if transition.enqueue_run else 0)
+            entry = ActionLog.objects.create(
+                pipeline=locked, action=action, actor=actor, params={**params, "epoch": epoch},
+                offsets_before=before, offsets_after=before, result=ActionResult.DONE,
+                message=f"{action}: desired state {transition.to}, epoch {epoch}"
+                        + (f", {runs} run(s) enqueued" if transition.enqueue_run else ""),
+                finished_at=timezone.now())
+    if entry is None:
+        refuse(pipeline, action, actor, params, problem)
+    log.info("%s %s by %s: %s", action, pipeline.name, actor, entry.message)
+    return entry
+
+
+def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, last_error: str = "") -> int:
+    """Inside a transaction holding the pipeline's row lock: set the desired state, bump the epoch, clear
+    the supervisor's restart counter and (after commit) enqueue runs of the new epoch. Returns the epoch."""
+    grace = timezone.now() + timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS) if enqueue_runs else None
+    Pipeline.objects.filter(pk=pipeline.pk).update(
+        desired_state=desired_state, epoch=F("epoch") + 1, restart_attempts=0,
+        # The supervisor leaves a freshly enqueued run one lease to start before it steps in.
+        restart_after=grace, last_error=last_error, updated_at=timezone.now())
+    pipeline.refresh_from_db(fields=["desired_state", "epoch", "restart_attempts", "restart_after", "last_error"])
+    if enqueue_runs:
+        epoch, pipeline_id = pipeline.epoch, pipeline.pk
+        transaction.on_commit(lambda: enqueue_run(pipeline_id, epoch, enqueue_runs))
+    return pipeline.epoch
+
+
+def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:
+    """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through Kafka's
+    group protocol). Returns the task ids."""
+    # Run i joins the consumer group once i runs of the epoch hold partitions: one join at a time (the
+    # embedded broker never completes two joins that overlap).
+    return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i)).delay().id for i in range(runs)]
+
+
+def lookup(name, action: str, actor: str, params: dict) -> Pipeline:
+    """The pipeline called `name` (or `name` itself if it is a Pipeline); an unknown name is refused."""
+    if isinstance(name, Pipeline):
+        return name
+    pipeline = Pipeline.objects.filter(name=name).first()
+    if pipeline is None:
+        refuse(None, action, actor, {**params, "pipeline": name}, f"No pipeline named {name!r}.")
+    return pipeline
+
+
+def busy_reason(pipeline: Pipeline) -> str | None:
+    """Why another action may not start now (one already running on this pipeline), or None."""
+    running = (ActionLog.objects.filter(pipeline=pipeline, result=ActionResult.RUNNING,
+                                        created_at__gte=timezone.now() - STALE_ACTION_AFTER)
+               .order_by("-created_at").first())
+    if running is None:
+        return None
+    return (f"Another action is running on pipeline {pipeline.name!r}: {running.action} by {running.actor} "
+            f"since {running.created_at:%Y-%m-%d %H:%M:%S} UTC. Try again when it has finished.")
+
+
+def claim(pipeline: Pipeline, action: str, actor: str, params: dict) -> ActionLog:
+    """Mark a long action (a rewind) as running on the pipeline; refused if another one is running.
+    The pipeline's row lock makes check-and-insert atomic between concurrent operators."""
+    with transaction.atomic():
+        locked = Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+        problem = busy_reason(locked)
+        if problem is None:
+            return ActionLog.objects.create(pipeline=locked, action=action, actor=actor, params=params,
+                                            offsets_before=positions(locked), result=ActionResult.RUNNING)
+    refuse(pipeline, action, actor, params, problem)
+
+
+def refuse(pipeline: Pipeline | None, action: str, actor: str, params: dict, message: str, *,
+           dry_run: bool = False, entry: ActionLog | None = None):
+    """Record a refusal (a new row, or `entry` if the action was already logged) and raise Refused."""
+    now = timezone.now()
+    if entry is None:
+        entry = ActionLog.objects.create(pipeline=pipeline, action=action, actor=actor, params=params,
+                                         dry_run=dry_run, result=ActionResult.REFUSED, message=message,
+                                         finished_at=now)
+    else:
+        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.REFUSED, message=message, finished_at=now)
+        entry.refresh_from_db()
+    log.info("%s %s by %s refused: %s", action, pipeline.name if pipeline else params.get("pipeline"), actor,
+             message)
+    error = Refused(message)
+    error.action_log = entry
+    raise error
+
+
+def positions(pipeline: Pipeline) -> dict[str, int]:
+    """The DB's next offset per partition, as the audit log stores it ({"0": n, ...})."""
+    return {str(p): n for p, n in
+            PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset")}

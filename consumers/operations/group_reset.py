@@ -1,0 +1,108 @@
+"""Resetting the committed offsets of consumer groups that Tally does not run (as `kafka-consumer-groups
+--reset-offsets` does): the same modes as a rewind, a dry run by default, refused while the group has
+active members (their next commit would overwrite the reset), audited as action "reset_group".
+
+A group that belongs to a Tally pipeline is refused here: its position lives in the database, so it is
+moved with a rewind.
+"""
+import logging
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from consumers.kafka import admin as kafka_admin
+from consumers.models import ActionLog, ActionResult, Pipeline
+from consumers.operations.offset_specs import (
+    OffsetSpec,
+    PartitionMove,
+    Refused,
+    choose_partitions,
+    offsets_of,
+    parse_spec,
+)
+from consumers.operations.offset_specs import resolve_offsets as resolve
+
+log = logging.getLogger("tally.groups")
+
+ACTION = "reset_group"
+
+
+@dataclass
+class GroupResetResult:
+    group_id: str
+    topic: str
+    spec: OffsetSpec
+    moves: list[PartitionMove]
+    executed: bool
+    action_log: ActionLog
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"group": self.group_id, "topic": self.topic, "mode": self.spec.mode, "value": self.spec.raw or None,
+                "dry_run": not self.executed, "action_id": self.action_log.pk, "result": self.action_log.result,
+                "message": self.message, "partitions": [m.as_dict() for m in self.moves],
+                "reprocess": sum(m.reprocess for m in self.moves), "skip": sum(m.skip for m in self.moves)}
+
+
+def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions: list[int] | None = None,
+                execute: bool = False, actor: str = "cli") -> GroupResetResult:
+    """Plan (and with execute=True, apply) a reset of `group_id`'s committed offsets on `topic`.
+    Raises Refused (recorded in the audit log) on bad input or while the group has active members."""
+    params = {"topic": topic, "mode": mode, "value": None if value is None else str(value),
+              "partitions": partitions or "all"}
+
+    def refused(message):
+        entry = ActionLog.objects.create(group_id=group_id, action=ACTION, actor=actor, params=params,
+                                         dry_run=not execute, result=ActionResult.REFUSED, message=message,
+                                         finished_at=timezone.now())
+        error = Refused(message)
+        error.action_log = entry
+        return error
+
+    owner = Pipeline.objects.filter(group_id=group_id).first()
+    if owner is not None:
+        raise refused(f"Group {group_id!r} is run by Tally pipeline {owner.name!r}: its position is kept in "
+                      f"the database, so move it with `rewind {owner.name}`.")
+    try:
+        spec = parse_spec(mode, value)
+        chosen = choose_partitions(topic, partitions)
+        marks = kafka_admin.watermarks(topic, chosen)
+        current = kafka_admin.committed_offsets(group_id, topic, chosen)
+        moves = resolve(spec, topic, chosen, current, marks)
+    except Refused as exc:
+        raise refused(str(exc)) from None
+    summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
+    if not execute:
+        message = f"dry run: {summary}; nothing was changed (add --execute to apply)"
+        entry = ActionLog.objects.create(
+            group_id=group_id, action=ACTION, actor=actor, params={**params, "plan": [m.as_dict() for m in moves]},
+            dry_run=True, offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
+            result=ActionResult.DONE, message=message, finished_at=timezone.now())
+        return GroupResetResult(group_id, topic, spec, moves, False, entry, message)
+    problem, entry = None, None
+    with transaction.atomic():
+        # One reset of a group at a time: a transaction-scoped advisory lock on the group's name.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{group_id}"])
+            locked = cursor.fetchone()[0]
+        described = kafka_admin.describe_group(group_id) if locked else None
+        if not locked:
+            problem = f"Another reset of group {group_id!r} is running. Try again when it has finished."
+        elif described.has_active_members:
+            problem = (f"Group {group_id!r} has {len(described.members) or 'some'} active member(s) "
+                       f"(state {described.state}): stop its consumers first. Nothing was changed.")
+        else:
+            kafka_admin.commit_offsets(group_id, topic, {m.partition: m.new for m in moves})
+            message = (f"{summary}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
+                       f"{sum(m.skip for m in moves)} to skip")
+            entry = ActionLog.objects.create(
+                group_id=group_id, action=ACTION, actor=actor,
+                params={**params, "plan": [m.as_dict() for m in moves]},
+                offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
+                result=ActionResult.DONE, message=message, finished_at=timezone.now())
+    if problem is not None:
+        raise refused(problem)
+    log.info("group %s reset by %s: %s", group_id, actor, message)
+    return GroupResetResult(group_id, topic, spec, moves, True, entry, message)
+

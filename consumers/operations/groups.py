@@ -1,0 +1,102 @@
+"""Consumer groups that Tally does not run: list them and describe state, members and lag per partition.
+
+The read side only (group offset resets are operator actions, in consumers/operations/rewind.py). Everything comes
+from Kafka through consumers/kafka/admin.py: the group's committed offsets, the high watermark from a
+fetch (the embedded broker's ListOffsets is too low for multi-record batches), and the timestamp of the
+record at the committed offset for lag in seconds.
+"""
+import time
+from dataclasses import dataclass, field
+
+from consumers.kafka import admin as kafka_admin
+from consumers.models import Pipeline
+
+
+@dataclass
+class GroupPartition:
+    topic: str
+    partition: int
+    committed: int | None
+    log_start: int | None
+    high_watermark: int | None
+    lag_records: int | None
+    lag_seconds: float | None = None
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GroupReport:
+    group_id: str
+    state: str
+    protocol_type: str = ""
+    members: list[dict] = field(default_factory=list)
+    partitions: list[GroupPartition] = field(default_factory=list)
+    pipeline: str | None = None      # the Tally pipeline using this group id, if any
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def lag_records(self) -> int | None:
+        lags = [p.lag_records for p in self.partitions if p.lag_records is not None]
+        return sum(lags) if lags else None
+
+    @property
+    def lag_seconds(self) -> float | None:
+        ages = [p.lag_seconds for p in self.partitions if p.lag_seconds is not None]
+        return max(ages) if ages else None
+
+    def as_json(self) -> dict:
+        return {"group_id": self.group_id, "state": self.state, "protocol_type": self.protocol_type,
+                "members": self.members, "pipeline": self.pipeline, "lag_records": self.lag_records,
+                "lag_seconds": self.lag_seconds, "errors": self.errors,
+                "partitions": [p.as_json() for p in self.partitions]}
+
+
+def list_groups(*, include_pipelines: bool = False, kafka=kafka_admin) -> list[str]:
+    """Group ids known to Kafka (the embedded broker lists only groups that committed offsets), without
+    Tally's own pipelines' groups unless asked."""
+    groups = kafka.list_groups()
+    if include_pipelines:
+        return groups
+    own = set(Pipeline.objects.values_list("group_id", flat=True))
+    return [g for g in groups if g not in own]
+
+
+def describe(group_id: str, *, kafka=kafka_admin, now_ms: float | None = None) -> GroupReport:
+    """State, members, and per partition: committed offset, log start, high watermark, lag in records
+    and in seconds. A failing Kafka call is reported in `errors`, the rest is still filled in."""
+    errors: list[str] = []
+    description = _call(errors, kafka.describe_group, None, group_id)
+    report = GroupReport(group_id, description.state if description else "Unknown",
+                         description.protocol_type if description else "",
+                         description.members if description else [], errors=errors)
+    report.pipeline = Pipeline.objects.filter(group_id=group_id).values_list("name", flat=True).first()
+    committed = _call(errors, kafka.group_committed_offsets, {}, group_id)
+    now_ms = now_ms if now_ms is not None else time.time() * 1000
+    for topic in sorted(committed):
+        offsets = committed[topic]
+        marks = _call(errors, kafka.watermarks, {}, topic)
+        behind = {}
+        for p in sorted(set(offsets) | set(marks)):
+            mark, position = marks.get(p), offsets.get(p)
+            lag = max(0, mark.high - position) if mark is not None and position is not None else None
+            part = GroupPartition(topic, p, position, mark.log_start if mark else None,
+                                  mark.high if mark else None, lag, 0.0 if lag == 0 else None)
+            report.partitions.append(part)
+            if lag:
+                behind[p] = max(position, mark.log_start)
+        if behind:
+            stamps = _call(errors, kafka.record_timestamps, {}, topic, behind)
+            for part in report.partitions:
+                if part.topic == topic and stamps.get(part.partition) is not None:
+                    part.lag_seconds = max(0.0, (now_ms - stamps[part.partition]) / 1000)
+    return report
+
+
+def _call(errors: list[str], func, default, *args):
+    try:
+        return func(*args)
+    except Exception as exc:  # Kafka half-down: report what could be read
+        errors.append(f"{func.__name__}: {type(exc).__name__}: {exc}")
+        return default

@@ -1,0 +1,171 @@
+"""Where to move a consumer: the reset modes of `kafka-consumer-groups`, parsed, validated and resolved.
+
+One home for both Tally pipelines (rewind) and consumer groups Tally does not run (group reset):
+  to-earliest · to-latest · to-current · to-offset N · to-datetime ISO-8601 · by-duration ISO-8601 · shift-by ±N
+
+`parse_spec` refuses bad input (unparseable, datetime in the future, negative duration) before anything
+is read from Kafka; `resolve_offsets` turns a spec into a new offset per partition and refuses a target
+outside [log start, high watermark] — nothing is clamped silently, so nothing moves that the operator
+did not ask for.
+"""
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime, parse_duration
+
+from consumers.kafka import admin as kafka_admin
+
+MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
+MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")
+
+
+class Refused(Exception):
+    """Bad input or an unsafe moment: nothing was changed. The message says why, for the operator."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    mode: str
+    offset: int | None = None          # to-offset, shift-by
+    moment: datetime | None = None     # to-datetime, by-duration (resolved against "now" when parsed)
+    raw: str = ""                      # the value as the operator gave it, for the audit log
+
+    def describe(self) -> str:
+        return f"{self.mode} {self.raw}".strip()
+
+    def params(self) -> dict:
+        return {"mode": self.mode, "value": self.raw or None}
+
+
+def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec:
+    """Parse a mode and its value; raise Refused with a clear message on bad input."""
+    now = now or timezone.now()
+    if mode not in MODES:
+        raise Refused(f"Unknown mode {mode!r}: use one of {', '.join(MODES)}.")
+    raw = "" if value is None else str(value).strip()
+    if mode not in MODES_WITH_VALUE:
+        if raw:
+            raise Refused(f"{mode} takes no value (got {raw!r}).")
+        return OffsetSpec(mode)
+    if not raw:
+        raise Refused(f"{mode} needs a value.")
+    if mode in ("to-offset", "shift-by"):
+        try:
+            number = int(raw)
+        except ValueError:
+            raise Refused(f"{mode} needs an integer, got {raw!r}.") from None
+        if mode == "to-offset" and number < 0:
+            raise Refused(f"to-offset needs an offset >= 0, got {number}.")
+        return OffsetSpec(mode, offset=number, raw=raw)
+    if mode == "to-datetime":
+        moment = _parse_moment(raw)
+        if moment > now:
+            raise Refused(f"to-datetime {raw} is in the future (now is {now.isoformat(timespec='seconds')}).")
+        return OffsetSpec(mode, moment=moment, raw=raw)
+    duration = _parse_duration(raw)
+    return OffsetSpec(mode, moment=now - duration, raw=raw)
+
+
+def _parse_moment(raw: str) -> datetime:
+    try:
+        moment = parse_datetime(raw)
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise Refused(f"to-datetime needs an ISO-8601 date and time (e.g. 2026-11-22T04:00:00Z), got {raw!r}.")
+    # A time without a zone is taken as UTC, as the dashboard shows times in UTC.
+    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+
+
+def _parse_duration(raw: str) -> timedelta:
+    # Django's parser accepts ISO-8601 durations with days, hours, minutes and seconds (PT10M, P1D, P1DT2H).
+    # Months and years have no fixed length, so they are refused rather than guessed.
+    duration = parse_duration(raw) if raw.upper().startswith(("P", "-P", "+P")) else None
+    if duration is None:
+        raise Refused(f"by-duration needs an ISO-8601 duration in days, hours, minutes or seconds "
+                      f"(e.g. PT10M, PT1H30M, P1D), got {raw!r}.")
+    if duration <= timedelta(0):
+        raise Refused(f"by-duration needs a positive duration, got {raw!r}.")
+    return duration
+
+
+@dataclass(frozen=True)
+class PartitionMove:
+    """One partition of a plan: where it is, where it goes, and what that means."""
+
+    partition: int
+    current: int | None        # None: no position yet (the pipeline/group never consumed it)
+    new: int
+    log_start: int
+    high_watermark: int
+
+    @property
+    def reprocess(self) -> int:
+        """Records that will be read again (the new offset is behind the current one)."""
+        return max(0, self.current - self.new) if self.current is not None else 0
+
+    @property
+    def skip(self) -> int:
+        """Records that will never be read (the new offset is ahead of the current one)."""
+        return max(0, self.new - self.current) if self.current is not None else 0
+
+    def as_dict(self) -> dict:
+        return {"partition": self.partition, "current": self.current, "new": self.new,
+                "log_start": self.log_start, "high_watermark": self.high_watermark,
+                "reprocess": self.reprocess, "skip": self.skip}
+
+
+def choose_partitions(topic: str, requested: list[int] | None) -> list[int]:
+    """The topic's partitions, or the requested ones after checking they exist."""
+    try:
+        existing = kafka_admin.partitions_for(topic)
+    except kafka_admin.KafkaAdminError as exc:
+        raise Refused(str(exc)) from None
+    if not requested:
+        return existing
+    unknown = sorted(set(requested) - set(existing))
+    if unknown:
+        raise Refused(f"Unknown partition(s) {', '.join(map(str, unknown))} of topic {topic!r}: "
+                      f"it has partitions {', '.join(map(str, existing))}.")
+    return sorted(set(requested))
+
+
+def resolve_offsets(spec: OffsetSpec, topic: str, partitions: list[int], current: dict[int, int | None],
+                    marks: dict[int, "kafka_admin.Watermarks"] | None = None) -> list[PartitionMove]:
+    """New offset per partition for `spec`; raise Refused if any target lies outside its partition's
+    [log start, high watermark] or needs a current position the partition does not have."""
+    marks = marks or kafka_admin.watermarks(topic, partitions)
+    by_time = {}
+    if spec.moment is not None:
+        by_time = kafka_admin.offsets_for_time(topic, partitions, int(spec.moment.timestamp() * 1000))
+    moves, problems = [], []
+    for p in partitions:
+        mark, here = marks[p], current.get(p)
+        if spec.mode == "to-earliest":
+            new = mark.log_start
+        elif spec.mode == "to-latest":
+            new = mark.high
+        elif spec.mode == "to-offset":
+            new = spec.offset
+        elif spec.mode in ("to-current", "shift-by"):
+            if here is None:
+                problems.append(f"partition {p} has no current position to {spec.mode.replace('-', ' ')}")
+                continue
+            new = here + (spec.offset if spec.mode == "shift-by" else 0)
+        else:
+            # No record at or after the moment: nothing to re-read, go to the end (as kafka-consumer-groups).
+            new = by_time.get(p) if by_time.get(p) is not None else mark.high
+        if not mark.log_start <= new <= mark.high:
+            problems.append(f"partition {p}: offset {new} is outside [{mark.log_start}, {mark.high}] "
+                            f"(log start, high watermark)")
+            continue
+        moves.append(PartitionMove(p, here, new, mark.log_start, mark.high))
+    if problems:
+        raise Refused(f"{spec.describe()} refused: " + "; ".join(problems) + ". Nothing was changed.")
+    return moves
+
+
+def offsets_of(moves: list[PartitionMove], attribute: str) -> dict[str, int | None]:
+    """{"0": n, ...} for the audit log (JSON keys are strings)."""
+    return {str(m.partition): getattr(m, attribute) for m in moves}

@@ -1,0 +1,238 @@
+"""Rewinds of Tally pipelines: a plan (the dry run) and its execution, one audited operator action.
+
+The real run, in this order (docs/architecture.md "Rewinds"):
+  1. claim the pipeline (an ActionLog row `running`; refused while another action runs);
+  2. plan and validate (refusals here leave everything as it was);
+  3. pause and fence: desired state `paused`, epoch bumped; wait until the runs have ended;
+  4. plan again from the settled positions, then in ONE PostgreSQL transaction: move `next_offset`,
+     set `replay_until` (exactly-once, sink kept) or delete the sink rows at or beyond the new offset
+     (roll back sink), mark ledger rows `superseded_from`, move `PartitionHealth.verified_offset` back,
+     commit Kafka's group offsets (advisory for exactly-once; required for the classic modes, which
+     resume from Kafka, so a failure there rolls everything back), and finish the audit entry;
+  5. resume the pipeline if it was running (a new epoch, a run enqueued).
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from consumers.engine import sinks
+from consumers.kafka import admin as kafka_admin
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    ConsumerRun,
+    DesiredState,
+    PartitionOffset,
+    Pipeline,
+    ResetPolicy,
+    RunState,
+)
+from consumers.operations import actions
+from consumers.operations.offset_specs import (
+    OffsetSpec,
+    PartitionMove,
+    Refused,
+    choose_partitions,
+    offsets_of,
+    parse_spec,
+)
+from consumers.operations.offset_specs import resolve_offsets as resolve
+
+log = logging.getLogger("tally.rewind")
+
+ACTION = "rewind"
+
+
+@dataclass
+class RewindResult:
+    pipeline: str
+    spec: OffsetSpec
+    moves: list[PartitionMove]
+    dry_run: bool
+    rollback_sink: bool
+    action_log: ActionLog
+    rows_deleted: dict[int, int] = field(default_factory=dict)
+    resumed: bool = False
+    message: str = ""
+
+    def as_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "mode": self.spec.mode, "value": self.spec.raw or None,
+                "dry_run": self.dry_run, "rollback_sink": self.rollback_sink, "resumed": self.resumed,
+                "action_id": self.action_log.pk, "result": self.action_log.result, "message": self.message,
+                "partitions": [{**m.as_dict(), "rows_deleted": self.rows_deleted.get(m.partition, 0)}
+                               for m in self.moves],
+                "reprocess": sum(m.reprocess for m in self.moves), "skip": sum(m.skip for m in self.moves)}
+
+
+def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, rollback_sink: bool = False,
+           dry_run: bool = False, actor: str = "cli") -> RewindResult:
+    """Rewind (or move forward) the pipeline `name`. Raises Refused (nothing changed, the refusal is in
+    the audit log) on bad input or while another action runs on the pipeline."""
+    params = {"mode": mode, "value": None if value is None else str(value), "partitions": partitions or "all",
+              "rollback_sink": rollback_sink}
+    pipeline = actions.lookup(name, ACTION, actor, params)
+    try:
+        spec = parse_spec(mode, value)
+    except Refused as exc:
+        actions.refuse(pipeline, ACTION, actor, params, str(exc), dry_run=dry_run)
+    if dry_run:
+        return _dry_run(pipeline, spec, partitions, rollback_sink, actor, params)
+    entry = actions.claim(pipeline, ACTION, actor, params)
+    try:
+        return _execute(pipeline, spec, partitions, rollback_sink, entry)
+    except Refused as exc:
+        actions.refuse(pipeline, ACTION, actor, params, str(exc), entry=entry)
+    except Exception as exc:
+        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, finished_at=timezone.now(),
+                                                     message=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def plan(pipeline: Pipeline, spec: OffsetSpec, partitions: list[int] | None = None) -> list[PartitionMove]:
+    """Per partition: the current position, the new one, and how many records are re-read or skipped."""
+    chosen = choose_partitions(pipeline.topic, partitions)
+    marks = kafka_admin.watermarks(pipeline.topic, chosen)
+    return resolve(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks)
+
+
+def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[int, int]:
+    """Where each partition resumes: the DB's next_offset for exactly-once; Kafka's committed offset for
+    the classic modes (they resume from it). A partition never consumed starts by the reset policy."""
+    stored = dict(PartitionOffset.objects.filter(pipeline=pipeline, partition__in=partitions)
+                  .values_list("partition", "next_offset"))
+    if not pipeline.is_exactly_once:
+        committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions)
+        stored.update({p: o for p, o in committed.items() if o is not None})
+    earliest = pipeline.reset_policy == ResetPolicy.EARLIEST
+    return {p: stored[p] if p in stored else (marks[p].log_start if earliest else marks[p].high)
+            for p in partitions}
+
+
+def _dry_run(pipeline, spec, partitions, rollback_sink, actor, params) -> RewindResult:
+    try:
+        moves = plan(pipeline, spec, partitions)
+    except Refused as exc:
+        actions.refuse(pipeline, ACTION, actor, params, str(exc), dry_run=True)
+    message = f"dry run: {_summary(spec, moves, rollback_sink)}; nothing was changed"
+    entry = ActionLog.objects.create(
+        pipeline=pipeline, action=ACTION, actor=actor, params={**params, "plan": [m.as_dict() for m in moves]},
+        dry_run=True, offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
+        result=ActionResult.DONE, message=message, finished_at=timezone.now())
+    return RewindResult(pipeline.name, spec, moves, True, rollback_sink, entry, message=message)
+
+
+def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
+    plan(pipeline, spec, partitions)  # refuse bad input before the pipeline is touched
+    pipeline.refresh_from_db()
+    was_running = pipeline.desired_state == DesiredState.RUNNING
+    previous_state = pipeline.desired_state
+    with transaction.atomic():
+        Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+        epoch = actions.set_state(pipeline, DesiredState.PAUSED)
+    moved = False
+    try:
+        _wait_for_runs_to_end(pipeline, epoch)
+        moves = plan(pipeline, spec, partitions)   # positions may have moved until the pause
+        deleted = _apply(pipeline, spec, moves, rollback_sink, entry)
+        moved = True
+    finally:
+        # Resume if it was running; after a refusal or failure, put the state back as it was.
+        if was_running or not moved:
+            with transaction.atomic():
+                Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+                actions.set_state(pipeline, previous_state, enqueue_runs=1 if was_running else 0)
+    entry.refresh_from_db()
+    return RewindResult(pipeline.name, spec, moves, False, rollback_sink, entry, deleted, was_running,
+                        entry.message)
+
+
+def _wait_for_runs_to_end(pipeline: Pipeline, epoch: int) -> None:
+    """The pause fenced the runs; wait until they have left (they commit or drop their batch in flight and
+    close their Kafka consumer), so that no old run commits Kafka offsets over the rewind's."""
+    lease = settings.TALLY_RUN_LEASE_SECONDS
+    deadline = time.monotonic() + settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS
+    while True:
+        alive = list(ConsumerRun.objects.filter(
+            Q(state__in=[RunState.STARTING, RunState.RUNNING]), pipeline=pipeline, epoch__lt=epoch,
+            heartbeat_at__gte=timezone.now() - timedelta(seconds=lease)).values_list("pk", flat=True))
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            raise Refused(f"Run(s) {', '.join(map(str, alive))} of pipeline {pipeline.name!r} did not end within "
+                          f"{settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS} s of the pause; nothing was moved.")
+        time.sleep(0.2)
+
+
+def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool,
+           entry: ActionLog) -> dict[int, int]:
+    """The one transaction of a rewind. Returns the sink rows deleted per partition."""
+    deleted: dict[int, int] = {}
+    notes = []
+    with transaction.atomic():
+        Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+        before = {p: (n, until) for p, n, until in PartitionOffset.objects.select_for_update()
+                  .filter(pipeline=pipeline, partition__in=[m.partition for m in moves]).order_by("partition")
+                  .values_list("partition", "next_offset", "replay_until")}
+        with connection.cursor() as cursor:
+            for move in moves:
+                old, old_until = before.get(move.partition, (None, None))
+                if rollback_sink:
+                    deleted[move.partition] = sinks.delete_rows_from(cursor, pipeline.sink_table, pipeline.topic,
+                                                                     move.partition, move.new)
+                _move_position(cursor, pipeline, move, old, old_until, keep_sink=not rollback_sink)
+        notes.append(_commit_to_kafka(pipeline, moves))
+        message = _summary(spec, moves, rollback_sink, deleted) + "".join(n for n in notes if n)
+        ActionLog.objects.filter(pk=entry.pk).update(
+            offsets_before={str(p): n for p, (n, _) in before.items()}, offsets_after=offsets_of(moves, "new"),
+            params={**entry.params, "plan": [m.as_dict() for m in moves], "rows_deleted": deleted},
+            result=ActionResult.DONE, message=message, finished_at=timezone.now())
+    log.info("%s rewound: %s", pipeline.name, message)
+    return deleted
+
+
+def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_until, *, keep_sink: bool) -> None:
+    replay_until = None
+    if keep_sink and pipeline.is_exactly_once:
+        # Rows up to the old position may exist: replays below it are inserted idempotently.
+        replay_until = max(x for x in (old, old_until, move.new) if x is not None)
+        replay_until = replay_until if replay_until > move.new else None
+    cursor.execute("INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, replay_until, "
+                   "updated_at) VALUES (%s, %s, %s, %s, now()) ON CONFLICT (pipeline_id, partition) DO UPDATE "
+                   "SET next_offset = EXCLUDED.next_offset, replay_until = EXCLUDED.replay_until, "
+                   "updated_at = now()", [pipeline.pk, move.partition, move.new, replay_until])
+    # Ledger rows reaching past the new offset now cover only [first_offset, new offset).
+    cursor.execute("UPDATE consumers_batchledger SET superseded_from = LEAST(COALESCE(superseded_from, end_offset), "
+                   "%s) WHERE pipeline_id = %s AND partition = %s AND end_offset > %s",
+                   [move.new, pipeline.pk, move.partition, move.new])
+    cursor.execute("UPDATE consumers_partitionhealth SET verified_offset = LEAST(verified_offset, %s) "
+                   "WHERE pipeline_id = %s AND partition = %s", [move.new, pipeline.pk, move.partition])
+
+
+def _commit_to_kafka(pipeline: Pipeline, moves: list[PartitionMove]) -> str:
+    offsets = {m.partition: m.new for m in moves}
+    try:
+        kafka_admin.commit_offsets(pipeline.group_id, pipeline.topic, offsets)
+    except Exception as exc:
+        if not pipeline.is_exactly_once:
+            # The classic modes resume from Kafka: without this commit the rewind would not happen.
+            raise Refused(f"Kafka refused the new offsets of group {pipeline.group_id!r} ({exc}); "
+                          f"nothing was moved.") from exc
+        log.warning("%s: Kafka offset commit after rewind failed (advisory): %s", pipeline.name, exc)
+        return f"; Kafka's committed offsets were not updated ({exc}); the pipeline resumes from the database"
+    return ""
+
+
+def _summary(spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool, deleted=None) -> str:
+    parts = ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
+    text = (f"{spec.describe()}: {parts}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
+            f"{sum(m.skip for m in moves)} to skip")
+    if rollback_sink:
+        text += ("; sink rows at or beyond the new offsets deleted: " + str(sum(deleted.values()))
+                 if deleted is not None else "; sink rows at or beyond the new offsets will be deleted")
+    return text

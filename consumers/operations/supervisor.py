@@ -1,0 +1,158 @@
+"""The supervisor (Celery beat, every few seconds): a pipeline that should run but has no live run gets
+a new one — its worker was killed, its host died, or the run failed.
+
+A run is live while its ConsumerRun row is running at the pipeline's current epoch and its heartbeat is
+younger than the lease (`TALLY_RUN_LEASE_SECONDS`); a run on this host whose process is gone is dead at
+once. Restarts back off exponentially (`restart_after`), stop after `TALLY_SUPERVISOR_MAX_ATTEMPTS`
+consecutive attempts (the pipeline is then stopped, with the reason), and every one is recorded in
+`Pipeline.last_error` and the audit log (actor "supervisor"). Two supervisors never both restart one
+pipeline: each claims the restart with a conditional UPDATE and only the one whose row count is 1 enqueues.
+"""
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.operations import actions
+
+log = logging.getLogger("tally.supervisor")
+
+ACTOR = "supervisor"
+LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
+
+
+@dataclass
+class Decision:
+    pipeline: str
+    action: str        # "ok", "waiting", "restarted", "gave_up", "skipped"
+    detail: str = ""
+
+
+def supervise(now=None) -> list[Decision]:
+    """One pass over the pipelines that should run. Returns what was decided for each."""
+    now = now or timezone.now()
+    decisions = []
+    for pipeline in Pipeline.objects.filter(desired_state=DesiredState.RUNNING).order_by("pk"):
+        try:
+            decisions.append(_supervise_one(pipeline, now))
+        except Exception as exc:  # one broken pipeline must not stop the supervision of the others
+            log.exception("supervising %s failed", pipeline.name)
+            decisions.append(Decision(pipeline.name, "skipped", f"{type(exc).__name__}: {exc}"))
+    return decisions
+
+
+def live_runs(pipeline: Pipeline, now=None) -> list[ConsumerRun]:
+    now = now or timezone.now()
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    runs = ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, state__in=LIVE_STATES,
+                                      heartbeat_at__gte=now - lease)
+    return [run for run in runs if not _died_on_this_host(run)]
+
+
+def _died_on_this_host(run: ConsumerRun) -> bool:
+    # Saves waiting out the lease when the worker ran on this machine and its process is gone.
+    if not settings.TALLY_SUPERVISOR_CHECK_LOCAL_PIDS or run.host != socket.gethostname() or not run.pid:
+        return False
+    try:
+        os.kill(run.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _supervise_one(pipeline: Pipeline, now) -> Decision:
+    runs = live_runs(pipeline, now)
+    if runs:
+        stable_since = now - timedelta(seconds=settings.TALLY_SUPERVISOR_STABLE_SECONDS)
+        if pipeline.restart_attempts and any(run.started_at <= stable_since for run in runs):
+            # Running steadily again: the next failure starts a fresh series of attempts.
+            Pipeline.objects.filter(pk=pipeline.pk, restart_attempts=pipeline.restart_attempts).update(
+                restart_attempts=0, restart_after=None)
+        return Decision(pipeline.name, "ok", f"{len(runs)} live run(s)")
+    if pipeline.restart_after and pipeline.restart_after > now:
+        return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
+    reason = _why_not_running(pipeline, now)
+    if pipeline.restart_attempts >= settings.TALLY_SUPERVISOR_MAX_ATTEMPTS:
+        return _give_up(pipeline, reason)
+    return _restart(pipeline, reason, now)
+
+
+def _why_not_running(pipeline: Pipeline, now) -> str:
+    last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
+    if last is None:
+        return "no run has started"
+    if last.state in LIVE_STATES:
+        if _died_on_this_host(last):
+            return f"run {last.pk} on {last.host} (pid {last.pid}) died"
+        if last.epoch != pipeline.epoch:
+            return f"no run joined epoch {pipeline.epoch} (the last run, {last.pk}, was of epoch {last.epoch})"
+        age = (now - last.heartbeat_at).total_seconds()
+        return f"run {last.pk} on {last.host} (pid {last.pid}) stopped heartbeating {age:.0f} s ago"
+    return f"run {last.pk} on {last.host} ended: {last.end_reason or last.state}"
+
+
+def _mark_dead_runs(pipeline: Pipeline, reason: str, now) -> None:
+    """Runs still marked running whose heartbeat expired or whose process is gone crashed: say so, so that
+    the dashboard shows it and the new run does not wait for them to leave."""
+    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+    for run in ConsumerRun.objects.filter(pipeline=pipeline, state__in=LIVE_STATES):
+        if run.heartbeat_at < now - lease or _died_on_this_host(run):
+            ConsumerRun.objects.filter(pk=run.pk, state__in=LIVE_STATES).update(
+                state=RunState.CRASHED, ended_at=now, end_reason=f"declared dead by the supervisor: {reason}"[:2000])
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Seconds to leave the run started by attempt number `attempts` (0-based) before the next one."""
+    base = settings.TALLY_SUPERVISOR_BACKOFF_SECONDS
+    return min(base * (2 ** attempts), settings.TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS)
+
+
+def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
+    attempt = pipeline.restart_attempts + 1
+    # The run we enqueue needs at least one lease to start heartbeating before we judge it.
+    wait = max(backoff_seconds(pipeline.restart_attempts), settings.TALLY_RUN_LEASE_SECONDS)
+    with transaction.atomic():
+        claimed = Pipeline.objects.filter(
+            Q(restart_after__isnull=True) | Q(restart_after__lte=now), pk=pipeline.pk,
+            desired_state=DesiredState.RUNNING, epoch=pipeline.epoch,
+            restart_attempts=pipeline.restart_attempts,
+        ).update(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
+                 epoch=F("epoch") + 1, last_error=reason[:2000], updated_at=now)
+        if claimed != 1:
+            return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
+        epoch = pipeline.epoch + 1
+        _mark_dead_runs(pipeline, reason, now)
+        offsets = actions.positions(pipeline)
+        ActionLog.objects.create(pipeline=pipeline, action="restart", actor=ACTOR,
+                                 params={"attempt": attempt, "epoch": epoch}, offsets_before=offsets,
+                                 offsets_after=offsets, result=ActionResult.DONE,
+                                 message=f"attempt {attempt}: {reason}", finished_at=now)
+        transaction.on_commit(lambda: actions.enqueue_run(pipeline.pk, epoch))
+    log.warning("%s: restarting (attempt %d): %s", pipeline.name, attempt, reason)
+    return Decision(pipeline.name, "restarted", f"attempt {attempt}: {reason}")
+
+
+def _give_up(pipeline: Pipeline, reason: str) -> Decision:
+    message = (f"gave up after {pipeline.restart_attempts} restart attempts; the pipeline is stopped. "
+               f"Last reason: {reason}")
+    with transaction.atomic():
+        stopped = Pipeline.objects.filter(pk=pipeline.pk, desired_state=DesiredState.RUNNING,
+                                          restart_attempts=pipeline.restart_attempts).update(
+            desired_state=DesiredState.STOPPED, epoch=F("epoch") + 1, last_error=message[:2000],
+            restart_after=None, updated_at=timezone.now())
+        if stopped != 1:
+            return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
+        ActionLog.objects.create(pipeline=pipeline, action="stop", actor=ACTOR,
+                                 params={"attempts": pipeline.restart_attempts}, result=ActionResult.FAILED,
+                                 message=message, finished_at=timezone.now())
+    log.error("%s: %s", pipeline.name, message)
+    return Decision(pipeline.name, "gave_up", message)

@@ -1,0 +1,434 @@
+"""Reconciliation: prove, per pipeline and partition, that every consumed record landed exactly once.
+
+The one module the views, the JSON API, the CLI (`manage.py reconcile`) and Celery beat call:
+`reconcile_pipeline(pipeline)`, `reconcile_all()`, `report_json(reports)`. Rules and the meaning of each
+finding: docs/reconciliation.md.
+
+One run, per pipeline:
+  1. Kafka: the group's committed offsets and the watermarks (read BEFORE the database, so a batch that
+     commits meanwhile never looks lost: Kafka's offset is written after the DB commit).
+  2. The database, in one REPEATABLE READ snapshot: positions, the marks of the last run, new ledger
+     rows; then the NEW range [verified_offset, next_offset) of each partition is verified
+     (consumers/reconciliation/verify.py). A new ledger row that starts below the mark (an at-least-once
+     re-write) or a rewind moves the mark back first.
+  3. What is re-evaluated every run, never marked as verified: phantom rows (at or beyond the committed
+     position), a classic consumer's Kafka offset beyond the DB (records it skipped), a position below the
+     log start (unrecoverable).
+  4. Lag in records and seconds, status by the lag evaluation rules (consumers/reconciliation/lag_status.py), and the
+     results stored in PartitionHealth / PipelineHealth.
+
+Consumed range of a partition: from the first ledger offset to the DB's `next_offset`; for the classic
+modes, which resume from Kafka, up to max(next_offset, Kafka's committed offset).
+"""
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+from psycopg2 import sql
+from psycopg2.extras import execute_values
+
+from consumers.engine.transforms import resolve
+from consumers.kafka import admin as kafka_admin
+from consumers.models import (
+    ConsumerRun,
+    DeliveryMode,
+    LagSnapshot,
+    Pipeline,
+    ResetPolicy,
+    RunState,
+    Status,
+)
+from consumers.reconciliation import lag_status
+from consumers.reconciliation import rewinds as reconcile_rewinds
+from consumers.reconciliation.report import (  # noqa: F401  (public names of this module)
+    INCIDENT_KINDS,
+    PartitionReport,
+    PipelineReport,
+    count_findings,
+    report_json,
+)
+from consumers.reconciliation.verify import SinkShape, fold, sink_shape, table_exists, verify_range
+
+log = logging.getLogger("tally.reconcile")
+
+# Findings of the verified range are kept between runs; "current" ones are recomputed every run.
+VERIFIED, CURRENT = "verified", "current"
+
+
+def status_window() -> timedelta:
+    return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
+
+
+def heartbeat_timeout() -> timedelta:
+    # The runs' lease (consumers/operations/supervisor.py): a run whose heartbeat is older is dead.
+    return timedelta(seconds=getattr(settings, "TALLY_RUN_LEASE_SECONDS", 15))
+
+
+def reconcile_all(*, full: bool = False, kafka=kafka_admin) -> list[PipelineReport]:
+    reports = []
+    for pipeline in Pipeline.objects.order_by("name"):
+        try:
+            reports.append(reconcile_pipeline(pipeline, full=full, kafka=kafka))
+        except Exception:  # one broken pipeline must not hide the others' reports
+            log.exception("reconciliation of pipeline %s failed", pipeline.name)
+    return reports
+
+
+def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_admin,
+                       now: datetime | None = None) -> PipelineReport:
+    """Verify what is new since the last run (everything when `full`), measure lag, evaluate the status
+    and store PartitionHealth / PipelineHealth. `kafka` is the Kafka admin module (a stand-in in tests)."""
+    timer = _Timer()
+    errors: list[str] = []
+    classic = pipeline.delivery_mode != DeliveryMode.EXACTLY_ONCE
+    with timer.kafka:
+        committed = _kafka_call(errors, kafka.committed_offsets, {}, pipeline.group_id, pipeline.topic)
+        marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
+    committed = {p: o for p, o in committed.items() if o is not None}
+    now = now or timezone.now()
+    with timer.db:
+        # A SIGKILLed run leaves its row "running" with a recent heartbeat; another run started after that
+        # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive. A run
+        # is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
+        restarted_after = ConsumerRun.objects.filter(
+            pipeline=pipeline, started_at__gt=OuterRef("heartbeat_at")).exclude(pk=OuterRef("pk"))
+        alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
+                                           heartbeat_at__gte=now - heartbeat_timeout()).filter(
+            ~Exists(restarted_after)).exists()
+        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive)
+    reports = []
+    for p, state in sorted(states.items()):
+        mark = marks.get(p)
+        report = state.report
+        report.log_start, report.high_watermark = (mark.log_start, mark.high) if mark else (None, None)
+        report.kafka_committed = committed.get(p)
+        if mark is not None:
+            report.lag_records = max(0, mark.high - state.consumed_end)
+        reports.append(report)
+    for p, mark in marks.items():  # partitions this pipeline never consumed: everything there is lag
+        if p not in states:
+            start = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
+            reports.append(PartitionReport(p, mark.log_start, mark.high, None, committed.get(p),
+                                           lag_records=max(0, mark.high - start)))
+            states[p] = _PartitionState(reports[-1], consumed_end=start)
+    with timer.kafka:
+        _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
+    with timer.db:
+        rewinds = reconcile_rewinds.load(pipeline, now - status_window())
+        for report in reports:
+            report.findings = reconcile_rewinds.mark_planned(report.findings,
+                                                             rewinds.skipped.get(report.partition, []))
+            count_findings(report)
+        rate = _evaluate_status(pipeline, reports, states, rewinds, alive, now, kafka_failed=bool(errors))
+        report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
+                                (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
+                                sorted(reports, key=lambda r: r.partition),
+                                _total(r.lag_records for r in reports), _max(r.lag_seconds for r in reports),
+                                rate, now, "; ".join(errors))
+        if errors:
+            report.status = Status.ERR
+        _store(pipeline, report, states)
+    report.db_ms, report.kafka_ms = timer.db.ms, timer.kafka.ms
+    return report
+
+
+# --- the database snapshot -----------------------------------------------------------------------------
+
+@dataclass
+class _PartitionState:
+    report: PartitionReport
+    consumed_end: int
+    marks_read: tuple[int, int] | None = None     # (verified_offset, verified_ledger_id) as read
+    new_marks: tuple[int, int] | None = None      # what this run verified
+    moved_at: datetime | None = None
+    phantom_from: int | None = None               # rows at or beyond this offset are phantoms
+
+
+@contextlib.contextmanager
+def _snapshot_cursor():
+    """A raw psycopg2 cursor in one REPEATABLE READ, read-only transaction: positions, ledger and sink are
+    read as of one instant, so a batch committing meanwhile cannot look like phantom rows."""
+    connection.ensure_connection()
+    if connection.in_atomic_block:  # inside a caller's transaction (e.g. a test): read in it
+        with connection.cursor() as cursor:
+            yield cursor.cursor
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield cursor.cursor
+
+
+def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool) -> dict:
+    transform = resolve(pipeline.transform)
+    with _snapshot_cursor() as cur:
+        cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
+                    "WHERE pipeline_id = %s", [pipeline.pk])
+        positions = {p: (n, until, at) for p, n, until, at in cur.fetchall()}
+        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings FROM "
+                    "consumers_partitionhealth WHERE pipeline_id = %s", [pipeline.pk])
+        # Django's connection hands jsonb over as text (its JSONField decodes it), so decode here.
+        health = {p: (v, m, json.loads(f) if isinstance(f, str) else f) for p, v, m, f in cur.fetchall()}
+        ledger_marks = {p: (0 if full or p not in health else health[p][1]) for p in set(positions) | set(health)}
+        newest = _new_ledger_rows(cur, pipeline.pk, ledger_marks)
+        shape = (sink_shape(cur, pipeline.sink_table, pipeline.topic, transform.multi_row)
+                 if table_exists(cur, pipeline.sink_table) else None)
+        partitions = set(positions) | (set(committed) if classic else set())
+        states = {}
+        for p in sorted(partitions):
+            states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
+                                          marks.get(p), None if full else health.get(p), health.get(p),
+                                          newest.get(p), in_flight)
+        if shape is not None:
+            _phantoms(cur, shape, states)
+    return states
+
+
+def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """{partition: (lowest first_offset, highest id)} of ledger rows newer than each partition's mark."""
+    floor = min(ledger_marks.values(), default=0)
+    cur.execute("SELECT partition, id, first_offset FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s",
+                [pipeline_id, floor])
+    newest: dict[int, tuple[int, int]] = {}
+    for p, row_id, first in cur.fetchall():
+        if row_id > ledger_marks.get(p, 0):
+            low, high = newest.get(p, (first, row_id))
+            newest[p] = (min(low, first), max(high, row_id))
+    return newest
+
+
+def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
+                      mark, health, health_as_read, newest, in_flight: bool) -> _PartitionState:
+    next_offset, replay_until, moved_at = position if position else (None, None, None)
+    if health is not None:
+        verified, ledger_mark, stored = health
+        kept = [f for f in stored or [] if f.get("scope") == VERIFIED]
+    else:
+        start = _consumed_start(cur, pipeline, classic, p, next_offset, kafka_offset, mark)
+        verified, ledger_mark, kept = start, 0, []
+    if next_offset is None:  # a classic consumer that committed to Kafka but never wrote
+        next_offset = verified
+    if newest:
+        verified, ledger_mark = min(verified, newest[0]), max(ledger_mark, newest[1])
+    verified = min(verified, next_offset)  # a rewind below the mark that did not move it
+    verified, kept = _reopen_findings(verified, kept)
+    report = PartitionReport(p, next_offset=next_offset, checked_from=verified, verified_offset=next_offset)
+    consumed_end = max(next_offset, kafka_offset) if classic and kafka_offset is not None else next_offset
+    state = _PartitionState(report, consumed_end, moved_at=moved_at,
+                            marks_read=health_as_read[:2] if health_as_read else None,
+                            new_marks=(next_offset, ledger_mark))
+    new_findings, current = [], []
+    if shape is not None:
+        result = verify_range(cur, shape, pipeline.pk, p, verified, next_offset,
+                              _ledger(cur, pipeline.pk, p, verified, next_offset))
+        report.proven = result.proven
+        new_findings = result.findings
+        # Kafka says consumed, the DB never wrote it: at-most-once lost it if its consumer died; while a
+        # consumer is alive it is the batch being written right now (Kafka commit first), not a loss.
+        if consumed_end > next_offset and not in_flight:
+            current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
+                                    _ledger(cur, pipeline.pk, p, next_offset, consumed_end)).findings
+        state.phantom_from = max(consumed_end, replay_until or 0)
+    resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
+    if mark is not None and resume_at < mark.log_start:
+        current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
+                        "count": mark.log_start - resume_at})
+    report.findings = ([dict(f, scope=VERIFIED) for f in fold(kept + new_findings)]
+                       + [dict(f, scope=CURRENT) for f in current])
+    count_findings(report)
+    return state
+
+
+def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_offset, mark) -> int:
+    """Where a partition's consumed range starts: its first ledger offset. A classic consumer that started
+    from the earliest offset may have lost its first batches before writing any ledger row, so there
+    the log start counts too."""
+    cur.execute("SELECT min(first_offset) FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s",
+                [pipeline.pk, p])
+    first = cur.fetchone()[0]
+    candidates = [o for o in (first, next_offset) if o is not None]
+    if classic and pipeline.reset_policy == ResetPolicy.EARLIEST and mark is not None:
+        candidates.append(mark.log_start)
+    if candidates:
+        return min(candidates)
+    return kafka_offset if kafka_offset is not None else 0
+
+
+def _reopen_findings(verified: int, kept: list[dict]) -> tuple[int, list[dict]]:
+    """Findings that reach the mark are dropped and their range verified again (the mark moves to their
+    start), so counts never mix old and new evidence."""
+    for _ in range(len(kept) + 1):
+        crossing = [f for f in kept if f["end"] > verified]
+        if not crossing:
+            break
+        verified = min(verified, *(f["start"] for f in crossing))
+        kept = [f for f in kept if f["end"] <= verified]
+    return verified, kept
+
+
+def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple[int, int]]:
+    if end <= start:
+        return []
+    cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end "
+                "FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s AND first_offset < %s "
+                "AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %s ORDER BY first_offset",
+                [pipeline_id, p, end, start])
+    return cur.fetchall()
+
+
+def _phantoms(cur, shape: SinkShape, states: dict) -> None:
+    """Rows at or beyond each partition's committed position: one query for all partitions."""
+    limits = [(p, state.phantom_from) for p, state in states.items() if state.phantom_from is not None]
+    if not limits:
+        return
+    values = sql.SQL(", ").join(sql.SQL("(%s::integer, %s::bigint)") for _ in limits)
+    cur.execute(sql.SQL("SELECT v.p, count(*), min(s.source_offset), max(s.source_offset) FROM (VALUES {}) AS "
+                        "v(p, o) JOIN {} AS s ON s.source_topic = %s AND s.source_partition = v.p "
+                        "AND s.source_offset >= v.o GROUP BY v.p").format(values, sql.Identifier(shape.table)),
+                [x for limit in limits for x in limit] + [shape.topic])
+    for p, count, low, high in cur.fetchall():
+        report = states[p].report
+        report.findings.append({"kind": "phantom", "start": low, "end": high + 1, "count": count, "scope": CURRENT})
+        count_findings(report)
+
+
+# --- lag, status, storing ------------------------------------------------------------------------------
+
+def _lag_seconds(errors, kafka, topic: str, reports, states, marks, now: datetime) -> None:
+    """Age of the record at the consumer's position; 0 when caught up."""
+    behind = {}
+    for report in reports:
+        if report.lag_records is None:
+            continue
+        if report.lag_records == 0:
+            report.lag_seconds = 0.0
+        else:
+            behind[report.partition] = max(states[report.partition].consumed_end, marks[report.partition].log_start)
+    if not behind:
+        return
+    stamps = _kafka_call(errors, kafka.record_timestamps, {}, topic, behind)
+    now_ms = now.timestamp() * 1000
+    for report in reports:
+        stamp = stamps.get(report.partition)
+        if stamp is not None:
+            report.lag_seconds = max(0.0, (now_ms - stamp) / 1000)
+
+
+def _evaluate_status(pipeline, reports, states, rewinds, alive: bool, now: datetime,
+                     kafka_failed: bool) -> float | None:
+    """Set each partition's status; return the records per second over the window."""
+    window = status_window()
+    history: dict[int, list[lag_status.Sample]] = {}
+    for s in (LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=False, taken_at__gte=now - window)
+              .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
+        history.setdefault(s["partition"], []).append(
+            lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
+    rate, rate_known = 0.0, False
+    for report in reports:
+        state = states[report.partition]
+        samples = history.get(report.partition, []) + [
+            lag_status.Sample(now, state.consumed_end, report.lag_records)]
+        facts = lag_status.PartitionFacts(
+            samples, report.lag_records, state.moved_at or pipeline.created_at, alive,
+            rewinds.recently_rewound(report.partition), report.incident or kafka_failed, now, window)
+        report.status = lag_status.evaluate(facts)
+        first = samples[0]
+        if first.position is not None and now > first.taken_at and state.consumed_end >= first.position:
+            rate += (state.consumed_end - first.position) / (now - first.taken_at).total_seconds()
+            rate_known = True
+    return rate if rate_known else None
+
+
+_HEALTH_COLUMNS = ("verified_offset", "verified_ledger_id", "findings", "lost", "duplicated", "phantom",
+                   "dead_lettered", "unrecoverable", "log_start", "high_watermark", "next_offset", "kafka_committed",
+                   "lag_records", "lag_seconds", "status", "checked_at")
+
+
+def _store(pipeline, report: PipelineReport, states) -> None:
+    """Upsert every partition's health and the pipeline's in a few raw statements (an ORM bulk_update of
+    16 columns costs more Python time than the whole idle verification)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cur = cursor.cursor
+        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings, lost, duplicated, phantom, "
+                    "dead_lettered, unrecoverable FROM consumers_partitionhealth WHERE pipeline_id = %s FOR UPDATE",
+                    [pipeline.pk])
+        stored = {row[0]: row[1:] for row in cur.fetchall()}
+        rows = []
+        for part in report.partitions:
+            state = states[part.partition]
+            current = stored.get(part.partition)
+            if state.new_marks is None and current is None:
+                continue  # never consumed: a health row would plant a wrong mark at 0
+            moved = current is not None and state.marks_read is not None and tuple(current[:2]) != state.marks_read
+            if state.new_marks is None or moved:
+                # A rewind (or another run) moved the marks meanwhile: keep theirs and their findings; the
+                # next run verifies from there.
+                verified, ledger_id, findings, *counts = current
+                findings = findings if isinstance(findings, str) else json.dumps(findings)
+            else:
+                (verified, ledger_id), findings = state.new_marks, json.dumps(part.findings)
+                counts = [part.lost, part.duplicated, part.phantom, part.dead_lettered, part.unrecoverable]
+            rows.append((pipeline.pk, part.partition, verified, ledger_id, findings, *counts, part.log_start,
+                         part.high_watermark, part.next_offset, part.kafka_committed, part.lag_records,
+                         part.lag_seconds, part.status, report.checked_at))
+        if rows:
+            columns = sql.SQL(", ").join(sql.Identifier(c) for c in _HEALTH_COLUMNS)
+            updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                         for c in _HEALTH_COLUMNS)
+            statement = sql.SQL("INSERT INTO consumers_partitionhealth (pipeline_id, partition, {}) VALUES %s "
+                                "ON CONFLICT (pipeline_id, partition) DO UPDATE SET {}").format(columns, updates)
+            execute_values(cur, statement.as_string(cur), rows,
+                           template="(" + ", ".join(["%s"] * 4 + ["%s::jsonb"] + ["%s"] * 13) + ")")
+        cur.execute("INSERT INTO consumers_pipelinehealth (pipeline_id, status, lost, duplicated, phantom, "
+                    "dead_lettered, lag_records, lag_seconds, records_per_second, checked_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline_id) DO UPDATE SET "
+                    "status = EXCLUDED.status, lost = EXCLUDED.lost, duplicated = EXCLUDED.duplicated, "
+                    "phantom = EXCLUDED.phantom, dead_lettered = EXCLUDED.dead_lettered, "
+                    "lag_records = EXCLUDED.lag_records, lag_seconds = EXCLUDED.lag_seconds, "
+                    "records_per_second = EXCLUDED.records_per_second, checked_at = EXCLUDED.checked_at",
+                    [pipeline.pk, report.status, report.lost, report.duplicated, report.phantom,
+                     report.dead_lettered, report.lag_records, report.lag_seconds, report.records_per_second,
+                     report.checked_at])
+
+
+# --- small helpers -------------------------------------------------------------------------------------
+
+def _kafka_call(errors: list[str], func, default, *args):
+    try:
+        return func(*args)
+    except Exception as exc:  # Kafka down must not stop the database verification
+        errors.append(f"{func.__name__}: {type(exc).__name__}: {exc}")
+        log.warning("reconciliation: %s failed: %s", func.__name__, exc)
+        return default
+
+
+def _total(values):
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def _max(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+class _Stopwatch:
+    def __init__(self):
+        self.ms = 0.0
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.ms += (time.perf_counter() - self._start) * 1000
+
+
+class _Timer:
+    def __init__(self):
+        self.db, self.kafka = _Stopwatch(), _Stopwatch()

@@ -1,0 +1,141 @@
+"""Lag and throughput snapshots for charts and the lag evaluation rules, kept bounded.
+
+`take_snapshots()` (Celery beat, every SNAPSHOT_INTERVAL) stores one LagSnapshot per pipeline partition,
+one pipeline total (partition NULL), and one total per consumer group that Tally does not run
+(pipeline NULL, group_id set). `downsample()` keeps the table bounded:
+
+    age < 1 hour      raw samples (resolution 0)
+    age < 1 day       one sample per minute     (resolution 60)
+    age < 30 days     one sample per 15 minutes (resolution 900)
+    older             deleted
+
+A bucket keeps the highest lag and position (a chart must not hide a spike) and the mean throughput.
+Cut-offs are aligned to bucket boundaries, so a bucket is always built from all of its samples at once.
+"""
+import logging
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from consumers.kafka import admin as kafka_admin
+from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline, ResetPolicy
+from consumers.operations import groups
+
+log = logging.getLogger("tally.snapshots")
+
+SNAPSHOT_INTERVAL = timedelta(seconds=60)  # Burrow's window is 10 samples: 10 minutes at this interval
+# (resolution in seconds, kept at the finer resolution for this long before being merged into it)
+TIERS = ((60, timedelta(hours=1)), (900, timedelta(days=1)))
+RETENTION = timedelta(days=30)
+
+
+def take_snapshots(*, kafka=kafka_admin, now: datetime | None = None) -> int:
+    """Sample every pipeline and every external group; returns the number of rows written."""
+    now = now or timezone.now()
+    rows: list[LagSnapshot] = []
+    for pipeline in Pipeline.objects.order_by("name"):
+        try:
+            rows += _pipeline_samples(pipeline, kafka, now)
+        except Exception:  # one unreachable topic must not cost the others their sample
+            log.exception("snapshot of pipeline %s failed", pipeline.name)
+    try:
+        for group_id in groups.list_groups(kafka=kafka):
+            report = groups.describe(group_id, kafka=kafka, now_ms=now.timestamp() * 1000)
+            positions = [p.committed for p in report.partitions if p.committed is not None]
+            rows.append(LagSnapshot(group_id=group_id, partition=None, taken_at=now, lag_records=report.lag_records,
+                                    lag_seconds=report.lag_seconds, position=sum(positions) if positions else None,
+                                    high_watermark=_sum(p.high_watermark for p in report.partitions)))
+    except Exception:
+        log.exception("snapshot of consumer groups failed")
+    _fill_rates(rows)
+    LagSnapshot.objects.bulk_create(rows)
+    return len(rows)
+
+
+def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnapshot]:
+    marks = kafka.watermarks(pipeline.topic)
+    positions = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    if pipeline.delivery_mode != DeliveryMode.EXACTLY_ONCE:
+        # The classic modes resume from Kafka: what lies below its committed offset is not lag any more.
+        for p, offset in kafka.committed_offsets(pipeline.group_id, pipeline.topic).items():
+            if offset is not None:
+                positions[p] = max(positions.get(p, offset), offset)
+    samples, behind = [], {}
+    for p, mark in sorted(marks.items()):
+        default = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
+        position = positions.get(p, default)
+        lag = max(0, mark.high - position)
+        samples.append(LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, partition=p, taken_at=now,
+                                   lag_records=lag, lag_seconds=0.0 if lag == 0 else None, position=position,
+                                   high_watermark=mark.high))
+        if lag:
+            behind[p] = max(position, mark.log_start)
+    if behind:
+        stamps = kafka.record_timestamps(pipeline.topic, behind)
+        for sample in samples:
+            if stamps.get(sample.partition) is not None:
+                sample.lag_seconds = max(0.0, now.timestamp() - stamps[sample.partition] / 1000)
+    total = LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, partition=None, taken_at=now,
+                        lag_records=_sum(s.lag_records for s in samples),
+                        lag_seconds=max((s.lag_seconds for s in samples if s.lag_seconds is not None), default=None),
+                        position=_sum(s.position for s in samples),
+                        high_watermark=_sum(s.high_watermark for s in samples))
+    return samples + [total]
+
+
+def _fill_rates(rows: list[LagSnapshot]) -> None:
+    """records_per_second of each new sample: position change since the previous sample of its series."""
+    if not rows:
+        return
+    pipeline_ids = {r.pipeline_id for r in rows if r.pipeline_id}
+    group_ids = {r.group_id for r in rows if not r.pipeline_id}
+    previous = {}
+    series = Q(pipeline_id__in=pipeline_ids) | Q(pipeline__isnull=True, group_id__in=group_ids)
+    latest = (LagSnapshot.objects.filter(series).order_by("pipeline_id", "group_id", "partition", "-taken_at")
+              .distinct("pipeline_id", "group_id", "partition")
+              .values("pipeline_id", "group_id", "partition", "taken_at", "position"))
+    for s in latest:
+        previous[(s["pipeline_id"], s["group_id"] if not s["pipeline_id"] else "", s["partition"])] = s
+    for row in rows:
+        before = previous.get((row.pipeline_id, row.group_id if not row.pipeline_id else "", row.partition))
+        if before and before["position"] is not None and row.position is not None:
+            seconds = (row.taken_at - before["taken_at"]).total_seconds()
+            if seconds > 0 and row.position >= before["position"]:
+                row.records_per_second = (row.position - before["position"]) / seconds
+
+
+def downsample(*, now: datetime | None = None) -> dict[str, int]:
+    """Merge old samples into coarser buckets and delete what is past retention. Idempotent."""
+    now = now or timezone.now()
+    result = {}
+    with transaction.atomic(), connection.cursor() as cur:
+        for resolution, keep_finer_for in TIERS:
+            cutoff = _floor(now - keep_finer_for, resolution)
+            cur.execute(
+                "INSERT INTO consumers_lagsnapshot (pipeline_id, group_id, partition, taken_at, resolution_seconds, "
+                "lag_records, lag_seconds, position, high_watermark, records_per_second) "
+                "SELECT pipeline_id, group_id, partition, "
+                "to_timestamp(floor(extract(epoch FROM taken_at) / %(r)s) * %(r)s) AS bucket, %(r)s, "
+                "max(lag_records), max(lag_seconds), max(position), max(high_watermark), avg(records_per_second) "
+                "FROM consumers_lagsnapshot WHERE resolution_seconds < %(r)s AND taken_at < %(cutoff)s "
+                "GROUP BY pipeline_id, group_id, partition, bucket",
+                {"r": resolution, "cutoff": cutoff})
+            result[f"buckets_{resolution}s"] = cur.rowcount
+            cur.execute("DELETE FROM consumers_lagsnapshot WHERE resolution_seconds < %s AND taken_at < %s",
+                        [resolution, cutoff])
+            result[f"merged_into_{resolution}s"] = cur.rowcount
+        cur.execute("DELETE FROM consumers_lagsnapshot WHERE taken_at < %s", [now - RETENTION])
+        result["deleted"] = cur.rowcount
+    return result
+
+
+def _floor(moment: datetime, seconds: int) -> datetime:
+    epoch = int(moment.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
+
+
+def _sum(values):
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None

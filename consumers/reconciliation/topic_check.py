@@ -1,0 +1,303 @@
+"""The audit: did every record a consumer group consumed reach its table, once? Key by key, with Spark.
+
+extract   the topic from the log start up to the group's committed offsets (Kafka's, or Tally's own
+          `next_offset` for its exactly-once pipelines), each record mapped to its key by a value parser;
+          the table's keys with their write counts (the GROUP BY runs inside PostgreSQL, over JDBC)
+transform `compare()`: a pure DataFrame-in, DataFrame-out function -> one row per key that is wrong
+load      counts and samples into a JSON report (stored in consumers.models.AuditJob by `run_audit_job`)
+
+Findings: missing (consumed, never written), duplicated (written more often than consumed, at least
+twice), unexpected (written, never consumed in the range: e.g. a record beyond the committed offset),
+unparsable (records the value parser cannot map to a key: the pipeline's dead letters).
+"""
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from psycopg2 import sql
+
+from consumers.engine import db
+from consumers.kafka import admin as kafka_admin
+from consumers.models import AuditJob, AuditJobStatus, PartitionOffset, Pipeline
+
+log = logging.getLogger("tally.spark.audit")
+
+# Samples per finding kept in the report: enough to name every lost value of a demo-sized topic, small
+# enough to store in one JSON column when a whole table is missing.
+SAMPLE_LIMIT = 1000
+# Enqueued by name: the tasks import this module, never the reverse (consumers/tasks/spark.py).
+RUN_AUDIT_TASK = "consumers.run_audit"
+# Rows per JDBC round trip: PostgreSQL's driver otherwise loads the whole result into the JVM at once.
+JDBC_FETCH_SIZE = 50_000
+
+
+class AuditError(RuntimeError):
+    pass
+
+
+# --- value parsers: record -> key, as Spark column expressions (no Python per record) ---------------------
+# A record a parser cannot map gets a null key (try_cast: Spark's ANSI casts would fail the job) and is
+# reported as unparsable, like the dead letter the transform makes of it.
+def _int_value(frame):
+    from pyspark.sql import functions as F
+
+    return frame.select(F.trim(F.col("value").cast("string")).try_cast("bigint").alias("key"))
+
+
+def _string_value(frame):
+    from pyspark.sql import functions as F
+
+    return frame.select(F.col("value").cast("string").alias("key"))
+
+
+def _json_id(frame):
+    from pyspark.sql import functions as F
+
+    return frame.select(F.get_json_object(F.col("value").cast("string"), "$.id").try_cast("bigint").alias("key"))
+
+
+def _csv_ints(frame):
+    from pyspark.sql import functions as F
+
+    parts = F.explode(F.split(F.col("value").cast("string"), ","))
+    return frame.select(parts.alias("part")).select(F.trim("part").try_cast("bigint").alias("key"))
+
+
+def _record_key(frame):
+    from pyspark.sql import functions as F
+
+    return frame.select(F.col("key").cast("string").alias("key"))
+
+
+VALUE_PARSERS: dict[str, Callable] = {
+    "int_value": _int_value,        # "42" -> 42 (the classic example; transform int_value)
+    "json_id": _json_id,            # {"id": 42, ...} -> 42 (transform json_event)
+    "csv_ints": _csv_ints,          # "1,2,3" -> 1, 2, 3 (transform csv_ints)
+    "string_value": _string_value,  # the value as text
+    "record_key": _record_key,      # the Kafka record key as text
+}
+
+
+def parser_for(name: str) -> Callable:
+    try:
+        return VALUE_PARSERS[name]
+    except KeyError:
+        raise AuditError(f"Unknown value parser {name!r}: use one of {sorted(VALUE_PARSERS)}") from None
+
+
+# --- extract ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConsumedRange:
+    topic: str
+    start: dict[int, int]   # log start per partition
+    end: dict[int, int]     # the group's committed offset (exclusive) per partition
+    source: str             # "kafka" or "tally"
+
+    @property
+    def records(self) -> int:
+        return sum(self.end[p] - self.start[p] for p in self.end)
+
+
+def consumed_range(topic: str, group_id: str, pipeline: Pipeline | None = None) -> ConsumedRange:
+    """[log start, committed) per partition. Exactly-once pipelines of Tally: the DB's next_offset (the
+    truth, Kafka's copy is advisory); otherwise Kafka's committed offsets (what the group claims)."""
+    marks = kafka_admin.watermarks(topic)
+    if pipeline is not None and pipeline.is_exactly_once:
+        source = "tally"
+        committed = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    else:
+        source = "kafka"
+        committed = kafka_admin.committed_offsets(group_id, topic, sorted(marks))
+    start = {p: m.log_start for p, m in marks.items()}
+    end = {p: min(max(committed.get(p) or m.log_start, m.log_start), m.high) for p, m in marks.items()}
+    return ConsumedRange(topic, start, end, source)
+
+
+def extract_consumed(spark, consumed: ConsumedRange, parser: Callable):
+    from consumers.engine.spark_source import kafka_format, offsets_json
+
+    frame = (spark.read.format(kafka_format(spark))
+             .option("kafka.bootstrap.servers", settings.KAFKA_BOOTSTRAP_SERVERS)
+             .option("subscribe", consumed.topic)
+             .option("startingOffsets", offsets_json(consumed.topic, consumed.start))
+             .option("endingOffsets", offsets_json(consumed.topic, consumed.end))
+             .load())
+    return parser(frame)
+
+
+def jdbc_options() -> dict[str, str]:
+    database = settings.DATABASES["default"]
+    url = f"jdbc:postgresql://{database.get('HOST') or '127.0.0.1'}:{database.get('PORT') or 5432}/{database['NAME']}"
+    options = {"url": url, "driver": "org.postgresql.Driver", "user": database.get("USER") or "postgres",
+               "fetchsize": str(JDBC_FETCH_SIZE)}
+    if database.get("PASSWORD"):
+        options["password"] = database["PASSWORD"]
+    return options
+
+
+def written_keys_query(table: str, key_column: str) -> str:
+    """Keys and how often each was written. The GROUP BY runs in PostgreSQL, next to the data: one
+    sequential scan, and Spark receives one row per key instead of one per row."""
+    conn = db.connect("tally-audit")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(conn)])
+            if cur.fetchone()[0] is None:
+                raise AuditError(f"Table {table!r} does not exist.")
+            cur.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(sql.Identifier(key_column), sql.Identifier(table)))
+        return sql.SQL("SELECT {} AS key, count(*) AS written FROM {} WHERE {} IS NOT NULL GROUP BY {}").format(
+            sql.Identifier(key_column), sql.Identifier(table), sql.Identifier(key_column),
+            sql.Identifier(key_column)).as_string(conn)
+    except Exception as exc:
+        if isinstance(exc, AuditError):
+            raise
+        raise AuditError(f"Cannot read column {key_column!r} of table {table!r}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def extract_written(spark, table: str, key_column: str):
+    reader = spark.read.format("jdbc").option("query", written_keys_query(table, key_column))
+    for key, value in jdbc_options().items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+# --- transform -------------------------------------------------------------------------------------------
+def compare(consumed, written):
+    """consumed: DataFrame(key), one row per consumed record; written: DataFrame(key, written), one row per
+    key of the table with its row count. Returns DataFrame(key, consumed, written, finding) for every key,
+    finding one of "missing", "duplicated", "unexpected", "unparsable" (the records without a key, on one
+    row with a null key), or null when the key is right."""
+    from pyspark.sql import functions as F
+
+    per_key = consumed.groupBy("key").agg(F.count(F.lit(1)).alias("consumed"))
+    written = written.select(F.col("key").cast(per_key.schema["key"].dataType).alias("key"),
+                             F.col("written").cast("long").alias("written"))
+    joined = per_key.join(written, "key", "full_outer").select(
+        "key", F.coalesce("consumed", F.lit(0)).alias("consumed"), F.coalesce("written", F.lit(0)).alias("written"))
+    finding = (F.when(F.col("key").isNull(), "unparsable")
+               .when((F.col("consumed") > 0) & (F.col("written") == 0), "missing")
+               .when((F.col("consumed") == 0) & (F.col("written") > 0), "unexpected")
+               .when(F.col("written") > F.greatest(F.col("consumed"), F.lit(1)), "duplicated"))
+    return joined.withColumn("finding", finding)
+
+
+# --- load ------------------------------------------------------------------------------------------------
+def summarize(compared, sample_limit: int = SAMPLE_LIMIT) -> dict:
+    """Counts and samples of a compare() result (persisted by the caller: it is read several times)."""
+    from pyspark.sql import functions as F
+
+    def count_of(finding):
+        return F.sum(F.when(F.col("finding") == finding, 1).otherwise(0))
+
+    totals = compared.agg(
+        F.coalesce(F.sum("consumed"), F.lit(0)).alias("records_read"),
+        F.coalesce(F.sum("written"), F.lit(0)).alias("rows_read"),
+        F.sum(F.when((F.col("consumed") > 0) & F.col("key").isNotNull(), 1).otherwise(0)).alias(
+            "distinct_keys_consumed"),
+        F.sum(F.when(F.col("finding") == "unparsable", F.col("consumed")).otherwise(0)).alias("unparsable_count"),
+        count_of("missing").alias("missing_count"), count_of("duplicated").alias("duplicated_count"),
+        count_of("unexpected").alias("unexpected_count"),
+        F.coalesce(F.sum(F.when(F.col("finding") == "duplicated", F.col("written") - F.greatest(
+            F.col("consumed"), F.lit(1))).otherwise(0)), F.lit(0)).alias("extra_rows"),
+    ).first().asDict()
+    report = {name: int(value or 0) for name, value in totals.items()}
+
+    def sample(finding):
+        if not report[f"{finding}_count"]:
+            return []
+        return compared.where(F.col("finding") == finding).orderBy("key").limit(sample_limit).collect()
+
+    report["missing"] = [_json_key(r["key"]) for r in sample("missing")]
+    report["duplicated"] = {str(_json_key(r["key"])): int(r["written"]) for r in sample("duplicated")}
+    report["unexpected"] = [_json_key(r["key"]) for r in sample("unexpected")]
+    report["sample_limit"] = sample_limit
+    return report
+
+
+def _json_key(key):
+    return key if isinstance(key, int | str) or key is None else str(key)
+
+
+def audit(topic: str, group_id: str, table: str, key_column: str, value_parser_name: str = "int_value", *,
+          pipeline: Pipeline | None = None, sample_limit: int = SAMPLE_LIMIT,
+          progress: Callable[[float, str], None] | None = None) -> dict:
+    """Run the audit and return its report (a JSON-ready dict)."""
+    from pyspark import StorageLevel
+
+    from consumers.engine.spark_session import get_spark
+
+    progress = progress or (lambda fraction, message: None)
+    parser = parser_for(value_parser_name)
+    started = time.monotonic()
+    progress(0.05, "reading the group's committed offsets")
+    consumed = consumed_range(topic, group_id, pipeline)
+    progress(0.1, f"starting Spark to read {consumed.records} records")
+    spark = get_spark()
+    written = extract_written(spark, table, key_column)
+    compared = compare(extract_consumed(spark, consumed, parser), written)
+    # Read Kafka and the table once: the totals and each sample are separate Spark actions.
+    compared = compared.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        progress(0.2, f"reading {consumed.records} records and the keys of {table}")
+        report = summarize(compared, sample_limit)
+    finally:
+        compared.unpersist()
+    report.update({
+        "topic": topic, "group_id": group_id, "table": table, "key_column": key_column,
+        "value_parser": value_parser_name, "offsets_source": consumed.source,
+        "offsets": {"start": {str(p): o for p, o in consumed.start.items()},
+                    "end": {str(p): o for p, o in consumed.end.items()}},
+        "records_in_range": consumed.records, "seconds": round(time.monotonic() - started, 3),
+    })
+    progress(1.0, "done")
+    return report
+
+
+# --- jobs (the dashboard's Celery task and the CLI store their results here) ------------------------------
+def request_audit(topic: str, group_id: str, table: str, key_column: str, value_parser: str = "int_value",
+                  requested_by: str = "", pipeline: Pipeline | None = None) -> AuditJob:
+    """Queue an audit job: stored now, run by a Celery worker (threads or solo pool: it starts Spark)."""
+    parser_for(value_parser)  # refuse an unknown parser now, not in the worker
+    job = AuditJob.objects.create(topic=topic, group_id=group_id, table=table, key_column=key_column,
+                                  value_parser=value_parser, requested_by=requested_by,
+                                  pipeline=pipeline or find_pipeline(topic, group_id))
+    transaction.on_commit(lambda: current_app.signature(RUN_AUDIT_TASK, args=(job.pk,)).delay())
+    return job
+
+
+def find_pipeline(topic: str, group_id: str) -> Pipeline | None:
+    """Tally's own pipeline for this topic and group, if any (its audit uses the DB's positions)."""
+    return Pipeline.objects.filter(topic=topic, group_id=group_id).first()
+
+
+def run_audit_job(job_id: int) -> AuditJob:
+    """Run a stored job, recording progress, and its result or error. Idempotent on a finished job."""
+    claimed = AuditJob.objects.filter(pk=job_id, status=AuditJobStatus.QUEUED).update(
+        status=AuditJobStatus.RUNNING, progress=0.0, progress_message="starting")
+    job = AuditJob.objects.get(pk=job_id)
+    if not claimed:
+        return job  # already running or finished (a retried or duplicated task)
+
+    def progress(fraction: float, message: str) -> None:
+        AuditJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
+
+    try:
+        report = audit(job.topic, job.group_id, job.table, job.key_column, job.value_parser,
+                       pipeline=job.pipeline, progress=progress)
+    except Exception as exc:
+        log.exception("Audit job %s failed", job_id)
+        AuditJob.objects.filter(pk=job_id).update(status=AuditJobStatus.FAILED, error=f"{type(exc).__name__}: {exc}",
+                                                  finished_at=timezone.now())
+    else:
+        AuditJob.objects.filter(pk=job_id).update(status=AuditJobStatus.DONE, result=report, progress=1.0,
+                                                  progress_message="done", finished_at=timezone.now())
+    job.refresh_from_db()
+    return job
+

@@ -1,0 +1,235 @@
+"""Verify one partition's offset range against the ledger and the sink (the SQL half of reconciliation).
+
+Every consumed offset must have exactly one outcome: one row (or, for multi-row transforms, one set of
+rows numbered by `source_row`) or exactly one dead letter. Counts come from one cheap aggregate per
+range over the provenance index: a count bounded by [start, end) (so min and max are implied), plus a
+distinct count only where no unique index proves "no duplicate". When `rows + dead letters == end -
+start` with no duplicate, the range is proven and nothing else is read. Only a range that fails the
+cheap check is searched for *where* (islands over the present offsets with `lag()`); an anti-join
+against `generate_series` is never used (several times slower).
+
+The ledger is checked apart from the sink: its ranges (trimmed by rewinds: a row with `superseded_from`
+covers only `[first_offset, min(end_offset, superseded_from))`) must tile the range with no gap and no
+overlap. Ledger rows are one per batch, so the sweep runs in Python.
+
+Findings are dicts `{"kind", "start", "end" (exclusive), "count", ...}`; counts are numbers of records.
+"""
+from dataclasses import dataclass, field
+
+from psycopg2 import sql
+
+from consumers.engine.sinks import PROVENANCE
+
+# More findings than this per kind are folded: the oldest into one covering finding (counts stay exact), so
+# a partition that dead-letters every other record does not store millions of ranges.
+MAX_FINDINGS_PER_KIND = 100
+# Sample offsets kept in a duplicated finding, for the operator and the alert email.
+SAMPLE_OFFSETS = 10
+
+
+@dataclass(frozen=True)
+class SinkShape:
+    """What the verification needs to know about a pipeline's sink table."""
+
+    table: str
+    topic: str
+    multi_row: bool
+    unique_key: bool   # a unique index on the provenance key proves "no duplicate row" for free
+
+
+@dataclass
+class RangeResult:
+    start: int
+    end: int
+    records: int = 0        # end - start
+    rows: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    dead_lettered: int = 0
+    gap: int = 0
+    overlap: int = 0
+    proven: bool = True     # the cheap aggregate alone proved the range exact
+    findings: list[dict] = field(default_factory=list)
+
+
+def sink_shape(cur, table: str, topic: str, multi_row: bool) -> SinkShape:
+    """Read from the catalog whether the sink has a unique index on exactly its provenance key."""
+    key = sorted(PROVENANCE + (("source_row",) if multi_row else ()))
+    cur.execute("SELECT coalesce(bool_or(i.indisunique AND i.indpred IS NULL AND (SELECT array_agg(a.attname::text "
+                "ORDER BY a.attname::text) FROM pg_attribute a WHERE a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey)) = %s::text[]), false) FROM pg_index i "
+                "WHERE i.indrelid = to_regclass(%s)", [key, sql.Identifier(table).as_string(cur)])
+    unique = bool(cur.fetchone()[0])
+    return SinkShape(table, topic, multi_row, unique)
+
+
+def table_exists(cur, table: str) -> bool:
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", [sql.Identifier(table).as_string(cur)])
+    return bool(cur.fetchone()[0])
+
+
+def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int,
+                 ledger: list[tuple[int, int]]) -> RangeResult:
+    """Verify [start, end) of one partition. `ledger` holds the effective (first, end) ranges of the
+    ledger rows that reach into it, sorted by first offset."""
+    result = RangeResult(start, end, records=max(0, end - start))
+    if end <= start:
+        return result
+    _sweep_ledger(result, ledger)
+    counts = _aggregate(cur, shape, pipeline_id, partition, start, end)
+    rows, distinct_offsets, distinct_rows, dead, collisions = counts
+    result.rows, result.dead_lettered = rows, dead
+    present = distinct_offsets + dead - collisions
+    result.lost = result.records - present
+    # Single-row: every row beyond the first of an offset is an extra copy. Multi-row: a record's copy is
+    # a repeated (offset, source_row); a dead-lettered record that also has rows produced rows it should not.
+    extra_rows = rows - (distinct_rows if shape.multi_row else distinct_offsets)
+    result.proven = result.lost == 0 and extra_rows == 0 and collisions == 0
+    if dead:
+        result.findings += _dead_letter_findings(cur, pipeline_id, partition, start, end)
+    if not result.proven:
+        if result.lost:
+            result.findings += _lost_findings(cur, shape, pipeline_id, partition, start, end)
+        if extra_rows or collisions:
+            duplicated = _duplicated_findings(cur, shape, pipeline_id, partition, start, end)
+            result.findings += duplicated
+            result.duplicated = sum(f["count"] for f in duplicated)
+    return result
+
+
+def _sink_filter(shape: SinkShape, partition: int, start: int, end: int):
+    return (sql.SQL("source_topic = %s AND source_partition = %s AND source_offset >= %s AND source_offset < %s"),
+            [shape.topic, partition, start, end])
+
+
+def _aggregate(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int):
+    """(rows, distinct offsets, distinct (offset, source_row), dead letters, offsets with both)."""
+    table = sql.Identifier(shape.table)
+    where, params = _sink_filter(shape, partition, start, end)
+    cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, where), params)
+    rows = cur.fetchone()[0]
+    distinct_offsets = distinct_rows = rows
+    if rows and (shape.multi_row or not shape.unique_key):
+        # Only where no unique index proves it (count == max - min + 1 alone does not: a duplicate can hide
+        # a hole). GROUP BY over the index streams in order (no sort, unlike count(DISTINCT)).
+        cur.execute(sql.SQL("SELECT count(*) FROM (SELECT source_offset FROM {} WHERE {} "
+                            "GROUP BY source_offset) AS o").format(table, where), params)
+        distinct_offsets = cur.fetchone()[0]
+        if shape.multi_row and not shape.unique_key:
+            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT source_offset, source_row FROM {} WHERE {} "
+                                "GROUP BY source_offset, source_row) AS r").format(table, where), params)
+            distinct_rows = cur.fetchone()[0]
+    cur.execute('SELECT count(*) FROM consumers_deadletter WHERE pipeline_id = %s AND partition = %s '
+                'AND "offset" >= %s AND "offset" < %s', [pipeline_id, partition, start, end])
+    dead = cur.fetchone()[0]
+    collisions = 0
+    if dead and rows:
+        cur.execute(sql.SQL('SELECT count(*) FROM consumers_deadletter d WHERE d.pipeline_id = %s '
+                            'AND d.partition = %s AND d."offset" >= %s AND d."offset" < %s AND EXISTS '
+                            '(SELECT 1 FROM {} s WHERE s.source_topic = %s AND s.source_partition = %s '
+                            'AND s.source_offset = d."offset")').format(table),
+                    [pipeline_id, partition, start, end, shape.topic, partition])
+        collisions = cur.fetchone()[0]
+    return rows, distinct_offsets, distinct_rows, dead, collisions
+
+
+def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
+    """Ranges of offsets with neither a row nor a dead letter: holes between consecutive present offsets
+    (sentinels start-1 and end close the range)."""
+    where, params = _sink_filter(shape, partition, start, end)
+    cur.execute(sql.SQL(
+        'WITH present AS (SELECT source_offset AS o FROM {} WHERE {} GROUP BY source_offset '
+        '  UNION SELECT "offset" FROM consumers_deadletter WHERE pipeline_id = %s AND partition = %s '
+        '  AND "offset" >= %s AND "offset" < %s '
+        '  UNION ALL SELECT %s::bigint UNION ALL SELECT %s::bigint), '
+        'steps AS (SELECT o, lag(o) OVER (ORDER BY o) AS prev FROM present) '
+        'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where),
+        params + [pipeline_id, partition, start, end, start - 1, end])
+    return fold([{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()])
+
+
+def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
+                         end: int) -> list[dict]:
+    """Offsets with extra copies, as islands of consecutive offsets; count = extra copies of records."""
+    table = sql.Identifier(shape.table)
+    where, params = _sink_filter(shape, partition, start, end)
+    if shape.multi_row:
+        per_offset = sql.SQL("SELECT source_offset AS o, max(n) - 1 AS extra FROM (SELECT source_offset, "
+                             "count(*) AS n FROM {} WHERE {} GROUP BY source_offset, source_row) AS r "
+                             "GROUP BY source_offset HAVING max(n) > 1").format(table, where)
+    else:
+        per_offset = sql.SQL("SELECT source_offset AS o, count(*) - 1 AS extra FROM {} WHERE {} "
+                             "GROUP BY source_offset HAVING count(*) > 1").format(table, where)
+    # A dead-lettered record that also has rows: the transform produced nothing, so every row is extra.
+    with_rows = sql.SQL('SELECT d."offset" AS o, (SELECT count(*) FROM {} s WHERE s.source_topic = %s '
+                        'AND s.source_partition = %s AND s.source_offset = d."offset") AS extra '
+                        'FROM consumers_deadletter d WHERE d.pipeline_id = %s AND d.partition = %s '
+                        'AND d."offset" >= %s AND d."offset" < %s').format(table)
+    cur.execute(sql.SQL(
+        "WITH extra AS ({} UNION ALL SELECT o, extra FROM ({}) AS dl WHERE extra > 0), "
+        "islands AS (SELECT o, extra, o - row_number() OVER (ORDER BY o) AS island FROM extra) "
+        "SELECT min(o), max(o) + 1, sum(extra)::bigint, (array_agg(o ORDER BY o))[1:%s] "
+        "FROM islands GROUP BY island ORDER BY 1").format(per_offset, with_rows),
+        params + [shape.topic, partition, pipeline_id, partition, start, end, SAMPLE_OFFSETS])
+    return fold([{"kind": "duplicated", "start": s, "end": e, "count": int(n), "offsets": sample}
+                  for s, e, n, sample in cur.fetchall()])
+
+
+def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
+    cur.execute('SELECT min("offset"), max("offset") + 1, count(*) FROM (SELECT "offset", "offset" - '
+                'row_number() OVER (ORDER BY "offset") AS island FROM consumers_deadletter WHERE pipeline_id = %s '
+                'AND partition = %s AND "offset" >= %s AND "offset" < %s) AS d GROUP BY island ORDER BY 1',
+                [pipeline_id, partition, start, end])
+    return fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
+
+
+def _sweep_ledger(result: RangeResult, ledger: list[tuple[int, int]]) -> None:
+    """Gaps (offsets no ledger row covers) and overlaps (offsets covered more than once) in the range."""
+    start, end = result.start, result.end
+    gaps, overlaps = [], []
+    covered = start
+    for first, last in ledger:
+        first, last = max(first, start), min(last, end)
+        if last <= first:
+            continue
+        if first > covered:
+            gaps.append((covered, first))
+        if first < covered:
+            overlaps.append((first, min(last, covered)))
+        covered = max(covered, last)
+    if covered < end:
+        gaps.append((covered, end))
+    result.gap = sum(e - s for s, e in gaps)
+    result.overlap = sum(e - s for s, e in overlaps)
+    result.findings += fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in _merge(gaps)])
+    result.findings += fold([{"kind": "overlap", "start": s, "end": e, "count": e - s}
+                              for s, e in sorted(overlaps)])
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for s, e in sorted(ranges):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def fold(findings: list[dict]) -> list[dict]:
+    """At most MAX_FINDINGS_PER_KIND findings per kind: the oldest (lowest offsets) are folded into one
+    covering finding, so the recent ones stay precise and the stored list stays bounded run after run."""
+    by_kind: dict[str, list[dict]] = {}
+    for finding in findings:
+        by_kind.setdefault(finding["kind"], []).append(finding)
+    result = []
+    for same in by_kind.values():
+        if len(same) > MAX_FINDINGS_PER_KIND:
+            same.sort(key=lambda f: f["start"])
+            old, same = same[:len(same) - MAX_FINDINGS_PER_KIND + 1], same[len(same) - MAX_FINDINGS_PER_KIND + 1:]
+            folded = {k: v for k, v in old[0].items() if k not in ("offsets", "end", "count")}
+            folded.update(end=max(f["end"] for f in old), count=sum(f["count"] for f in old),
+                          folded=sum(f.get("folded", 1) for f in old))
+            same.insert(0, folded)
+        result += same
+    return result

@@ -1,0 +1,184 @@
+"""Tally settings. Every deployment-specific value comes from the environment (see README)."""
+from pathlib import Path
+
+from tally.env import (
+    env_bool,
+    env_bootstrap_servers,
+    env_database,
+    env_email,
+    env_int,
+    env_list,
+    env_str,
+    env_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY", "dev-only-insecure-key-change-me" if DEBUG else "")
+if not SECRET_KEY:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("Environment variable SECRET_KEY must be set when DEBUG is false.")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "consumers",
+    "dashboard",
+    "alerts",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "tally.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "tally.wsgi.application"
+ASGI_APPLICATION = "tally.asgi.application"
+
+DATABASES = {"default": env_database("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally")}
+# Parallel test runs (e.g. several developers' sessions on one server) need distinct test databases.
+DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_" + DATABASES["default"]["NAME"])}
+DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+# JSON API (dashboard/api/): session auth for the browser, token auth for scripts; JSON only.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
+                                       "rest_framework.authentication.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": None,
+}
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Kafka -------------------------------------------------------------------------------------------
+KAFKA_BOOTSTRAP_SERVERS = env_bootstrap_servers("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+# Group joins on the embedded broker wait about half the session timeout: keep it short by default.
+KAFKA_SESSION_TIMEOUT_MS = env_int("KAFKA_SESSION_TIMEOUT_MS", 6000, minimum=1000)
+KAFKA_REQUEST_TIMEOUT_MS = env_int("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000)
+
+# --- Redis / Celery ----------------------------------------------------------------------------------
+REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
+CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
+
+# --- Operating layer: runs, supervisor (consumers/operations/supervisor.py) ---------------------------------------
+# A run whose heartbeat (written about every second) is older than the lease is considered dead.
+TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
+TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)
+TALLY_SUPERVISOR_BACKOFF_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_SECONDS", 5, minimum=1)
+TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS", 300, minimum=1)
+TALLY_SUPERVISOR_MAX_ATTEMPTS = env_int("TALLY_SUPERVISOR_MAX_ATTEMPTS", 5, minimum=1)
+TALLY_SUPERVISOR_STABLE_SECONDS = env_int("TALLY_SUPERVISOR_STABLE_SECONDS", 60, minimum=1)
+TALLY_MAX_RUNS_PER_PIPELINE = env_int("TALLY_MAX_RUNS_PER_PIPELINE", 16, minimum=1)
+# A run on the supervisor's own host whose process is gone is dead without waiting out its lease.
+TALLY_SUPERVISOR_CHECK_LOCAL_PIDS = env_bool("TALLY_SUPERVISOR_CHECK_LOCAL_PIDS", True)
+# How long a rewind waits for the paused pipeline's runs to end before it gives up (nothing moved).
+TALLY_REWIND_STOP_TIMEOUT_SECONDS = env_int("TALLY_REWIND_STOP_TIMEOUT_SECONDS", 30, minimum=1)
+CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
+    "task": "consumers.supervise", "schedule": TALLY_SUPERVISOR_INTERVAL_SECONDS,
+    "options": {"expires": TALLY_SUPERVISOR_INTERVAL_SECONDS}}
+
+# --- Reconciliation (consumers/reconciliation/: reconcile.py, snapshots.py) ------------------------------
+RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1)
+# The lag evaluation window (docs/reconciliation.md): 10 snapshots at one per minute, as Burrow's default.
+RECONCILE_WINDOW_SECONDS = env_int("RECONCILE_WINDOW_SECONDS", 600, minimum=10)
+CELERY_BEAT_SCHEDULE["reconcile-all"] = {"task": "consumers.reconcile_all", "schedule": RECONCILE_INTERVAL_SECONDS,
+                                         "options": {"expires": RECONCILE_INTERVAL_SECONDS}}
+CELERY_BEAT_SCHEDULE["lag-snapshots"] = {"task": "consumers.take_lag_snapshots", "schedule": 60,
+                                         "options": {"expires": 60}}
+CELERY_BEAT_SCHEDULE["lag-snapshots-downsample"] = {"task": "consumers.downsample_lag_snapshots",
+                                                    "schedule": 300, "options": {"expires": 300}}
+
+# --- Spark -------------------------------------------------------------------------------------------
+SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "1g")
+SPARK_JDBC_JAR = env_str("SPARK_JDBC_JAR", "/usr/share/java/postgresql.jar")
+
+# --- Email and alerts --------------------------------------------------------------------------------
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = env_str("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "tally@localhost")
+if DEBUG and "EMAIL_URL" not in __import__("os").environ and "EMAIL_HOST" not in __import__("os").environ:
+    # Local development without an SMTP server: print emails instead of failing to send them.
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+globals().update(env_email("EMAIL_URL"))
+ALERT_RECIPIENTS = env_list("ALERT_RECIPIENTS", [])
+TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
+# Alerts (alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
+ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
+ALERT_HEARTBEAT_TIMEOUT_SECONDS = env_int("ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60, minimum=5)
+ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)
+ALERT_SEND_MAX_ATTEMPTS = env_int("ALERT_SEND_MAX_ATTEMPTS", 10, minimum=1)
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "tally.alerts.evaluate", "schedule": ALERT_EVALUATE_SECONDS,
+                                           "options": {"expires": ALERT_EVALUATE_SECONDS}}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "tally": {"handlers": ["console"], "level": env_str("TALLY_LOG_LEVEL", "INFO")},
+        "kafka": {"handlers": ["console"], "level": "WARNING"},
+    },
+}
