@@ -13,6 +13,7 @@ from psycopg2 import sql
 
 from consumers.engine import db
 from tests.conftest import ROOT
+from tests.waiting import patience, wait_for  # noqa: F401 - re-exported: the suite's one wait helper
 
 CHAOS_SESSION_TIMEOUT_MS = "2000"  # a killed member blocks the group until its session expires
 
@@ -93,15 +94,6 @@ class EngineProcess:
                 self.kill()
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def run_until_clean_exit(env: dict, name: str, args: list[str], max_runs: int, timeout: float = 60) -> int:
@@ -110,7 +102,7 @@ def run_until_clean_exit(env: dict, name: str, args: list[str], max_runs: int, t
     for _ in range(max_runs):
         engine = EngineProcess(env, name, *args)
         try:
-            code = engine.wait(timeout)
+            code = engine.wait(patience(timeout))
         except subprocess.TimeoutExpired:
             engine.kill()
             raise AssertionError(f"{name} ran longer than {timeout} s:\n{engine.output()[-3000:]}") from None

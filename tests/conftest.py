@@ -16,6 +16,7 @@ import time_machine
 from django.conf import settings
 
 from consumers.kafka import broker
+from tests.waiting import patience
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -149,7 +150,7 @@ def stop_process_group(process, timeout=10):
 def celery_worker(subprocess_env, celery_app_for_tests):
     """A real Celery worker against the real Redis (test database 15 by default) and this test's DB."""
     process = start_celery_worker(subprocess_env)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"Celery worker exited: {Path(process.log_path).read_text()[-2000:]}")

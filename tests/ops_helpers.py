@@ -1,5 +1,4 @@
 """Helpers for the operating-layer tests: the demo topic and pipelines, producing, reading sinks row by row."""
-import time
 
 from django.conf import settings
 from django.db import connection
@@ -10,6 +9,7 @@ from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
 from consumers.engine import sinks
 from consumers.engine.python import run_pipeline
 from consumers.models import Pipeline
+from tests.waiting import wait_for  # noqa: F401 - re-exported: the suite's one wait helper
 
 EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "nums-exactly-once", "nums-at-least-once", "nums-at-most-once"
 PARTITIONS = 2
@@ -64,11 +64,3 @@ def positions(name: str) -> dict[int, int]:
     return dict(Pipeline.objects.get(name=name).offsets.values_list("partition", "next_offset"))
 
 
-def wait_for(check, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

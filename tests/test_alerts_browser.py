@@ -10,6 +10,7 @@ from playwright.sync_api import expect, sync_playwright
 from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from consumers.models import Pipeline
 from tests.conftest import screenshot_dir
+from tests.waiting import patience
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -29,7 +30,7 @@ def browser():
 
 def new_page(browser, javascript=True):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=javascript)
-    context.set_default_timeout(15_000)
+    context.set_default_timeout(patience(15) * 1000)
     return context, context.new_page()
 
 

@@ -2,7 +2,6 @@
 reconciliation task in a real Celery worker finds them, alert evaluation follows it, and the loss email that
 reaches a real SMTP server names exactly the lost offsets. A real operator rewind then sends nothing."""
 import re
-import time
 
 import pytest
 from kafka import KafkaProducer
@@ -17,6 +16,7 @@ from consumers.models import Pipeline
 from consumers.operations import rewind
 from consumers.reconciliation import reconcile
 from tests.test_alerts_worker import alerts_worker, smtp_inbox  # noqa: F401 - fixtures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.celery]
 
@@ -48,13 +48,8 @@ def offsets_named(text: str, pipeline: str) -> set[int]:
 
 
 def wait_for_mail(inbox, predicate, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [m for m in inbox.messages if predicate(m)]
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"no matching email within {timeout}s; got {[m['subject'] for m in inbox.messages]}")
+    return wait_for(lambda: [m for m in inbox.messages if predicate(m)], timeout,
+                    f"a matching email; got {[m['subject'] for m in inbox.messages]}")
 
 
 def test_at_most_once_chaos_emails_a_loss_alert_naming_the_lost_offsets_and_a_rewind_sends_none(

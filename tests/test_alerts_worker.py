@@ -10,6 +10,7 @@ from consumers.kafka.broker import free_port
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
 from tests.conftest import start_celery_worker, stop_process_group
 from tests.test_alerts_email import start_smtp
+from tests.waiting import patience
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def alerts_worker(subprocess_env, celery_app_for_tests, smtp_inbox):
     env = dict(subprocess_env, EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_inbox.port),
                ALERT_RECIPIENTS="oncall@example.com", TALLY_BASE_URL="https://tally.example.com")
     process = start_celery_worker(env, log_name="alerts-worker")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while not celery_app_for_tests.control.ping(timeout=0.5):
         assert process.poll() is None and time.monotonic() < deadline, "the Celery worker did not start"
     yield process
@@ -50,8 +51,8 @@ def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worke
                                    findings=[{"kind": "lost", "start": 30, "end": 32, "count": 2}])
     PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=2)
 
-    evaluate_alerts_task.apply_async().get(timeout=60)
-    evaluate_alerts_task.apply_async().get(timeout=60)
+    evaluate_alerts_task.apply_async().get(timeout=patience(60))
+    evaluate_alerts_task.apply_async().get(timeout=patience(60))
 
     assert [m["subject"] for m in smtp_inbox.messages] == [
         "[Tally] FIRING: worker-nums: 2 lost records (partition 1: offsets 30-31)"]

@@ -20,6 +20,7 @@ from tests.test_views_support import (
     make_viewer,
     produce,
 )
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -48,7 +49,7 @@ def browser():
 @pytest.fixture
 def page(browser):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(15_000)
+    context.set_default_timeout(patience(15) * 1000)
     page = context.new_page()
     yield page
     context.close()
@@ -103,11 +104,11 @@ def test_the_overview_updates_without_reload_when_records_are_produced(page, liv
 
         produce(kafka_bootstrap, topic, range(11, 26))
         reconcile_pipeline(pipeline)
-        expect(lag).to_have_text("15", timeout=10_000)
+        expect(lag).to_have_text("15", timeout=patience(10) * 1000)
 
         run_pipeline("live-orders", stop_when_caught_up=True, max_seconds=60)
         reconcile_pipeline(pipeline)
-        expect(lag).to_have_text("0", timeout=10_000)
+        expect(lag).to_have_text("0", timeout=patience(10) * 1000)
         expect(page.locator("#pipeline-live-orders [data-field=lost]")).to_have_text("0")
         assert page.evaluate("window.notReloaded") is True
     finally:
@@ -189,7 +190,7 @@ def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page,
         page.get_by_label("Crash probability per batch").fill("0.3")
         page.get_by_role("button", name="Run the demo").click()
         expect(page.locator("#demo-state")).to_have_text(re.compile("queued|running|done"))
-        expect(page.locator("#demo-state")).to_have_text("done", timeout=240_000)
+        expect(page.locator("#demo-state")).to_have_text("done", timeout=patience(240) * 1000)
         # One card per pipeline, the Spark engine's exactly-once pipeline beside the kafka-python one.
         for name in ("nums-exactly-once", "nums-spark-exactly-once"):
             expect(page.locator(f"#demo-{name}")).to_contain_text("every value exactly once")

@@ -8,6 +8,7 @@ from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, DemoError, run_cl
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, PartitionOffset, Pipeline
 from tests.chaos import sink_counts
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka]
 
@@ -54,7 +55,7 @@ def test_the_classic_demo_loses_with_at_most_once_duplicates_with_at_least_once_
     updates = []
     # Every first run crashes at its mode's classic point in its first batch; the restart runs without faults.
     result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, progress=updates.append,
-                              timeout_s=180, pipelines=CLASSIC)
+                              timeout_s=patience(180), pipelines=CLASSIC)
     assert sorted(result) == sorted(CLASSIC)
     lost, doubled, exact = (result[name] for name in ("nums-at-most-once", "nums-at-least-once",
                                                        "nums-exactly-once"))

@@ -2,7 +2,6 @@
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import psutil
@@ -10,13 +9,7 @@ import pytest
 
 from consumers.kafka.broker import free_port, is_reachable
 from tests.conftest import ROOT
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+from tests.waiting import wait_for
 
 
 def login_page_status(port):

@@ -6,6 +6,7 @@ import pytest
 from consumers.demo.classic import run_classic_demo
 from consumers.models import Pipeline
 from consumers.reconciliation import reconcile
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -13,7 +14,8 @@ RECORDS = 80
 
 
 def test_reconciliation_counts_exactly_what_the_crashed_classic_consumers_lost_and_duplicated(demo):
-    result = run_classic_demo(records=RECORDS, crash_probability=0.35, max_restarts=6, partitions=2, timeout_s=300)
+    result = run_classic_demo(records=RECORDS, crash_probability=0.35, max_restarts=6, partitions=2,
+                              timeout_s=patience(300))
     assert all(outcome["state"] == "done" for outcome in result.values()), result
     reports = {r.name: r for r in reconcile.reconcile_all()}
     for name, outcome in result.items():

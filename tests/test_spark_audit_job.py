@@ -10,6 +10,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import AuditJobStatus, DeliveryMode
 from consumers.reconciliation import topic_check as audit
 from tests.test_spark_audit import classic, records  # noqa: F401,F811  (the classic example's fixture)
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.celery]
 
@@ -24,7 +25,7 @@ def test_the_dashboard_audit_runs_as_a_celery_job_with_progress_and_a_stored_res
     job = audit.request_audit(topic, pipeline.group_id, pipeline.sink_table, "id", requested_by="alice")
     assert job.pipeline == pipeline
     seen_progress = set()
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + patience(180)
     while time.monotonic() < deadline:
         job.refresh_from_db()
         seen_progress.add(job.progress_message)

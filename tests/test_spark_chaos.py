@@ -16,6 +16,7 @@ from consumers.engine.spark_session import stop_spark
 from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
 from tests.conftest import ROOT, stop_process_group
 from tests.spark_helpers import expected_rows, produce_values, sink_rows
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.chaos]
 
@@ -59,7 +60,7 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
         try:
             # Wait until this run commits something, then kill it a random moment later: before, inside or
             # after a batch's transaction.
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + patience(90)
             while committed_batches(pipeline) == before and time.monotonic() < deadline:
                 assert engine.poll() is None, f"the engine exited early with {engine.returncode}"
                 time.sleep(0.1)
@@ -75,7 +76,7 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
 
     final = start_engine(subprocess_env, pipeline.name, "--stop-when-caught-up", "--max-seconds", "180")
     try:
-        assert final.wait(timeout=240) == 0
+        assert final.wait(timeout=patience(240)) == 0
     finally:
         stop_process_group(final)
 
@@ -103,7 +104,7 @@ def test_the_demos_spark_pipeline_crashes_restarts_and_ends_with_every_value_onc
 
     settings.KAFKA_SESSION_TIMEOUT_MS = 2000
     # Its first run dies (SIGKILL) in its first batch; the restart runs without faults and catches up.
-    result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, timeout_s=240,
+    result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, timeout_s=patience(240),
                               pipelines=["nums-spark-exactly-once"])
     spark = result["nums-spark-exactly-once"]
     assert (spark["state"], spark["restarts"]) == ("done", 1), spark

@@ -13,6 +13,7 @@ from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, Pipeline, RunState
 from tests.spark_helpers import expected_rows, produce_values, sink_rows
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -77,11 +78,11 @@ def test_a_newer_epoch_fences_the_run_and_nothing_of_the_old_epoch_lands_after_i
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while not BatchLedger.objects.filter(pipeline=pipeline).exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     new_epoch = pipeline.bump_epoch()
-    thread.join(timeout=60)
+    thread.join(timeout=patience(60))
     assert not thread.is_alive()
     result = outcome["result"]
     assert result.reason == "fenced"
