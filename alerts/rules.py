@@ -116,7 +116,11 @@ def check_gap(rule, view):
 
 
 def check_duplicated(rule, view):
-    return _offset_findings(view, ("duplicated", "overlap"), "duplicated", "duplicated records", planned_exempt=False)
+    # The same count as reconciliation's "duplicated" (extra sink rows). A ledger overlap covers the same
+    # records again: counting it too would double them; it alerts on its own only when no row is duplicated.
+    return (_offset_findings(view, ("duplicated",), "duplicated", "duplicated records", planned_exempt=False)
+            or _offset_findings(view, ("overlap",), None, "offsets in overlapping ledger batches",
+                                planned_exempt=False))
 
 
 def check_phantom(rule, view):
@@ -209,7 +213,10 @@ def check_status(rule, view):
             return None
         shown = status
     where = f" (partitions {', '.join(bad)})" if bad else ""
-    return Finding(f"status {shown}{where}", {"status": status, "partitions": bad, "checked_at": view.checked_at})
+    # An ERR without findings has its reason in the pipeline's last error (a broken sink, a failed run).
+    reason = view.pipeline.last_error if "ERR" in shown and view.pipeline.last_error else ""
+    return Finding(f"status {shown}{where}" + (f": {reason}" if reason else ""),
+                   {"status": status, "partitions": bad, "checked_at": view.checked_at, "reason": reason or None})
 
 
 def check_dead_letters(rule, view):

@@ -1,11 +1,16 @@
 """Alerts pages (list, filter, acknowledge, mute)."""
 from django.urls import path
 
-from alerts import views
+from alerts import rule_views, views
 
 app_name = "alerts"
 urlpatterns = [
     path("", views.alert_list, name="list"),
+    path("rules/", rule_views.rule_list, name="rules"),
+    path("rules/new/", rule_views.rule_edit, name="rule_new"),
+    path("rules/<int:rule_id>/", rule_views.rule_edit, name="rule_edit"),
+    path("rules/<int:rule_id>/mute/", rule_views.rule_mute, name="rule_mute"),
+    path("rules/<int:rule_id>/test/", rule_views.rule_test, name="rule_test"),
     path("<int:alert_id>/acknowledge/", views.alert_acknowledge, name="acknowledge"),
     path("<int:alert_id>/mute/", views.alert_mute, name="mute"),
 ]

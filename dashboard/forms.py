@@ -94,3 +94,19 @@ class AuditRequestForm(forms.Form):
 
         super().__init__(*args, **kwargs)
         self.fields["value_parser"].choices = [(name, name) for name in VALUE_PARSERS]
+
+
+class PipelineForm(forms.Form):
+    """The operator's door to consumers.operations.pipeline_setup: the same fields as `pipeline create`; the checks
+    (topic, sink table, names) are pipeline_setup's, shown beside the field they concern."""
+
+    name = forms.CharField(max_length=100, help_text="Lower-case letters, digits, '-' and '_'.")
+    topic = forms.CharField(max_length=249, help_text="The Kafka topic to consume; it must exist.")
+    sink_table = forms.CharField(max_length=63, help_text="The PostgreSQL table the pipeline writes.")
+    mode = forms.ChoiceField(choices=[(m, m) for m in ("exactly-once", "at-least-once", "at-most-once")],
+                             initial="exactly-once")
+    transform = forms.CharField(max_length=200, initial="int_value",
+                                help_text="int_value, json_event, csv_ints, or a dotted path to your own Transform.")
+    group = forms.CharField(max_length=255, required=False, help_text="Kafka consumer group id; default: the name.")
+    engine = forms.ChoiceField(choices=[("python", "python (kafka-python)"), ("spark", "spark")], initial="python")
+    create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")

@@ -140,17 +140,24 @@ def partition_rows(pipeline: Pipeline) -> list[PartitionRow]:
     return rows
 
 
-def chart_series(pipeline: Pipeline, now=None) -> dict:
-    """Lag and throughput over the last CHART_WINDOW for the pipeline total, as parallel arrays
-    (uPlot's data shape: x in Unix seconds)."""
+CHART_RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(hours=24)}
+DEFAULT_CHART_RANGE = "1h"
+
+
+def chart_series(pipeline: Pipeline, now=None, range_name: str = DEFAULT_CHART_RANGE) -> dict:
+    """Lag and throughput over the chosen range for the pipeline total, as parallel arrays (uPlot's data
+    shape: x in Unix seconds), with the range's bounds so that one sample is drawn in its hour, not years."""
     now = now or timezone.now()
+    window = CHART_RANGES.get(range_name, CHART_RANGES[DEFAULT_CHART_RANGE])
     samples = list(LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=True,
-                                              taken_at__gte=now - CHART_WINDOW)
+                                              taken_at__gte=now - window)
                    .order_by("-taken_at").values_list("taken_at", "lag_records", "lag_seconds",
                                                       "records_per_second")[:CHART_MAX_POINTS])
     samples.reverse()
     return {"t": [round(s[0].timestamp(), 3) for s in samples], "lag_records": [s[1] for s in samples],
-            "lag_seconds": [s[2] for s in samples], "records_per_second": [s[3] for s in samples]}
+            "lag_seconds": [s[2] for s in samples], "records_per_second": [s[3] for s in samples],
+            "from": round((now - window).timestamp(), 3), "to": round(now.timestamp(), 3),
+            "range": range_name if range_name in CHART_RANGES else DEFAULT_CHART_RANGE}
 
 
 def recent_dead_letters(pipeline: Pipeline, limit: int = RECENT_ROWS):

@@ -99,6 +99,14 @@ def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
         timeline = timelines.setdefault(row.partition, PartitionTimeline(row.partition))
         timeline.log_start, timeline.high_watermark = row.log_start, row.high_watermark
         timeline.next_offset = row.next_offset
+    if getattr(pipeline, "reset_policy", "earliest") == "earliest":
+        for timeline in timelines.values():
+            # A pipeline that starts at the log start but whose first batch begins later never wrote the
+            # records in between (an at-most-once crash on the first batch): the first gap.
+            if (timeline.log_start is not None and timeline.covered_from is not None
+                    and timeline.log_start < timeline.covered_from and not timeline.rewinds):
+                timeline.gaps.insert(0, (timeline.log_start, timeline.covered_from))
+                timeline.covered_from = timeline.log_start
     return [timelines[p] for p in sorted(timelines)]
 
 

@@ -1,14 +1,18 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from dashboard import metrics
-from dashboard.views import actions, audits, demo, groups, pages, rewind
+from dashboard.views import actions, audits, demo, groups, pages, pipelines, rewind, trace
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
+    path("pipelines/new/", pipelines.new_pipeline, name="new_pipeline"),
     path("pipelines/<slug:name>/", pages.pipeline_detail, name="pipeline"),
     path("pipelines/<slug:name>/actions/<slug:action>/", actions.pipeline_action, name="pipeline_action"),
     path("pipelines/<slug:name>/rewind/", rewind.rewind, name="rewind"),
+    path("pipelines/<slug:name>/trace/", trace.trace_record, name="trace"),
     path("groups/", groups.group_list, name="groups"),
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),
@@ -18,6 +22,7 @@ urlpatterns = [
     path("demo/", demo.demo_page, name="demo"),
     path("demo/run/", demo.demo_run, name="demo_run"),
     path("metrics", metrics.metrics_view, name="metrics"),
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("alerts/", include("alerts.urls")),
     path("api/alerts/", include("alerts.api_urls")),
     path("api/", include("dashboard.api.urls")),

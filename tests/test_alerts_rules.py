@@ -199,3 +199,16 @@ def test_folded_findings_are_named_as_a_covering_range_with_their_true_count(pip
 def test_unrecoverable_records_count_as_lost(pipeline):
     health(pipeline, findings=[{"kind": "unrecoverable", "start": 0, "end": 5, "count": 5}])
     assert fires(RuleKind.LOST, pipeline) == "5 lost records (partition 0: offsets 0-4)"
+
+
+def test_duplicates_inside_a_ledger_overlap_are_counted_once_as_reconciliation_counts_them(pipeline):
+    # At-least-once replayed offsets 20-39: the ledger overlaps there and each of the 20 rows is there twice.
+    health(pipeline, duplicated=20, findings=[{"kind": "overlap", "start": 20, "end": 40, "count": 20},
+                                              {"kind": "duplicated", "start": 20, "end": 40, "count": 20}])
+    assert fires(RuleKind.DUPLICATED, pipeline) == "20 duplicated records (partition 0: offsets 20-39)"
+
+
+def test_a_ledger_overlap_without_duplicated_rows_still_fires_the_duplicated_rule(pipeline):
+    health(pipeline, findings=[{"kind": "overlap", "start": 60, "end": 65, "count": 5}])
+    assert fires(RuleKind.DUPLICATED, pipeline) == (
+        "5 offsets in overlapping ledger batches (partition 0: offsets 60-64)")

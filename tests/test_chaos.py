@@ -84,6 +84,7 @@ def test_at_least_once_duplicates_after_kills_between_the_write_and_the_kafka_co
     for _ in range(3):
         engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-db-commit:1")
         assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+        assert "crash-at: fault after-db-commit fired (p=1)" in engine.output()
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     counts = sink_counts(pipeline.sink_table)
     assert set(counts) == set(range(1, 101))                     # nothing missing

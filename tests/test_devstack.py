@@ -37,9 +37,30 @@ def test_devstack_serves_the_login_page_and_an_interrupt_leaves_no_process_behin
     finally:
         stack.send_signal(signal.SIGINT)
         output, _ = stack.communicate(timeout=30)
-    assert "login: admin / stack-test-password" in output
+    assert "login: admin, password from DJANGO_SUPERUSER_PASSWORD" in output
+    assert "stack-test-password" not in output
     assert "All processes stopped." in output
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child.cmdline()
     assert not is_reachable(f"127.0.0.1:{kafka_port}", timeout=0.2)
     assert stack.returncode == 0
+
+
+@pytest.mark.django_db
+def test_the_admin_login_is_created_once_and_its_password_never_reset(tmp_path, monkeypatch):
+    from django.contrib.auth import get_user_model
+
+    from dashboard.management.commands import devstack
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "var").mkdir()
+    monkeypatch.delenv("DJANGO_SUPERUSER_PASSWORD", raising=False)
+    get_user_model().objects.filter(username="admin").delete()
+    login, where = devstack.Command().ensure_operator_login()
+    password = (tmp_path / "var" / "admin-password").read_text().strip()
+    assert (login, where) == ("admin", "password in var/admin-password (new user)")
+    assert oct((tmp_path / "var" / "admin-password").stat().st_mode & 0o777) == "0o600"
+    assert get_user_model().objects.get(username="admin").check_password(password)
+    login, where = devstack.Command().ensure_operator_login()
+    assert where.startswith("password unchanged") and "changepassword admin" in where
+    assert get_user_model().objects.get(username="admin").check_password(password)

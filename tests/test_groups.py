@@ -67,3 +67,20 @@ def test_pipeline_groups_are_left_out_of_the_external_list_and_sampled_groups_ge
     snapshots.take_snapshots()
     sample = LagSnapshot.objects.get(group_id="g-other", pipeline__isnull=True)
     assert (sample.lag_records, sample.position, sample.high_watermark) == (4, 6, 10)
+
+
+def test_describing_an_unknown_group_exits_1_and_a_known_one_prints_json(kafka_bootstrap, make_topic, member, db):
+    import json
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="no consumer group 'nosuch'") as refused:
+        call_command("groups", "describe", "nosuch")
+    assert refused.value.returncode == 1
+    topic = make_topic("grp-cli")
+    produce(kafka_bootstrap, topic, 5, partitions=1)
+    member(topic, "g-cli", {0: 3})
+    out = StringIO()
+    call_command("groups", "describe", "g-cli", "--json", stdout=out)
+    assert json.loads(out.getvalue())["lag_records"] == 2

@@ -56,7 +56,7 @@ REFUSALS = [
 @pytest.mark.parametrize("arguments,message", REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
 def test_bad_input_is_refused_with_exit_code_1_and_nothing_moves(consumed, capsys, arguments, message):
     before = state()
-    code, out, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments)
+    code, out, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments, "--execute")
     assert code == 1
     assert message in err and "Refused" in err
     assert state() == before
@@ -74,7 +74,7 @@ def test_a_rewind_while_another_action_runs_on_the_pipeline_is_refused(consumed,
     pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
     ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="bob", result=ActionResult.RUNNING)
     before = state()
-    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink")
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink", "--execute")
     assert code == 1 and "Another action is running on pipeline 'nums-exactly-once': rewind by bob" in err
     assert state() == before
 
@@ -87,6 +87,19 @@ def test_usage_errors_exit_with_code_2_and_move_nothing(consumed, capsys, argume
     code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments)
     assert code == 2 and "usage:" in err
     assert state() == before
+
+
+def test_a_rewind_without_execute_previews_and_moves_nothing_and_with_execute_moves(consumed, capsys):
+    before = state()
+    code, out, _ = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink")
+    assert code == 0 and "Preview only: nothing changed. Add --execute to rewind." in out
+    assert state() == before
+    assert ActionLog.objects.get(action="rewind").dry_run is True
+    code, out, _ = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink", "--execute")
+    assert code == 0 and "Preview only" not in out
+    assert positions(EXACTLY_ONCE) == {0: 0, 1: 0} and sink_rows(EXACTLY_ONCE) == []
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--execute", "--dry-run")
+    assert code == 2 and "not allowed with argument" in err
 
 
 def test_the_dry_run_prints_the_plan_as_json_and_exits_0(consumed, capsys):
@@ -114,7 +127,7 @@ def test_a_rewind_whose_runs_do_not_end_in_time_is_refused_and_the_pipeline_keep
     stuck = ConsumerRun.objects.create(pipeline=pipeline, epoch=pipeline.epoch, host="elsewhere", pid=1,
                                        state=RunState.RUNNING, heartbeat_at=timezone.now())
     before_positions, before_rows = positions(EXACTLY_ONCE), sink_rows(EXACTLY_ONCE)
-    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink")
+    code, _, err = run_command(capsys, "rewind", EXACTLY_ONCE, "--to-earliest", "--rollback-sink", "--execute")
     assert code == 1 and f"Run(s) {stuck.pk} of pipeline 'nums-exactly-once' did not end within 1 s" in err
     assert (positions(EXACTLY_ONCE), sink_rows(EXACTLY_ONCE)) == (before_positions, before_rows)
     pipeline.refresh_from_db()

@@ -6,7 +6,7 @@ import random
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from kafka import KafkaProducer
 from psycopg2 import sql
@@ -202,8 +202,10 @@ def test_the_audit_command_prints_the_report_as_json_and_stores_the_job(spark, c
     commit.commit_batch(conn, target, 1, {0: records(log, 0, range(0, 50)), 1: records(log, 1, range(0, 40))})
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
     out = StringIO()
-    call_command("audit", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
-                 "--key-column", "id", "--json", stdout=out)
+    with pytest.raises(CommandError, match="Not exact: 10 missing, 0 duplicated") as not_exact:
+        call_command("audit", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
+                     "--key-column", "id", "--json", stdout=out)
+    assert not_exact.value.returncode == 1
     report = json.loads(out.getvalue())
     assert report["missing"] == [log[1][o] for o in range(40, 50)] and report["missing_count"] == 10
     job = AuditJob.objects.get()

@@ -7,6 +7,7 @@ reproduce every failure of every delivery mode.
 import os
 import random
 import signal
+import sys
 
 POINTS = (
     "after-poll",           # records polled, nothing written or committed
@@ -47,6 +48,9 @@ class FaultInjector:
     def maybe_crash(self, point: str) -> None:
         probability = self.points.get(point)
         if probability and self.rng.random() < probability:
+            # Say which fault fired before dying: SIGKILL leaves no other trace of it.
+            sys.stderr.write(f"crash-at: fault {point} fired (p={probability:g}): SIGKILL to pid {os.getpid()}\n")
+            sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
 

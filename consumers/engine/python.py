@@ -156,7 +156,10 @@ class _Engine:
             skip = self._take_assignment() if self.tracker.has_pending() else set()
             batches = to_source_records(polled, skip)
             if not batches:
-                if self.stop_when_caught_up and not self._drain() and self._caught_up():
+                # Idle: finish the batch in flight now, so its offsets reach Kafka without waiting for the
+                # next record (a run in a worker may idle for hours).
+                moved_back = self._drain()
+                if self.stop_when_caught_up and not moved_back and self._caught_up():
                     return "caught_up"
                 continue
             self.faults.maybe_crash("after-poll")

@@ -265,3 +265,70 @@ def earliest_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
     with admin_session() as admin:
         result = admin.list_partition_offsets({TopicPartition(topic, p): OffsetSpec.EARLIEST for p in partitions})
     return {tp.partition: ot.offset for tp, ot in result.items()}
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+
+
+def read_record(topic: str, partition: int, offset: int, timeout_s: float = 5.0) -> KafkaRecord | None:
+    """The committed record at exactly `offset`, or None: the offset holds no data record (a transaction
+    marker, an aborted or compacted record) or is at or beyond the log end."""
+    consumer = probe_consumer(isolation_level="read_committed", max_partition_fetch_bytes=1 << 20)
+    tp = TopicPartition(topic, partition)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=200, max_records=1).get(tp, []):
+                if record.offset == offset:
+                    return KafkaRecord(partition, offset, record.key, record.value, record.timestamp)
+                if record.offset > offset:
+                    return None  # a hole: the fetch skipped past it
+            mark = consumer.highwater(tp)
+            if mark is not None and mark <= offset:
+                return None
+            if mark is not None and consumer.position(tp) >= mark:
+                return None  # read to the end without meeting it
+    finally:
+        consumer.close()
+    return None
+
+
+def find_records_by_key(topic: str, key: bytes, partitions: list[int], limit_per_partition: int,
+                        timeout_s: float = 10.0) -> tuple[list[KafkaRecord], int]:
+    """Records with this key among the last `limit_per_partition` of each partition (a bounded scan: Kafka
+    has no key index). Returns (matches, records scanned)."""
+    marks = watermarks(topic, partitions)
+    consumer = probe_consumer(isolation_level="read_committed")
+    matches, scanned = [], 0
+    try:
+        tps = [TopicPartition(topic, p) for p in partitions if marks[p].high > marks[p].log_start]
+        ends = {tp.partition: marks[tp.partition].high for tp in tps}
+        if not tps:
+            return [], 0
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, max(marks[tp.partition].log_start, ends[tp.partition] - limit_per_partition))
+        pending = {tp.partition for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200, max_records=5000).items():
+                for record in records:
+                    scanned += 1
+                    if record.key == key:
+                        matches.append(KafkaRecord(tp.partition, record.offset, record.key, record.value,
+                                                   record.timestamp))
+            for tp in tps:
+                if tp.partition in pending and consumer.position(tp) >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+                    consumer.pause(tp)
+    finally:
+        consumer.close()
+    return sorted(matches, key=lambda r: (r.partition, r.offset)), scanned

@@ -37,6 +37,12 @@ class GroupReport:
     errors: list[str] = field(default_factory=list)
 
     @property
+    def known(self) -> bool:
+        """Kafka has members or committed offsets for it, or a pipeline uses it (Kafka describes any
+        unknown id as an empty, dead group)."""
+        return bool(self.members or self.partitions or self.pipeline)
+
+    @property
     def lag_records(self) -> int | None:
         lags = [p.lag_records for p in self.partitions if p.lag_records is not None]
         return sum(lags) if lags else None

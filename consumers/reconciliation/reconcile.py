@@ -34,13 +34,18 @@ from django.utils import timezone
 from psycopg2 import sql
 from psycopg2.extras import execute_values
 
+from consumers.engine import sink_checks
 from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
+    BatchLedger,
     ConsumerRun,
     DeliveryMode,
+    DesiredState,
     LagSnapshot,
+    PartitionHealth,
     Pipeline,
+    PipelineHealth,
     ResetPolicy,
     RunState,
     Status,
@@ -60,6 +65,7 @@ log = logging.getLogger("tally.reconcile")
 
 # Findings of the verified range are kept between runs; "current" ones are recomputed every run.
 VERIFIED, CURRENT = "verified", "current"
+SINK_ERROR_PREFIX = "sink: "
 
 
 def status_window() -> timedelta:
@@ -93,6 +99,12 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
     committed = {p: o for p, o in committed.items() if o is not None}
     now = now or timezone.now()
+    with timer.db:
+        sink_error = _sink_error(pipeline)
+    if sink_error:
+        return _sink_broken(pipeline, sink_error, errors, now)
+    # The sink can be written again: the reason it could not goes away.
+    Pipeline.objects.filter(pk=pipeline.pk, last_error__startswith=SINK_ERROR_PREFIX).update(last_error="")
     with timer.db:
         # A SIGKILLed run leaves its row "running" with a recent heartbeat; another run started after that
         # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive. A run
@@ -137,6 +149,33 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         _store(pipeline, report, states)
     report.db_ms, report.kafka_ms = timer.db.ms, timer.kafka.ms
     return report
+
+
+# --- a sink that cannot be written -------------------------------------------------------------------
+
+def _sink_error(pipeline: Pipeline) -> str:
+    """Why the pipeline cannot write its sink now ("" when it can). Checked once the pipeline should run or
+    has written: a sink dropped or revoked after creation is an error at once, not silent lag."""
+    if pipeline.desired_state != DesiredState.RUNNING and not BatchLedger.objects.filter(pipeline=pipeline).exists():
+        return ""
+    try:
+        transform = resolve(pipeline.transform)
+    except LookupError as exc:
+        return f"transform: {exc}"
+    with connection.cursor() as cursor:
+        return sink_checks.problem(cursor.cursor, pipeline.sink_table, transform, pipeline.is_exactly_once)
+
+
+def _sink_broken(pipeline: Pipeline, sink_error: str, errors: list[str], now: datetime) -> PipelineReport:
+    """ERR for the pipeline and every partition, with the reason in `last_error`; the verified marks, counts
+    and findings stay as they are (nothing can be verified against a sink that cannot be read)."""
+    with transaction.atomic():
+        PartitionHealth.objects.filter(pipeline=pipeline).update(status=Status.ERR, checked_at=now)
+        PipelineHealth.objects.update_or_create(pipeline=pipeline, defaults={"status": Status.ERR, "checked_at": now})
+        Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"{SINK_ERROR_PREFIX}{sink_error}"[:2000])
+    log.warning("%s: %s", pipeline.name, sink_error)
+    return PipelineReport(pipeline.name, Status.ERR, pipeline.delivery_mode, [], None, None, None, now,
+                          "; ".join(errors), sink_error=sink_error)
 
 
 # --- the database snapshot -----------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class PipelineReport:
     records_per_second: float | None
     checked_at: datetime
     kafka_error: str = ""
+    sink_error: str = ""     # the sink cannot be written (dropped, a column or privilege missing): ERR
     db_ms: float = 0.0       # time spent in PostgreSQL (verification, history, storing)
     kafka_ms: float = 0.0    # time spent in Kafka calls (committed offsets, watermarks, timestamps)
 
@@ -75,8 +76,9 @@ class PipelineReport:
 
     @property
     def exact(self) -> bool:
-        """No loss, duplication, phantom, gap, overlap or unrecoverable record in any partition."""
-        return not any(p.incident for p in self.partitions)
+        """No loss, duplication, phantom, gap, overlap or unrecoverable record in any partition, and a sink
+        that can be checked at all."""
+        return not self.sink_error and not any(p.incident for p in self.partitions)
 
     def as_json(self) -> dict:
         return {"name": self.name, "status": self.status, "delivery_mode": self.delivery_mode,
@@ -84,6 +86,7 @@ class PipelineReport:
                 "dead_lettered": self.dead_lettered, "unrecoverable": self.unrecoverable, "gap": self.gap,
                 "overlap": self.overlap, "lag_records": self.lag_records, "lag_seconds": self.lag_seconds,
                 "records_per_second": self.records_per_second, "kafka_error": self.kafka_error or None,
+                "sink_error": self.sink_error or None,
                 "checked_at": self.checked_at.isoformat(),
                 "partitions": [p.as_json() for p in self.partitions]}
 

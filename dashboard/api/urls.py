@@ -12,6 +12,7 @@ urlpatterns = [
     path("pipelines/", views.pipeline_list, name="pipelines"),
     path("pipelines/<slug:name>/", views.pipeline_detail, name="pipeline"),
     path("pipelines/<slug:name>/reconciliation", views.reconciliation, name="reconciliation"),
+    path("pipelines/<slug:name>/trace", views.trace_record, name="trace"),
     path("pipelines/<slug:name>/dead-letters", views.dead_letters, name="dead_letters"),
     path("pipelines/<slug:name>/actions/<slug:action>", views.pipeline_action, name="action"),
     path("pipelines/<slug:name>/rewind", views.pipeline_rewind, name="rewind"),

@@ -117,6 +117,23 @@ def dead_letters(request, name):
         for d in status.recent_dead_letters(pipeline, limit=100)]})
 
 
+@api_view(["GET"])
+def trace_record(request, name):
+    """Where one record went: `?partition=P&offset=N`, or `?key=K` (a bounded scan of the newest records)."""
+    from consumers.reconciliation import trace as tracing
+
+    pipeline = get_object_or_404(Pipeline, name=name)
+    try:
+        partition, offset, key = tracing.parse_request(request.query_params)
+        if key is not None:
+            records, scanned = tracing.find_by_key(pipeline, key)
+            traces = [tracing.trace(pipeline, r.partition, r.offset) for r in records[-10:]]
+            return Response({"key": key, "scanned": scanned, "traces": [t.as_json() for t in traces]})
+        return Response(tracing.trace(pipeline, partition, offset).as_json())
+    except tracing.TraceRefused as exc:
+        return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
+
+
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_action(request, name, action):

@@ -35,9 +35,10 @@ def num(value):
 @register.filter
 def duration(seconds):
     """Lag in seconds, for people: 0.4 s, 12.5 s, 3 min 5 s, 2 h 10 min."""
-    if seconds is None:
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError):  # None, or "" for a missing value in a template
         return "—"
-    seconds = float(seconds)
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(int(seconds), 60)
@@ -68,3 +69,32 @@ def as_text(value):
         except UnicodeDecodeError:
             return repr(value)
     return str(value)
+
+
+@register.filter
+def offset_changes(action):
+    """An action's offsets for people: "p0 10 → 6 · p1 10 → 6", or "p0 10" when nothing moved."""
+    before, after = action.offsets_before or {}, action.offsets_after or {}
+    if not isinstance(before, dict) or not isinstance(after, dict) or not (before or after):
+        return "—"
+    parts = []
+    for partition in sorted(set(before) | set(after), key=lambda p: int(p) if str(p).isdigit() else str(p)):
+        old, new = before.get(partition), after.get(partition)
+        if old == new or new is None:
+            parts.append(f"p{partition} {_plain(old)}")
+        else:
+            parts.append(f"p{partition} {_plain(old)} → {_plain(new)}")
+    return " · ".join(parts)
+
+
+def _plain(value):
+    return "—" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+@register.filter
+def action_target(action):
+    """The pipeline an entry is about, also after the pipeline was deleted (its name stays in params)."""
+    if action.pipeline_id:
+        return action.pipeline.name
+    params = action.params if isinstance(action.params, dict) else {}
+    return params.get("pipeline") or ""

@@ -17,6 +17,17 @@ VIEWER_REFUSAL = ("You are a viewer: only operators can start, stop, pause, resu
                   "pipelines. Ask an administrator for the operators role.")
 
 
+def action_buttons(pipeline: Pipeline) -> list[dict]:
+    """Every action button, with the reason it is disabled in the pipeline's current state ("" if allowed)."""
+    buttons = []
+    for verb, label in ACTION_BUTTONS:
+        transition = actions.TRANSITIONS[verb]
+        allowed = pipeline.desired_state in transition.allowed_from
+        reason = "" if allowed else f"Cannot {verb}: {transition.refusal} ({pipeline.desired_state})."
+        buttons.append({"verb": verb, "label": label, "reason": reason})
+    return buttons
+
+
 def refuse_viewer(request, pipeline, fragment="outcome"):
     """403 with the reason, on the page (htmx swaps 403s: see the htmx-config in base.html)."""
     messages.error(request, VIEWER_REFUSAL)
@@ -38,5 +49,7 @@ def pipeline_action(request, name, action):
     else:
         messages.success(request, f"{pipeline.name}: {entry.message}.")
     if request.htmx:
-        return render_page(request, "pipeline.html", {"pipeline": pipeline}, fragment="outcome")
+        response = render_page(request, "pipeline.html", {"pipeline": pipeline}, fragment="outcome")
+        response["HX-Trigger"] = "tally:changed"  # the header, status and buttons refresh at once
+        return response
     return redirect("pipeline", name=pipeline.name)

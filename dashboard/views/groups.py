@@ -31,7 +31,9 @@ def group_list(request):
     except Exception as exc:  # Kafka down: show the page with the reason, not a 500
         names, error = [], f"Kafka did not answer: {exc}"
     pipelines = _pipeline_groups()
+    # A pipeline's group shows the pipeline's lag (from reconciliation); other groups their last sample.
     sampled = {g.group_id: g for g in status.external_group_rows()}
+    sampled.update({row.pipeline.group_id: row for row in status.pipeline_rows()})
     groups = [{"group_id": n, "pipeline": pipelines.get(n), "sample": sampled.get(n)} for n in names]
     return render_page(request, "groups.html", {"nav": "groups", "groups": groups, "error": error})
 

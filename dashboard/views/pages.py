@@ -7,7 +7,7 @@ from django.views.decorators.http import require_GET
 from consumers.models import ActionLog, Pipeline
 from dashboard import status, timeline
 from dashboard.roles import can_operate
-from dashboard.views.actions import ACTION_BUTTONS
+from dashboard.views.actions import action_buttons
 from dashboard.views.audits import PARSER_FOR_TRANSFORM, audit_context, audit_form_defaults
 from dashboard.views.common import render_page
 
@@ -28,15 +28,17 @@ def pipeline_detail(request, name):
     pipeline = get_object_or_404(Pipeline.objects.select_related("health"), name=name)
     partitions = status.partition_rows(pipeline)
     context = {"nav": "overview", "pipeline": pipeline, "row": status.pipeline_row(pipeline),
-               "partitions": partitions, "can_operate": can_operate(request.user), "action_buttons": ACTION_BUTTONS}
-    if request.htmx and request.GET.get("fragment") == "live":
-        return render_page(request, "pipeline.html", context, fragment="live")
+               "partitions": partitions, "can_operate": can_operate(request.user),
+               "action_buttons": action_buttons(pipeline)}
+    if request.htmx and request.GET.get("fragment") in ("live", "head"):
+        return render_page(request, "pipeline.html", context, fragment=request.GET["fragment"])
     runs = status.recent_runs(pipeline)
     context.update({
         "runs": runs, "summary": status.pipeline_summary(pipeline, runs),
         "dead_letters": status.recent_dead_letters(pipeline), "actions": status.recent_actions(pipeline),
         "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
-        "chart": status.chart_series(pipeline),
+        "chart": status.chart_series(pipeline, range_name=request.GET.get("range", status.DEFAULT_CHART_RANGE)),
+        "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
         **audit_context(pipeline.topic, pipeline.group_id),
         **audit_form_defaults(pipeline.sink_table, PARSER_FOR_TRANSFORM.get(pipeline.transform, "int_value")),
     })

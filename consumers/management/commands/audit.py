@@ -1,7 +1,8 @@
 """`audit --topic T --group G --table TABLE --key-column C [--value-parser NAME] [--json]`
 
 Runs the Spark audit in this process (no Celery) and stores it as an AuditJob, like the dashboard's.
-Exits 0 when the audit ran (whatever it found), non-zero when it could not run.
+Exits 0 when every record's key is in the table once; 1 when keys are missing or duplicated (the report
+is printed first) or when the audit could not run.
 """
 import json
 
@@ -38,6 +39,9 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report))
         else:
             self.stdout.write(self._text(report))
+        if report["missing_count"] or report["duplicated_count"]:
+            raise CommandError(f"Not exact: {report['missing_count']} missing, {report['duplicated_count']} "
+                               f"duplicated key(s) (audit job {job.pk})", returncode=1)
 
     @staticmethod
     def _text(report) -> str:

@@ -43,6 +43,11 @@ class Command(BaseCommand):
 
     def _describe(self, group_id: str, as_json: bool) -> None:
         report = groups.describe(group_id)
+        if report.errors and not report.known:
+            raise CommandError(f"Failed: Kafka: {'; '.join(report.errors)}", returncode=1)
+        if not report.known:
+            raise CommandError(f"Refused: no consumer group {group_id!r}: Kafka has no members or committed offsets "
+                               "for it (`groups list --all` shows the groups)", returncode=1)
         if as_json:
             self.stdout.write(json.dumps(report.as_json(), indent=2, default=str))
             return

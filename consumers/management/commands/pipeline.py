@@ -1,23 +1,131 @@
-"""`pipeline (start|stop|pause|resume|restart) NAME [--runs N]` — a thin shell over consumers.operations.actions.
+"""`pipeline create|list|show|delete|apply|start|stop|pause|resume|restart` — a thin shell over
+consumers.operations.pipeline_setup (adding, changing, deleting) and consumers.operations.actions (running).
 Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
+import json
+
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.operations import actions
+from consumers.models import Pipeline
+from consumers.operations import actions, pipeline_file, pipeline_setup
+from consumers.operations.pipeline_setup import MODES, Invalid, PipelineSpec
+
+
+def refused(message: str) -> CommandError:
+    return CommandError(f"Refused: {message}", returncode=1)
+
+
+def invalid(exc: Invalid) -> CommandError:
+    lines = "\n".join(f"  {field}: {message}" for field, message in exc.problems.items())
+    return refused(f"the pipeline is not valid:\n{lines}")
 
 
 class Command(BaseCommand):
-    help = "Start, stop, pause, resume or restart a pipeline (audited). Exit 0 done, 1 refused, 2 usage error."
+    help = ("Add, list, show, delete, apply (from pipelines.toml) and run pipelines (audited). "
+            "Exit 0 done, 1 refused, 2 usage error.")
 
     def add_arguments(self, parser):
-        parser.add_argument("action", choices=actions.ACTIONS)
-        parser.add_argument("name", help="The pipeline's name.")
-        parser.add_argument("--runs", type=int, default=1,
-                            help="start/resume/restart: how many runs to enqueue (they share the partitions).")
-        parser.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+        commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        create = commands.add_parser("create", help="Add a pipeline (stopped). Validated before anything is written.")
+        create.add_argument("name", help="Lower-case letters, digits, '-' and '_'.")
+        create.add_argument("--topic", required=True, help="The Kafka topic to consume (must exist).")
+        create.add_argument("--sink-table", required=True,
+                            help="The PostgreSQL table to write (must exist with the transform's columns and "
+                                 "provenance, unless --create-table).")
+        create.add_argument("--mode", choices=list(MODES), default="exactly-once")
+        create.add_argument("--transform", default="int_value",
+                            help="A registered transform (int_value, json_event, csv_ints) or a dotted path to your "
+                                 "own consumers.engine.transforms.Transform, e.g. myapp.transforms.orders.")
+        create.add_argument("--group", default="", help="Kafka consumer group id (default: the name).")
+        create.add_argument("--engine", choices=["python", "spark"], default="python")
+        create.add_argument("--create-table", action="store_true", help="Create the sink table if it is missing.")
+        create.add_argument("--json", action="store_true", help="Print the pipeline as JSON.")
 
-    def handle(self, *args, action, name, runs, actor, **options):
+        listing = commands.add_parser("list", help="Every pipeline with its topic, sink, mode and state.")
+        listing.add_argument("--json", action="store_true")
+        show = commands.add_parser("show", help="One pipeline's settings and positions.")
+        show.add_argument("name")
+        show.add_argument("--json", action="store_true")
+        delete = commands.add_parser("delete", help="Delete a stopped pipeline (the action log and the sink "
+                                                    "table are kept).")
+        delete.add_argument("name")
+        apply = commands.add_parser("apply", help="Create or change pipelines from a TOML file; idempotent.")
+        apply.add_argument("file", help="A pipelines.toml: one [pipelines.NAME] table per pipeline.")
+        apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
+        for action in actions.ACTIONS:
+            run = commands.add_parser(action, help=f"{action.capitalize()} a pipeline (audited).")
+            run.add_argument("name")
+            run.add_argument("--runs", type=int, default=1,
+                             help="start/resume/restart: how many runs to enqueue (they share the partitions).")
+        for sub in commands.choices.values():
+            sub.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+
+    def handle(self, *args, command, actor, **options):
+        if command in actions.ACTIONS:
+            try:
+                entry = actions.perform(command, options["name"], actor, runs=options["runs"])
+            except actions.ActionRefused as exc:
+                raise refused(str(exc)) from None
+            self.stdout.write(f"{options['name']}: {entry.message}")
+            return
+        getattr(self, f"do_{command}")(actor=actor, **options)
+
+    def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, create_table, **options):
+        spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
+                            group=group, engine=engine, create_table=create_table)
         try:
-            entry = actions.perform(action, name, actor, runs=runs)
-        except actions.ActionRefused as exc:
-            raise CommandError(f"Refused: {exc}", returncode=1) from None
-        self.stdout.write(f"{name}: {entry.message}")
+            pipeline = pipeline_setup.create(spec, actor)
+        except Invalid as exc:
+            raise invalid(exc) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(as_dict(pipeline)))
+        else:
+            self.stdout.write(f"Created pipeline {name} ({mode}, {topic} -> {sink_table}, group {pipeline.group_id}, "
+                              f"stopped). Start it with: manage.py pipeline start {name}")
+
+    def do_list(self, *, json: bool, **options):
+        rows = [as_dict(p) for p in Pipeline.objects.order_by("name")]
+        if json:
+            self.stdout.write(_json(rows))
+            return
+        self.stdout.write(f"{'NAME':<28} {'STATE':<8} {'MODE':<14} {'ENGINE':<7} {'TOPIC':<28} SINK TABLE")
+        for row in rows:
+            self.stdout.write(f"{row['name']:<28} {row['desired_state']:<8} {row['mode']:<14} {row['engine']:<7} "
+                              f"{row['topic']:<28} {row['sink_table']}")
+
+    def do_show(self, *, name, json: bool, **options):
+        pipeline = Pipeline.objects.filter(name=name).first()
+        if pipeline is None:
+            raise refused(f"No pipeline named {name!r}.")
+        data = as_dict(pipeline)
+        data["positions"] = actions.positions(pipeline)
+        if json:
+            self.stdout.write(_json(data))
+            return
+        for key, value in data.items():
+            self.stdout.write(f"{key + ':':<15} {value}")
+
+    def do_delete(self, *, actor, name, **options):
+        try:
+            pipeline_setup.delete(name, actor)
+        except pipeline_setup.DeleteRefused as exc:
+            raise refused(str(exc)) from None
+        self.stdout.write(f"Deleted pipeline {name}; its action log and sink table are kept.")
+
+    def do_apply(self, *, actor, file, dry_run, **options):
+        try:
+            plan = pipeline_file.apply(file, actor=actor, dry_run=dry_run)
+        except pipeline_file.FileRefused as exc:
+            raise refused(str(exc)) from None
+        for line in plan.lines():
+            self.stdout.write(line)
+        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
+
+
+def as_dict(pipeline: Pipeline) -> dict:
+    return {"name": pipeline.name, "topic": pipeline.topic, "sink_table": pipeline.sink_table,
+            "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
+            "engine": pipeline.engine, "desired_state": pipeline.desired_state, "epoch": pipeline.epoch}
+
+
+def _json(data) -> str:
+    return json.dumps(data, indent=2)

@@ -47,6 +47,8 @@ def _describe(report) -> str:
              f"{_fmt(report.lag_records)} records / {_fmt(report.lag_seconds, '.1f')} s"]
     if report.kafka_error:
         lines.append(f"  Kafka: {report.kafka_error}")
+    if report.sink_error:
+        lines.append(f"  Sink: {report.sink_error}")
     for p in report.partitions:
         lines.append(f"  partition {p.partition}: {p.status} log start {_fmt(p.log_start)}, high watermark "
                      f"{_fmt(p.high_watermark)}, next offset {_fmt(p.next_offset)}, Kafka committed "

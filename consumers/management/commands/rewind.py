@@ -1,5 +1,6 @@
-"""`rewind NAME <mode> [--partition P ...] [--rollback-sink] [--dry-run] [--json]` — a thin shell over
-consumers.operations.rewind. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
+"""`rewind NAME <mode> [--partition P ...] [--rollback-sink] [--execute] [--json]` — a thin shell over
+consumers.operations.rewind. A preview unless --execute, like `kafka-consumer-groups --reset-offsets`.
+Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
 from django.core.management.base import BaseCommand, CommandError
@@ -51,7 +52,8 @@ def print_plan(stdout, data: dict) -> None:
 
 
 class Command(BaseCommand):
-    help = "Move a Tally pipeline's offsets (dry run first), audited. Exit 0 done, 1 refused, 2 usage error."
+    help = ("Move a Tally pipeline's offsets, audited: prints the plan unless --execute. "
+            "Exit 0 done, 1 refused, 2 usage error.")
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
@@ -63,15 +65,17 @@ class Command(BaseCommand):
         add_mode_arguments(parser)
         parser.add_argument("--rollback-sink", action="store_true",
                             help="Delete the sink rows at or beyond each new offset in the same transaction.")
-        parser.add_argument("--dry-run", action="store_true", help="Show the plan; change nothing.")
+        run = parser.add_mutually_exclusive_group()
+        run.add_argument("--execute", action="store_true", help="Apply the plan (default: print it, change nothing).")
+        run.add_argument("--dry-run", action="store_true", help="Print the plan and change nothing (the default).")
         parser.add_argument("--json", action="store_true", help="Print the result as JSON.")
         parser.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
 
-    def handle(self, *args, name, partitions, rollback_sink, dry_run, json: bool, actor, **options):
+    def handle(self, *args, name, partitions, rollback_sink, execute, json: bool, actor, **options):
         mode, value = chosen_mode(options)
         try:
             result = rewind(name, mode, value, partitions=partitions, rollback_sink=rollback_sink,
-                            dry_run=dry_run, actor=actor)
+                            dry_run=not execute, actor=actor)
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
         except (KafkaAdminError, KafkaError) as exc:
@@ -81,6 +85,8 @@ class Command(BaseCommand):
             self.stdout.write(_dumps(data))
         else:
             print_plan(self.stdout, data)
+            if not execute:
+                self.stdout.write("Preview only: nothing changed. Add --execute to rewind.")
 
 
 def _dumps(data) -> str:

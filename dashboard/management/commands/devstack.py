@@ -37,6 +37,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+PASSWORD_FILE = os.path.join("var", "admin-password")
+
+
 class Command(BaseCommand):
     help = "Run the local stack (broker if needed, worker, beat, web) until Ctrl-C."
 
@@ -61,7 +64,7 @@ class Command(BaseCommand):
                 self.children[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True)
             self.stdout.write(self.style.SUCCESS(
-                f"\nTally is starting at http://{host}:{port}/  login: {login} / {password}\n"
+                f"\nTally is starting at http://{host}:{port}/  login: {login}, {password}\n"
                 f"Processes: {', '.join(f'{n} (pid {p.pid})' for n, p in self.children.items())}; "
                 f"logs in var/*.log. Ctrl-C stops everything.\n"))
             self.watch()
@@ -86,16 +89,31 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"Started the embedded Kafka-compatible broker on 127.0.0.1:{port}.")
 
-    def ensure_operator_login(self):
+    def ensure_operator_login(self) -> tuple[str, str]:
+        """The admin login, created only when missing: an existing user's password is never reset (unless
+        DJANGO_SUPERUSER_PASSWORD asks for one). Returns (username, where the password is)."""
         username = os.environ.get("DJANGO_SUPERUSER_USERNAME", "admin")
-        password = os.environ.get("DJANGO_SUPERUSER_PASSWORD") or secrets.token_urlsafe(9)
-        user, _ = get_user_model().objects.get_or_create(username=username)
-        user.is_staff = user.is_superuser = True
-        user.set_password(password)
-        user.save()
+        chosen = os.environ.get("DJANGO_SUPERUSER_PASSWORD")
+        user, created = get_user_model().objects.get_or_create(username=username)
+        if created or chosen:
+            password = chosen or secrets.token_urlsafe(9)
+            user.is_staff = user.is_superuser = True
+            user.set_password(password)
+            user.save()
+            if chosen:
+                where = "password from DJANGO_SUPERUSER_PASSWORD"
+            else:
+                # Kept beside the logs (var/ is not in git), readable by this user only.
+                descriptor = os.open(PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "w") as handle:
+                    handle.write(password + "\n")
+                where = f"password in {PASSWORD_FILE} (new user)"
+        else:
+            where = (f"password unchanged (in {PASSWORD_FILE} since the user was created; "
+                     f"`python manage.py changepassword {username}` sets a new one)")
         if "setup_roles" in get_commands():
             call_command("setup_roles", verbosity=0)
-        return username, password
+        return username, where
 
     def watch(self):
         while True:

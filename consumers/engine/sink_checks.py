@@ -1,0 +1,98 @@
+"""What a sink table must offer a pipeline, read from PostgreSQL's catalog: the transform's columns and the
+provenance columns, SELECT/INSERT/DELETE for the database user, and (exactly-once) a unique key on the
+provenance. Used before a pipeline is created (consumers/operations/pipeline_setup.py, with the SQL that fixes each
+problem) and by reconciliation, which turns a sink broken later (table dropped, privilege revoked) into ERR.
+"""
+from psycopg2 import sql
+
+from consumers.engine import sinks
+from consumers.engine.transforms import Transform
+
+MAX_IDENTIFIER = 63
+
+
+def quoted(cursor, table: str) -> str:
+    return sql.Identifier(table).as_string(cursor)
+
+
+def table_columns(cursor, table: str) -> dict | None:
+    """{column: {"type": ..., "required": NOT NULL without default}} of a table in the search path, or None."""
+    cursor.execute("SELECT to_regclass(%s)", [quoted(cursor, table)])
+    if cursor.fetchone()[0] is None:
+        return None
+    cursor.execute("SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef "
+                   "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                   [quoted(cursor, table)])
+    return {name: {"type": pg_type, "required": required} for name, pg_type, required in cursor.fetchall()}
+
+
+def _wanted_columns(transform: Transform) -> list[tuple[str, str]]:
+    provenance = [("source_topic", "text"), ("source_partition", "integer"), ("source_offset", "bigint")]
+    if transform.multi_row:
+        provenance.append(("source_row", "integer"))
+    return list(transform.columns) + provenance
+
+
+def missing_column_fixes(cursor, table: str, transform: Transform, columns: dict) -> list[str]:
+    fixes = []
+    for name, pg_type in _wanted_columns(transform):
+        if name not in columns:
+            default = " NOT NULL DEFAULT 0" if name == "source_row" else ""
+            fixes.append(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}{};").format(
+                sql.Identifier(table), sql.Identifier(name), sql.SQL(pg_type), sql.SQL(default)).as_string(cursor))
+    return fixes
+
+
+def has_unique_provenance_key(cursor, table: str, transform: Transform) -> bool:
+    """A unique index (or constraint) on exactly the provenance columns, in any order, without predicate."""
+    cursor.execute("SELECT array_agg(a.attname::text) FROM pg_index i "
+                   "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                   "WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indpred IS NULL "
+                   "GROUP BY i.indexrelid", [quoted(cursor, table)])
+    wanted = set(sinks.provenance_columns(transform))
+    return any(set(row[0]) == wanted for row in cursor.fetchall())
+
+
+def unique_key_sql(cursor, table: str, transform: Transform) -> str:
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE ({});").format(
+        sql.Identifier(table), sql.Identifier(f"{table}_provenance_key"[:MAX_IDENTIFIER]),
+        sql.SQL(", ").join(sql.Identifier(c) for c in sinks.provenance_columns(transform))).as_string(cursor)
+
+
+def grant_sql(cursor, table: str) -> str:
+    cursor.execute("SELECT current_user")
+    return sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {};").format(
+        sql.Identifier(table), sql.Identifier(cursor.fetchone()[0])).as_string(cursor)
+
+
+def create_table_sql(cursor, table: str, transform: Transform, exactly_once: bool) -> str:
+    body = [sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in transform.columns]
+    body += [sql.SQL("source_topic text NOT NULL"), sql.SQL("source_partition integer NOT NULL"),
+             sql.SQL("source_offset bigint NOT NULL")]
+    if transform.multi_row:
+        body.append(sql.SQL("source_row integer NOT NULL DEFAULT 0"))
+    if exactly_once:
+        body.append(sql.SQL("UNIQUE ({})").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in sinks.provenance_columns(transform))))
+    return sql.SQL("CREATE TABLE {} ({});").format(sql.Identifier(table), sql.SQL(", ").join(body)).as_string(cursor)
+
+
+def has_privileges(cursor, table: str) -> bool:
+    cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, 'SELECT,INSERT,DELETE')",
+                   [quoted(cursor, table)])
+    return cursor.fetchone()[0]
+
+
+def problem(cursor, table: str, transform: Transform, exactly_once: bool) -> str:
+    """Why a pipeline cannot write its sink now ("" when it can): missing table, columns, key or privilege."""
+    columns = table_columns(cursor, table)
+    if columns is None:
+        return f"sink table {table!r} does not exist"
+    missing = [name for name, _ in _wanted_columns(transform) if name not in columns]
+    if missing:
+        return f"sink table {table!r} lacks column(s) {', '.join(missing)}"
+    if exactly_once and not has_unique_provenance_key(cursor, table, transform):
+        return f"sink table {table!r} has no unique key on the provenance columns"
+    if not has_privileges(cursor, table):
+        return f"the database user may not select, insert and delete in sink table {table!r}"
+    return ""

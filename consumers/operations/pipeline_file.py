@@ -1,0 +1,110 @@
+"""Pipelines declared in a TOML file (`manage.py pipeline apply pipelines.toml`), applied idempotently.
+
+    [pipelines.orders]
+    topic = "orders"
+    sink_table = "orders_sink"
+    mode = "exactly-once"                  # or at-least-once, at-most-once
+    transform = "myapp.transforms.orders"  # a registered name or a dotted path
+    group = "orders"                       # optional, defaults to the name
+    engine = "python"                      # or spark
+    create_table = true                    # create the sink table when it is missing
+
+Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
+creations and changes commit in one transaction. Applying the same file twice changes nothing. Pipelines
+that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
+"""
+import tomllib
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from consumers.models import Pipeline
+from consumers.operations import pipeline_setup
+from consumers.operations.pipeline_setup import Invalid, PipelineSpec
+
+
+class FileRefused(ValueError):
+    pass
+
+
+@dataclass
+class Plan:
+    create: list[PipelineSpec] = field(default_factory=list)
+    update: list[tuple[PipelineSpec, Pipeline, dict]] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    not_in_file: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"create {s.name}: {s.topic} -> {s.sink_table} ({s.mode}, transform {s.transform})" for s in self.create]
+        out += [f"update {s.name}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+                for s, _, diff in self.update]
+        out += [f"unchanged {name}" for name in self.unchanged]
+        out += [f"not in file, left alone: {name}" for name in self.not_in_file]
+        return out
+
+    def summary(self) -> str:
+        return f"{len(self.create)} to create, {len(self.update)} to change, {len(self.unchanged)} unchanged."
+
+
+def load(path: str) -> list[PipelineSpec]:
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as exc:
+        raise FileRefused(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FileRefused(f"{path} is not valid TOML: {exc}") from None
+    unknown = set(document) - {"pipelines"}
+    pipelines = document.get("pipelines")
+    if unknown or not isinstance(pipelines, dict) or not pipelines:
+        raise FileRefused(f"{path}: declare each pipeline as a [pipelines.NAME] table (found top-level keys: "
+                          f"{', '.join(sorted(document)) or 'none'})")
+    specs = []
+    for name, values in pipelines.items():
+        if not isinstance(values, dict):
+            raise FileRefused(f"{path}: pipelines.{name} must be a table of settings")
+        specs.append(PipelineSpec.from_mapping(name, values))
+    return specs
+
+
+def plan(specs: list[PipelineSpec]) -> Plan:
+    """What applying the specs would do; FileRefused listing every problem of every pipeline."""
+    result, problems = Plan(), []
+    existing = {p.name: p for p in Pipeline.objects.all()}
+    for spec in specs:
+        try:
+            pipeline = existing.get(spec.name)
+            if pipeline is None:
+                pipeline_setup.validate(spec)
+                result.create.append(spec)
+            elif diff := pipeline_setup.check_update(spec, pipeline):
+                result.update.append((spec, pipeline, diff))
+            else:
+                result.unchanged.append(spec.name)
+        except Invalid as exc:
+            problems += [f"  {spec.name}.{f}: {m}" for f, m in exc.problems.items()]
+    names = {s.name for s in specs}
+    result.not_in_file = sorted(set(existing) - names)
+    groups = [s.group_id for s in specs]
+    for group in {g for g in groups if groups.count(g) > 1}:
+        problems.append(f"  group {group!r} is used by several pipelines of the file: give each its own group")
+    if problems:
+        raise FileRefused("nothing was changed; fix these first:\n" + "\n".join(problems))
+    return result
+
+
+def apply(path: str, *, actor: str = "cli", dry_run: bool = False) -> Plan:
+    specs = load(path)
+    if dry_run:
+        return plan(specs)
+    with transaction.atomic():
+        # Plan inside the transaction that applies it; a concurrent create of the same name fails the whole file.
+        result = plan(specs)
+        try:
+            for spec in result.create:
+                pipeline_setup.create(spec, actor)
+            for spec, pipeline, _ in result.update:
+                pipeline_setup.update(spec, pipeline, actor)
+        except Invalid as exc:
+            raise FileRefused(f"nothing was changed: {exc}") from None
+    return result

@@ -1,0 +1,276 @@
+"""Adding, changing and deleting pipelines without code: one validation behind every door.
+
+The command line (`manage.py pipeline create|apply|delete`), the dashboard's form and the declarative
+file (pipelines.toml) all build a `PipelineSpec` and call `validate()` / `create()` here, so the three
+doors accept and refuse the same things with the same messages. Every message says what to do next.
+
+What a spec must satisfy before anything is written:
+  1. a free, slug-like name; a consumer group no other pipeline uses (defaults to the name);
+  2. a known delivery mode and engine, and a transform that resolves (a registered name or a dotted path);
+  3. the topic exists in Kafka;
+  4. the sink table exists with the transform's columns and the provenance columns, the database user may
+     insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
+     the provenance — or `create_table` is set, or the problem comes with the exact SQL that fixes it.
+"""
+import re
+from dataclasses import dataclass, field, fields
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from consumers.engine import sink_checks, sinks
+from consumers.engine.pipelines import MAX_IDENTIFIER
+from consumers.engine.transforms import Transform, resolve
+from consumers.kafka import admin as kafka_admin
+from consumers.models import ActionLog, ActionResult, DeliveryMode, DesiredState, Engine, Pipeline
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+# Tables Tally and Django own: a pipeline must never write into them.
+RESERVED_TABLE_PREFIXES = ("consumers_", "dashboard_", "alerts_", "django_", "auth_")
+RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
+MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
+         "at-most-once": DeliveryMode.AT_MOST_ONCE}
+# Fields of an existing pipeline that `apply` may change; the others define its data and history.
+MUTABLE_FIELDS = ("transform", "engine")
+
+
+class Invalid(ValueError):
+    """A spec that cannot be applied: `problems` maps a field to what is wrong and what to do."""
+
+    def __init__(self, problems: dict[str, str]):
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" for f, m in problems.items()))
+
+
+@dataclass
+class PipelineSpec:
+    name: str
+    topic: str
+    sink_table: str
+    mode: str = "exactly-once"
+    transform: str = "int_value"
+    group: str = ""
+    engine: str = Engine.PYTHON
+    create_table: bool = False
+    extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
+
+    @property
+    def group_id(self) -> str:
+        return self.group or self.name
+
+    @property
+    def delivery_mode(self) -> str:
+        return MODES.get(self.mode, self.mode if self.mode in DeliveryMode.values else "")
+
+    @classmethod
+    def from_mapping(cls, name: str, values: dict) -> "PipelineSpec":
+        """A spec from a file's table (`[pipelines.NAME]`); unknown keys are kept for validate() to refuse."""
+        known = {f.name for f in fields(cls)} - {"name", "extra"}
+        return cls(name=name, topic=values.get("topic", ""), sink_table=values.get("sink_table", ""),
+                   **{k: v for k, v in values.items() if k in known - {"topic", "sink_table"}},
+                   extra={k: v for k, v in values.items() if k not in known})
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> "PipelineSpec":
+        return cls(name=pipeline.name, topic=pipeline.topic, sink_table=pipeline.sink_table,
+                   mode=DeliveryMode(pipeline.delivery_mode).label, transform=pipeline.transform,
+                   group=pipeline.group_id, engine=pipeline.engine)
+
+
+def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
+    """Raise Invalid with every problem found; return the resolved transform when there is none.
+    `existing` is the pipeline the spec would update (its own name and group are then not taken)."""
+    problems: dict[str, str] = {}
+    for key in spec.extra:
+        problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine "
+                         f"or create_table")
+    _check_scalars(spec, problems)
+    if not NAME_PATTERN.match(spec.name or ""):
+        problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
+                            f"(got {spec.name!r})")
+    elif spec.name in RESERVED_NAMES:
+        problems["name"] = f"{spec.name!r} is reserved (it is a page of the dashboard): choose another name"
+    elif existing is None and Pipeline.objects.filter(name=spec.name).exists():
+        problems["name"] = (f"a pipeline named {spec.name!r} exists already: choose another name, or "
+                            f"`pipeline delete {spec.name}` first")
+    owner = Pipeline.objects.filter(group_id=spec.group_id).exclude(pk=existing.pk if existing else None).first()
+    if owner is not None:
+        problems["group"] = (f"consumer group {spec.group_id!r} is used by pipeline {owner.name!r}: two pipelines in "
+                             "one group would take each other's partitions; pass another --group")
+    if not spec.delivery_mode:
+        problems["mode"] = f"unknown delivery mode {spec.mode!r}: use one of {', '.join(MODES)}"
+    if spec.engine not in Engine.values:
+        problems["engine"] = f"unknown engine {spec.engine!r}: use one of {', '.join(Engine.values)}"
+    transform = None
+    try:
+        transform = resolve(spec.transform)
+    except LookupError as exc:
+        problems["transform"] = (f"{exc}. A transform is a consumers.engine.transforms.Transform object; see README "
+                                 "'Add your own pipeline'")
+    if "topic" not in problems:
+        _check_topic(spec.topic, problems)
+    if "sink_table" not in problems:
+        _check_table_name(spec.sink_table, problems)
+    if transform is not None and "sink_table" not in problems and spec.delivery_mode:
+        _check_sink_table(spec, transform, problems)
+    if problems:
+        raise Invalid(problems)
+    return transform
+
+
+def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
+    for name in ("name", "topic", "sink_table", "mode", "transform", "group", "engine"):
+        if not isinstance(getattr(spec, name), str):
+            problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
+            setattr(spec, name, "")
+    if not isinstance(spec.create_table, bool):
+        problems["create_table"] = "must be true or false"
+        spec.create_table = False
+    if not spec.topic:
+        problems["topic"] = "required: the Kafka topic to consume (--topic)"
+    if not spec.sink_table:
+        problems["sink_table"] = "required: the PostgreSQL table to write (--sink-table)"
+
+
+def _check_topic(topic: str, problems: dict) -> None:
+    try:
+        kafka_admin.partitions_for(topic)
+    except kafka_admin.KafkaAdminError:
+        problems["topic"] = (f"topic {topic!r} does not exist in Kafka: create it first (e.g. kafka-topics.sh "
+                             f"--create --topic {topic}) or check the name")
+    except Exception as exc:  # the broker is down: say so rather than claim the topic is missing
+        problems["topic"] = f"cannot reach Kafka to check topic {topic!r}: {type(exc).__name__}: {exc}"
+
+
+def _check_table_name(table: str, problems: dict) -> None:
+    if len(table) > MAX_IDENTIFIER:
+        problems["sink_table"] = f"at most {MAX_IDENTIFIER} characters (PostgreSQL's limit), got {len(table)}"
+    elif table.startswith(RESERVED_TABLE_PREFIXES) or table.startswith("pg_"):
+        problems["sink_table"] = f"{table!r} looks like a table of Tally, Django or PostgreSQL: choose another name"
+
+
+def _check_sink_table(spec: PipelineSpec, transform: Transform, problems: dict) -> None:
+    exactly_once = spec.delivery_mode == DeliveryMode.EXACTLY_ONCE
+    with connection.cursor() as wrapper:
+        cursor = wrapper.cursor  # psycopg2's own cursor: sql.Composed.as_string needs it
+        columns = sink_checks.table_columns(cursor, spec.sink_table)
+        if columns is None:
+            if not spec.create_table:
+                statement = sink_checks.create_table_sql(cursor, spec.sink_table, transform, exactly_once)
+                problems["sink_table"] = (f"table {spec.sink_table!r} does not exist: pass --create-table (or "
+                                          f"create_table = true) to create it, or create it with:\n{statement}")
+            return
+        fixes = sink_checks.missing_column_fixes(cursor, spec.sink_table, transform, columns)
+        if exactly_once and not sink_checks.has_unique_provenance_key(cursor, spec.sink_table, transform):
+            fixes.append(sink_checks.unique_key_sql(cursor, spec.sink_table, transform))
+        if fixes:
+            problems["sink_table"] = (f"table {spec.sink_table!r} lacks what a {spec.mode} pipeline with transform "
+                                      f"{transform.name!r} needs; run:\n" + "\n".join(fixes))
+            return
+        unwritten = [name for name, info in columns.items() if info["required"]
+                     and name not in sinks.insert_columns(transform)]
+        if unwritten:
+            problems["sink_table"] = (f"columns {', '.join(unwritten)} of {spec.sink_table!r} are NOT NULL without a "
+                                      f"default and transform {transform.name!r} does not write them: give them a "
+                                      "default or drop NOT NULL")
+            return
+        if not sink_checks.has_privileges(cursor, spec.sink_table):
+            problems["sink_table"] = (f"the database user may not select, insert and delete in {spec.sink_table!r}: "
+                                      f"{sink_checks.grant_sql(cursor, spec.sink_table)}")
+
+
+def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
+    """Validate and create the pipeline (stopped), creating its sink table when asked; audited."""
+    transform = validate(spec)
+    with transaction.atomic():
+        pipeline = Pipeline.objects.create(
+            name=spec.name, topic=spec.topic, sink_table=spec.sink_table, transform=spec.transform,
+            delivery_mode=spec.delivery_mode, group_id=spec.group_id, engine=spec.engine,
+            desired_state=DesiredState.STOPPED)
+        if spec.create_table:
+            with connection.cursor() as cursor:
+                sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
+        _audit(pipeline, "create", actor, describe(spec), f"created pipeline {spec.name}")
+    return pipeline
+
+
+def changes(spec: PipelineSpec, pipeline: Pipeline) -> dict[str, tuple[str, str]]:
+    """{field: (current, wanted)} between a pipeline and a spec of the same name."""
+    current = PipelineSpec.of(pipeline)
+    diff = {}
+    for name in ("topic", "sink_table", "mode", "transform", "group_id", "engine"):
+        before, after = getattr(current, name), getattr(spec, name)
+        if name == "mode":
+            before, after = pipeline.delivery_mode, spec.delivery_mode
+        if before != after:
+            diff[name] = (before, after)
+    return diff
+
+
+def check_update(spec: PipelineSpec, pipeline: Pipeline) -> dict[str, tuple[str, str]]:
+    """The changes `apply` would make to `pipeline`, or Invalid when one is not allowed."""
+    diff = changes(spec, pipeline)
+    problems = {}
+    fixed = [f for f in diff if f not in MUTABLE_FIELDS]
+    if fixed:
+        problems["name"] = (f"pipeline {pipeline.name!r}: {', '.join(fixed)} cannot change (its positions, ledger "
+                            f"and sink rows belong to them): delete it and create it again, or use a new name")
+    elif diff and pipeline.desired_state != DesiredState.STOPPED:
+        problems["name"] = f"pipeline {pipeline.name!r} is {pipeline.desired_state}: stop it before changing it"
+    if not problems and diff:
+        try:
+            validate(spec, existing=pipeline)
+        except Invalid as exc:
+            problems.update(exc.problems)
+    if problems:
+        raise Invalid(problems)
+    return diff
+
+
+def update(spec: PipelineSpec, pipeline: Pipeline, actor: str = "cli") -> dict:
+    diff = check_update(spec, pipeline)
+    if diff:
+        with transaction.atomic():
+            Pipeline.objects.filter(pk=pipeline.pk).update(
+                transform=spec.transform, engine=spec.engine, updated_at=timezone.now())
+            _audit(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
+                   "changed " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items()))
+    return diff
+
+
+class DeleteRefused(ValueError):
+    pass
+
+
+def delete(name: str, actor: str = "cli") -> None:
+    """Delete a stopped pipeline with its positions, ledger and dead letters. The action log keeps its
+    entries (they name the pipeline in their parameters); the sink table is left to its owner."""
+    from consumers.engine.runs import LIVE_STATES
+
+    with transaction.atomic():
+        pipeline = Pipeline.objects.select_for_update().filter(name=name).first()
+        if pipeline is None:
+            raise DeleteRefused(f"No pipeline named {name!r}.")
+        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.filter(state__in=LIVE_STATES).exists():
+            raise DeleteRefused(f"Pipeline {name!r} is {pipeline.desired_state} or has live runs: "
+                                f"`pipeline stop {name}` first.")
+        # The entries lose their link with the row: keep the name in their parameters.
+        for entry in ActionLog.objects.filter(pipeline=pipeline).exclude(params__has_key="pipeline"):
+            entry.params = {**entry.params, "pipeline": name}
+            entry.save(update_fields=["params"])
+        spec = describe(PipelineSpec.of(pipeline))
+        pipeline.delete()
+        ActionLog.objects.create(pipeline=None, action="delete", actor=actor, params={"pipeline": name, **spec},
+                                 result=ActionResult.DONE, message=f"deleted pipeline {name} (sink table "
+                                 f"{spec['sink_table']} kept)", finished_at=timezone.now())
+
+
+def describe(spec: PipelineSpec) -> dict:
+    return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
+            "group": spec.group_id, "engine": spec.engine}
+
+
+def _audit(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:
+    ActionLog.objects.create(pipeline=pipeline, action=action, actor=actor,
+                             params={"pipeline": pipeline.name, **params}, result=ActionResult.DONE,
+                             message=message, finished_at=timezone.now())

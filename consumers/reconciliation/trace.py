@@ -1,0 +1,180 @@
+"""Tracing one record of a pipeline's topic to where it went: the Kafka record, the ledger batch(es) that
+covered its offset, its sink row(s) found by provenance key — or its dead letter, or why there is none.
+
+The command (`manage.py trace`), the API (`/api/pipelines/NAME/trace`) and the page
+(`/pipelines/NAME/trace/`) all call `trace()`. It takes a pipeline, never a table name: the sink table
+and its columns are the pipeline's.
+
+Verdicts, in the order they are decided:
+  written          one sink row (or one per row of a multi-row record) carries its provenance
+  duplicated       more rows than the record should have (at-least-once replays)
+  dead-lettered    the transform rejected it; the dead letter holds the error
+  not yet consumed the pipeline's position has not reached it
+  lost (at-most-once)  an at-most-once pipeline moved past it (Kafka commit first) and never wrote it
+  lost             the position moved past it, yet there is no row and no dead letter (reconciliation
+                   reports the same offsets as lost)
+  no record        the offset holds no data record (a transaction marker, an aborted or compacted record)
+  skipped by a rewind  a rewind to a later offset moved the position past it on purpose
+"""
+from dataclasses import dataclass, field
+
+from django.db import connection
+from psycopg2 import sql
+
+from consumers.engine import sinks
+from consumers.engine.transforms import resolve
+from consumers.kafka import admin as kafka_admin
+from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+
+PREVIEW_BYTES = 500        # enough of a value to recognise it, not a dump of the payload
+MAX_ROWS = 20              # a record has a few rows; more means something else is wrong, show a sample
+KEY_SCAN_LIMIT = 100_000   # records per partition scanned to find a key (Kafka has no key index)
+
+
+class TraceRefused(ValueError):
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+def parse_request(params) -> tuple[int | None, int | None, str | None]:
+    """(partition, offset, key) from query parameters: a key, or a partition and an offset as whole numbers.
+    Raises TraceRefused naming the field."""
+    key = params.get("key") or None
+    if key is not None:
+        if len(key) > 1000:
+            raise TraceRefused("key: at most 1000 characters", "key")
+        return None, None, key
+    numbers = {}
+    for name in ("partition", "offset"):
+        text = (params.get(name) or "").strip()
+        if not text.isascii() or not text.isdigit():
+            raise TraceRefused(f"{name}: a whole number >= 0 is required (or give a key)", name)
+        numbers[name] = int(text)
+    return numbers["partition"], numbers["offset"], None
+
+
+@dataclass
+class Trace:
+    pipeline: str
+    topic: str
+    partition: int
+    offset: int
+    verdict: str
+    explanation: str
+    record: dict | None = None
+    position: int | None = None
+    batches: list[dict] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    dead_letter: dict | None = None
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def preview(data: bytes | memoryview | None) -> str | None:
+    if data is None:
+        return None
+    data = bytes(data)
+    text = data[:PREVIEW_BYTES].decode("utf-8", errors="replace")
+    return text + (f" … ({len(data)} bytes)" if len(data) > PREVIEW_BYTES else "")
+
+
+def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
+    """Where the record at (pipeline's topic, partition, offset) went."""
+    if partition < 0 or offset < 0:
+        raise TraceRefused("partition and offset are numbers >= 0")
+    try:
+        partitions = kafka_admin.partitions_for(pipeline.topic)
+    except kafka_admin.KafkaAdminError as exc:
+        raise TraceRefused(str(exc)) from None
+    if partition not in partitions:
+        raise TraceRefused(f"partition: topic {pipeline.topic!r} has no partition {partition} "
+                           f"(it has {len(partitions)})", "partition")
+    mark = kafka_admin.watermarks(pipeline.topic, [partition])[partition]
+    found = kafka_admin.read_record(pipeline.topic, partition, offset) if mark.log_start <= offset < mark.high else None
+    result = Trace(pipeline.name, pipeline.topic, partition, offset, "", "")
+    if found is not None:
+        result.record = {"key": preview(found.key), "value": preview(found.value), "timestamp_ms": found.timestamp_ms}
+    result.position = (PartitionOffset.objects.filter(pipeline=pipeline, partition=partition)
+                       .values_list("next_offset", flat=True).first())
+    result.batches = [
+        {"id": b.pk, "first_offset": b.first_offset, "end_offset": b.end_offset, "records": b.records,
+         "rows_written": b.rows_written, "epoch": b.epoch, "committed_at": b.committed_at.isoformat(),
+         "superseded": b.superseded_from is not None and offset >= b.superseded_from}
+        for b in BatchLedger.objects.filter(pipeline=pipeline, partition=partition, first_offset__lte=offset,
+                                            end_offset__gt=offset).order_by("committed_at")]
+    result.rows = _sink_rows(pipeline, partition, offset)
+    letter = DeadLetter.objects.filter(pipeline=pipeline, partition=partition, offset=offset).first()
+    if letter is not None:
+        result.dead_letter = {"error": letter.error, "created_at": letter.created_at.isoformat(),
+                              "value": preview(letter.value)}
+    result.verdict, result.explanation = _verdict(pipeline, result, mark, found is not None)
+    return result
+
+
+def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRecord], int]:
+    """(records of the pipeline's topic with this key, among the newest KEY_SCAN_LIMIT per partition,
+    records scanned)."""
+    try:
+        partitions = kafka_admin.partitions_for(pipeline.topic)
+    except kafka_admin.KafkaAdminError as exc:
+        raise TraceRefused(str(exc)) from None
+    return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT)
+
+
+def _sink_rows(pipeline: Pipeline, partition: int, offset: int) -> list[dict]:
+    transform = resolve(pipeline.transform)
+    columns = [name for name, _ in transform.columns] + list(sinks.provenance_columns(transform))
+    statement = sql.SQL("SELECT {} FROM {} WHERE source_topic = %s AND source_partition = %s AND "
+                        "source_offset = %s LIMIT %s").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(pipeline.sink_table))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [sql.Identifier(pipeline.sink_table).as_string(cursor.cursor)])
+        if cursor.fetchone()[0] is None:
+            return []
+        cursor.execute(statement.as_string(cursor.cursor), [pipeline.topic, partition, offset, MAX_ROWS + 1])
+        return [{c: _plain(v) for c, v in zip(columns, row, strict=True)} for row in cursor.fetchall()]
+
+
+def _plain(value):
+    """A sink value as JSON can carry it (dates, decimals and the like as text)."""
+    return value if value is None or isinstance(value, int | float | bool) else str(value)
+
+
+def _verdict(pipeline: Pipeline, result: Trace, mark, in_kafka: bool) -> tuple[str, str]:
+    multi_row = resolve(pipeline.transform).multi_row
+    rows = result.rows
+    if rows:
+        row_numbers = [r.get("source_row", 0) for r in rows]
+        if len(set(row_numbers)) < len(row_numbers):
+            return "duplicated", f"{len(rows)} sink rows carry this record's provenance: it was written more than once"
+        return "written", (f"{len(rows)} sink row(s) in {pipeline.sink_table}" if multi_row
+                           else f"one sink row in {pipeline.sink_table}")
+    if result.dead_letter is not None:
+        return "dead-lettered", f"the transform rejected it: {result.dead_letter['error']}"
+    position = result.position
+    if position is None or result.offset >= position:
+        if result.offset >= mark.high:
+            return "not yet consumed", f"offset {result.offset} is beyond the log end ({mark.high}): not produced yet"
+        return "not yet consumed", (f"the pipeline's position is {position if position is not None else 'not set'}"
+                                    f"; it has not reached offset {result.offset}")
+    if not in_kafka and mark.log_start <= result.offset:
+        return "no record", ("the offset holds no data record (a transaction marker, an aborted or compacted "
+                             "record): nothing to write, nothing lost")
+    if _rewound_past(pipeline, result.partition, result.offset):
+        return "skipped by a rewind", "an operator's rewind moved the position past this offset"
+    if pipeline.delivery_mode == DeliveryMode.AT_MOST_ONCE:
+        return "lost (at-most-once)", ("the position moved past it (Kafka was committed before the write) and no "
+                                       "row or dead letter holds it")
+    return "lost", "the position moved past it, yet no sink row or dead letter holds it (reconciliation reports it)"
+
+
+def _rewound_past(pipeline: Pipeline, partition: int, offset: int) -> bool:
+    """A done, executed rewind moved this partition from at or below `offset` to beyond it."""
+    for before, after in ActionLog.objects.filter(pipeline=pipeline, action="rewind", dry_run=False,
+                                                  result="done").values_list("offsets_before", "offsets_after"):
+        old, new = (before or {}).get(str(partition)), (after or {}).get(str(partition))
+        if old is not None and new is not None and old <= offset < new:
+            return True
+    return False

@@ -1,0 +1,50 @@
+"""/groups/ after real runs: a pipeline's group (committed to Kafka by its run) is listed with the
+pipeline's lag, never a 500; a missing value formats as a dash."""
+import uuid
+
+import pytest
+from kafka import KafkaProducer
+
+from consumers.engine.python import run_pipeline
+from consumers.operations import pipeline_setup
+from consumers.operations.pipeline_setup import PipelineSpec
+from consumers.reconciliation.reconcile import reconcile_pipeline
+from dashboard.templatetags.tally import duration
+from tests.conftest import drop_sink_tables
+from tests.test_views_support import make_viewer
+
+
+@pytest.mark.parametrize("value, text", [(None, "—"), ("", "—"), ("n/a", "—"), (0.4, "0.4 s"), (185, "3 min 5 s")])
+def test_durations_format_numbers_and_show_a_dash_for_anything_else(value, text):
+    assert duration(value) == text
+
+
+@pytest.fixture
+def ran_pipeline(make_topic, settings):
+    table = f"gp_{uuid.uuid4().hex[:8]}"
+    topic = make_topic("groups-page")
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for value in range(25):
+        producer.send(topic, str(value).encode())
+    producer.flush(timeout=30)
+    producer.close()
+    pipeline = pipeline_setup.create(PipelineSpec("groups-page", topic, table, create_table=True))
+    yield pipeline
+    drop_sink_tables([table])
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_the_groups_page_lists_a_pipeline_group_after_a_real_run(client, ran_pipeline):
+    result = run_pipeline(ran_pipeline.name, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up"
+    client.force_login(make_viewer())
+    before_reconciliation = client.get("/groups/")
+    assert before_reconciliation.status_code == 200
+    reconcile_pipeline(ran_pipeline)
+    page = client.get("/groups/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f'href="/groups/{ran_pipeline.group_id}/"' in html and "Tally pipeline groups-page" in html
+    row = html[html.index(f'href="/groups/{ran_pipeline.group_id}/"'):].split("</tr>")[0]
+    assert '<td class="num">0</td>' in row  # the pipeline's lag once reconciled, caught up

@@ -1,0 +1,65 @@
+"""The dashboard's door to adding a pipeline: the same checks and messages as the command line, shown
+beside their field; viewers are refused; nothing is created when the form is refused."""
+import uuid
+
+import pytest
+from django.test import Client
+
+from consumers.models import ActionLog, Pipeline
+from tests.conftest import drop_sink_tables
+from tests.test_views_support import make_operator, make_viewer
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def operator_client():
+    client = Client()
+    client.force_login(make_operator())
+    return client
+
+
+@pytest.fixture
+def table():
+    name = f"form_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_sink_tables([name])
+
+
+def form(topic, table, **overrides):
+    return {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "int_value",
+            "group": "", "engine": "python", **overrides}
+
+
+def test_an_operator_adds_a_pipeline_and_lands_on_its_page(operator_client, make_topic, table):
+    topic = make_topic("form")
+    assert operator_client.get("/pipelines/new/").status_code == 200
+    response = operator_client.post("/pipelines/new/", form(topic, table, create_table="on"))
+    assert response.status_code == 302 and response["Location"] == "/pipelines/orders/"
+    pipeline = Pipeline.objects.get(name="orders")
+    assert (pipeline.topic, pipeline.sink_table, pipeline.group_id) == (topic, table, "orders")
+    assert ActionLog.objects.get(action="create").actor == "otto"
+    assert "Created pipeline orders" in operator_client.get("/pipelines/orders/").content.decode()
+
+
+def test_the_form_shows_the_same_refusals_as_the_command_line(operator_client, make_topic, table):
+    topic = make_topic("form")
+    response = operator_client.post("/pipelines/new/", form("absent-topic", table, transform="no.such"))
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "topic &#x27;absent-topic&#x27; does not exist in Kafka: create it first" in html
+    assert 'id="error-transform"' in html and "Cannot import transform" in html
+    response = operator_client.post("/pipelines/new/", form(topic, table))
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="error-sink_table"' in html and "CREATE TABLE" in html
+    response = operator_client.post("/pipelines/new/", form(topic, table, name="new", create_table="on"))
+    assert response.status_code == 400 and "is reserved" in response.content.decode()
+    assert not Pipeline.objects.exists()
+
+
+def test_a_viewer_sees_the_form_but_may_not_add(client, make_topic, table):
+    client.force_login(make_viewer())
+    page = client.get("/pipelines/new/").content.decode()
+    assert "only operators can add pipelines" in page and 'id="create-pipeline" disabled' in page
+    response = client.post("/pipelines/new/", form(make_topic("form"), table, create_table="on"))
+    assert response.status_code == 403 and not Pipeline.objects.exists()

@@ -1,0 +1,102 @@
+"""The pipeline page tells the truth about the pipeline's state: its header, status and buttons refresh on
+a poll and right after an action; buttons the state does not allow are disabled and say why; the action
+log reads as offsets per partition, and names a deleted pipeline."""
+import re
+
+import pytest
+from django.test import Client
+
+from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
+from tests.test_views_support import make_operator, make_pipeline
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator_client():
+    client = Client()
+    client.force_login(make_operator())
+    return client
+
+
+def buttons(html):
+    """{verb: reason or ""} of the action buttons in the page."""
+    found = {}
+    for verb, attributes in re.findall(r'<button type="submit" id="action-(\w+)"([^>]*)>', html):
+        reason = re.search(r'title="([^"]*)"', attributes)
+        found[verb] = reason.group(1) if "disabled" in attributes else ""
+    return found
+
+
+def test_a_stopped_pipeline_offers_only_start_and_says_why_the_others_are_disabled(operator_client):
+    make_pipeline()
+    html = operator_client.get("/pipelines/orders/").content.decode()
+    state = buttons(html)
+    assert state["start"] == ""
+    assert state["pause"] == "Cannot pause: it is not running (stopped)."
+    assert state["stop"] == "Cannot stop: it is already stopped (stopped)."
+    assert state["resume"].startswith("Cannot resume") and state["restart"].startswith("Cannot restart")
+
+
+def test_an_action_asks_the_header_to_refresh_and_the_header_fragment_shows_the_new_state(operator_client):
+    make_pipeline()
+    response = operator_client.post("/pipelines/orders/actions/start/", HTTP_HX_REQUEST="true")
+    assert response["HX-Trigger"] == "tally:changed"
+    head = operator_client.get("/pipelines/orders/?fragment=head", HTTP_HX_REQUEST="true").content.decode()
+    assert head.lstrip().startswith('<div id="pipeline-head"')
+    assert 'hx-trigger="every 3s, tally:changed from:body"' in head
+    assert '<b id="desired-state">running</b>' in head and '<b id="epoch">1</b>' in head
+    state = buttons(head)
+    assert state["start"].startswith("Cannot start: it is already running")
+    assert state["pause"] == state["stop"] == state["restart"] == ""
+
+
+def test_the_last_error_is_shown_in_the_header(operator_client):
+    pipeline = make_pipeline()
+    Pipeline.objects.filter(pk=pipeline.pk).update(last_error="sink: sink table 'sink_orders' does not exist")
+    head = operator_client.get("/pipelines/orders/?fragment=head", HTTP_HX_REQUEST="true").content.decode()
+    assert "sink table &#x27;sink_orders&#x27; does not exist" in head
+
+
+def test_the_action_log_shows_offsets_per_partition_not_python_dicts(operator_client):
+    pipeline = make_pipeline()
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="alice", result=ActionResult.DONE,
+                             offsets_before={"0": 1200, "1": 10}, offsets_after={"0": 1000, "1": 10})
+    ActionLog.objects.create(pipeline=None, action="delete", actor="bob", result=ActionResult.DONE,
+                             params={"pipeline": "gone"})
+    html = operator_client.get("/audit/").content.decode()
+    assert "p0 1,200 → 1,000 · p1 10" in html
+    assert "{&#x27;0&#x27;" not in html and "{'0'" not in html
+    assert "gone <span class=\"muted\">(deleted)</span>" in html
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+
+
+def test_charts_cover_the_chosen_range_and_its_bounds(operator_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from consumers.models import LagSnapshot
+    from dashboard import status
+
+    pipeline = make_pipeline()                      # ten samples, 1 to 10 minutes old
+    now = timezone.now()
+    LagSnapshot.objects.create(pipeline=pipeline, taken_at=now - timedelta(hours=2), lag_records=7)
+    quarter = status.chart_series(pipeline, now=now, range_name="15m")
+    assert len(quarter["t"]) == 10 and quarter["to"] - quarter["from"] == 900 and quarter["range"] == "15m"
+    assert len(status.chart_series(pipeline, now=now, range_name="24h")["t"]) == 11
+    assert status.chart_series(pipeline, now=now, range_name="1y")["range"] == "1h"
+    html = operator_client.get("/pipelines/orders/?range=24h").content.decode()
+    assert '<a href="?range=24h#charts" aria-current="true">24 h</a>' in html
+
+
+def test_the_timeline_shows_a_first_gap_between_the_log_start_and_the_first_batch(operator_client):
+    from consumers.models import BatchLedger, PartitionHealth
+
+    pipeline = make_pipeline(partitions=1, with_history=False)
+    PartitionHealth.objects.filter(pipeline=pipeline).update(log_start=0)
+    BatchLedger.objects.create(pipeline=pipeline, partition=0, first_offset=10, end_offset=100, records=90,
+                               rows_written=90, epoch=1)
+    html = operator_client.get("/pipelines/orders/").content.decode()
+    timeline = re.search(r'<figure class="timeline" id="timeline-0">.*?</figure>', html, re.S).group(0)
+    assert "gaps: 0–9" in timeline and 'class="gap"' in timeline
