@@ -174,9 +174,11 @@ def test_screenshots_of_the_overview_and_pipeline_page(page, live_server):
 
 @pytest.mark.kafka
 @pytest.mark.celery
-def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page, live_server, kafka_bootstrap,
-                                                                           celery_worker, settings):
-    from consumers.demo.classic import DEMO_PIPELINES
+@pytest.mark.spark
+@pytest.mark.timeout(1500)  # a JVM start and four pipelines on a shared two-core machine
+def test_the_demo_shows_loss_duplicates_and_exactly_once_as_grids_matching_the_sinks(page, live_server, kafka_bootstrap,
+                                                                                    celery_worker, settings):
+    from consumers.demo.classic import DEMO_PIPELINES, sink_counts
     from tests.conftest import TEST_REDIS_URL
 
     settings.REDIS_URL = TEST_REDIS_URL  # the web side reads the progress the worker writes
@@ -187,24 +189,31 @@ def test_the_demo_runs_in_a_celery_worker_and_shows_each_sink_side_by_side(page,
         log_in(page, live_server, make_operator())
         page.goto(f"{live_server.url}/demo/")
         page.get_by_label("Records").fill("100")
-        page.get_by_label("Crash probability per batch").fill("0.3")
+        page.get_by_label("Crash probability per batch").fill("0.2")
         page.get_by_role("button", name="Run the demo").click()
         expect(page.locator("#demo-state")).to_have_text(re.compile("queued|running|done"))
-        expect(page.locator("#demo-state")).to_have_text("done", timeout=patience(240) * 1000)
-        # One card per pipeline, the Spark engine's exactly-once pipeline beside the kafka-python one.
+        seed = page.locator("#demo-seed").inner_text()
+        assert seed.isdigit()
+        # Each card gets its verdict when its own pipeline is done (generous deadlines: a loaded machine).
+        for name in ("nums-at-most-once", "nums-at-least-once", "nums-exactly-once", "nums-spark-exactly-once"):
+            expect(page.locator(f"#demo-{name} .exactly-once")).to_be_visible(timeout=patience(600) * 1000)
+        expect(page.locator("#demo-state")).to_have_text("done", timeout=patience(120) * 1000)
+        assert int(page.locator("#demo-nums-at-most-once .lost-count").inner_text()) > 0
+        assert int(page.locator("#demo-nums-at-least-once .duplicated-count").inner_text()) > 0
         for name in ("nums-exactly-once", "nums-spark-exactly-once"):
-            expect(page.locator(f"#demo-{name}")).to_contain_text("every value exactly once")
-        state = demo_runs.read_state()
-        at_most = state["pipelines"]["nums-at-most-once"]
-        at_least = state["pipelines"]["nums-at-least-once"]
-        exact = state["pipelines"]["nums-exactly-once"]
-        assert (exact["rows"], exact["distinct"], exact["missing"], exact["duplicated"]) == (100, 100, [], {})
-        # What the page says is what the sinks hold, and reconciliation counts the same as the row check.
-        expect(page.locator("#demo-nums-at-most-once")).to_contain_text(f"{at_most['rows']}")
-        numbers = state["reconciliation"]
-        assert numbers["nums-at-most-once"]["lost"] == len(at_most["missing"])
-        assert numbers["nums-at-least-once"]["duplicated"] == sum(c - 1 for c in at_least["duplicated"].values())
-        assert numbers["nums-exactly-once"]["lost"] == numbers["nums-exactly-once"]["duplicated"] == 0
+            expect(page.locator(f"#demo-{name} .exactly-once")).to_have_text("yes")
+        for name in ("nums-at-most-once", "nums-at-least-once"):
+            expect(page.locator(f"#demo-{name} .exactly-once")).to_have_text("no")
+        # Every cell says what PostgreSQL holds for its value (0 = lost, 2+ = duplicated).
+        for demo in DEMO_PIPELINES:
+            counts = sink_counts(demo.sink_table)
+            shown = page.locator(f"#demo-{demo.name} .value-grid li").evaluate_all(
+                "cells => cells.map(c => [Number(c.dataset.value), Number(c.dataset.count), c.className])")
+            assert [(v, n) for v, n, _ in shown] == [(v, counts.get(v, 0)) for v in range(1, 101)], demo.name
+            kinds = {v: cls.split()[-1] for v, _, cls in shown}
+            assert all(kinds[v] == ("lost" if counts.get(v, 0) == 0 else "once" if counts[v] == 1 else "dup")
+                       for v in range(1, 101)), demo.name
+        expect(page.get_by_role("button", name=f"Run again with seed {seed}")).to_be_visible()
         time.sleep(0.5)
         page.screenshot(path=str(screenshot_dir() / "demo.png"), full_page=True)
     finally:

@@ -47,25 +47,76 @@ def test_seed_demo_refuses_another_record_count_and_reset_starts_over(demo):
         call_command("seed_demo", "--records", "40")
     seed_demo(records=40, partitions=2, reset=True)
     assert held_records(DEMO_TOPIC) == {0: 20, 1: 20}
-    assert not PartitionOffset.objects.exists() and not ConsumerRun.objects.exists()
+    assert not PartitionOffset.objects.exists()
     assert Pipeline.objects.filter(topic=DEMO_TOPIC).count() == len(DEMO_PIPELINES)
+
+
+def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_the_audited_action(demo):
+    from dashboard.models import Alert, AlertRule
+    from django.utils import timezone
+
+    from consumers.models import ActionLog, BatchLedger
+    from consumers.operations import actions
+
+    seed_demo(records=20, reset=True)
+    running = Pipeline.objects.get(name="nums-at-least-once")
+    Pipeline.objects.filter(pk=running.pk).update(desired_state="running")
+    started = actions.pause(running, actor="alice")
+    rule = AlertRule.objects.create(name="demo loss", kind=AlertRule._meta.get_field("kind").choices[0][0],
+                                    pipeline=running)
+    now = timezone.now()
+    alert = Alert.objects.create(rule=rule, pipeline=running, summary="lost 3", started_at=now, last_seen_at=now)
+    quiet = Pipeline.objects.get(name="nums-exactly-once")
+    quiet_epoch = quiet.epoch
+    run = ConsumerRun.objects.create(pipeline=quiet, epoch=quiet_epoch, host="h", pid=1)
+    BatchLedger.objects.create(pipeline=quiet, partition=0, first_offset=0, end_offset=10, records=10, rows_written=10,
+                               epoch=quiet_epoch)
+
+    summary = seed_demo(records=20, reset=True)
+
+    assert Pipeline.objects.get(pk=running.pk).desired_state == "stopped"
+    stop = ActionLog.objects.get(pipeline=running, action="stop")
+    assert stop.actor == "demo-reset" and stop.result == "done"
+    assert any("nums-at-least-once" in note and f"audit log entry {stop.pk}" in note for note in summary["notes"])
+    assert ActionLog.objects.filter(pk=started.pk, pipeline=running).exists()
+    assert Alert.objects.filter(pk=alert.pk, pipeline=running).exists()
+    # The pipeline that was not running is fenced by a new epoch; its state goes, its runs stay, ended.
+    assert Pipeline.objects.get(pk=quiet.pk).epoch > quiet_epoch
+    assert not BatchLedger.objects.filter(pipeline=quiet).exists()
+    run.refresh_from_db()
+    assert run.ended_at is not None and run.end_reason == "demo reset"
 
 
 def test_the_classic_demo_loses_with_at_most_once_duplicates_with_at_least_once_not_with_exactly_once(demo):
     updates = []
-    # Every first run crashes at its mode's classic point in its first batch; the restart runs without faults.
-    result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, progress=updates.append,
+    # Probability 0: each pipeline crashes once, at its classic point, where seed 5 says.
+    result = run_classic_demo(records=30, crash_probability=0.0, seed=5, progress=updates.append,
                               timeout_s=patience(180), pipelines=CLASSIC)
     assert sorted(result) == sorted(CLASSIC)
     lost, doubled, exact = (result[name] for name in ("nums-at-most-once", "nums-at-least-once",
                                                        "nums-exactly-once"))
     for outcome in (lost, doubled, exact):
         assert (outcome["state"], outcome["restarts"]) == ("done", 1), outcome
-    # At-most-once committed the first batch to Kafka, then died: those values never reach the sink.
-    assert lost["missing"] and lost["missing"] == list(range(1, len(lost["missing"]) + 1))
-    assert len(lost["missing"]) <= 10 and lost["duplicated"] == {} and lost["rows"] == 30 - len(lost["missing"])
-    # At-least-once wrote the first batch, died before the Kafka commit, and wrote it again.
+        assert [c["classic"] for c in outcome["crashes"]] == [True]
+    # At-most-once committed one batch to Kafka, then died: those ten values never reach the sink.
+    attempt = lost["crashes"][0]["attempt"]
+    assert lost["missing"] == list(range(10 * (attempt - 1) + 1, 10 * attempt + 1))
+    assert lost["duplicated"] == {} and lost["rows"] == 20
+    # At-least-once wrote a batch, died before the Kafka commit, and wrote it again.
     assert doubled["missing"] == [] and doubled["duplicated"]
-    assert doubled["duplicated"] == {v: 2 for v in range(1, len(doubled["duplicated"]) + 1)}
+    assert set(doubled["duplicated"].values()) == {2}
     assert (exact["rows"], exact["distinct"], exact["missing"], exact["duplicated"]) == (30, 30, [], {})
-    assert updates[-1]["nums-exactly-once"]["state"] == "done"
+    # Each pipeline's counts were reported as soon as it was done, before the run's final report.
+    first_done = {name: next(u for u in updates if u[name]["state"] == "done") for name in CLASSIC}
+    assert all("rows" in update[name] for name, update in first_done.items())
+    assert [event for _, event in exact["timeline"]] == ["started", "crashed", "started", "done"]
+
+
+def test_the_same_seed_repeats_the_same_run(demo):
+    first = run_classic_demo(records=30, crash_probability=0.3, seed=77, timeout_s=patience(180), pipelines=CLASSIC[:1])
+    again = run_classic_demo(records=30, crash_probability=0.3, seed=77, timeout_s=patience(180), pipelines=CLASSIC[:1])
+    name = CLASSIC[0]
+    assert first[name]["state"] == again[name]["state"] == "done"
+    assert first[name]["crashes"] == again[name]["crashes"]
+    assert first[name]["restarts"] == again[name]["restarts"] >= 1
+    assert first[name]["missing"] == again[name]["missing"] != []

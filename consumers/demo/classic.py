@@ -9,10 +9,12 @@ exits cleanly, and reads the sinks row by row.
 
 --reset: the embedded broker cannot delete records, so the topic is deleted and created again (its
 offsets start at 0 again) and any Kafka offsets the demo groups still hold for it are set back to 0; the
-demo pipelines are deleted with all their state (offsets, ledger, runs, health) and created again.
+demo pipelines keep their rows and history (action log, alerts, past runs) and lose their state
+(offsets, ledger, dead letters, health); a running one is stopped through the audited stop action.
 """
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -22,16 +24,32 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 from kafka import KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from psycopg2 import sql
 
+from consumers.demo.schedule import MAX_SEED, crash_schedule, process_specs
 from consumers.engine import db, sinks
 from consumers.engine.faults import POINTS
 from consumers.engine.pipelines import create_pipeline
+from consumers.engine.spark_worker_commit import WORKER_DIED, with_task_retries
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, Engine, Pipeline
+from consumers.models import (
+    BatchLedger,
+    ConsumerRun,
+    DeadLetter,
+    DeliveryMode,
+    DesiredState,
+    Engine,
+    PartitionHealth,
+    PartitionOffset,
+    Pipeline,
+    PipelineHealth,
+    RunState,
+)
 
 log = logging.getLogger("tally.demo")
 
@@ -39,6 +57,13 @@ DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
 DEMO_SESSION_TIMEOUT_MS = 2000  # a killed member holds its partitions until its session expires
 TOPIC_TIMEOUT_S = 15.0
+RESET_ACTOR = "demo-reset"
+# A pipeline process that fails (not a scheduled SIGKILL) is started again this many times.
+MAX_FAILED_STARTS = 2
+
+
+# Every point an exactly-once batch passes (it never commits to Kafka before writing).
+EXACTLY_ONCE_POINTS = tuple(point for point in POINTS if point != "after-kafka-commit")
 
 
 class DemoError(RuntimeError):
@@ -59,8 +84,9 @@ class DemoPipeline:
 DEMO_PIPELINES: list[DemoPipeline] = [
     DemoPipeline("nums-at-most-once", DeliveryMode.AT_MOST_ONCE, "demo_nums_at_most_once", ("after-kafka-commit",)),
     DemoPipeline("nums-at-least-once", DeliveryMode.AT_LEAST_ONCE, "demo_nums_at_least_once", ("after-db-commit",)),
-    DemoPipeline("nums-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_exactly_once", POINTS),
-    DemoPipeline("nums-spark-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_spark_exactly_once", POINTS,
+    DemoPipeline("nums-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_exactly_once", EXACTLY_ONCE_POINTS),
+    DemoPipeline("nums-spark-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_spark_exactly_once",
+                 EXACTLY_ONCE_POINTS,
                  engine=Engine.SPARK, command="run_spark_pipeline"),
 ]
 
@@ -71,20 +97,39 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
     pipelines. Safe to re-run; `reset` starts over (see the module docstring)."""
     if records < 1 or partitions < 1:
         raise DemoError("records and partitions must be at least 1.")
-    if reset:
-        _reset()
+    notes = _reset() if reset else []
     produced = _ensure_topic(records, partitions)
     pipelines = [create_pipeline(demo.name, DEMO_TOPIC, demo.sink_table, "int_value", demo.delivery_mode,
                                  exist_ok=True, group_id=demo.name, batch_size=DEMO_BATCH_SIZE, engine=demo.engine)
                  for demo in DEMO_PIPELINES]
     return {"topic": DEMO_TOPIC, "records": records, "partitions": partitions, "produced": produced,
-            "pipelines": [p.name for p in pipelines]}
+            "pipelines": [p.name for p in pipelines], "notes": notes}
 
 
-def _reset() -> None:
+def _reset() -> list[str]:
+    """Start the demo pipelines over, keeping their history: the pipeline rows stay (so do their action
+    log and alerts, which point at them); a running one is stopped through the audited stop action, the
+    others get a new epoch, which fences any writer still alive; positions, ledger, dead letters and
+    health go; unfinished runs are marked ended. Returns what it did, to tell the user."""
+    from consumers.operations import actions
+
     names = [demo.name for demo in DEMO_PIPELINES]
-    # Deleting a pipeline fences its running engines (the commit and the heartbeat find no pipeline).
-    Pipeline.objects.filter(name__in=names).delete()
+    notes = []
+    for pipeline in Pipeline.objects.filter(name__in=names):
+        if pipeline.desired_state != DesiredState.STOPPED:
+            entry = actions.stop(pipeline, actor=RESET_ACTOR)
+            notes.append(f"{pipeline.name} was {pipeline.desired_state}: stopped through the stop action "
+                         f"(audit log entry {entry.pk}).")
+        else:
+            pipeline.bump_epoch()
+        with transaction.atomic():
+            PartitionOffset.objects.filter(pipeline=pipeline).delete()
+            BatchLedger.objects.filter(pipeline=pipeline).delete()
+            DeadLetter.objects.filter(pipeline=pipeline).delete()
+            PartitionHealth.objects.filter(pipeline=pipeline).delete()
+            PipelineHealth.objects.filter(pipeline=pipeline).delete()
+            ConsumerRun.objects.filter(pipeline=pipeline, ended_at__isnull=True).update(
+                state=RunState.STOPPED, ended_at=timezone.now(), end_reason="demo reset")
     conn = db.connect("tally-demo")
     try:
         with conn.cursor() as cursor:
@@ -102,6 +147,7 @@ def _reset() -> None:
         if DEMO_TOPIC in admin.list_topics():
             admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
             _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+    return notes
 
 
 def _ensure_topic(records: int, partitions: int) -> int:
@@ -170,65 +216,97 @@ def _wait_until(check: Callable, what: str, timeout_s: float = TOPIC_TIMEOUT_S):
 
 
 # --- the run with crashes --------------------------------------------------------------------------
-def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_restarts: int = 30,
-                     progress: Callable[[dict], None] | None = None, *, partitions: int = 1,
-                     timeout_s: float = 600.0, env: dict | None = None, pipelines: list[str] | None = None) -> dict:
-    """Seed from scratch, then run every demo pipeline as a subprocess that kills itself (SIGKILL) at its
-    mode's classic fault points (a batch crashes with `crash_probability`), restarting it after each
-    crash until it exits 0.
-    After `max_restarts` crashes a pipeline runs once more without faults, so each one finishes. All
-    pipelines run at once; `timeout_s` bounds the whole run. `progress(status)` gets the per-pipeline
-    status dict whenever it changes. `pipelines` limits the run to these demo pipelines (default: all).
+def new_seed() -> int:
+    return secrets.randbelow(MAX_SEED) + 1
 
-    Returns {pipeline name: {delivery_mode, state, restarts, rows, distinct, missing (sorted list),
-    duplicated ({value: count}), error}}; state is done, failed or timed_out."""
+
+def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_restarts: int = 30,
+                     progress: Callable[[dict], None] | None = None, *, seed: int | None = None,
+                     partitions: int = 1, timeout_s: float = 600.0, env: dict | None = None,
+                     pipelines: list[str] | None = None, spark_kills_workers: bool = True) -> dict:
+    """Seed from scratch, then run every demo pipeline as a subprocess that kills itself (SIGKILL) where
+    its crash schedule says (consumers/demo/schedule.py: one classic crash per pipeline, plus crashes with
+    `crash_probability` per batch, at most `max_restarts`, all drawn from `seed`), restarting it after each
+    crash until it exits 0. All pipelines run at once; `timeout_s` bounds the whole run. `progress(status)`
+    gets the per-pipeline status whenever it changes; a pipeline's counts are in it as soon as it is done.
+    `pipelines` limits the run to these demo pipelines (default: all). `spark_kills_workers=False` kills
+    and restarts the Spark driver instead of its committing Python worker (to measure what that costs).
+
+    Returns {pipeline name: {delivery_mode, state, restarts, crashes (the schedule), rows, distinct,
+    missing (sorted list), duplicated ({value: count}), timeline, error}}; state is done, failed or
+    timed_out."""
     if not 0.0 <= crash_probability <= 1.0:
         raise DemoError("crash_probability must be within [0, 1].")
+    if max_restarts < 1:
+        raise DemoError("max_restarts must be at least 1: the classic crash is the lesson.")
+    seed = new_seed() if seed is None else seed
+    if not 0 <= seed <= MAX_SEED:
+        raise DemoError(f"seed must be within 0..{MAX_SEED}.")
     selected = [demo for demo in DEMO_PIPELINES if pipelines is None or demo.name in pipelines]
     unknown = set(pipelines or ()) - {demo.name for demo in selected}
     if unknown:
         raise DemoError(f"Not demo pipelines: {', '.join(sorted(unknown))}.")
+    schedules = {demo.name: crash_schedule(seed, demo.name, demo.delivery_mode, demo.crash_points,
+                                           crash_probability, records, DEMO_BATCH_SIZE, max_restarts)
+                 for demo in selected}
+    started = time.monotonic()
     seed_demo(records=records, partitions=partitions, reset=True)
-    runner = _DemoRunner(selected, crash_probability, max_restarts, progress, _subprocess_env(env))
+    seeded_s = time.monotonic() - started
+    runner = _DemoRunner(selected, schedules, records, progress, _subprocess_env(env), spark_kills_workers)
     status = runner.run(timeout_s)
     for demo in selected:
-        status[demo.name].update(count_sink(demo.sink_table, records))
+        status[demo.name]["seed_s"] = round(seeded_s, 2)
     if progress:
         progress(status)
     return status
 
 
-def crash_spec(points: tuple[str, ...], probability: float) -> str:
-    """--crash-at for `points` such that a batch crashes with `probability` in total, whatever the number
-    of points (so every mode gets about the same number of crashes): 1 - (1 - p_point) ** n = p."""
-    per_point = 1 - (1 - probability) ** (1 / len(points))
-    return ",".join(f"{point}:{per_point:.4f}" for point in points)
+def sink_counts(table: str) -> dict[int, int]:
+    """How many rows of a demo sink hold each value ({} while the table does not exist yet). `table` is
+    one of DEMO_PIPELINES' sink tables, never a name from a request."""
+    conn = db.connect("tally-demo")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT to_regclass(%s)", [table])
+            if cursor.fetchone()[0] is None:
+                return {}
+            cursor.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(sql.Identifier(table)))
+            return dict(cursor.fetchall())
+    finally:
+        conn.rollback()
+        conn.close()
 
 
 def count_sink(table: str, records: int) -> dict:
     """Row-by-row view of a demo sink: which of 1..records are missing, which are there more than once."""
-    conn = db.connect("tally-demo")
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(sql.Identifier(table)))
-            counts = dict(cursor.fetchall())
-        conn.rollback()
-    finally:
-        conn.close()
+    return summarize_counts(sink_counts(table), records)
+
+
+def summarize_counts(counts: dict[int, int], records: int) -> dict:
     return {"rows": sum(counts.values()), "distinct": len(counts),
             "missing": [v for v in range(1, records + 1) if v not in counts],
             "duplicated": {v: c for v, c in sorted(counts.items()) if c > 1}}
 
 
 class _DemoRunner:
-    """Runs the demo pipelines' processes side by side and restarts them after crashes."""
+    """Runs the demo pipelines' processes side by side, restarts them after crashes, and counts each
+    sink as soon as its pipeline is done."""
 
-    def __init__(self, demos, crash_probability, max_restarts, progress, env):
-        self.demos = demos
-        self.crash_probability, self.max_restarts = crash_probability, max_restarts
+    def __init__(self, demos, schedules, records, progress, env, spark_kills_workers=True):
+        self.demos, self.records = demos, records
+        self.in_worker = {demo.name: demo.engine == Engine.SPARK and spark_kills_workers for demo in demos}
+        # Spark: one process for the whole run, whose Python workers die where the schedule says (the
+        # driver stays warm, see consumers/engine/spark_worker_commit.py); the others: one process per crash.
+        self.specs = {demo.name: ([",".join(f"{c.point}@{c.attempt + 1}" for c in schedules[demo.name])]
+                                  if self.in_worker[demo.name] else process_specs(schedules[demo.name]))
+                      for demo in demos}
+        self.logged: dict[str, int] = {}
         self.progress, self.env = progress, env
+        self.started = time.monotonic()
         self.status = {demo.name: {"delivery_mode": demo.delivery_mode, "state": "starting", "restarts": 0,
-                                   "error": ""} for demo in demos}
+                                   "crashes": [{"attempt": c.attempt + 1, "point": c.point, "classic": c.classic}
+                                               for c in schedules[demo.name]],
+                                   "timeline": [], "error": "", "failed_starts": 0} for demo in demos}
         self.processes: dict[str, tuple[subprocess.Popen, object]] = {}
 
     def run(self, timeout_s: float) -> dict:
@@ -254,15 +332,29 @@ class _DemoRunner:
     def _check(self, demo: DemoPipeline) -> None:
         process, log = self.processes[demo.name]
         code = process.poll()
+        status = self.status[demo.name]
+        if self.in_worker[demo.name]:
+            self._count_worker_deaths(demo.name, log)
         if code is None:
             return
-        status = self.status[demo.name]
         if code == 0:
             self._finish(demo.name, "done")
+            status.update(count_sink(demo.sink_table, self.records))
         elif code == -9:   # SIGKILL from a fault point: the crash the demo is about
             del self.processes[demo.name]
             log.close()
             status["restarts"] += 1
+            self._mark(demo.name, "crashed")
+            self._start(demo)
+        elif status["failed_starts"] < MAX_FAILED_STARTS:
+            # Not a scheduled crash: e.g. Spark's Python worker not connecting back in time on a loaded
+            # machine. Positions live in PostgreSQL and Kafka, so starting again is safe; the error stays.
+            log.seek(0)
+            status["failed_starts"] += 1
+            status["error"] = _last_line(log.read().decode(errors="replace"))
+            del self.processes[demo.name]
+            log.close()
+            self._mark(demo.name, "failed, started again")
             self._start(demo)
         else:
             log.seek(0)
@@ -273,13 +365,31 @@ class _DemoRunner:
         status = self.status[demo.name]
         command = [sys.executable, str(settings.BASE_DIR / "manage.py"), demo.command, demo.name,
                    "--batch-size", str(DEMO_BATCH_SIZE), "--stop-when-caught-up"]
-        if status["restarts"] < self.max_restarts and self.crash_probability > 0:
-            command += ["--crash-at", crash_spec(demo.crash_points, self.crash_probability)]
+        specs, env = self.specs[demo.name], self.env
+        if status["restarts"] < len(specs):
+            command += ["--crash-at", specs[status["restarts"]]]
+        if self.in_worker[demo.name]:
+            command.append("--crash-in-worker")
+            env = {**env, "SPARK_MASTER": with_task_retries(env.get("SPARK_MASTER") or settings.SPARK_MASTER)}
         log = tempfile.TemporaryFile()
-        process = subprocess.Popen(command, cwd=settings.BASE_DIR, env=self.env, stdout=log,
+        self.logged[demo.name] = 0
+        process = subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         self.processes[demo.name] = (process, log)
         status["state"] = "running"
+        self._mark(demo.name, "started")
+
+    def _count_worker_deaths(self, name: str, log) -> None:
+        """A Spark worker that died committing is a crash too (the driver logs each one)."""
+        # pread: the child writes through the same open file, so moving its offset would garble the log.
+        text = os.pread(log.fileno(), os.fstat(log.fileno()).st_size, 0).decode(errors="replace")
+        died = text.count(WORKER_DIED)
+        for _ in range(died - self.logged[name]):
+            self.status[name]["restarts"] += 1
+            self._mark(name, "worker died")
+        if died != self.logged[name]:
+            self.logged[name] = died
+            self._report()
 
     def _finish(self, name: str, state: str, error: str = "") -> None:
         process, log = self.processes.pop(name)
@@ -288,10 +398,22 @@ class _DemoRunner:
             process.wait(timeout=10)
         log.close()
         self.status[name].update(state=state, error=error)
+        self._mark(name, state)
+
+    def _mark(self, name: str, event: str) -> None:
+        """Seconds since the run began: where the time goes (process and JVM starts, crashes, the end)."""
+        self.status[name]["timeline"].append([round(time.monotonic() - self.started, 2), event])
+        if event != "started":
+            self.status[name]["elapsed_s"] = round(time.monotonic() - self.started, 2)
 
     def _report(self) -> None:
         if self.progress:
             self.progress({name: dict(s) for name, s in self.status.items()})
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
 
 
 def _subprocess_env(extra: dict | None) -> dict:

@@ -38,28 +38,29 @@ class DemoBusy(RuntimeError):
     pass
 
 
-def request_run(records: int, crash_probability: float, user: str) -> str:
+def request_run(records: int, crash_probability: float, user: str, seed: int, preset: str = "") -> str:
     """Claim the single demo slot (SET NX) and enqueue the task; raise DemoBusy if a run is going on."""
     run_id = uuid.uuid4().hex[:12]
     if not _redis().set(LOCK_KEY, run_id, nx=True, ex=LOCK_SECONDS):
         raise DemoBusy("A demo run is already in progress: wait for it to finish.")
     try:
         write_state({"run_id": run_id, "state": "queued", "records": records,
-                     "crash_probability": crash_probability, "requested_by": user,
-                     "started_at": timezone.now().isoformat(), "pipelines": {}})
-        current_app.signature(RUN_DEMO_TASK, args=(run_id, records, crash_probability)).delay()
+                     "crash_probability": crash_probability, "seed": seed, "preset": preset,
+                     "requested_by": user, "started_at": timezone.now().isoformat(), "pipelines": {}})
+        current_app.signature(RUN_DEMO_TASK, args=(run_id, records, crash_probability, seed)).delay()
     except Exception:
         _redis().delete(LOCK_KEY)  # nothing was enqueued: do not block the next try for LOCK_SECONDS
         raise
     return run_id
 
 
-def run(run_id: str, records: int, crash_probability: float) -> dict:
-    """Run the classic demo, recording progress, then reconcile the three pipelines. Called by the task."""
+def run(run_id: str, records: int, crash_probability: float, seed: int) -> dict:
+    """Run the classic demo, recording progress, then reconcile the demo pipelines. Called by the task."""
     from consumers.demo import classic as demo
 
     state = read_state() or {}
-    state.update(run_id=run_id, state="running", records=records, crash_probability=crash_probability)
+    state.update(run_id=run_id, state="running", records=records, crash_probability=crash_probability,
+                 seed=seed)
     write_state(state)
 
     def progress(pipelines: dict) -> None:
@@ -68,7 +69,7 @@ def run(run_id: str, records: int, crash_probability: float) -> dict:
 
     try:
         result = demo.run_classic_demo(records=records, crash_probability=crash_probability, progress=progress,
-                                       timeout_s=DEMO_TIMEOUT_S)
+                                       seed=seed, timeout_s=DEMO_TIMEOUT_S)
         state["pipelines"] = result
         state["reconciliation"] = reconcile_demo_pipelines()
         state["state"] = "done"

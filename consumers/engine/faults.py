@@ -1,8 +1,11 @@
 """Fault injection: end the process abruptly at a named step of the commit protocol.
 
 `--crash-at after-write:0.3` makes every pass through `after-write` kill the process (SIGKILL, so no
-cleanup, no `finally`, no transaction commit) with probability 0.3. Used by chaos tests and demos to
-reproduce every failure of every delivery mode.
+cleanup, no `finally`, no transaction commit) with probability 0.3. `--crash-at after-write@3` kills it at
+the third pass through `after-write` exactly: every batch passes each point once (each point counts its own
+passes, so a writer thread running behind the poll loop does not shift the count), which makes a crash
+schedule repeatable (the demo's seeded schedule). Used by chaos tests and demos to reproduce every failure
+of every delivery mode.
 """
 import os
 import random
@@ -19,20 +22,32 @@ POINTS = (
 
 
 class FaultInjector:
-    def __init__(self, points: dict[str, float] | None = None, rng: random.Random | None = None):
+    def __init__(self, points: dict[str, float] | None = None, rng: random.Random | None = None,
+                 at_pass: dict[str, set[int]] | None = None, in_worker: bool = False):
         self.points = dict(points or {})
         self.rng = rng or random.Random()
+        self.at_pass = {point: set(numbers) for point, numbers in (at_pass or {}).items()}  # 1 = the first pass
+        self.passes: dict[str, int] = {}
+        # Spark: the commit runs in a Python worker, and the worker dies instead of the driver (see
+        # consumers/engine/spark_worker_commit.py); `at_pass` then numbers batch attempts, task retries included.
+        self.in_worker = in_worker
 
     @classmethod
-    def parse(cls, specs: list[str] | str | None) -> "FaultInjector":
-        """Parse "POINT[:PROBABILITY]" items (a list, or one comma-separated string)."""
+    def parse(cls, specs: list[str] | str | None, in_worker: bool = False) -> "FaultInjector":
+        """Parse "POINT[:PROBABILITY]" and "POINT@PASS" items (a list, or one comma-separated string)."""
         if isinstance(specs, str):
             specs = [s for s in specs.split(",") if s]
-        points = {}
+        points, at_pass = {}, {}
         for spec in specs or []:
+            if "@" in spec:
+                point, _, number = spec.partition("@")
+                _check_point(point)
+                if not number.isdigit() or int(number) < 1:
+                    raise ValueError(f"Bad pass number {number!r} in {spec!r}: use a whole number from 1")
+                at_pass.setdefault(point, set()).add(int(number))
+                continue
             point, _, probability = spec.partition(":")
-            if point not in POINTS:
-                raise ValueError(f"Unknown crash point {point!r}: use one of {', '.join(POINTS)}")
+            _check_point(point)
             try:
                 p = float(probability) if probability else 1.0
             except ValueError:
@@ -40,18 +55,32 @@ class FaultInjector:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"Crash probability must be within [0, 1], got {p}")
             points[point] = p
-        return cls(points)
+        return cls(points, at_pass=at_pass, in_worker=in_worker)
 
     def armed(self, point: str) -> bool:
-        return point in self.points
+        return point in self.points or point in self.at_pass
 
     def maybe_crash(self, point: str) -> None:
+        if point in self.at_pass:
+            self.passes[point] = self.passes.get(point, 0) + 1
+            if self.passes[point] in self.at_pass[point]:
+                os.kill(os.getpid(), signal.SIGKILL)
         probability = self.points.get(point)
         if probability and self.rng.random() < probability:
             # Say which fault fired before dying: SIGKILL leaves no other trace of it.
             sys.stderr.write(f"crash-at: fault {point} fired (p={probability:g}): SIGKILL to pid {os.getpid()}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+    def point_at(self, attempt: int) -> str | None:
+        """The point where batch attempt `attempt` (1 = the first) is scheduled to crash, if any."""
+        return next((point for point in POINTS if attempt in self.at_pass.get(point, ())), None)
+
+
+def _check_point(point: str) -> None:
+    if point not in POINTS:
+        raise ValueError(f"Unknown crash point {point!r}: use one of {', '.join(POINTS)}")
 
 
 NO_FAULTS = FaultInjector()

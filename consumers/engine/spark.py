@@ -26,6 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from consumers.engine import commit, db, sinks
+from consumers.engine import spark_worker_commit as worker_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
 from consumers.engine.spark_session import get_spark
@@ -83,6 +84,7 @@ class SparkRun:
         self._batch_lock = threading.Lock()
         self._closing = False
         self._kafka = None
+        self.next_attempt = 1               # batch attempts, for faults in a Python worker (worker_commit.py)
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -229,7 +231,8 @@ class SparkRun:
     def _commit(self, batches: dict[int, list[SourceRecord]]) -> None:
         if not any(batches.values()):
             return
-        self.faults.maybe_crash("after-poll")
+        if not self.faults.in_worker:
+            self.faults.maybe_crash("after-poll")
         ends = {p: records[-1].offset + 1 for p, records in batches.items() if records}
         added = {p: records[0].offset for p, records in batches.items() if records and p not in self.positions}
         if added and self.target.exactly_once:
@@ -240,7 +243,7 @@ class SparkRun:
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._commit_kafka(ends)
                 self.faults.maybe_crash("after-kafka-commit")
-            outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
+            outcomes = self._commit_batch(batches)
         except commit.Fenced as exc:
             self.ending, self.error = "fenced", str(exc)
             return
@@ -250,12 +253,19 @@ class SparkRun:
         except commit.Gap as exc:  # e.g. records gone from the log (retention): never skip them silently
             self.ending, self.error = "error", f"Gap: {exc}"
             return
-        self.faults.maybe_crash("after-db-commit")
+        if not self.faults.in_worker:
+            self.faults.maybe_crash("after-db-commit")
         if self.mode != DeliveryMode.AT_MOST_ONCE:
             self._commit_kafka({o.partition: o.end_offset for o in outcomes})
         self._count(outcomes, ends)
         if self.delay_per_record_s:
             time.sleep(self.delay_per_record_s * sum(len(r) for r in batches.values()))
+
+    def _commit_batch(self, batches):
+        if not self.faults.in_worker:
+            return commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
+        points, self.next_attempt = worker_commit.crash_points(self.faults, self.next_attempt)
+        return worker_commit.commit_on_worker(get_spark(), self.target, self.epoch, batches, points)
 
     def _count(self, outcomes, ends) -> None:
         with self._lock:

@@ -31,6 +31,9 @@ class Command(BaseCommand):
         parser.add_argument("--crash-at", action="append", default=[], metavar="POINT[:PROBABILITY]",
                             help=f"Kill this process (SIGKILL) at a fault point; repeatable or comma-separated. "
                                  f"Points: {', '.join(POINTS)}.")
+        parser.add_argument("--crash-in-worker", action="store_true",
+                            help="Spark: the commit runs in a Python worker and --crash-at POINT@N kills that worker "
+                                 "(N counts batch attempts; Spark retries the task), not the driver.")
         parser.add_argument("--json", action="store_true", help="Print the run's result as JSON.")
 
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
@@ -39,7 +42,8 @@ class Command(BaseCommand):
         if delay_ms < 0:
             raise CommandError("--delay-ms must not be negative.")
         try:
-            faults = FaultInjector.parse([spec for item in crash_at for spec in item.split(",") if spec])
+            faults = FaultInjector.parse([spec for item in crash_at for spec in item.split(",") if spec],
+                                         in_worker=options["crash_in_worker"])
         except ValueError as exc:
             raise CommandError(f"--crash-at: {exc}") from exc
         engine = self.engine_override or options.get("engine")

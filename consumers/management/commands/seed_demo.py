@@ -11,7 +11,8 @@ class Command(BaseCommand):
         parser.add_argument("--records", type=int, default=100, help="How many values (default 100).")
         parser.add_argument("--partitions", type=int, default=1, help="Partitions of topic nums (default 1).")
         parser.add_argument("--reset", action="store_true",
-                            help="Start over: recreate the topic, drop the sinks, delete the pipelines' state.")
+                            help="Start over: recreate the topic, drop the sinks, clear the pipelines' offsets and "
+                                 "ledger (action log and alerts stay; a running one is stopped, audited).")
 
     def handle(self, *args, records, partitions, reset, **options):
         try:
@@ -22,3 +23,5 @@ class Command(BaseCommand):
                     else "the topic already held them")
         self.stdout.write(f"Topic {summary['topic']}: values 1..{records} over {partitions} partition(s), "
                           f"{produced}. Pipelines: {', '.join(summary['pipelines'])}.")
+        for note in summary["notes"]:
+            self.stdout.write(note)
