@@ -52,9 +52,9 @@ def test_seed_demo_refuses_another_record_count_and_reset_starts_over(demo):
 
 
 def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_the_audited_action(demo):
-    from dashboard.models import Alert, AlertRule
     from django.utils import timezone
 
+    from alerts.models import Alert, AlertRule
     from consumers.models import ActionLog, BatchLedger
     from consumers.operations import actions
 
