@@ -64,6 +64,8 @@ class FaultInjector:
         if point in self.at_pass:
             self.passes[point] = self.passes.get(point, 0) + 1
             if self.passes[point] in self.at_pass[point]:
+                sys.stderr.write(f"crash-at: fault {point}@{self.passes[point]} fired: SIGKILL to pid {os.getpid()}\n")
+                sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
         probability = self.points.get(point)
         if probability and self.rng.random() < probability:
@@ -71,7 +73,6 @@ class FaultInjector:
             sys.stderr.write(f"crash-at: fault {point} fired (p={probability:g}): SIGKILL to pid {os.getpid()}\n")
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-
 
     def point_at(self, attempt: int) -> str | None:
         """The point where batch attempt `attempt` (1 = the first) is scheduled to crash, if any."""
