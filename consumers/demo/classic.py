@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db import connection, transaction
 from kafka import KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
@@ -37,7 +38,6 @@ log = logging.getLogger("tally.demo")
 
 DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
-DEMO_SESSION_TIMEOUT_MS = 2000  # a killed member holds its partitions until its session expires
 TOPIC_TIMEOUT_S = 15.0
 
 
@@ -82,26 +82,29 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
 
 
 def _reset() -> None:
+    """Kafka first, then the database in one transaction: if the broker refuses (the topic cannot be
+    deleted), nothing in the database has changed and DemoError says why; if the database part fails,
+    it rolls back whole, and the pipelines' stored positions -- now ahead of the recreated topic's end --
+    are reported as "position ahead of log end", never read silently."""
     names = [demo.name for demo in DEMO_PIPELINES]
-    # Deleting a pipeline fences its running engines (the commit and the heartbeat find no pipeline).
-    Pipeline.objects.filter(name__in=names).delete()
-    conn = db.connect("tally-demo")
-    try:
-        with conn.cursor() as cursor:
-            for demo in DEMO_PIPELINES:
-                sinks.drop_sink_table(cursor, demo.sink_table)
-        conn.commit()
-    finally:
-        conn.close()
-    # Starting over includes the demo's consumer groups: their committed offsets, and any membership a
-    # killed engine left behind (on the embedded broker such a group can stay stuck in a rebalance).
+    # The demo's consumer groups: their committed offsets, and any membership a killed engine left
+    # behind (on the embedded broker such a group can stay stuck in a rebalance). Errors are returned.
     failed = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
     if failed:
         log.warning("Could not delete demo consumer groups: %s", failed)
-    with kafka_admin.admin_session() as admin:
-        if DEMO_TOPIC in admin.list_topics():
-            admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
-            _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+    try:
+        with kafka_admin.admin_session() as admin:
+            if DEMO_TOPIC in admin.list_topics():
+                admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
+                _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+    except Exception as exc:  # the broker refused or is unreachable: stop before touching the database
+        raise DemoError(f"Could not delete topic {DEMO_TOPIC!r} ({type(exc).__name__}: {exc}); "
+                        f"nothing was reset.") from exc
+    # Deleting a pipeline fences its running engines (the commit and the heartbeat find no pipeline).
+    with transaction.atomic(), connection.cursor() as cursor:
+        Pipeline.objects.filter(name__in=names).delete()
+        for demo in DEMO_PIPELINES:
+            sinks.drop_sink_table(cursor.cursor, demo.sink_table)
 
 
 def _ensure_topic(records: int, partitions: int) -> int:
@@ -295,8 +298,7 @@ class _DemoRunner:
 
 
 def _subprocess_env(extra: dict | None) -> dict:
-    """The children use this process's database and broker (a test's or a worker's), and a short
-    session timeout so a restart does not wait long for the killed member to leave the group."""
+    """The children use this process's database, broker and session timeout (a test's or a worker's)."""
     database = settings.DATABASES["default"]
     auth = quote(database.get("USER") or "postgres", safe="")
     if database.get("PASSWORD"):
@@ -305,7 +307,7 @@ def _subprocess_env(extra: dict | None) -> dict:
     env.update({"DATABASE_URL": f"postgres://{auth}@{database.get('HOST') or '127.0.0.1'}:"
                                 f"{database.get('PORT') or 5432}/{database['NAME']}",
                 "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
-                "KAFKA_SESSION_TIMEOUT_MS": str(min(settings.KAFKA_SESSION_TIMEOUT_MS, DEMO_SESSION_TIMEOUT_MS)),
+                "KAFKA_SESSION_TIMEOUT_MS": str(settings.KAFKA_SESSION_TIMEOUT_MS),
                 "PYTHONUNBUFFERED": "1"})
     env.update(extra or {})
     return env
