@@ -4,10 +4,10 @@ offers the rewind that fixes it."""
 import re
 
 import pytest
-from dashboard.alerts.defaults import ensure_default_rules
-from dashboard.alerts.evaluate import evaluate_all
-from dashboard.models import Alert
 
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert
 from consumers.engine import commit, db
 from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
