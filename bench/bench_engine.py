@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench")
-os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "2000")
+os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "6000")
 
 
 def main() -> None:

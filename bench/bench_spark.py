@@ -27,7 +27,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench_spark")
 os.environ.setdefault("SPARK_MASTER", "local[2]")
 os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
-os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "2000")
+os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "6000")
 
 PYTHON_BATCH = 5000     # the Python engine's poll size in bench/bench_engine.py
 LOST_EVERY = 100_003    # audit: every key divisible by this is never written ...

@@ -48,7 +48,7 @@ class PartitionOffsetAdmin(ReadOnlyAdmin):
 @admin.register(BatchLedger)
 class BatchLedgerAdmin(ReadOnlyAdmin):
     list_display = ("pipeline", "partition", "first_offset", "end_offset", "records", "rows_written",
-                    "dead_letters", "epoch", "superseded_from", "committed_at")
+                    "dead_letters", "epoch", "superseded_from", "note", "committed_at")
     list_filter = ("pipeline", "partition")
     date_hierarchy = "committed_at"
 

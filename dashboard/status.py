@@ -113,6 +113,12 @@ class PartitionRow:
             return getattr(health, name) if health is not None else None
         raise AttributeError(name)
 
+    @property
+    def ahead(self) -> dict | None:
+        """The "position ahead of log end" finding of the last reconciliation, if any."""
+        findings = self.health.findings if self.health is not None else None
+        return next((f for f in findings or [] if isinstance(f, dict) and f.get("kind") == "ahead"), None)
+
     def as_json(self) -> dict:
         data = {"partition": self.partition, "next_offset": self.next_offset, "replay_until": self.replay_until}
         for name in _HEALTH_FIELDS:

@@ -1,5 +1,7 @@
 """The offset timeline of a pipeline: per partition, what the ledger covers, where it has gaps and
-overlaps, and where operators rewound — computed in PostgreSQL and drawn as server-side SVG.
+overlaps, where its batches crossed holes (positions holding no data record: transaction markers,
+aborted or compacted records -- drawn apart from gaps, because a hole is never a loss), and where
+operators rewound — computed in PostgreSQL and drawn as server-side SVG.
 
 A ledger row covers [first_offset, end_offset), clipped to [first_offset, superseded_from) once a rewind
 superseded it (docs/architecture.md). One window query per pipeline returns only the rows where coverage
@@ -34,6 +36,10 @@ FROM ordered WHERE covered_to IS NOT NULL AND f <> covered_to
 UNION ALL
 SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL::bigint
 FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NOT NULL
+UNION ALL
+SELECT 'holes', partition, first_offset, end_offset, end_offset - first_offset - records
+FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NULL
+  AND records < end_offset - first_offset
 ORDER BY 2, 3
 """
 
@@ -47,6 +53,8 @@ class PartitionTimeline:
     gaps: list[tuple[int, int]] = field(default_factory=list)
     overlaps: list[tuple[int, int]] = field(default_factory=list)
     rewinds: list[int] = field(default_factory=list)
+    holey: list[tuple[int, int]] = field(default_factory=list)  # batch ranges that crossed holes (merged)
+    holes: int = 0                                               # positions in them holding no record
     log_start: int | None = None
     high_watermark: int | None = None
     next_offset: int | None = None
@@ -76,7 +84,8 @@ class PartitionTimeline:
 
     def as_json(self) -> dict:
         return {"partition": self.partition, "covered": self.covered, "gaps": self.gaps,
-                "overlaps": self.overlaps, "rewinds": self.rewinds, "batches": self.batches}
+                "overlaps": self.overlaps, "rewinds": self.rewinds, "batches": self.batches,
+                "holes": self.holes, "holey": self.holey}
 
 
 def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
@@ -95,6 +104,12 @@ def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
                 timeline.overlaps.append((lo, hi))
             elif kind == "rewind" and len(timeline.rewinds) < MAX_MARKS_PER_PARTITION:
                 timeline.rewinds.append(lo)
+            elif kind == "holes":
+                timeline.holes += batches
+                if timeline.holey and timeline.holey[-1][1] >= lo:  # adjacent batches: one span
+                    timeline.holey[-1] = (timeline.holey[-1][0], max(hi, timeline.holey[-1][1]))
+                elif len(timeline.holey) < MAX_MARKS_PER_PARTITION:
+                    timeline.holey.append((lo, hi))
     for row in partitions:
         timeline = timelines.setdefault(row.partition, PartitionTimeline(row.partition))
         timeline.log_start, timeline.high_watermark = row.log_start, row.high_watermark
@@ -129,6 +144,7 @@ def svg_shapes(timeline: PartitionTimeline) -> dict:
     shapes = {"covered": [span(a, b) for a, b in timeline.covered],
               "gaps": [span(a, b) for a, b in timeline.gaps],
               "overlaps": [span(a, b) for a, b in timeline.overlaps],
+              "holey": [span(a, b) for a, b in timeline.holey],
               "rewinds": [{"x": _x(o, lo, hi), "offset": o} for o in timeline.rewinds],
               "lo": lo, "hi": hi}
     if timeline.log_start is not None and timeline.high_watermark is not None:

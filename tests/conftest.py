@@ -188,10 +188,10 @@ def drop_sink_tables(tables) -> None:
 
 @pytest.fixture
 def demo(transactional_db, kafka_bootstrap, settings):
-    """The demo pipelines on the test broker, with a short session timeout (a killed member holds its
-    partitions until its session expires); their sink tables are dropped afterwards."""
+    """The demo pipelines on the test broker, with real Kafka's minimum session timeout (a killed member
+    holds its partitions until its session expires); their sink tables are dropped afterwards."""
     from consumers.demo.classic import DEMO_PIPELINES
 
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     yield
     drop_sink_tables(demo.sink_table for demo in DEMO_PIPELINES)

@@ -36,9 +36,9 @@ LEASE_SECONDS = 5
 
 @pytest.fixture
 def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     settings.TALLY_RUN_LEASE_SECONDS = LEASE_SECONDS
-    env = dict(subprocess_env, KAFKA_SESSION_TIMEOUT_MS="2000", TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
+    env = dict(subprocess_env, KAFKA_SESSION_TIMEOUT_MS="6000", TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
                TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
     processes, schedules = [], []
 

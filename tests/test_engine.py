@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.kafka]
 @pytest.fixture
 def make_pipeline(transactional_db, kafka_bootstrap, make_topic, settings):
     """A topic holding `values` and a pipeline reading it; the sink table is dropped afterwards."""
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     created = []
 
     def make(values, mode=DeliveryMode.EXACTLY_ONCE, partitions=1, **fields):

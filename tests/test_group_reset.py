@@ -40,7 +40,7 @@ def run_command(capsys, *argv):
 
 
 def join_group(bootstrap, topic, group) -> KafkaConsumer:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=2000,
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=6000,
                              heartbeat_interval_ms=500, enable_auto_commit=False)
     deadline = time.monotonic() + 20
     while not consumer.assignment() and time.monotonic() < deadline:

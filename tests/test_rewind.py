@@ -31,7 +31,7 @@ TOTAL = FIRST + SECOND          # 15 per partition
 def demo(kafka_bootstrap, settings):
     """The demo topic with values 1..30 on 2 partitions (21..30 produced a second after the moment), and
     the exactly-once pipeline caught up."""
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS = 10
     seed(FIRST)
     time.sleep(1.1)

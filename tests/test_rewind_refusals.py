@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def consumed(kafka_bootstrap, settings):
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     seed(20)
     catch_up(EXACTLY_ONCE)
     yield

@@ -66,6 +66,7 @@ def test_an_anonymous_request_to_the_dashboard_is_redirected_to_login(client):
     ("KAFKA_BOOTSTRAP_SERVERS", "no-port-here"),
     ("DEBUG", "maybe"),
     ("KAFKA_SESSION_TIMEOUT_MS", "soon"),
+    ("KAFKA_SESSION_TIMEOUT_MS", "2000"),  # below real Kafka's group.min.session.timeout.ms
 ])
 def test_a_bad_environment_value_fails_at_start_up_naming_the_variable(name, value):
     env = dict(os.environ, **{name: value})

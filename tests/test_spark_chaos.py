@@ -102,7 +102,7 @@ def demo_sinks(transactional_db, kafka_bootstrap):
 def test_the_demos_spark_pipeline_crashes_restarts_and_ends_with_every_value_once(demo_sinks, settings):
     from consumers.demo.classic import run_classic_demo
 
-    settings.KAFKA_SESSION_TIMEOUT_MS = 2000
+    settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     # Its first run dies (SIGKILL) in its first batch; the restart runs without faults and catches up.
     result = run_classic_demo(records=30, crash_probability=1.0, max_restarts=1, timeout_s=patience(240),
                               pipelines=["nums-spark-exactly-once"])

@@ -273,3 +273,16 @@ def test_the_demo_page_refuses_viewers_bad_input_and_a_second_run(operator_clien
         assert demo_runs.read_state() is None  # nothing was queued
     finally:
         client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
+
+
+def test_the_timeline_draws_batches_that_crossed_holes_apart_from_gaps(viewer_client, pipeline):
+    from consumers.models import BatchLedger
+
+    # Two batches on a transactional log after the fixture's [0, 100): 5 records and a marker each.
+    for first in (100, 106):
+        BatchLedger.objects.create(pipeline=pipeline, partition=1, first_offset=first, end_offset=first + 6,
+                                   records=5, rows_written=5, epoch=1)
+    html = viewer_client.get("/pipelines/orders/").content.decode()
+    timeline = re.search(r'id="timeline-1">.*?</figure>', html, re.S).group(0)
+    assert 'class="hole"' in timeline and "2 holes (markers" in timeline
+    assert "batches 100–112 crossed holes" in timeline and 'class="gap"' not in timeline

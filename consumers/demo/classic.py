@@ -55,7 +55,6 @@ log = logging.getLogger("tally.demo")
 
 DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
-DEMO_SESSION_TIMEOUT_MS = 2000  # a killed member holds its partitions until its session expires
 TOPIC_TIMEOUT_S = 15.0
 RESET_ACTOR = "demo-reset"
 # A pipeline process that fails (not a scheduled SIGKILL) is started again this many times.
@@ -107,13 +106,28 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
 
 
 def _reset() -> list[str]:
-    """Start the demo pipelines over, keeping their history: the pipeline rows stay (so do their action
-    log and alerts, which point at them); a running one is stopped through the audited stop action, the
-    others get a new epoch, which fences any writer still alive; positions, ledger, dead letters and
-    health go; unfinished runs are marked ended. Returns what it did, to tell the user."""
+    """Start the demo pipelines over, keeping their history. Kafka first: if the broker refuses (the topic
+    cannot be deleted), nothing in the database has changed and DemoError says why. Then the database: the
+    pipeline rows stay (so do their action log and alerts, which point at them); a running one is stopped
+    through the audited stop action, the others get a new epoch, which fences any writer still alive;
+    positions, ledger, dead letters and health go; unfinished runs are marked ended. Returns what it did,
+    to tell the user."""
     from consumers.operations import actions
 
     names = [demo.name for demo in DEMO_PIPELINES]
+    # The demo's consumer groups: their committed offsets, and any membership a killed engine left
+    # behind (on the embedded broker such a group can stay stuck in a rebalance). Errors are returned.
+    failed = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
+    if failed:
+        log.warning("Could not delete demo consumer groups: %s", failed)
+    try:
+        with kafka_admin.admin_session() as admin:
+            if DEMO_TOPIC in admin.list_topics():
+                admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
+                _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+    except Exception as exc:  # the broker refused or is unreachable: stop before touching the database
+        raise DemoError(f"Could not delete topic {DEMO_TOPIC!r} ({type(exc).__name__}: {exc}); "
+                        f"nothing was reset.") from exc
     notes = []
     for pipeline in Pipeline.objects.filter(name__in=names):
         if pipeline.desired_state != DesiredState.STOPPED:
@@ -138,15 +152,6 @@ def _reset() -> list[str]:
         conn.commit()
     finally:
         conn.close()
-    # Starting over includes the demo's consumer groups: their committed offsets, and any membership a
-    # killed engine left behind (on the embedded broker such a group can stay stuck in a rebalance).
-    failed = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
-    if failed:
-        log.warning("Could not delete demo consumer groups: %s", failed)
-    with kafka_admin.admin_session() as admin:
-        if DEMO_TOPIC in admin.list_topics():
-            admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
-            _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
     return notes
 
 
@@ -417,8 +422,7 @@ def _last_line(text: str) -> str:
 
 
 def _subprocess_env(extra: dict | None) -> dict:
-    """The children use this process's database and broker (a test's or a worker's), and a short
-    session timeout so a restart does not wait long for the killed member to leave the group."""
+    """The children use this process's database, broker and session timeout (a test's or a worker's)."""
     database = settings.DATABASES["default"]
     auth = quote(database.get("USER") or "postgres", safe="")
     if database.get("PASSWORD"):
@@ -427,7 +431,7 @@ def _subprocess_env(extra: dict | None) -> dict:
     env.update({"DATABASE_URL": f"postgres://{auth}@{database.get('HOST') or '127.0.0.1'}:"
                                 f"{database.get('PORT') or 5432}/{database['NAME']}",
                 "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
-                "KAFKA_SESSION_TIMEOUT_MS": str(min(settings.KAFKA_SESSION_TIMEOUT_MS, DEMO_SESSION_TIMEOUT_MS)),
+                "KAFKA_SESSION_TIMEOUT_MS": str(settings.KAFKA_SESSION_TIMEOUT_MS),
                 "PYTHONUNBUFFERED": "1"})
     env.update(extra or {})
     return env

@@ -3,11 +3,14 @@
 Steps of `commit_batch`, in ONE PostgreSQL transaction:
   1. Lock the pipeline row (FOR SHARE) and check the writer's epoch: an older epoch is fenced.
   2. Lock the partitions' offset rows (FOR UPDATE, in partition order so writers never deadlock).
-  3. Exactly-once: skip records below `next_offset` (a replay); refuse a batch that starts above it
-     (a gap). The classic modes write what they were given, as the classic consumers do.
+  3. Exactly-once: refuse a batch fetched from above `next_offset` (a gap); skip records below it (a
+     replay). Continuity is judged on the consumer's positions (`Fetch`), never on record offsets: real
+     logs have holes (transaction markers, aborted and compacted records). The classic modes write what
+     they were given, as the classic consumers do.
   4. Transform each record; a rejected record becomes a dead letter (or stops the batch, by policy).
   5. COPY the sink rows, insert dead letters and one ledger row per partition.
-  6. Set `next_offset` = last offset + 1.
+  6. Set `next_offset` = the consumer's position after the poll (past any trailing hole); the ledger row
+     keeps [first offset, that position) and the count of records actually present.
   7. COMMIT.
 The engine commits the same offsets to Kafka only afterwards; that commit is advisory (for lag tools).
 Fault points `mid-write` and `after-write` sit inside the transaction (see consumers/engine/faults.py).
@@ -31,6 +34,27 @@ class Fenced(CommitRefused):
 
 class Gap(CommitRefused):
     """Exactly-once: the batch starts above the stored next_offset; writing it would lose records."""
+
+
+class Fetch:
+    """Where one partition's records of a poll came from: the consumer's position before the poll
+    (`start`, where it was seeked or where the previous poll ended) and after it (`end`). Records lie in
+    [start, end), possibly with holes; a poll that crossed only a hole has no record and still moves."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start: int, end: int):
+        if end < start:
+            raise ValueError(f"a fetch cannot end ({end}) before it starts ({start})")
+        self.start, self.end = start, end
+
+    def __repr__(self):
+        return f"Fetch({self.start}, {self.end})"
+
+    @classmethod
+    def of_records(cls, records: list[SourceRecord]) -> "Fetch":
+        """For callers that only have records (tests, replays): first offset to last offset + 1."""
+        return cls(records[0].offset, records[-1].offset + 1)
 
 
 class StopOnBadRecord(CommitRefused):
@@ -61,8 +85,8 @@ class Target:
 class PartitionOutcome:
     partition: int
     first_offset: int
-    end_offset: int     # exclusive: the partition's new next_offset
-    records: int
+    end_offset: int     # exclusive: the consumer's position after the batch, the partition's new next_offset
+    records: int        # records present in [first_offset, end_offset): holes are not records
     rows_written: int
     dead_letters: int
     skipped: int        # replayed records below next_offset (exactly-once only)
@@ -93,23 +117,30 @@ def stored_positions(conn, pipeline_id: int) -> dict[int, int]:
 
 
 def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[SourceRecord]],
-                 faults: FaultInjector = NO_FAULTS) -> list[PartitionOutcome]:
+                 faults: FaultInjector = NO_FAULTS, fetches: dict[int, Fetch] | None = None) -> list[PartitionOutcome]:
     """Write one poll's records (per partition, each list in offset order) in one transaction.
 
-    Returns one outcome per partition that had records. Raises CommitRefused (rolled back) when the
-    writer is fenced, the batch has a gap, or a bad record meets the stop policy.
+    `fetches` gives each partition's positions before and after the poll (a partition may have a fetch
+    and no record: the poll crossed a hole). Without it, positions are inferred from the records.
+    Returns one outcome per partition that had records or moved. Raises CommitRefused (rolled back) when
+    the writer is fenced, the batch has a gap, or a bad record meets the stop policy.
     """
-    partitions = sorted(p for p, records in batches.items() if records)
+    fetches = dict(fetches or {})
+    for p, records in batches.items():
+        if records and p not in fetches:
+            fetches[p] = Fetch.of_records(records)
+    partitions = sorted(p for p, fetch in fetches.items() if batches.get(p) or fetch.end > fetch.start)
     if not partitions:
         return []
+    batches = {p: batches.get(p) or [] for p in partitions}
     try:
         with conn.cursor() as cur:
             _check_epoch(cur, target.pipeline_id, epoch)
-            positions, replay_until = _lock_positions(cur, target, partitions, batches)
-            plans = [_plan_partition(target, p, batches[p], positions.get(p)) for p in partitions]
-            plans = [plan for plan in plans if plan.records]
+            positions, replay_until = _lock_positions(cur, target, partitions, fetches)
+            plans = [_plan_partition(target, p, batches[p], fetches[p], positions.get(p)) for p in partitions]
+            plans = [plan for plan in plans if plan.records or plan.end > plan.first]
             rows, dead = _transform(target, plans)
-            replaying = any(replay_until.get(plan.partition) is not None
+            replaying = any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
             _write_rows(cur, target, rows, faults, replaying)
             if dead:
@@ -141,13 +172,13 @@ def _check_epoch(cur, pipeline_id: int, epoch: int) -> None:
         raise Fenced(f"writer epoch {epoch} is fenced: the pipeline is at epoch {row[0]}")
 
 
-def _lock_positions(cur, target: Target, partitions: list[int], batches):
+def _lock_positions(cur, target: Target, partitions: list[int], fetches: dict[int, Fetch]):
     """Lock and return ({partition: next_offset}, {partition: replay_until})."""
     if not target.exactly_once:
         # The classic modes resume from Kafka; the DB row only records how far they wrote.
         execute_values(cur, "INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, "
                             "updated_at) VALUES %s ON CONFLICT (pipeline_id, partition) DO NOTHING",
-                       [(target.pipeline_id, p, batches[p][0].offset) for p in partitions],
+                       [(target.pipeline_id, p, fetches[p].start) for p in partitions],
                        template="(%s, %s, %s, now())")
     cur.execute("SELECT partition, next_offset, replay_until FROM consumers_partitionoffset "
                 "WHERE pipeline_id = %s AND partition = ANY(%s) ORDER BY partition FOR UPDATE",
@@ -165,24 +196,29 @@ def _lock_positions(cur, target: Target, partitions: list[int], batches):
 @dataclass
 class _Plan:
     partition: int
+    first: int          # where the ledger range starts: the fetch start, or next_offset after a replay
+    end: int            # the consumer's position after the poll
     records: list[SourceRecord]
     skipped: int
     rows_written: int = 0
     dead_letters: int = 0
 
     def outcome(self) -> PartitionOutcome:
-        return PartitionOutcome(self.partition, self.records[0].offset, self.records[-1].offset + 1,
-                                len(self.records), self.rows_written, self.dead_letters, self.skipped)
+        return PartitionOutcome(self.partition, self.first, self.end, len(self.records), self.rows_written,
+                                self.dead_letters, self.skipped)
 
 
-def _plan_partition(target: Target, partition: int, records: list[SourceRecord], next_offset) -> _Plan:
+def _plan_partition(target: Target, partition: int, records: list[SourceRecord], fetch: Fetch,
+                    next_offset) -> _Plan:
     if not target.exactly_once:
-        return _Plan(partition, records, 0)
-    fresh = [r for r in records if r.offset >= next_offset] if records[0].offset < next_offset else records
-    if fresh and fresh[0].offset > next_offset:
-        raise Gap(f"partition {partition}: batch starts at {fresh[0].offset} but next_offset is "
-                  f"{next_offset}; offsets {next_offset}..{fresh[0].offset - 1} would be lost")
-    return _Plan(partition, fresh, len(records) - len(fresh))
+        return _Plan(partition, fetch.start, fetch.end, records, 0)
+    if fetch.start > next_offset:
+        raise Gap(f"partition {partition}: batch fetched from position {fetch.start} but next_offset is "
+                  f"{next_offset}; positions {next_offset}..{fetch.start - 1} were never read")
+    if fetch.end <= next_offset:  # all of it is a replay
+        return _Plan(partition, next_offset, next_offset, [], len(records))
+    fresh = [r for r in records if r.offset >= next_offset] if fetch.start < next_offset else records
+    return _Plan(partition, next_offset, fetch.end, fresh, len(records) - len(fresh))
 
 
 def _transform(target: Target, plans: list[_Plan]):

@@ -13,9 +13,13 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
+from consumers.engine.commit import Fetch
 from consumers.engine.transforms import SourceRecord
 
 log = logging.getLogger("tally.engine")
+
+
+METADATA_MAX_AGE_MS = 10_000
 
 
 def heartbeat_interval_ms(session_timeout_ms: int) -> int:
@@ -24,13 +28,18 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
 
 
 def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
-                  listener: ConsumerRebalanceListener, **overrides) -> KafkaConsumer:
+                  listener: ConsumerRebalanceListener, isolation_level: str = "read_committed",
+                  **overrides) -> KafkaConsumer:
     session_ms = settings.KAFKA_SESSION_TIMEOUT_MS
+    # read_committed: records of aborted transactions never reach a sink (real Kafka returns them to
+    # read_uncommitted consumers), and the consumer stops at the last stable offset.
     config = dict(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=group_id, client_id=client_id,
-                  enable_auto_commit=False, auto_offset_reset=reset_policy,
+                  enable_auto_commit=False, auto_offset_reset=reset_policy, isolation_level=isolation_level,
                   session_timeout_ms=session_ms, heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
                   request_timeout_ms=max(settings.KAFKA_REQUEST_TIMEOUT_MS, session_ms + 1000),
-                  max_poll_records=max_poll_records)
+                  max_poll_records=max_poll_records,
+                  # Partitions added to the topic are noticed within this (the default is 5 minutes).
+                  metadata_max_age_ms=METADATA_MAX_AGE_MS)
     config.update(overrides)
     consumer = KafkaConsumer(**config)
     consumer.subscribe([topic], listener=listener)
@@ -79,6 +88,38 @@ def to_source_records(polled: dict, skip: set[TopicPartition] = frozenset()) -> 
         batches[tp.partition] = [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp)
                                  for r in records]
     return batches
+
+
+def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list[SourceRecord]], fetched: dict,
+                    skip: set[TopicPartition] = frozenset()) -> dict[int, Fetch]:
+    """Each partition's `Fetch` of the poll that returned `batches`: from the position it was fetched from
+    (`fetched`, updated here) to the consumer's position now. A partition that returned no record but
+    whose position moved crossed a hole (a transaction marker, aborted records). Paused partitions (not
+    yet sought) and `skip` are left out."""
+    fetches = {}
+    paused = consumer.paused()
+    assignment = consumer.assignment()
+    for tp in list(fetched):
+        if tp not in assignment:
+            del fetched[tp]
+    for tp in assignment:
+        if tp in skip or tp in paused:
+            continue
+        records = batches.get(tp.partition)
+        start = fetched.get(tp)
+        if start is None and not records:
+            continue  # not fetched yet: its position is still being looked up
+        position = consumer.position(tp, timeout_ms=1000)
+        if position is None:
+            continue
+        if start is None:
+            start = records[0].offset
+        if records and position <= records[-1].offset:
+            position = records[-1].offset + 1  # never behind what was returned (a seek meanwhile)
+        fetched[tp] = position
+        if records or position > start:
+            fetches[tp.partition] = Fetch(start, position)
+    return fetches
 
 
 def offsets_to_commit(topic: str, ends: dict[int, int]) -> dict[TopicPartition, OffsetAndMetadata]:

@@ -10,6 +10,11 @@ Positions come from the database: every assigned partition is paused by the reba
 sought to its stored next_offset (created from the reset policy when missing) and resumed. A batch
 refused as a gap (commit.Gap) is dropped and the partitions are sought back to the database.
 
+Positions, never offset arithmetic (docs/architecture.md "Positions"): after each poll the engine takes
+the consumer's position per partition; the batch is `commit.Fetch(position before, position after)`, so
+a batch that crossed transaction markers, aborted or compacted records stores the position past them,
+and a poll that crossed only a hole still moves the stored position.
+
 At-least-once: the same steps, but positions come from Kafka's committed offset, so a crash after the DB
 commit and before the Kafka commit writes the batch again. At-most-once: Kafka commit first (fault point
 `after-kafka-commit`), then the write, so a crash in between loses the batch. Both are the classic
@@ -28,8 +33,14 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from consumers.engine import commit, db
-from consumers.engine.consumer import AssignmentTracker, commit_to_kafka, make_consumer, to_source_records
+from consumers.engine import caught_up, commit, db, log_bounds
+from consumers.engine.consumer import (
+    AssignmentTracker,
+    commit_to_kafka,
+    fetches_of_poll,
+    make_consumer,
+    to_source_records,
+)
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
@@ -39,6 +50,7 @@ log = logging.getLogger("tally.engine")
 HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
 POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbeat and deadline often
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
+CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
 
 REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "error")
 CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
@@ -104,6 +116,8 @@ class _Engine:
         self.result = RunResult(pipeline.name, reason="error", epoch=self.epoch)
         self.in_flight: Future | None = None
         self.last_ends: dict[int, int] = {}
+        self.fetched: dict = {}  # TopicPartition -> the position the next poll's records come from
+        self.next_caught_up_check = 0.0
         self.gaps = 0
         self.next_heartbeat = 0.0
         self.first_record_at = self.last_commit_at = None
@@ -125,6 +139,7 @@ class _Engine:
             self.consumer = make_consumer(self.target.topic, self.pipeline.group_id,
                                           client_id=f"tally-{self.pipeline.name}",
                                           reset_policy=self.pipeline.reset_policy,
+                                          isolation_level=self.pipeline.isolation_level,
                                           max_poll_records=self.batch_size, listener=self.tracker)
             self.tracker.consumer = self.consumer
             self.result.reason = self._loop()
@@ -155,6 +170,11 @@ class _Engine:
             polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
             skip = self._take_assignment() if self.tracker.has_pending() else set()
             batches = to_source_records(polled, skip)
+            fetches = fetches_of_poll(self.consumer, batches, self.fetched, skip)
+            if not batches and fetches:
+                # Only holes were crossed (markers, aborted records): the stored position moves past them.
+                self._write_behind(batches, fetches)
+                continue
             if not batches:
                 # Idle: finish the batch in flight now, so its offsets reach Kafka without waiting for the
                 # next record (a run in a worker may idle for hours).
@@ -166,9 +186,9 @@ class _Engine:
             if self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             if self.mode == DeliveryMode.AT_MOST_ONCE:
-                self._at_most_once(batches)
+                self._at_most_once(batches, fetches)
             else:
-                self._write_behind(batches)
+                self._write_behind(batches, fetches)
 
     def _shutdown(self) -> None:
         future, self.in_flight = self.in_flight, None
@@ -195,25 +215,26 @@ class _Engine:
             ended_at=timezone.now(), heartbeat_at=timezone.now(), records_processed=self.result.records)
 
     # --- batches -----------------------------------------------------------------------------------
-    def _write_behind(self, batches) -> None:
-        """Exactly-once and at-least-once: write this batch while the next one is polled."""
+    def _write_behind(self, batches, fetches) -> None:
+        """Exactly-once and at-least-once (and at-most-once crossing a hole): write this batch while the
+        next one is polled."""
         self._simulate_processing(batches)
         if self._drain():
             return  # the previous batch was a gap: positions moved back, this batch is a gap too
-        self.in_flight = self.writer.submit(self._write, batches)
+        self.in_flight = self.writer.submit(self._write, batches, fetches)
 
-    def _at_most_once(self, batches) -> None:
-        """The classic loss: Kafka commit first, then the write."""
-        ends = {p: records[-1].offset + 1 for p, records in batches.items()}
+    def _at_most_once(self, batches, fetches) -> None:
+        """The classic loss: Kafka commit first (the consumer's positions), then the write."""
+        ends = {p: fetch.end for p, fetch in fetches.items()}
         commit_to_kafka(self.consumer, self.target.topic, ends, wait=True)
         self.faults.maybe_crash("after-kafka-commit")
         self._simulate_processing(batches)
-        self.in_flight = self.writer.submit(self._write, batches)
+        self.in_flight = self.writer.submit(self._write, batches, fetches)
         self._drain()
 
-    def _write(self, batches):
+    def _write(self, batches, fetches):
         """Writer thread: the one DB transaction of a batch (consumers/engine/commit.py)."""
-        outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
+        outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults, fetches)
         self.faults.maybe_crash("after-db-commit")
         return outcomes
 
@@ -244,7 +265,8 @@ class _Engine:
             self.result.dead_letters += outcome.dead_letters
             self.result.skipped += outcome.skipped
             ends[outcome.partition] = outcome.end_offset
-        self.result.batches += 1
+        if any(o.records for o in outcomes):
+            self.result.batches += 1
         self.last_commit_at = time.monotonic()
         self.last_ends.update(ends)
         if self.mode != DeliveryMode.AT_MOST_ONCE:
@@ -274,6 +296,18 @@ class _Engine:
         """Seek newly assigned partitions to the database's positions (exactly-once) and resume them.
         Returns the partitions whose records from the last poll must be dropped."""
         new = self.tracker.take_pending()
+        if not self.positions_from_db:
+            # Classic modes resume from Kafka's committed offset: that is where the first fetch started
+            # (it may sit on a marker, so the first record's offset would leave a hole outside the ledger).
+            for tp in new:
+                self.fetched.pop(tp, None)
+                try:
+                    committed = self.consumer.committed(tp)
+                except Exception as exc:  # the ledger then starts at the first record; nothing is lost
+                    log.info("%s: committed offset of %s unknown: %s", self.pipeline.name, tp, exc)
+                    committed = None
+                if committed is not None:
+                    self.fetched[tp] = committed
         if not self.positions_from_db or not new:
             self._heartbeat(force=True)
             return set()
@@ -292,29 +326,44 @@ class _Engine:
         if not tps:
             return
         stored = commit.stored_positions(self.conn, self.pipeline.pk)
-        missing = sorted(tp.partition for tp in tps if tp.partition not in stored)
-        if missing:
-            marks = kafka_admin.watermarks(self.target.topic, missing)
+        partitions = sorted(tp.partition for tp in tps)
+        marks = kafka_admin.watermarks(self.target.topic, None if not stored else partitions)
+        if not stored:
+            # The pipeline's first start: every partition of the topic gets its position from the reset
+            # policy now, so a partition without one later was added to the topic since.
             earliest = self.pipeline.reset_policy == ResetPolicy.EARLIEST
             stored = commit.ensure_positions(self.conn, self.pipeline.pk,
-                                             {p: marks[p].log_start if earliest else marks[p].high for p in missing})
+                                             {p: m.log_start if earliest else m.high for p, m in marks.items()})
+        missing = [p for p in partitions if p not in stored]
+        if missing:
+            # Added while the pipeline ran: its records were produced since, so it is read from its start.
+            stored = commit.ensure_positions(self.conn, self.pipeline.pk, {p: marks[p].log_start for p in missing})
+        wanted = {tp.partition: stored[tp.partition] for tp in tps}
+        try:
+            for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, wanted, marks):
+                log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
+        except log_bounds.LogBoundsError as exc:
+            raise _Stop("error", str(exc)) from None
+        except commit.Fenced as exc:
+            raise _Stop("fenced", str(exc)) from None
+        stored.update(wanted)
         for tp in tps:
             self.consumer.seek(tp, stored[tp.partition])
+            self.fetched[tp] = stored[tp.partition]
 
     def _caught_up(self) -> bool:
-        """Every assigned partition's position has reached the high watermark of its last fetch (right
-        on every broker, unlike ListOffsets on the embedded one)."""
+        """Every partition of the topic -- also those other (or dead) members hold -- has its stored
+        position at the log end (consumers/engine/caught_up.py). Checked at most once a second, and only once this
+        run has its partitions and nothing in flight (an open transaction keeps a read_committed consumer
+        below the high watermark: the log end that counts is the last stable offset)."""
         assignment = self.consumer.assignment()
-        if not assignment or self.tracker.has_pending():
+        if not assignment or self.tracker.has_pending() or self.in_flight is not None:
             return False
-        for tp in assignment:
-            high = self.consumer.highwater(tp)
-            if high is None:
-                return False
-            position = self.consumer.position(tp, timeout_ms=1000)
-            if position is None or position < high:
-                return False
-        return True
+        now = time.monotonic()
+        if now < self.next_caught_up_check:
+            return False
+        self.next_caught_up_check = now + CAUGHT_UP_CHECK_S
+        return caught_up.topic_caught_up(self.pipeline).done
 
     # --- heartbeat and fencing ---------------------------------------------------------------------
     def _heartbeat(self, force: bool = False) -> None:

@@ -6,6 +6,12 @@
               epoch-fenced, replays skipped (the pipeline's record-level transform runs there)
            -> Kafka offsets (advisory, after the DB commit; before the write in at-most-once mode)
 
+Positions, not offset arithmetic (docs/architecture.md): a micro-batch's end offset per partition -- what
+the source planned to read up to, the high watermark it saw -- is the consumer's position after the batch,
+read from the query's offset log (Spark writes it before running the batch). So a batch that ends on a
+transaction marker stores the position past it, and a batch that crossed only markers (an empty frame)
+still moves the stored position.
+
 The query starts from PostgreSQL's positions (`startingOffsets`) with a scratch checkpoint that is thrown
 away when the run ends, so the database alone says where a pipeline stands: a restart, a rewind or a
 switch between the Python and the Spark engine all resume from `PartitionOffset.next_offset`.
@@ -13,6 +19,7 @@ switch between the Python and the Spark engine all resume from `PartitionOffset.
 Same entry point and result as the Python engine (consumers/engine/python.py); epochs as in docs/architecture.md:
 a run joins the pipeline's current epoch, notices a newer one at its next heartbeat or commit, and ends.
 """
+import json
 import logging
 import os
 import shutil
@@ -25,7 +32,7 @@ import pyarrow as pa
 from django.conf import settings
 from django.utils import timezone
 
-from consumers.engine import commit, db, sinks
+from consumers.engine import caught_up, commit, db, log_bounds, sinks
 from consumers.engine import spark_worker_commit as worker_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
@@ -85,6 +92,7 @@ class SparkRun:
         self._closing = False
         self._kafka = None
         self.next_attempt = 1               # batch attempts, for faults in a Python worker (worker_commit.py)
+        self.checkpoint = ""
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -94,7 +102,7 @@ class SparkRun:
             task_id=self.task_id, engine=Engine.SPARK, state=RunState.STARTING)
         self.result = RunResult(self.pipeline.name, reason="stopped", epoch=self.epoch, run_id=self.run_row.pk)
         self.conn = db.connect(f"tally-spark-{self.pipeline.name}")
-        checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
+        checkpoint = self.checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
         query = None
         try:
             self.positions = self._starting_positions()
@@ -132,7 +140,10 @@ class SparkRun:
         fallback = {p: (m.log_start if self.pipeline.reset_policy == ResetPolicy.EARLIEST else m.high)
                     for p, m in marks.items()}
         if self.target.exactly_once:
-            return commit.ensure_positions(self.conn, self.pipeline.pk, fallback)
+            positions = commit.ensure_positions(self.conn, self.pipeline.pk, fallback)
+            for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, positions, marks):
+                log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
+            return positions
         committed = kafka_admin.committed_offsets(self.pipeline.group_id, topic, sorted(marks))
         return {p: committed[p] if committed.get(p) is not None else fallback[p] for p in marks}
 
@@ -199,9 +210,8 @@ class SparkRun:
         return current == self.epoch
 
     def _caught_up(self) -> bool:
-        highs = kafka_admin.high_watermarks(self.pipeline.topic)
-        with self._lock:
-            return all(self.positions.get(p, 0) >= high for p, high in highs.items())
+        """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py)."""
+        return caught_up.topic_caught_up(self.pipeline).done
 
     def _stop_query(self, query) -> None:
         try:
@@ -226,15 +236,35 @@ class SparkRun:
         batches = to_source_records(frame.toArrow())
         with self._batch_lock:
             if not self._closing:
-                self._commit(batches)
+                self._commit(batches, self._batch_fetches(batch_id, batches))
 
-    def _commit(self, batches: dict[int, list[SourceRecord]]) -> None:
-        if not any(batches.values()):
+    def _batch_fetches(self, batch_id: int, batches) -> dict[int, commit.Fetch]:
+        """Each partition's Fetch of micro-batch `batch_id`: from where the previous batch ended (or the
+        starting positions) to this batch's end offset in the offset log."""
+        end = read_offset_log(self.checkpoint, batch_id, self.pipeline.topic)
+        before = read_offset_log(self.checkpoint, batch_id - 1, self.pipeline.topic) if batch_id > 0 else {}
+        fetches = {}
+        with self._lock:
+            for p in set(end) | set(batches):
+                records = batches.get(p) or []
+                start = before.get(p, self.positions.get(p))
+                if start is None:
+                    # A partition added to the topic during the run: the source read it from its log start.
+                    start = records[0].offset if records else end[p]
+                stop = end.get(p, records[-1].offset + 1 if records else start)
+                if records and stop <= records[-1].offset:
+                    stop = records[-1].offset + 1
+                if records or stop > start:
+                    fetches[p] = commit.Fetch(start, stop)
+        return fetches
+
+    def _commit(self, batches: dict[int, list[SourceRecord]], fetches: dict[int, commit.Fetch]) -> None:
+        if not fetches:
             return
-        if not self.faults.in_worker:
+        if any(batches.values()) and not self.faults.in_worker:
             self.faults.maybe_crash("after-poll")
-        ends = {p: records[-1].offset + 1 for p, records in batches.items() if records}
-        added = {p: records[0].offset for p, records in batches.items() if records and p not in self.positions}
+        ends = {p: fetch.end for p, fetch in fetches.items()}
+        added = {p: fetch.start for p, fetch in fetches.items() if p not in self.positions}
         if added and self.target.exactly_once:
             # Partitions added to the topic during the run: the source reads them from their log start (as
             # Spark's Kafka source does), so that is where their stored position begins.
@@ -243,7 +273,7 @@ class SparkRun:
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._commit_kafka(ends)
                 self.faults.maybe_crash("after-kafka-commit")
-            outcomes = self._commit_batch(batches)
+            outcomes = self._commit_batch(batches, fetches)
         except commit.Fenced as exc:
             self.ending, self.error = "fenced", str(exc)
             return
@@ -261,11 +291,11 @@ class SparkRun:
         if self.delay_per_record_s:
             time.sleep(self.delay_per_record_s * sum(len(r) for r in batches.values()))
 
-    def _commit_batch(self, batches):
+    def _commit_batch(self, batches, fetches):
         if not self.faults.in_worker:
-            return commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults)
+            return commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults, fetches)
         points, self.next_attempt = worker_commit.crash_points(self.faults, self.next_attempt)
-        return worker_commit.commit_on_worker(get_spark(), self.target, self.epoch, batches, points)
+        return worker_commit.commit_on_worker(get_spark(), self.target, self.epoch, batches, points, fetches)
 
     def _count(self, outcomes, ends) -> None:
         with self._lock:
@@ -276,7 +306,8 @@ class SparkRun:
                 self.result.skipped += o.skipped
             for p, end in ends.items():
                 self.positions[p] = max(self.positions.get(p, 0), end)
-            self.result.batches += 1
+            if any(o.records for o in outcomes):
+                self.result.batches += 1
 
     def _commit_kafka(self, ends: dict[int, int]) -> None:
         """Kafka's copy of the offsets: advisory in exactly-once mode (lag tools read it), the position
@@ -298,6 +329,21 @@ class SparkRun:
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 raise  # here the Kafka commit is the position: never write without it
             log.warning("Kafka offset commit %s for %s failed: %s", ends, self.pipeline.name, exc)
+
+
+def read_offset_log(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:
+    """The end offsets {partition: offset} of micro-batch `batch_id` from the query's offset log: a version
+    line, a metadata line, then one JSON line per source (`{"topic": {"0": 12}}` for both Kafka sources)."""
+    try:
+        with open(os.path.join(checkpoint, "offsets", str(batch_id))) as log_file:
+            lines = log_file.read().splitlines()
+    except FileNotFoundError:
+        return {}
+    for line in lines[2:]:
+        offsets = json.loads(line)
+        if isinstance(offsets, dict) and topic in offsets:
+            return {int(p): int(o) for p, o in offsets[topic].items()}
+    return {}
 
 
 def to_source_records(table: pa.Table) -> dict[int, list[SourceRecord]]:

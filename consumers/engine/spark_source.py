@@ -133,7 +133,7 @@ def resolve_offsets(spec, options: _Options, marks=None, default_to_start=True) 
         if wanted == EARLIEST:
             resolved[p] = mark.log_start
         elif wanted == LATEST:
-            resolved[p] = mark.high
+            resolved[p] = mark.end  # the last stable offset: read_committed stops there
         else:
             resolved[p] = wanted
     return resolved
@@ -163,7 +163,10 @@ def read_range(part: KafkaRange):
     from kafka import KafkaConsumer, TopicPartition
 
     schema = _arrow_schema()
+    # read_committed: aborted records never reach a sink. auto_offset_reset "none": a range whose start
+    # fell below the log start (retention) fails loudly instead of jumping to the end of the log.
     consumer = KafkaConsumer(bootstrap_servers=part.bootstrap, group_id=None, enable_auto_commit=False,
+                             isolation_level="read_committed", auto_offset_reset="none",
                              client_id="tally-spark-source", request_timeout_ms=30000,
                              max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     try:
@@ -235,7 +238,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         begin = {int(p): o for p, o in start.get(self.options.topic, {}).items()}
         # Partitions added to the topic since the query started begin at their log start.
         begin.update({p: m.log_start for p, m in marks.items() if p not in begin})
-        end = {p: max(begin[p], marks[p].high) if p in marks else begin[p] for p in begin}
+        end = {p: max(begin[p], marks[p].end) if p in marks else begin[p] for p in begin}
         max_rows = getattr(limit, "max_rows", None)
         if max_rows:
             end = cap_ranges(begin, end, max_rows)

@@ -50,10 +50,10 @@ def crash_points(faults: FaultInjector, next_attempt: int) -> tuple[list[str], i
     return points, next_attempt + 1
 
 
-def commit_on_worker(spark, target: commit.Target, epoch: int, batches, points: list[str]):
+def commit_on_worker(spark, target: commit.Target, epoch: int, batches, points: list[str], fetches=None):
     """Run the commit protocol for `batches` in one Spark task. Returns the outcomes; raises what the
     protocol raised (Fenced, Gap, StopOnBadRecord) as on the driver."""
-    payload = (target, epoch, batches, points)
+    payload = (target, epoch, batches, points, fetches)
     attempt, outcomes, refused = (spark.sparkContext.parallelize([0], 1)
                                   .mapPartitions(lambda _: [_commit_in_task(payload)]).collect()[0])
     for _ in range(attempt):
@@ -72,13 +72,13 @@ def _commit_in_task(payload):
 
     if not apps.ready:
         django.setup()   # the worker inherits DJANGO_SETTINGS_MODULE and DATABASE_URL from the driver
-    target, epoch, batches, points = payload
+    target, epoch, batches, points, fetches = payload
     attempt = TaskContext.get().attemptNumber()
     faults = FaultInjector(at_pass={points[attempt]: {1}}) if attempt < len(points) else NO_FAULTS
     conn = db.connect(f"tally-spark-worker-{target.pipeline_id}")
     try:
         faults.maybe_crash("after-poll")
-        outcomes = commit.commit_batch(conn, target, epoch, batches, faults)
+        outcomes = commit.commit_batch(conn, target, epoch, batches, faults, fetches)
         faults.maybe_crash("after-db-commit")
         return attempt, outcomes, None
     except commit.CommitRefused as exc:

@@ -77,6 +77,16 @@ def partitions_for(topic: str) -> list[int]:
 class Watermarks:
     log_start: int
     high: int
+    # The last stable offset (read_committed): a consumer cannot pass an open transaction, so lag and
+    # "caught up" are measured against it. None when the broker's Fetch reply did not carry it.
+    stable: int | None = None
+
+    @property
+    def end(self) -> int:
+        """Where a read_committed consumer's position ends up when it has read everything it can."""
+        if self.stable is not None and self.log_start <= self.stable <= self.high:
+            return self.stable
+        return self.high
 
 
 def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float = 10.0) -> dict[int, Watermarks]:
@@ -84,7 +94,9 @@ def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float
     (see module docstring): seek to ListOffsets' "latest" and fetch once, which costs at most one record
     batch per partition."""
     # fetch_max_wait_ms: an empty partition's fetch otherwise waits the default 500 ms for data to arrive
-    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20)
+    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20,
+                              isolation_level="read_committed")
+    stable = _record_last_stable_offsets(consumer)
     try:
         partitions = partitions if partitions is not None else sorted(consumer.partitions_for_topic(topic) or [])
         if not partitions:
@@ -100,7 +112,26 @@ def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float
         high = _fetch_high_watermarks(consumer, tps, timeout_s)
     finally:
         consumer.close()
-    return {tp.partition: Watermarks(starts[tp], max(high[tp], listed_ends[tp])) for tp in tps}
+    return {tp.partition: Watermarks(starts[tp], max(high[tp], listed_ends[tp]), stable.get(tp)) for tp in tps}
+
+
+def _record_last_stable_offsets(consumer: KafkaConsumer) -> dict:
+    """kafka-python keeps a Fetch reply's high watermark but drops its last stable offset: record it from
+    the replies this (probe) consumer parses. Returns the dict it fills, {TopicPartition: offset}."""
+    stable: dict = {}
+    fetcher = getattr(consumer, "_fetcher", None)
+    parse = getattr(fetcher, "_parse_fetched_data", None)
+    if parse is None:  # another kafka-python: fall back to the high watermark
+        return stable
+
+    def parse_and_record(completed_fetch):
+        offset = getattr(completed_fetch.partition_data, "last_stable_offset", None)
+        if offset is not None and offset >= 0:
+            stable[completed_fetch.topic_partition] = offset
+        return parse(completed_fetch)
+
+    fetcher._parse_fetched_data = parse_and_record
+    return stable
 
 
 def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> dict:
@@ -115,6 +146,35 @@ def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> di
         # Pause partitions that already answered so their records are not fetched again and again.
         consumer.pause(*[tp for tp, mark in marks.items() if mark is not None])
         consumer.poll(timeout_ms=20, max_records=1)  # short: an empty fetch reply does not end a poll early
+
+
+def records_held(topic: str, partition: int, ranges: list[tuple[int, int]], timeout_s: float = 10.0) -> list[list[int]]:
+    """The offsets of the data records the topic holds in each [start, end) of `ranges`, as a read_committed
+    consumer sees them: transaction markers, aborted and compacted records are holes, not records.
+    Reconciliation asks this only for offsets the sink lacks, to tell a hole from a loss."""
+    held: list[list[int]] = [[] for _ in ranges]
+    if not ranges:
+        return held
+    consumer = probe_consumer(isolation_level="read_committed", max_partition_fetch_bytes=1 << 16,
+                              fetch_max_wait_ms=20)
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        for i, (start, end) in enumerate(ranges):
+            consumer.seek(tp, start)
+            deadline = time.monotonic() + timeout_s
+            while consumer.position(tp) < end:
+                high = consumer.highwater(tp)
+                if high is not None and consumer.position(tp) >= high:
+                    break  # nothing more in the log
+                if time.monotonic() > deadline:
+                    raise KafkaAdminError(f"{topic}[{partition}]: could not read offsets {start}..{end - 1}")
+                for record in consumer.poll(timeout_ms=100, max_records=max(1, end - start)).get(tp, []):
+                    if start <= record.offset < end:
+                        held[i].append(record.offset)
+    finally:
+        consumer.close()
+    return held
 
 
 def high_watermarks(topic: str, partitions: list[int] | None = None) -> dict[int, int]:
@@ -204,9 +264,20 @@ class GroupDescription:
                                                             "completingrebalance")
 
 
+def _admin_failure(what: str, exc: Exception) -> KafkaAdminError:
+    """A clear message for an admin call the broker refused or failed (e.g. IncompatibleBrokerVersion:
+    the broker does not implement the request)."""
+    reason = type(exc).__name__
+    detail = str(exc) if str(exc) and str(exc) != reason else ""
+    return KafkaAdminError(f"Kafka could not {what}: {reason}" + (f" ({detail})" if detail else ""))
+
+
 def list_groups() -> list[str]:
-    with admin_session() as admin:
-        groups = admin.list_groups()
+    try:
+        with admin_session() as admin:
+            groups = admin.list_groups()
+    except Exception as exc:  # any broker-side refusal becomes one clear error for the CLI and the API
+        raise _admin_failure("list consumer groups", exc) from exc
     names = []
     for group in groups:
         if isinstance(group, dict):
@@ -255,10 +326,25 @@ def delete_groups(group_ids: list[str]) -> dict[str, str]:
     A group that does not exist counts as deleted."""
     if not group_ids:
         return {}
-    with admin_session() as admin:
-        result = admin.delete_groups(list(group_ids))
-    return {group: ("OK" if str(outcome) == "OK" or "GroupIdNotFound" in str(outcome) else str(outcome))
-            for group, outcome in result.items()}
+    try:
+        with admin_session() as admin:
+            result = admin.delete_groups(list(group_ids))
+    except Exception as exc:  # the whole request failed: every group reports why, as documented
+        message = str(_admin_failure("delete consumer groups", exc))
+        return {group: message for group in group_ids}
+    outcomes = {group: ("OK" if _outcome_name(outcome) in ("OK", "NoError")
+                        or "GroupIdNotFound" in _outcome_name(outcome) else _outcome_name(outcome))
+                for group, outcome in result.items()}
+    return {group: outcomes.get(group, "no answer from Kafka") for group in group_ids}
+
+
+def _outcome_name(outcome) -> str:
+    """kafka-python reports a group's outcome as "OK", an error class or an error instance."""
+    if isinstance(outcome, type):
+        return outcome.__name__
+    if isinstance(outcome, Exception):
+        return f"{type(outcome).__name__}: {outcome}" if str(outcome) else type(outcome).__name__
+    return str(outcome)
 
 
 def earliest_offsets(topic: str, partitions: list[int]) -> dict[int, int]:

@@ -9,6 +9,8 @@ from consumers.models.pipeline import (
     DeliveryMode,
     DesiredState,
     Engine,
+    IsolationLevel,
+    LogTruncatedPolicy,
     PartitionOffset,
     Pipeline,
     ResetPolicy,
@@ -18,6 +20,7 @@ from consumers.models.reconciliation import LagSnapshot, PartitionHealth, Pipeli
 
 __all__ = [
     "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
-    "DeadLetter", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth", "PartitionOffset",
+    "DeadLetter", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
+    "LagSnapshot", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
     "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
 ]

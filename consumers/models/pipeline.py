@@ -36,6 +36,18 @@ class BadRecordPolicy(models.TextChoices):
     STOP = "stop", "stop the pipeline"
 
 
+class IsolationLevel(models.TextChoices):
+    READ_COMMITTED = "read_committed", "read committed"
+    READ_UNCOMMITTED = "read_uncommitted", "read uncommitted"
+
+
+class LogTruncatedPolicy(models.TextChoices):
+    """What an exactly-once pipeline does when the log start has moved past its stored position
+    (retention, DeleteRecords, a recreated topic): the unread records are gone."""
+    STOP = "stop", "stop with the reason"
+    SKIP = "skip", "skip them, record it in the ledger and alert"
+
+
 class Pipeline(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     topic = models.CharField(max_length=249)
@@ -50,6 +62,10 @@ class Pipeline(models.Model):
     reset_policy = models.CharField(max_length=10, choices=ResetPolicy.choices, default=ResetPolicy.EARLIEST)
     on_bad_record = models.CharField(max_length=20, choices=BadRecordPolicy.choices,
                                      default=BadRecordPolicy.DEAD_LETTER)
+    isolation_level = models.CharField(max_length=20, choices=IsolationLevel.choices,
+                                       default=IsolationLevel.READ_COMMITTED)
+    on_log_truncated = models.CharField(max_length=10, choices=LogTruncatedPolicy.choices,
+                                        default=LogTruncatedPolicy.STOP)
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED)
     epoch = models.PositiveBigIntegerField(default=0)
     # Supervision (issue 4): consecutive automatic restarts, when the next one may happen, and why.
@@ -116,6 +132,9 @@ class BatchLedger(models.Model):
     # Set by a rewind to its new offset: this row now covers only [first_offset, superseded_from);
     # the rest will be covered again by the batches written after the rewind.
     superseded_from = models.BigIntegerField(null=True, blank=True)
+    # Why a row with no records moved the position on purpose, e.g. "skipped by retention: offsets A..B"
+    # (records deleted from the log before they were read; reconciliation reports them lost before read).
+    note = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         indexes = [models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_range_idx"),

@@ -34,7 +34,7 @@ from django.utils import timezone
 from psycopg2 import sql
 from psycopg2.extras import execute_values
 
-from consumers.engine import sink_checks
+from consumers.engine import log_bounds, sink_checks
 from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
@@ -114,7 +114,8 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
                                            heartbeat_at__gte=now - heartbeat_timeout()).filter(
             ~Exists(restarted_after)).exists()
-        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive)
+        held = _held_reader(errors, kafka, pipeline.topic, marks)
+        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held)
     reports = []
     for p, state in sorted(states.items()):
         mark = marks.get(p)
@@ -122,13 +123,14 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         report.log_start, report.high_watermark = (mark.log_start, mark.high) if mark else (None, None)
         report.kafka_committed = committed.get(p)
         if mark is not None:
-            report.lag_records = max(0, mark.high - state.consumed_end)
+            # Against the last stable offset: a read_committed consumer cannot pass an open transaction.
+            report.lag_records = max(0, mark.end - state.consumed_end)
         reports.append(report)
     for p, mark in marks.items():  # partitions this pipeline never consumed: everything there is lag
         if p not in states:
             start = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
             reports.append(PartitionReport(p, mark.log_start, mark.high, None, committed.get(p),
-                                           lag_records=max(0, mark.high - start)))
+                                           lag_records=max(0, mark.end - start)))
             states[p] = _PartitionState(reports[-1], consumed_end=start)
     with timer.kafka:
         _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
@@ -139,6 +141,9 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
                                                              rewinds.skipped.get(report.partition, []))
             count_findings(report)
         rate = _evaluate_status(pipeline, reports, states, rewinds, alive, now, kafka_failed=bool(errors))
+        for report in reports:
+            if any(f["kind"] == "ahead" for f in report.findings):
+                report.status = Status.ERR  # "position ahead of log end": an error, never OK
         report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
                                 (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
                                 sorted(reports, key=lambda r: r.partition),
@@ -204,7 +209,32 @@ def _snapshot_cursor():
         yield cursor.cursor
 
 
-def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool) -> dict:
+def _held_reader(errors: list[str], kafka, topic: str, marks: dict):
+    """held(partition) -> a function giving the offsets of the records the topic holds in each of some
+    ranges (a read_committed read of just those ranges): how reconciliation tells a hole from a loss.
+    Positions below the log start can no longer be read: there every position counts as a record (lost).
+    When Kafka fails, every absent offset counts as lost and the error is reported."""
+    reader = getattr(kafka, "records_held", None)
+    if reader is None:
+        return lambda partition: None
+
+    def held_for(partition: int):
+        def held(ranges: list[tuple[int, int]]) -> list[list[int]]:
+            mark = marks.get(partition)
+            floor = mark.log_start if mark is not None else 0
+            readable = [(max(s, floor), e) for s, e in ranges if e > max(s, floor)]
+            found = _kafka_call(errors, reader, None, topic, partition, readable)
+            if found is None:
+                return [list(range(s, e)) for s, e in ranges]
+            found = iter(found)
+            return [list(range(s, min(e, floor))) + (list(next(found)) if e > max(s, floor) else [])
+                    for s, e in ranges]
+        return held
+    return held_for
+
+
+def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool,
+                     held=lambda partition: None) -> dict:
     transform = resolve(pipeline.transform)
     with _snapshot_cursor() as cur:
         cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
@@ -223,7 +253,7 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
         for p in sorted(partitions):
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
-                                          newest.get(p), in_flight)
+                                          newest.get(p), in_flight, held(p))
         if shape is not None:
             _phantoms(cur, shape, states)
     return states
@@ -243,7 +273,7 @@ def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dic
 
 
 def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
-                      mark, health, health_as_read, newest, in_flight: bool) -> _PartitionState:
+                      mark, health, health_as_read, newest, in_flight: bool, held=None) -> _PartitionState:
     next_offset, replay_until, moved_at = position if position else (None, None, None)
     if health is not None:
         verified, ledger_mark, stored = health
@@ -265,23 +295,39 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
     new_findings, current = [], []
     if shape is not None:
         result = verify_range(cur, shape, pipeline.pk, p, verified, next_offset,
-                              _ledger(cur, pipeline.pk, p, verified, next_offset))
+                              _ledger(cur, pipeline.pk, p, verified, next_offset), held)
         report.proven = result.proven
-        new_findings = result.findings
+        new_findings = result.findings + _skipped_by_retention(cur, pipeline.pk, p, verified, next_offset)
         # Kafka says consumed, the DB never wrote it: at-most-once lost it if its consumer died; while a
         # consumer is alive it is the batch being written right now (Kafka commit first), not a loss.
         if consumed_end > next_offset and not in_flight:
             current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
-                                    _ledger(cur, pipeline.pk, p, next_offset, consumed_end)).findings
+                                    _ledger(cur, pipeline.pk, p, next_offset, consumed_end), held).findings
         state.phantom_from = max(consumed_end, replay_until or 0)
     resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
     if mark is not None and resume_at < mark.log_start:
         current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
                         "count": mark.log_start - resume_at})
+    if mark is not None and next_offset > mark.high:
+        # Topic recreated, broker data loss: waiting would wait for offsets that may never come.
+        current.append({"kind": "ahead", "start": mark.high, "end": next_offset, "count": next_offset - mark.high,
+                        "reason": log_bounds.AHEAD})
     report.findings = ([dict(f, scope=VERIFIED) for f in fold(kept + new_findings)]
                        + [dict(f, scope=CURRENT) for f in current])
     count_findings(report)
     return state
+
+
+def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -> list[dict]:
+    """Ledger rows of a skip-by-retention policy: records deleted before they were read (lost before read).
+    Their positions are counted: the records are gone, so how many there were can no longer be told."""
+    if end <= start:
+        return []
+    cur.execute("SELECT first_offset, end_offset, note FROM consumers_batchledger WHERE pipeline_id = %s "
+                "AND partition = %s AND note <> '' AND first_offset < %s AND end_offset > %s ORDER BY first_offset",
+                [pipeline_id, p, end, start])
+    return [{"kind": "unrecoverable", "start": first, "end": last, "count": last - first, "reason": note}
+            for first, last, note in cur.fetchall()]
 
 
 def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_offset, mark) -> int:
@@ -311,13 +357,17 @@ def _reopen_findings(verified: int, kept: list[dict]) -> tuple[int, list[dict]]:
     return verified, kept
 
 
-def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple[int, int]]:
+def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple]:
+    """(first, covered end, records, whole) of the ledger rows reaching into [start, end): `whole` when
+    the row lies entirely inside and no rewind trimmed it, so its record count applies to the range."""
     if end <= start:
         return []
-    cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end "
+    cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end, "
+                "records, (first_offset >= %s AND end_offset <= %s AND (superseded_from IS NULL "
+                "OR superseded_from >= end_offset)) AS whole "
                 "FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s AND first_offset < %s "
                 "AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %s ORDER BY first_offset",
-                [pipeline_id, p, end, start])
+                [start, end, pipeline_id, p, end, start])
     return cur.fetchall()
 
 

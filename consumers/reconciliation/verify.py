@@ -12,6 +12,14 @@ The ledger is checked apart from the sink: its ranges (trimmed by rewinds: a row
 covers only `[first_offset, min(end_offset, superseded_from))`) must tile the range with no gap and no
 overlap. Ledger rows are one per batch, so the sweep runs in Python.
 
+Ranges are of positions; counts are of records. Real logs have holes -- positions that hold no data
+record (transaction markers, aborted records under read_committed, compacted records) -- so an offset
+with neither a row nor a dead letter is lost only if the topic holds a record there. The ledger counts the
+records each batch's fetch returned: when the ledger rows of a range are whole and their counts match
+what the sink holds, every absent offset is a hole and nothing else is read. Otherwise the absent ranges
+are checked against the topic itself (`held`, a read_committed read of exactly those ranges): records
+the topic holds there are lost, the rest are holes (docs/reconciliation.md).
+
 Findings are dicts `{"kind", "start", "end" (exclusive), "count", ...}`; counts are numbers of records.
 """
 from dataclasses import dataclass, field
@@ -41,9 +49,10 @@ class SinkShape:
 class RangeResult:
     start: int
     end: int
-    records: int = 0        # end - start
+    records: int = 0        # records in the range: positions minus holes
     rows: int = 0
     lost: int = 0
+    holes: int = 0          # positions holding no data record (markers, aborted, compacted): never lost
     duplicated: int = 0
     dead_lettered: int = 0
     gap: int = 0
@@ -69,18 +78,27 @@ def table_exists(cur, table: str) -> bool:
 
 
 def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int,
-                 ledger: list[tuple[int, int]]) -> RangeResult:
-    """Verify [start, end) of one partition. `ledger` holds the effective (first, end) ranges of the
-    ledger rows that reach into it, sorted by first offset."""
+                 ledger: list[tuple], held=None) -> RangeResult:
+    """Verify [start, end) of one partition. `ledger` holds the (first, effective end[, records, whole])
+    of the ledger rows that reach into it, sorted by first offset: `records` is the count the batch's fetch
+    returned and `whole` whether the row lies entirely in the range, untrimmed. `held(ranges)` returns the
+    number of records the topic holds in each [s, e) of `ranges` (None: every absent offset counts as lost)."""
     result = RangeResult(start, end, records=max(0, end - start))
     if end <= start:
         return result
-    _sweep_ledger(result, ledger)
+    _sweep_ledger(result, [row[:2] for row in ledger])
     counts = _aggregate(cur, shape, pipeline_id, partition, start, end)
     rows, distinct_offsets, distinct_rows, dead, collisions = counts
     result.rows, result.dead_lettered = rows, dead
     present = distinct_offsets + dead - collisions
-    result.lost = result.records - present
+    absent = result.records - present
+    located_lost = None
+    if absent and _ledger_accounts_for(ledger, start, end, present):
+        result.holes = absent  # the batches' own fetches returned exactly what the sink holds
+    elif absent and held is not None:
+        located_lost = _split_absent(result, _absent_findings(cur, shape, pipeline_id, partition, start, end), held)
+    result.records -= result.holes
+    result.lost = absent - result.holes
     # Single-row: every row beyond the first of an offset is an extra copy. Multi-row: a record's copy is
     # a repeated (offset, source_row); a dead-lettered record that also has rows produced rows it should not.
     extra_rows = rows - (distinct_rows if shape.multi_row else distinct_offsets)
@@ -89,12 +107,44 @@ def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start:
         result.findings += _dead_letter_findings(cur, pipeline_id, partition, start, end)
     if not result.proven:
         if result.lost:
-            result.findings += _lost_findings(cur, shape, pipeline_id, partition, start, end)
+            result.findings += (located_lost if located_lost is not None
+                                else _lost_findings(cur, shape, pipeline_id, partition, start, end))
         if extra_rows or collisions:
             duplicated = _duplicated_findings(cur, shape, pipeline_id, partition, start, end)
             result.findings += duplicated
             result.duplicated = sum(f["count"] for f in duplicated)
     return result
+
+
+def _ledger_accounts_for(ledger: list[tuple], start: int, end: int, present: int) -> bool:
+    """The ledger rows tile [start, end) exactly, each whole, and their record counts sum to `present`."""
+    if not ledger or any(len(row) < 4 or not row[3] for row in ledger):
+        return False
+    covered = start
+    for first, last, _records, _whole in ledger:
+        if first != covered:
+            return False
+        covered = last
+    return covered == end and sum(row[2] for row in ledger) == present
+
+
+def _split_absent(result: RangeResult, absent: list[dict], held) -> list[dict]:
+    """Ask the topic which absent offsets hold records: islands of those are lost, the rest are holes.
+    Returns the lost findings (hole findings go to the result)."""
+    lost, holes = [], []
+    for finding, offsets in zip(absent, held([(f["start"], f["end"]) for f in absent]), strict=True):
+        offsets = set(offsets)
+        island_start, island_kind = finding["start"], None
+        for o in range(finding["start"], finding["end"] + 1):
+            kind = None if o == finding["end"] else ("lost" if o in offsets else "hole")
+            if kind != island_kind:
+                if island_kind is not None:
+                    (lost if island_kind == "lost" else holes).append(
+                        {"kind": island_kind, "start": island_start, "end": o, "count": o - island_start})
+                island_start, island_kind = o, kind
+        result.holes += (finding["end"] - finding["start"]) - len(offsets)
+    result.findings += fold(holes)
+    return fold(lost)
 
 
 def _sink_filter(shape: SinkShape, partition: int, start: int, end: int):
@@ -134,8 +184,13 @@ def _aggregate(cur, shape: SinkShape, pipeline_id: int, partition: int, start: i
 
 
 def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
-    """Ranges of offsets with neither a row nor a dead letter: holes between consecutive present offsets
-    (sentinels start-1 and end close the range)."""
+    return fold(_absent_findings(cur, shape, pipeline_id, partition, start, end))
+
+
+def _absent_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
+                     end: int) -> list[dict]:
+    """Ranges of offsets with neither a row nor a dead letter: the spaces between consecutive present
+    offsets (sentinels start-1 and end close the range)."""
     where, params = _sink_filter(shape, partition, start, end)
     cur.execute(sql.SQL(
         'WITH present AS (SELECT source_offset AS o FROM {} WHERE {} GROUP BY source_offset '
@@ -145,7 +200,7 @@ def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, star
         'steps AS (SELECT o, lag(o) OVER (ORDER BY o) AS prev FROM present) '
         'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where),
         params + [pipeline_id, partition, start, end, start - 1, end])
-    return fold([{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()])
+    return [{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()]
 
 
 def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,

@@ -13,6 +13,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, Pipeline
 from consumers.operations import actions, group_reset
 from consumers.operations import groups as kafka_groups
@@ -168,7 +169,10 @@ def pipeline_rewind(request, name):
 
 @api_view(["GET"])
 def group_list(request):
-    names = kafka_groups.list_groups(include_pipelines=True)
+    try:
+        names = kafka_groups.list_groups(include_pipelines=True)
+    except KafkaAdminError as exc:  # e.g. the broker does not implement ListGroups: say so, never a 500
+        return Response({"error": str(exc)}, status=503)
     owners = dict(Pipeline.objects.values_list("group_id", "name"))
     return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
 

@@ -23,7 +23,7 @@ def rewind(request, name):
     operator = can_operate(request.user)
     context = {"nav": "overview", "pipeline": pipeline, "can_operate": operator}
     if request.method == "GET":
-        return render_page(request, "rewind.html", {**context, "form": RewindForm()})
+        return render_page(request, "rewind.html", {**context, "form": RewindForm(initial=_suggested(request))})
     if not operator:
         return refuse_viewer(request, pipeline, fragment="panel")
     form = RewindForm(request.POST)
@@ -52,3 +52,16 @@ def pipeline_url(pipeline) -> str:
     from django.urls import reverse
 
     return reverse("pipeline", kwargs={"name": pipeline.name})
+
+
+def _suggested(request) -> dict:
+    """A rewind the pipeline page suggests (e.g. to the log end for a position ahead of it): prefilled
+    from the query string, only with values the form knows; nothing happens before the operator confirms."""
+    initial = {}
+    mode = request.GET.get("mode", "")
+    if mode in dict(RewindForm.base_fields["mode"].choices):
+        initial["mode"] = mode
+    partitions = request.GET.get("partitions", "")
+    if partitions and all(part.strip().isdigit() for part in partitions.split(",")):
+        initial["partitions"] = partitions
+    return initial

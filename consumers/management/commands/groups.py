@@ -34,7 +34,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, command, **options):
         if command == "list":
-            names = groups.list_groups(include_pipelines=options["all"])
+            try:
+                names = groups.list_groups(include_pipelines=options["all"])
+            except KafkaAdminError as exc:
+                raise CommandError(str(exc), returncode=1) from None
             self.stdout.write(json.dumps(names) if options["json"] else "\n".join(names))
         elif command == "describe":
             self._describe(options["group"], options["json"])

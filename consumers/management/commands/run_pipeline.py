@@ -26,7 +26,8 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=None, help="Records per poll (default: the pipeline's).")
         parser.add_argument("--delay-ms", type=int, default=0, help="Sleep per record: simulates slow processing.")
         parser.add_argument("--stop-when-caught-up", action="store_true",
-                            help="Exit 0 once every assigned partition's lag is 0.")
+                            help="Exit 0 once every partition of the topic (also those other or dead members hold) "
+                                 "has its stored position at the log end.")
         parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this many seconds.")
         parser.add_argument("--crash-at", action="append", default=[], metavar="POINT[:PROBABILITY]",
                             help=f"Kill this process (SIGKILL) at a fault point; repeatable or comma-separated. "

@@ -1,0 +1,169 @@
+"""Chaos on transactional topics: engines SIGKILLed at fault points and from outside on a log with holes
+(transaction markers; aborted transactions), then reconciled. Exactly-once stays exact; at-most-once
+loses records and reconciliation counts exactly those, never a hole."""
+import signal
+import time
+
+import pytest
+
+from consumers.engine.pipelines import create_pipeline
+from consumers.kafka import admin as kafka_admin
+from consumers.models import DeliveryMode, PartitionOffset
+from consumers.reconciliation.reconcile import reconcile_pipeline
+from tests.chaos import EngineProcess, ledger_batches, run_until_clean_exit, sink_counts, wait_for
+from tests.conftest import drop_sink_tables
+from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
+
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
+
+UNTIL_CAUGHT_UP = ["--batch-size", "7", "--stop-when-caught-up", "--max-seconds", "120"]
+
+
+@pytest.fixture
+def tx_chaos_pipeline(transactional_db, kafka_bootstrap, make_topic, subprocess_env):
+    created = []
+
+    def make(transactions, mode=DeliveryMode.EXACTLY_ONCE, partitions=2):
+        topic = make_topic("txchaos", partitions=partitions)
+        produce_transactions(topic, mixed_transactions(transactions), partitions)
+        pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), "int_value", mode,
+                                   batch_size=7)
+        created.append(pipeline.sink_table)
+        return pipeline, topic_values(topic)
+
+    yield make
+    drop_sink_tables(created)
+
+
+def stored_positions(pipeline):
+    return dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+
+
+def test_exactly_once_is_exact_on_a_transactional_topic_with_crashes_at_every_fault_point(tx_chaos_pipeline,
+                                                                                          subprocess_env):
+    pipeline, held = tx_chaos_pipeline(30)
+    points = ["after-poll", "mid-write", "after-write", "after-db-commit"]
+    for run in range(8):
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", f"{points[run % 4]}:1")
+        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in held}
+    assert stored_positions(pipeline) == kafka_admin.high_watermarks(pipeline.topic)
+    report = reconcile_pipeline(pipeline)
+    assert (report.lost, report.duplicated, report.lag_records, report.status) == (0, 0, 0, "OK"), report.partitions
+
+
+def test_at_most_once_chaos_on_a_transactional_topic_reconciles_exactly_the_records_it_lost(tx_chaos_pipeline,
+                                                                                           subprocess_env):
+    pipeline, held = tx_chaos_pipeline(30, DeliveryMode.AT_MOST_ONCE)
+    kills = run_until_clean_exit(subprocess_env, pipeline.name,
+                                 [*UNTIL_CAUGHT_UP, "--crash-at", "after-kafka-commit:0.25"], max_runs=60)
+    assert kills > 0
+    sink = sink_counts(pipeline.sink_table)
+    missing = [value for value in held if value not in sink]
+    assert missing and all(count == 1 for count in sink.values())
+    report = reconcile_pipeline(pipeline)
+    # Exactly the records the crashes lost: the markers inside the lost ranges are holes, not losses.
+    assert (report.lost, report.duplicated, report.lag_records) == (len(missing), 0, 0), report.partitions
+    assert any(f["kind"] == "hole" for p in report.partitions for f in p.findings)
+
+
+def test_at_least_once_chaos_on_a_transactional_topic_reconciles_exactly_its_duplicates(tx_chaos_pipeline,
+                                                                                         subprocess_env):
+    pipeline, held = tx_chaos_pipeline(30, DeliveryMode.AT_LEAST_ONCE)
+    kills = run_until_clean_exit(subprocess_env, pipeline.name,
+                                 [*UNTIL_CAUGHT_UP, "--crash-at", "after-db-commit:0.25"], max_runs=60)
+    assert kills > 0
+    sink = sink_counts(pipeline.sink_table)
+    assert set(sink) == set(held)  # nothing lost
+    extra = sum(count - 1 for count in sink.values())
+    assert extra > 0
+    report = reconcile_pipeline(pipeline)
+    assert (report.lost, report.duplicated, report.lag_records) == (0, extra, 0), report.partitions
+    # Resuming from Kafka's offset (which may sit on a marker) leaves no gap in the ledger.
+    assert not any(f["kind"] == "gap" for p in report.partitions for f in p.findings), report.partitions
+
+
+def test_a_final_run_is_caught_up_only_when_every_partition_is_even_those_dead_members_held(tx_chaos_pipeline,
+                                                                                           subprocess_env):
+    pipeline, held = tx_chaos_pipeline(60, partitions=3)
+    slow = [*UNTIL_CAUGHT_UP, "--delay-ms", "30"]
+    for _ in range(3):  # three members at a time, all SIGKILLed once they have committed something
+        before = ledger_batches(pipeline.pk)
+        engines = [EngineProcess(subprocess_env, pipeline.name, *slow) for _ in range(3)]
+        try:
+            wait_for(lambda before=before: ledger_batches(pipeline.pk) > before + 2, 90, "batches of the members")
+        finally:
+            for engine in engines:
+                engine.kill()
+    assert len(sink_counts(pipeline.sink_table)) < len(held)
+    started = time.monotonic()
+    final = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP)
+    assert final.wait(150) == 0, final.output()[-3000:]
+    assert "caught_up" in final.output()
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in held}, time.monotonic() - started
+    assert stored_positions(pipeline) == kafka_admin.high_watermarks(pipeline.topic)
+
+
+def test_a_run_holding_one_partition_is_not_caught_up_while_another_member_holds_the_rest(tx_chaos_pipeline,
+                                                                                          subprocess_env):
+    import threading
+
+    from django.conf import settings
+    from kafka import KafkaConsumer
+    from kafka.consumer.subscription_state import ConsumerRebalanceListener
+
+    from consumers.models import ConsumerRun
+
+    pipeline, held = tx_chaos_pipeline(30, partitions=3)
+    # Another member of the group (a run that hangs, or one whose death the broker has not noticed yet):
+    # it holds partitions and reads nothing.
+    other = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=pipeline.group_id,
+                          enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+
+    class PauseAll(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            pass
+
+        def on_partitions_assigned(self, assigned):
+            other.pause(*assigned)
+
+    other.subscribe([pipeline.topic], listener=PauseAll())
+    leave = threading.Event()
+
+    def keep_membership():
+        while not leave.is_set():
+            other.poll(timeout_ms=100)
+        other.close()  # leaves the group: the run gets its partitions
+
+    member = threading.Thread(target=keep_membership, daemon=True)
+    member.start()
+    final = None
+    try:
+        wait_for(lambda: other.assignment(), 30, "the other member's partitions")
+        final = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP)
+
+        def own_partitions_done():
+            run = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-id").first()
+            if run is None or not run.assigned_partitions or len(run.assigned_partitions) == 3:
+                return None
+            highs = kafka_admin.high_watermarks(pipeline.topic)
+            positions = stored_positions(pipeline)
+            if all(positions.get(p) == highs[p] for p in run.assigned_partitions):
+                return run.heartbeat_at
+            return None
+
+        done_at = wait_for(own_partitions_done, 60, "the run's own partitions to be written")
+        # Two more heartbeats (and caught-up checks) later the run is still going: the topic is not done.
+        wait_for(lambda: final.poll() is not None
+                 or ConsumerRun.objects.filter(pipeline=pipeline).order_by("-id").first().heartbeat_at
+                 .timestamp() > done_at.timestamp() + 2, 30, "two more heartbeats")
+        assert final.poll() is None, f"exited while partitions were unread:\n{final.output()[-2000:]}"
+        leave.set()
+        assert final.wait(90) == 0, final.output()[-3000:]
+    finally:
+        leave.set()
+        member.join(30)
+        if final is not None:
+            final.kill()
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in held}
