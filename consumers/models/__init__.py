@@ -6,6 +6,7 @@ from consumers.models.pipeline import (
     BatchLedger,
     ConsumerRun,
     DeadLetter,
+    DeadLetterReplay,
     DeliveryMode,
     DesiredState,
     Engine,
@@ -18,6 +19,6 @@ from consumers.models.reconciliation import LagSnapshot, PartitionHealth, Pipeli
 
 __all__ = [
     "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
-    "DeadLetter", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth", "PartitionOffset",
+    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth", "PartitionOffset",
     "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
 ]
