@@ -34,7 +34,6 @@ from psycopg2 import sql
 from consumers import actions, kafka_admin, sinks
 from consumers.faults import NO_FAULTS, FaultInjector
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
-from consumers.offset_specs import Refused
 from consumers.transforms import SourceRecord, Transform, resolve
 
 log = logging.getLogger("tally.dead_letters")

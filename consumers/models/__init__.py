@@ -19,6 +19,6 @@ from consumers.models.reconciliation import LagSnapshot, PartitionHealth, Pipeli
 
 __all__ = [
     "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
-    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth", "PartitionOffset",
-    "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
+    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "LagSnapshot", "PartitionHealth",
+    "PartitionOffset", "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
 ]
