@@ -58,9 +58,9 @@ class RewindResult:
     rollback_sink: bool
     action_log: ActionLog
     rows_deleted: dict[int, int] = field(default_factory=dict)
-    rows_to_delete: dict[int, int] = field(default_factory=dict)   # a dry run with roll back sink
     resumed: bool = False
     message: str = ""
+    rows_to_delete: dict[int, int] = field(default_factory=dict)   # a dry run with roll back sink
 
     def as_dict(self) -> dict:
         return {"pipeline": self.pipeline, "mode": self.spec.mode, "value": self.spec.raw or None,
