@@ -44,7 +44,7 @@ def acknowledge_alerts(modeladmin, request, queryset):
         if evaluate.acknowledge(alert, request.user.get_username()):
             modeladmin.message_user(request, f"Acknowledged: {alert.pipeline.name}: {alert.summary}", messages.SUCCESS)
         else:
-            modeladmin.message_user(request, f"{alert.pipeline.name}: not firing any more ({alert.state}): "
+            modeladmin.message_user(request, f"Pipeline {alert.pipeline.name}: not firing any more ({alert.state}): "
                                              f"nothing to acknowledge.", messages.WARNING)
 
 

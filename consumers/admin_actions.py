@@ -25,7 +25,8 @@ def actor_of(request) -> str:
 
 
 def report(modeladmin, request, name: str, outcome: str, *, ok: bool) -> None:
-    modeladmin.message_user(request, f"{name}: {outcome}", messages.SUCCESS if ok else messages.ERROR)
+    # "Pipeline NAME:" rather than "NAME:", since the admin's style capitalizes a message's first letter.
+    modeladmin.message_user(request, f"Pipeline {name}: {outcome}", messages.SUCCESS if ok else messages.ERROR)
 
 
 class OperatorActionsMixin:

@@ -67,9 +67,9 @@ def group_reset(request, site):
                     result = group_resets.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                                       execute=True, **arguments)
                 except Refused as exc:
-                    messages.error(request, f"{group_id}: reset refused: {exc}")
+                    messages.error(request, f"Group {group_id}: reset refused: {exc}")
                 else:
-                    messages.success(request, f"{group_id}: offsets reset: {result.message}")
+                    messages.success(request, f"Group {group_id}: offsets reset: {result.message}")
             return redirect("admin:consumer_groups")
         previews = []
         for group_id in group_ids:

@@ -35,9 +35,10 @@ def test_an_operator_starts_three_pipelines_and_each_result_is_reported_on_its_o
 
     assert response.status_code == 200
     shown = messages_of(response)
-    assert any(m.startswith("orders: start: desired state running") for m in shown)
-    assert any(m.startswith("refunds: start: desired state running") for m in shown)
-    assert any(m.startswith("payments: Cannot start pipeline 'payments': it is already running") for m in shown)
+    assert any(m.startswith("Pipeline orders: start: desired state running") for m in shown)
+    assert any(m.startswith("Pipeline refunds: start: desired state running") for m in shown)
+    assert any(m.startswith("Pipeline payments: Cannot start pipeline 'payments': it is already running")
+               for m in shown)
     states = dict(Pipeline.objects.values_list("name", "desired_state"))
     assert states == {"orders": "running", "payments": "running", "refunds": "running"}
     log = {(e.pipeline.name, e.result) for e in ActionLog.objects.filter(action="start", actor="otto")}
@@ -127,8 +128,8 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
 
         shown = messages_of(replayed)
         # orders' fixed transform still finds no digits in "not-a-number"; payments' int_value rejects it too
-        assert any(m.startswith("orders: replay: 1 still bad") for m in shown)
-        assert any(m.startswith("payments: replay: 1 still bad") for m in shown)
+        assert any(m.startswith("Pipeline orders: replay: 1 still bad") for m in shown)
+        assert any(m.startswith("Pipeline payments: replay: 1 still bad") for m in shown)
         assert ActionLog.objects.filter(action="replay_dead_letters", actor="otto").count() == 2
 
         no_reason = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute", reason=" ")
@@ -139,7 +140,7 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
         assert b'id="discard-form"' in page.content
         done = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute",
                            reason="garbage from the load test")
-        assert any(m == "orders: 1 dead letter(s) discarded: garbage from the load test" for m in messages_of(done))
+        assert "Pipeline orders: 1 dead letter(s) discarded: garbage from the load test" in messages_of(done)
         assert set(DeadLetter.objects.values_list("discard_reason", "discarded_by")) == {
             ("garbage from the load test", "otto")}
         results = sorted(ActionLog.objects.filter(action="discard_dead_letters").values_list("result", flat=True))

@@ -55,9 +55,9 @@ def test_an_operator_rewinds_three_pipelines_with_one_preview_and_one_confirmati
         done = post_action(client, PIPELINES, "rewind", selected, step="execute", **rewind)
 
         shown = messages_of(done)
-        assert any(m.startswith("adm-orders: rewind done: shift-by -5: p0 20->15") for m in shown), shown
-        assert any(m.startswith("adm-payments: rewind done: shift-by -5: p0 20->15") for m in shown), shown
-        assert any(m.startswith("adm-refunds: rewind refused: shift-by -5 refused") for m in shown), shown
+        assert any(m.startswith("Pipeline adm-orders: rewind done: shift-by -5: p0 20->15") for m in shown), shown
+        assert any(m.startswith("Pipeline adm-payments: rewind done: shift-by -5: p0 20->15") for m in shown), shown
+        assert any(m.startswith("Pipeline adm-refunds: rewind refused: shift-by -5 refused") for m in shown), shown
         assert (position(orders), position(payments), position(refunds)) == (15, 15, 3)
         assert sink_offsets(orders.sink_table) == [(o, o + 1) for o in range(15)]      # rows 15..19 rolled back
         assert sink_offsets(refunds.sink_table) == [(o, o + 1) for o in range(3)]
@@ -95,7 +95,7 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
 
     done = client.post("/admin/consumers/groups/reset/", {**reset, "step": "execute"}, follow=True)
 
-    assert any(m.startswith(f"{group}: offsets reset: to-offset 10") for m in messages_of(done))
+    assert any(m.startswith(f"Group {group}: offsets reset: to-offset 10") for m in messages_of(done))
     assert kafka_admin.committed_offsets(group, topic) == {0: 10}
     assert sorted(ActionLog.objects.filter(group_id=group, actor="otto").values_list("dry_run", flat=True)) == [
         False, True]

@@ -194,3 +194,29 @@ def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pi
     assert 3 not in [o for _, o, _, _ in sink_rows(orders)]
     actions_logged = list(ActionLog.objects.filter(action="discard_dead_letters").values_list("result", flat=True))
     assert sorted(actions_logged) == [ActionResult.DONE, ActionResult.REFUSED]
+
+
+@pytest.mark.kafka
+def test_a_replay_from_kafka_rereads_the_records_at_the_dead_letters_offsets(transactional_db, kafka_bootstrap,
+                                                                            make_topic):
+    from consumers.engine import run_pipeline
+    from tests.test_views_support import drop_sink, produce
+
+    topic = make_topic("replay")
+    produce(kafka_bootstrap, topic, ["1", "2", "x3", "4", "5?", "6"])
+    orders = create_pipeline("replay-orders", topic, "sink_replay_orders", "int_value", batch_size=10)
+    try:
+        run_pipeline(orders.name, stop_when_caught_up=True, max_seconds=60)
+        assert sorted(DeadLetter.objects.values_list("offset", flat=True)) == [2, 4]
+        # The stored copies are damaged on purpose: a Kafka replay must not use them.
+        DeadLetter.objects.update(value=b"junk")
+        fix_transform(orders)
+
+        result = dead_letters.replay(orders, list(DeadLetter.objects.values_list("pk", flat=True)), actor="otto",
+                                     source="kafka")
+
+        assert result.counts == {"replayed": 2}
+        assert [(o, i) for _, o, _, i in sink_rows(orders)] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6)]
+        assert set(DeadLetterReplay.objects.values_list("source", flat=True)) == {"kafka"}
+    finally:
+        drop_sink(orders.sink_table)
