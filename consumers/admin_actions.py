@@ -33,7 +33,6 @@ class OperatorActionsMixin:
     """Actions for operators only: hidden from everyone else, and refused (audited) if posted anyway."""
 
     operator_actions: tuple[str, ...] = ()
-    audit_action_names: dict[str, str] = {}
 
     def has_operate_permission(self, request) -> bool:
         return can_operate(request.user)
@@ -48,10 +47,9 @@ class OperatorActionsMixin:
     def audit_refusal(self, request, action: str, selected_ids: list[str]) -> None:
         """One refused ActionLog row per selected object (the refusal names the actor)."""
         message = f"{actor_of(request)} is not an operator: only operators can {action.replace('_', ' ')}."
-        audited = self.audit_action_names.get(action, action)
         for pipeline in self.pipelines_of(selected_ids) or [None]:
             try:
-                actions.refuse(pipeline, audited, actor_of(request), {"via": "admin", "selected": selected_ids},
+                actions.refuse(pipeline, action, actor_of(request), {"via": "admin", "selected": selected_ids},
                                message)
             except Refused:
                 pass
@@ -168,6 +166,9 @@ def replay_dead_letters(modeladmin, request, queryset):
             result = dead_letter_ops.replay(pipeline, ids, actor=actor_of(request))
         except Refused as exc:
             report(modeladmin, request, pipeline.name, f"replay refused: {exc}", ok=False)
+        except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
+            report(modeladmin, request, pipeline.name, f"replay failed, nothing changed: {type(exc).__name__}: {exc}",
+                   ok=False)
         else:
             problems = {k for k in result.counts if k not in ("replayed", "already_in_sink")}
             report(modeladmin, request, pipeline.name, f"replay: {result.message}", ok=not problems)

@@ -19,7 +19,8 @@ Steps of `replay`:
      (idempotent on the provenance key: `source_topic`, `source_partition`, `source_offset`).
   6. Delete the replayed dead letters and insert one replay-ledger row each (`DeadLetterReplay`, unique on
      the dead letter), so every offset keeps exactly one outcome (rows or a dead letter), as
-     reconciliation requires; write the audit entry.
+     reconciliation requires; move reconciliation's verified mark back to the first replayed offset (it
+     re-reads them, as after a rewind); write the audit entry.
   7. COMMIT. A crash anywhere before leaves everything as it was; after it, a second replay finds nothing.
 Fault points `replay-mid-write`, `replay-after-write` and `after-replay-commit` (consumers/faults.py)
 make each step's crash reproducible.
@@ -107,8 +108,14 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
     from_kafka = None
     if source == "kafka":
         from_kafka = _read_from_kafka(pipeline, ids, actor, params)
-    with transaction.atomic():
-        result = _replay_locked(pipeline, ids, transform, from_kafka, source, actor, params, faults)
+    try:
+        with transaction.atomic():
+            result = _replay_locked(pipeline, ids, transform, from_kafka, source, actor, params, faults)
+    except Exception as exc:  # rolled back; the failure is audited (e.g. a sink table the transform no longer fits)
+        ActionLog.objects.create(pipeline=pipeline, action=REPLAY, actor=actor, params=params,
+                                 result=ActionResult.FAILED, message=f"{type(exc).__name__}: {exc}",
+                                 finished_at=timezone.now())
+        raise
     faults.maybe_crash("after-replay-commit")
     return result
 
@@ -196,6 +203,14 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
                                  source=source, rows_written=written, original_error=error, actor=actor,
                                  action_log=entry, replayed_at=now)
                 for letter_id, partition, offset, written, error in replayed])
+            # Reconciliation verifies incrementally: move its mark back so it re-reads the replayed offsets
+            # (as a rewind does) instead of keeping their dead-letter findings.
+            firsts: dict[int, int] = {}
+            for _, partition, offset, _, _ in replayed:
+                firsts[partition] = min(offset, firsts.get(partition, offset))
+            for partition, offset in firsts.items():
+                cur.execute("UPDATE consumers_partitionhealth SET verified_offset = LEAST(verified_offset, %s) "
+                            "WHERE pipeline_id = %s AND partition = %s", [offset, pipeline.pk, partition])
         faults.maybe_crash("replay-after-write")
     log.info("dead letters of %s replayed by %s: %s", pipeline.name, actor, message)
     return DeadLetterResult(pipeline.name, REPLAY, outcomes, entry, message, counts)

@@ -15,3 +15,5 @@ def _digits(text: bytes) -> int:
 lenient_int = Transform("lenient_int", (("id", "bigint"),), lambda r: ((_digits(r.value),),))
 lenient_csv = Transform("lenient_csv", (("id", "bigint"),),
                         lambda r: tuple((_digits(part),) for part in (r.value or b"").split(b",")), multi_row=True)
+lenient_event = Transform("lenient_event", (("id", "bigint"), ("kind", "text")),
+                          lambda r: ((_digits(r.value), "replayed"),))

@@ -202,3 +202,10 @@ def test_the_desired_state_is_not_editable_in_the_change_form():
     user.user_permissions.add(Permission.objects.get(codename="change_pipeline"))
     page = client.get(f"/admin/consumers/pipeline/{orders.pk}/change/").content.decode()
     assert 'name="desired_state"' not in page and 'name="topic"' in page
+
+
+def test_the_admin_index_lists_consumer_groups_beside_the_models_for_viewers_and_operators():
+    for user in (staff_viewer(), staff_operator()):
+        index = client_for(user).get("/admin/").content.decode()
+        assert 'href="/admin/consumers/groups/"' in index and "Consumer groups (not run by Tally)" in index
+        assert 'href="/admin/consumers/pipeline/"' in index

@@ -102,6 +102,19 @@ def test_a_replay_turns_fixed_dead_letters_into_sink_rows_and_keeps_the_still_ba
     assert (checked.lost, checked.duplicated, checked.dead_lettered, checked.proven) == (0, 0, 1, True)
 
 
+def test_a_replay_moves_the_reconciliation_mark_back_to_the_first_replayed_offset(pipeline):
+    from consumers.models import PartitionHealth
+
+    orders = pipeline()
+    consume(orders, {0: values(10)})
+    PartitionHealth.objects.create(pipeline=orders, partition=0, verified_offset=10, next_offset=10,
+                                   findings=[{"kind": "dead_letter", "start": 3, "end": 4, "count": 1}])
+    fix_transform(orders)
+    dead_letters.replay(orders, list(DeadLetter.objects.filter(offset__in=[7, 8]).values_list("pk", flat=True)),
+                        actor="otto")
+    assert PartitionHealth.objects.get(pipeline=orders).verified_offset == 7   # 8 stayed a dead letter
+
+
 def test_replaying_twice_writes_each_row_once(pipeline):
     orders = pipeline()
     consume(orders, {0: values(10)})
@@ -174,6 +187,19 @@ def test_bad_replay_input_is_refused_audited_and_changes_nothing(pipeline):
     assert DeadLetter.objects.count() == 1
     refusals = ActionLog.objects.filter(action="replay_dead_letters", result=ActionResult.REFUSED, actor="otto")
     assert refusals.count() == 5
+
+
+def test_a_replay_that_fails_in_the_database_changes_nothing_and_is_audited_as_failed(pipeline):
+    orders = pipeline()
+    consume(orders, {0: values(5)})
+    # The new transform writes a column the sink table does not have.
+    fix_transform(orders, "tests.replay_transforms.lenient_event")
+    with pytest.raises(Exception, match="kind"):
+        dead_letters.replay(orders, [DeadLetter.objects.get().pk], actor="otto")
+    assert DeadLetter.objects.count() == 1 and not DeadLetterReplay.objects.exists()
+    assert [o for _, o, _, _ in sink_rows(orders)] == [0, 1, 2, 4]
+    entry = ActionLog.objects.get(action="replay_dead_letters")
+    assert entry.result == ActionResult.FAILED and "kind" in entry.message
 
 
 def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pipeline):
