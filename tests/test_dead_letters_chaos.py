@@ -79,3 +79,20 @@ def test_a_replay_killed_after_its_commit_is_complete_and_a_rerun_changes_nothin
     assert rerun.counts == {"gone": 5, "still_bad": 1}
     assert sink_rows(orders) == EXPECTED
     assert DeadLetterReplay.objects.count() == 5
+
+
+def test_two_processes_replaying_the_same_dead_letters_at_once_write_each_row_once(pipeline, subprocess_env):  # noqa: F811
+    orders = pipeline()
+    consume(orders, {0: {o: BAD.get(o, str(o + 1)) for o in range(RECORDS)}})
+    fix_transform(orders)
+    ids = ",".join(str(i) for i in DeadLetter.objects.values_list("pk", flat=True))
+    script = REPLAY_SCRIPT.replace("faults=FaultInjector.parse(sys.argv[2])", "faults=FaultInjector()")
+    both = [subprocess.Popen([sys.executable, "-c", script, orders.name, "", ids], cwd=ROOT, env=subprocess_env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for process in both:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0 and b"returned" in out, err.decode()[-2000:]
+    assert sink_rows(orders) == EXPECTED
+    assert DeadLetterReplay.objects.count() == 5
+    counts = [entry.params["counts"] for entry in ActionLog.objects.filter(action="replay_dead_letters")]
+    assert sorted(c.get("replayed", 0) for c in counts) == [0, 5]
