@@ -45,11 +45,11 @@ class OperatorActionsMixin:
         return super().changelist_view(request, extra_context)
 
     def audit_refusal(self, request, action: str, selected_ids: list[str]) -> None:
-        """One refused ActionLog row per selected object (the refusal names the actor)."""
+        """One refused ActionLog row per pipeline concerned (the refusal names the actor)."""
         message = f"{actor_of(request)} is not an operator: only operators can {action.replace('_', ' ')}."
         for pipeline in self.pipelines_of(selected_ids) or [None]:
             try:
-                actions.refuse(pipeline, action, actor_of(request), {"via": "admin", "selected": selected_ids},
+                actions.refuse(pipeline, action, actor_of(request), {"via": "admin", "selected": selected_ids[:100]},
                                message)
             except Refused:
                 pass
