@@ -187,6 +187,9 @@ def test_admin_rows_link_to_the_dashboard_and_the_pipeline_page_links_back_for_s
     assert b'href="/pipelines/orders/"' in client.get(DEAD_LETTERS).content
     page = client.get("/pipelines/orders/").content.decode()
     assert f'href="/admin/consumers/pipeline/{orders.pk}/change/"' in page
+    assert f'href="/admin/consumers/deadletter/?pipeline__id__exact={orders.pk}"' in page
+    filtered = client.get(f"/admin/consumers/deadletter/?pipeline__id__exact={orders.pk}")
+    assert filtered.status_code == 200 and b"not-a-number" in filtered.content
 
     from tests.test_views_support import make_operator
     not_staff = client_for(make_operator("olaf"))
