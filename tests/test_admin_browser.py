@@ -1,6 +1,7 @@
 """The Django admin in a real browser (Playwright driving Debian's Chromium): an operator selects two
 pipelines, rewinds them with a preview and one confirmation, and the positions and sinks move; a viewer
-sees read-only pages without actions; admin rows and dashboard pages link to each other."""
+sees read-only pages without actions; admin rows and dashboard pages link to each other. Saves a screenshot
+of the rewind preview (to docs/screenshots/ with `make screenshots`)."""
 import re
 
 import pytest
@@ -8,6 +9,7 @@ from playwright.sync_api import expect
 
 from consumers.models import ActionLog, PartitionOffset
 from tests.admin_support import staff_operator, staff_viewer
+from tests.conftest import screenshot_dir
 from tests.test_admin_kafka import sink_offsets
 from tests.test_browser_dashboard import browser, page  # noqa: F401 (fixtures)
 from tests.test_views_support import PASSWORD, consumed_pipeline, drop_sink, make_pipeline
@@ -47,6 +49,7 @@ def test_an_operator_rewinds_two_pipelines_from_the_admin_with_a_preview(page, l
             expect(rows).to_have_count(1)
             expect(rows.locator("td")).to_have_text(["0", f"{before} → {before - 4}", "4", "0", "4"])
         assert [PartitionOffset.objects.get(pipeline=p).next_offset for p in (orders, payments)] == [20, 12]
+        page.screenshot(path=str(screenshot_dir() / "admin-rewind-preview.png"), full_page=True)
 
         page.locator("#execute-rewind").click()
 
