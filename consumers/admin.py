@@ -83,8 +83,9 @@ class DeadLetterAdmin(OperatorActionsMixin, PipelineLinkMixin, ReadOnlyAdmin):
                     "dashboard")
     list_filter = ("pipeline", ("discarded_at", admin.EmptyFieldListFilter))
     search_fields = ("error", "discard_reason")
-    actions = [admin_actions.replay_dead_letters, admin_actions.discard_dead_letters]
-    operator_actions = ("replay_dead_letters", "discard_dead_letters")
+    actions = [admin_actions.replay_dead_letters, admin_actions.replay_dead_letters_from_kafka,
+               admin_actions.discard_dead_letters]
+    operator_actions = ("replay_dead_letters", "replay_dead_letters_from_kafka", "discard_dead_letters")
 
     def pipelines_of(self, selected_ids):
         ids = [i for i in selected_ids if i.isdigit()]

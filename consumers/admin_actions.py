@@ -159,11 +159,10 @@ def _by_pipeline(queryset):
     return grouped
 
 
-@admin.action(description="Replay the selected dead letters through the current transform", permissions=["operate"])
-def replay_dead_letters(modeladmin, request, queryset):
+def _replay(modeladmin, request, queryset, source: str):
     for pipeline, ids in _by_pipeline(queryset).items():
         try:
-            result = dead_letter_ops.replay(pipeline, ids, actor=actor_of(request))
+            result = dead_letter_ops.replay(pipeline, ids, actor=actor_of(request), source=source)
         except Refused as exc:
             report(modeladmin, request, pipeline.name, f"replay refused: {exc}", ok=False)
         except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
@@ -172,6 +171,17 @@ def replay_dead_letters(modeladmin, request, queryset):
         else:
             problems = {k for k in result.counts if k not in ("replayed", "already_in_sink")}
             report(modeladmin, request, pipeline.name, f"replay: {result.message}", ok=not problems)
+
+
+@admin.action(description="Replay the selected dead letters through the current transform", permissions=["operate"])
+def replay_dead_letters(modeladmin, request, queryset):
+    _replay(modeladmin, request, queryset, "stored")
+
+
+@admin.action(description="Replay the selected dead letters, re-reading the records from Kafka",
+              permissions=["operate"])
+def replay_dead_letters_from_kafka(modeladmin, request, queryset):
+    _replay(modeladmin, request, queryset, "kafka")
 
 
 @admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])

@@ -99,3 +99,28 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
     assert kafka_admin.committed_offsets(group, topic) == {0: 10}
     assert sorted(ActionLog.objects.filter(group_id=group, actor="otto").values_list("dry_run", flat=True)) == [
         False, True]
+
+
+def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstrap, make_topic):
+    from consumers.engine import run_pipeline
+    from consumers.models import DeadLetter, Pipeline
+    from consumers.pipelines import create_pipeline
+
+    topic = make_topic("adm-replay")
+    produce(kafka_bootstrap, topic, ["1", "x2", "3", "4!"])
+    pipeline = create_pipeline("adm-replay", topic, "sink_adm_replay", "int_value", batch_size=10)
+    try:
+        run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60)
+        Pipeline.objects.filter(pk=pipeline.pk).update(transform="tests.replay_transforms.lenient_int")
+        letters = list(DeadLetter.objects.values_list("pk", flat=True))
+        assert len(letters) == 2
+
+        done = post_action(client_for(staff_operator()), "/admin/consumers/deadletter/",
+                           "replay_dead_letters_from_kafka", letters, index="0")
+
+        assert "Pipeline adm-replay: replay: 2 replayed into the sink" in messages_of(done)
+        assert sink_offsets(pipeline.sink_table) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+        assert not DeadLetter.objects.exists()
+        assert ActionLog.objects.get(action="replay_dead_letters").params["source"] == "kafka"
+    finally:
+        drop_sink(pipeline.sink_table)
