@@ -1,5 +1,5 @@
 """Operator actions in the Django admin: the same domain functions as the dashboard, the API and the CLI
-(consumers.actions, consumers.rewind, consumers.dead_letters), so the same validation, refusals, fencing
+(consumers.operations: actions, rewind, dead_letters), so the same validation, refusals, fencing
 and audit entries. The admin only gathers the selection and the form, and reports per pipeline.
 
 Only operators (dashboard.roles.can_operate) see these actions; a request from anyone else that names one
@@ -12,10 +12,10 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from consumers import actions
-from consumers import dead_letters as dead_letter_ops
-from consumers import rewind as rewinds
-from consumers.offset_specs import Refused
+from consumers.operations import actions
+from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations import rewind as rewinds
+from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
 from dashboard.roles import can_operate
 
@@ -186,7 +186,7 @@ def replay_dead_letters_from_kafka(modeladmin, request, queryset):
 
 @admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])
 def discard_dead_letters(modeladmin, request, queryset):
-    """Intermediate page asking for the reason; consumers.dead_letters refuses (and audits) an empty one."""
+    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and audits) an empty one."""
     if request.POST.get("step") == "execute":
         for pipeline, ids in _by_pipeline(queryset).items():
             try:

@@ -1,16 +1,16 @@
 """Consumer groups that Tally does not run, in the admin: there is no model, so these are custom views
 of the admin site (consumers/admin_site.py). The list (everyone with view access) and, for operators, an
 offset reset of the selected groups with the same flow as a rewind: form -> preview per group and
-partition -> execute. consumers.group_reset does the work, the validation and the audit."""
+partition -> execute. consumers.operations.group_reset does the work, the validation and the audit."""
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 
-from consumers import group_reset as group_resets
-from consumers import groups as kafka_groups
 from consumers.models import ActionLog, ActionResult
-from consumers.offset_specs import Refused
+from consumers.operations import group_reset as group_resets
+from consumers.operations import groups as kafka_groups
+from consumers.operations.offset_specs import Refused
 from dashboard.forms import GroupResetForm
 from dashboard.roles import can_operate
 

@@ -2,7 +2,7 @@
 the records the originals rejected (digits with junk around them). No tests here."""
 import re
 
-from consumers.transforms import BadRecord, Transform
+from consumers.engine.transforms import BadRecord, Transform
 
 
 def _digits(text: bytes) -> int:

@@ -3,16 +3,16 @@ results for several pipelines, refusals audited with the actor, viewers without 
 the admin and the dashboard. (Rewinds and group resets against the broker: test_admin_kafka.py.)"""
 import pytest
 
-from consumers import actions
+from alerts.models import Alert, AlertState, Mute
 from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, Pipeline
-from dashboard.models import Alert, AlertState, Mute
+from consumers.operations import actions
 from tests.admin_support import client_for, messages_of, post_action, staff_operator, staff_viewer
 from tests.test_alerts_views import make_alert
 from tests.test_views_support import make_pipeline
 
 PIPELINES = "/admin/consumers/pipeline/"
 DEAD_LETTERS = "/admin/consumers/deadletter/"
-ALERTS = "/admin/dashboard/alert/"
+ALERTS = "/admin/alerts/alert/"
 
 pytestmark = pytest.mark.django_db
 
@@ -112,8 +112,8 @@ def test_the_rewind_action_asks_for_the_form_and_bad_input_is_refused_audited_an
 def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason(transactional_db):
     from django.db import connection
 
-    from consumers import sinks
-    from consumers.transforms import resolve
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
 
     orders, payments = make_pipeline("orders"), make_pipeline("payments")
     with connection.cursor() as cursor:

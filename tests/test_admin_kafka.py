@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from consumers import kafka_admin
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, PartitionOffset
 from tests.admin_support import client_for, messages_of, post_action, staff_operator
 from tests.test_views_support import consumed_pipeline, drop_sink, produce
@@ -29,7 +29,7 @@ def position(pipeline):
 
 
 def test_an_operator_rewinds_three_pipelines_with_one_preview_and_one_confirmation(kafka_bootstrap, make_topic):
-    from consumers.engine import run_pipeline
+    from consumers.engine.python import run_pipeline
 
     orders = consumed_pipeline(kafka_bootstrap, make_topic("adm-orders"), "adm-orders", 20)
     payments = consumed_pipeline(kafka_bootstrap, make_topic("adm-payments"), "adm-payments", 20)
@@ -102,9 +102,9 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
 
 
 def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstrap, make_topic):
-    from consumers.engine import run_pipeline
+    from consumers.engine.pipelines import create_pipeline
+    from consumers.engine.python import run_pipeline
     from consumers.models import DeadLetter, Pipeline
-    from consumers.pipelines import create_pipeline
 
     topic = make_topic("adm-replay")
     produce(kafka_bootstrap, topic, ["1", "x2", "3", "4!"])

@@ -1,15 +1,17 @@
-"""Dead-letter replay and discard (consumers.dead_letters) against the real PostgreSQL: dead letters made
+"""Dead-letter replay and discard (consumers.operations.dead_letters) against the real PostgreSQL: dead letters made
 by the commit protocol become sink rows through the pipeline's current transform, exactly once, in one
 transaction with their removal, a replay-ledger row and the audit entry."""
 import pytest
 from django.db import connection
 from psycopg2 import sql
 
-from consumers import commit, db, dead_letters, reconcile_verify
+from consumers.engine import commit, db
+from consumers.engine.pipelines import create_pipeline
+from consumers.engine.transforms import SourceRecord
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, DeliveryMode, Pipeline
-from consumers.offset_specs import Refused
-from consumers.pipelines import create_pipeline
-from consumers.transforms import SourceRecord
+from consumers.operations import dead_letters
+from consumers.operations.offset_specs import Refused
+from consumers.reconciliation import verify as reconcile_verify
 
 BAD = {3: "x3", 7: "7?", 8: "junk"}   # int_value rejects these; lenient_int accepts "x3" and "7?", never "junk"
 
@@ -225,7 +227,7 @@ def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pi
 @pytest.mark.kafka
 def test_a_replay_from_kafka_rereads_the_records_at_the_dead_letters_offsets(transactional_db, kafka_bootstrap,
                                                                             make_topic):
-    from consumers.engine import run_pipeline
+    from consumers.engine.python import run_pipeline
     from tests.test_views_support import drop_sink, produce
 
     topic = make_topic("replay")

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from consumers import dead_letters
 from consumers.models import ActionLog, DeadLetter, DeadLetterReplay
+from consumers.operations import dead_letters
 from tests.conftest import ROOT
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, verify  # noqa: F401 (fixture)
 
@@ -22,8 +22,8 @@ EXPECTED = [(0, o, 0, int("".join(c for c in BAD.get(o, str(o + 1)) if c.isdigit
 REPLAY_SCRIPT = """
 import sys, django
 django.setup()
-from consumers import dead_letters
-from consumers.faults import FaultInjector
+from consumers.operations import dead_letters
+from consumers.engine.faults import FaultInjector
 ids = [int(i) for i in sys.argv[3].split(",")]
 dead_letters.replay(sys.argv[1], ids, actor="otto", faults=FaultInjector.parse(sys.argv[2]))
 print("returned")

@@ -132,7 +132,7 @@ class DeadLetter(models.Model):
     value = models.BinaryField(null=True)
     error = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
-    # Replays that failed again (consumers/dead_letters.py): the error above is then the newest one.
+    # Replays that failed again (consumers/operations/dead_letters.py): the error above is then the newest one.
     # Database defaults: the commit protocol inserts dead letters with raw SQL that names only its columns.
     replay_attempts = models.PositiveIntegerField(db_default=0)
     last_replay_at = models.DateTimeField(null=True, blank=True)

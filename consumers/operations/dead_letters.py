@@ -22,7 +22,7 @@ Steps of `replay`:
      reconciliation requires; move reconciliation's verified mark back to the first replayed offset (it
      re-reads them, as after a rewind); write the audit entry.
   7. COMMIT. A crash anywhere before leaves everything as it was; after it, a second replay finds nothing.
-Fault points `replay-mid-write`, `replay-after-write` and `after-replay-commit` (consumers/faults.py)
+Fault points `replay-mid-write`, `replay-after-write` and `after-replay-commit` (consumers/engine/faults.py)
 make each step's crash reproducible.
 """
 import logging
@@ -32,10 +32,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
-from consumers import actions, kafka_admin, sinks
-from consumers.faults import NO_FAULTS, FaultInjector
+from consumers.engine import sinks
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.transforms import SourceRecord, Transform, resolve
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
-from consumers.transforms import SourceRecord, Transform, resolve
+from consumers.operations import actions
 
 log = logging.getLogger("tally.dead_letters")
 
