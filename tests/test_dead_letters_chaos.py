@@ -11,6 +11,7 @@ from consumers.models import ActionLog, DeadLetter, DeadLetterReplay
 from consumers.operations import dead_letters
 from tests.conftest import ROOT
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, verify  # noqa: F401 (fixture)
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.chaos]
 
@@ -32,7 +33,7 @@ print("returned")
 
 def replay_in_a_process(env, name, point, ids):
     return subprocess.run([sys.executable, "-c", REPLAY_SCRIPT, name, f"{point}:1", ",".join(map(str, ids))],
-                          cwd=ROOT, env=env, capture_output=True, timeout=120)
+                          cwd=ROOT, env=env, capture_output=True, timeout=patience(120))
 
 
 @pytest.mark.parametrize("point", ["replay-mid-write", "replay-after-write"])
@@ -90,7 +91,7 @@ def test_two_processes_replaying_the_same_dead_letters_at_once_write_each_row_on
     both = [subprocess.Popen([sys.executable, "-c", script, orders.name, "", ids], cwd=ROOT, env=subprocess_env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     for process in both:
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=patience(120))
         assert process.returncode == 0 and b"returned" in out, err.decode()[-2000:]
     assert sink_rows(orders) == EXPECTED
     assert DeadLetterReplay.objects.count() == 5
