@@ -1,7 +1,19 @@
-"""Admin for alert rules, alerts, mutes and the email outbox."""
-from django.contrib import admin
+"""Admin for alert rules, alerts, mutes and the email outbox. Operators acknowledge and mute alerts from
+the alert list, through the same functions as the alerts page (alerts.evaluate)."""
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
+from django.core.exceptions import PermissionDenied
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
+from alerts import evaluate
 from alerts.models import Alert, AlertRule, Mute, Notification
+from alerts.queries import can_operate, parse_minutes
+from consumers.models import ActionLog, ActionResult
+
+ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
 
 
 @admin.register(AlertRule)
@@ -20,13 +32,74 @@ class NotificationInline(admin.TabularInline):
     can_delete = False
 
 
+class AlertActionForm(ActionForm):
+    minutes = forms.IntegerField(required=False, initial=60, label="Mute minutes",
+                                 help_text="For the mute action: 1 minute to 30 days.")
+    reason = forms.CharField(required=False, max_length=200, label="Mute reason")
+
+
+@admin.action(description="Acknowledge the selected alerts", permissions=["operate"])
+def acknowledge_alerts(modeladmin, request, queryset):
+    for alert in queryset.select_related("rule", "pipeline"):
+        if evaluate.acknowledge(alert, request.user.get_username()):
+            modeladmin.message_user(request, f"Acknowledged: {alert.pipeline.name}: {alert.summary}", messages.SUCCESS)
+        else:
+            modeladmin.message_user(request, f"Pipeline {alert.pipeline.name}: not firing any more ({alert.state}): "
+                                             f"nothing to acknowledge.", messages.WARNING)
+
+
+@admin.action(description="Mute the selected alerts' rules (minutes below)", permissions=["operate"])
+def mute_alerts(modeladmin, request, queryset):
+    minutes = parse_minutes(request.POST.get("minutes"))
+    if minutes is None:
+        modeladmin.message_user(request, "Mute for 1 minute to 30 days: nothing was muted.", messages.ERROR)
+        for alert in queryset.select_related("pipeline"):
+            ActionLog.objects.create(pipeline=alert.pipeline, action="mute_alert", actor=request.user.get_username(),
+                                     params={"alert": alert.pk, "minutes": request.POST.get("minutes", "")},
+                                     result=ActionResult.REFUSED, message="Mute for 1 minute to 30 days.")
+        return
+    for alert in queryset.select_related("rule", "pipeline"):
+        mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+        modeladmin.message_user(request, f"Muted '{alert.rule.name}' on {alert.pipeline.name} until "
+                                         f"{mute.until:%Y-%m-%d %H:%M} UTC.", messages.SUCCESS)
+
+
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ("pipeline", "rule", "state", "summary", "started_at", "resolved_at")
+    list_display = ("pipeline", "rule", "state", "summary", "started_at", "resolved_at", "dashboard")
     list_filter = ("state", "rule__kind", "pipeline")
     readonly_fields = ("facts", "started_at", "last_seen_at", "notified_at", "next_reminder_at", "reminders_sent",
                        "acknowledged_at", "acknowledged_by", "resolved_at")
     inlines = [NotificationInline]
+    actions = [acknowledge_alerts, mute_alerts]
+    action_form = AlertActionForm
+
+    def has_operate_permission(self, request) -> bool:
+        return can_operate(request.user)
+
+    def has_view_permission(self, request, obj=None):
+        # Whoever reads pipelines reads their alerts (viewers and operators), as on the alerts page.
+        return super().has_view_permission(request, obj) or request.user.has_perm("consumers.view_pipeline")
+
+    def has_module_permission(self, request):
+        return super().has_module_permission(request) or request.user.has_perm("consumers.view_pipeline")
+
+    def changelist_view(self, request, extra_context=None):
+        action = request.POST.get("action", "") if request.method == "POST" else ""
+        if action in ALERT_ACTIONS and not can_operate(request.user):
+            ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isdigit()]
+            message = f"{request.user.get_username()} is not an operator: only operators can acknowledge or mute."
+            for alert in Alert.objects.filter(pk__in=ids).select_related("pipeline"):
+                ActionLog.objects.create(pipeline=alert.pipeline, action=action.removesuffix("s"),
+                                         actor=request.user.get_username(), params={"alert": alert.pk, "via": "admin"},
+                                         result=ActionResult.REFUSED, message=message)
+            raise PermissionDenied(message)
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="dashboard")
+    def dashboard(self, obj):
+        url = reverse("alerts:list") + "?" + urlencode({"state": "all", "pipeline": obj.pipeline.name})
+        return format_html('<a href="{}" class="dashboard-link">{}</a>', url, obj.pipeline.name)
 
 
 @admin.register(Mute)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from alerts import notify
 from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
 from alerts.rules import Finding, PipelineView, check, rules_for
-from consumers.models import Pipeline
+from consumers.models import ActionLog, ActionResult, Pipeline
 
 logger = logging.getLogger("tally.alerts")
 
@@ -141,9 +141,24 @@ def evaluate_all(now=None) -> EvaluationReport:
 
 
 def acknowledge(alert: Alert, user: str, now=None) -> bool:
-    return alert.acknowledge(user, now)
+    """firing -> acknowledged, in the operators' audit log with the actor."""
+    changed = alert.acknowledge(user, now)
+    _audit(alert, "acknowledge_alert", user, {},
+           f"acknowledged alert {alert.pk}: {alert.summary}" if changed
+           else f"alert {alert.pk} was not firing ({alert.state}): nothing to acknowledge", now)
+    return changed
 
 
 def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
-    """Mute the alert's rule for its pipeline for `minutes`."""
-    return Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)
+    """Mute the alert's rule for its pipeline for `minutes`, in the operators' audit log with the actor."""
+    muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)
+    _audit(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
+           f"muted rule {alert.rule.name!r} on {alert.pipeline.name} until {muted.until:%Y-%m-%d %H:%M} UTC", now)
+    return muted
+
+
+def _audit(alert: Alert, action: str, user: str, params: dict, message: str, now=None) -> None:
+    now = now or timezone.now()
+    ActionLog.objects.create(pipeline=alert.pipeline, action=action, actor=user[:150],
+                             params={"alert": alert.pk, "rule": alert.rule.name, **params}, result=ActionResult.DONE,
+                             message=message, created_at=now, finished_at=now)

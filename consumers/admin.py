@@ -1,14 +1,21 @@
 """Django admin for Tally's models. Positions, the ledger, dead letters, runs, the audit log and
 reconciliation results are read-only here: editing them would break the invariants of the commit
-protocol (DESIGN.md) — positions move only through commits and audited rewinds."""
-from django.contrib import admin
+protocol (DESIGN.md) — positions move only through commits and audited rewinds.
 
+Operators act from here too (consumers/admin_actions.py): pipelines start, stop, pause, resume, restart
+and rewind; dead letters are replayed or discarded — through the same functions as the dashboard."""
+from django.contrib import admin
+from django.urls import reverse
+
+from consumers import admin_actions
+from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
 from consumers.models import (
     ActionLog,
     AuditJob,
     BatchLedger,
     ConsumerRun,
     DeadLetter,
+    DeadLetterReplay,
     LagSnapshot,
     PartitionHealth,
     PartitionOffset,
@@ -30,18 +37,35 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class PipelineLinkMixin:
+    """A column linking the row's pipeline to its dashboard page."""
+
+    @admin.display(description="dashboard")
+    def dashboard(self, obj):
+        pipeline = obj if isinstance(obj, Pipeline) else obj.pipeline
+        return dashboard_link(pipeline_dashboard_url(pipeline), pipeline.name) if pipeline else "—"
+
+
 @admin.register(Pipeline)
-class PipelineAdmin(admin.ModelAdmin):
-    list_display = ("name", "topic", "sink_table", "delivery_mode", "engine", "desired_state", "epoch")
+class PipelineAdmin(OperatorActionsMixin, PipelineLinkMixin, admin.ModelAdmin):
+    list_display = ("name", "topic", "sink_table", "delivery_mode", "engine", "desired_state", "epoch", "dashboard")
     list_filter = ("delivery_mode", "engine", "desired_state")
     search_fields = ("name", "topic", "sink_table", "group_id")
     # The epoch fences writers and the supervision fields belong to the supervisor: never typed by hand.
-    readonly_fields = ("epoch", "restart_attempts", "restart_after", "last_error", "created_at", "updated_at")
+    # The desired state changes only through the audited actions below, never by editing the row.
+    readonly_fields = ("desired_state", "epoch", "restart_attempts", "restart_after", "last_error", "created_at",
+                       "updated_at", "dashboard")
+    actions = [admin_actions.start, admin_actions.stop, admin_actions.pause, admin_actions.resume,
+               admin_actions.restart, admin_actions.rewind]
+    operator_actions = ("start", "stop", "pause", "resume", "restart", "rewind")
+
+    def pipelines_of(self, selected_ids):
+        return list(Pipeline.objects.filter(pk__in=[i for i in selected_ids if i.isdigit()]))
 
 
 @admin.register(PartitionOffset)
-class PartitionOffsetAdmin(ReadOnlyAdmin):
-    list_display = ("pipeline", "partition", "next_offset", "replay_until", "updated_at")
+class PartitionOffsetAdmin(PipelineLinkMixin, ReadOnlyAdmin):
+    list_display = ("pipeline", "partition", "next_offset", "replay_until", "updated_at", "dashboard")
     list_filter = ("pipeline",)
 
 
@@ -54,10 +78,24 @@ class BatchLedgerAdmin(ReadOnlyAdmin):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
-    list_display = ("pipeline", "partition", "offset", "error", "created_at")
-    list_filter = ("pipeline",)
-    search_fields = ("error",)
+class DeadLetterAdmin(OperatorActionsMixin, PipelineLinkMixin, ReadOnlyAdmin):
+    list_display = ("pipeline", "partition", "offset", "error", "replay_attempts", "discarded_at", "created_at",
+                    "dashboard")
+    list_filter = ("pipeline", ("discarded_at", admin.EmptyFieldListFilter))
+    search_fields = ("error", "discard_reason")
+    actions = [admin_actions.replay_dead_letters, admin_actions.replay_dead_letters_from_kafka,
+               admin_actions.discard_dead_letters]
+    operator_actions = ("replay_dead_letters", "replay_dead_letters_from_kafka", "discard_dead_letters")
+
+    def pipelines_of(self, selected_ids):
+        ids = [i for i in selected_ids if i.isdigit()]
+        return list(Pipeline.objects.filter(dead_letters__pk__in=ids).distinct())
+
+
+@admin.register(DeadLetterReplay)
+class DeadLetterReplayAdmin(PipelineLinkMixin, ReadOnlyAdmin):
+    list_display = ("pipeline", "partition", "offset", "rows_written", "source", "actor", "replayed_at", "dashboard")
+    list_filter = ("pipeline", "source")
 
 
 @admin.register(ConsumerRun)
@@ -68,9 +106,17 @@ class ConsumerRunAdmin(ReadOnlyAdmin):
 
 @admin.register(ActionLog)
 class ActionLogAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "actor", "action", "pipeline", "group_id", "dry_run", "result")
+    list_display = ("created_at", "actor", "action", "pipeline", "group_id", "dry_run", "result", "dashboard")
     list_filter = ("action", "result", "dry_run")
     search_fields = ("actor", "group_id", "message")
+
+    @admin.display(description="dashboard")
+    def dashboard(self, obj):
+        if obj.pipeline_id:
+            return dashboard_link(pipeline_dashboard_url(obj.pipeline), obj.pipeline.name)
+        if obj.group_id:
+            return dashboard_link(reverse("group", kwargs={"group_id": obj.group_id}), obj.group_id)
+        return dashboard_link(reverse("audit_log"), "audit log")
 
 
 @admin.register(PartitionHealth)

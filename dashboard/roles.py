@@ -10,8 +10,8 @@ OPERATORS = "operators"
 OPERATE_PERMISSION = "consumers.operate_pipeline"
 
 # Viewers read every model the dashboard shows; the "view_*" permissions also open the read-only admin.
-VIEW_MODELS = ("pipeline", "partitionoffset", "batchledger", "deadletter", "consumerrun", "actionlog",
-               "partitionhealth", "pipelinehealth", "lagsnapshot", "auditjob")
+VIEW_MODELS = ("pipeline", "partitionoffset", "batchledger", "deadletter", "deadletterreplay", "consumerrun",
+               "actionlog", "partitionhealth", "pipelinehealth", "lagsnapshot", "auditjob")
 
 
 def can_operate(user) -> bool:

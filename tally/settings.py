@@ -24,7 +24,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "consumers.admin_site.TallyAdminConfig",  # django.contrib.admin with the consumer-group views
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -90,7 +90,9 @@ def check_one_rewind(mode, value, expected, rollback_sink):
     if rollback_sink:
         assert kept == [row for row in before[1] if row[1] < expected[row[0]]]
         assert done.rows_deleted == {p: 15 - n for p, n in expected.items()}
+        assert dry.rows_to_delete == done.rows_deleted   # the preview counted what the rewind deleted
     else:
+        assert dry.rows_to_delete == {}
         assert kept == before[1]
         moved_back = {p for p, n in expected.items() if n < 15}
         assert {o.partition: o.replay_until for o in PartitionOffset.objects.filter(pipeline__name=EXACTLY_ONCE)} \

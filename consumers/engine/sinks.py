@@ -108,3 +108,10 @@ def delete_rows_from(cursor, table: str, topic: str, partition: int, offset: int
     cursor.execute(sql.SQL("DELETE FROM {} WHERE source_topic = %s AND source_partition = %s "
                            "AND source_offset >= %s").format(sql.Identifier(table)), [topic, partition, offset])
     return cursor.rowcount
+
+
+def count_rows_from(cursor, table: str, topic: str, partition: int, offset: int) -> int:
+    """How many rows of one partition lie at or beyond `offset`: what a rollback to it would delete."""
+    cursor.execute(sql.SQL("SELECT count(*) FROM {} WHERE source_topic = %s AND source_partition = %s "
+                           "AND source_offset >= %s").format(sql.Identifier(table)), [topic, partition, offset])
+    return cursor.fetchone()[0]

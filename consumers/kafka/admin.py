@@ -251,6 +251,42 @@ def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.
     return result
 
 
+def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 10.0) -> dict[tuple[int, int], tuple]:
+    """The records at the given offsets, {(partition, offset): (key, value, timestamp_ms)}; an offset with
+    no record (removed by retention or compaction, a transaction marker, past the end) is absent.
+    Reads read_committed, as the engines do, so an aborted record is never returned."""
+    found: dict[tuple[int, int], tuple] = {}
+    wanted = {p: sorted(set(os_)) for p, os_ in offsets.items() if os_}
+    if not wanted:
+        return found
+    consumer = probe_consumer(isolation_level="read_committed")
+    try:
+        tps = {p: TopicPartition(topic, p) for p in wanted}
+        consumer.assign(list(tps.values()))
+        for p, tp in tps.items():
+            consumer.seek(tp, wanted[p][0])
+        last = {p: os_[-1] for p, os_ in wanted.items()}
+        deadline = time.monotonic() + timeout_s
+        pending = set(wanted)
+        while pending and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                for record in records:
+                    if record.offset in wanted[tp.partition]:
+                        found[(tp.partition, record.offset)] = (record.key, record.value, record.timestamp)
+                    if record.offset >= last[tp.partition]:
+                        pending.discard(tp.partition)
+                        consumer.pause(tp)
+            for p in list(pending):
+                # Past the last wanted offset (holes at the end) or at the log end: nothing more to find.
+                position = consumer.position(tps[p])
+                mark = consumer.highwater(tps[p])
+                if position > last[p] or (mark is not None and position >= mark):
+                    pending.discard(p)
+    finally:
+        consumer.close()
+    return found
+
+
 @dataclass
 class GroupDescription:
     group_id: str

@@ -6,6 +6,7 @@ from consumers.models.pipeline import (
     BatchLedger,
     ConsumerRun,
     DeadLetter,
+    DeadLetterReplay,
     DeliveryMode,
     DesiredState,
     Engine,
@@ -20,7 +21,7 @@ from consumers.models.reconciliation import LagSnapshot, PartitionHealth, Pipeli
 
 __all__ = [
     "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
-    "DeadLetter", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
+    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
     "LagSnapshot", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
     "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
 ]

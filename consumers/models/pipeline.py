@@ -151,11 +151,47 @@ class DeadLetter(models.Model):
     value = models.BinaryField(null=True)
     error = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
+    # Replays that failed again (consumers/operations/dead_letters.py): the error above is then the newest one.
+    # Database defaults: the commit protocol inserts dead letters with raw SQL that names only its columns.
+    replay_attempts = models.PositiveIntegerField(db_default=0)
+    last_replay_at = models.DateTimeField(null=True, blank=True)
+    # A discarded dead letter stays (it still accounts for its offset in reconciliation) but is not replayed.
+    discarded_at = models.DateTimeField(null=True, blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True, db_default="")
+    discard_reason = models.TextField(blank=True, db_default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["pipeline", "partition", "offset"],
                                                name="uniq_dead_letter_offset")]
         ordering = ["pipeline", "partition", "offset"]
+
+    def __str__(self):
+        return f"{self.pipeline}[{self.partition}]@{self.offset}"
+
+    @property
+    def is_discarded(self) -> bool:
+        return self.discarded_at is not None
+
+
+class DeadLetterReplay(models.Model):
+    """The replay ledger: one row per dead letter that became sink rows (the dead letter itself is removed
+    in the same transaction, so every offset keeps exactly one outcome: rows or a dead letter)."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="dead_letter_replays")
+    # The removed dead letter's id: a dead letter is replayed at most once (a second replay finds it gone).
+    dead_letter_id = models.BigIntegerField(unique=True)
+    partition = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    source = models.CharField(max_length=10, help_text="Where the record was read from: stored or kafka.")
+    rows_written = models.PositiveIntegerField(help_text="0 when the sink already held the record's rows.")
+    original_error = models.TextField()
+    actor = models.CharField(max_length=150)
+    action_log = models.ForeignKey("consumers.ActionLog", null=True, on_delete=models.SET_NULL, related_name="+")
+    replayed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["pipeline", "partition", "offset"]
+        indexes = [models.Index(fields=["pipeline", "partition", "offset"], name="replay_offset_idx")]
 
 
 class RunState(models.TextChoices):

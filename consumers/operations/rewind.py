@@ -60,13 +60,15 @@ class RewindResult:
     rows_deleted: dict[int, int] = field(default_factory=dict)
     resumed: bool = False
     message: str = ""
+    rows_to_delete: dict[int, int] = field(default_factory=dict)   # a dry run with roll back sink
 
     def as_dict(self) -> dict:
         return {"pipeline": self.pipeline, "mode": self.spec.mode, "value": self.spec.raw or None,
                 "dry_run": self.dry_run, "rollback_sink": self.rollback_sink, "resumed": self.resumed,
                 "action_id": self.action_log.pk, "result": self.action_log.result, "message": self.message,
-                "partitions": [{**m.as_dict(), "rows_deleted": self.rows_deleted.get(m.partition, 0)}
-                               for m in self.moves],
+                "partitions": [{**m.as_dict(), "rows_deleted": self.rows_deleted.get(m.partition, 0),
+                                "rows_to_delete": self.rows_to_delete.get(m.partition, 0)} for m in self.moves],
+                "rows_to_delete": sum(self.rows_to_delete.values()),
                 "reprocess": sum(m.reprocess for m in self.moves), "skip": sum(m.skip for m in self.moves)}
 
 
@@ -119,12 +121,20 @@ def _dry_run(pipeline, spec, partitions, rollback_sink, actor, params) -> Rewind
         moves = plan(pipeline, spec, partitions)
     except Refused as exc:
         actions.refuse(pipeline, ACTION, actor, params, str(exc), dry_run=True)
-    message = f"dry run: {_summary(spec, moves, rollback_sink)}; nothing was changed"
+    to_delete = {}
+    if rollback_sink:
+        with connection.cursor() as cursor:
+            to_delete = {m.partition: sinks.count_rows_from(cursor, pipeline.sink_table, pipeline.topic, m.partition,
+                                                            m.new) for m in moves}
+    message = f"dry run: {_summary(spec, moves, rollback_sink, to_delete if rollback_sink else None, planned=True)}" \
+              f"; nothing was changed"
     entry = ActionLog.objects.create(
-        pipeline=pipeline, action=ACTION, actor=actor, params={**params, "plan": [m.as_dict() for m in moves]},
+        pipeline=pipeline, action=ACTION, actor=actor,
+        params={**params, "plan": [m.as_dict() for m in moves], **({"rows_to_delete": to_delete} if to_delete else {})},
         dry_run=True, offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
         result=ActionResult.DONE, message=message, finished_at=timezone.now())
-    return RewindResult(pipeline.name, spec, moves, True, rollback_sink, entry, message=message)
+    return RewindResult(pipeline.name, spec, moves, True, rollback_sink, entry, message=message,
+                        rows_to_delete=to_delete)
 
 
 def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
@@ -228,11 +238,14 @@ def _commit_to_kafka(pipeline: Pipeline, moves: list[PartitionMove]) -> str:
     return ""
 
 
-def _summary(spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool, deleted=None) -> str:
+def _summary(spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool, deleted=None, *,
+             planned: bool = False) -> str:
     parts = ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
     text = (f"{spec.describe()}: {parts}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
             f"{sum(m.skip for m in moves)} to skip")
-    if rollback_sink:
-        text += ("; sink rows at or beyond the new offsets deleted: " + str(sum(deleted.values()))
-                 if deleted is not None else "; sink rows at or beyond the new offsets will be deleted")
+    if rollback_sink and deleted is not None:
+        text += (f"; sink rows at or beyond the new offsets {'to delete' if planned else 'deleted'}: "
+                 f"{sum(deleted.values())}")
+    elif rollback_sink:
+        text += "; sink rows at or beyond the new offsets will be deleted"
     return text

@@ -1,0 +1,203 @@
+"""Operator actions in the Django admin: the same domain functions as the dashboard, the API and the CLI
+(consumers.operations: actions, rewind, dead_letters), so the same validation, refusals, fencing
+and audit entries. The admin only gathers the selection and the form, and reports per pipeline.
+
+Only operators (dashboard.roles.can_operate) see these actions; a request from anyone else that names one
+is refused with 403, and the refusal is written to the audit log with the actor.
+"""
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from consumers.operations import actions
+from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations import rewind as rewinds
+from consumers.operations.offset_specs import Refused
+from dashboard.forms import RewindForm
+from dashboard.roles import can_operate
+
+
+def actor_of(request) -> str:
+    return request.user.get_username()
+
+
+def report(modeladmin, request, name: str, outcome: str, *, ok: bool) -> None:
+    # "Pipeline NAME:" rather than "NAME:", since the admin's style capitalizes a message's first letter.
+    modeladmin.message_user(request, f"Pipeline {name}: {outcome}", messages.SUCCESS if ok else messages.ERROR)
+
+
+class OperatorActionsMixin:
+    """Actions for operators only: hidden from everyone else, and refused (audited) if posted anyway."""
+
+    operator_actions: tuple[str, ...] = ()
+
+    def has_operate_permission(self, request) -> bool:
+        return can_operate(request.user)
+
+    def changelist_view(self, request, extra_context=None):
+        action = request.POST.get("action", "") if request.method == "POST" else ""
+        if action in self.operator_actions and not can_operate(request.user):
+            self.audit_refusal(request, action, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+            raise PermissionDenied("Only operators can run this action.")
+        return super().changelist_view(request, extra_context)
+
+    def audit_refusal(self, request, action: str, selected_ids: list[str]) -> None:
+        """One refused ActionLog row per pipeline concerned (the refusal names the actor)."""
+        message = f"{actor_of(request)} is not an operator: only operators can {action.replace('_', ' ')}."
+        for pipeline in self.pipelines_of(selected_ids) or [None]:
+            try:
+                actions.refuse(pipeline, action, actor_of(request), {"via": "admin", "selected": selected_ids[:100]},
+                               message)
+            except Refused:
+                pass
+
+    def pipelines_of(self, selected_ids: list[str]):
+        return []
+
+
+def dashboard_link(url: str, text: str = "dashboard"):
+    return format_html('<a href="{}" class="dashboard-link">{}</a>', url, text)
+
+
+def pipeline_dashboard_url(pipeline) -> str:
+    return reverse("pipeline", kwargs={"name": pipeline.name})
+
+
+# ---- pipelines: start, stop, pause, resume, restart -------------------------------------------------
+
+def _state_action(name: str, description: str):
+    @admin.action(description=description, permissions=["operate"])
+    def run(modeladmin, request, queryset):
+        for pipeline in queryset.order_by("name"):
+            try:
+                entry = actions.perform(name, pipeline, actor=actor_of(request))
+            except Refused as exc:
+                report(modeladmin, request, pipeline.name, str(exc), ok=False)
+            else:
+                report(modeladmin, request, pipeline.name, entry.message, ok=True)
+
+    run.__name__ = name
+    return run
+
+
+start = _state_action("start", "Start the selected pipelines")
+stop = _state_action("stop", "Stop the selected pipelines")
+pause = _state_action("pause", "Pause the selected pipelines")
+resume = _state_action("resume", "Resume the selected pipelines")
+restart = _state_action("restart", "Restart the selected pipelines")
+
+
+# ---- pipelines: rewind (form -> preview per pipeline -> execute) ----------------------------------
+
+@admin.action(description="Rewind the selected pipelines…", permissions=["operate"])
+def rewind(modeladmin, request, queryset):
+    """The Django admin's intermediate-page pattern: the page posts back to the changelist with the
+    selection and `step` (preview, execute); without `step` it shows the empty form."""
+    pipelines = list(queryset.order_by("name"))
+    step = request.POST.get("step", "")
+    form = RewindForm(request.POST if step else None)
+    context = {"pipelines": pipelines, "form": form, "step": "form"}
+    if step and not form.is_valid():
+        audit_invalid_form(pipelines, rewinds.ACTION, actor_of(request), form, dry_run=step != "execute")
+    if step and form.is_valid():
+        data = form.cleaned_data
+        arguments = {"partitions": data["partitions"] or None, "rollback_sink": data["rollback_sink"],
+                     "actor": actor_of(request)}
+        if step == "execute":
+            for pipeline in pipelines:
+                try:
+                    result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, **arguments)
+                except Refused as exc:
+                    report(modeladmin, request, pipeline.name, f"rewind refused: {exc}", ok=False)
+                else:
+                    report(modeladmin, request, pipeline.name, f"rewind done: {result.message}"
+                           + (" The pipeline was resumed." if result.resumed else ""), ok=True)
+            return None  # back to the changelist with one message per pipeline
+        previews = []
+        for pipeline in pipelines:
+            try:
+                previews.append({"pipeline": pipeline, "preview": rewinds.rewind(
+                    pipeline, data["mode"], data["value"] or None, dry_run=True, **arguments).as_dict()})
+            except Refused as exc:
+                previews.append({"pipeline": pipeline, "refused": str(exc)})
+        context.update(step="preview", previews=previews, carry=form.hidden_copy(),
+                       rollback_sink=data["rollback_sink"],
+                       executable=[p["pipeline"] for p in previews if "preview" in p])
+    return intermediate_page(modeladmin, request, queryset, "admin/consumers/pipeline/rewind.html", "rewind",
+                             "Rewind pipelines", context)
+
+
+def audit_invalid_form(pipelines, action: str, actor: str, form, *, dry_run: bool) -> None:
+    """Bad input is a refusal like any other: one audit row per pipeline, with the form's errors."""
+    errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
+                       for field, problems in form.errors.items())
+    params = {"via": "admin", **{k: form.data.get(k, "") for k in ("mode", "value", "partitions")}}
+    for pipeline in pipelines:
+        try:
+            actions.refuse(pipeline, action, actor, params, f"Bad input: {errors}", dry_run=dry_run)
+        except Refused:
+            pass
+
+
+def intermediate_page(modeladmin, request, queryset, template: str, action: str, title: str, context: dict):
+    opts = modeladmin.model._meta
+    return TemplateResponse(request, template, {
+        **modeladmin.admin_site.each_context(request), "title": title, "opts": opts, "action": action,
+        "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, "media": modeladmin.media, **context})
+
+
+# ---- dead letters: replay, discard (with a reason) ---------------------------------------------------
+
+def _by_pipeline(queryset):
+    grouped: dict = {}
+    for letter in queryset.select_related("pipeline").order_by("pipeline__name", "partition", "offset"):
+        grouped.setdefault(letter.pipeline, []).append(letter.pk)
+    return grouped
+
+
+def _replay(modeladmin, request, queryset, source: str):
+    for pipeline, ids in _by_pipeline(queryset).items():
+        try:
+            result = dead_letter_ops.replay(pipeline, ids, actor=actor_of(request), source=source)
+        except Refused as exc:
+            report(modeladmin, request, pipeline.name, f"replay refused: {exc}", ok=False)
+        except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
+            report(modeladmin, request, pipeline.name, f"replay failed, nothing changed: {type(exc).__name__}: {exc}",
+                   ok=False)
+        else:
+            problems = {k for k in result.counts if k not in ("replayed", "already_in_sink")}
+            report(modeladmin, request, pipeline.name, f"replay: {result.message}", ok=not problems)
+
+
+@admin.action(description="Replay the selected dead letters through the current transform", permissions=["operate"])
+def replay_dead_letters(modeladmin, request, queryset):
+    _replay(modeladmin, request, queryset, "stored")
+
+
+@admin.action(description="Replay the selected dead letters, re-reading the records from Kafka",
+              permissions=["operate"])
+def replay_dead_letters_from_kafka(modeladmin, request, queryset):
+    _replay(modeladmin, request, queryset, "kafka")
+
+
+@admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])
+def discard_dead_letters(modeladmin, request, queryset):
+    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and audits) an empty one."""
+    if request.POST.get("step") == "execute":
+        for pipeline, ids in _by_pipeline(queryset).items():
+            try:
+                result = dead_letter_ops.discard(pipeline, ids, request.POST.get("reason", ""),
+                                                 actor=actor_of(request))
+            except Refused as exc:
+                report(modeladmin, request, pipeline.name, f"discard refused: {exc}", ok=False)
+            else:
+                report(modeladmin, request, pipeline.name, result.message, ok=True)
+        return None
+    letters = list(queryset.select_related("pipeline").order_by("pipeline__name", "partition", "offset"))
+    return intermediate_page(modeladmin, request, queryset, "admin/consumers/deadletter/discard.html",
+                             "discard_dead_letters", "Discard dead letters",
+                             {"letters": letters, "max_reason": dead_letter_ops.MAX_REASON})

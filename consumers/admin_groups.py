@@ -1,0 +1,97 @@
+"""Consumer groups that Tally does not run, in the admin: there is no model, so these are custom views
+of the admin site (consumers/admin_site.py). The list (everyone with view access) and, for operators, an
+offset reset of the selected groups with the same flow as a rewind: form -> preview per group and
+partition -> execute. consumers.operations.group_reset does the work, the validation and the audit."""
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+
+from consumers.models import ActionLog, ActionResult
+from consumers.operations import group_reset as group_resets
+from consumers.operations import groups as kafka_groups
+from consumers.operations.offset_specs import Refused
+from dashboard.forms import GroupResetForm
+from dashboard.roles import can_operate
+
+
+def can_view(user) -> bool:
+    return can_operate(user) or user.has_perm("consumers.view_pipeline")
+
+
+def _context(site, request, title: str, **extra) -> dict:
+    return {**site.each_context(request), "title": title, "can_operate": can_operate(request.user), **extra}
+
+
+def group_list(request, site):
+    if not can_view(request.user):
+        raise PermissionDenied
+    error = ""
+    try:
+        names = kafka_groups.list_groups()
+    except Exception as exc:  # Kafka down: the page with the reason, not a 500
+        names, error = [], f"Kafka did not answer: {exc}"
+    return TemplateResponse(request, "admin/consumers/groups.html",
+                            _context(site, request, "Consumer groups not run by Tally", groups=names, error=error))
+
+
+def _refuse_viewer(request, group_ids: list[str]) -> None:
+    message = f"{request.user.get_username()} is not an operator: only operators can reset consumer groups."
+    for group_id in group_ids or [""]:
+        ActionLog.objects.create(group_id=group_id, action=group_resets.ACTION, actor=request.user.get_username(),
+                                 params={"via": "admin"}, result=ActionResult.REFUSED, message=message)
+    raise PermissionDenied(message)
+
+
+def group_reset(request, site):
+    """POST only: `group` (one or more), then the form with `step` = preview or execute."""
+    if request.method != "POST":
+        return redirect("admin:consumer_groups")
+    group_ids = sorted(set(request.POST.getlist("group")))
+    if not can_operate(request.user):
+        _refuse_viewer(request, group_ids)
+    if not group_ids:
+        messages.error(request, "Select at least one consumer group.")
+        return redirect("admin:consumer_groups")
+    step = request.POST.get("step", "")
+    form = GroupResetForm(request.POST if step else None)
+    context = _context(site, request, "Reset consumer group offsets", group_ids=group_ids, form=form, step="form")
+    if step and not form.is_valid():
+        _audit_invalid(request, group_ids, form, dry_run=step != "execute")
+    elif step:
+        data = form.cleaned_data
+        arguments = {"partitions": data["partitions"] or None, "actor": request.user.get_username()}
+        if step == "execute":
+            for group_id in group_ids:
+                try:
+                    result = group_resets.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
+                                                      execute=True, **arguments)
+                except Refused as exc:
+                    messages.error(request, f"Group {group_id}: reset refused: {exc}")
+                else:
+                    messages.success(request, f"Group {group_id}: offsets reset: {result.message}")
+            return redirect("admin:consumer_groups")
+        previews = []
+        for group_id in group_ids:
+            try:
+                previews.append({"group_id": group_id, "preview": group_resets.reset_group(
+                    group_id, data["topic"], data["mode"], data["value"] or None, execute=False,
+                    **arguments).as_dict()})
+            except Refused as exc:
+                previews.append({"group_id": group_id, "refused": str(exc)})
+        context.update(step="preview", previews=previews, carry=form.hidden_copy(),
+                       executable=[p["group_id"] for p in previews if "preview" in p])
+    return TemplateResponse(request, "admin/consumers/group_reset.html", context)
+
+
+def _audit_invalid(request, group_ids, form, *, dry_run: bool) -> None:
+    errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
+                       for field, problems in form.errors.items())
+    params = {"via": "admin", **{k: form.data.get(k, "") for k in ("topic", "mode", "value", "partitions")}}
+    for group_id in group_ids:
+        ActionLog.objects.create(group_id=group_id, action=group_resets.ACTION, actor=request.user.get_username(),
+                                 params=params, dry_run=dry_run, result=ActionResult.REFUSED,
+                                 message=f"Bad input: {errors}")
+
+
+

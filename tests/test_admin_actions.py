@@ -1,0 +1,214 @@
+"""Operator actions in the Django admin, through the same domain functions as the dashboard: per-pipeline
+results for several pipelines, refusals audited with the actor, viewers without actions, and links between
+the admin and the dashboard. (Rewinds and group resets against the broker: test_admin_kafka.py.)"""
+import pytest
+
+from alerts.models import Alert, AlertState, Mute
+from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, Pipeline
+from consumers.operations import actions
+from tests.admin_support import client_for, messages_of, post_action, staff_operator, staff_viewer
+from tests.test_alerts_views import make_alert
+from tests.test_views_support import make_pipeline
+
+PIPELINES = "/admin/consumers/pipeline/"
+DEAD_LETTERS = "/admin/consumers/deadletter/"
+ALERTS = "/admin/alerts/alert/"
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def enqueued(monkeypatch):
+    calls = []
+    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: calls.append(pipeline_id))
+    return calls
+
+
+def test_an_operator_starts_three_pipelines_and_each_result_is_reported_on_its_own(
+        enqueued, django_capture_on_commit_callbacks):
+    orders, payments, refunds = make_pipeline("orders"), make_pipeline("payments"), make_pipeline("refunds")
+    Pipeline.objects.filter(pk=payments.pk).update(desired_state=DesiredState.RUNNING)
+    client = client_for(staff_operator())
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post_action(client, PIPELINES, "start", [orders.pk, payments.pk, refunds.pk], index="0")
+
+    assert response.status_code == 200
+    shown = messages_of(response)
+    assert any(m.startswith("Pipeline orders: start: desired state running") for m in shown)
+    assert any(m.startswith("Pipeline refunds: start: desired state running") for m in shown)
+    assert any(m.startswith("Pipeline payments: Cannot start pipeline 'payments': it is already running")
+               for m in shown)
+    states = dict(Pipeline.objects.values_list("name", "desired_state"))
+    assert states == {"orders": "running", "payments": "running", "refunds": "running"}
+    log = {(e.pipeline.name, e.result) for e in ActionLog.objects.filter(action="start", actor="otto")}
+    assert log == {("orders", ActionResult.DONE), ("refunds", ActionResult.DONE), ("payments", ActionResult.REFUSED)}
+    assert sorted(enqueued) == sorted([orders.pk, refunds.pk])
+
+
+def test_pause_stop_resume_and_restart_from_the_admin_move_state_and_epoch(enqueued):
+    orders = make_pipeline("orders")
+    client = client_for(staff_operator())
+    for action, state in [("start", "running"), ("pause", "paused"), ("resume", "running"), ("restart", "running"),
+                          ("stop", "stopped")]:
+        post_action(client, PIPELINES, action, [orders.pk], index="0")
+        orders.refresh_from_db()
+        assert orders.desired_state == state, action
+    assert orders.epoch == 5
+    assert list(ActionLog.objects.order_by("created_at").values_list("action", flat=True)) == [
+        "start", "pause", "resume", "restart", "stop"]
+
+
+def test_a_viewer_sees_read_only_pages_without_actions_and_a_posted_action_is_refused_and_audited(enqueued):
+    orders = make_pipeline("orders")
+    client = client_for(staff_viewer())
+    page = client.get(PIPELINES)
+    assert page.status_code == 200 and b"orders" in page.content
+    assert b'name="action"' not in page.content   # no action dropdown, no checkboxes
+    assert client.get(DEAD_LETTERS).status_code == 200
+    assert b'name="action"' not in client.get(DEAD_LETTERS).content
+
+    refused = post_action(client, PIPELINES, "start", [orders.pk], index="0")
+
+    assert refused.status_code == 403
+    orders.refresh_from_db()
+    assert orders.desired_state == DesiredState.STOPPED and enqueued == []
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result, entry.pipeline_id) == ("start", "vera", ActionResult.REFUSED,
+                                                                            orders.pk)
+    letter = DeadLetter.objects.get(pipeline=orders)
+    assert post_action(client, DEAD_LETTERS, "replay_dead_letters", [letter.pk], index="0").status_code == 403
+    assert ActionLog.objects.filter(action="replay_dead_letters", actor="vera", result=ActionResult.REFUSED).exists()
+    assert DeadLetter.objects.filter(pk=letter.pk).exists()
+
+
+def test_an_operator_sees_the_actions_in_the_changelists():
+    make_pipeline("orders")
+    client = client_for(staff_operator())
+    page = client.get(PIPELINES).content.decode()
+    for action in ("start", "stop", "pause", "resume", "restart", "rewind"):
+        assert f'value="{action}"' in page
+    letters = client.get(DEAD_LETTERS).content.decode()
+    assert 'value="replay_dead_letters"' in letters and 'value="discard_dead_letters"' in letters
+
+
+def test_the_rewind_action_asks_for_the_form_and_bad_input_is_refused_audited_and_moves_nothing():
+    orders, payments = make_pipeline("orders"), make_pipeline("payments")
+    client = client_for(staff_operator())
+
+    form = post_action(client, PIPELINES, "rewind", [orders.pk, payments.pk], index="0")
+    assert form.status_code == 200
+    assert b'id="rewind-form"' in form.content and b"payments" in form.content
+
+    bad = post_action(client, PIPELINES, "rewind", [orders.pk, payments.pk], mode="to-offset", value="minus one",
+                      partitions="", step="preview")
+    assert b"to-offset needs an integer" in bad.content
+    refusals = ActionLog.objects.filter(action="rewind", result=ActionResult.REFUSED, actor="otto")
+    assert sorted(refusals.values_list("pipeline__name", flat=True)) == ["orders", "payments"]
+    assert all(e.dry_run for e in refusals)
+    assert set(orders.offsets.values_list("next_offset", flat=True)) == {100}
+
+
+def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason(transactional_db):
+    from django.db import connection
+
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
+
+    orders, payments = make_pipeline("orders"), make_pipeline("payments")
+    with connection.cursor() as cursor:
+        for pipeline in (orders, payments):
+            sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve("int_value"), True)
+    try:
+        Pipeline.objects.filter(pk=orders.pk).update(transform="tests.replay_transforms.lenient_int")
+        client = client_for(staff_operator())
+        letters = list(DeadLetter.objects.order_by("pipeline__name").values_list("pk", flat=True))
+
+        replayed = post_action(client, DEAD_LETTERS, "replay_dead_letters", letters, index="0")
+
+        shown = messages_of(replayed)
+        # orders' fixed transform still finds no digits in "not-a-number"; payments' int_value rejects it too
+        assert any(m.startswith("Pipeline orders: replay: 1 still bad") for m in shown)
+        assert any(m.startswith("Pipeline payments: replay: 1 still bad") for m in shown)
+        assert ActionLog.objects.filter(action="replay_dead_letters", actor="otto").count() == 2
+
+        no_reason = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute", reason=" ")
+        assert any("Discarding dead letters needs a reason" in m for m in messages_of(no_reason))
+        assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
+
+        page = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, index="0")
+        assert b'id="discard-form"' in page.content
+        done = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute",
+                           reason="garbage from the load test")
+        assert "Pipeline orders: 1 dead letter(s) discarded: garbage from the load test" in messages_of(done)
+        assert set(DeadLetter.objects.values_list("discard_reason", "discarded_by")) == {
+            ("garbage from the load test", "otto")}
+        results = sorted(ActionLog.objects.filter(action="discard_dead_letters").values_list("result", flat=True))
+        assert results == [ActionResult.DONE] * 2 + [ActionResult.REFUSED] * 2
+    finally:
+        from tests.conftest import drop_sink_tables
+        drop_sink_tables([orders.sink_table, payments.sink_table])
+
+
+def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_refused():
+    first, second = make_alert("orders"), make_alert("payments")
+    viewer = client_for(staff_viewer())
+    assert viewer.get(ALERTS).status_code == 200
+    assert post_action(viewer, ALERTS, "acknowledge_alerts", [first.pk], index="0").status_code == 403
+    assert ActionLog.objects.get(action="acknowledge_alert").result == ActionResult.REFUSED
+
+    client = client_for(staff_operator())
+    post_action(client, ALERTS, "acknowledge_alerts", [first.pk, second.pk], index="0")
+    assert set(Alert.objects.values_list("state", "acknowledged_by")) == {(AlertState.ACKNOWLEDGED, "otto")}
+    post_action(client, ALERTS, "mute_alerts", [first.pk], index="0", minutes="90", reason="maintenance")
+    mute = Mute.objects.get()
+    assert (mute.pipeline.name, mute.created_by, mute.reason) == ("orders", "otto", "maintenance")
+    bad = post_action(client, ALERTS, "mute_alerts", [second.pk], index="0", minutes="0")
+    assert any("1 minute to 30 days" in m for m in messages_of(bad)) and Mute.objects.count() == 1
+    logged = sorted(ActionLog.objects.filter(actor="otto").values_list("action", "result"))
+    assert logged == [("acknowledge_alert", "done"), ("acknowledge_alert", "done"), ("mute_alert", "done"),
+                      ("mute_alert", "refused")]
+
+
+def test_a_viewer_cannot_reset_consumer_groups_and_the_refusal_is_audited():
+    client = client_for(staff_viewer())
+    response = client.post("/admin/consumers/groups/reset/", {"group": ["billing-etl"], "step": "execute",
+                                                             "topic": "t", "mode": "to-earliest"})
+    assert response.status_code == 403
+    entry = ActionLog.objects.get()
+    assert (entry.group_id, entry.action, entry.actor, entry.result) == ("billing-etl", "reset_group", "vera",
+                                                                         ActionResult.REFUSED)
+
+
+def test_admin_rows_link_to_the_dashboard_and_the_pipeline_page_links_back_for_staff():
+    orders = make_pipeline("orders")
+    client = client_for(staff_operator())
+    assert b'href="/pipelines/orders/"' in client.get(PIPELINES).content
+    assert b'href="/pipelines/orders/"' in client.get(DEAD_LETTERS).content
+    page = client.get("/pipelines/orders/").content.decode()
+    assert f'href="/admin/consumers/pipeline/{orders.pk}/change/"' in page
+    assert f'href="/admin/consumers/deadletter/?pipeline__id__exact={orders.pk}"' in page
+    filtered = client.get(f"/admin/consumers/deadletter/?pipeline__id__exact={orders.pk}")
+    assert filtered.status_code == 200 and b"not-a-number" in filtered.content
+
+    from tests.test_views_support import make_operator
+    not_staff = client_for(make_operator("olaf"))
+    assert b'id="admin-link"' not in not_staff.get("/pipelines/orders/").content
+
+
+def test_the_desired_state_is_not_editable_in_the_change_form():
+    orders = make_pipeline("orders")
+    client = client_for(staff_operator())
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+    user = get_user_model().objects.get(username="otto")
+    user.user_permissions.add(Permission.objects.get(codename="change_pipeline"))
+    page = client.get(f"/admin/consumers/pipeline/{orders.pk}/change/").content.decode()
+    assert 'name="desired_state"' not in page and 'name="topic"' in page
+
+
+def test_the_admin_index_lists_consumer_groups_beside_the_models_for_viewers_and_operators():
+    for user in (staff_viewer(), staff_operator()):
+        index = client_for(user).get("/admin/").content.decode()
+        assert 'href="/admin/consumers/groups/"' in index and "Consumer groups (not run by Tally)" in index
+        assert 'href="/admin/consumers/pipeline/"' in index
