@@ -9,16 +9,18 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from alerts.models import AlertRule, RuleKind
-from alerts.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
-from consumers.models import ConsumerRun, DeadLetter, DesiredState, PartitionHealth, PipelineHealth, RunState
+from consumers.models import (
+    ConsumerRun,
+    DeadLetter,
+    DesiredState,
+    PartitionHealth,
+    PipelineHealth,
+)
+from consumers.reconciliation.report import INCIDENT_KINDS
+from consumers.reconciliation.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
 
 # Findings keep at most this many ranges per partition: an email listing 10,000 ranges helps nobody.
 MAX_RANGES_PER_PARTITION = 20
-LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
-
-
-def heartbeat_timeout() -> timedelta:
-    return timedelta(seconds=getattr(settings, "ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60))
 
 
 def rewind_grace() -> timedelta:
@@ -173,12 +175,11 @@ def check_lag_seconds(rule, view):
 
 
 STALL_LIKE = {"STALL", "STOP", "REWIND"}
-# Findings that make reconciliation call a partition ERR; each has its own rule (lost, duplicated, ...),
-# so the status rule does not send a second email for the same incident.
-INCIDENT_KINDS = {"lost", "duplicated", "phantom", "gap", "overlap", "unrecoverable"}
 
 
 def _has_incident(part) -> bool:
+    # Incident findings have their own rules (lost, duplicated, ...): the status rule does not send a second
+    # email for the same incident.
     return any(isinstance(f, dict) and f.get("kind") in INCIDENT_KINDS for f in part.findings or [])
 
 
@@ -238,9 +239,8 @@ def check_dead_letters(rule, view):
 def check_no_consumer(rule, view):
     if view.pipeline.desired_state != DesiredState.RUNNING:
         return None
-    alive_since = view.now - heartbeat_timeout()
     runs = ConsumerRun.objects.filter(pipeline=view.pipeline)
-    if runs.filter(state__in=LIVE_RUN_STATES, heartbeat_at__gte=alive_since).exists():
+    if runs.alive(view.now).exists():
         return None
     last = runs.order_by("-heartbeat_at").first()
     facts = {"desired_state": view.pipeline.desired_state,

@@ -18,14 +18,12 @@ from consumers.models import (
     PartitionHealth,
     PartitionOffset,
     Pipeline,
-    RunState,
 )
 
 CHART_WINDOW = timedelta(hours=6)
 # A chart needs a few hundred points at most; beyond that the browser draws pixels nobody can tell apart.
 CHART_MAX_POINTS = 720
 RECENT_ROWS = 20
-LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
 
 
 @dataclass
@@ -191,11 +189,11 @@ class PipelineSummary:
     extra: dict = field(default_factory=dict)
 
 
-def pipeline_summary(pipeline: Pipeline, runs) -> PipelineSummary:
-    live = [r for r in runs if r.state in LIVE_RUN_STATES]
+def pipeline_summary(pipeline: Pipeline, runs, now=None) -> PipelineSummary:
     last = max((r.heartbeat_at for r in runs), default=None)
+    alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now or timezone.now()).count()
     return PipelineSummary(dead_letters=DeadLetter.objects.filter(pipeline=pipeline).count(),
-                           live_runs=len(live), last_heartbeat=last)
+                           live_runs=alive, last_heartbeat=last)
 
 
 def last_reconciliation():

@@ -167,7 +167,6 @@ ALERT_RECIPIENTS = env_list("ALERT_RECIPIENTS", [])
 TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
 # Alerts (alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
 ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
-ALERT_HEARTBEAT_TIMEOUT_SECONDS = env_int("ALERT_HEARTBEAT_TIMEOUT_SECONDS", 60, minimum=5)
 ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)
 ALERT_SEND_MAX_ATTEMPTS = env_int("ALERT_SEND_MAX_ATTEMPTS", 10, minimum=1)
 CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "tally.alerts.evaluate", "schedule": ALERT_EVALUATE_SECONDS,

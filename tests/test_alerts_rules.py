@@ -121,7 +121,7 @@ def test_dead_letters_fire_above_n_within_the_interval_only(pipeline):
 
 
 def test_a_pipeline_that_should_run_without_a_live_heartbeat_fires(pipeline, settings):
-    settings.ALERT_HEARTBEAT_TIMEOUT_SECONDS = 30
+    settings.TALLY_RUN_LEASE_SECONDS = 30
     assert fires(RuleKind.NO_CONSUMER, pipeline) == "should run but has no live consumer (never started)"
     run = ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="w1", pid=7, state=RunState.RUNNING,
                                      heartbeat_at=NOW - timedelta(seconds=10))

@@ -210,9 +210,9 @@ class _Engine:
                 log.warning("%s: closing the Kafka consumer failed: %s", self.pipeline.name, exc)
         self.conn.close()
         reason = self.result.reason
-        ConsumerRun.objects.filter(pk=self.run_row.pk).update(
-            state=_RUN_STATE[reason], end_reason=f"{reason}: {self.result.detail}" if self.result.detail else reason,
-            ended_at=timezone.now(), heartbeat_at=timezone.now(), records_processed=self.result.records)
+        ConsumerRun.objects.filter(pk=self.run_row.pk).end(
+            _RUN_STATE[reason], f"{reason}: {self.result.detail}" if self.result.detail else reason,
+            timezone.now(), records_processed=self.result.records)
 
     # --- batches -----------------------------------------------------------------------------------
     def _write_behind(self, batches, fetches) -> None:
@@ -372,8 +372,8 @@ class _Engine:
             return
         self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
         partitions = sorted(tp.partition for tp in self.consumer.assignment()) if self.consumer else []
-        ConsumerRun.objects.filter(pk=self.run_row.pk).update(
-            heartbeat_at=timezone.now(), assigned_partitions=partitions, records_processed=self.result.records)
+        ConsumerRun.objects.filter(pk=self.run_row.pk).heartbeat(
+            timezone.now(), assigned_partitions=partitions, records_processed=self.result.records)
         epoch = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
         if epoch is None:
             raise _Stop("fenced", "the pipeline was deleted")

@@ -8,16 +8,12 @@ consumer group instead of being cut off mid-batch.
 import logging
 import threading
 import time
-from datetime import timedelta
 
-from django.conf import settings
-from django.db.models import F
 from django.utils import timezone
 
 from consumers.engine.pipelines import engine_runner
-from consumers.models import ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.models import ConsumerRun, DesiredState, Pipeline
 
-LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
 OLDER_RUNS_WAIT_S = 20.0
 PEERS_WAIT_S = 30.0
@@ -68,11 +64,9 @@ def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
     """Wait (bounded) until the runs this one replaces have left. They were fenced by the epoch bump and
     end within about a second; joining the consumer group while they leave it is a needless rebalance,
     and the embedded broker never completes a join that overlaps a member's LeaveGroup."""
-    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
     deadline = time.monotonic() + OLDER_RUNS_WAIT_S
     while time.monotonic() < deadline:
-        if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch, state__in=LIVE_STATES,
-                                          heartbeat_at__gte=timezone.now() - lease).exists():
+        if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now()).exists():
             return True
         time.sleep(0.2)
     return False
@@ -81,11 +75,9 @@ def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
 def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
     """Join the group only after `peers` runs of this epoch have their partitions: one join at a time.
     Bounded: with fewer partitions than runs some peers never get any, and this run joins anyway."""
-    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
     deadline = time.monotonic() + PEERS_WAIT_S
     while time.monotonic() < deadline:
-        settled = ConsumerRun.objects.filter(pipeline=pipeline, epoch=epoch, state__in=LIVE_STATES,
-                                             heartbeat_at__gte=timezone.now() - lease).exclude(
+        settled = ConsumerRun.objects.filter(pipeline=pipeline, epoch=epoch).alive(timezone.now()).exclude(
             assigned_partitions=[]).count()
         if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
             return
@@ -98,8 +90,8 @@ def _after_run(pipeline: Pipeline, result) -> None:
     if result.reason == "bad_record":
         # The pipeline's policy is to stop on a bad record: restarting would stop again on the same one.
         updated = Pipeline.objects.filter(pk=pipeline.pk, epoch=result.epoch,
-                                          desired_state=DesiredState.RUNNING).update(
-            desired_state=DesiredState.STOPPED, epoch=F("epoch") + 1, last_error=f"stopped on a bad record: {detail}",
+                                          desired_state=DesiredState.RUNNING).bump_epoch(
+            desired_state=DesiredState.STOPPED, last_error=f"stopped on a bad record: {detail}",
             updated_at=timezone.now())
         if updated:
             from consumers.models import ActionLog, ActionResult

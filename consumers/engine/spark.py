@@ -164,7 +164,7 @@ class SparkRun:
         query = (frame.writeStream.queryName(f"tally-{self.pipeline.name}-{self.run_row.pk}")
                  .foreachBatch(self._on_batch).trigger(processingTime=TRIGGER_INTERVAL)
                  .option("checkpointLocation", checkpoint).start())
-        ConsumerRun.objects.filter(pk=self.run_row.pk).update(state=RunState.RUNNING, heartbeat_at=timezone.now())
+        ConsumerRun.objects.filter(pk=self.run_row.pk).mark_running(timezone.now())
         log.info("Spark query for %s started (%s) at %s", self.pipeline.name, fmt, self.positions)
         return query
 
@@ -204,8 +204,7 @@ class SparkRun:
 
     def _heartbeat(self) -> bool:
         """Record liveness and progress; False when the pipeline moved to a newer epoch (stop/restart/rewind)."""
-        ConsumerRun.objects.filter(pk=self.run_row.pk).update(heartbeat_at=timezone.now(),
-                                                              records_processed=self.result.records)
+        ConsumerRun.objects.filter(pk=self.run_row.pk).heartbeat(timezone.now(), records_processed=self.result.records)
         current = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
         return current == self.epoch
 
@@ -224,10 +223,9 @@ class SparkRun:
 
     def _finish_run_row(self) -> None:
         state = _RUN_STATE.get(self.result.reason, RunState.CRASHED)
-        ConsumerRun.objects.filter(pk=self.run_row.pk).update(
-            state=state, ended_at=timezone.now(), heartbeat_at=timezone.now(),
-            records_processed=self.result.records,
-            end_reason=(self.result.reason + (f": {self.error}" if self.error else ""))[:2000])
+        ConsumerRun.objects.filter(pk=self.run_row.pk).end(
+            state, self.result.reason + (f": {self.error}" if self.error else ""), timezone.now(),
+            records_processed=self.result.records)
 
     # --- one micro-batch (runs on the driver, in Spark's callback thread) -------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:

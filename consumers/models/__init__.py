@@ -2,6 +2,7 @@
 from consumers.models.audit import AuditJob, AuditJobStatus
 from consumers.models.operations import ActionLog, ActionResult
 from consumers.models.pipeline import (
+    LIVE_RUN_STATES,
     BadRecordPolicy,
     BatchLedger,
     ConsumerRun,
@@ -20,8 +21,8 @@ from consumers.models.pipeline import (
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
 
 __all__ = [
-    "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger", "ConsumerRun",
-    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
-    "LagSnapshot", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
-    "Pipeline", "PipelineHealth", "ResetPolicy", "RunState", "Status",
+    "LIVE_RUN_STATES", "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger",
+    "ConsumerRun", "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
+    "LagSnapshot", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth",
+    "ResetPolicy", "RunState", "Status",
 ]

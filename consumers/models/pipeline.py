@@ -4,8 +4,11 @@ Invariants (DESIGN.md): a batch's sink rows, dead letters, ledger row and `next_
 transaction (consumers/engine/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
 older epoch are refused.
 """
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.db import models
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 
@@ -48,6 +51,14 @@ class LogTruncatedPolicy(models.TextChoices):
     SKIP = "skip", "skip them, record it in the ledger and alert"
 
 
+class PipelineQuerySet(models.QuerySet):
+    def bump_epoch(self, **changes) -> int:
+        """Start a new epoch for these pipelines, fencing every writer of the old one, with `changes` to other
+        fields in the same UPDATE. Filter on what you expect (epoch, desired state) to make it a compare-and-set;
+        returns how many pipelines moved on. Never `save()` a stale object instead: it writes an old epoch back."""
+        return self.update(epoch=F("epoch") + 1, **changes)
+
+
 class Pipeline(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     topic = models.CharField(max_length=249)
@@ -68,12 +79,14 @@ class Pipeline(models.Model):
                                         default=LogTruncatedPolicy.STOP)
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED)
     epoch = models.PositiveBigIntegerField(default=0)
-    # Supervision (issue 4): consecutive automatic restarts, when the next one may happen, and why.
+    # Supervision: consecutive automatic restarts, when the next one may happen, and why.
     restart_attempts = models.PositiveIntegerField(default=0)
     restart_after = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PipelineQuerySet.as_manager()
 
     class Meta:
         permissions = [("operate_pipeline", "Can start, stop, pause, resume, restart and rewind pipelines")]
@@ -90,10 +103,11 @@ class Pipeline(models.Model):
     def is_exactly_once(self) -> bool:
         return self.delivery_mode == DeliveryMode.EXACTLY_ONCE
 
-    def bump_epoch(self) -> int:
-        """Start a new epoch (fencing every writer of the old one) and return it."""
-        Pipeline.objects.filter(pk=self.pk).update(epoch=F("epoch") + 1)
-        self.refresh_from_db(fields=["epoch"])
+    def bump_epoch(self, **changes) -> int:
+        """Start a new epoch (fencing every writer of the old one), apply `changes` in the same UPDATE, reload
+        those fields and return the new epoch."""
+        Pipeline.objects.filter(pk=self.pk).bump_epoch(**changes)
+        self.refresh_from_db(fields=["epoch", *changes])
         return self.epoch
 
 
@@ -203,8 +217,54 @@ class RunState(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
+
+
+def run_lease() -> timedelta:
+    """How long a run stays alive after its last heartbeat. Runs heartbeat about every second."""
+    return timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
+
+
+class ConsumerRunQuerySet(models.QuerySet):
+    """The one definition of "a run is alive", and one method per run state transition."""
+
+    def live(self):
+        """Runs that have not ended (by their own account: a killed run never says so)."""
+        return self.filter(state__in=LIVE_RUN_STATES)
+
+    def alive(self, now: datetime):
+        """Runs that have not ended and heartbeat within the lease."""
+        return self.live().filter(heartbeat_at__gte=now - run_lease())
+
+    def not_restarted(self):
+        """Drop runs that a later run of their pipeline replaced: a SIGKILLed run keeps "running" and a recent
+        heartbeat until its lease expires, but a run started after that heartbeat (its restart) proves it gone.
+        A run is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
+        Only for "does a consumer serve this pipeline": a waiter for older runs to leave must not use it."""
+        restarted_after = ConsumerRun.objects.filter(
+            pipeline=OuterRef("pipeline"), started_at__gt=OuterRef("heartbeat_at")).exclude(pk=OuterRef("pk"))
+        return self.filter(~Exists(restarted_after))
+
+    def heartbeat(self, now: datetime, **progress) -> int:
+        """A run is still here: its heartbeat and progress (records_processed, assigned_partitions)."""
+        return self.update(heartbeat_at=now, **progress)
+
+    def mark_running(self, now: datetime) -> int:
+        return self.update(state=RunState.RUNNING, heartbeat_at=now)
+
+    def end(self, state: str, reason: str, now: datetime, **progress) -> int:
+        """A run ended on its own: stopped, fenced, crashed or failed, and why."""
+        return self.update(state=state, end_reason=reason[:2000], ended_at=now, heartbeat_at=now, **progress)
+
+    def declare_crashed(self, reason: str, now: datetime) -> int:
+        """Someone else found the run dead (its lease expired or its process is gone)."""
+        return self.live().update(state=RunState.CRASHED, ended_at=now, end_reason=reason[:2000])
+
+
 class ConsumerRun(models.Model):
     """Who runs a pipeline: one row per engine process (or Celery task) and epoch."""
+
+    objects = ConsumerRunQuerySet.as_manager()
 
     pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="runs")
     epoch = models.PositiveBigIntegerField()

@@ -15,7 +15,6 @@ from datetime import timedelta
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
@@ -110,11 +109,10 @@ def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, 
     """Inside a transaction holding the pipeline's row lock: set the desired state, bump the epoch, clear
     the supervisor's restart counter and (after commit) enqueue runs of the new epoch. Returns the epoch."""
     grace = timezone.now() + timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS) if enqueue_runs else None
-    Pipeline.objects.filter(pk=pipeline.pk).update(
-        desired_state=desired_state, epoch=F("epoch") + 1, restart_attempts=0,
+    pipeline.bump_epoch(
+        desired_state=desired_state, restart_attempts=0,
         # The supervisor leaves a freshly enqueued run one lease to start before it steps in.
         restart_after=grace, last_error=last_error, updated_at=timezone.now())
-    pipeline.refresh_from_db(fields=["desired_state", "epoch", "restart_attempts", "restart_after", "last_error"])
     if enqueue_runs:
         epoch, pipeline_id = pipeline.epoch, pipeline.pk
         transaction.on_commit(lambda: enqueue_run(pipeline_id, epoch, enqueue_runs))

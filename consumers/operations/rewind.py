@@ -14,11 +14,9 @@ The real run, in this order (docs/architecture.md "Rewinds"):
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from consumers.engine import sinks
@@ -31,7 +29,6 @@ from consumers.models import (
     PartitionOffset,
     Pipeline,
     ResetPolicy,
-    RunState,
 )
 from consumers.operations import actions
 from consumers.operations.offset_specs import (
@@ -165,12 +162,10 @@ def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
 def _wait_for_runs_to_end(pipeline: Pipeline, epoch: int) -> None:
     """The pause fenced the runs; wait until they have left (they commit or drop their batch in flight and
     close their Kafka consumer), so that no old run commits Kafka offsets over the rewind's."""
-    lease = settings.TALLY_RUN_LEASE_SECONDS
     deadline = time.monotonic() + settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS
     while True:
-        alive = list(ConsumerRun.objects.filter(
-            Q(state__in=[RunState.STARTING, RunState.RUNNING]), pipeline=pipeline, epoch__lt=epoch,
-            heartbeat_at__gte=timezone.now() - timedelta(seconds=lease)).values_list("pk", flat=True))
+        alive = list(ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now())
+                     .values_list("pk", flat=True))
         if not alive:
             return
         if time.monotonic() > deadline:

@@ -19,13 +19,12 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline
 from consumers.operations import actions
 
 log = logging.getLogger("tally.supervisor")
 
 ACTOR = "supervisor"
-LIVE_STATES = (RunState.STARTING, RunState.RUNNING)
 
 
 @dataclass
@@ -50,9 +49,7 @@ def supervise(now=None) -> list[Decision]:
 
 def live_runs(pipeline: Pipeline, now=None) -> list[ConsumerRun]:
     now = now or timezone.now()
-    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
-    runs = ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, state__in=LIVE_STATES,
-                                      heartbeat_at__gte=now - lease)
+    runs = ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch).alive(now)
     return [run for run in runs if not _died_on_this_host(run)]
 
 
@@ -90,7 +87,7 @@ def _why_not_running(pipeline: Pipeline, now) -> str:
     last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
     if last is None:
         return "no run has started"
-    if last.state in LIVE_STATES:
+    if last.state in LIVE_RUN_STATES:
         if _died_on_this_host(last):
             return f"run {last.pk} on {last.host} (pid {last.pid}) died"
         if last.epoch != pipeline.epoch:
@@ -103,11 +100,10 @@ def _why_not_running(pipeline: Pipeline, now) -> str:
 def _mark_dead_runs(pipeline: Pipeline, reason: str, now) -> None:
     """Runs still marked running whose heartbeat expired or whose process is gone crashed: say so, so that
     the dashboard shows it and the new run does not wait for them to leave."""
-    lease = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
-    for run in ConsumerRun.objects.filter(pipeline=pipeline, state__in=LIVE_STATES):
-        if run.heartbeat_at < now - lease or _died_on_this_host(run):
-            ConsumerRun.objects.filter(pk=run.pk, state__in=LIVE_STATES).update(
-                state=RunState.CRASHED, ended_at=now, end_reason=f"declared dead by the supervisor: {reason}"[:2000])
+    alive = set(ConsumerRun.objects.filter(pipeline=pipeline).alive(now).values_list("pk", flat=True))
+    for run in ConsumerRun.objects.filter(pipeline=pipeline).live():
+        if run.pk not in alive or _died_on_this_host(run):
+            ConsumerRun.objects.filter(pk=run.pk).declare_crashed(f"declared dead by the supervisor: {reason}", now)
 
 
 def backoff_seconds(attempts: int) -> float:
@@ -125,8 +121,8 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
             Q(restart_after__isnull=True) | Q(restart_after__lte=now), pk=pipeline.pk,
             desired_state=DesiredState.RUNNING, epoch=pipeline.epoch,
             restart_attempts=pipeline.restart_attempts,
-        ).update(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
-                 epoch=F("epoch") + 1, last_error=reason[:2000], updated_at=now)
+        ).bump_epoch(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
+                     last_error=reason[:2000], updated_at=now)
         if claimed != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
         epoch = pipeline.epoch + 1
@@ -146,8 +142,8 @@ def _give_up(pipeline: Pipeline, reason: str) -> Decision:
                f"Last reason: {reason}")
     with transaction.atomic():
         stopped = Pipeline.objects.filter(pk=pipeline.pk, desired_state=DesiredState.RUNNING,
-                                          restart_attempts=pipeline.restart_attempts).update(
-            desired_state=DesiredState.STOPPED, epoch=F("epoch") + 1, last_error=message[:2000],
+                                          restart_attempts=pipeline.restart_attempts).bump_epoch(
+            desired_state=DesiredState.STOPPED, last_error=message[:2000],
             restart_after=None, updated_at=timezone.now())
         if stopped != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")

@@ -29,7 +29,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from psycopg2 import sql
 from psycopg2.extras import execute_values
@@ -47,7 +46,6 @@ from consumers.models import (
     Pipeline,
     PipelineHealth,
     ResetPolicy,
-    RunState,
     Status,
 )
 from consumers.reconciliation import lag_status
@@ -70,11 +68,6 @@ SINK_ERROR_PREFIX = "sink: "
 
 def status_window() -> timedelta:
     return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
-
-
-def heartbeat_timeout() -> timedelta:
-    # The runs' lease (consumers/operations/supervisor.py): a run whose heartbeat is older is dead.
-    return timedelta(seconds=getattr(settings, "TALLY_RUN_LEASE_SECONDS", 15))
 
 
 def reconcile_all(*, full: bool = False, kafka=kafka_admin) -> list[PipelineReport]:
@@ -106,14 +99,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
     # The sink can be written again: the reason it could not goes away.
     Pipeline.objects.filter(pk=pipeline.pk, last_error__startswith=SINK_ERROR_PREFIX).update(last_error="")
     with timer.db:
-        # A SIGKILLed run leaves its row "running" with a recent heartbeat; another run started after that
-        # heartbeat (its restart) proves it gone. Live runs heartbeat every second, so they stay alive. A run
-        # is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
-        restarted_after = ConsumerRun.objects.filter(
-            pipeline=pipeline, started_at__gt=OuterRef("heartbeat_at")).exclude(pk=OuterRef("pk"))
-        alive = ConsumerRun.objects.filter(pipeline=pipeline, state__in=(RunState.STARTING, RunState.RUNNING),
-                                           heartbeat_at__gte=now - heartbeat_timeout()).filter(
-            ~Exists(restarted_after)).exists()
+        alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now).not_restarted().exists()
         held = _held_reader(errors, kafka, pipeline.topic, marks)
         states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held)
     reports = []

@@ -1,10 +1,12 @@
-"""Operator rewinds as reconciliation sees them: planned, not incidents.
+"""Operator rewinds as reconciliation and alerts see them: planned, not incidents. The one place that reads
+rewinds back from the action log.
 
 A rewind back replays `[new, old)`: the commit protocol and consumers/operations/rewind.py keep that exact (ledger rows
 superseded, sink rolled back or replayed idempotently), so nothing is reported there. A rewind FORWARD
 skips `[old, new)` on purpose: those offsets have no row and no ledger row, which reconciliation finds as
 lost and gap; such findings are marked `"planned": true`, are not counted as lost, and do not make the
-status ERR. The audit log (ActionLog) holds the offsets before and after as {"partition": offset}.
+status ERR. Alerts treat both directions as planned: a rewound range raises no loss, gap or stall alert.
+The action log (ActionLog) holds the offsets before and after as {"partition": offset}.
 """
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,21 +17,52 @@ REWIND_ACTIONS = ("rewind", "reset_group")
 PLANNED_KINDS = ("lost", "gap")   # contiguous kinds: count == end - start
 
 
-def _effective(pipeline):
-    return (ActionLog.objects.filter(pipeline=pipeline, action__in=REWIND_ACTIONS, dry_run=False)
-            .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)))
+@dataclass
+class Rewind:
+    """One rewind that took effect: positions per partition before and after it."""
+
+    at: datetime
+    before: dict[int, int]
+    after: dict[int, int]
+
+    def moves(self):
+        """(partition, before, after) for every partition the rewind logged on both sides."""
+        for partition in sorted(self.before.keys() & self.after.keys()):
+            yield partition, self.before[partition], self.after[partition]
 
 
-def _offsets(values) -> dict[int, int]:
+def effective_rewinds(pipeline) -> list[Rewind]:
+    """Rewinds of a pipeline that took effect (dry runs and refused/failed ones changed nothing), oldest first."""
+    actions = (ActionLog.objects.filter(pipeline=pipeline, action__in=REWIND_ACTIONS, dry_run=False)
+               .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)).order_by("created_at", "pk"))
+    return [Rewind(at, _partition_offsets(before), _partition_offsets(after))
+            for at, before, after in actions.values_list("created_at", "offsets_before", "offsets_after")]
+
+
+def _offset(value) -> int | None:
+    """Offsets in ActionLog are {partition: n} or {partition: {"next_offset": n, ...}}."""
+    if isinstance(value, dict):
+        value = value.get("next_offset", value.get("offset"))
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _partition_offsets(offsets) -> dict[int, int]:
+    if isinstance(offsets, dict) and isinstance(offsets.get("partitions"), dict):
+        offsets = offsets["partitions"]
     result = {}
-    for key, value in (values or {}).items() if isinstance(values, dict) else []:
-        if isinstance(value, dict):
-            value = value.get("next_offset")
-        if str(key).isdigit() and isinstance(value, int):
-            result[int(key)] = value
+    for partition, value in (offsets or {}).items() if isinstance(offsets, dict) else []:
+        number = _offset(value)
+        if number is not None and str(partition).isdigit():
+            result[int(partition)] = number
     return result
 
 
+# --- as reconciliation sees them ----------------------------------------------------------------------
 @dataclass
 class Rewinds:
     skipped: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # ranges rewinds forward skipped
@@ -40,20 +73,19 @@ class Rewinds:
 
 
 def load(pipeline, since: datetime) -> Rewinds:
-    """Every rewind of the pipeline that took effect (one query)."""
+    """Every rewind of the pipeline that took effect (one query): what forward rewinds skipped, and which
+    partitions were rewound since `since`."""
     rewinds = Rewinds()
     recent: set[int] = set()
-    for created_at, before, after in _effective(pipeline).values_list("created_at", "offsets_before",
-                                                                      "offsets_after"):
-        before, after = _offsets(before), _offsets(after)
-        for p in before.keys() & after.keys():
-            if after[p] > before[p]:
-                rewinds.skipped.setdefault(p, []).append((before[p], after[p]))
-        if created_at >= since and rewinds.recent is not True:
-            if not after:
+    for rewind in effective_rewinds(pipeline):
+        for p, before, after in rewind.moves():
+            if after > before:
+                rewinds.skipped.setdefault(p, []).append((before, after))
+        if rewind.at >= since and rewinds.recent is not True:
+            if not rewind.after:
                 rewinds.recent = True
             else:
-                recent.update(after)
+                recent.update(rewind.after)
     if rewinds.recent is None and recent:
         rewinds.recent = recent
     return rewinds
@@ -83,3 +115,62 @@ def _split(start: int, end: int, ranges: list[tuple[int, int]]):
     cuts = sorted({start, end, *(o for r in ranges for o in r if start < o < end)})
     for s, e in zip(cuts, cuts[1:], strict=False):
         yield s, e, any(rs <= s and e <= re for rs, re in ranges)
+
+
+# --- as alerts see them -------------------------------------------------------------------------------
+@dataclass
+class PartitionRewind:
+    before: int
+    after: int
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return min(self.before, self.after), max(self.before, self.after)
+
+
+@dataclass
+class PipelineRewinds:
+    """Every rewound range per partition (either direction), and when the latest rewind happened."""
+
+    ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    latest: dict[int, PartitionRewind] = field(default_factory=dict)
+    latest_at: datetime | None = None
+
+    def planned_ranges(self, partition: int) -> list[tuple[int, int]]:
+        return self.ranges.get(partition, [])
+
+    def replay_end(self, partition: int, next_offset: int | None) -> int | None:
+        """The old position while a rewind back is being replayed (next_offset below it), else None."""
+        rewind = self.latest.get(partition)
+        if rewind is None or next_offset is None or rewind.after >= rewind.before:
+            return None
+        return rewind.before if rewind.after <= next_offset < rewind.before else None
+
+
+def rewinds_for(pipeline) -> PipelineRewinds:
+    found = PipelineRewinds()
+    for rewind in effective_rewinds(pipeline):
+        for partition, before, after in rewind.moves():
+            moved = PartitionRewind(before, after)
+            if before != after:
+                found.ranges.setdefault(partition, []).append(moved.range)
+            found.latest[partition] = moved
+        found.latest_at = rewind.at
+    return found
+
+
+def subtract_ranges(start: int, end: int, planned: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) minus every planned range, as sorted disjoint ranges."""
+    pieces = [(start, end)]
+    for p_start, p_end in planned:
+        next_pieces = []
+        for s, e in pieces:
+            if p_end <= s or p_start >= e:
+                next_pieces.append((s, e))
+                continue
+            if s < p_start:
+                next_pieces.append((s, p_start))
+            if p_end < e:
+                next_pieces.append((p_end, e))
+        pieces = next_pieces
+    return pieces

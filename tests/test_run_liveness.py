@@ -1,0 +1,84 @@
+"""The one definition of "a run is alive" and the run state transitions, with injected time."""
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from consumers.models import ConsumerRun, Pipeline, RunState
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    with time_machine.travel(NOW, tick=False):
+        yield
+
+
+@pytest.fixture
+def pipeline(db, settings):
+    settings.TALLY_RUN_LEASE_SECONDS = 15
+    return Pipeline.objects.create(name="nums", topic="nums", sink_table="nums_sink")
+
+
+def run(pipeline, *, state=RunState.RUNNING, heartbeat_age=1, started_age=60):
+    return ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="w1", pid=7, state=state,
+                                      started_at=NOW - timedelta(seconds=started_age),
+                                      heartbeat_at=NOW - timedelta(seconds=heartbeat_age))
+
+
+def alive(pipeline, now=NOW):
+    return set(ConsumerRun.objects.filter(pipeline=pipeline).alive(now))
+
+
+def test_a_run_is_alive_while_it_has_not_ended_and_heartbeats_within_the_lease(pipeline):
+    fresh, starting = run(pipeline, heartbeat_age=15), run(pipeline, state=RunState.STARTING, heartbeat_age=3)
+    expired = run(pipeline, heartbeat_age=16)
+    ended = [run(pipeline, state=state, heartbeat_age=1)
+             for state in (RunState.STOPPED, RunState.FENCED, RunState.CRASHED, RunState.FAILED)]
+    assert alive(pipeline) == {fresh, starting}
+    assert expired not in alive(pipeline) and not set(ended) & alive(pipeline)
+    assert alive(pipeline, now=NOW + timedelta(seconds=4)) == {starting}
+
+
+def test_the_lease_is_one_setting(pipeline, settings):
+    old = run(pipeline, heartbeat_age=40)
+    assert old not in alive(pipeline)
+    settings.TALLY_RUN_LEASE_SECONDS = 60
+    assert old in alive(pipeline)
+
+
+def test_a_run_started_after_another_runs_last_heartbeat_replaced_it(pipeline):
+    killed = run(pipeline, heartbeat_age=5, started_age=60)
+    restart = run(pipeline, heartbeat_age=1, started_age=3)
+    skewed = run(pipeline, heartbeat_age=5, started_age=4)   # its own start reads later than its heartbeat
+    serving = set(ConsumerRun.objects.filter(pipeline=pipeline).alive(NOW).not_restarted())
+    assert killed in alive(pipeline) and killed not in serving
+    assert restart in serving and skewed not in serving   # the restart also started after skewed's heartbeat
+    ConsumerRun.objects.filter(pk=restart.pk).delete()
+    assert set(ConsumerRun.objects.filter(pipeline=pipeline).alive(NOW).not_restarted()) == {skewed}
+
+
+def test_transitions_write_state_heartbeat_and_reason(pipeline):
+    row = run(pipeline, state=RunState.STARTING, heartbeat_age=10)
+    runs = ConsumerRun.objects.filter(pk=row.pk)
+    runs.mark_running(NOW)
+    row.refresh_from_db()
+    assert (row.state, row.heartbeat_at) == (RunState.RUNNING, NOW)
+    runs.heartbeat(NOW + timedelta(seconds=1), records_processed=5, assigned_partitions=[0, 2])
+    row.refresh_from_db()
+    assert (row.heartbeat_at, row.records_processed, row.assigned_partitions) == (
+        NOW + timedelta(seconds=1), 5, [0, 2])
+    runs.end(RunState.FENCED, "fenced: " + "x" * 3000, NOW + timedelta(seconds=2), records_processed=6)
+    row.refresh_from_db()
+    assert (row.state, row.ended_at, row.heartbeat_at, row.records_processed, len(row.end_reason)) == (
+        RunState.FENCED, NOW + timedelta(seconds=2), NOW + timedelta(seconds=2), 6, 2000)
+
+
+def test_only_a_run_that_has_not_ended_can_be_declared_crashed(pipeline):
+    live, stopped = run(pipeline, heartbeat_age=100), run(pipeline, state=RunState.STOPPED)
+    assert ConsumerRun.objects.filter(pk__in=[live.pk, stopped.pk]).declare_crashed("lease expired", NOW) == 1
+    live.refresh_from_db()
+    stopped.refresh_from_db()
+    assert (live.state, live.ended_at, live.end_reason) == (RunState.CRASHED, NOW, "lease expired")
+    assert stopped.state == RunState.STOPPED
