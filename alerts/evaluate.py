@@ -141,23 +141,23 @@ def evaluate_all(now=None) -> EvaluationReport:
 
 
 def acknowledge(alert: Alert, user: str, now=None) -> bool:
-    """firing -> acknowledged, in the operators' audit log with the actor."""
+    """firing -> acknowledged, in the operators' action log with the actor."""
     changed = alert.acknowledge(user, now)
-    _audit(alert, "acknowledge_alert", user, {},
+    _log_action(alert, "acknowledge_alert", user, {},
            f"acknowledged alert {alert.pk}: {alert.summary}" if changed
            else f"alert {alert.pk} was not firing ({alert.state}): nothing to acknowledge", now)
     return changed
 
 
 def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
-    """Mute the alert's rule for its pipeline for `minutes`, in the operators' audit log with the actor."""
+    """Mute the alert's rule for its pipeline for `minutes`, in the operators' action log with the actor."""
     muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)
-    _audit(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
+    _log_action(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
            f"muted rule {alert.rule.name!r} on {alert.pipeline.name} until {muted.until:%Y-%m-%d %H:%M} UTC", now)
     return muted
 
 
-def _audit(alert: Alert, action: str, user: str, params: dict, message: str, now=None) -> None:
+def _log_action(alert: Alert, action: str, user: str, params: dict, message: str, now=None) -> None:
     now = now or timezone.now()
     ActionLog.objects.create(pipeline=alert.pipeline, action=action, actor=user[:150],
                              params={"alert": alert.pk, "rule": alert.rule.name, **params}, result=ActionResult.DONE,

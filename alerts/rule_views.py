@@ -15,7 +15,7 @@ from alerts.rule_forms import AlertRuleForm
 from consumers.models import ActionLog, ActionResult
 
 
-def _audit(request, rule, action: str, message: str, params: dict | None = None) -> None:
+def _log_action(request, rule, action: str, message: str, params: dict | None = None) -> None:
     ActionLog.objects.create(pipeline=rule.pipeline, action=action, actor=request.user.get_username(),
                              params={"rule": rule.name, **(params or {})}, result=ActionResult.DONE,
                              message=message, finished_at=timezone.now())
@@ -50,7 +50,7 @@ def rule_edit(request, rule_id=None):
     if request.method == "POST" and form.is_valid():
         saved = form.save()
         verb = "created" if rule is None else "changed"
-        _audit(request, saved, "alert_rule", f"alert rule {saved.name!r} {verb}", {"kind": saved.kind})
+        _log_action(request, saved, "alert_rule", f"alert rule {saved.name!r} {verb}", {"kind": saved.kind})
         messages.success(request, f"Alert rule {saved.name!r} {verb}.")
         return redirect("alerts:rules")
     status = 400 if request.method == "POST" else 200
@@ -69,7 +69,7 @@ def rule_mute(request, rule_id):
         return redirect("alerts:rules")
     mute = Mute.mute(rule=rule, pipeline=None, minutes=minutes, user=request.user.get_username(),
                      reason=request.POST.get("reason", ""))
-    _audit(request, rule, "alert_mute", f"alert rule {rule.name!r} muted until {mute.until:%Y-%m-%d %H:%M} UTC",
+    _log_action(request, rule, "alert_mute", f"alert rule {rule.name!r} muted until {mute.until:%Y-%m-%d %H:%M} UTC",
            {"minutes": minutes})
     messages.success(request, f"Muted {rule.name!r} until {mute.until:%Y-%m-%d %H:%M} UTC (alerts are still listed).")
     return redirect("alerts:rules")
@@ -91,6 +91,6 @@ def rule_test(request, rule_id):
     except Exception as exc:  # the mail server's answer is what the operator needs to see
         messages.error(request, f"The test email to {', '.join(recipients)} failed: {type(exc).__name__}: {exc}")
         return redirect("alerts:rules")
-    _audit(request, rule, "alert_test", f"test email for {rule.name!r} sent to {', '.join(recipients)}")
+    _log_action(request, rule, "alert_test", f"test email for {rule.name!r} sent to {', '.join(recipients)}")
     messages.success(request, f"Test email sent to {', '.join(recipients)}.")
     return redirect("alerts:rules")

@@ -7,7 +7,7 @@ Uses its own database (default `tally_bench_dash`, created, migrated and filled 
 a ledger of 200 batches per partition with a gap, an overlap and a rewind, 6 hours of lag snapshots at
 one per minute (pipeline total and per partition), dead letters, runs and actions.
 Then, in-process through Django's test client (no network), for each page: the median and p95 server
-time over --repeat requests and the number of SQL queries. Targets (issue 6): overview and pipeline page
+time over --repeat requests and the number of SQL queries. Targets: overview and pipeline page
 < 150 ms median and < 25 queries; the live fragment < 50 ms.
 """
 import argparse

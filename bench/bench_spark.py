@@ -5,11 +5,11 @@
              total = all records / (run start -> last commit); and Spark's fixed costs: SparkSession start,
              first (cold) and later (warm) query start -> first batch committed
   triggers   the Spark engine at several micro-batch sizes (the fixed cost per micro-batch)
-  audit      the audit of M records (default 10,000,000) against a table of about M rows, on SPARK_MASTER
+  topic check  the topic check of M records (default 10,000,000) against a table of about M rows, on SPARK_MASTER
              (default here local[2]); checks the counts it finds against what was planted
 
 Usage (from the project root; uses database tally_bench_spark):
-  .venv/bin/python bench/bench_spark.py [--records 200000] [--audit-records 10000000] [--skip-audit]
+  .venv/bin/python bench/bench_spark.py [--records 200000] [--check-records 10000000] [--skip-topic-check]
                                         [--skip-engines] [--triggers 5000,20000]
 """
 import argparse
@@ -30,7 +30,7 @@ os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
 os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "6000")
 
 PYTHON_BATCH = 5000     # the Python engine's poll size in bench/bench_engine.py
-LOST_EVERY = 100_003    # audit: every key divisible by this is never written ...
+LOST_EVERY = 100_003    # topic check: every key divisible by this is never written ...
 DUPLICATED_EVERY = 250_007  # ... and every key divisible by this is written twice
 
 
@@ -38,10 +38,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--audit-records", type=int, default=10_000_000)
-    parser.add_argument("--audit-partitions", type=int, default=4)
+    parser.add_argument("--check-records", type=int, default=10_000_000)
+    parser.add_argument("--check-partitions", type=int, default=4)
     parser.add_argument("--triggers", default="5000,20000", help="extra Spark micro-batch sizes to measure")
-    parser.add_argument("--skip-audit", action="store_true")
+    parser.add_argument("--skip-topic-check", action="store_true")
     parser.add_argument("--skip-engines", action="store_true")
     args = parser.parse_args()
 
@@ -60,8 +60,8 @@ def main() -> None:
         print(machine(), flush=True)
         if not args.skip_engines:
             engines(args)
-        if not args.skip_audit:
-            audit(args)
+        if not args.skip_topic_check:
+            topic_check(args)
     finally:
         broker.stop_broker(process)
 
@@ -197,43 +197,43 @@ def engines(args) -> None:
               f"{run['batches']} batches, {per_batch:.2f} s per batch", flush=True)
 
 
-# --- audit -----------------------------------------------------------------------------------------------
-def audit(args) -> None:
+# --- topic check -----------------------------------------------------------------------------------------------
+def topic_check(args) -> None:
     from django.db import connection
 
     from consumers.engine.spark_session import get_spark
     from consumers.kafka import admin as kafka_admin
-    from consumers.reconciliation import topic_check as spark_audit
+    from consumers.reconciliation import topic_check as spark_topic_check
 
-    total = args.audit_records
-    topic = f"bench-audit-{uuid.uuid4().hex[:6]}"
-    seconds = produce(topic, total, args.audit_partitions)
-    print(f"produced {total:,} records to {args.audit_partitions} partitions in {seconds:.1f} s "
+    total = args.check_records
+    topic = f"bench-topic-check-{uuid.uuid4().hex[:6]}"
+    seconds = produce(topic, total, args.check_partitions)
+    print(f"produced {total:,} records to {args.check_partitions} partitions in {seconds:.1f} s "
           f"({total / seconds:,.0f} records/s)", flush=True)
     highs = kafka_admin.high_watermarks(topic)
     assert sum(highs.values()) == total, highs
-    kafka_admin.commit_offsets("bench-audit-group", topic, highs)
-    table = "bench_audit_sink"
+    kafka_admin.commit_offsets("bench-topic-check-group", topic, highs)
+    table = "bench_topic_check_sink"
     started = time.monotonic()
     with connection.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS bench_audit_sink")
-        cur.execute("CREATE TABLE bench_audit_sink (id bigint NOT NULL)")
-        cur.execute("INSERT INTO bench_audit_sink SELECT g FROM generate_series(1, %s) g WHERE g %% %s <> 0",
+        cur.execute("DROP TABLE IF EXISTS bench_topic_check_sink")
+        cur.execute("CREATE TABLE bench_topic_check_sink (id bigint NOT NULL)")
+        cur.execute("INSERT INTO bench_topic_check_sink SELECT g FROM generate_series(1, %s) g WHERE g %% %s <> 0",
                     [total, LOST_EVERY])
-        cur.execute("INSERT INTO bench_audit_sink SELECT g FROM generate_series(1, %s) g WHERE g %% %s = 0",
+        cur.execute("INSERT INTO bench_topic_check_sink SELECT g FROM generate_series(1, %s) g WHERE g %% %s = 0",
                     [total, DUPLICATED_EVERY])
     print(f"table of {total:,} keys written in {time.monotonic() - started:.1f} s", flush=True)
     get_spark()
     started = time.monotonic()
-    report = spark_audit.audit(topic, "bench-audit-group", table, "id", "int_value")
+    report = spark_topic_check.check_topic(topic, "bench-topic-check-group", table, "id", "int_value")
     seconds = time.monotonic() - started
     lost, duplicated = total // LOST_EVERY, total // DUPLICATED_EVERY
     assert report["missing_count"] == lost, report["missing_count"]
     assert report["duplicated_count"] == duplicated and report["records_read"] == total, report
-    print(f"audit of {total:,} records: {seconds:.1f} s ({total / seconds:,.0f} records/s); found "
+    print(f"topic check of {total:,} records: {seconds:.1f} s ({total / seconds:,.0f} records/s); found "
           f"{report['missing_count']} missing, {report['duplicated_count']} duplicated (as planted)", flush=True)
     with connection.cursor() as cur:
-        cur.execute("DROP TABLE bench_audit_sink")
+        cur.execute("DROP TABLE bench_topic_check_sink")
 
 
 if __name__ == "__main__":

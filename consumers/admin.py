@@ -1,4 +1,4 @@
-"""Django admin for Tally's models. Positions, the ledger, dead letters, runs, the audit log and
+"""Django admin for Tally's models. Positions, the ledger, dead letters, runs, the action log and
 reconciliation results are read-only here: editing them would break the invariants of the commit
 protocol (DESIGN.md) — positions move only through commits and audited rewinds.
 
@@ -11,7 +11,6 @@ from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
 from consumers.models import (
     ActionLog,
-    AuditJob,
     BatchLedger,
     ConsumerRun,
     DeadLetter,
@@ -21,6 +20,7 @@ from consumers.models import (
     PartitionOffset,
     Pipeline,
     PipelineHealth,
+    TopicCheckJob,
 )
 
 
@@ -116,7 +116,7 @@ class ActionLogAdmin(ReadOnlyAdmin):
             return dashboard_link(pipeline_dashboard_url(obj.pipeline), obj.pipeline.name)
         if obj.group_id:
             return dashboard_link(reverse("group", kwargs={"group_id": obj.group_id}), obj.group_id)
-        return dashboard_link(reverse("audit_log"), "audit log")
+        return dashboard_link(reverse("action_log"), "action log")
 
 
 @admin.register(PartitionHealth)
@@ -140,7 +140,7 @@ class LagSnapshotAdmin(ReadOnlyAdmin):
     list_filter = ("pipeline",)
 
 
-@admin.register(AuditJob)
-class AuditJobAdmin(ReadOnlyAdmin):
+@admin.register(TopicCheckJob)
+class TopicCheckJobAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "topic", "group_id", "table", "status", "progress", "requested_by")
     list_filter = ("status",)

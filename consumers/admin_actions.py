@@ -1,9 +1,9 @@
 """Operator actions in the Django admin: the same domain functions as the dashboard, the API and the CLI
 (consumers.operations: actions, rewind, dead_letters), so the same validation, refusals, fencing
-and audit entries. The admin only gathers the selection and the form, and reports per pipeline.
+and action log entries. The admin only gathers the selection and the form, and reports per pipeline.
 
 Only operators (dashboard.roles.can_operate) see these actions; a request from anyone else that names one
-is refused with 403, and the refusal is written to the audit log with the actor.
+is refused with 403, and the refusal is written to the action log with the actor.
 """
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -40,11 +40,11 @@ class OperatorActionsMixin:
     def changelist_view(self, request, extra_context=None):
         action = request.POST.get("action", "") if request.method == "POST" else ""
         if action in self.operator_actions and not can_operate(request.user):
-            self.audit_refusal(request, action, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+            self.log_refusal(request, action, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
             raise PermissionDenied("Only operators can run this action.")
         return super().changelist_view(request, extra_context)
 
-    def audit_refusal(self, request, action: str, selected_ids: list[str]) -> None:
+    def log_refusal(self, request, action: str, selected_ids: list[str]) -> None:
         """One refused ActionLog row per pipeline concerned (the refusal names the actor)."""
         message = f"{actor_of(request)} is not an operator: only operators can {action.replace('_', ' ')}."
         for pipeline in self.pipelines_of(selected_ids) or [None]:
@@ -101,7 +101,7 @@ def rewind(modeladmin, request, queryset):
     form = RewindForm(request.POST if step else None)
     context = {"pipelines": pipelines, "form": form, "step": "form"}
     if step and not form.is_valid():
-        audit_invalid_form(pipelines, rewinds.ACTION, actor_of(request), form, dry_run=step != "execute")
+        log_invalid_form(pipelines, rewinds.ACTION, actor_of(request), form, dry_run=step != "execute")
     if step and form.is_valid():
         data = form.cleaned_data
         arguments = {"partitions": data["partitions"] or None, "rollback_sink": data["rollback_sink"],
@@ -130,8 +130,8 @@ def rewind(modeladmin, request, queryset):
                              "Rewind pipelines", context)
 
 
-def audit_invalid_form(pipelines, action: str, actor: str, form, *, dry_run: bool) -> None:
-    """Bad input is a refusal like any other: one audit row per pipeline, with the form's errors."""
+def log_invalid_form(pipelines, action: str, actor: str, form, *, dry_run: bool) -> None:
+    """Bad input is a refusal like any other: one action log row per pipeline, with the form's errors."""
     errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
                        for field, problems in form.errors.items())
     params = {"via": "admin", **{k: form.data.get(k, "") for k in ("mode", "value", "partitions")}}
@@ -186,7 +186,7 @@ def replay_dead_letters_from_kafka(modeladmin, request, queryset):
 
 @admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])
 def discard_dead_letters(modeladmin, request, queryset):
-    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and audits) an empty one."""
+    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and logs) an empty one."""
     if request.POST.get("step") == "execute":
         for pipeline, ids in _by_pipeline(queryset).items():
             try:

@@ -1,7 +1,7 @@
 """Consumer groups that Tally does not run, in the admin: there is no model, so these are custom views
 of the admin site (consumers/admin_site.py). The list (everyone with view access) and, for operators, an
 offset reset of the selected groups with the same flow as a rewind: form -> preview per group and
-partition -> execute. consumers.operations.group_reset does the work, the validation and the audit."""
+partition -> execute. consumers.operations.group_reset does the work, the validation and the action log."""
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
@@ -57,7 +57,7 @@ def group_reset(request, site):
     form = GroupResetForm(request.POST if step else None)
     context = _context(site, request, "Reset consumer group offsets", group_ids=group_ids, form=form, step="form")
     if step and not form.is_valid():
-        _audit_invalid(request, group_ids, form, dry_run=step != "execute")
+        _log_invalid(request, group_ids, form, dry_run=step != "execute")
     elif step:
         data = form.cleaned_data
         arguments = {"partitions": data["partitions"] or None, "actor": request.user.get_username()}
@@ -84,7 +84,7 @@ def group_reset(request, site):
     return TemplateResponse(request, "admin/consumers/group_reset.html", context)
 
 
-def _audit_invalid(request, group_ids, form, *, dry_run: bool) -> None:
+def _log_invalid(request, group_ids, form, *, dry_run: bool) -> None:
     errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
                        for field, problems in form.errors.items())
     params = {"via": "admin", **{k: form.data.get(k, "") for k in ("topic", "mode", "value", "partitions")}}

@@ -78,8 +78,8 @@ class GroupResetForm(OffsetMoveForm):
         return {**super().hidden_copy(), "topic": self.cleaned_data["topic"]}
 
 
-class AuditRequestForm(forms.Form):
-    """A Spark audit of a topic range (up to a group's committed offsets) against a sink table."""
+class TopicCheckRequestForm(forms.Form):
+    """A topic check of a topic range (up to a group's committed offsets) against a sink table."""
 
     topic = forms.CharField(max_length=249)
     group_id = forms.CharField(max_length=255)

@@ -11,7 +11,7 @@ OPERATE_PERMISSION = "consumers.operate_pipeline"
 
 # Viewers read every model the dashboard shows; the "view_*" permissions also open the read-only admin.
 VIEW_MODELS = ("pipeline", "partitionoffset", "batchledger", "deadletter", "deadletterreplay", "consumerrun",
-               "actionlog", "partitionhealth", "pipelinehealth", "lagsnapshot", "auditjob")
+               "actionlog", "partitionhealth", "pipelinehealth", "lagsnapshot", "topiccheckjob")
 
 
 def can_operate(user) -> bool:

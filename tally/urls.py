@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from dashboard import metrics
-from dashboard.views import actions, audits, demo, groups, pages, pipelines, rewind, trace
+from dashboard.views import actions, demo, groups, pages, pipelines, rewind, topic_checks, trace
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
@@ -16,9 +16,9 @@ urlpatterns = [
     path("groups/", groups.group_list, name="groups"),
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),
-    path("audit/", pages.audit_log, name="audit_log"),
-    path("audits/", audits.audit_jobs, name="audit_jobs"),
-    path("audits/request/", audits.request_audit, name="request_audit"),
+    path("action-log/", pages.action_log, name="action_log"),
+    path("topic-checks/", topic_checks.topic_check_jobs, name="topic_check_jobs"),
+    path("topic-checks/request/", topic_checks.request_topic_check, name="request_topic_check"),
     path("demo/", demo.demo_page, name="demo"),
     path("demo/run/", demo.demo_run, name="demo_run"),
     path("metrics", metrics.metrics_view, name="metrics"),

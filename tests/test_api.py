@@ -107,15 +107,15 @@ def test_bad_rewind_input_is_a_400_with_field_errors(operator_api):
 
 
 @pytest.mark.django_db
-def test_the_audit_log_lists_actions_newest_first_with_filters(operator_api):
+def test_the_action_log_lists_actions_newest_first_with_filters(operator_api):
     make_pipeline("orders")
     make_pipeline("payments")
     operator_api.post("/api/pipelines/orders/actions/start")
     operator_api.post("/api/pipelines/payments/actions/pause")
-    entries = operator_api.get("/api/audit").json()["actions"]
+    entries = operator_api.get("/api/action-log").json()["actions"]
     assert [(e["pipeline"], e["action"], e["result"]) for e in entries] == [
         ("payments", "pause", "refused"), ("orders", "start", "done")]
-    assert [e["pipeline"] for e in operator_api.get("/api/audit?pipeline=orders").json()["actions"]] == ["orders"]
+    assert [e["pipeline"] for e in operator_api.get("/api/action-log?pipeline=orders").json()["actions"]] == ["orders"]
 
 
 @pytest.mark.kafka

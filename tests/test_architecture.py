@@ -35,9 +35,9 @@ def test_lint_imports_reports_a_dependency_that_points_the_wrong_way(tmp_path):
 def test_the_tasks_the_domain_enqueues_by_name_are_registered():
     from consumers.demo.runs import RUN_DEMO_TASK
     from consumers.operations.actions import RUN_PIPELINE_TASK
-    from consumers.reconciliation.topic_check import RUN_AUDIT_TASK
+    from consumers.reconciliation.topic_check import RUN_TOPIC_CHECK_TASK
     from tally.celery import app
 
     app.loader.import_default_modules()
-    for name in (RUN_PIPELINE_TASK, RUN_AUDIT_TASK, RUN_DEMO_TASK):
+    for name in (RUN_PIPELINE_TASK, RUN_TOPIC_CHECK_TASK, RUN_DEMO_TASK):
         assert name in app.tasks, name

@@ -1,6 +1,6 @@
 """Dead-letter replay and discard (consumers.operations.dead_letters) against the real PostgreSQL: dead letters made
 by the commit protocol become sink rows through the pipeline's current transform, exactly once, in one
-transaction with their removal, a replay-ledger row and the audit entry."""
+transaction with their removal, a replay-ledger row and the action log entry."""
 import pytest
 from django.db import connection
 from psycopg2 import sql

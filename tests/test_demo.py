@@ -77,7 +77,7 @@ def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_
     assert Pipeline.objects.get(pk=running.pk).desired_state == "stopped"
     stop = ActionLog.objects.get(pipeline=running, action="stop")
     assert stop.actor == "demo-reset" and stop.result == "done"
-    assert any("nums-at-least-once" in note and f"audit log entry {stop.pk}" in note for note in summary["notes"])
+    assert any("nums-at-least-once" in note and f"action log entry {stop.pk}" in note for note in summary["notes"])
     assert ActionLog.objects.filter(pk=started.pk, pipeline=running).exists()
     assert Alert.objects.filter(pk=alert.pk, pipeline=running).exists()
     # The pipeline that was not running is fenced by a new epoch; its state goes, its runs stay, ended.

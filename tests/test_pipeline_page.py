@@ -64,7 +64,7 @@ def test_the_action_log_shows_offsets_per_partition_not_python_dicts(operator_cl
                              offsets_before={"0": 1200, "1": 10}, offsets_after={"0": 1000, "1": 10})
     ActionLog.objects.create(pipeline=None, action="delete", actor="bob", result=ActionResult.DONE,
                              params={"pipeline": "gone"})
-    html = operator_client.get("/audit/").content.decode()
+    html = operator_client.get("/action-log/").content.decode()
     assert "p0 1,200 → 1,000 · p1 10" in html
     assert "{&#x27;0&#x27;" not in html and "{'0'" not in html
     assert "gone <span class=\"muted\">(deleted)</span>" in html

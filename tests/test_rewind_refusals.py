@@ -1,5 +1,5 @@
 """Every refused rewind input, through the command line: the message, the exit code (1 refused, 2 usage
-error), the refusal in the audit log, and nothing moved."""
+error), the refusal in the action log, and nothing moved."""
 from datetime import UTC, datetime, timedelta
 
 import pytest

@@ -10,7 +10,7 @@ from tests.test_views_support import make_operator, make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/pipelines/orders/", "/pipelines/orders/rewind/", "/audit/", "/demo/", "/groups/"]
+PAGES = ["/", "/pipelines/orders/", "/pipelines/orders/rewind/", "/action-log/", "/demo/", "/groups/"]
 
 
 @pytest.fixture
@@ -155,14 +155,14 @@ def test_bad_rewind_input_gives_a_clear_error_and_changes_nothing(operator_clien
     assert not ActionLog.objects.exists()
 
 
-def test_the_audit_log_lists_actions_and_filters_by_pipeline(operator_client, pipeline):
+def test_the_action_log_lists_actions_and_filters_by_pipeline(operator_client, pipeline):
     make_pipeline("payments")
     operator_client.post("/pipelines/orders/actions/start/")
     operator_client.post("/pipelines/payments/actions/pause/")
-    everything = operator_client.get("/audit/").content.decode()
+    everything = operator_client.get("/action-log/").content.decode()
     assert "start" in everything and "refused" in everything
-    only_orders = operator_client.get("/audit/?pipeline=orders", HTTP_HX_REQUEST="true").content.decode()
-    assert only_orders.lstrip().startswith('<div id="audit-entries"')
+    only_orders = operator_client.get("/action-log/?pipeline=orders", HTTP_HX_REQUEST="true").content.decode()
+    assert only_orders.lstrip().startswith('<div id="action-log-entries"')
     assert "/pipelines/orders/" in only_orders and "/pipelines/payments/" not in only_orders
 
 
@@ -188,7 +188,7 @@ def test_the_admin_shows_offsets_and_ledger_read_only(admin_client, pipeline):
 
 def test_the_base_layout_links_every_area_and_loads_only_local_assets(viewer_client, pipeline):
     html = viewer_client.get("/").content.decode()
-    for href in ('href="/groups/"', 'href="/demo/"', 'href="/audit/"', 'href="/alerts/"'):
+    for href in ('href="/groups/"', 'href="/demo/"', 'href="/action-log/"', 'href="/alerts/"'):
         assert href in html
     assert not re.search(r'(src|href)="https?://', html)
     assert "vera · viewer" in html
@@ -218,40 +218,42 @@ def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_boots
     assert kafka_admin.committed_offsets("reports-job", topic) == {0: 0}
 
 
-def test_an_operator_requests_a_spark_audit_and_a_viewer_cannot(operator_client, pipeline):
-    from consumers.models import AuditJob
+def test_an_operator_requests_a_topic_check_and_a_viewer_cannot(operator_client, pipeline):
+    from consumers.models import TopicCheckJob
 
     form = {"topic": "orders-topic", "group_id": "orders", "table": "sink_orders", "key_column": "id",
             "value_parser": "int_value", "next": "/pipelines/orders/"}
-    bad = operator_client.post("/audits/request/", {**form, "table": "drop table; --"}, follow=True)
-    assert "The audit was not requested: table: A table name" in bad.content.decode()
-    assert not AuditJob.objects.exists()
-    done = operator_client.post("/audits/request/", form, follow=True)
-    job = AuditJob.objects.get()
+    bad = operator_client.post("/topic-checks/request/", {**form, "table": "drop table; --"}, follow=True)
+    assert "The topic check was not requested: table: A table name" in bad.content.decode()
+    assert not TopicCheckJob.objects.exists()
+    done = operator_client.post("/topic-checks/request/", form, follow=True)
+    job = TopicCheckJob.objects.get()
     assert (job.table, job.requested_by, job.pipeline) == ("sink_orders", "otto", pipeline)
-    assert f"Spark audit #{job.pk} queued" in done.content.decode()
+    assert f"Topic check #{job.pk} queued" in done.content.decode()
 
     viewer = Client()
     viewer.force_login(make_viewer())
-    assert viewer.post("/audits/request/", form).status_code == 403
-    assert AuditJob.objects.count() == 1
+    assert viewer.post("/topic-checks/request/", form).status_code == 403
+    assert TopicCheckJob.objects.count() == 1
 
 
-def test_audit_results_show_on_the_pipeline_page_and_poll_while_running(viewer_client, pipeline):
-    from consumers.models import AuditJob
+def test_topic_check_results_show_on_the_pipeline_page_and_poll_while_running(viewer_client, pipeline):
+    from consumers.models import TopicCheckJob
 
-    AuditJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
-                            key_column="id", status="done", progress=1.0,
-                            result={"records_read": 100, "missing_count": 2, "duplicated_count": 1, "extra_rows": 1,
-                                    "missing": [41, 42], "duplicated": {"7": 2}})
+    TopicCheckJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
+                                 key_column="id", status="done", progress=1.0,
+                                 result={"records_read": 100, "missing_count": 2, "duplicated_count": 1,
+                                         "extra_rows": 1, "missing": [41, 42], "duplicated": {"7": 2}})
     html = viewer_client.get("/pipelines/orders/").content.decode()
-    jobs = re.search(r'<div id="audit-jobs".*?</table>', html, re.S).group(0)
+    jobs = re.search(r'<div id="topic-check-jobs".*?</table>', html, re.S).group(0)
     assert "hx-trigger" not in jobs.split(">")[0]  # nothing running: no polling
     assert "⚠ 2" in jobs and "missing: 41, 42" in jobs and "7×2" in jobs
-    AuditJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
-                            key_column="id", status="running", progress=0.4, progress_message="reading 100 records")
-    fragment = viewer_client.get("/audits/?topic=orders-topic&group=orders", HTTP_HX_REQUEST="true").content.decode()
-    assert fragment.lstrip().startswith('<div id="audit-jobs" hx-get=') and "reading 100 records" in fragment
+    TopicCheckJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
+                                 key_column="id", status="running", progress=0.4,
+                                 progress_message="reading 100 records")
+    fragment = viewer_client.get("/topic-checks/?topic=orders-topic&group=orders",
+                                 HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.lstrip().startswith('<div id="topic-check-jobs" hx-get=') and "reading 100 records" in fragment
 
 
 def test_the_demo_page_refuses_viewers_bad_input_and_a_second_run(operator_client, settings):

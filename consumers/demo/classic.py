@@ -133,7 +133,7 @@ def _reset() -> list[str]:
         if pipeline.desired_state != DesiredState.STOPPED:
             entry = actions.stop(pipeline, actor=RESET_ACTOR)
             notes.append(f"{pipeline.name} was {pipeline.desired_state}: stopped through the stop action "
-                         f"(audit log entry {entry.pk}).")
+                         f"(action log entry {entry.pk}).")
         else:
             pipeline.bump_epoch()
         with transaction.atomic():

@@ -20,7 +20,7 @@ POINTS = (
     "after-db-commit",      # DB committed, Kafka offset not yet committed
     # Dead-letter replay (consumers/operations/dead_letters.py):
     "replay-mid-write",     # part of the replayed rows written, transaction open
-    "replay-after-write",   # rows, ledger, dead-letter removal and audit entry written, not committed
+    "replay-after-write",   # rows, ledger, dead-letter removal and action log entry written, not committed
     "after-replay-commit",  # the replay committed, the caller not yet told
 )
 

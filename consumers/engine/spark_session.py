@@ -1,7 +1,7 @@
 """The one place that builds Tally's SparkSession, from settings, once per process.
 
 - `SPARK_MASTER` (default `local[*]`) picks the cluster; `SPARK_DRIVER_MEMORY` the driver's heap;
-  `spark.jars` gets the PostgreSQL JDBC jar (`SPARK_JDBC_JAR`) for the audit's table reads.
+  `spark.jars` gets the PostgreSQL JDBC jar (`SPARK_JDBC_JAR`) for the topic check's table reads.
 - Spark's Python workers run the interpreter of this process (`sys.executable`): the project is installed
   into that environment, so the Kafka Data Source module is importable there (no `addPyFile`).
 - Never build a session before a fork (a Celery prefork pool): the forked JVM gateway gives garbled answers

@@ -1,5 +1,4 @@
-"""Models by area: pipelines and their positions; operator actions; reconciliation; Spark audits."""
-from consumers.models.audit import AuditJob, AuditJobStatus
+"""Models by area: pipelines and their positions; operator actions; reconciliation; Topic checks."""
 from consumers.models.operations import ActionLog, ActionResult
 from consumers.models.pipeline import (
     LIVE_RUN_STATES,
@@ -19,10 +18,11 @@ from consumers.models.pipeline import (
     RunState,
 )
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
+from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 
 __all__ = [
-    "LIVE_RUN_STATES", "ActionLog", "ActionResult", "AuditJob", "AuditJobStatus", "BadRecordPolicy", "BatchLedger",
-    "ConsumerRun", "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel",
-    "LagSnapshot", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth",
-    "ResetPolicy", "RunState", "Status",
+    "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ConsumerRun", "DeadLetter",
+    "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot",
+    "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth", "ResetPolicy",
+    "RunState", "Status", "TopicCheckJob", "TopicCheckStatus",
 ]

@@ -1,4 +1,4 @@
-"""The audit log of operator actions (start, stop, pause, resume, restart, rewind, group offset reset)."""
+"""The action log of operator actions (start, stop, pause, resume, restart, rewind, group offset reset)."""
 from django.db import models
 from django.utils import timezone
 

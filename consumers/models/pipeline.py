@@ -1,6 +1,6 @@
 """Pipelines and their state. The database, not Kafka, is the source of truth for positions.
 
-Invariants (DESIGN.md): a batch's sink rows, dead letters, ledger row and `next_offset` commit in one
+Invariants (docs/architecture.md): a batch's sink rows, dead letters, ledger row and `next_offset` commit in one
 transaction (consumers/engine/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
 older epoch are refused.
 """

@@ -179,6 +179,6 @@ def refuse(pipeline: Pipeline | None, action: str, actor: str, params: dict, mes
 
 
 def positions(pipeline: Pipeline) -> dict[str, int]:
-    """The DB's next offset per partition, as the audit log stores it ({"0": n, ...})."""
+    """The DB's next offset per partition, as the action log stores it ({"0": n, ...})."""
     return {str(p): n for p, n in
             PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset")}

@@ -20,7 +20,7 @@ Steps of `replay`:
   6. Delete the replayed dead letters and insert one replay-ledger row each (`DeadLetterReplay`, unique on
      the dead letter), so every offset keeps exactly one outcome (rows or a dead letter), as
      reconciliation requires; move reconciliation's verified mark back to the first replayed offset (it
-     re-reads them, as after a rewind); write the audit entry.
+     re-reads them, as after a rewind); write the action log entry.
   7. COMMIT. A crash anywhere before leaves everything as it was; after it, a second replay finds nothing.
 Fault points `replay-mid-write`, `replay-after-write` and `after-replay-commit` (consumers/engine/faults.py)
 make each step's crash reproducible.
@@ -96,7 +96,7 @@ def _clean_ids(pipeline, action, actor, params, ids) -> list[int]:
 def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stored",
            faults: FaultInjector = NO_FAULTS) -> DeadLetterResult:
     """Replay the dead letters `dead_letter_ids` of `pipeline` (a name or a Pipeline). Raises Refused
-    (recorded in the audit log, nothing changed) on bad input."""
+    (recorded in the action log, nothing changed) on bad input."""
     params = {"ids": [str(i) for i in dead_letter_ids][:MAX_PER_CALL], "source": source}
     pipeline = actions.lookup(pipeline, REPLAY, actor, params)
     ids = _clean_ids(pipeline, REPLAY, actor, params, dead_letter_ids)

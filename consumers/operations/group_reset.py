@@ -48,7 +48,7 @@ class GroupResetResult:
 def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions: list[int] | None = None,
                 execute: bool = False, actor: str = "cli") -> GroupResetResult:
     """Plan (and with execute=True, apply) a reset of `group_id`'s committed offsets on `topic`.
-    Raises Refused (recorded in the audit log) on bad input or while the group has active members."""
+    Raises Refused (recorded in the action log) on bad input or while the group has active members."""
     params = {"topic": topic, "mode": mode, "value": None if value is None else str(value),
               "partitions": partitions or "all"}
 

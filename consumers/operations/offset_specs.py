@@ -29,7 +29,7 @@ class OffsetSpec:
     mode: str
     offset: int | None = None          # to-offset, shift-by
     moment: datetime | None = None     # to-datetime, by-duration (resolved against "now" when parsed)
-    raw: str = ""                      # the value as the operator gave it, for the audit log
+    raw: str = ""                      # the value as the operator gave it, for the action log
 
     def describe(self) -> str:
         return f"{self.mode} {self.raw}".strip()
@@ -167,5 +167,5 @@ def resolve_offsets(spec: OffsetSpec, topic: str, partitions: list[int], current
 
 
 def offsets_of(moves: list[PartitionMove], attribute: str) -> dict[str, int | None]:
-    """{"0": n, ...} for the audit log (JSON keys are strings)."""
+    """{"0": n, ...} for the action log (JSON keys are strings)."""
     return {str(m.partition): getattr(m, attribute) for m in moves}

@@ -190,7 +190,7 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
         if spec.create_table:
             with connection.cursor() as cursor:
                 sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
-        _audit(pipeline, "create", actor, describe(spec), f"created pipeline {spec.name}")
+        _log_action(pipeline, "create", actor, describe(spec), f"created pipeline {spec.name}")
     return pipeline
 
 
@@ -233,7 +233,7 @@ def update(spec: PipelineSpec, pipeline: Pipeline, actor: str = "cli") -> dict:
         with transaction.atomic():
             Pipeline.objects.filter(pk=pipeline.pk).update(
                 transform=spec.transform, engine=spec.engine, updated_at=timezone.now())
-            _audit(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
+            _log_action(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
                    "changed " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items()))
     return diff
 
@@ -270,7 +270,7 @@ def describe(spec: PipelineSpec) -> dict:
             "group": spec.group_id, "engine": spec.engine}
 
 
-def _audit(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:
+def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:
     ActionLog.objects.create(pipeline=pipeline, action=action, actor=actor,
                              params={"pipeline": pipeline.name, **params}, result=ActionResult.DONE,
                              message=message, finished_at=timezone.now())

@@ -8,7 +8,7 @@ The real run, in this order (docs/architecture.md "Rewinds"):
      set `replay_until` (exactly-once, sink kept) or delete the sink rows at or beyond the new offset
      (roll back sink), mark ledger rows `superseded_from`, move `PartitionHealth.verified_offset` back,
      commit Kafka's group offsets (advisory for exactly-once; required for the classic modes, which
-     resume from Kafka, so a failure there rolls everything back), and finish the audit entry;
+     resume from Kafka, so a failure there rolls everything back), and finish the action log entry;
   5. resume the pipeline if it was running (a new epoch, a run enqueued).
 """
 import logging
@@ -72,7 +72,7 @@ class RewindResult:
 def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, rollback_sink: bool = False,
            dry_run: bool = False, actor: str = "cli") -> RewindResult:
     """Rewind (or move forward) the pipeline `name`. Raises Refused (nothing changed, the refusal is in
-    the audit log) on bad input or while another action runs on the pipeline."""
+    the action log) on bad input or while another action runs on the pipeline."""
     params = {"mode": mode, "value": None if value is None else str(value), "partitions": partitions or "all",
               "rollback_sink": rollback_sink}
     pipeline = actions.lookup(name, ACTION, actor, params)

@@ -5,7 +5,7 @@ A run is live while its ConsumerRun row is running at the pipeline's current epo
 younger than the lease (`TALLY_RUN_LEASE_SECONDS`); a run on this host whose process is gone is dead at
 once. Restarts back off exponentially (`restart_after`), stop after `TALLY_SUPERVISOR_MAX_ATTEMPTS`
 consecutive attempts (the pipeline is then stopped, with the reason), and every one is recorded in
-`Pipeline.last_error` and the audit log (actor "supervisor"). Two supervisors never both restart one
+`Pipeline.last_error` and the action log (actor "supervisor"). Two supervisors never both restart one
 pipeline: each claims the restart with a conditional UPDATE and only the one whose row count is 1 enqueues.
 """
 import logging

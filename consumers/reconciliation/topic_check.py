@@ -1,10 +1,10 @@
-"""The audit: did every record a consumer group consumed reach its table, once? Key by key, with Spark.
+"""The topic check: did every record a consumer group consumed reach its table, once? Key by key, with Spark.
 
 extract   the topic from the log start up to the group's committed offsets (Kafka's, or Tally's own
           `next_offset` for its exactly-once pipelines), each record mapped to its key by a value parser;
           the table's keys with their write counts (the GROUP BY runs inside PostgreSQL, over JDBC)
 transform `compare()`: a pure DataFrame-in, DataFrame-out function -> one row per key that is wrong
-load      counts and samples into a JSON report (stored in consumers.models.AuditJob by `run_audit_job`)
+load      counts and samples into a JSON report (stored in consumers.models.TopicCheckJob by `run_topic_check_job`)
 
 Findings: missing (consumed, never written), duplicated (written more often than consumed, at least
 twice), unexpected (written, never consumed in the range: e.g. a record beyond the committed offset),
@@ -23,20 +23,20 @@ from psycopg2 import sql
 
 from consumers.engine import db
 from consumers.kafka import admin as kafka_admin
-from consumers.models import AuditJob, AuditJobStatus, PartitionOffset, Pipeline
+from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
 
-log = logging.getLogger("tally.spark.audit")
+log = logging.getLogger("tally.spark.topic_check")
 
 # Samples per finding kept in the report: enough to name every lost value of a demo-sized topic, small
 # enough to store in one JSON column when a whole table is missing.
 SAMPLE_LIMIT = 1000
 # Enqueued by name: the tasks import this module, never the reverse (consumers/tasks/spark.py).
-RUN_AUDIT_TASK = "consumers.run_audit"
+RUN_TOPIC_CHECK_TASK = "consumers.run_topic_check"
 # Rows per JDBC round trip: PostgreSQL's driver otherwise loads the whole result into the JVM at once.
 JDBC_FETCH_SIZE = 50_000
 
 
-class AuditError(RuntimeError):
+class TopicCheckError(RuntimeError):
     pass
 
 
@@ -87,7 +87,7 @@ def parser_for(name: str) -> Callable:
     try:
         return VALUE_PARSERS[name]
     except KeyError:
-        raise AuditError(f"Unknown value parser {name!r}: use one of {sorted(VALUE_PARSERS)}") from None
+        raise TopicCheckError(f"Unknown value parser {name!r}: use one of {sorted(VALUE_PARSERS)}") from None
 
 
 # --- extract ---------------------------------------------------------------------------------------------
@@ -143,20 +143,20 @@ def jdbc_options() -> dict[str, str]:
 def written_keys_query(table: str, key_column: str) -> str:
     """Keys and how often each was written. The GROUP BY runs in PostgreSQL, next to the data: one
     sequential scan, and Spark receives one row per key instead of one per row."""
-    conn = db.connect("tally-audit")
+    conn = db.connect("tally-topic-check")
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(conn)])
             if cur.fetchone()[0] is None:
-                raise AuditError(f"Table {table!r} does not exist.")
+                raise TopicCheckError(f"Table {table!r} does not exist.")
             cur.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(sql.Identifier(key_column), sql.Identifier(table)))
         return sql.SQL("SELECT {} AS key, count(*) AS written FROM {} WHERE {} IS NOT NULL GROUP BY {}").format(
             sql.Identifier(key_column), sql.Identifier(table), sql.Identifier(key_column),
             sql.Identifier(key_column)).as_string(conn)
     except Exception as exc:
-        if isinstance(exc, AuditError):
+        if isinstance(exc, TopicCheckError):
             raise
-        raise AuditError(f"Cannot read column {key_column!r} of table {table!r}: {exc}") from exc
+        raise TopicCheckError(f"Cannot read column {key_column!r} of table {table!r}: {exc}") from exc
     finally:
         conn.close()
 
@@ -225,10 +225,10 @@ def _json_key(key):
     return key if isinstance(key, int | str) or key is None else str(key)
 
 
-def audit(topic: str, group_id: str, table: str, key_column: str, value_parser_name: str = "int_value", *,
-          pipeline: Pipeline | None = None, sample_limit: int = SAMPLE_LIMIT,
-          progress: Callable[[float, str], None] | None = None) -> dict:
-    """Run the audit and return its report (a JSON-ready dict)."""
+def check_topic(topic: str, group_id: str, table: str, key_column: str, value_parser_name: str = "int_value", *,
+                pipeline: Pipeline | None = None, sample_limit: int = SAMPLE_LIMIT,
+                progress: Callable[[float, str], None] | None = None) -> dict:
+    """Run the topic check and return its report (a JSON-ready dict)."""
     from pyspark import StorageLevel
 
     from consumers.engine.spark_session import get_spark
@@ -261,43 +261,44 @@ def audit(topic: str, group_id: str, table: str, key_column: str, value_parser_n
 
 
 # --- jobs (the dashboard's Celery task and the CLI store their results here) ------------------------------
-def request_audit(topic: str, group_id: str, table: str, key_column: str, value_parser: str = "int_value",
-                  requested_by: str = "", pipeline: Pipeline | None = None) -> AuditJob:
-    """Queue an audit job: stored now, run by a Celery worker (threads or solo pool: it starts Spark)."""
+def request_topic_check(topic: str, group_id: str, table: str, key_column: str, value_parser: str = "int_value",
+                        requested_by: str = "", pipeline: Pipeline | None = None) -> TopicCheckJob:
+    """Queue a topic check job: stored now, run by a Celery worker (threads or solo pool: it starts Spark)."""
     parser_for(value_parser)  # refuse an unknown parser now, not in the worker
-    job = AuditJob.objects.create(topic=topic, group_id=group_id, table=table, key_column=key_column,
-                                  value_parser=value_parser, requested_by=requested_by,
-                                  pipeline=pipeline or find_pipeline(topic, group_id))
-    transaction.on_commit(lambda: current_app.signature(RUN_AUDIT_TASK, args=(job.pk,)).delay())
+    job = TopicCheckJob.objects.create(topic=topic, group_id=group_id, table=table, key_column=key_column,
+                                       value_parser=value_parser, requested_by=requested_by,
+                                       pipeline=pipeline or find_pipeline(topic, group_id))
+    transaction.on_commit(lambda: current_app.signature(RUN_TOPIC_CHECK_TASK, args=(job.pk,)).delay())
     return job
 
 
 def find_pipeline(topic: str, group_id: str) -> Pipeline | None:
-    """Tally's own pipeline for this topic and group, if any (its audit uses the DB's positions)."""
+    """Tally's own pipeline for this topic and group, if any (its topic check uses the DB's positions)."""
     return Pipeline.objects.filter(topic=topic, group_id=group_id).first()
 
 
-def run_audit_job(job_id: int) -> AuditJob:
+def run_topic_check_job(job_id: int) -> TopicCheckJob:
     """Run a stored job, recording progress, and its result or error. Idempotent on a finished job."""
-    claimed = AuditJob.objects.filter(pk=job_id, status=AuditJobStatus.QUEUED).update(
-        status=AuditJobStatus.RUNNING, progress=0.0, progress_message="starting")
-    job = AuditJob.objects.get(pk=job_id)
+    claimed = TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.QUEUED).update(
+        status=TopicCheckStatus.RUNNING, progress=0.0, progress_message="starting")
+    job = TopicCheckJob.objects.get(pk=job_id)
     if not claimed:
         return job  # already running or finished (a retried or duplicated task)
 
     def progress(fraction: float, message: str) -> None:
-        AuditJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
+        TopicCheckJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
 
     try:
-        report = audit(job.topic, job.group_id, job.table, job.key_column, job.value_parser,
-                       pipeline=job.pipeline, progress=progress)
+        report = check_topic(job.topic, job.group_id, job.table, job.key_column, job.value_parser,
+                             pipeline=job.pipeline, progress=progress)
     except Exception as exc:
-        log.exception("Audit job %s failed", job_id)
-        AuditJob.objects.filter(pk=job_id).update(status=AuditJobStatus.FAILED, error=f"{type(exc).__name__}: {exc}",
-                                                  finished_at=timezone.now())
+        log.exception("Topic check job %s failed", job_id)
+        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.FAILED,
+                                                       error=f"{type(exc).__name__}: {exc}",
+                                                       finished_at=timezone.now())
     else:
-        AuditJob.objects.filter(pk=job_id).update(status=AuditJobStatus.DONE, result=report, progress=1.0,
-                                                  progress_message="done", finished_at=timezone.now())
+        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.DONE, result=report, progress=1.0,
+                                                       progress_message="done", finished_at=timezone.now())
     job.refresh_from_db()
     return job
 

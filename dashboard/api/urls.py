@@ -1,4 +1,4 @@
-"""JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, audit). See README."""
+"""JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, action log). See README."""
 from django.urls import path
 from rest_framework.authtoken.views import obtain_auth_token
 
@@ -19,5 +19,5 @@ urlpatterns = [
     path("groups/", views.group_list, name="groups"),
     path("groups/<path:group_id>/reset", views.group_reset_view, name="group_reset"),
     path("groups/<path:group_id>/", views.group_detail, name="group"),
-    path("audit", views.audit_log, name="audit"),
+    path("action-log", views.action_log, name="action_log"),
 ]

@@ -1,7 +1,7 @@
 """The JSON API (Django REST framework function views): the dashboard's data and actions for scripts.
 
 Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
-consumers.operations.rewind and consumers.operations.group_reset (which write the audit log). Input is validated
+consumers.operations.rewind and consumers.operations.group_reset (which write the action log). Input is validated
 by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad
 input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
 viewers.
@@ -24,7 +24,7 @@ from dashboard.api.permissions import OperatorForWrites
 from dashboard.forms import GroupResetForm, RewindForm
 from dashboard.roles import can_operate
 
-AUDIT_LIMIT_MAX = 500
+ACTION_LOG_LIMIT_MAX = 500
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
@@ -62,7 +62,7 @@ def api_root(request):
     def url(name, **kwargs):
         return request.build_absolute_uri(reverse(f"api:{name}", kwargs=kwargs))
 
-    return Response({"pipelines": url("pipelines"), "groups": url("groups"), "audit": url("audit"),
+    return Response({"pipelines": url("pipelines"), "groups": url("groups"), "action_log": url("action_log"),
                      "me": url("me"), "token": url("token"),
                      "alerts": request.build_absolute_uri(reverse("alerts_api:list"))})
 
@@ -201,7 +201,7 @@ def group_reset_view(request, group_id):
 
 
 @api_view(["GET"])
-def audit_log(request):
+def action_log(request):
     """?pipeline=NAME, ?group=ID, ?action=rewind, ?limit=N (max 500)."""
     entries = ActionLog.objects.select_related("pipeline").order_by("-created_at")
     params = request.query_params
@@ -212,7 +212,7 @@ def audit_log(request):
     if params.get("action"):
         entries = entries.filter(action=params["action"])
     try:
-        limit = max(1, min(int(params.get("limit", 100)), AUDIT_LIMIT_MAX))
+        limit = max(1, min(int(params.get("limit", 100)), ACTION_LOG_LIMIT_MAX))
     except ValueError:
         return Response({"error": "limit must be an integer"}, status=http.HTTP_400_BAD_REQUEST)
     return Response({"actions": [_action_json(e) for e in entries[:limit]]})

@@ -1,4 +1,4 @@
-"""Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the audit
+"""Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the action log
 log entry are consumers.operations.actions'; this view checks the role, calls it and shows the outcome."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required

@@ -14,8 +14,8 @@ from dashboard import status
 from dashboard.forms import GroupResetForm
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
-from dashboard.views.audits import audit_context, audit_form_defaults
 from dashboard.views.common import render_page
+from dashboard.views.topic_checks import topic_check_context, topic_check_form_defaults
 
 
 def _pipeline_groups() -> dict[str, str]:
@@ -48,7 +48,8 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
     context["actions"] = list(status.recent_actions(None, limit=200))
     context["actions"] = [a for a in context["actions"] if a.group_id == group_id][:20]
-    context.update(audit_context(topics[0] if topics else "", group_id), **audit_form_defaults("", "int_value"))
+    context.update(topic_check_context(topics[0] if topics else "", group_id),
+                   **topic_check_form_defaults("", "int_value"))
     return context
 
 

@@ -1,4 +1,4 @@
-"""Read-only pages: overview, pipeline page, audit log. Thin: read through dashboard.status, render."""
+"""Read-only pages: overview, pipeline page, action log. Thin: read through dashboard.status, render."""
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404
@@ -8,10 +8,10 @@ from consumers.models import ActionLog, Pipeline
 from dashboard import status, timeline
 from dashboard.roles import can_operate
 from dashboard.views.actions import action_buttons
-from dashboard.views.audits import PARSER_FOR_TRANSFORM, audit_context, audit_form_defaults
 from dashboard.views.common import render_page
+from dashboard.views.topic_checks import PARSER_FOR_TRANSFORM, topic_check_context, topic_check_form_defaults
 
-AUDIT_PAGE_SIZE = 50
+ACTION_LOG_PAGE_SIZE = 50
 
 
 @require_GET
@@ -39,20 +39,20 @@ def pipeline_detail(request, name):
         "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
         "chart": status.chart_series(pipeline, range_name=request.GET.get("range", status.DEFAULT_CHART_RANGE)),
         "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
-        **audit_context(pipeline.topic, pipeline.group_id),
-        **audit_form_defaults(pipeline.sink_table, PARSER_FOR_TRANSFORM.get(pipeline.transform, "int_value")),
+        **topic_check_context(pipeline.topic, pipeline.group_id),
+        **topic_check_form_defaults(pipeline.sink_table, PARSER_FOR_TRANSFORM.get(pipeline.transform, "int_value")),
     })
     return render_page(request, "pipeline.html", context)
 
 
 @require_GET
 @login_required
-def audit_log(request):
+def action_log(request):
     actions = ActionLog.objects.select_related("pipeline").order_by("-created_at")
     pipeline = request.GET.get("pipeline", "")
     if pipeline:
         actions = actions.filter(pipeline__name=pipeline)
-    page = Paginator(actions, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
-    context = {"nav": "audit", "page": page, "pipeline": pipeline,
+    page = Paginator(actions, ACTION_LOG_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {"nav": "action_log", "page": page, "pipeline": pipeline,
                "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True)}
-    return render_page(request, "audit_log.html", context, fragment="entries")
+    return render_page(request, "action_log.html", context, fragment="entries")

@@ -1,5 +1,5 @@
 """Rewind from the browser: form -> dry-run preview (before / after / records to reprocess or skip) ->
-confirmation -> execution. consumers.operations.rewind does the work and writes the audit log; this view only
+confirmation -> execution. consumers.operations.rewind does the work and writes the action log; this view only
 validates input (dashboard.forms), checks the role and shows the outcome."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         add_mode_arguments(reset)
         reset.add_argument("--execute", action="store_true", help="Apply the plan (default: dry run).")
         reset.add_argument("--json", action="store_true")
-        reset.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+        reset.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
     def handle(self, *args, command, **options):
         if command == "list":

@@ -57,7 +57,7 @@ class Command(BaseCommand):
             run.add_argument("--runs", type=int, default=1,
                              help="start/resume/restart: how many runs to enqueue (they share the partitions).")
         for sub in commands.choices.values():
-            sub.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+            sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
     def handle(self, *args, command, actor, **options):
         if command in actions.ACTIONS:

@@ -69,7 +69,7 @@ class Command(BaseCommand):
         run.add_argument("--execute", action="store_true", help="Apply the plan (default: print it, change nothing).")
         run.add_argument("--dry-run", action="store_true", help="Print the plan and change nothing (the default).")
         parser.add_argument("--json", action="store_true", help="Print the result as JSON.")
-        parser.add_argument("--actor", default="cli", help="Who asks (for the audit log).")
+        parser.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
     def handle(self, *args, name, partitions, rollback_sink, execute, json: bool, actor, **options):
         mode, value = chosen_mode(options)
@@ -79,7 +79,7 @@ class Command(BaseCommand):
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
         except (KafkaAdminError, KafkaError) as exc:
-            raise CommandError(f"Failed: Kafka: {exc} (recorded in the audit log)", returncode=1) from None
+            raise CommandError(f"Failed: Kafka: {exc} (recorded in the action log)", returncode=1) from None
         data = result.as_dict()
         if json:
             self.stdout.write(_dumps(data))

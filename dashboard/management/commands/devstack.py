@@ -26,7 +26,7 @@ def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     celery = [PYTHON, "-m", "celery", "-A", "tally"]
     return {
         # The threads pool: each pipeline is a long-lived task, and Spark must never be started in a
-        # prefork child (see DESIGN.md); threads let one worker host many pipelines.
+        # prefork child (docs/spark.md); threads let one worker host many pipelines.
         "worker": celery + ["worker", "--pool", "threads", "--concurrency", "16", "--loglevel", "INFO"],
         "beat": celery + ["beat", "--loglevel", "INFO", "--schedule", os.path.join("var", "celerybeat-schedule")],
         "web": [PYTHON, "manage.py", "runserver", f"{host}:{port}", "--noreload"],

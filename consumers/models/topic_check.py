@@ -1,24 +1,24 @@
-"""Spark audit jobs: a topic range checked against a sink table (issue 8)."""
+"""Topic check jobs: a topic range checked against a sink table, key by key, with Spark."""
 from django.db import models
 from django.utils import timezone
 
 
-class AuditJobStatus(models.TextChoices):
+class TopicCheckStatus(models.TextChoices):
     QUEUED = "queued", "queued"
     RUNNING = "running", "running"
     DONE = "done", "done"
     FAILED = "failed", "failed"
 
 
-class AuditJob(models.Model):
+class TopicCheckJob(models.Model):
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="audits")
+                                 related_name="topic_checks")
     topic = models.CharField(max_length=249)
     group_id = models.CharField(max_length=255)
     table = models.CharField(max_length=63)
     key_column = models.CharField(max_length=63)
     value_parser = models.CharField(max_length=100, default="int_value")
-    status = models.CharField(max_length=10, choices=AuditJobStatus.choices, default=AuditJobStatus.QUEUED)
+    status = models.CharField(max_length=10, choices=TopicCheckStatus.choices, default=TopicCheckStatus.QUEUED)
     progress = models.FloatField(default=0.0, help_text="0..1")
     progress_message = models.CharField(max_length=200, blank=True, default="")
     result = models.JSONField(null=True, blank=True)

@@ -1,6 +1,6 @@
-"""The Spark audit: the classic example (`nums`) in all three delivery modes, a table with both lost and
+"""The topic check: the classic example (`nums`) in all three delivery modes, a table with both lost and
 duplicated keys checked against plain SQL, the pure compare() step on tiny DataFrames, the CLI and the
-stored job (the Celery job is in test_spark_audit_job.py)."""
+stored job (the Celery job is in test_topic_check_job.py)."""
 import json
 import random
 from io import StringIO
@@ -15,8 +15,8 @@ from consumers.engine import commit, db, sinks
 from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import AuditJob, AuditJobStatus, DeliveryMode, Pipeline
-from consumers.reconciliation import topic_check as audit
+from consumers.models import DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
+from consumers.reconciliation import topic_check
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -56,7 +56,7 @@ def classic(transactional_db, kafka_bootstrap, make_topic):
 
     def pipeline(mode):
         p = Pipeline.objects.create(name=f"nums-{mode}".replace("_", "-"), topic=topic,
-                                    group_id=f"{topic}-{mode}", sink_table=f"audit_nums_{mode}",
+                                    group_id=f"{topic}-{mode}", sink_table=f"check_nums_{mode}",
                                     delivery_mode=mode, epoch=1)
         with connection.cursor() as cur:
             sinks.ensure_sink_table(cur, p.sink_table, resolve("int_value"), p.is_exactly_once)
@@ -70,8 +70,8 @@ def classic(transactional_db, kafka_bootstrap, make_topic):
             sinks.drop_sink_table(cur, table)
 
 
-def run_audit(pipeline, **kwargs):
-    return audit.audit(pipeline.topic, pipeline.group_id, pipeline.sink_table, "id", "int_value",
+def run_topic_check(pipeline, **kwargs):
+    return topic_check.check_topic(pipeline.topic, pipeline.group_id, pipeline.sink_table, "id", "int_value",
                        pipeline=pipeline, **kwargs)
 
 
@@ -83,7 +83,7 @@ def test_exactly_once_finds_nothing_missing_duplicated_or_unexpected(spark, clas
         # A replayed batch after a crash: the protocol skips what is already written.
         commit.commit_batch(conn, target, 1, {p: records(log, p, range(max(0, start - 5), start + 10))
                                               for p in range(PARTITIONS)})
-    report = run_audit(pipeline)
+    report = run_topic_check(pipeline)
     assert report["offsets_source"] == "tally"
     assert (report["records_read"], report["rows_read"]) == (VALUES, VALUES)
     assert (report["missing_count"], report["duplicated_count"], report["unexpected_count"]) == (0, 0, 0)
@@ -100,7 +100,7 @@ def test_at_most_once_with_crashes_names_exactly_the_lost_values(spark, classic)
             if not set(batch) & set(lost[p]):
                 commit.commit_batch(conn, target, 1, {p: records(log, p, batch)})
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
-    report = run_audit(pipeline)
+    report = run_topic_check(pipeline)
     expected = sorted(log[p][o] for p in lost for o in lost[p])
     assert report["offsets_source"] == "kafka"
     assert report["missing"] == expected and report["missing_count"] == len(expected) == 15
@@ -116,7 +116,7 @@ def test_at_least_once_with_crashes_names_the_values_written_twice(spark, classi
     commit.commit_batch(conn, target, 1, {0: records(log, 0, range(20, 30))})
     commit.commit_batch(conn, target, 1, {1: records(log, 1, range(0, 50))})
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
-    report = run_audit(pipeline)
+    report = run_topic_check(pipeline)
     assert report["duplicated"] == {str(log[0][o]): 2 for o in range(20, 30)}
     assert report["duplicated_count"] == 10 and report["extra_rows"] == 10
     assert (report["missing_count"], report["unexpected_count"]) == (0, 0)
@@ -125,10 +125,10 @@ def test_at_least_once_with_crashes_names_the_values_written_twice(spark, classi
 @pytest.fixture
 def orders_table(transactional_db):
     with connection.cursor() as cur:
-        cur.execute("CREATE TABLE audit_orders (order_id bigint, note text)")
-    yield "audit_orders"
+        cur.execute("CREATE TABLE check_orders (order_id bigint, note text)")
+    yield "check_orders"
     with connection.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS audit_orders")
+        cur.execute("DROP TABLE IF EXISTS check_orders")
 
 
 def sql_count(query, *params):
@@ -148,14 +148,14 @@ def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_boot
     written += rng.sample(written, 40) + rng.sample(written, 5)          # some written twice or three times
     written += [5001, 5002]                                              # never in the topic
     with connection.cursor() as cur:
-        cur.execute("INSERT INTO audit_orders (order_id) SELECT unnest(%s::bigint[])", [written])
+        cur.execute("INSERT INTO check_orders (order_id) SELECT unnest(%s::bigint[])", [written])
 
-    report = audit.audit(topic, "orders-loader", orders_table, "order_id", "int_value")
+    report = topic_check.check_topic(topic, "orders-loader", orders_table, "order_id", "int_value")
 
     (missing,), = sql_count("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
-                            "WHERE NOT EXISTS (SELECT 1 FROM audit_orders WHERE order_id = c.k)", consumed)
-    duplicated = dict(sql_count("SELECT order_id, count(*) FROM audit_orders GROUP BY order_id HAVING count(*) > 1"))
-    (unexpected,), = sql_count("SELECT count(DISTINCT order_id) FROM audit_orders WHERE NOT order_id = ANY(%s)",
+                            "WHERE NOT EXISTS (SELECT 1 FROM check_orders WHERE order_id = c.k)", consumed)
+    duplicated = dict(sql_count("SELECT order_id, count(*) FROM check_orders GROUP BY order_id HAVING count(*) > 1"))
+    (unexpected,), = sql_count("SELECT count(DISTINCT order_id) FROM check_orders WHERE NOT order_id = ANY(%s)",
                                consumed)
     assert report["records_read"] == sum(committed.values()) == len(consumed)
     assert report["missing_count"] == missing > 0
@@ -167,11 +167,11 @@ def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_boot
 def test_compare_classifies_each_key_on_tiny_dataframes(spark):
     consumed = spark.createDataFrame([(k,) for k in [1, 2, 3, 4, 4, 5, None, None]], "key bigint")
     written = spark.createDataFrame([(1, 1), (3, 2), (4, 2), (5, 3), (9, 1)], "key bigint, written bigint")
-    rows = {r.key: (r.consumed, r.written, r.finding) for r in audit.compare(consumed, written).collect()}
+    rows = {r.key: (r.consumed, r.written, r.finding) for r in topic_check.compare(consumed, written).collect()}
     assert rows == {1: (1, 1, None), 2: (1, 0, "missing"), 3: (1, 2, "duplicated"),
                     4: (2, 2, None),  # consumed twice, written twice: right
                     5: (1, 3, "duplicated"), 9: (0, 1, "unexpected"), None: (2, 0, "unparsable")}
-    report = audit.summarize(audit.compare(consumed, written))
+    report = topic_check.summarize(topic_check.compare(consumed, written))
     assert {k: report[k] for k in ("missing_count", "duplicated_count", "unexpected_count", "unparsable_count",
                                    "records_read", "rows_read", "distinct_keys_consumed", "extra_rows")} == {
         "missing_count": 1, "duplicated_count": 2, "unexpected_count": 1, "unparsable_count": 2,
@@ -182,48 +182,48 @@ def test_compare_classifies_each_key_on_tiny_dataframes(spark):
 def test_the_value_parsers_map_records_to_keys(spark):
     frame = spark.createDataFrame([(b"k1", b' 42 '), (b"k2", b'{"id": 7, "kind": "x"}'), (b"k3", b"1,2")],
                                   "key binary, value binary")
-    assert [r.key for r in audit.VALUE_PARSERS["int_value"](frame).collect()] == [42, None, None]
-    assert [r.key for r in audit.VALUE_PARSERS["json_id"](frame).collect()] == [None, 7, None]
+    assert [r.key for r in topic_check.VALUE_PARSERS["int_value"](frame).collect()] == [42, None, None]
+    assert [r.key for r in topic_check.VALUE_PARSERS["json_id"](frame).collect()] == [None, 7, None]
     # the JSON value splits at its comma into two parts, neither an integer
-    assert [r.key for r in audit.VALUE_PARSERS["csv_ints"](frame).collect()] == [42, None, None, 1, 2]
-    assert [r.key for r in audit.VALUE_PARSERS["record_key"](frame).collect()] == ["k1", "k2", "k3"]
+    assert [r.key for r in topic_check.VALUE_PARSERS["csv_ints"](frame).collect()] == [42, None, None, 1, 2]
+    assert [r.key for r in topic_check.VALUE_PARSERS["record_key"](frame).collect()] == ["k1", "k2", "k3"]
 
 
 def test_an_unknown_table_or_column_is_a_clear_error(spark, orders_table):
-    with pytest.raises(audit.AuditError, match="does not exist"):
-        audit.written_keys_query("no_such_table", "id")
-    with pytest.raises(audit.AuditError, match="Cannot read column 'nope'"):
-        audit.written_keys_query(orders_table, "nope")
+    with pytest.raises(topic_check.TopicCheckError, match="does not exist"):
+        topic_check.written_keys_query("no_such_table", "id")
+    with pytest.raises(topic_check.TopicCheckError, match="Cannot read column 'nope'"):
+        topic_check.written_keys_query(orders_table, "nope")
 
 
-def test_the_audit_command_prints_the_report_as_json_and_stores_the_job(spark, classic):
+def test_the_topic_check_command_prints_the_report_as_json_and_stores_the_job(spark, classic):
     topic, log, conn, make = classic
     pipeline, target = make(DeliveryMode.AT_MOST_ONCE)
     commit.commit_batch(conn, target, 1, {0: records(log, 0, range(0, 50)), 1: records(log, 1, range(0, 40))})
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
     out = StringIO()
     with pytest.raises(CommandError, match="Not exact: 10 missing, 0 duplicated") as not_exact:
-        call_command("audit", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
+        call_command("topic_check", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
                      "--key-column", "id", "--json", stdout=out)
     assert not_exact.value.returncode == 1
     report = json.loads(out.getvalue())
     assert report["missing"] == [log[1][o] for o in range(40, 50)] and report["missing_count"] == 10
-    job = AuditJob.objects.get()
-    assert (job.status, job.pipeline, job.requested_by, job.progress) == (AuditJobStatus.DONE, pipeline, "cli", 1.0)
+    job = TopicCheckJob.objects.get()
+    assert (job.status, job.pipeline, job.requested_by, job.progress) == (TopicCheckStatus.DONE, pipeline, "cli", 1.0)
     assert job.result == report
 
 
-def test_an_audit_of_an_unknown_parser_is_refused_before_it_is_queued(transactional_db):
-    with pytest.raises(audit.AuditError, match="Unknown value parser"):
-        audit.request_audit("t", "g", "tbl", "id", value_parser="nope")
-    assert not AuditJob.objects.exists()
+def test_a_topic_check_of_an_unknown_parser_is_refused_before_it_is_queued(transactional_db):
+    with pytest.raises(topic_check.TopicCheckError, match="Unknown value parser"):
+        topic_check.request_topic_check("t", "g", "tbl", "id", value_parser="nope")
+    assert not TopicCheckJob.objects.exists()
 
 
 def test_sql_identifiers_in_the_jdbc_query_are_quoted(transactional_db):
     with connection.cursor() as cur:
         cur.execute(sql.SQL("CREATE TABLE {} ({} bigint)").format(sql.Identifier("Odd Table"), sql.Identifier("Key")))
     try:
-        query = audit.written_keys_query("Odd Table", "Key")
+        query = topic_check.written_keys_query("Odd Table", "Key")
         assert query.startswith('SELECT "Key" AS key, count(*) AS written FROM "Odd Table"')
     finally:
         with connection.cursor() as cur:

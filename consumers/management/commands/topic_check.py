@@ -1,14 +1,14 @@
-"""`audit --topic T --group G --table TABLE --key-column C [--value-parser NAME] [--json]`
+"""`topic_check --topic T --group G --table TABLE --key-column C [--value-parser NAME] [--json]`
 
-Runs the Spark audit in this process (no Celery) and stores it as an AuditJob, like the dashboard's.
+Runs the topic check in this process (no Celery) and stores it as an TopicCheckJob, like the dashboard's.
 Exits 0 when every record's key is in the table once; 1 when keys are missing or duplicated (the report
-is printed first) or when the audit could not run.
+is printed first) or when the topic check could not run.
 """
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.models import AuditJob, AuditJobStatus
+from consumers.models import TopicCheckJob, TopicCheckStatus
 
 
 class Command(BaseCommand):
@@ -26,14 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
     def handle(self, *args, topic, group, table, key_column, value_parser, **options):
-        from consumers.reconciliation.topic_check import find_pipeline, run_audit_job
+        from consumers.reconciliation.topic_check import find_pipeline, run_topic_check_job
 
-        job = AuditJob.objects.create(topic=topic, group_id=group, table=table, key_column=key_column,
+        job = TopicCheckJob.objects.create(topic=topic, group_id=group, table=table, key_column=key_column,
                                       value_parser=value_parser, requested_by="cli",
                                       pipeline=find_pipeline(topic, group))
-        job = run_audit_job(job.pk)
-        if job.status != AuditJobStatus.DONE:
-            raise CommandError(f"Audit failed: {job.error}")
+        job = run_topic_check_job(job.pk)
+        if job.status != TopicCheckStatus.DONE:
+            raise CommandError(f"Topic check failed: {job.error}")
         report = job.result
         if options["json"]:
             self.stdout.write(json.dumps(report))
@@ -41,7 +41,7 @@ class Command(BaseCommand):
             self.stdout.write(self._text(report))
         if report["missing_count"] or report["duplicated_count"]:
             raise CommandError(f"Not exact: {report['missing_count']} missing, {report['duplicated_count']} "
-                               f"duplicated key(s) (audit job {job.pk})", returncode=1)
+                               f"duplicated key(s) (topic check job {job.pk})", returncode=1)
 
     @staticmethod
     def _text(report) -> str:
