@@ -2,7 +2,7 @@
 from django.contrib.admin import helpers
 from django.test import Client
 
-from tests.test_views_support import make_operator, make_viewer
+from tests.views_helpers import make_operator, make_viewer
 
 
 def staff(user):

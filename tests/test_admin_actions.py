@@ -8,7 +8,7 @@ from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, 
 from consumers.operations import actions
 from tests.admin_support import client_for, messages_of, post_action, staff_operator, staff_viewer
 from tests.test_alerts_views import make_alert
-from tests.test_views_support import make_pipeline
+from tests.views_helpers import make_pipeline
 
 PIPELINES = "/admin/consumers/pipeline/"
 DEAD_LETTERS = "/admin/consumers/deadletter/"
@@ -191,7 +191,7 @@ def test_admin_rows_link_to_the_dashboard_and_the_pipeline_page_links_back_for_s
     filtered = client.get(f"/admin/consumers/deadletter/?pipeline__id__exact={orders.pk}")
     assert filtered.status_code == 200 and b"not-a-number" in filtered.content
 
-    from tests.test_views_support import make_operator
+    from tests.views_helpers import make_operator
     not_staff = client_for(make_operator("olaf"))
     assert b'id="admin-link"' not in not_staff.get("/pipelines/orders/").content
 

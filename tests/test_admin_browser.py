@@ -12,7 +12,7 @@ from tests.admin_support import staff_operator, staff_viewer
 from tests.conftest import screenshot_dir
 from tests.test_admin_kafka import sink_offsets
 from tests.test_browser_dashboard import browser, page  # noqa: F401 (fixtures)
-from tests.test_views_support import PASSWORD, consumed_pipeline, drop_sink, make_pipeline
+from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_pipeline
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -8,7 +8,7 @@ import pytest
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, PartitionOffset
 from tests.admin_support import client_for, messages_of, post_action, staff_operator
-from tests.test_views_support import consumed_pipeline, drop_sink, produce
+from tests.views_helpers import consumed_pipeline, drop_sink, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 

@@ -7,7 +7,7 @@ from django.test import Client
 from alerts.defaults import ensure_default_rules
 from alerts.models import AlertRule, Mute
 from consumers.models import ActionLog
-from tests.test_views_support import make_operator, make_pipeline, make_viewer
+from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
-from tests.test_views_support import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline, make_viewer
+from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline, make_viewer
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, kafka
 @pytest.mark.django_db(transaction=True)
 def test_an_external_group_is_described_and_reset_with_a_dry_run_first(operator_api, kafka_bootstrap, make_topic):
     from consumers.kafka import admin as kafka_admin
-    from tests.test_views_support import produce
+    from tests.views_helpers import produce
 
     topic = make_topic("api-group")
     produce(kafka_bootstrap, topic, range(40))

@@ -11,7 +11,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from consumers.models import PartitionOffset
 from tests.conftest import screenshot_dir
-from tests.test_views_support import (
+from tests.views_helpers import (
     PASSWORD,
     consumed_pipeline,
     drop_sink,

@@ -12,7 +12,7 @@ from consumers.models import Pipeline
 from consumers.operations import actions
 from tests.conftest import drop_sink_tables, screenshot_dir
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
-from tests.test_views_support import make_operator
+from tests.views_helpers import make_operator
 
 pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -104,7 +104,7 @@ def test_charts_draw_a_single_sample_within_the_chosen_range(page, live_server):
     from django.utils import timezone
 
     from consumers.models import LagSnapshot
-    from tests.test_views_support import make_pipeline
+    from tests.views_helpers import make_pipeline
 
     pipeline = make_pipeline(with_history=False)
     LagSnapshot.objects.create(pipeline=pipeline, taken_at=timezone.now(), lag_records=40, records_per_second=12.5)

@@ -228,7 +228,7 @@ def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pi
 def test_a_replay_from_kafka_rereads_the_records_at_the_dead_letters_offsets(transactional_db, kafka_bootstrap,
                                                                             make_topic):
     from consumers.engine.python import run_pipeline
-    from tests.test_views_support import drop_sink, produce
+    from tests.views_helpers import drop_sink, produce
 
     topic = make_topic("replay")
     produce(kafka_bootstrap, topic, ["1", "2", "x3", "4", "5?", "6"])

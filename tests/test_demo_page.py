@@ -12,7 +12,7 @@ from consumers.demo.schedule import MAX_SEED
 from consumers.engine import db, sinks
 from consumers.engine.transforms import resolve
 from dashboard.views.demo import CLASSIC_PRESET, value_ranges
-from tests.test_views_support import make_operator, make_viewer
+from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AT_MOST_ONCE, AT_LEAST_ONCE = "demo_nums_at_most_once", "demo_nums_at_least_once"

@@ -11,7 +11,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from dashboard.templatetags.tally import duration
 from tests.conftest import drop_sink_tables
-from tests.test_views_support import make_viewer
+from tests.views_helpers import make_viewer
 
 
 @pytest.mark.parametrize("value, text", [(None, "—"), ("", "—"), ("n/a", "—"), (0.4, "0.4 s"), (185, "3 min 5 s")])

@@ -14,7 +14,7 @@ from consumers.engine import sinks
 from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Pipeline
-from tests.test_views_support import make_viewer
+from tests.views_helpers import make_viewer
 
 
 class RefusingAdmin:

@@ -4,7 +4,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.authtoken.models import Token
 
-from tests.test_views_support import make_pipeline, make_viewer
+from tests.views_helpers import make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 

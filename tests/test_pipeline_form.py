@@ -7,7 +7,7 @@ from django.test import Client
 
 from consumers.models import ActionLog, Pipeline
 from tests.conftest import drop_sink_tables
-from tests.test_views_support import make_operator, make_viewer
+from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
-from tests.test_views_support import make_operator, make_pipeline
+from tests.views_helpers import make_operator, make_pipeline
 
 pytestmark = pytest.mark.django_db
 

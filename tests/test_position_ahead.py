@@ -15,7 +15,7 @@ from consumers.models import DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import produce_values
 from tests.conftest import drop_sink_tables
-from tests.test_views_support import make_operator, make_viewer
+from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka]
 

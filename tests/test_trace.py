@@ -17,7 +17,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation import trace as tracing
 from tests.chaos import EngineProcess
 from tests.conftest import drop_sink_tables
-from tests.test_views_support import make_viewer
+from tests.views_helpers import make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
-from tests.test_views_support import make_operator, make_pipeline, make_viewer
+from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -198,7 +198,7 @@ def test_the_base_layout_links_every_area_and_loads_only_local_assets(viewer_cli
 @pytest.mark.django_db(transaction=True)
 def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_bootstrap, make_topic):
     from consumers.kafka import admin as kafka_admin
-    from tests.test_views_support import produce
+    from tests.views_helpers import produce
 
     client = Client()
     client.force_login(make_operator())
