@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # apt packages the tests need: Chromium for browser tests, the PostgreSQL JDBC jar for Spark.
 APT_PACKAGES := chromium libpostgresql-jdbc-java
 
-.PHONY: run test test-fast test-clock setup system-deps database lint screenshots clean
+.PHONY: run test test-fast test-clock setup system-deps database lint screenshots spark-pyfiles clean
 
 run: setup database
 	$(PY) manage.py devstack
@@ -50,6 +50,17 @@ database: setup
 # Refresh the README's screenshots from the browser tests.
 screenshots: setup system-deps database
 	TALLY_UPDATE_SCREENSHOTS=1 $(VENV)/bin/pytest -m browser
+
+# The project's Python packages as one zip for Spark executors on other hosts (`--py-files` or
+# `spark.submit.pyFiles`): the tasks import consumers.engine.spark_commit there. Built from the committed tree (git archive),
+# so the zip is exactly what a commit holds. Compiled dependencies (psycopg2, crc32c, pyarrow) cannot live in
+# a zip: install them on the executors (docs/spark.md).
+SPARK_PYFILES := dist/tally-spark-pyfiles.zip
+SPARK_PACKAGES := consumers tally dashboard alerts
+spark-pyfiles:
+	mkdir -p dist
+	git archive --format=zip -o $(SPARK_PYFILES) HEAD $(SPARK_PACKAGES)
+	@echo "$(SPARK_PYFILES): pass it with --py-files or spark.submit.pyFiles"
 
 lint: setup
 	$(VENV)/bin/ruff check .

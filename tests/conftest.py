@@ -16,6 +16,7 @@ import time_machine
 from django.conf import settings
 
 from consumers.kafka import broker
+from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
 from tests.waiting import patience
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,6 +22,13 @@ def test_the_session_config_comes_from_settings(settings):
     assert "spark.driver.host" not in cluster and "spark.sql.shuffle.partitions" not in cluster
 
 
+def test_a_cluster_on_this_machine_gets_a_driver_on_the_loopback_address():
+    for master in ("spark://127.0.0.1:7077", "spark://localhost:7077"):
+        config = session.session_config(master)
+        assert (config["spark.driver.host"], config["spark.driver.bindAddress"]) == ("127.0.0.1", "127.0.0.1")
+        assert "spark.sql.shuffle.partitions" not in config  # Spark's cluster defaults apply
+
+
 def test_a_missing_jdbc_jar_is_left_out_instead_of_failing_the_start(settings, tmp_path):
     settings.SPARK_JDBC_JAR = str(tmp_path / "absent.jar")
     assert "spark.jars" not in session.session_config("local[2]")
@@ -52,3 +59,11 @@ def test_a_forked_child_is_refused_the_parents_session():
     os.waitpid(pid, 0)
     os.close(write_end)
     assert os.read(read_end, 16) == b"refused"
+
+
+def test_local_masters_retry_failed_tasks_as_a_cluster_does():
+    assert session.with_task_retries("local[*]") == "local[*,4]"
+    assert session.with_task_retries("local[2]") == "local[2,4]"
+    assert session.with_task_retries("local") == "local[1,4]"
+    assert session.with_task_retries("local[2,1]") == "local[2,1]"  # chosen explicitly: kept
+    assert session.with_task_retries("spark://127.0.0.1:7077") == "spark://127.0.0.1:7077"

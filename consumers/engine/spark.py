@@ -1,10 +1,12 @@
 """The Spark engine: a Structured Streaming query per pipeline run, committing through consumers.engine.commit.
 
     Kafka ──(tally_kafka, or Spark's `kafka` format when its connector is on the classpath)──> micro-batch
-      └─ foreachBatch (driver): collect the batch as Arrow -> SourceRecords per partition
-           -> commit.commit_batch: ONE PostgreSQL transaction for rows, dead letters, ledger, next_offset,
-              epoch-fenced, replays skipped (the pipeline's record-level transform runs there)
-           -> Kafka offsets (advisory, after the DB commit; before the write in at-most-once mode)
+      └─ foreachBatch (driver): plans nothing itself; runs mapInArrow over the micro-batch, so each task
+           commits the Kafka partition slices it read (consumers/engine/spark_commit.py):
+           commit.commit_batch per partition: ONE PostgreSQL transaction for rows, dead letters, ledger,
+           next_offset, epoch-fenced, replays skipped (the pipeline's record-level transform runs there)
+         driver gathers one outcome row per slice -> counts, positions, Kafka offsets (advisory, after the
+           DB commits; at-most-once tasks commit Kafka before writing)
 
 Positions, not offset arithmetic (docs/architecture.md): a micro-batch's end offset per partition -- what
 the source planned to read up to, the high watermark it saw -- is the consumer's position after the batch,
@@ -19,6 +21,7 @@ switch between the Python and the Spark engine all resume from `PartitionOffset.
 Same entry point and result as the Python engine (consumers/engine/python.py); epochs as in docs/architecture.md:
 a run joins the pipeline's current epoch, notices a newer one at its next heartbeat or commit, and ends.
 """
+import dataclasses
 import json
 import logging
 import os
@@ -28,17 +31,14 @@ import tempfile
 import threading
 import time
 
-import pyarrow as pa
 from django.conf import settings
 from django.utils import timezone
 
-from consumers.engine import caught_up, commit, db, log_bounds, sinks
-from consumers.engine import spark_worker_commit as worker_commit
+from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
 from consumers.engine.spark_session import get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
-from consumers.engine.transforms import SourceRecord
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
 
@@ -48,7 +48,7 @@ log = logging.getLogger("tally.spark.engine")
 # Kafka connection per partition, the foreachBatch callback), so a trigger must carry many records to be
 # worth it (bench/bench_spark.py: 8k records/s at 5,000 per trigger, 62k at 100,000). The pipeline's
 # batch_size (sized for the Python engine's polls) is raised to at least this unless the caller asks for a
-# size. 100,000 small records are a few tens of MB in the driver; lower it for large values.
+# size. Records stay on the executors: a task holds its slice (records / partitions) in memory.
 MIN_RECORDS_PER_TRIGGER = 100_000
 # With no new data Spark would ask the source for the latest offsets every 10 ms; each ask is a fetch.
 TRIGGER_INTERVAL = "250 milliseconds"
@@ -91,7 +91,8 @@ class SparkRun:
         self._batch_lock = threading.Lock()
         self._closing = False
         self._kafka = None
-        self.next_attempt = 1               # batch attempts, for faults in a Python worker (worker_commit.py)
+        self._job = None           # the executors' SliceJob, built at the first micro-batch
+        self.retried_slices = 0    # outcomes from a task's second or later attempt (an earlier one died)
         self.checkpoint = ""
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -227,84 +228,88 @@ class SparkRun:
             state, self.result.reason + (f": {self.error}" if self.error else ""), timezone.now(),
             records_processed=self.result.records)
 
-    # --- one micro-batch (runs on the driver, in Spark's callback thread) -------------------------------
+    # --- one micro-batch: planned on the driver, committed on the executors ------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:
         if self.ending or self._closing:
             return  # fenced, failed or stopping: the supervisor is stopping the query; write nothing more
-        batches = to_source_records(frame.toArrow())
         with self._batch_lock:
             if not self._closing:
-                self._commit(batches, self._batch_fetches(batch_id, batches))
+                self._commit_on_executors(frame, self._batch_fetches(batch_id))
 
-    def _batch_fetches(self, batch_id: int, batches) -> dict[int, commit.Fetch]:
-        """Each partition's Fetch of micro-batch `batch_id`: from where the previous batch ended (or the
-        starting positions) to this batch's end offset in the offset log."""
+    def _batch_fetches(self, batch_id: int) -> dict[int, tuple]:
+        """Each partition's fetch of micro-batch `batch_id` as (start, end): from where the previous batch
+        ended (or the starting position) to this batch's end offset in the offset log. The start is None for
+        a partition added to the topic during the run: its task knows it (the source read it from its log
+        start)."""
         end = read_offset_log(self.checkpoint, batch_id, self.pipeline.topic)
         before = read_offset_log(self.checkpoint, batch_id - 1, self.pipeline.topic) if batch_id > 0 else {}
-        fetches = {}
         with self._lock:
-            for p in set(end) | set(batches):
-                records = batches.get(p) or []
-                start = before.get(p, self.positions.get(p))
-                if start is None:
-                    # A partition added to the topic during the run: the source read it from its log start.
-                    start = records[0].offset if records else end[p]
-                stop = end.get(p, records[-1].offset + 1 if records else start)
-                if records and stop <= records[-1].offset:
-                    stop = records[-1].offset + 1
-                if records or stop > start:
-                    fetches[p] = commit.Fetch(start, stop)
-        return fetches
+            return {p: (before.get(p, self.positions.get(p)), stop) for p, stop in end.items()}
 
-    def _commit(self, batches: dict[int, list[SourceRecord]], fetches: dict[int, commit.Fetch]) -> None:
-        if not fetches:
+    def _commit_on_executors(self, frame, fetches: dict[int, tuple]) -> None:
+        """Each task commits the partition slices it read (consumers/engine/spark_commit.py); the driver
+        gets one outcome row per slice, never a record. A partition whose fetch crossed only a hole (no
+        record, so no task row) has its position moved here, with no record to write."""
+        self.faults.maybe_crash("after-poll")
+        job = dataclasses.replace(self._slice_job(), fetches=fetches)
+        rows = frame.mapInArrow(spark_commit.commit_slices(job), spark_commit.OUTCOME_SCHEMA).collect()
+        outcomes = [row.asDict() for row in rows]
+        self.retried_slices += sum(1 for o in outcomes if o["attempt"] > 0)
+        outcomes += self._move_past_holes(fetches, {o["partition"] for o in outcomes})
+        if not outcomes:
             return
-        if any(batches.values()) and not self.faults.in_worker:
-            self.faults.maybe_crash("after-poll")
-        ends = {p: fetch.end for p, fetch in fetches.items()}
-        added = {p: fetch.start for p, fetch in fetches.items() if p not in self.positions}
-        if added and self.target.exactly_once:
-            # Partitions added to the topic during the run: the source reads them from their log start (as
-            # Spark's Kafka source does), so that is where their stored position begins.
-            commit.ensure_positions(self.conn, self.pipeline.pk, added)
-        try:
-            if self.mode == DeliveryMode.AT_MOST_ONCE:
-                self._commit_kafka(ends)
-                self.faults.maybe_crash("after-kafka-commit")
-            outcomes = self._commit_batch(batches, fetches)
-        except commit.Fenced as exc:
-            self.ending, self.error = "fenced", str(exc)
-            return
-        except commit.StopOnBadRecord as exc:
-            self.ending, self.error = "bad_record", str(exc)
-            return
-        except commit.Gap as exc:  # e.g. records gone from the log (retention): never skip them silently
-            self.ending, self.error = "error", f"Gap: {exc}"
+        refused = [o for o in outcomes if o["refusal"]]
+        committed = [o for o in outcomes if not o["refusal"]]
+        self._count(committed)
+        if refused:
+            first = refused[0]
+            self.ending = {"gap": "error"}.get(first["refusal"], first["refusal"])
+            self.error = ("Gap: " if first["refusal"] == "gap" else "") + (first["detail"] or "")
             return
         if not self.faults.in_worker:
             self.faults.maybe_crash("after-db-commit")
         if self.mode != DeliveryMode.AT_MOST_ONCE:
-            self._commit_kafka({o.partition: o.end_offset for o in outcomes})
-        self._count(outcomes, ends)
-        if self.delay_per_record_s:
-            time.sleep(self.delay_per_record_s * sum(len(r) for r in batches.values()))
+            self._commit_kafka({o["partition"]: o["end_offset"] for o in committed})
 
-    def _commit_batch(self, batches, fetches):
-        if not self.faults.in_worker:
-            return commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults, fetches)
-        points, self.next_attempt = worker_commit.crash_points(self.faults, self.next_attempt)
-        return worker_commit.commit_on_worker(get_spark(), self.target, self.epoch, batches, points, fetches)
+    def _move_past_holes(self, fetches: dict[int, tuple], committed: set[int]) -> list[dict]:
+        """Commit the positions of partitions whose fetch moved without a record (transaction markers,
+        aborted records): a ledger row and `next_offset`, through the same protocol, no row written."""
+        moved = {p: commit.Fetch(start, end) for p, (start, end) in fetches.items()
+                 if p not in committed and start is not None and end > start}
+        if not moved:
+            return []
+        if self.mode == DeliveryMode.AT_MOST_ONCE:
+            self._commit_kafka({p: fetch.end for p, fetch in moved.items()})
+        try:
+            outcomes = commit.commit_batch(self.conn, self.target, self.epoch, {}, NO_FAULTS, moved)
+        except commit.CommitRefused as exc:
+            return [spark_commit.refusal_outcome(min(moved), exc)]
+        return [spark_commit.outcome_row(o) for o in outcomes]
 
-    def _count(self, outcomes, ends) -> None:
+    def _slice_job(self) -> spark_commit.SliceJob:
+        if self._job is None:
+            self._job = spark_commit.SliceJob(
+                dsn=spark_commit.dsn_from_settings(settings.DATABASES["default"]),
+                pipeline_id=self.pipeline.pk, topic=self.pipeline.topic, sink_table=self.pipeline.sink_table,
+                transform=self.pipeline.transform, exactly_once=self.target.exactly_once,
+                stop_on_bad_record=self.target.stop_on_bad_record, epoch=self.epoch,
+                at_most_once=self.mode == DeliveryMode.AT_MOST_ONCE, group_id=self.pipeline.group_id,
+                bootstrap=settings.KAFKA_BOOTSTRAP_SERVERS, known_partitions=frozenset(self.positions),
+                delay_per_record_s=self.delay_per_record_s,
+                faults=spark_commit.executor_faults(self.faults))
+        return self._job
+
+    def _count(self, outcomes: list[dict]) -> None:
+        if not outcomes:
+            return
         with self._lock:
             for o in outcomes:
-                self.result.records += o.records
-                self.result.rows_written += o.rows_written
-                self.result.dead_letters += o.dead_letters
-                self.result.skipped += o.skipped
-            for p, end in ends.items():
-                self.positions[p] = max(self.positions.get(p, 0), end)
-            if any(o.records for o in outcomes):
+                self.result.records += o["records"]
+                self.result.rows_written += o["rows_written"]
+                self.result.dead_letters += o["dead_letters"]
+                self.result.skipped += o["skipped"]
+                self.positions[o["partition"]] = max(self.positions.get(o["partition"], 0), o["end_offset"])
+            if any(o["records"] for o in outcomes):
                 self.result.batches += 1
 
     def _commit_kafka(self, ends: dict[int, int]) -> None:
@@ -343,15 +348,3 @@ def read_offset_log(checkpoint: str, batch_id: int, topic: str) -> dict[int, int
             return {int(p): int(o) for p, o in offsets[topic].items()}
     return {}
 
-
-def to_source_records(table: pa.Table) -> dict[int, list[SourceRecord]]:
-    """A collected micro-batch (partition, offset, key, value, timestamp_ms) -> SourceRecords per
-    partition in offset order, as the commit protocol wants them."""
-    columns = [table.column(name).to_pylist() for name in ("partition", "offset", "key", "value", "timestamp_ms")]
-    batches: dict[int, list[SourceRecord]] = {}
-    for partition, offset, key, value, ts in zip(*columns, strict=True):
-        batches.setdefault(partition, []).append(SourceRecord(partition, offset, key, value, ts))
-    for records in batches.values():
-        if any(a.offset >= b.offset for a, b in zip(records, records[1:], strict=False)):
-            records.sort(key=lambda r: r.offset)
-    return batches

@@ -10,10 +10,12 @@
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -36,6 +38,29 @@ def is_local(master: str) -> bool:
     return master.startswith("local")
 
 
+# Spark's local mode gives up on a micro-batch at its first failed task, where a cluster retries it
+# (spark.task.maxFailures, 4): a Python worker killed mid-commit must be retried the same way everywhere.
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL = re.compile(r"^local(\[(?P<threads>[^,\]]+)\])?$")
+
+
+def with_task_retries(master: str) -> str:
+    """`local` / `local[N]` / `local[*]` -> `local[N, 4]` (retries as on a cluster); other masters unchanged."""
+    match = _LOCAL.match(master.replace(" ", ""))
+    if match is None:
+        return master
+    return f"local[{match.group('threads') or 1},{LOCAL_TASK_ATTEMPTS}]"
+
+
+def on_loopback(master: str) -> bool:
+    """A local master, or a standalone cluster on this machine (spark://127.0.0.1:P): the driver then
+    listens on the loopback address only, where the executors reach it."""
+    if is_local(master):
+        return True
+    host = urlsplit(master).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def session_config(master: str | None = None) -> dict[str, str]:
     """The Spark configuration Tally uses, from settings (a plain dict, so it can be shown and tested)."""
     master = master or settings.SPARK_MASTER
@@ -55,6 +80,7 @@ def session_config(master: str | None = None) -> dict[str, str]:
         config["spark.jars"] = jar
     if is_local(master):
         config["spark.sql.shuffle.partitions"] = str(LOCAL_SHUFFLE_PARTITIONS)
+    if on_loopback(master):
         config["spark.driver.host"] = "127.0.0.1"
         config["spark.driver.bindAddress"] = "127.0.0.1"
     return config
@@ -121,9 +147,9 @@ def _build():
     # Workers inherit these: the same interpreter, so the same installed project and dependencies.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    if is_local(master):
+    if on_loopback(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master(master)
+    builder = SparkSession.builder.master(with_task_retries(master))
     for key, value in session_config(master).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -143,29 +143,53 @@ def jdbc_options() -> dict[str, str]:
 def written_keys_query(table: str, key_column: str) -> str:
     """Keys and how often each was written. The GROUP BY runs in PostgreSQL, next to the data: one
     sequential scan, and Spark receives one row per key instead of one per row."""
+    return _written_keys(table, key_column)[0]
+
+
+def _written_keys(table: str, key_column: str) -> tuple[str, tuple[int, int] | None]:
+    """The query, and the smallest and largest key when the key column holds integers (else None)."""
     conn = db.connect("tally-topic-check")
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(conn)])
             if cur.fetchone()[0] is None:
                 raise TopicCheckError(f"Table {table!r} does not exist.")
-            cur.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(sql.Identifier(key_column), sql.Identifier(table)))
-        return sql.SQL("SELECT {} AS key, count(*) AS written FROM {} WHERE {} IS NOT NULL GROUP BY {}").format(
+            cur.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(
+                sql.Identifier(key_column), sql.Identifier(key_column), sql.Identifier(table)))
+            low, high = cur.fetchone()
+        query = sql.SQL("SELECT {} AS key, count(*) AS written FROM {} WHERE {} IS NOT NULL GROUP BY {}").format(
             sql.Identifier(key_column), sql.Identifier(table), sql.Identifier(key_column),
             sql.Identifier(key_column)).as_string(conn)
+        bounds = (low, high) if isinstance(low, int) and isinstance(high, int) else None
+        return query, bounds
     except Exception as exc:
         if isinstance(exc, TopicCheckError):
             raise
         raise TopicCheckError(f"Cannot read column {key_column!r} of table {table!r}: {exc}") from exc
     finally:
+        conn.rollback()
         conn.close()
 
 
-def extract_written(spark, table: str, key_column: str):
-    reader = spark.read.format("jdbc").option("query", written_keys_query(table, key_column))
+def extract_written(spark, table: str, key_column: str, partitions: int | None = None):
+    """The table's keys with their write counts, read by the executors in key ranges.
+
+    An integer key column is read as `partitions` JDBC partitions (by default one per executor core): each
+    task asks PostgreSQL for `key` in its range, and PostgreSQL pushes that range into the GROUP BY, so the
+    counting is split too and nothing passes through the driver. Spark's bounds only set the stride: the
+    first and last ranges are open-ended, so no key is left out. Other key types are read in one task."""
+    query, bounds = _written_keys(table, key_column)
+    reader = spark.read.format("jdbc")
     for key, value in jdbc_options().items():
         reader = reader.option(key, value)
-    return reader.load()
+    if bounds is None:
+        return reader.option("query", query).load()
+    partitions = partitions or max(2, spark.sparkContext.defaultParallelism)
+    low, high = bounds
+    # `query` cannot be combined with partitionColumn: the same SELECT as a derived table can.
+    return (reader.option("dbtable", f"({query}) AS written_keys").option("partitionColumn", "key")
+            .option("lowerBound", str(low)).option("upperBound", str(high + 1))
+            .option("numPartitions", str(min(partitions, high - low + 1))).load())
 
 
 # --- transform -------------------------------------------------------------------------------------------

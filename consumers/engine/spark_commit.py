@@ -1,0 +1,196 @@
+"""Executor-side commits: each Kafka partition's slice of a micro-batch is transformed and committed by the
+Spark task that read it. The driver plans offset ranges and gathers one small outcome row per slice; no
+record passes through it, so adding executors adds throughput.
+
+Steps of one task (`commit_slices`, run by `mapInArrow` over the micro-batch, one task per Kafka partition
+range as the source plans them), for each Kafka partition in the task's rows:
+  1. Rebuild SourceRecords from the Arrow batches the source produced (in offset order).
+  2. At-most-once only: commit the slice's end to Kafka first (the classic mode's position).
+  3. `consumers.engine.commit.commit_batch` for this partition alone: ONE PostgreSQL transaction with the epoch
+     check, replay skip / gap refusal, rows, dead letters, ledger row and `next_offset`.
+  4. Return an outcome row (or the refusal: fenced, bad record, gap) for the driver to gather.
+Faults `mid-write` and `after-write` fire inside that transaction, so they kill the executor's Python
+worker mid-commit (and `after-kafka-commit` between an at-most-once slice's two commits); `after-poll` and
+`after-db-commit` stay on the driver (consumers/engine/spark.py). They fire on a
+task's first attempt only: Spark fails the whole micro-batch after four failed attempts of one task, and
+what a fault is there to show is that the retry lands the slice exactly once.
+
+Why retries and speculative copies are harmless: a second attempt of a committed slice finds `next_offset`
+at or past its records (they are skipped; the offset row is locked FOR UPDATE, so two attempts run one
+after the other); an attempt of an older epoch is fenced; a slice that would leave a gap is refused.
+
+This module runs on executors, where Django is not set up: it imports only the Django-free commit
+protocol, psycopg2, pyarrow and kafka-python, and everything a task needs travels in `SliceJob`.
+"""
+import os
+import time
+from dataclasses import dataclass, field
+
+import psycopg2
+
+from consumers.engine import commit
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.transforms import SourceRecord, resolve
+
+# The outcome rows the driver collects: a few numbers per Kafka partition and micro-batch.
+OUTCOME_SCHEMA = ("partition int, first_offset long, end_offset long, records long, rows_written long, "
+                  "dead_letters long, skipped long, attempt int, refusal string, detail string")
+OUTCOME_FIELDS = [part.split()[0] for part in OUTCOME_SCHEMA.split(", ")]
+REFUSALS = {commit.Fenced: "fenced", commit.StopOnBadRecord: "bad_record", commit.Gap: "gap"}
+APPLICATION_NAME = "tally-spark-task"
+
+
+@dataclass(frozen=True)
+class SliceJob:
+    """Everything an executor task needs, as plain picklable values (no Django, no connections)."""
+
+    dsn: dict                 # psycopg2.connect keyword arguments
+    pipeline_id: int
+    topic: str
+    sink_table: str
+    transform: str            # a registered transform name or a dotted path, resolved on the executor
+    exactly_once: bool
+    stop_on_bad_record: bool
+    epoch: int
+    at_most_once: bool = False
+    group_id: str = ""
+    bootstrap: str = ""
+    known_partitions: frozenset = frozenset()   # partitions with a stored position when the run started
+    delay_per_record_s: float = 0.0             # simulated work per record, as the Python engine's delay_ms
+    faults: dict = field(default_factory=dict)  # in-transaction fault points only: {point: probability}
+    # Per micro-batch, from the driver's offset log: {partition: (start or None, end)}, the consumer's
+    # positions before and after the batch (docs/architecture.md: positions, not offset arithmetic).
+    fetches: dict = field(default_factory=dict)
+
+    def target(self) -> commit.Target:
+        return commit.Target(pipeline_id=self.pipeline_id, topic=self.topic, sink_table=self.sink_table,
+                             transform=resolve(self.transform), exactly_once=self.exactly_once,
+                             stop_on_bad_record=self.stop_on_bad_record)
+
+
+# The fault points between a slice's Kafka commit (at-most-once) and its database commit: the executor's.
+EXECUTOR_FAULTS = ("after-kafka-commit", "mid-write", "after-write")
+
+
+def executor_faults(faults: FaultInjector) -> dict:
+    return {p: prob for p, prob in faults.points.items() if p in EXECUTOR_FAULTS}
+
+
+def to_source_records(table) -> dict[int, list[SourceRecord]]:
+    """Arrow rows (partition, offset, key, value, timestamp_ms) -> SourceRecords per partition in offset order,
+    as the commit protocol wants them."""
+    columns = [table.column(name).to_pylist() for name in ("partition", "offset", "key", "value", "timestamp_ms")]
+    batches: dict[int, list[SourceRecord]] = {}
+    for partition, offset, key, value, ts in zip(*columns, strict=True):
+        batches.setdefault(partition, []).append(SourceRecord(partition, offset, key, value, ts))
+    for records in batches.values():
+        if any(a.offset >= b.offset for a, b in zip(records, records[1:], strict=False)):
+            records.sort(key=lambda r: r.offset)
+    return batches
+
+
+def commit_slices(job: SliceJob):
+    """The function for `DataFrame.mapInArrow`: Arrow batches of one task in, outcome batches out."""
+
+    def run(batches):
+        import pyarrow as pa
+
+        table = pa.Table.from_batches(list(batches))
+        if table.num_rows == 0:
+            return
+        outcomes = commit_task(job, to_source_records(table), _attempt_number())
+        yield pa.RecordBatch.from_pylist(outcomes, schema=_outcome_arrow_schema())
+
+    return run
+
+
+def commit_task(job: SliceJob, slices: dict[int, list[SourceRecord]], attempt: int = 0) -> list[dict]:
+    """Commit each partition's slice in its own transaction; return one outcome dict per partition."""
+    target = job.target()
+    faults = FaultInjector(job.faults) if job.faults and attempt == 0 else NO_FAULTS
+    conn = psycopg2.connect(**job.dsn, application_name=f"{APPLICATION_NAME}-{os.getpid()}")
+    conn.autocommit = False
+    try:
+        return [_commit_one(conn, job, target, faults, p, slices[p], attempt) for p in sorted(slices)]
+    finally:
+        conn.close()
+
+
+def slice_fetch(job: SliceJob, partition: int, records: list[SourceRecord]) -> commit.Fetch:
+    """Where this slice was fetched from and to: the driver's offset-log positions, the records' own
+    offsets where the driver has none (a partition added during the run starts at its first record)."""
+    start, end = job.fetches.get(partition, (None, None))
+    start = records[0].offset if start is None else start
+    end = max(end if end is not None else 0, records[-1].offset + 1)
+    return commit.Fetch(start, end)
+
+
+def _commit_one(conn, job: SliceJob, target, faults, partition: int, records: list[SourceRecord], attempt: int):
+    fetch = slice_fetch(job, partition, records)
+    base = {**outcome_row(commit.PartitionOutcome(partition, fetch.start, fetch.end, 0, 0, 0, len(records))),
+            "attempt": attempt}
+    if job.exactly_once and partition not in job.known_partitions:
+        # A partition added to the topic during the run: the source reads it from its log start, so that is
+        # where its stored position begins (a no-op when the row exists).
+        commit.ensure_positions(conn, job.pipeline_id, {partition: fetch.start})
+    if job.at_most_once:
+        commit_kafka_offsets(job, {partition: fetch.end})
+        faults.maybe_crash("after-kafka-commit")
+    if job.delay_per_record_s:
+        time.sleep(job.delay_per_record_s * len(records))
+    try:
+        outcomes = commit.commit_batch(conn, target, job.epoch, {partition: records}, faults, {partition: fetch})
+    except commit.CommitRefused as exc:
+        return {**refusal_outcome(partition, exc), "attempt": attempt}
+    # No outcome: every record was a replay of what is already committed (the position stays).
+    return {**outcome_row(outcomes[0]), "attempt": attempt} if outcomes else base
+
+
+def outcome_row(outcome: commit.PartitionOutcome) -> dict:
+    """A commit outcome as the driver's outcome row."""
+    return {"partition": outcome.partition, "first_offset": outcome.first_offset,
+            "end_offset": outcome.end_offset, "records": outcome.records, "rows_written": outcome.rows_written,
+            "dead_letters": outcome.dead_letters, "skipped": outcome.skipped, "attempt": 0,
+            "refusal": None, "detail": None}
+
+
+def refusal_outcome(partition: int, exc: commit.CommitRefused) -> dict:
+    return {"partition": partition, "first_offset": 0, "end_offset": 0, "records": 0, "rows_written": 0,
+            "dead_letters": 0, "skipped": 0, "attempt": 0, "refusal": REFUSALS.get(type(exc), "refused"),
+            "detail": str(exc)}
+
+
+def commit_kafka_offsets(job: SliceJob, ends: dict[int, int]) -> None:
+    """At-most-once: Kafka's committed offset is the position, written before the rows (the classic mode)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer = KafkaConsumer(bootstrap_servers=job.bootstrap, group_id=job.group_id, enable_auto_commit=False,
+                             client_id="tally-spark-task")
+    try:
+        consumer.commit({TopicPartition(job.topic, p): OffsetAndMetadata(o, "", -1) for p, o in ends.items()})
+    finally:
+        consumer.close()
+
+
+def _attempt_number() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
+def _outcome_arrow_schema():
+    import pyarrow as pa
+
+    types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string()}
+    return pa.schema([(name, types[kind]) for name, kind in
+                      (part.split() for part in OUTCOME_SCHEMA.split(", "))])
+
+
+def dsn_from_settings(database: dict) -> dict:
+    """psycopg2 keyword arguments for the executors, from Django's DATABASES["default"]."""
+    params = {"dbname": database["NAME"], "user": database.get("USER") or None,
+              "password": database.get("PASSWORD") or None, "host": database.get("HOST") or None,
+              "port": database.get("PORT") or None}
+    return {k: v for k, v in params.items() if v is not None}
