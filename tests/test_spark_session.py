@@ -62,8 +62,9 @@ def test_a_forked_child_is_refused_the_parents_session():
 
 
 def test_local_masters_retry_failed_tasks_as_a_cluster_does():
-    assert session.with_task_retries("local[*]") == "local[*,4]"
-    assert session.with_task_retries("local[2]") == "local[2,4]"
-    assert session.with_task_retries("local") == "local[1,4]"
+    assert session.with_task_retries("local[*]") == "local[*,8]"
+    assert session.with_task_retries("local[2]") == "local[2,8]"
+    assert session.with_task_retries("local") == "local[1,8]"
     assert session.with_task_retries("local[2,1]") == "local[2,1]"  # chosen explicitly: kept
     assert session.with_task_retries("spark://127.0.0.1:7077") == "spark://127.0.0.1:7077"
+    assert session.session_config("spark://127.0.0.1:7077")["spark.task.maxFailures"] == str(session.TASK_ATTEMPTS)

@@ -35,7 +35,7 @@ from consumers.demo.schedule import MAX_SEED, crash_schedule, process_specs
 from consumers.engine import db, sinks
 from consumers.engine.faults import POINTS
 from consumers.engine.pipelines import create_pipeline
-from consumers.engine.spark_worker_commit import WORKER_DIED, with_task_retries
+from consumers.engine.spark_commit import WORKER_DIED
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
     BatchLedger,
@@ -301,7 +301,7 @@ class _DemoRunner:
         self.demos, self.records = demos, records
         self.in_worker = {demo.name: demo.engine == Engine.SPARK and spark_kills_workers for demo in demos}
         # Spark: one process for the whole run, whose Python workers die where the schedule says (the
-        # driver stays warm, see consumers/engine/spark_worker_commit.py); the others: one process per crash.
+        # driver stays warm, see consumers/engine/spark_commit.py); the others: one process per crash.
         self.specs = {demo.name: ([",".join(f"{c.point}@{c.attempt + 1}" for c in schedules[demo.name])]
                                   if self.in_worker[demo.name] else process_specs(schedules[demo.name]))
                       for demo in demos}
@@ -374,8 +374,7 @@ class _DemoRunner:
         if status["restarts"] < len(specs):
             command += ["--crash-at", specs[status["restarts"]]]
         if self.in_worker[demo.name]:
-            command.append("--crash-in-worker")
-            env = {**env, "SPARK_MASTER": with_task_retries(env.get("SPARK_MASTER") or settings.SPARK_MASTER)}
+            command.append("--crash-in-worker")   # Spark retries the task (spark_session.TASK_ATTEMPTS)
         log = tempfile.TemporaryFile()
         self.logged[demo.name] = 0
         process = subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, stdout=log,

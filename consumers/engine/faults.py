@@ -32,8 +32,8 @@ class FaultInjector:
         self.rng = rng or random.Random()
         self.at_pass = {point: set(numbers) for point, numbers in (at_pass or {}).items()}  # 1 = the first pass
         self.passes: dict[str, int] = {}
-        # Spark: the commit runs in a Python worker, and the worker dies instead of the driver (see
-        # consumers/engine/spark_worker_commit.py); `at_pass` then numbers batch attempts, task retries included.
+        # Spark: every point is an executor task's, and the task's Python worker dies instead of the driver
+        # (see consumers/engine/spark_commit.py); `at_pass` then numbers batch attempts, task retries included.
         self.in_worker = in_worker
 
     @classmethod

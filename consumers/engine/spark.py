@@ -14,6 +14,9 @@ read from the query's offset log (Spark writes it before running the batch). So 
 transaction marker stores the position past it, and a batch that crossed only markers (an empty frame)
 still moves the stored position.
 
+With `--crash-in-worker` (the demo) the seeded `POINT@N` crashes kill the committing task's Python worker,
+not the driver: Spark retries the task, and the driver logs spark_commit.WORKER_DIED per death.
+
 The query starts from PostgreSQL's positions (`startingOffsets`) with a scratch checkpoint that is thrown
 away when the run ends, so the database alone says where a pipeline stands: a restart, a rewind or a
 switch between the Python and the Spark engine all resume from `PartitionOffset.next_offset`.
@@ -37,7 +40,7 @@ from django.utils import timezone
 from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
-from consumers.engine.spark_session import get_spark
+from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
@@ -94,6 +97,7 @@ class SparkRun:
         self._job = None           # the executors' SliceJob, built at the first micro-batch
         self.retried_slices = 0    # outcomes from a task's second or later attempt (an earlier one died)
         self.checkpoint = ""
+        self.next_attempt = 1      # --crash-in-worker: batch attempts so far + 1 (spark_commit.crash_points)
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -250,11 +254,15 @@ class SparkRun:
         """Each task commits the partition slices it read (consumers/engine/spark_commit.py); the driver
         gets one outcome row per slice, never a record. A partition whose fetch crossed only a hole (no
         record, so no task row) has its position moved here, with no record to write."""
-        self.faults.maybe_crash("after-poll")
+        if not self.faults.in_worker:
+            self.faults.maybe_crash("after-poll")
         job = dataclasses.replace(self._slice_job(), fetches=fetches)
+        if self.faults.in_worker:
+            job = dataclasses.replace(job, crash_points=tuple(
+                spark_commit.crash_points(self.faults, self.next_attempt, TASK_ATTEMPTS)))
         rows = frame.mapInArrow(spark_commit.commit_slices(job), spark_commit.OUTCOME_SCHEMA).collect()
         outcomes = [row.asDict() for row in rows]
-        self.retried_slices += sum(1 for o in outcomes if o["attempt"] > 0)
+        self._note_attempts(outcomes)
         outcomes += self._move_past_holes(fetches, {o["partition"] for o in outcomes})
         if not outcomes:
             return
@@ -285,6 +293,18 @@ class SparkRun:
         except commit.CommitRefused as exc:
             return [spark_commit.refusal_outcome(min(moved), exc)]
         return [spark_commit.outcome_row(o) for o in outcomes]
+
+    def _note_attempts(self, outcomes: list[dict]) -> None:
+        """Log each Python worker that died committing (an earlier attempt of a task that came back), and
+        move the crash schedule on by the attempts the scheduled task made (none if it had no records)."""
+        attempts = {o["task"]: o["attempt"] for o in outcomes}
+        self.retried_slices += sum(1 for o in outcomes if o["attempt"] > 0)
+        for task, attempt in sorted(attempts.items()):
+            for _ in range(attempt):
+                log.warning("%s (task %s of %s retried by Spark)", spark_commit.WORKER_DIED, task,
+                            self.pipeline.name)
+        if spark_commit.SCHEDULED_TASK in attempts:
+            self.next_attempt += attempts[spark_commit.SCHEDULED_TASK] + 1
 
     def _slice_job(self) -> spark_commit.SliceJob:
         if self._job is None:

@@ -12,8 +12,15 @@ range as the source plans them), for each Kafka partition in the task's rows:
 Faults `mid-write` and `after-write` fire inside that transaction, so they kill the executor's Python
 worker mid-commit (and `after-kafka-commit` between an at-most-once slice's two commits); `after-poll` and
 `after-db-commit` stay on the driver (consumers/engine/spark.py). They fire on a
-task's first attempt only: Spark fails the whole micro-batch after four failed attempts of one task, and
-what a fault is there to show is that the retry lands the slice exactly once.
+task's first attempt only: Spark fails the whole micro-batch after TASK_ATTEMPTS failed attempts of one
+task, and what a fault is there to show is that the retry lands the slice exactly once.
+
+With `--crash-in-worker` (the demo) every fault point is the executor's, and a seeded `POINT@N` schedule
+numbers batch attempts over the run, task retries included: the driver gives each micro-batch the crash
+point of each attempt of its first task (Spark partition 0, `crash_points`); attempt k of that task dies
+(SIGKILL) at point k, Spark retries it in a new Python worker, the driver stays up and logs WORKER_DIED
+once per death, which the demo counts. The JVM, SparkSession and query stay warm: a crash costs a Python
+worker start, not a driver start.
 
 Why retries and speculative copies are harmless: a second attempt of a committed slice finds `next_offset`
 at or past its records (they are skipped; the offset row is locked FOR UPDATE, so two attempts run one
@@ -32,12 +39,19 @@ from consumers.engine import commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.transforms import SourceRecord, resolve
 
-# The outcome rows the driver collects: a few numbers per Kafka partition and micro-batch.
+# The outcome rows the driver collects: a few numbers per Kafka partition and micro-batch (`task` is the
+# Spark partition that committed it, `attempt` that task's attempt number: the earlier ones died).
 OUTCOME_SCHEMA = ("partition int, first_offset long, end_offset long, records long, rows_written long, "
-                  "dead_letters long, skipped long, attempt int, refusal string, detail string")
+                  "dead_letters long, skipped long, task int, attempt int, refusal string, detail string")
 OUTCOME_FIELDS = [part.split()[0] for part in OUTCOME_SCHEMA.split(", ")]
 REFUSALS = {commit.Fenced: "fenced", commit.StopOnBadRecord: "bad_record", commit.Gap: "gap"}
 APPLICATION_NAME = "tally-spark-task"
+# What the driver logs once per Python worker that died committing; the demo counts these lines.
+WORKER_DIED = "tally-fault: a Python worker died committing"
+# The task of a micro-batch that carries out its scheduled crashes.
+SCHEDULED_TASK = 0
+# The `task` of an outcome committed by the driver (a fetch that crossed only a hole: no record, no task).
+DRIVER_TASK = -1
 
 
 @dataclass(frozen=True)
@@ -57,10 +71,12 @@ class SliceJob:
     bootstrap: str = ""
     known_partitions: frozenset = frozenset()   # partitions with a stored position when the run started
     delay_per_record_s: float = 0.0             # simulated work per record, as the Python engine's delay_ms
-    faults: dict = field(default_factory=dict)  # in-transaction fault points only: {point: probability}
+    faults: dict = field(default_factory=dict)  # executor fault points: {point: probability}
     # Per micro-batch, from the driver's offset log: {partition: (start or None, end)}, the consumer's
     # positions before and after the batch (docs/architecture.md: positions, not offset arithmetic).
     fetches: dict = field(default_factory=dict)
+    # --crash-in-worker: the crash point of each attempt of this micro-batch's first task (see crash_points)
+    crash_points: tuple = ()
 
     def target(self) -> commit.Target:
         return commit.Target(pipeline_id=self.pipeline_id, topic=self.topic, sink_table=self.sink_table,
@@ -73,7 +89,27 @@ EXECUTOR_FAULTS = ("after-kafka-commit", "mid-write", "after-write")
 
 
 def executor_faults(faults: FaultInjector) -> dict:
-    return {p: prob for p, prob in faults.points.items() if p in EXECUTOR_FAULTS}
+    """The probabilistic faults the executors carry out: all of them with --crash-in-worker."""
+    return {p: prob for p, prob in faults.points.items() if faults.in_worker or p in EXECUTOR_FAULTS}
+
+
+def crash_points(faults: FaultInjector, next_attempt: int, attempts: int) -> list[str]:
+    """The scheduled crash point of each attempt of a micro-batch's first task, whose first attempt is batch
+    attempt `next_attempt` (1-based, counted over the run): consecutive scheduled attempts die until one is
+    not scheduled, which commits. At most `attempts - 1` die (Spark's task attempts), so the batch commits."""
+    points = []
+    while len(points) < attempts - 1 and (point := faults.point_at(next_attempt + len(points))) is not None:
+        points.append(point)
+    return points
+
+
+def task_faults(job: SliceJob, task: int, attempt: int) -> FaultInjector:
+    """The faults of one task attempt: its scheduled crash, or the probabilistic ones on a first attempt."""
+    if job.crash_points:
+        if task == SCHEDULED_TASK and attempt < len(job.crash_points):
+            return FaultInjector(at_pass={job.crash_points[attempt]: {1}})
+        return NO_FAULTS
+    return FaultInjector(job.faults) if job.faults and attempt == 0 else NO_FAULTS
 
 
 def to_source_records(table) -> dict[int, list[SourceRecord]]:
@@ -98,22 +134,27 @@ def commit_slices(job: SliceJob):
         table = pa.Table.from_batches(list(batches))
         if table.num_rows == 0:
             return
-        outcomes = commit_task(job, to_source_records(table), _attempt_number())
+        outcomes = commit_task(job, to_source_records(table), *_task_and_attempt())
         yield pa.RecordBatch.from_pylist(outcomes, schema=_outcome_arrow_schema())
 
     return run
 
 
-def commit_task(job: SliceJob, slices: dict[int, list[SourceRecord]], attempt: int = 0) -> list[dict]:
+def commit_task(job: SliceJob, slices: dict[int, list[SourceRecord]], task: int = 0, attempt: int = 0) -> list[dict]:
     """Commit each partition's slice in its own transaction; return one outcome dict per partition."""
     target = job.target()
-    faults = FaultInjector(job.faults) if job.faults and attempt == 0 else NO_FAULTS
+    faults = task_faults(job, task, attempt)
+    # Driver points reach a task only with --crash-in-worker (executor_faults and crash_points leave them out).
+    faults.maybe_crash("after-poll")
     conn = psycopg2.connect(**job.dsn, application_name=f"{APPLICATION_NAME}-{os.getpid()}")
     conn.autocommit = False
     try:
-        return [_commit_one(conn, job, target, faults, p, slices[p], attempt) for p in sorted(slices)]
+        outcomes = [_commit_one(conn, job, target, faults, p, slices[p], task, attempt) for p in sorted(slices)]
     finally:
         conn.close()
+    if not any(o["refusal"] for o in outcomes):
+        faults.maybe_crash("after-db-commit")
+    return outcomes
 
 
 def slice_fetch(job: SliceJob, partition: int, records: list[SourceRecord]) -> commit.Fetch:
@@ -125,10 +166,11 @@ def slice_fetch(job: SliceJob, partition: int, records: list[SourceRecord]) -> c
     return commit.Fetch(start, end)
 
 
-def _commit_one(conn, job: SliceJob, target, faults, partition: int, records: list[SourceRecord], attempt: int):
+def _commit_one(conn, job: SliceJob, target, faults, partition: int, records: list[SourceRecord], task: int,
+                attempt: int):
     fetch = slice_fetch(job, partition, records)
-    base = {**outcome_row(commit.PartitionOutcome(partition, fetch.start, fetch.end, 0, 0, 0, len(records))),
-            "attempt": attempt}
+    ran = {"task": task, "attempt": attempt}
+    base = {**outcome_row(commit.PartitionOutcome(partition, fetch.start, fetch.end, 0, 0, 0, len(records))), **ran}
     if job.exactly_once and partition not in job.known_partitions:
         # A partition added to the topic during the run: the source reads it from its log start, so that is
         # where its stored position begins (a no-op when the row exists).
@@ -141,22 +183,23 @@ def _commit_one(conn, job: SliceJob, target, faults, partition: int, records: li
     try:
         outcomes = commit.commit_batch(conn, target, job.epoch, {partition: records}, faults, {partition: fetch})
     except commit.CommitRefused as exc:
-        return {**refusal_outcome(partition, exc), "attempt": attempt}
+        return {**refusal_outcome(partition, exc), **ran}
     # No outcome: every record was a replay of what is already committed (the position stays).
-    return {**outcome_row(outcomes[0]), "attempt": attempt} if outcomes else base
+    return {**outcome_row(outcomes[0]), **ran} if outcomes else base
 
 
 def outcome_row(outcome: commit.PartitionOutcome) -> dict:
     """A commit outcome as the driver's outcome row."""
     return {"partition": outcome.partition, "first_offset": outcome.first_offset,
             "end_offset": outcome.end_offset, "records": outcome.records, "rows_written": outcome.rows_written,
-            "dead_letters": outcome.dead_letters, "skipped": outcome.skipped, "attempt": 0,
-            "refusal": None, "detail": None}
+            "dead_letters": outcome.dead_letters, "skipped": outcome.skipped,
+            "task": DRIVER_TASK, "attempt": 0, "refusal": None, "detail": None}
 
 
 def refusal_outcome(partition: int, exc: commit.CommitRefused) -> dict:
     return {"partition": partition, "first_offset": 0, "end_offset": 0, "records": 0, "rows_written": 0,
-            "dead_letters": 0, "skipped": 0, "attempt": 0, "refusal": REFUSALS.get(type(exc), "refused"),
+            "dead_letters": 0, "skipped": 0, "task": DRIVER_TASK, "attempt": 0,
+            "refusal": REFUSALS.get(type(exc), "refused"),
             "detail": str(exc)}
 
 
@@ -173,11 +216,11 @@ def commit_kafka_offsets(job: SliceJob, ends: dict[int, int]) -> None:
         consumer.close()
 
 
-def _attempt_number() -> int:
+def _task_and_attempt() -> tuple[int, int]:
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return context.attemptNumber() if context is not None else 0
+    return (context.partitionId(), context.attemptNumber()) if context is not None else (0, 0)
 
 
 def _outcome_arrow_schema():

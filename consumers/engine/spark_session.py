@@ -38,18 +38,22 @@ def is_local(master: str) -> bool:
     return master.startswith("local")
 
 
-# Spark's local mode gives up on a micro-batch at its first failed task, where a cluster retries it
-# (spark.task.maxFailures, 4): a Python worker killed mid-commit must be retried the same way everywhere.
-LOCAL_TASK_ATTEMPTS = 4
+# Attempts Spark makes at one task (the first and its retries). Spark's local mode gives up on a
+# micro-batch at its first failed task, where a cluster retries it (spark.task.maxFailures): a Python
+# worker killed mid-commit must be retried everywhere, and the demo's crash schedule carries out at most
+# TASK_ATTEMPTS - 1 consecutive worker deaths (consumers/engine/spark_commit.py), so every master gets
+# the same number.
+TASK_ATTEMPTS = 8
 _LOCAL = re.compile(r"^local(\[(?P<threads>[^,\]]+)\])?$")
 
 
 def with_task_retries(master: str) -> str:
-    """`local` / `local[N]` / `local[*]` -> `local[N, 4]` (retries as on a cluster); other masters unchanged."""
+    """`local` / `local[N]` / `local[*]` -> `local[N,8]` (retries as on a cluster, where
+    `spark.task.maxFailures` says it); local masters that already set failures, and other masters, unchanged."""
     match = _LOCAL.match(master.replace(" ", ""))
     if match is None:
         return master
-    return f"local[{match.group('threads') or 1},{LOCAL_TASK_ATTEMPTS}]"
+    return f"local[{match.group('threads') or 1},{TASK_ATTEMPTS}]"
 
 
 def on_loopback(master: str) -> bool:
@@ -74,6 +78,7 @@ def session_config(master: str | None = None) -> dict[str, str]:
         # Tally owns offsets in PostgreSQL; Spark's checkpoints are scratch (see consumers/engine/spark.py).
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.task.maxFailures": str(TASK_ATTEMPTS),  # cluster masters; local ones: with_task_retries
     }
     jar = settings.SPARK_JDBC_JAR
     if jar and Path(jar).is_file():

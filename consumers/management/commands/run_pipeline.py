@@ -33,8 +33,8 @@ class Command(BaseCommand):
                             help=f"Kill this process (SIGKILL) at a fault point; repeatable or comma-separated. "
                                  f"Points: {', '.join(POINTS)}.")
         parser.add_argument("--crash-in-worker", action="store_true",
-                            help="Spark: the commit runs in a Python worker and --crash-at POINT@N kills that worker "
-                                 "(N counts batch attempts; Spark retries the task), not the driver.")
+                            help="Spark: --crash-at kills the committing executor task's Python worker, not the driver "
+                                 "(POINT@N counts batch attempts, task retries included; Spark retries the task).")
         parser.add_argument("--json", action="store_true", help="Print the run's result as JSON.")
 
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
