@@ -35,7 +35,7 @@ from django.utils import timezone
 from consumers.engine import caught_up, commit, db, log_bounds, sinks
 from consumers.engine import spark_worker_commit as worker_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
+from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline, record_halt
 from consumers.engine.spark_session import get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
 from consumers.engine.transforms import SourceRecord
@@ -226,6 +226,7 @@ class SparkRun:
         ConsumerRun.objects.filter(pk=self.run_row.pk).end(
             state, self.result.reason + (f": {self.error}" if self.error else ""), timezone.now(),
             records_processed=self.result.records)
+        record_halt(self.pipeline.pk, self.epoch, self.result.reason, self.error or "")
 
     # --- one micro-batch (runs on the driver, in Spark's callback thread) -------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:
@@ -277,6 +278,9 @@ class SparkRun:
             return
         except commit.StopOnBadRecord as exc:
             self.ending, self.error = "bad_record", str(exc)
+            return
+        except commit.SinkError as exc:
+            self.ending, self.error = "sink_error", str(exc)
             return
         except commit.Gap as exc:  # e.g. records gone from the log (retention): never skip them silently
             self.ending, self.error = "error", f"Gap: {exc}"
