@@ -3,6 +3,7 @@ consumed to the end; under the "stop" policy the run halts at once, says why, is
 alert fires at the next evaluation; a database error that is not about data ends the run the same way."""
 import pytest
 from django.db import connection
+from django.test import Client
 
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
@@ -14,6 +15,7 @@ from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryM
 from consumers.operations.supervisor import supervise
 from tests.chaos import produce_values, sink_counts
 from tests.conftest import drop_sink_tables
+from tests.test_views_support import make_viewer
 
 pytestmark = [pytest.mark.kafka]
 
@@ -80,7 +82,13 @@ def test_the_stop_policy_halts_on_a_poison_value_and_the_alert_fires_at_the_next
     assert ConsumerRun.objects.filter(pipeline=pipeline).count() == 1  # no retry loop
     evaluate_all()
     alert = Alert.objects.get(pipeline=pipeline, rule__kind=RuleKind.NO_CONSUMER)
-    assert alert.state == "firing"
+    assert alert.state == "firing" and "halted" in alert.summary and "offset 2" in alert.summary
+
+    client = Client()
+    client.force_login(make_viewer())
+    page = client.get(f"/pipelines/{pipeline.name}/").content.decode()
+    banner = page[page.index('id="last-error"'):].split("</p>")[0]
+    assert "halted (bad_record)" in banner and "offset 2" in banner
 
 
 def test_a_missing_sink_table_ends_the_run_with_an_error_and_no_restart(make_pipeline):
