@@ -22,7 +22,10 @@ PRODUCTION = {
 
 
 def environment(**overrides) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "TALLY_DEVELOPMENT")
+    # A production process: none of the test session's development switches (DJANGO_ALLOW_ASYNC_UNSAFE is
+    # set for the browser tests) leak into it.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DEBUG", "SECRET_KEY", "TALLY_DEVELOPMENT", "DJANGO_ALLOW_ASYNC_UNSAFE")
            and not k.startswith(("SECURE_", "SESSION_", "CSRF_"))}
     env.update(PRODUCTION)
     env.update(overrides)

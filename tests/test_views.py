@@ -154,7 +154,9 @@ def test_bad_rewind_input_gives_a_clear_error_and_changes_nothing(operator_clien
     assert body.lstrip().startswith('<div id="rewind-panel"')
     assert message in body
     assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
-    assert not ActionLog.objects.exists()
+    refusal = ActionLog.objects.get()  # the refusal is audited, and nothing else happened
+    assert (refusal.action, refusal.result, refusal.actor) == ("rewind", "refused", "otto")
+    assert refusal.message.startswith(f"bad input: {field}:")
 
 
 def test_the_action_log_lists_actions_and_filters_by_pipeline(operator_client, pipeline):
