@@ -20,6 +20,14 @@ from consumers.models import (
 from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
 
 
+@pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Throttle counts live in the cache, per address: no test may leave another one throttled."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture
 def operator_api(db):
     client = Client()
