@@ -15,7 +15,7 @@ from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryM
 from consumers.operations.supervisor import supervise
 from tests.chaos import produce_values, sink_counts
 from tests.conftest import drop_sink_tables
-from tests.test_views_support import make_viewer
+from tests.views_helpers import make_viewer
 
 pytestmark = [pytest.mark.kafka]
 
