@@ -1,6 +1,8 @@
 """Alerts in the JSON API (Django REST framework, like the rest of /api/): session or token auth; list and
 detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
@@ -14,12 +16,14 @@ from dashboard.api.permissions import OperatorForWrites
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
+@extend_schema(operation_id="alerts_list", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
 @api_view(["GET"])
 def alert_list(request):
     alerts = filtered_alerts(request.query_params.get("state", "open"), request.query_params.get("pipeline", ""))
     return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
 
 
+@extend_schema(operation_id="alerts_detail", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
 @api_view(["GET"])
 def alert_detail(request, alert_id):
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
@@ -31,6 +35,7 @@ def alert_detail(request, alert_id):
     return Response(data)
 
 
+@extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_acknowledge(request, alert_id):
@@ -41,6 +46,7 @@ def alert_acknowledge(request, alert_id):
     return Response({"alert": alert.as_json()})
 
 
+@extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_mute(request, alert_id):

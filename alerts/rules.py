@@ -15,6 +15,7 @@ from consumers.models import (
     DesiredState,
     PartitionHealth,
     PipelineHealth,
+    RunState,
 )
 from consumers.reconciliation.report import INCIDENT_KINDS
 from consumers.reconciliation.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
@@ -247,6 +248,9 @@ def check_no_consumer(rule, view):
              "last_heartbeat_at": last.heartbeat_at.isoformat() if last else None,
              "last_run_state": last.state if last else None,
              "last_end_reason": (last.end_reason[:200] if last else "")}
+    if last is not None and last.state == RunState.FAILED:
+        # Halted on a bad record or a database error: say why, the supervisor will not restart it.
+        return Finding(f"should run but halted: {last.end_reason[:270]}", facts)
     when = f"last heartbeat {last.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if last else "never started"
     return Finding(f"should run but has no live consumer ({when})", facts)
 

@@ -144,3 +144,6 @@ class LagSnapshotAdmin(ReadOnlyAdmin):
 class TopicCheckJobAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "topic", "group_id", "table", "status", "progress", "requested_by")
     list_filter = ("status",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).of_pipelines()

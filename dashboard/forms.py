@@ -79,21 +79,10 @@ class GroupResetForm(OffsetMoveForm):
 
 
 class TopicCheckRequestForm(forms.Form):
-    """A topic check of a topic range (up to a group's committed offsets) against a sink table."""
+    """A topic check of a pipeline: its topic range against its own sink table. Nothing else is taken from
+    the request (no table or column name), so no other table can be read through a topic check."""
 
-    topic = forms.CharField(max_length=249)
-    group_id = forms.CharField(max_length=255)
-    table = forms.RegexField(regex=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", max_length=63,
-                             error_messages={"invalid": "A table name: letters, digits and _, at most 63."})
-    key_column = forms.RegexField(regex=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", max_length=63, initial="id",
-                                  error_messages={"invalid": "A column name: letters, digits and _, at most 63."})
-    value_parser = forms.ChoiceField(choices=())
-
-    def __init__(self, *args, **kwargs):
-        from consumers.reconciliation.topic_check import VALUE_PARSERS
-
-        super().__init__(*args, **kwargs)
-        self.fields["value_parser"].choices = [(name, name) for name in VALUE_PARSERS]
+    pipeline = forms.SlugField(max_length=100)
 
 
 class PipelineForm(forms.Form):

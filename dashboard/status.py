@@ -18,6 +18,7 @@ from consumers.models import (
     PartitionHealth,
     PartitionOffset,
     Pipeline,
+    PipelineHealth,
 )
 
 CHART_WINDOW = timedelta(hours=6)
@@ -198,3 +199,21 @@ def pipeline_summary(pipeline: Pipeline, runs, now=None) -> PipelineSummary:
 
 def last_reconciliation():
     return PartitionHealth.objects.aggregate(last=Max("checked_at"))["last"]
+
+
+HEALTH_FIELDS = ("status", "lost", "duplicated", "phantom", "dead_lettered", "lag_records", "lag_seconds")
+PARTITION_FIELDS = ("partition", "log_start", "high_watermark", "next_offset", "kafka_committed", "lag_records",
+                    "lag_seconds", "lost", "duplicated", "phantom", "dead_lettered", "unrecoverable", "findings",
+                    "status")
+
+
+def stored_reconciliation(pipeline: Pipeline) -> dict:
+    """The last reconciliation as stored (PipelineHealth / PartitionHealth), in the shape of
+    consumers.reconcile_report.report_json: reading it writes nothing."""
+    health = PipelineHealth.objects.filter(pipeline=pipeline).first()
+    entry = {"name": pipeline.name, "checked_at": health.checked_at.isoformat() if health else None}
+    entry.update({name: getattr(health, name) if health else None for name in HEALTH_FIELDS})
+    entry["partitions"] = [
+        {name: getattr(part, name) for name in PARTITION_FIELDS} | {"checked_at": part.checked_at.isoformat()}
+        for part in PartitionHealth.objects.filter(pipeline=pipeline).order_by("partition")]
+    return {"pipelines": [entry]}

@@ -9,9 +9,29 @@ from urllib.parse import urlparse
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "KEY")
+
+
+def redact(name: str, value) -> str:
+    """A value fit for an error message: secrets hidden, URLs without their password."""
+    if any(word in name.upper() for word in SECRET_WORDS):
+        return "<hidden>"
+    text = str(value)
+    try:
+        parsed = urlparse(text)
+        if parsed.password:
+            netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
+            return parsed._replace(netloc=netloc).geturl()
+    except ValueError:  # not a URL (an unparseable port, brackets): hide it whole, it may hold a password
+        if "@" in text:
+            return "<hidden>"
+    return text
+
 
 def _fail(name, value, expected):
-    raise ImproperlyConfigured(f"Environment variable {name}={value!r} is not valid: expected {expected}.")
+    # Never print a secret: the message goes to logs and terminals.
+    raise ImproperlyConfigured(f"Environment variable {name}={redact(name, value)!r} is not valid: "
+                               f"expected {expected}.")
 
 
 def env_str(name, default):
@@ -63,8 +83,8 @@ def env_database(name, default):
     value = os.environ.get(name, default)
     try:
         config = environ.Env.db_url_config(value)
-    except Exception as exc:  # django-environ raises several types for bad URLs
-        _fail(name, value, f"a database URL such as postgres://user@host:5432/db ({exc})")
+    except Exception as exc:  # django-environ raises several types for bad URLs (their text may quote the URL)
+        _fail(name, value, f"a database URL such as postgres://user@host:5432/db ({type(exc).__name__})")
     if config.get("ENGINE") != "django.db.backends.postgresql":
         _fail(name, value, "a PostgreSQL URL (postgres:// or postgresql://)")
     if not config.get("NAME"):
@@ -80,7 +100,7 @@ def env_email(name):
     try:
         return environ.Env.email_url_config(value)
     except Exception as exc:
-        _fail(name, value, f"an email URL such as smtp://user:password@host:25 ({exc})")
+        _fail(name, value, f"an email URL such as smtp://user:password@host:25 ({type(exc).__name__})")
 
 
 def env_bootstrap_servers(name, default):
@@ -93,3 +113,19 @@ def env_bootstrap_servers(name, default):
         if not host or not port.isdigit():
             _fail(name, value, "a comma-separated list of host:port")
     return ",".join(servers)
+
+
+def env_secret(name, default=""):
+    """A secret (SECRET_KEY): never echoed, never defaulted outside development (settings decide)."""
+    return os.environ.get(name, default).strip()
+
+
+def env_pair(name):
+    """"HEADER,value" -> ("HEADER", "value"), e.g. SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    header, _, expected = value.partition(",")
+    if not header.strip() or not expected.strip():
+        _fail(name, value, "two comma-separated parts, e.g. HTTP_X_FORWARDED_PROTO,https")
+    return header.strip(), expected.strip()

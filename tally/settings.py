@@ -1,4 +1,5 @@
 """Tally settings. Every deployment-specific value comes from the environment (see README)."""
+import os
 from pathlib import Path
 
 from tally.env import (
@@ -8,20 +9,42 @@ from tally.env import (
     env_email,
     env_int,
     env_list,
+    env_pair,
+    env_secret,
     env_str,
     env_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("DEBUG", True)
-SECRET_KEY = env_str("SECRET_KEY", "dev-only-insecure-key-change-me" if DEBUG else "")
+# Development (manage.py from a checkout, `make run`, the tests) may run without a SECRET_KEY; anything
+# else (gunicorn, Celery in the Docker image, which sets TALLY_DEVELOPMENT=0) must be given one.
+# DEBUG is off unless asked for: the developer stack (`manage.py devstack`) turns it on for its web server.
+TALLY_DEVELOPMENT = env_bool("TALLY_DEVELOPMENT", False)
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_secret("SECRET_KEY")
 if not SECRET_KEY:
-    from django.core.exceptions import ImproperlyConfigured
+    if not (TALLY_DEVELOPMENT or DEBUG):
+        from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured("Environment variable SECRET_KEY must be set when DEBUG is false.")
+        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set outside development "
+                                   "(see docs/security.md).")
+    SECRET_KEY = "dev-only-insecure-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- HTTPS (docs/security.md "Production settings"): secure by default outside development -------------
+_SECURE = not (TALLY_DEVELOPMENT or DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", _SECURE)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", _SECURE)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", _SECURE)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if _SECURE else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _SECURE)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)  # a commitment to browsers' lists: opt in
+# Behind a TLS-terminating proxy: "HTTP_X_FORWARDED_PROTO,https". Only set it when the proxy always sets
+# (and strips) that header, or a client could claim HTTPS.
+SECURE_PROXY_SSL_HEADER = env_pair("SECURE_PROXY_SSL_HEADER")
+SESSION_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [
     "consumers.admin_site.TallyAdminConfig",  # django.contrib.admin with the consumer-group views
@@ -30,10 +53,12 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "django_htmx",
     "template_partials",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
     "consumers",
     "dashboard",
     "alerts",
@@ -41,6 +66,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files with DEBUG off, from the app server
+    "dashboard.middleware.RejectNulCharactersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -48,6 +75,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
 
 ROOT_URLCONF = "tally.urls"
@@ -61,6 +89,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.context_processors.security",
             ],
         },
     },
@@ -73,6 +102,20 @@ DATABASES = {"default": env_database("DATABASE_URL", "postgres://postgres@127.0.
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_" + DATABASES["default"]["NAME"])}
 DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Failed logins (the login form, the admin and the API's token endpoint) are counted per user name and
+# address by django-axes: after AXES_FAILURE_LIMIT failures that pair is locked out for AXES_COOLOFF_HOURS.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_int("AXES_COOLOFF_MINUTES", 15, minimum=1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "dashboard.lockout.locked_out"
+# Behind a proxy, the client address comes from X-Forwarded-For (set AXES_IPWARE_PROXY_COUNT to the
+# number of proxies); by default the socket's address.
+AXES_IPWARE_PROXY_COUNT = env_int("AXES_IPWARE_PROXY_COUNT", 0, minimum=0)
+if AXES_IPWARE_PROXY_COUNT:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -93,11 +136,33 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Requests per user (signed in) or per address (anonymous): a leaked token or a script gone wrong
+    # cannot hammer Kafka and the database; the token endpoint has its own stricter scope.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
+                                 "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"anon": env_str("API_THROTTLE_ANON", "60/min"),
+                               "user": env_str("API_THROTTLE_USER", "600/min"),
+                               "token": env_str("API_THROTTLE_TOKEN", "10/min")},
 }
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tally API",
+    "DESCRIPTION": "Pipelines, reconciliation, consumer groups and operator actions. Session or token auth; "
+                   "viewers read, operators act.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# WhiteNoise serves STATIC_ROOT (filled by `collectstatic`, as the Docker image does); in development it
+# serves straight from the source folders.
+WHITENOISE_USE_FINDERS = TALLY_DEVELOPMENT or DEBUG
+STORAGES = {"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+            "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"}}
 
 # --- Kafka -------------------------------------------------------------------------------------------
 KAFKA_BOOTSTRAP_SERVERS = env_bootstrap_servers("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -159,7 +224,9 @@ EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "tally@localhost")
-if DEBUG and "EMAIL_URL" not in __import__("os").environ and "EMAIL_HOST" not in __import__("os").environ:
+# Email is configured when EMAIL_URL or EMAIL_HOST is given: only then is password reset offered.
+EMAIL_CONFIGURED = "EMAIL_URL" in os.environ or "EMAIL_HOST" in os.environ
+if (DEBUG or TALLY_DEVELOPMENT) and not EMAIL_CONFIGURED:
     # Local development without an SMTP server: print emails instead of failing to send them.
     EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 globals().update(env_email("EMAIL_URL"))

@@ -26,6 +26,6 @@ urlpatterns = [
     path("alerts/", include("alerts.urls")),
     path("api/alerts/", include("alerts.api_urls")),
     path("api/", include("dashboard.api.urls")),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("dashboard.accounts_urls")),
     path("admin/", admin.site.urls),
 ]

@@ -65,7 +65,7 @@ def test_a_token_authenticates_scripts(client):
 
 
 @pytest.mark.django_db
-def test_a_viewer_gets_403_on_every_action_and_nothing_changes(viewer_api):
+def test_a_viewer_gets_403_on_every_action_nothing_changes_and_each_refusal_is_audited(viewer_api):
     make_pipeline()
     for url in ("/api/pipelines/orders/actions/start", "/api/pipelines/orders/rewind",
                 "/api/groups/some-group/reset"):
@@ -73,7 +73,10 @@ def test_a_viewer_gets_403_on_every_action_and_nothing_changes(viewer_api):
         assert response.status_code == 403, url
         assert "Only operators may act" in response.json()["detail"]
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
-    assert not ActionLog.objects.exists()
+    refusals = list(ActionLog.objects.order_by("created_at").values_list("actor", "action", "result", "group_id"))
+    assert refusals == [("vera", "start", "refused", ""), ("vera", "rewind", "refused", ""),
+                        ("vera", "group_reset", "refused", "some-group")]
+    assert all("viewer role" in m for m in ActionLog.objects.values_list("message", flat=True))
 
 
 @pytest.mark.django_db
@@ -149,11 +152,15 @@ def test_a_rewind_dry_run_changes_nothing_and_the_execution_moves_the_position(o
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, kafka_bootstrap, make_topic):
+def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, operator_api, kafka_bootstrap,
+                                                               make_topic):
     topic = make_topic("api-reconcile")
     pipeline = consumed_pipeline(kafka_bootstrap, topic, "api-reconcile", 25)
     try:
+        fresh = operator_api.post("/api/pipelines/api-reconcile/reconciliation", {"full": True},
+                                  content_type="application/json").json()
         report = viewer_api.get("/api/pipelines/api-reconcile/reconciliation").json()
+        assert fresh["pipelines"][0]["status"] == report["pipelines"][0]["status"]
         (entry,) = report["pipelines"]
         assert entry["name"] == "api-reconcile"
         assert (entry["lost"], entry["duplicated"], entry["phantom"], entry["lag_records"]) == (0, 0, 0, 0)

@@ -96,7 +96,7 @@ def test_a_pipeline_that_sits_still_with_no_consumer_is_stopped(stuck_pipeline):
 
 def test_a_pipeline_that_sits_still_with_a_live_consumer_is_stalled(stuck_pipeline):
     ConsumerRun.objects.create(pipeline=stuck_pipeline, epoch=1, host="h", pid=1, state=RunState.RUNNING,
-                               heartbeat_at=NOW - timedelta(seconds=5))
+                               started_at=NOW - timedelta(minutes=30), heartbeat_at=NOW - timedelta(seconds=5))
     assert reconcile.reconcile_pipeline(stuck_pipeline, kafka=StillKafka(), now=NOW).status == "STALL"
 
 

@@ -103,3 +103,28 @@ def test_at_least_once_resumes_from_kafkas_committed_offset(spark_pipeline, kafk
     assert result.reason == "caught_up", result.detail
     assert sink_rows(pipeline.sink_table) == [r for r in expected_rows(log) if not (r[0] == 0 and r[1] < 60)]
     assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1]) == {0: 100, 1: 100}
+
+
+def test_poison_values_become_dead_letters_and_the_spark_run_goes_on_to_the_end(spark_pipeline, kafka_bootstrap):
+    from kafka import KafkaProducer
+
+    from consumers.models import DeadLetter
+
+    pipeline = spark_pipeline("spark-poison", partitions=1)
+    with connection.cursor() as cur:
+        sinks.ensure_sink_table(cur, pipeline.sink_table, resolve("int_value"), True)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    values = [str(v).encode() if v % 4 else b"99999999999999999999" for v in range(1, 41)]
+    for value in values:
+        producer.send(pipeline.topic, value, partition=0)
+    producer.flush()
+    producer.close()
+
+    result = run_pipeline(pipeline.name, batch_size=15, stop_when_caught_up=True, max_seconds=120)
+
+    assert result.reason == "caught_up", result.detail
+    assert [row[2] for row in sink_rows(pipeline.sink_table)] == [v for v in range(1, 41) if v % 4]
+    letters = list(DeadLetter.objects.filter(pipeline=pipeline).order_by("offset"))
+    assert [d.offset for d in letters] == [v - 1 for v in range(4, 41, 4)]
+    assert all(d.error.startswith("database refused: 22003") for d in letters)
+    assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 40

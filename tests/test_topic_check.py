@@ -192,7 +192,8 @@ def test_the_value_parsers_map_records_to_keys(spark):
 def test_an_unknown_table_or_column_is_a_clear_error(spark, orders_table):
     with pytest.raises(topic_check.TopicCheckError, match="does not exist"):
         topic_check.written_keys_query("no_such_table", "id")
-    with pytest.raises(topic_check.TopicCheckError, match="Cannot read column 'nope'"):
+    with pytest.raises(topic_check.TopicCheckError,
+                       match=r"Cannot read column 'nope' of table '.*' \(UndefinedColumn\)\.$"):
         topic_check.written_keys_query(orders_table, "nope")
 
 
@@ -203,8 +204,7 @@ def test_the_topic_check_command_prints_the_report_as_json_and_stores_the_job(sp
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
     out = StringIO()
     with pytest.raises(CommandError, match="Not exact: 10 missing, 0 duplicated") as not_exact:
-        call_command("topic_check", "--topic", topic, "--group", pipeline.group_id, "--table", pipeline.sink_table,
-                     "--key-column", "id", "--json", stdout=out)
+        call_command("topic_check", pipeline.name, "--json", stdout=out)
     assert not_exact.value.returncode == 1
     report = json.loads(out.getvalue())
     assert report["missing"] == [log[1][o] for o in range(40, 50)] and report["missing_count"] == 10
@@ -213,10 +213,39 @@ def test_the_topic_check_command_prints_the_report_as_json_and_stores_the_job(sp
     assert job.result == report
 
 
-def test_a_topic_check_of_an_unknown_parser_is_refused_before_it_is_queued(transactional_db):
-    with pytest.raises(topic_check.TopicCheckError, match="Unknown value parser"):
-        topic_check.request_topic_check("t", "g", "tbl", "id", value_parser="nope")
+def test_a_topic_check_of_a_pipeline_whose_transform_has_no_parser_is_refused_before_it_is_queued(transactional_db):
+    pipeline = Pipeline.objects.create(name="custom", topic="t", sink_table="custom_sink",
+                                       transform="myapp.transforms.orders")
+    with pytest.raises(topic_check.TopicCheckError, match="has no Spark topic check parser"):
+        topic_check.request_topic_check(pipeline)
+    with pytest.raises(CommandError, match="has no Spark topic check parser"):
+        call_command("topic_check", "custom")
+    with pytest.raises(CommandError, match="No pipeline named 'auth_user'"):
+        call_command("topic_check", "auth_user")
     assert not TopicCheckJob.objects.exists()
+
+
+def test_a_topic_check_reads_its_pipelines_table_and_key_whatever_the_job_row_says(transactional_db):
+    pipeline = Pipeline.objects.create(name="events", topic="ev", group_id="ev-g", sink_table="events_sink",
+                                       transform="json_event")
+    spec = topic_check.topic_check_spec(pipeline)
+    assert (spec.topic, spec.group_id, spec.table, spec.key_column, spec.value_parser) == (
+        "ev", "ev-g", "events_sink", "id", "json_id")
+    job = topic_check.create_job(pipeline, requested_by="otto")
+    TopicCheckJob.objects.filter(pk=job.pk).update(table="auth_user", key_column="password")  # a tampered row
+    seen = {}
+
+    def fake_check(topic, group_id, table, key_column, parser, **kwargs):
+        seen.update(table=table, key_column=key_column)
+        raise RuntimeError("value 'hunter2' of auth_user.password cannot be cast")  # Spark quoting a value
+
+    original, topic_check.check_topic = topic_check.check_topic, fake_check
+    try:
+        job = topic_check.run_topic_check_job(job.pk)
+    finally:
+        topic_check.check_topic = original
+    assert seen == {"table": "events_sink", "key_column": "id"}
+    assert job.status == TopicCheckStatus.FAILED and "hunter2" not in job.error and "worker's log" in job.error
 
 
 def test_sql_identifiers_in_the_jdbc_query_are_quoted(transactional_db):

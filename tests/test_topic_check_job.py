@@ -22,7 +22,7 @@ def test_the_dashboard_topic_check_runs_as_a_celery_job_with_progress_and_a_stor
     pipeline, target = make(DeliveryMode.AT_MOST_ONCE)
     commit.commit_batch(conn, target, 1, {0: records(log, 0, range(0, 45)), 1: records(log, 1, range(0, 50))})
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50, 1: 50})
-    job = topic_check.request_topic_check(topic, pipeline.group_id, pipeline.sink_table, "id", requested_by="alice")
+    job = topic_check.request_topic_check(pipeline, requested_by="alice")
     assert job.pipeline == pipeline
     seen_progress = set()
     deadline = time.monotonic() + patience(180)

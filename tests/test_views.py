@@ -86,14 +86,16 @@ def test_a_viewer_sees_no_action_buttons_and_is_told_why(viewer_client, pipeline
     assert "/actions/start/" not in html and 'id="rewind-link"' not in html
 
 
-def test_a_viewer_posting_an_action_gets_403_with_the_reason_and_nothing_changes(viewer_client, pipeline):
+def test_a_viewer_posting_an_action_gets_403_nothing_changes_and_the_refusal_is_audited(viewer_client, pipeline):
     epoch = pipeline.epoch
     response = viewer_client.post("/pipelines/orders/actions/start/")
     assert response.status_code == 403
     assert "only operators can" in response.content.decode()
     pipeline.refresh_from_db()
     assert (pipeline.desired_state, pipeline.epoch) == (DesiredState.STOPPED, epoch)
-    assert not ActionLog.objects.exists()
+    refusal = ActionLog.objects.get()
+    assert (refusal.pipeline, refusal.action, refusal.result) == (pipeline, "start", "refused")
+    assert refusal.actor == "vera" and "viewer role" in refusal.message
 
 
 def test_a_viewer_cannot_rewind(viewer_client, pipeline):
@@ -152,7 +154,9 @@ def test_bad_rewind_input_gives_a_clear_error_and_changes_nothing(operator_clien
     assert body.lstrip().startswith('<div id="rewind-panel"')
     assert message in body
     assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
-    assert not ActionLog.objects.exists()
+    refusal = ActionLog.objects.get()  # the refusal is audited, and nothing else happened
+    assert (refusal.action, refusal.result, refusal.actor) == ("rewind", "refused", "otto")
+    assert refusal.message.startswith(f"bad input: {field}:")
 
 
 def test_the_action_log_lists_actions_and_filters_by_pipeline(operator_client, pipeline):
@@ -218,23 +222,26 @@ def test_the_group_page_shows_lag_and_resets_offsets_after_a_dry_run(kafka_boots
     assert kafka_admin.committed_offsets("reports-job", topic) == {0: 0}
 
 
-def test_an_operator_requests_a_topic_check_and_a_viewer_cannot(operator_client, pipeline):
+def test_an_operator_requests_a_topic_check_of_a_pipeline_and_a_viewer_cannot(operator_client, pipeline):
     from consumers.models import TopicCheckJob
 
-    form = {"topic": "orders-topic", "group_id": "orders", "table": "sink_orders", "key_column": "id",
-            "value_parser": "int_value", "next": "/pipelines/orders/"}
-    bad = operator_client.post("/topic-checks/request/", {**form, "table": "drop table; --"}, follow=True)
-    assert "The topic check was not requested: table: A table name" in bad.content.decode()
+    form = {"pipeline": "orders", "next": "/pipelines/orders/"}
+    unknown = operator_client.post("/topic-checks/request/", {**form, "pipeline": "nope"}, follow=True)
+    assert "The topic check was not requested: pipeline: no such pipeline" in unknown.content.decode()
     assert not TopicCheckJob.objects.exists()
-    done = operator_client.post("/topic-checks/request/", form, follow=True)
+    # A table or column in the request is ignored: what is read comes from the pipeline's definition.
+    done = operator_client.post("/topic-checks/request/", {**form, "table": "auth_user", "key_column": "password"},
+                                follow=True)
     job = TopicCheckJob.objects.get()
-    assert (job.table, job.requested_by, job.pipeline) == ("sink_orders", "otto", pipeline)
+    assert (job.table, job.key_column, job.value_parser) == ("sink_orders", "id", "int_value")
+    assert (job.requested_by, job.pipeline) == ("otto", pipeline)
     assert f"Topic check #{job.pk} queued" in done.content.decode()
 
     viewer = Client()
     viewer.force_login(make_viewer())
     assert viewer.post("/topic-checks/request/", form).status_code == 403
     assert TopicCheckJob.objects.count() == 1
+    assert ActionLog.objects.filter(action="request_topic_check", result="refused", pipeline=pipeline).count() == 1
 
 
 def test_topic_check_results_show_on_the_pipeline_page_and_poll_while_running(viewer_client, pipeline):
@@ -251,8 +258,7 @@ def test_topic_check_results_show_on_the_pipeline_page_and_poll_while_running(vi
     TopicCheckJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders", table="sink_orders",
                                  key_column="id", status="running", progress=0.4,
                                  progress_message="reading 100 records")
-    fragment = viewer_client.get("/topic-checks/?topic=orders-topic&group=orders",
-                                 HTTP_HX_REQUEST="true").content.decode()
+    fragment = viewer_client.get("/topic-checks/?pipeline=orders", HTTP_HX_REQUEST="true").content.decode()
     assert fragment.lstrip().startswith('<div id="topic-check-jobs" hx-get=') and "reading 100 records" in fragment
 
 

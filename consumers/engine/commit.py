@@ -8,7 +8,12 @@ Steps of `commit_batch`, in ONE PostgreSQL transaction:
      logs have holes (transaction markers, aborted and compacted records). The classic modes write what
      they were given, as the classic consumers do.
   4. Transform each record; a rejected record becomes a dead letter (or stops the batch, by policy).
-  5. COPY the sink rows, insert dead letters and one ledger row per partition.
+  5. COPY the sink rows under a savepoint. If PostgreSQL refuses the DATA (SQLSTATE class 22: a number
+     too big for its column, a NUL character, ...), roll back to the savepoint and bisect the batch to
+     find the poison records (consumers/engine/poison.py); they become dead letters with the database's
+     error text (or stop the batch, by policy) and the other rows are written. Any other database error
+     (missing table, permission, disk full) refuses the whole batch as SinkError. Then insert dead letters
+     and one ledger row per partition.
   6. Set `next_offset` = the consumer's position after the poll (past any trailing hole); the ledger row
      keeps [first offset, that position) and the count of records actually present.
   7. COMMIT.
@@ -17,9 +22,10 @@ Fault points `mid-write` and `after-write` sit inside the transaction (see consu
 """
 from dataclasses import dataclass
 
+import psycopg2
 from psycopg2.extras import execute_values
 
-from consumers.engine import sinks
+from consumers.engine import poison, sinks
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.transforms import SourceRecord, Transform, resolve
 
@@ -58,7 +64,12 @@ class Fetch:
 
 
 class StopOnBadRecord(CommitRefused):
-    """The pipeline's policy is to stop on a record the transform rejects."""
+    """The pipeline's policy is to stop on a record the transform or the database rejects."""
+
+
+class SinkError(CommitRefused):
+    """The database refused the batch for a reason that is not the data (a missing table, permission
+    denied, disk full): writing it again will fail again, so the run must end and someone must look."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             rows, dead = _transform(target, plans)
             replaying = any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
-            _write_rows(cur, target, rows, faults, replaying)
+            _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if dead:
                 execute_values(cur, "INSERT INTO consumers_deadletter (pipeline_id, partition, \"offset\", key, "
                                     "value, error, created_at) VALUES %s ON CONFLICT DO NOTHING",
@@ -152,6 +163,11 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             _write_ledger_and_positions(cur, target, epoch, outcomes)
             faults.maybe_crash("after-write")
         conn.commit()
+    except psycopg2.Error as exc:
+        conn.rollback()
+        if poison.is_transient(exc):
+            raise
+        raise SinkError(f"the database refused the batch: {poison.describe(exc)}") from exc
     except BaseException:
         conn.rollback()
         raise
@@ -248,6 +264,45 @@ def _transform(target: Target, plans: list[_Plan]):
         plan.rows_written = len(rows) - rows_before
         plan.dead_letters = len(dead) - dead_before
     return rows, dead
+
+
+def _write_rows_or_dead_letter(cur, target: Target, plans: list[_Plan], rows: list[tuple], dead: list[tuple],
+                               faults: FaultInjector, replaying: bool) -> None:
+    """Step 5: write the rows; on a data error, dead-letter the poison records and write the rest."""
+    if not rows:
+        return
+    cur.execute("SAVEPOINT tally_rows")
+    try:
+        _write_rows(cur, target, rows, faults, replaying)
+    except Exception as exc:
+        if not poison.is_data_error(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT tally_rows")
+    else:
+        cur.execute("RELEASE SAVEPOINT tally_rows")
+        return
+    # Rows end with (..., partition, offset) or, multi-row, (..., partition, offset, row index).
+    def record_of(row):
+        return row[-3:-1] if target.transform.multi_row else row[-2:]
+
+    groups: list[list[tuple]] = []
+    for row in rows:
+        if groups and record_of(groups[-1][0]) == record_of(row):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    refused = poison.find_poison(cur, lambda some: _write_rows(cur, target, some, NO_FAULTS, replaying), groups)
+    records = {(r.partition, r.offset): r for plan in plans for r in plan.records}
+    by_partition = {plan.partition: plan for plan in plans}
+    for index in sorted(refused):
+        partition, offset = record_of(groups[index][0])
+        record, error = records[(partition, offset)], f"database refused: {refused[index]}"
+        if target.stop_on_bad_record:
+            raise StopOnBadRecord(f"partition {partition} offset {offset}: {error}")
+        dead.append((partition, offset, record.key, record.value, error))
+        plan = by_partition[partition]
+        plan.rows_written -= len(groups[index])
+        plan.dead_letters += 1
 
 
 def _write_rows(cur, target: Target, rows: list[tuple], faults: FaultInjector, replaying: bool) -> None:

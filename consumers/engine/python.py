@@ -52,10 +52,15 @@ POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbea
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
 CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
 
-REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "error")
+REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "sink_error", "error")
 CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
+# FAILED runs halted on something a restart cannot cure (a bad record under the "stop" policy, a database
+# error that is not about data): the supervisor leaves them for an operator and the alert says why.
+# CRASHED runs (anything else, e.g. a lost connection) are restarted with backoff.
 _RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
-              "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "error": RunState.CRASHED}
+              "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "sink_error": RunState.FAILED,
+              "error": RunState.CRASHED}
+HALT_REASONS = ("bad_record", "sink_error")
 
 
 class UnknownPipeline(LookupError):
@@ -80,6 +85,13 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.reason in CLEAN_REASONS
+
+
+def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:
+    """A run that halted (HALT_REASONS) leaves its reason on the pipeline, where the page shows it."""
+    if reason in HALT_REASONS:
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(
+            last_error=f"halted ({reason}): {detail}"[:2000], updated_at=timezone.now())
 
 
 class _Stop(Exception):
@@ -213,6 +225,7 @@ class _Engine:
         ConsumerRun.objects.filter(pk=self.run_row.pk).end(
             _RUN_STATE[reason], f"{reason}: {self.result.detail}" if self.result.detail else reason,
             timezone.now(), records_processed=self.result.records)
+        record_halt(self.pipeline.pk, self.epoch, reason, self.result.detail)
 
     # --- batches -----------------------------------------------------------------------------------
     def _write_behind(self, batches, fetches) -> None:
@@ -250,6 +263,8 @@ class _Engine:
             raise _Stop("fenced", str(exc)) from None
         except commit.StopOnBadRecord as exc:
             raise _Stop("bad_record", str(exc)) from None
+        except commit.SinkError as exc:
+            raise _Stop("sink_error", str(exc)) from None
         except commit.Gap as exc:
             self.gaps += 1
             if self.gaps > MAX_CONSECUTIVE_GAPS:

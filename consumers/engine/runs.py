@@ -86,19 +86,18 @@ def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
 
 def _after_run(pipeline: Pipeline, result) -> None:
     """A run that ended on its own (not fenced, not stopped by an operator) tells the supervisor why."""
-    detail = getattr(result, "detail", "")
-    if result.reason == "bad_record":
-        # The pipeline's policy is to stop on a bad record: restarting would stop again on the same one.
-        updated = Pipeline.objects.filter(pk=pipeline.pk, epoch=result.epoch,
-                                          desired_state=DesiredState.RUNNING).bump_epoch(
-            desired_state=DesiredState.STOPPED, last_error=f"stopped on a bad record: {detail}",
-            updated_at=timezone.now())
-        if updated:
-            from consumers.models import ActionLog, ActionResult
+    from consumers.engine.python import HALT_REASONS
 
-            ActionLog.objects.create(pipeline=pipeline, action="stop", actor="engine",
-                                     params={"reason": "bad_record"}, result=ActionResult.DONE,
-                                     message=f"stopped on a bad record: {detail}", finished_at=timezone.now())
+    detail = getattr(result, "detail", "")
+    if result.reason in HALT_REASONS:
+        # A bad record under the "stop" policy, or a database error that is not about data: restarting
+        # would fail the same way. The pipeline stays wanted-running without a consumer, so the supervisor
+        # leaves it (consumers.supervisor.halted_run) and the no-consumer alert fires at its next evaluation.
+        from consumers.models import ActionLog, ActionResult
+
+        ActionLog.objects.create(pipeline=pipeline, action="halt", actor="engine", params={"reason": result.reason},
+                                 result=ActionResult.FAILED, message=f"halted ({result.reason}): {detail}"[:2000],
+                                 finished_at=timezone.now())
     elif result.reason == "error":
         Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"run failed: {detail}"[:2000])
 

@@ -8,6 +8,7 @@ stay visible.
 import io
 
 from psycopg2 import sql
+from psycopg2.extensions import encodings
 
 from consumers.engine.transforms import Transform
 
@@ -80,11 +81,27 @@ def copy_buffer(rows) -> io.StringIO:
     return io.StringIO(text)
 
 
+class UnencodableValue(ValueError):
+    """A value the connection's encoding cannot carry (a lone surrogate such as '\\ud800'): a data error of
+    the record, found before anything is sent, like the errors PostgreSQL itself raises for bad values."""
+
+
+def encoded_copy_buffer(connection, rows) -> io.BytesIO:
+    """The COPY text of `rows`, encoded here rather than inside psycopg2: there an unencodable value
+    cancels the COPY (SQLSTATE 57014, which says nothing about data); here it is UnencodableValue."""
+    text = copy_buffer(rows).getvalue()
+    try:
+        return io.BytesIO(text.encode(encodings.get(connection.encoding, "utf-8")))
+    except UnicodeEncodeError as exc:
+        raise UnencodableValue(f"{exc.reason}: {exc.object[exc.start:exc.end]!r} cannot be encoded as "
+                               f"{connection.encoding}") from None
+
+
 def copy_rows(cursor, table: str, columns: list[str], rows) -> None:
     """COPY rows (tuples in `columns` order) into the table: the fastest bulk path in PostgreSQL."""
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-    cursor.copy_expert(statement.as_string(cursor), copy_buffer(rows), size=1 << 16)
+    cursor.copy_expert(statement.as_string(cursor), encoded_copy_buffer(cursor.connection, rows), size=1 << 16)
 
 
 def insert_rows_skipping_existing(cursor, table: str, columns: list[str], rows, key_columns) -> int:

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline
+from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline, record_halt
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
 from consumers.kafka import admin as kafka_admin
@@ -231,6 +231,7 @@ class SparkRun:
         ConsumerRun.objects.filter(pk=self.run_row.pk).end(
             state, self.result.reason + (f": {self.error}" if self.error else ""), timezone.now(),
             records_processed=self.result.records)
+        record_halt(self.pipeline.pk, self.epoch, self.result.reason, self.error or "")
 
     # --- one micro-batch: planned on the driver, committed on the executors ------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:
@@ -271,7 +272,7 @@ class SparkRun:
         self._count(committed)
         if refused:
             first = refused[0]
-            self.ending = {"gap": "error"}.get(first["refusal"], first["refusal"])
+            self.ending = {"gap": "error", "refused": "error"}.get(first["refusal"], first["refusal"])
             self.error = ("Gap: " if first["refusal"] == "gap" else "") + (first["detail"] or "")
             return
         if not self.faults.in_worker:

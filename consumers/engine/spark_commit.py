@@ -8,7 +8,7 @@ range as the source plans them), for each Kafka partition in the task's rows:
   2. At-most-once only: commit the slice's end to Kafka first (the classic mode's position).
   3. `consumers.engine.commit.commit_batch` for this partition alone: ONE PostgreSQL transaction with the epoch
      check, replay skip / gap refusal, rows, dead letters, ledger row and `next_offset`.
-  4. Return an outcome row (or the refusal: fenced, bad record, gap) for the driver to gather.
+  4. Return an outcome row (or the refusal: fenced, bad record, gap, sink error) for the driver to gather.
 Faults `mid-write` and `after-write` fire inside that transaction, so they kill the executor's Python
 worker mid-commit (and `after-kafka-commit` between an at-most-once slice's two commits); `after-poll` and
 `after-db-commit` stay on the driver (consumers/engine/spark.py). They fire on a
@@ -44,7 +44,8 @@ from consumers.engine.transforms import SourceRecord, resolve
 OUTCOME_SCHEMA = ("partition int, first_offset long, end_offset long, records long, rows_written long, "
                   "dead_letters long, skipped long, task int, attempt int, refusal string, detail string")
 OUTCOME_FIELDS = [part.split()[0] for part in OUTCOME_SCHEMA.split(", ")]
-REFUSALS = {commit.Fenced: "fenced", commit.StopOnBadRecord: "bad_record", commit.Gap: "gap"}
+REFUSALS = {commit.Fenced: "fenced", commit.StopOnBadRecord: "bad_record", commit.Gap: "gap",
+            commit.SinkError: "sink_error"}
 APPLICATION_NAME = "tally-spark-task"
 # What the driver logs once per Python worker that died committing; the demo counts these lines.
 WORKER_DIED = "tally-fault: a Python worker died committing"

@@ -10,6 +10,13 @@ class TopicCheckStatus(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+class TopicCheckJobQuerySet(models.QuerySet):
+    def of_pipelines(self):
+        """Checks of a pipeline's own sink table: the only ones anybody is shown. (Checks once took any
+        table; the results of those may hold other tables' keys.)"""
+        return self.filter(pipeline__isnull=False, table=models.F("pipeline__sink_table"))
+
+
 class TopicCheckJob(models.Model):
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="topic_checks")
@@ -26,6 +33,8 @@ class TopicCheckJob(models.Model):
     requested_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TopicCheckJobQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]

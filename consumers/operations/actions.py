@@ -78,6 +78,7 @@ def perform(action: str, name, actor: str = "cli", *, runs: int = 1) -> ActionLo
         raise ValueError(f"Unknown action {action!r}: use one of {', '.join(ACTIONS)}.")
     transition = TRANSITIONS[action]
     params = {"runs": runs} if transition.enqueue_run and runs != 1 else {}
+    enqueue_failures: list[str] = []
     pipeline = lookup(name, action, actor, params)
     if not 1 <= runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
         refuse(pipeline, action, actor, params,
@@ -92,7 +93,8 @@ def perform(action: str, name, actor: str = "cli", *, runs: int = 1) -> ActionLo
             entry = None  # written after the rollback below, so the refusal is recorded
         else:
             before = positions(locked)
-            epoch = set_state(locked, transition.to, enqueue_runs=runs if transition.enqueue_run else 0)
+            epoch = set_state(locked, transition.to, enqueue_runs=runs if transition.enqueue_run else 0,
+                              enqueue_failures=enqueue_failures)
             entry = ActionLog.objects.create(
                 pipeline=locked, action=action, actor=actor, params={**params, "epoch": epoch},
                 offsets_before=before, offsets_after=before, result=ActionResult.DONE,
@@ -101,13 +103,22 @@ def perform(action: str, name, actor: str = "cli", *, runs: int = 1) -> ActionLo
                 finished_at=timezone.now())
     if entry is None:
         refuse(pipeline, action, actor, params, problem)
+    if enqueue_failures:
+        # Never "done" without a run enqueued: the action is recorded failed, with the reason.
+        message = (f"{entry.message}; but no run was enqueued: {enqueue_failures[0]}. The supervisor starts "
+                   f"one when the task broker is back.")
+        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, message=message[:2000])
+        entry.refresh_from_db()
     log.info("%s %s by %s: %s", action, pipeline.name, actor, entry.message)
     return entry
 
 
-def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, last_error: str = "") -> int:
+def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, last_error: str = "",
+              enqueue_failures: list[str] | None = None) -> int:
     """Inside a transaction holding the pipeline's row lock: set the desired state, bump the epoch, clear
-    the supervisor's restart counter and (after commit) enqueue runs of the new epoch. Returns the epoch."""
+    the supervisor's restart counter and (after commit) enqueue runs of the new epoch. Returns the epoch.
+    A failed enqueue (the task broker is down) is appended to `enqueue_failures` and left on the pipeline
+    (`last_error`), never raised after the commit."""
     grace = timezone.now() + timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS) if enqueue_runs else None
     pipeline.bump_epoch(
         desired_state=desired_state, restart_attempts=0,
@@ -115,8 +126,21 @@ def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, 
         restart_after=grace, last_error=last_error, updated_at=timezone.now())
     if enqueue_runs:
         epoch, pipeline_id = pipeline.epoch, pipeline.pk
-        transaction.on_commit(lambda: enqueue_run(pipeline_id, epoch, enqueue_runs))
+        failures = enqueue_failures if enqueue_failures is not None else []
+        transaction.on_commit(lambda: enqueue_or_note(pipeline_id, epoch, enqueue_runs, failures))
     return pipeline.epoch
+
+
+def enqueue_or_note(pipeline_id: int, epoch: int, runs: int, failures: list[str]) -> list[str]:
+    """enqueue_run, but a broker outage becomes a reason in `failures` and on the pipeline."""
+    try:
+        return enqueue_run(pipeline_id, epoch, runs)
+    except Exception as exc:  # kombu's OperationalError and friends: Redis is down or unreachable
+        reason = f"the task broker is unreachable ({type(exc).__name__}: {exc})"
+        log.error("pipeline %s epoch %s: %s", pipeline_id, epoch, reason)
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(last_error=f"run not enqueued: {reason}"[:2000])
+        failures.append(reason)
+        return []
 
 
 def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:

@@ -3,10 +3,10 @@
 One home for both Tally pipelines (rewind) and consumer groups Tally does not run (group reset):
   to-earliest · to-latest · to-current · to-offset N · to-datetime ISO-8601 · by-duration ISO-8601 · shift-by ±N
 
-`parse_spec` refuses bad input (unparseable, datetime in the future, negative duration) before anything
-is read from Kafka; `resolve_offsets` turns a spec into a new offset per partition and refuses a target
-outside [log start, high watermark] — nothing is clamped silently, so nothing moves that the operator
-did not ask for.
+`parse_spec` refuses bad input (unparseable, datetime in the future or before 1970, negative or
+overflowing duration, offsets beyond 64 bits) before anything is read from Kafka; `resolve_offsets`
+turns a spec into a new offset per partition and refuses a target outside [log start, high watermark]
+— nothing is clamped silently, so nothing moves that the operator did not ask for.
 """
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,6 +15,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
 
 from consumers.kafka import admin as kafka_admin
+
+# Kafka timestamps are milliseconds since 1970: earlier moments would become its special values -1/-2
+# ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_OFFSET = 2**63 - 1   # Kafka offsets and the database's next_offset are signed 64-bit integers
 
 MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
 MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")
@@ -44,6 +49,9 @@ def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec
     if mode not in MODES:
         raise Refused(f"Unknown mode {mode!r}: use one of {', '.join(MODES)}.")
     raw = "" if value is None else str(value).strip()
+    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in raw):
+        # NUL and lone surrogates cannot be stored in the action log (PostgreSQL refuses them): refuse here.
+        raise Refused(f"The value of {mode} holds a control character or an unpaired surrogate.")
     if mode not in MODES_WITH_VALUE:
         if raw:
             raise Refused(f"{mode} takes no value (got {raw!r}).")
@@ -57,31 +65,51 @@ def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec
             raise Refused(f"{mode} needs an integer, got {raw!r}.") from None
         if mode == "to-offset" and number < 0:
             raise Refused(f"to-offset needs an offset >= 0, got {number}.")
+        if abs(number) > MAX_OFFSET:
+            raise Refused(f"{mode} needs a number within ±{MAX_OFFSET} (a 64-bit offset), got {raw[:40]!r}.")
         return OffsetSpec(mode, offset=number, raw=raw)
     if mode == "to-datetime":
         moment = _parse_moment(raw)
         if moment > now:
             raise Refused(f"to-datetime {raw} is in the future (now is {now.isoformat(timespec='seconds')}).")
+        _refuse_before_epoch(moment, raw)
         return OffsetSpec(mode, moment=moment, raw=raw)
     duration = _parse_duration(raw)
-    return OffsetSpec(mode, moment=now - duration, raw=raw)
+    try:
+        moment = now - duration
+    except OverflowError:
+        moment = None
+    if moment is None or moment < EPOCH:
+        raise Refused(f"by-duration {raw} reaches back before 1970-01-01, where Kafka timestamps begin.")
+    return OffsetSpec(mode, moment=moment, raw=raw)
+
+
+def _refuse_before_epoch(moment: datetime, raw: str) -> None:
+    if moment < EPOCH:
+        raise Refused(f"to-datetime {raw} is before 1970-01-01, where Kafka timestamps begin.")
 
 
 def _parse_moment(raw: str) -> datetime:
     try:
         moment = parse_datetime(raw)
-    except ValueError:
+        # A time without a zone is taken as UTC, as the dashboard shows times in UTC.
+        moment = moment if moment is None or timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+        if moment is not None:
+            moment.astimezone(UTC)  # an offset can push year 1 or 9999 out of range: refuse it here
+    except (ValueError, OverflowError):
         moment = None
     if moment is None:
         raise Refused(f"to-datetime needs an ISO-8601 date and time (e.g. 2026-11-22T04:00:00Z), got {raw!r}.")
-    # A time without a zone is taken as UTC, as the dashboard shows times in UTC.
-    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+    return moment
 
 
 def _parse_duration(raw: str) -> timedelta:
     # Django's parser accepts ISO-8601 durations with days, hours, minutes and seconds (PT10M, P1D, P1DT2H).
     # Months and years have no fixed length, so they are refused rather than guessed.
-    duration = parse_duration(raw) if raw.upper().startswith(("P", "-P", "+P")) else None
+    try:
+        duration = parse_duration(raw) if raw.upper().startswith(("P", "-P", "+P")) else None
+    except (OverflowError, ValueError):  # e.g. P9999999999D: more days than a timedelta holds
+        duration = None
     if duration is None:
         raise Refused(f"by-duration needs an ISO-8601 duration in days, hours, minutes or seconds "
                       f"(e.g. PT10M, PT1H30M, P1D), got {raw!r}.")

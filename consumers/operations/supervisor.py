@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline
+from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
 from consumers.operations import actions
 
 log = logging.getLogger("tally.supervisor")
@@ -30,7 +30,7 @@ ACTOR = "supervisor"
 @dataclass
 class Decision:
     pipeline: str
-    action: str        # "ok", "waiting", "restarted", "gave_up", "skipped"
+    action: str        # "ok", "waiting", "halted", "restarted", "gave_up", "skipped"
     detail: str = ""
 
 
@@ -77,10 +77,23 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
         return Decision(pipeline.name, "ok", f"{len(runs)} live run(s)")
     if pipeline.restart_after and pipeline.restart_after > now:
         return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
+    halted = halted_run(pipeline)
+    if halted is not None:
+        # A bad record under the "stop" policy or a database error that is not about data: a restart
+        # would fail the same way. The no-consumer alert fires instead; an operator restarts it.
+        return Decision(pipeline.name, "halted", f"run {halted.pk} halted: {halted.end_reason}")
     reason = _why_not_running(pipeline, now)
     if pipeline.restart_attempts >= settings.TALLY_SUPERVISOR_MAX_ATTEMPTS:
         return _give_up(pipeline, reason)
     return _restart(pipeline, reason, now)
+
+
+def halted_run(pipeline: Pipeline) -> ConsumerRun | None:
+    """The pipeline's last run, if it ended FAILED in the current epoch (see consumers.engine.HALT_REASONS)."""
+    last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
+    if last is not None and last.state == RunState.FAILED and last.epoch == pipeline.epoch:
+        return last
+    return None
 
 
 def _why_not_running(pipeline: Pipeline, now) -> str:

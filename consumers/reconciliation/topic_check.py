@@ -9,6 +9,11 @@ load      counts and samples into a JSON report (stored in consumers.models.Topi
 Findings: missing (consumed, never written), duplicated (written more often than consumed, at least
 twice), unexpected (written, never consumed in the range: e.g. a record beyond the committed offset),
 unparsable (records the value parser cannot map to a key: the pipeline's dead letters).
+
+What is checked comes from a pipeline's own definition — its topic, group, sink table, and the key column
+and value parser of its transform — never from a request: no table name is taken from a user, so no
+other table (users, sessions, tokens) can be read through a topic check. A failed topic check stores a message that
+names the pipeline and the kind of failure, never the values Spark or the database saw.
 """
 import logging
 import time
@@ -81,6 +86,34 @@ VALUE_PARSERS: dict[str, Callable] = {
     "string_value": _string_value,  # the value as text
     "record_key": _record_key,      # the Kafka record key as text
 }
+
+
+# The topic check's value parser that reads a record the way each built-in transform does.
+PARSER_FOR_TRANSFORM = {"int_value": "int_value", "json_event": "json_id", "csv_ints": "csv_ints"}
+
+
+@dataclass(frozen=True)
+class PipelineTopicCheck:
+    """What a topic check of a pipeline reads: all of it from the pipeline's definition."""
+
+    topic: str
+    group_id: str
+    table: str
+    key_column: str
+    value_parser: str
+
+
+def topic_check_spec(pipeline: Pipeline) -> PipelineTopicCheck:
+    """The pipeline's sink table, with its transform's first column as the key; refused (TopicCheckError) for
+    a transform that has no topic check parser."""
+    from consumers.engine.transforms import resolve
+
+    parser = PARSER_FOR_TRANSFORM.get(pipeline.transform)
+    if parser is None:
+        raise TopicCheckError(f"Pipeline {pipeline.name!r} uses transform {pipeline.transform!r}, which has no Spark "
+                         f"topic check parser: topic checks cover {', '.join(sorted(PARSER_FOR_TRANSFORM))}.")
+    key_column = resolve(pipeline.transform).columns[0][0]
+    return PipelineTopicCheck(pipeline.topic, pipeline.group_id, pipeline.sink_table, key_column, parser)
 
 
 def parser_for(name: str) -> Callable:
@@ -165,7 +198,8 @@ def _written_keys(table: str, key_column: str) -> tuple[str, tuple[int, int] | N
     except Exception as exc:
         if isinstance(exc, TopicCheckError):
             raise
-        raise TopicCheckError(f"Cannot read column {key_column!r} of table {table!r}: {exc}") from exc
+        # The database's message is left out: errors never echo what a table holds.
+        raise TopicCheckError(f"Cannot read column {key_column!r} of table {table!r} ({type(exc).__name__}).") from exc
     finally:
         conn.rollback()
         conn.close()
@@ -201,7 +235,7 @@ def compare(consumed, written):
     from pyspark.sql import functions as F
 
     per_key = consumed.groupBy("key").agg(F.count(F.lit(1)).alias("consumed"))
-    written = written.select(F.col("key").cast(per_key.schema["key"].dataType).alias("key"),
+    written = written.select(F.col("key").try_cast(per_key.schema["key"].dataType).alias("key"),
                              F.col("written").cast("long").alias("written"))
     joined = per_key.join(written, "key", "full_outer").select(
         "key", F.coalesce("consumed", F.lit(0)).alias("consumed"), F.coalesce("written", F.lit(0)).alias("written"))
@@ -285,20 +319,33 @@ def check_topic(topic: str, group_id: str, table: str, key_column: str, value_pa
 
 
 # --- jobs (the dashboard's Celery task and the CLI store their results here) ------------------------------
-def request_topic_check(topic: str, group_id: str, table: str, key_column: str, value_parser: str = "int_value",
-                        requested_by: str = "", pipeline: Pipeline | None = None) -> TopicCheckJob:
-    """Queue a topic check job: stored now, run by a Celery worker (threads or solo pool: it starts Spark)."""
-    parser_for(value_parser)  # refuse an unknown parser now, not in the worker
-    job = TopicCheckJob.objects.create(topic=topic, group_id=group_id, table=table, key_column=key_column,
-                                       value_parser=value_parser, requested_by=requested_by,
-                                       pipeline=pipeline or find_pipeline(topic, group_id))
-    transaction.on_commit(lambda: current_app.signature(RUN_TOPIC_CHECK_TASK, args=(job.pk,)).delay())
+def create_job(pipeline: Pipeline, requested_by: str = "") -> TopicCheckJob:
+    """Store a queued topic check job of `pipeline` (refused with TopicCheckError when it cannot be checked)."""
+    spec = topic_check_spec(pipeline)
+    return TopicCheckJob.objects.create(pipeline=pipeline, topic=spec.topic, group_id=spec.group_id, table=spec.table,
+                                        key_column=spec.key_column, value_parser=spec.value_parser,
+                                        requested_by=requested_by)
+
+
+def request_topic_check(pipeline: Pipeline, requested_by: str = "") -> TopicCheckJob:
+    """Queue a topic check job: stored now, run by a Celery worker (threads or solo pool: it starts Spark).
+    When the broker cannot take the task, the job is marked failed with the reason at once, instead of
+    staying "queued" forever."""
+    job = create_job(pipeline, requested_by)
+    transaction.on_commit(lambda: enqueue_job(job.pk))
     return job
 
 
-def find_pipeline(topic: str, group_id: str) -> Pipeline | None:
-    """Tally's own pipeline for this topic and group, if any (its topic check uses the DB's positions)."""
-    return Pipeline.objects.filter(topic=topic, group_id=group_id).first()
+def enqueue_job(job_id: int) -> bool:
+    try:
+        current_app.signature(RUN_TOPIC_CHECK_TASK, args=(job_id,)).delay()
+    except Exception as exc:  # kombu raises OperationalError and others when Redis is down
+        log.error("Topic check job %s could not be queued: %s", job_id, exc)
+        TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.QUEUED).update(
+            status=TopicCheckStatus.FAILED, finished_at=timezone.now(),
+            error=f"not queued: the task broker is unreachable ({type(exc).__name__}); request it again later")
+        return False
+    return True
 
 
 def run_topic_check_job(job_id: int) -> TopicCheckJob:
@@ -313,12 +360,14 @@ def run_topic_check_job(job_id: int) -> TopicCheckJob:
         TopicCheckJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
 
     try:
-        report = check_topic(job.topic, job.group_id, job.table, job.key_column, job.value_parser,
+        if job.pipeline is None:
+            raise TopicCheckError("The topic check's pipeline no longer exists.")
+        spec = topic_check_spec(job.pipeline)  # from the pipeline as it is now, never from the stored job
+        report = check_topic(spec.topic, spec.group_id, spec.table, spec.key_column, spec.value_parser,
                              pipeline=job.pipeline, progress=progress)
     except Exception as exc:
         log.exception("Topic check job %s failed", job_id)
-        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.FAILED,
-                                                       error=f"{type(exc).__name__}: {exc}",
+        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.FAILED, error=failure_message(exc),
                                                        finished_at=timezone.now())
     else:
         TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.DONE, result=report, progress=1.0,
@@ -326,3 +375,12 @@ def run_topic_check_job(job_id: int) -> TopicCheckJob:
     job.refresh_from_db()
     return job
 
+
+
+def failure_message(exc: Exception) -> str:
+    """What a failed topic check shows. TopicCheckError messages are ours (they name pipelines, tables and columns);
+    anything else (Spark, JDBC, Kafka) may quote the values it choked on, so only its kind is shown and
+    the details stay in the worker's log."""
+    if isinstance(exc, TopicCheckError):
+        return str(exc)
+    return f"{type(exc).__name__}: the topic check failed; the details are in the worker's log."

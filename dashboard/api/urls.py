@@ -1,14 +1,16 @@
 """JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, action log). See README."""
 from django.urls import path
-from rest_framework.authtoken.views import obtain_auth_token
+from drf_spectacular.views import SpectacularAPIView
 
-from dashboard.api import views
+from dashboard.api import docs, views
 
 app_name = "api"
 urlpatterns = [
     path("", views.api_root, name="root"),
     path("me", views.me, name="me"),
-    path("token", obtain_auth_token, name="token"),
+    path("token", views.obtain_token, name="token"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", docs.api_docs, name="docs"),
     path("pipelines/", views.pipeline_list, name="pipelines"),
     path("pipelines/<slug:name>/", views.pipeline_detail, name="pipeline"),
     path("pipelines/<slug:name>/reconciliation", views.reconciliation, name="reconciliation"),
@@ -16,6 +18,7 @@ urlpatterns = [
     path("pipelines/<slug:name>/dead-letters", views.dead_letters, name="dead_letters"),
     path("pipelines/<slug:name>/actions/<slug:action>", views.pipeline_action, name="action"),
     path("pipelines/<slug:name>/rewind", views.pipeline_rewind, name="rewind"),
+    path("pipelines/<slug:name>/topic-checks", views.pipeline_topic_checks, name="topic_checks"),
     path("groups/", views.group_list, name="groups"),
     path("groups/<path:group_id>/reset", views.group_reset_view, name="group_reset"),
     path("groups/<path:group_id>/", views.group_detail, name="group"),

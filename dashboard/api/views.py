@@ -6,47 +6,68 @@ by the dashboard's forms, so the API and the pages refuse the same things with t
 input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
 viewers.
 """
+from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status as http
+from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import api_view, permission_classes
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
-from consumers.kafka.admin import KafkaAdminError
-from consumers.models import ActionLog, Pipeline
+from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import actions, group_reset
 from consumers.operations import groups as kafka_groups
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
 from dashboard import status, timeline
+from dashboard.api.inputs import ActionLogQuery, EmptyInput, GroupResetInput, ReconcileInput, RewindInput
 from dashboard.api.permissions import OperatorForWrites
-from dashboard.forms import GroupResetForm, RewindForm
+from dashboard.lockout import locked_out
+from dashboard.refusals import record_refusal
 from dashboard.roles import can_operate
 
-ACTION_LOG_LIMIT_MAX = 500
+TOPIC_CHECKS_SHOWN = 20
+JSON = OpenApiTypes.OBJECT  # responses are documented in the README; the schema types the input
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
-def _truthy(value) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
+def field_errors(errors) -> dict[str, list[dict]]:
+    """DRF's errors as {"field": [{"message", "code"}]} (the shape Django forms give), nested list items
+    flattened into their field ("partitions": "item 1: Must be a JSON integer.")."""
+    def flatten(problems, prefix=""):
+        if isinstance(problems, dict):
+            return [item for key, value in problems.items() for item in flatten(value, f"{prefix}item {key}: ")]
+        if isinstance(problems, list):
+            return [item for value in problems for item in flatten(value, prefix)]
+        return [{"message": prefix + str(problems), "code": getattr(problems, "code", "invalid")}]
+
+    if not isinstance(errors, dict):
+        errors = {"non_field_errors": errors}
+    return {field: flatten(problems) for field, problems in errors.items()}
 
 
-def _form_data(request) -> dict:
-    """Request data for a Django form: lists of partitions become "0,2"; booleans become "on"/""."""
-    data = {}
-    for key, value in request.data.items():
-        if key == "partitions" and isinstance(value, list):
-            value = ",".join(map(str, value))
-        elif isinstance(value, bool):
-            value = "on" if value else ""
-        data[key] = "" if value is None else value
-    return data
+def _invalid(request, serializer, action: str, pipeline=None, group_id: str = "") -> Response:
+    """400 naming each bad field; the refusal goes to the action log like every other."""
+    errors = field_errors(serializer.errors)
+    record_refusal(request.user, action, "bad input: " + "; ".join(
+        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()),
+        pipeline=pipeline, group_id=group_id)
+    return Response({"errors": errors}, status=http.HTTP_400_BAD_REQUEST)
 
 
 def _refused(exc: Refused) -> Response:
     entry = getattr(exc, "action_log", None)
     return Response({"error": str(exc), "action_id": entry.pk if entry else None}, status=http.HTTP_409_CONFLICT)
+
+
+def _status_of(entry: ActionLog) -> int:
+    """503 when the action was recorded but could not be carried out (the task broker is down)."""
+    return http.HTTP_503_SERVICE_UNAVAILABLE if entry.result == ActionResult.FAILED else http.HTTP_200_OK
 
 
 def _action_json(entry: ActionLog) -> dict:
@@ -57,16 +78,18 @@ def _action_json(entry: ActionLog) -> dict:
             "finished_at": entry.finished_at.isoformat() if entry.finished_at else None}
 
 
+@extend_schema(responses=JSON)
 @api_view(["GET"])
 def api_root(request):
     def url(name, **kwargs):
         return request.build_absolute_uri(reverse(f"api:{name}", kwargs=kwargs))
 
     return Response({"pipelines": url("pipelines"), "groups": url("groups"), "action_log": url("action_log"),
-                     "me": url("me"), "token": url("token"),
+                     "me": url("me"), "token": url("token"), "schema": url("schema"), "docs": url("docs"),
                      "alerts": request.build_absolute_uri(reverse("alerts_api:list"))})
 
 
+@extend_schema(responses=JSON)
 @api_view(["GET"])
 def me(request):
     user = request.user
@@ -74,12 +97,14 @@ def me(request):
                      "can_operate": can_operate(user)})
 
 
+@extend_schema(operation_id="pipelines_list", responses=JSON)
 @api_view(["GET"])
 def pipeline_list(request):
     return Response({"pipelines": [row.as_json() for row in status.pipeline_rows()],
                      "groups": [g.as_json() for g in status.external_group_rows()]})
 
 
+@extend_schema(operation_id="pipelines_detail", responses=JSON)
 @api_view(["GET"])
 def pipeline_detail(request, name):
     pipeline = get_object_or_404(Pipeline.objects.select_related("health"), name=name)
@@ -98,16 +123,26 @@ def pipeline_detail(request, name):
     return Response(data)
 
 
-@api_view(["GET"])
+@extend_schema(methods=["GET"], responses=JSON)
+@extend_schema(responses=JSON, methods=["POST"], request=ReconcileInput)
+@api_view(["GET", "POST"])
+@permission_classes(OPERATE)
 def reconciliation(request, name):
-    """Runs reconciliation now (incremental; `?full=1` re-verifies everything) and returns its report."""
+    """GET: the last stored reconciliation (read-only). POST (operators), body {"full": bool}: reconcile
+    now (incremental; full re-verifies everything) and return the fresh report."""
     from consumers.reconciliation.reconcile import reconcile_pipeline, report_json
 
     pipeline = get_object_or_404(Pipeline, name=name)
-    report = reconcile_pipeline(pipeline, full=_truthy(request.query_params.get("full", "")))
+    if request.method == "GET":
+        return Response(status.stored_reconciliation(pipeline))
+    body = ReconcileInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "reconcile", pipeline)
+    report = reconcile_pipeline(pipeline, full=body.validated_data["full"])
     return Response(report_json([report]))
 
 
+@extend_schema(responses=JSON)
 @api_view(["GET"])
 def dead_letters(request, name):
     pipeline = get_object_or_404(Pipeline, name=name)
@@ -118,6 +153,8 @@ def dead_letters(request, name):
         for d in status.recent_dead_letters(pipeline, limit=100)]})
 
 
+@extend_schema(responses=JSON, parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),
+                                            OpenApiParameter("key", str)])
 @api_view(["GET"])
 def trace_record(request, name):
     """Where one record went: `?partition=P&offset=N`, or `?key=K` (a bounded scan of the newest records)."""
@@ -135,6 +172,8 @@ def trace_record(request, name):
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
 
 
+@extend_schema(responses=JSON, request=EmptyInput, parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH,
+                                                                 enum=list(actions.ACTIONS))])
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_action(request, name, action):
@@ -142,77 +181,141 @@ def pipeline_action(request, name, action):
     if action not in actions.ACTIONS:
         return Response({"error": f"Unknown action {action!r}: use one of {', '.join(actions.ACTIONS)}."},
                         status=http.HTTP_404_NOT_FOUND)
+    body = EmptyInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, action, pipeline)
     try:
         entry = actions.perform(action, pipeline, actor=request.user.username)
     except Refused as exc:
         return _refused(exc)
-    return Response(_action_json(entry))
+    return Response(_action_json(entry), status=_status_of(entry))
 
 
+@extend_schema(responses=JSON, request=RewindInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_rewind(request, name):
-    """Body: {"mode", "value", "partitions": [..], "rollback_sink": bool, "dry_run": bool (default true)}."""
+    """Body: {"mode", "value", "partitions": [..], "rollback_sink": bool, "dry_run": bool (default true)}.
+    Types are strict: a boolean is true or false, anything else is a 400 naming the field."""
     pipeline = get_object_or_404(Pipeline, name=name)
-    form = RewindForm(_form_data(request))
-    if not form.is_valid():
-        return Response({"errors": form.errors.get_json_data()}, status=http.HTTP_400_BAD_REQUEST)
-    data = form.cleaned_data
-    dry_run = _truthy(request.data.get("dry_run", True))
+    body = RewindInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "rewind", pipeline)
+    data = body.validated_data
     try:
-        result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"] or None,
-                                rollback_sink=data["rollback_sink"], dry_run=dry_run, actor=request.user.username)
+        result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"],
+                                rollback_sink=data["rollback_sink"], dry_run=data["dry_run"],
+                                actor=request.user.username)
     except Refused as exc:
         return _refused(exc)
     return Response(result.as_dict())
 
 
+@extend_schema(operation_id="groups_list", responses=JSON)
 @api_view(["GET"])
 def group_list(request):
     try:
         names = kafka_groups.list_groups(include_pipelines=True)
-    except KafkaAdminError as exc:  # e.g. the broker does not implement ListGroups: say so, never a 500
-        return Response({"error": str(exc)}, status=503)
+    except Exception as exc:  # Kafka down, or a broker without ListGroups: a 503 with the reason, never a 500
+        return Response({"error": f"Kafka did not answer: {type(exc).__name__}: {exc}"},
+                        status=http.HTTP_503_SERVICE_UNAVAILABLE)
     owners = dict(Pipeline.objects.values_list("group_id", "name"))
     return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
 
 
+@extend_schema(operation_id="groups_detail", responses=JSON)
 @api_view(["GET"])
 def group_detail(request, group_id):
     return Response(kafka_groups.describe(group_id).as_json())
 
 
+@extend_schema(responses=JSON, request=GroupResetInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def group_reset_view(request, group_id):
     """Body: {"topic", "mode", "value", "partitions": [..], "execute": bool (default false: a dry run)}."""
-    form = GroupResetForm(_form_data(request))
-    if not form.is_valid():
-        return Response({"errors": form.errors.get_json_data()}, status=http.HTTP_400_BAD_REQUEST)
-    data = form.cleaned_data
+    body = GroupResetInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "reset_group", group_id=group_id)
+    data = body.validated_data
     try:
         result = group_reset.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
-                                         partitions=data["partitions"] or None,
-                                         execute=_truthy(request.data.get("execute", False)),
+                                         partitions=data["partitions"], execute=data["execute"],
                                          actor=request.user.username)
     except Refused as exc:
         return _refused(exc)
     return Response(result.as_dict())
 
 
+@extend_schema(responses=JSON, parameters=[ActionLogQuery])
 @api_view(["GET"])
 def action_log(request):
-    """?pipeline=NAME, ?group=ID, ?action=rewind, ?limit=N (max 500)."""
+    """?pipeline=NAME, ?group=ID, ?action=rewind, ?limit=N (1..500)."""
+    query = ActionLogQuery(data=request.query_params)
+    if not query.is_valid():
+        return Response({"errors": field_errors(query.errors)}, status=http.HTTP_400_BAD_REQUEST)
+    params = query.validated_data
     entries = ActionLog.objects.select_related("pipeline").order_by("-created_at")
-    params = request.query_params
     if params.get("pipeline"):
         entries = entries.filter(pipeline__name=params["pipeline"])
     if params.get("group"):
         entries = entries.filter(group_id=params["group"])
     if params.get("action"):
         entries = entries.filter(action=params["action"])
+    return Response({"actions": [_action_json(e) for e in entries[:params["limit"]]]})
+
+
+def _topic_check_json(job: TopicCheckJob) -> dict:
+    return {"id": job.pk, "pipeline": job.pipeline.name if job.pipeline_id else None, "status": job.status,
+            "table": job.table, "key_column": job.key_column, "progress": job.progress,
+            "progress_message": job.progress_message, "error": job.error or None, "result": job.result,
+            "requested_by": job.requested_by, "created_at": job.created_at.isoformat(),
+            "finished_at": job.finished_at.isoformat() if job.finished_at else None}
+
+
+@extend_schema(methods=["GET"], responses=JSON)
+@extend_schema(responses=JSON, methods=["POST"], request=EmptyInput)
+@api_view(["GET", "POST"])
+@permission_classes(OPERATE)
+def pipeline_topic_checks(request, name):
+    """GET: the pipeline's topic checks (latest first). POST (operators): queue a topic check of the pipeline's
+    own sink table; nothing in the body chooses what is read."""
+    from consumers.reconciliation.topic_check import TopicCheckError, request_topic_check
+
+    pipeline = get_object_or_404(Pipeline, name=name)
+    if request.method == "GET":
+        jobs = TopicCheckJob.objects.of_pipelines().filter(pipeline=pipeline).order_by("-created_at")
+        return Response({"topic_checks": [_topic_check_json(job) for job in jobs[:TOPIC_CHECKS_SHOWN]]})
+    body = EmptyInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "topic_check", pipeline)
     try:
-        limit = max(1, min(int(params.get("limit", 100)), ACTION_LOG_LIMIT_MAX))
-    except ValueError:
-        return Response({"error": "limit must be an integer"}, status=http.HTTP_400_BAD_REQUEST)
-    return Response({"actions": [_action_json(e) for e in entries[:limit]]})
+        with transaction.atomic():
+            job = request_topic_check(pipeline, requested_by=request.user.username)
+    except TopicCheckError as exc:
+        record_refusal(request.user, "topic_check", str(exc), pipeline=pipeline)
+        return Response({"error": str(exc)}, status=http.HTTP_409_CONFLICT)
+    job.refresh_from_db()
+    failed = job.status == TopicCheckStatus.FAILED  # the task broker is down: said at once, not "queued"
+    return Response(_topic_check_json(job),
+                    status=http.HTTP_503_SERVICE_UNAVAILABLE if failed else http.HTTP_202_ACCEPTED)
+
+
+class ObtainToken(ObtainAuthToken):
+    """POST username and password -> {"token"}. Throttled per address (scope "token"), and django-axes
+    locks a user name and address out after repeated failures, like the login form."""
+
+    throttle_classes = [AnonRateThrottle, ScopedRateThrottle]
+    throttle_scope = "token"
+
+    def post(self, request, *args, **kwargs):
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            # django-axes marks the request it saw (DRF's wrapper) locked out; say so, as the login form does.
+            if getattr(request, "axes_locked_out", False) or getattr(request._request, "axes_locked_out", False):
+                return locked_out(request._request)
+            raise
+
+
+obtain_token = ObtainToken.as_view()

@@ -6,8 +6,9 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from consumers.models import Pipeline
+from consumers.models import ActionResult, Pipeline
 from consumers.operations import actions
+from dashboard.refusals import record_refusal
 from dashboard.roles import can_operate
 from dashboard.views.common import render_page
 
@@ -29,7 +30,13 @@ def action_buttons(pipeline: Pipeline) -> list[dict]:
 
 
 def refuse_viewer(request, pipeline, fragment="outcome"):
-    """403 with the reason, on the page (htmx swaps 403s: see the htmx-config in base.html)."""
+    """403 with the reason, on the page (htmx swaps 403s: see the htmx-config in base.html); the refusal
+    is written to the action log."""
+    match = request.resolver_match
+    kwargs = match.kwargs if match else {}
+    record_refusal(request.user, kwargs.get("action") or (match.url_name if match else "") or "action",
+                   "viewer role: " + VIEWER_REFUSAL, pipeline=pipeline, group_id=kwargs.get("group_id", ""),
+                   params={"path": request.path})
     messages.error(request, VIEWER_REFUSAL)
     return render_page(request, "refused.html", {"pipeline": pipeline}, fragment=fragment, status=403)
 
@@ -47,7 +54,10 @@ def pipeline_action(request, name, action):
     except actions.ActionRefused as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{pipeline.name}: {entry.message}.")
+        if entry.result == ActionResult.FAILED:
+            messages.error(request, f"{pipeline.name}: {entry.message}")
+        else:
+            messages.success(request, f"{pipeline.name}: {entry.message}.")
     if request.htmx:
         response = render_page(request, "pipeline.html", {"pipeline": pipeline}, fragment="outcome")
         response["HX-Trigger"] = "tally:changed"  # the header, status and buttons refresh at once

@@ -12,10 +12,11 @@ from consumers.operations import groups as kafka_groups
 from consumers.operations.offset_specs import Refused
 from dashboard import status
 from dashboard.forms import GroupResetForm
+from dashboard.refusals import form_errors, record_refusal
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
-from dashboard.views.topic_checks import topic_check_context, topic_check_form_defaults
+from dashboard.views.topic_checks import topic_check_context
 
 
 def _pipeline_groups() -> dict[str, str]:
@@ -48,8 +49,7 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
     context["actions"] = list(status.recent_actions(None, limit=200))
     context["actions"] = [a for a in context["actions"] if a.group_id == group_id][:20]
-    context.update(topic_check_context(topics[0] if topics else "", group_id),
-                   **topic_check_form_defaults("", "int_value"))
+    context.update(topic_check_context(context["pipeline"]))  # only a pipeline's group can be checked
     return context
 
 
@@ -66,6 +66,7 @@ def group_reset(request, group_id):
         return refuse_viewer(request, None, fragment="panel")
     form = GroupResetForm(request.POST)
     if not form.is_valid():
+        record_refusal(request.user, "reset_group", f"bad input: {form_errors(form)}", group_id=group_id)
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",
                            status=422)
     data = form.cleaned_data

@@ -9,7 +9,7 @@ from dashboard import status, timeline
 from dashboard.roles import can_operate
 from dashboard.views.actions import action_buttons
 from dashboard.views.common import render_page
-from dashboard.views.topic_checks import PARSER_FOR_TRANSFORM, topic_check_context, topic_check_form_defaults
+from dashboard.views.topic_checks import topic_check_context
 
 ACTION_LOG_PAGE_SIZE = 50
 
@@ -39,8 +39,7 @@ def pipeline_detail(request, name):
         "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
         "chart": status.chart_series(pipeline, range_name=request.GET.get("range", status.DEFAULT_CHART_RANGE)),
         "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
-        **topic_check_context(pipeline.topic, pipeline.group_id),
-        **topic_check_form_defaults(pipeline.sink_table, PARSER_FOR_TRANSFORM.get(pipeline.transform, "int_value")),
+        **topic_check_context(pipeline),
     })
     return render_page(request, "pipeline.html", context)
 

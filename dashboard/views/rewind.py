@@ -11,6 +11,7 @@ from consumers.models import Pipeline
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
+from dashboard.refusals import form_errors, record_refusal
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
@@ -28,6 +29,7 @@ def rewind(request, name):
         return refuse_viewer(request, pipeline, fragment="panel")
     form = RewindForm(request.POST)
     if not form.is_valid():
+        record_refusal(request.user, "rewind", f"bad input: {form_errors(form)}", pipeline=pipeline)
         return render_page(request, "rewind.html", {**context, "form": form}, fragment="panel", status=422)
     data = form.cleaned_data
     execute = request.POST.get("step") == "execute"

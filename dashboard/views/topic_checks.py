@@ -1,5 +1,7 @@
-"""Topic checks from the browser: request one (operators) and watch the jobs' progress and results.
-consumers.reconciliation.topic_check stores and runs the job (a Celery task); this view only validates and lists."""
+"""Topic checks from the browser: request one of a pipeline (operators) and watch the jobs' progress and
+results. consumers.reconciliation.topic_check stores and runs the job (a Celery task); this view only
+validates and lists. A topic check reads only its pipeline's sink table, so its results are as visible as the
+pipeline itself."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -7,44 +9,39 @@ from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from consumers.models import TopicCheckJob, TopicCheckStatus
+from consumers.models import Pipeline, TopicCheckJob, TopicCheckStatus
 from dashboard.forms import TopicCheckRequestForm
+from dashboard.refusals import record_refusal
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
 JOBS_SHOWN = 5
-# The topic check's value parser that reads a record the way each built-in transform does.
-PARSER_FOR_TRANSFORM = {"int_value": "int_value", "json_event": "json_id", "csv_ints": "csv_ints"}
 
 
-def jobs_for(topic: str = "", group_id: str = ""):
-    jobs = TopicCheckJob.objects.all()
-    if topic:
-        jobs = jobs.filter(topic=topic)
-    if group_id:
-        jobs = jobs.filter(group_id=group_id)
+def jobs_for(pipeline_name: str):
+    """The latest topic checks of one pipeline (jobs of other tables, from before checks took a pipeline,
+    are never shown)."""
+    if not pipeline_name:
+        return []
+    jobs = TopicCheckJob.objects.of_pipelines().filter(pipeline__name=pipeline_name)
     return list(jobs.order_by("-created_at")[:JOBS_SHOWN])
 
 
-def topic_check_context(topic: str, group_id: str) -> dict:
-    jobs = jobs_for(topic, group_id)
-    return {"topic_checks": jobs, "topic_check_topic": topic, "topic_check_group": group_id,
-            "topic_checks_active": any(j.status in (TopicCheckStatus.QUEUED, TopicCheckStatus.RUNNING) for j in jobs)}
-
-
-def topic_check_form_defaults(table: str, parser: str) -> dict:
-    from consumers.reconciliation.topic_check import VALUE_PARSERS
-
-    return {"topic_check_table": table, "topic_check_parser": parser, "topic_check_parsers": list(VALUE_PARSERS)}
+def topic_check_context(pipeline: Pipeline | None) -> dict:
+    jobs = jobs_for(pipeline.name if pipeline else "")
+    return {"topic_checks": jobs, "topic_check_pipeline": pipeline.name if pipeline else "",
+            "topic_checks_active": any(j.status in (TopicCheckStatus.QUEUED, TopicCheckStatus.RUNNING)
+                                       for j in jobs)}
 
 
 @require_GET
 @login_required
 def topic_check_jobs(request):
-    """The jobs of one topic and group; htmx polls this fragment while one is queued or running."""
-    context = topic_check_context(request.GET.get("topic", ""), request.GET.get("group", ""))
-    return render_page(request, "topic_checks.html", {"nav": "overview", **context}, fragment="jobs")
+    """The jobs of one pipeline; htmx polls this fragment while one is queued or running."""
+    pipeline = Pipeline.objects.filter(name=request.GET.get("pipeline", "")[:100]).first()
+    return render_page(request, "topic_checks.html", {"nav": "overview", **topic_check_context(pipeline)},
+                       fragment="jobs")
 
 
 @require_POST
@@ -56,20 +53,27 @@ def request_topic_check(request):
     back = request.POST.get("next", "/")
     if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
         back = "/"
-    if not can_operate(request.user):
-        return refuse_viewer(request, None)
     form = TopicCheckRequestForm(request.POST)
-    if not form.is_valid():
-        errors = "; ".join(f"{field}: {' '.join(e)}" for field, e in form.errors.items())
-        messages.error(request, f"The topic check was not requested: {errors}")
+    pipeline = Pipeline.objects.filter(name=form.data.get("pipeline", "")[:100]).first()
+    if not can_operate(request.user):
+        return refuse_viewer(request, pipeline)
+    if not form.is_valid() or pipeline is None:
+        reason = "pipeline: no such pipeline" if form.is_valid() else "; ".join(
+            f"{field}: {' '.join(e)}" for field, e in form.errors.items())
+        record_refusal(request.user, "topic_check", reason,
+                       params={"pipeline": str(form.data.get("pipeline", ""))[:100]})
+        messages.error(request, f"The topic check was not requested: {reason}")
         return redirect(back)
-    data = form.cleaned_data
     try:
         with transaction.atomic():
-            job = queue_topic_check(data["topic"], data["group_id"], data["table"], data["key_column"],
-                                    data["value_parser"], requested_by=request.user.username)
+            job = queue_topic_check(pipeline, requested_by=request.user.username)
     except TopicCheckError as exc:
+        record_refusal(request.user, "topic_check", str(exc), pipeline=pipeline)
         messages.error(request, f"The topic check was not requested: {exc}")
     else:
-        messages.success(request, f"Topic check #{job.pk} queued: {job.topic} / {job.group_id} → {job.table}.")
+        job.refresh_from_db()
+        if job.status == TopicCheckStatus.FAILED:
+            messages.error(request, f"Topic check #{job.pk} was not queued: {job.error}")
+        else:
+            messages.success(request, f"Topic check #{job.pk} queued: {pipeline.name} → {job.table}.")
     return redirect(back)

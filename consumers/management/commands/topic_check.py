@@ -1,36 +1,35 @@
-"""`topic_check --topic T --group G --table TABLE --key-column C [--value-parser NAME] [--json]`
+"""`topic_check PIPELINE [--json]`
 
-Runs the topic check in this process (no Celery) and stores it as an TopicCheckJob, like the dashboard's.
-Exits 0 when every record's key is in the table once; 1 when keys are missing or duplicated (the report
-is printed first) or when the topic check could not run.
+Runs the topic check of a pipeline in this process (no Celery) and stores it as a TopicCheckJob, like the
+dashboard's. What is read comes from the pipeline's definition: its topic, group, sink table, and the key
+column and value parser of its transform. Exits 0 when every record's key is in the table once; 1 when
+keys are missing or duplicated (the report is printed first), when the topic check could not run, or when
+the pipeline cannot be checked.
 """
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.models import TopicCheckJob, TopicCheckStatus
+from consumers.models import Pipeline, TopicCheckStatus
 
 
 class Command(BaseCommand):
-    help = "Check a topic range (up to a group's committed offsets) against a table's keys, with Spark."
+    help = "Check a pipeline's topic range (up to its committed offsets) against its sink table, with Spark."
 
     def add_arguments(self, parser):
-        from consumers.reconciliation.topic_check import VALUE_PARSERS
-
-        parser.add_argument("--topic", required=True)
-        parser.add_argument("--group", required=True, help="The consumer group whose committed offsets end the range.")
-        parser.add_argument("--table", required=True)
-        parser.add_argument("--key-column", required=True)
-        parser.add_argument("--value-parser", default="int_value", choices=sorted(VALUE_PARSERS),
-                            help="How a record maps to its key (default: int_value).")
+        parser.add_argument("pipeline", help="The pipeline's name.")
         parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
-    def handle(self, *args, topic, group, table, key_column, value_parser, **options):
-        from consumers.reconciliation.topic_check import find_pipeline, run_topic_check_job
+    def handle(self, *args, pipeline, **options):
+        from consumers.reconciliation.topic_check import TopicCheckError, create_job, run_topic_check_job
 
-        job = TopicCheckJob.objects.create(topic=topic, group_id=group, table=table, key_column=key_column,
-                                      value_parser=value_parser, requested_by="cli",
-                                      pipeline=find_pipeline(topic, group))
+        found = Pipeline.objects.filter(name=pipeline).first()
+        if found is None:
+            raise CommandError(f"No pipeline named {pipeline!r}.")
+        try:
+            job = create_job(found, requested_by="cli")
+        except TopicCheckError as exc:
+            raise CommandError(str(exc)) from None
         job = run_topic_check_job(job.pk)
         if job.status != TopicCheckStatus.DONE:
             raise CommandError(f"Topic check failed: {job.error}")

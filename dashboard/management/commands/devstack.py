@@ -33,6 +33,11 @@ def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     }
 
 
+def developer_environment() -> dict[str, str]:
+    """The developer stack is where DEBUG is on (unless DEBUG is set): nowhere else defaults to it."""
+    return {**os.environ, "TALLY_DEVELOPMENT": "1", "DEBUG": os.environ.get("DEBUG", "true")}
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -62,7 +67,7 @@ class Command(BaseCommand):
             for name, command in stack_commands(host, port).items():
                 log = open(os.path.join("var", f"{name}.log"), "ab")
                 self.children[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True)
+                                                       start_new_session=True, env=developer_environment())
             self.stdout.write(self.style.SUCCESS(
                 f"\nTally is starting at http://{host}:{port}/  login: {login}, {password}\n"
                 f"Processes: {', '.join(f'{n} (pid {p.pid})' for n, p in self.children.items())}; "

@@ -1,0 +1,70 @@
+"""Poison records: values that pass the transform but that PostgreSQL refuses (a number too big for
+bigint, a NUL character in text, a lone surrogate, invalid JSON for jsonb).
+
+Database errors are told apart by SQLSTATE class, the one stable contract PostgreSQL gives:
+  * data   — class 22 (data exception) and the row-level integrity checks 23502 (NOT NULL) and 23514
+             (CHECK): the record's fault. The batch is bisected under savepoints to find the records,
+             which become dead letters; the other records commit in the same transaction.
+  * transient — class 08 (connection), 40 (serialization failure, deadlock) and 57P (server shutting
+             down): the batch is rolled back and the run ends; the supervisor starts a new one.
+  * anything else — 42 (missing table, permission denied), 53 (disk full, out of memory), 23505
+             (a duplicate provenance key) ...: retrying cannot help, so the run ends with an error that
+             names the SQLSTATE, and the supervisor does not restart it (an alert fires instead).
+"""
+import psycopg2
+
+from consumers.engine.sinks import UnencodableValue
+
+DATA_CODES = {"23502", "23514"}
+TRANSIENT_CLASSES = ("08", "40")
+TRANSIENT_CODES = {"57P01", "57P02", "57P03"}
+
+
+def is_data_error(exc: BaseException) -> bool:
+    if isinstance(exc, UnencodableValue):
+        return True
+    code = getattr(exc, "pgcode", None) or ""
+    return code.startswith("22") or code in DATA_CODES
+
+
+def is_transient(exc: BaseException) -> bool:
+    code = getattr(exc, "pgcode", None)
+    if code is None:
+        # No SQLSTATE: the connection broke (psycopg2 OperationalError / InterfaceError without a reply).
+        return isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
+    return code.startswith(TRANSIENT_CLASSES) or code in TRANSIENT_CODES
+
+
+def describe(exc: BaseException) -> str:
+    """The database's own error text with its SQLSTATE ("22003 value ... is out of range for type bigint")."""
+    diag = getattr(exc, "diag", None)
+    if getattr(exc, "pgcode", None) and diag is not None and diag.message_primary:
+        return f"{exc.pgcode} {diag.message_primary}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def find_poison(cur, write, groups: list[list[tuple]]) -> dict[int, str]:
+    """Write `groups` (the rows of one record each) and return {group index: error} of the groups the
+    database refuses because of their data. Good groups are written and kept.
+
+    Bisection under savepoints: a half that writes is released (kept), a half that fails is rolled back
+    to its savepoint and split again, so k poison records among n cost about 2·k·log2(n) statements."""
+    refused: dict[int, str] = {}
+    pending = [(0, len(groups))]
+    while pending:
+        start, end = pending.pop()
+        cur.execute("SAVEPOINT tally_poison")
+        try:
+            write([row for group in groups[start:end] for row in group])
+        except Exception as exc:
+            if not is_data_error(exc):
+                raise
+            cur.execute("ROLLBACK TO SAVEPOINT tally_poison")
+            if end - start == 1:
+                refused[start] = describe(exc)
+                continue
+            middle = (start + end) // 2
+            pending += [(middle, end), (start, middle)]  # the first half is tried first
+        else:
+            cur.execute("RELEASE SAVEPOINT tally_poison")
+    return refused

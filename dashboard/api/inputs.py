@@ -1,0 +1,118 @@
+"""Strict input of the JSON API: a body is a JSON object, each field has one JSON type, unknown fields are
+refused, and a bad field is a 400 that names it — before anything is read from Kafka or moved.
+
+Strict because loose parsing failed open: `"dry_run": "no"` was truthy and executed a rewind. A boolean
+is `true` or `false`; a partition is a JSON integer; a value is a string or an integer. The semantics
+of a rewind target (dates before 1970, durations that overflow, offsets beyond bigint) are checked by
+consumers.offset_specs, which the pages and the command line share.
+"""
+import re
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
+
+MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
+# Kafka's legal topic names: letters, digits, '.', '_' and '-', at most 249 characters.
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class StrictBooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "Must be a JSON boolean: true or false."}
+
+    def to_internal_value(self, data):
+        if type(data) is not bool:
+            self.fail("invalid")
+        return data
+
+
+class StrictIntegerField(serializers.IntegerField):
+    default_error_messages = {"invalid": "Must be a JSON integer."}
+
+    def to_internal_value(self, data):
+        if type(data) is not int:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictStringField(serializers.CharField):
+    default_error_messages = {"invalid": "Must be a JSON string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"oneOf": [{"type": "string", "maxLength": 64}, {"type": "integer"}], "nullable": True})
+class SpecValueField(serializers.Field):
+    """The value of an offset move: a string ("PT10M", "2026-11-22T04:00:00Z", "-12") or an integer."""
+
+    default_error_messages = {"invalid": "Must be a JSON string or integer (or null)."}
+
+    def to_internal_value(self, data):
+        if type(data) is int:
+            return str(data)
+        if isinstance(data, str) and len(data) <= 64:
+            return data.strip()
+        self.fail("invalid")
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, so a misspelt `dryrun` is an error, not a silent default."""
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({name: "Unknown field." for name in unknown})
+        return attrs
+
+
+class OffsetMoveInput(StrictSerializer):
+    mode = serializers.ChoiceField(choices=MODES)
+    value = SpecValueField(required=False, allow_null=True, default=None)
+    partitions = serializers.ListField(child=StrictIntegerField(min_value=0, max_value=MAX_PARTITION),
+                                       required=False, allow_null=True, default=None, max_length=10_000)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        mode, value = attrs["mode"], attrs.get("value") or None
+        try:
+            attrs["spec"] = parse_spec(mode, value)
+        except Refused as exc:
+            raise serializers.ValidationError({"value" if mode in MODES_WITH_VALUE else "mode": str(exc)}) from None
+        attrs["partitions"] = sorted(set(attrs.get("partitions") or [])) or None
+        return attrs
+
+
+class RewindInput(OffsetMoveInput):
+    rollback_sink = StrictBooleanField(required=False, default=False)
+    dry_run = StrictBooleanField(required=False, default=True)
+
+
+class GroupResetInput(OffsetMoveInput):
+    topic = StrictStringField(max_length=249)
+    execute = StrictBooleanField(required=False, default=False)
+
+    def validate_topic(self, value):
+        if not TOPIC_NAME.match(value):
+            raise serializers.ValidationError("A Kafka topic name: letters, digits, '.', '_' and '-', at most 249.")
+        return value
+
+
+class EmptyInput(StrictSerializer):
+    """Actions (start, stop, ...) take no body: an empty object or nothing."""
+
+
+class ReconcileInput(StrictSerializer):
+    full = StrictBooleanField(required=False, default=False)
+
+
+class ActionLogQuery(serializers.Serializer):
+    """Query parameters of /api/action-log (strings from the URL; limit an integer from 1 to 500)."""
+
+    pipeline = serializers.CharField(required=False, max_length=100)
+    group = serializers.CharField(required=False, max_length=255)
+    action = serializers.CharField(required=False, max_length=30)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=100)

@@ -1,0 +1,129 @@
+"""Production settings, checked in fresh processes with production environments: `check --deploy` passes
+with the documented variables, DEBUG is off and SECRET_KEY required outside development, environment
+errors never print secrets, and gunicorn with DEBUG off serves static files (WhiteNoise)."""
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from tests.conftest import ROOT
+
+SECRET = "a-production-secret-key-" + "x" * 40
+
+# The variables docs/security.md documents for a deployment behind a TLS proxy.
+PRODUCTION = {
+    "TALLY_DEVELOPMENT": "0", "SECRET_KEY": SECRET, "ALLOWED_HOSTS": "tally.example.com",
+    "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https", "SECURE_HSTS_PRELOAD": "true",
+}
+
+
+def environment(**overrides) -> dict[str, str]:
+    # A production process: none of the test session's development switches (DJANGO_ALLOW_ASYNC_UNSAFE is
+    # set for the browser tests) leak into it.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DEBUG", "SECRET_KEY", "TALLY_DEVELOPMENT", "DJANGO_ALLOW_ASYNC_UNSAFE")
+           and not k.startswith(("SECURE_", "SESSION_", "CSRF_"))}
+    env.update(PRODUCTION)
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def manage(*args, **overrides) -> subprocess.CompletedProcess:
+    # Not through manage.py's default: the production image sets TALLY_DEVELOPMENT=0 explicitly.
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=environment(**overrides),
+                          capture_output=True, text=True, timeout=120)
+
+
+def settings_value(name: str, **overrides) -> str:
+    code = f"import django; django.setup(); from django.conf import settings; print(settings.{name})"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**environment(**overrides), "DJANGO_SETTINGS_MODULE": "tally.settings"})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_check_deploy_passes_with_the_documented_production_variables():
+    result = manage("check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_check_deploy_fails_when_debug_is_turned_on_in_production():
+    result = manage("check", "--deploy", "--fail-level", "WARNING", DEBUG="true")
+    assert result.returncode != 0 and "security.W018" in result.stdout + result.stderr
+
+
+def test_debug_is_off_unless_asked_for_even_in_development():
+    assert settings_value("DEBUG", TALLY_DEVELOPMENT="1", SECRET_KEY=None) == "False"
+    assert settings_value("DEBUG") == "False"
+    assert settings_value("DEBUG", DEBUG="true") == "True"
+
+
+def test_the_developer_stack_turns_debug_on_for_its_processes(monkeypatch):
+    from dashboard.management.commands.devstack import developer_environment
+
+    monkeypatch.delenv("DEBUG", raising=False)
+    assert developer_environment()["DEBUG"] == "true" and developer_environment()["TALLY_DEVELOPMENT"] == "1"
+    monkeypatch.setenv("DEBUG", "false")
+    assert developer_environment()["DEBUG"] == "false"
+
+
+def test_secret_key_is_required_outside_development():
+    result = manage("check", SECRET_KEY=None)
+    assert result.returncode != 0 and "SECRET_KEY must be set outside development" in result.stderr
+
+
+def test_environment_errors_never_print_passwords():
+    result = manage("check", DATABASE_URL="postgres://tally:s3cr3t-pass@db:notaport/tally")
+    assert result.returncode != 0 and "DATABASE_URL" in result.stderr
+    assert "s3cr3t-pass" not in result.stdout + result.stderr
+    result = manage("check", EMAIL_URL="nosuchscheme://mailer:m41l-pass@smtp:25")
+    assert result.returncode != 0 and "EMAIL_URL" in result.stderr and "m41l-pass" not in result.stderr
+    result = manage("check", REDIS_URL="http://:r3d1s-pass@redis:6379/0")
+    assert result.returncode != 0 and "REDIS_URL='http://:***@redis:6379/0'" in result.stderr
+    assert "r3d1s-pass" not in result.stderr
+
+
+def test_the_production_server_serves_static_files_with_debug_off(tmp_path):
+    static_root = tmp_path / "static"
+    collected = manage("collectstatic", "--noinput", "-v", "0", STATIC_ROOT=str(static_root))
+    assert collected.returncode == 0, collected.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = environment(STATIC_ROOT=str(static_root), ALLOWED_HOSTS="127.0.0.1")
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "gunicorn"), "tally.wsgi:application",
+                               "--bind", f"127.0.0.1:{port}", "--workers", "1"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/static/dashboard.css",
+                                         headers={"X-Forwarded-Proto": "https"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    body, headers = response.read(), response.headers
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        assert body == (ROOT / "static" / "dashboard.css").read_bytes()
+        assert headers["Content-Type"].startswith("text/css")
+        # The same server refuses plain HTTP with a redirect to HTTPS and sends HSTS over HTTPS.
+        login = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/accounts/login/", headers={"X-Forwarded-Proto": "https"}), timeout=10)
+        assert "max-age=31536000" in login.headers["Strict-Transport-Security"]
+        assert "Secure" in login.headers.get("Set-Cookie", "Secure")
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        plain.request("GET", "/accounts/login/")
+        redirect = plain.getresponse()
+        assert redirect.status == 301 and redirect.getheader("Location").startswith("https://")
+        plain.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
