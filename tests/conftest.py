@@ -115,8 +115,19 @@ def celery_app_for_tests():
     old = (app.conf.broker_url, app.conf.result_backend)
     app.conf.broker_url = TEST_REDIS_URL
     app.conf.result_backend = TEST_REDIS_URL
+    drop_broker_connections(app)  # a pool made for another URL (an earlier test's) would outlive the new setting
     yield app
     app.conf.broker_url, app.conf.result_backend = old
+    drop_broker_connections(app)
+
+
+def drop_broker_connections(app) -> None:
+    """Forget the Celery app's broker connections, so the next use connects to the current broker_url
+    (the producer pool keeps its own reference to the connection pool: it goes too). The old pool is not
+    closed: whatever still holds it keeps working until it is collected."""
+    app._pool = None
+    app.amqp._producer_pool = None
+    app.control.mailbox.__dict__.pop("producer_pool", None)  # the control mailbox caches it as well
 
 
 def start_celery_worker(env, *extra_args, log_name="celery-worker"):

@@ -17,6 +17,7 @@ from consumers.models import (
     TopicCheckJob,
     TopicCheckStatus,
 )
+from tests.conftest import drop_broker_connections
 from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
 
 
@@ -169,15 +170,13 @@ def broker_down(settings):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
-    original = app.conf.broker_url
+    original = app.conf.broker_url, app.conf.broker_connection_timeout
     app.conf.broker_url = f"redis://127.0.0.1:{closed}/0"
     app.conf.broker_connection_timeout = 1
-    app.pool.force_close_all()
-    app._pool = None
+    drop_broker_connections(app)
     yield
-    app.conf.broker_url = original
-    app.pool.force_close_all()
-    app._pool = None
+    app.conf.broker_url, app.conf.broker_connection_timeout = original
+    drop_broker_connections(app)
 
 
 @pytest.mark.django_db(transaction=True)

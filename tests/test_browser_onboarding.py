@@ -138,5 +138,5 @@ def test_an_operator_adds_an_alert_rule_and_mutes_it(page, live_server):  # noqa
     row.get_by_role("button", name="Mute").click()
     expect(page.locator(f"#rule-{rule.pk}")).to_contain_text("muted until")
     assert Mute.objects.filter(rule=rule).count() == 1
-    expect(page.locator("#nav-api")).to_have_attribute("href", "/api/")
+    expect(page.locator("#nav-api")).to_have_attribute("href", "/api/docs/")
     expect(page.locator("#nav-metrics")).to_have_attribute("href", "/metrics")

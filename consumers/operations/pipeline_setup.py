@@ -245,13 +245,11 @@ class DeleteRefused(ValueError):
 def delete(name: str, actor: str = "cli") -> None:
     """Delete a stopped pipeline with its positions, ledger and dead letters. The action log keeps its
     entries (they name the pipeline in their parameters); the sink table is left to its owner."""
-    from consumers.engine.runs import LIVE_STATES
-
     with transaction.atomic():
         pipeline = Pipeline.objects.select_for_update().filter(name=name).first()
         if pipeline is None:
             raise DeleteRefused(f"No pipeline named {name!r}.")
-        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.filter(state__in=LIVE_STATES).exists():
+        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.live().exists():
             raise DeleteRefused(f"Pipeline {name!r} is {pipeline.desired_state} or has live runs: "
                                 f"`pipeline stop {name}` first.")
         # The entries lose their link with the row: keep the name in their parameters.
