@@ -207,3 +207,27 @@ def demo(transactional_db, kafka_bootstrap, settings):
     settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     yield
     drop_sink_tables(demo.sink_table for demo in DEMO_PIPELINES)
+
+
+@pytest.fixture
+def viewer_api(db):
+    """A test client logged in as a viewer (read-only role)."""
+    from django.test import Client
+
+    from tests.views_helpers import make_viewer
+
+    client = Client()
+    client.force_login(make_viewer())
+    return client
+
+
+@pytest.fixture
+def operator_api(db):
+    """A test client logged in as an operator (may act)."""
+    from django.test import Client
+
+    from tests.views_helpers import make_operator
+
+    client = Client()
+    client.force_login(make_operator())
+    return client

@@ -5,21 +5,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
-from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline, make_viewer
-
-
-@pytest.fixture
-def viewer_api(db):
-    client = Client()
-    client.force_login(make_viewer())
-    return client
-
-
-@pytest.fixture
-def operator_api(db):
-    client = Client()
-    client.force_login(make_operator())
-    return client
+from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline
 
 
 @pytest.mark.django_db

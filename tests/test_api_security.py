@@ -30,20 +30,6 @@ def fresh_throttles():
 
 
 @pytest.fixture
-def operator_api(db):
-    client = Client()
-    client.force_login(make_operator())
-    return client
-
-
-@pytest.fixture
-def viewer_api(db):
-    client = Client()
-    client.force_login(make_viewer())
-    return client
-
-
-@pytest.fixture
 def orders(db):
     pipeline = make_pipeline()
     return pipeline, dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
