@@ -12,8 +12,12 @@ APT_PACKAGES := chromium libpostgresql-jdbc-java
 run: setup database
 	$(PY) manage.py devstack
 
+# Most integration tests wait on a broker, a worker or a browser rather than on the CPU, so they run in
+# TEST_WORKERS pytest-xdist workers (each with its own test database, Redis database and broker); the Spark
+# tests share one worker and one JVM (--dist loadgroup, tests/conftest.py). TEST_WORKERS=0 runs them serially.
+TEST_WORKERS ?= 4
 test: setup system-deps database
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Every test that needs no broker, Celery worker, Spark or browser: run it before every commit.
 FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos

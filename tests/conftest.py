@@ -20,7 +20,21 @@ from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (f
 from tests.waiting import patience
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def test_redis_url() -> str:
+    """TEST_REDIS_URL (Redis database 15 by default). Under pytest-xdist each worker takes the database below
+    the previous one (gw0: 15, gw1: 14, ...): a Celery worker started by one xdist worker must never take
+    another's tasks or answer its pings."""
+    base = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker:
+        return base
+    prefix, _, number = base.rpartition("/")
+    return f"{prefix}/{(int(number or 0) - int(worker.removeprefix('gw'))) % 16}"
+
+
+TEST_REDIS_URL = test_redis_url()
 
 # A test that uses one of these fixtures needs that service, whatever markers it declares: `make test-fast`
 # deselects the markers, so a missing marker cannot smuggle a broker or a worker into the fast lane.
@@ -32,6 +46,10 @@ def pytest_collection_modifyitems(config, items):
         for fixture, marker in SERVICE_FIXTURES.items():
             if fixture in item.fixturenames:
                 item.add_marker(marker)
+        if item.get_closest_marker("spark"):
+            # `make test` runs pytest-xdist with --dist loadgroup: every Spark test runs on one xdist worker, so
+            # the suite starts one JVM (and one standalone cluster), not one per worker on a 2-core machine.
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def clock_shift() -> timedelta:

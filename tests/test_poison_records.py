@@ -2,11 +2,13 @@
 refuses are found, dead-lettered with the database's error text, and the rest of the batch commits in the
 same transaction; errors that are not about data refuse the batch as SinkError."""
 import json
+import uuid
 
 import pytest
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg2 import sql
 
 from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
@@ -127,13 +129,15 @@ def test_permission_denied_is_a_sink_error(make_target):
     make, conn = make_target
     pipeline, target = make("int_value")
     commit.ensure_positions(conn, pipeline.pk, {0: 0})
+    # Roles belong to the whole PostgreSQL cluster: a name of its own keeps parallel test runs apart.
+    role = sql.Identifier(f"tally_readonly_{uuid.uuid4().hex[:8]}")
     with connection.cursor() as cur:
-        cur.execute("DROP ROLE IF EXISTS tally_readonly_test")
-        cur.execute("CREATE ROLE tally_readonly_test")
-        cur.execute("GRANT SELECT, UPDATE ON consumers_pipeline, consumers_partitionoffset TO tally_readonly_test")
+        cur.execute(sql.SQL("CREATE ROLE {}").format(role).as_string(cur.cursor))
+        cur.execute(sql.SQL("GRANT SELECT, UPDATE ON consumers_pipeline, consumers_partitionoffset TO {}")
+                    .format(role).as_string(cur.cursor))
     try:
         with conn.cursor() as cur:
-            cur.execute("SET ROLE tally_readonly_test")
+            cur.execute(sql.SQL("SET ROLE {}").format(role))
         conn.commit()
         with pytest.raises(commit.SinkError, match="42501"):
             commit.commit_batch(conn, target, 1, batch([b"1"]))
@@ -142,8 +146,8 @@ def test_permission_denied_is_a_sink_error(make_target):
             cur.execute("RESET ROLE")
         conn.commit()
         with connection.cursor() as cur:
-            cur.execute("DROP OWNED BY tally_readonly_test")
-            cur.execute("DROP ROLE tally_readonly_test")
+            cur.execute(sql.SQL("DROP OWNED BY {}").format(role).as_string(cur.cursor))
+            cur.execute(sql.SQL("DROP ROLE {}").format(role).as_string(cur.cursor))
 
 
 # Record values a careless or hostile producer sends: NUL, lone surrogates, numbers past bigint, empty,

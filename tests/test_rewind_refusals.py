@@ -53,7 +53,10 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("arguments,message", REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
+# Ids name the future instant instead of printing it: pytest-xdist workers collect at different moments and
+# must collect the same test ids.
+@pytest.mark.parametrize("arguments,message", REFUSALS,
+                         ids=[" ".join(a).replace(FUTURE, "tomorrow") for a, _ in REFUSALS])
 def test_bad_input_is_refused_with_exit_code_1_and_nothing_moves(consumed, capsys, arguments, message):
     before = state()
     code, out, err = run_command(capsys, "rewind", EXACTLY_ONCE, *arguments, "--execute")
