@@ -195,7 +195,8 @@ def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_api, 
     ("discard/", {"ids": ["LETTER"], "reason": ""}, "Say why these dead letters are discarded."),
     ("discard/", {"ids": ["LETTER"], "reason": "   "}, "Say why these dead letters are discarded."),
     ("replay/", {"ids": ["LETTER", "OTHER"]}, "Not dead letters of pipeline &#x27;orders&#x27;: OTHER."),
-    ("discard/", {"ids": ["999999999"], "reason": "typo"}, "Not dead letters of pipeline &#x27;orders&#x27;: 999999999."),
+    ("discard/", {"ids": ["999999999"], "reason": "typo"},
+     "Not dead letters of pipeline &#x27;orders&#x27;: 999999999."),
 ])
 def test_bad_input_is_a_422_with_the_reason_audited_and_changes_nothing(operator_api, letters, path, data, message):
     ids = {"LETTER": str(letters[(0, 3)].pk), "OTHER": str(letters["other"].pk)}
