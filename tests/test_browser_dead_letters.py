@@ -1,6 +1,8 @@
 """The dead-letter page in a real browser: an operator opens it from the pipeline page, filters down to one dead
 letter, replays it after the transform was fixed and sees the outcome; the sink then holds its row once.
 Saves a screenshot of the page (to docs/screenshots/ with `make screenshots`)."""
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -43,6 +45,7 @@ def test_an_operator_filters_and_replays_a_dead_letter_and_sees_its_outcome(page
     expect(outcome.locator("[data-result=replayed]")).to_have_text("replayed: 1")
     expect(page.locator("#dead-letter-table tbody")).to_contain_text("No dead letters match.")  # filters kept
     expect(page.locator("#pending-count")).to_have_text("(2 pending in all)")
+    expect(page).to_have_url(re.compile(r"/pipelines/orders/dead-letters/\?"))  # htmx swapped the panel in place
 
     assert 7 in [o for _, o, _, _ in sink_rows(orders)]
     assert list(DeadLetterReplay.objects.values_list("offset", "actor")) == [(7, "otto")]

@@ -99,6 +99,7 @@ def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, le
     (["orders", "list", "--state", "lost"], "invalid choice: 'lost'"),
     (["orders", "replay"], "replay: give --ids, or a filter"),
     (["orders", "list", "--offset-from", "9", "--offset-to", "3"], "--offset-from is above --offset-to"),
+    (["orders", "export", "--partition", "-1"], "--partition is 0 or more"),
 ])
 def test_usage_errors_exit_2_and_change_nothing(capsys, letters, argv, message):  # noqa: F811
     before = snapshot()
