@@ -42,9 +42,9 @@ class AlertActionForm(ActionForm):
 def acknowledge_alerts(modeladmin, request, queryset):
     for alert in queryset.select_related("rule", "pipeline"):
         if evaluate.acknowledge(alert, request.user.get_username()):
-            modeladmin.message_user(request, f"Acknowledged: {alert.pipeline.name}: {alert.summary}", messages.SUCCESS)
+            modeladmin.message_user(request, f"Acknowledged: {alert.pipeline_label}: {alert.summary}", messages.SUCCESS)
         else:
-            modeladmin.message_user(request, f"Pipeline {alert.pipeline.name}: not firing any more ({alert.state}): "
+            modeladmin.message_user(request, f"Pipeline {alert.pipeline_label}: not firing any more ({alert.state}): "
                                              f"nothing to acknowledge.", messages.WARNING)
 
 
@@ -59,14 +59,18 @@ def mute_alerts(modeladmin, request, queryset):
                                      result=ActionResult.REFUSED, message="Mute for 1 minute to 30 days.")
         return
     for alert in queryset.select_related("rule", "pipeline"):
-        mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+        try:
+            mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+        except evaluate.AlertGone as exc:
+            modeladmin.message_user(request, str(exc), messages.ERROR)
+            continue
         modeladmin.message_user(request, f"Muted '{alert.rule.name}' on {alert.pipeline.name} until "
                                          f"{mute.until:%Y-%m-%d %H:%M} UTC.", messages.SUCCESS)
 
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ("pipeline", "rule", "state", "summary", "started_at", "resolved_at", "dashboard")
+    list_display = ("pipeline_label", "rule_label", "state", "summary", "started_at", "resolved_at", "dashboard")
     list_filter = ("state", "rule__kind", "pipeline")
     readonly_fields = ("facts", "started_at", "last_seen_at", "notified_at", "next_reminder_at", "reminders_sent",
                        "acknowledged_at", "acknowledged_by", "resolved_at")
@@ -98,8 +102,8 @@ class AlertAdmin(admin.ModelAdmin):
 
     @admin.display(description="dashboard")
     def dashboard(self, obj):
-        url = reverse("alerts:list") + "?" + urlencode({"state": "all", "pipeline": obj.pipeline.name})
-        return format_html('<a href="{}" class="dashboard-link">{}</a>', url, obj.pipeline.name)
+        url = reverse("alerts:list") + "?" + urlencode({"state": "all", "pipeline": obj.pipeline_label})
+        return format_html('<a href="{}" class="dashboard-link">{}</a>', url, obj.pipeline_label)
 
 
 @admin.register(Mute)

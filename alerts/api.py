@@ -55,6 +55,9 @@ def alert_mute(request, alert_id):
     if minutes is None:
         return Response({"error": "minutes must be an integer from 1 to 43200 (30 days)."},
                         status=http.HTTP_400_BAD_REQUEST)
-    mute = evaluate.mute(alert, minutes, request.user.get_username(), str(request.data.get("reason", "")))
+    try:
+        mute = evaluate.mute(alert, minutes, request.user.get_username(), str(request.data.get("reason", "")))
+    except evaluate.AlertGone as exc:
+        return Response({"error": str(exc), "alert": alert.as_json()}, status=http.HTTP_409_CONFLICT)
     return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
                               "until": mute.until.isoformat()}, "alert": alert.as_json()})

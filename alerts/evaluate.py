@@ -40,6 +40,10 @@ class EvaluationReport:
         return dict(self.__dict__)
 
 
+class AlertGone(ValueError):
+    """The alert's rule or pipeline was deleted: the alert is history, there is nothing to mute."""
+
+
 def _label(rule, pipeline) -> str:
     return f"{pipeline.name}/{rule.name}"
 
@@ -57,7 +61,7 @@ def _next_reminder(rule, after, now):
 
 def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: EvaluationReport) -> None:
     with transaction.atomic():
-        alert = (Alert.objects.select_for_update().select_related("rule", "pipeline")
+        alert = (Alert.objects.select_for_update(of=("self",)).select_related("rule", "pipeline")
                  .filter(rule=rule, pipeline=pipeline, state__in=OPEN_STATES).first())
         muted = Mute.active_for(rule, pipeline, now).exists()
         if finding is None:
@@ -100,10 +104,25 @@ def _resolve(alert: Alert, now, muted: bool, report: EvaluationReport) -> None:
     if not changed:
         return
     alert.state, alert.resolved_at = AlertState.RESOLVED, now
-    report.resolved.append(_label(alert.rule, alert.pipeline))
+    report.resolved.append(f"{alert.pipeline_label}/{alert.rule_label}")
     # Recipients who never heard of it (it fired while muted) get no "resolved" email either.
-    if alert.notified_at is not None and not muted:
+    if alert.notified_at is not None and not muted and not alert.is_gone:
         notify.queue(alert, NotificationKind.RESOLVED, 0, now)
+
+
+def resolve_gone(alerts, reason: str, now=None) -> list[str]:
+    """Resolve the open alerts among `alerts` (a queryset) because their pipeline or rule is going away: each
+    keeps `reason` in its facts and gets its "resolved" email as evaluation would send it."""
+    now = now or timezone.now()
+    report = EvaluationReport(now=now.isoformat())
+    with transaction.atomic():
+        locked = alerts.select_for_update(of=("self",)).select_related("rule", "pipeline")
+        for alert in locked.filter(state__in=OPEN_STATES):
+            alert.facts = {**(alert.facts or {}), "resolved_because": reason}
+            Alert.objects.filter(pk=alert.pk).update(facts=alert.facts)
+            muted = not alert.is_gone and Mute.active_for(alert.rule, alert.pipeline, now).exists()
+            _resolve(alert, now, muted, report)
+    return report.resolved
 
 
 def evaluate_all(now=None) -> EvaluationReport:
@@ -135,7 +154,9 @@ def evaluate_all(now=None) -> EvaluationReport:
                 report.errors.append({"pipeline": pipeline.name, "rule": rule.name, "error": str(error)})
     # Open alerts of rules that no longer apply (disabled, overridden, deleted pipeline rule): resolve them.
     for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline"):
-        if (alert.rule_id, alert.pipeline_id) not in evaluated:
+        if alert.is_gone:  # deleted without the ORM's signals (raw SQL): resolved, never matched by rule and pipeline
+            report.resolved += resolve_gone(Alert.objects.filter(pk=alert.pk), "rule or pipeline deleted", now)
+        elif (alert.rule_id, alert.pipeline_id) not in evaluated:
             apply(alert.rule, alert.pipeline, None, now, report)
     return report
 
@@ -150,7 +171,11 @@ def acknowledge(alert: Alert, user: str, now=None) -> bool:
 
 
 def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
-    """Mute the alert's rule for its pipeline for `minutes`, in the operators' action log with the actor."""
+    """Mute the alert's rule for its pipeline for `minutes`, in the operators' action log with the actor.
+    Raises AlertGone for an alert whose rule or pipeline was deleted (an empty link would mute everything)."""
+    if alert.is_gone:
+        raise AlertGone(f"Alert {alert.pk} is history: its {'pipeline' if alert.pipeline_id is None else 'rule'} "
+                        f"was deleted, so there is nothing to mute.")
     muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)
     _log_action(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
            f"muted rule {alert.rule.name!r} on {alert.pipeline.name} until {muted.until:%Y-%m-%d %H:%M} UTC", now)
@@ -160,5 +185,5 @@ def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> M
 def _log_action(alert: Alert, action: str, user: str, params: dict, message: str, now=None) -> None:
     now = now or timezone.now()
     ActionLog.objects.create(pipeline=alert.pipeline, action=action, actor=user[:150],
-                             params={"alert": alert.pk, "rule": alert.rule.name, **params}, result=ActionResult.DONE,
+                             params={"alert": alert.pk, "rule": alert.rule_label, **params}, result=ActionResult.DONE,
                              message=message, created_at=now, finished_at=now)

@@ -75,8 +75,16 @@ OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
 
 
 class Alert(models.Model):
-    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
-    pipeline = models.ForeignKey("consumers.Pipeline", on_delete=models.CASCADE, related_name="alerts")
+    """An alert is history: it outlives its rule and its pipeline (deleting either leaves the link empty and the
+    names below), and an alert still open when they go is resolved first (alerts/signals.py)."""
+
+    rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
+    pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="alerts")
+    # What rule and pipeline the alert was about, kept when they are deleted.
+    rule_name = models.CharField(max_length=100, blank=True, default="")
+    rule_kind = models.CharField(max_length=20, blank=True, default="", choices=RuleKind.choices)
+    pipeline_name = models.CharField(max_length=100, blank=True, default="")
     state = models.CharField(max_length=15, choices=AlertState.choices, default=AlertState.FIRING)
     summary = models.CharField(max_length=300)
     facts = models.JSONField(default=dict, help_text="What evaluation saw last: partitions, offsets, counts.")
@@ -98,7 +106,35 @@ class Alert(models.Model):
         indexes = [models.Index(fields=["state", "-started_at"], name="alert_state_idx")]
 
     def __str__(self):
-        return f"[{self.state}] {self.pipeline.name}: {self.summary}"
+        return f"[{self.state}] {self.pipeline_label}: {self.summary}"
+
+    def save(self, *args, **kwargs):
+        if kwargs.get("update_fields") is None:
+            self.remember_names()
+        super().save(*args, **kwargs)
+
+    def remember_names(self) -> None:
+        if self.rule_id and self.rule:
+            self.rule_name, self.rule_kind = self.rule.name, self.rule.kind
+        if self.pipeline_id and self.pipeline:
+            self.pipeline_name = self.pipeline.name
+
+    @property
+    def pipeline_label(self) -> str:
+        return self.pipeline.name if self.pipeline_id else self.pipeline_name
+
+    @property
+    def rule_label(self) -> str:
+        return self.rule.name if self.rule_id else self.rule_name
+
+    @property
+    def kind(self) -> str:
+        return self.rule.kind if self.rule_id else self.rule_kind
+
+    @property
+    def is_gone(self) -> bool:
+        """Its rule or its pipeline was deleted: history only, nothing to mute."""
+        return self.rule_id is None or self.pipeline_id is None
 
     @property
     def is_open(self) -> bool:
@@ -117,8 +153,9 @@ class Alert(models.Model):
 
     def as_json(self) -> dict:
         return {
-            "id": self.pk, "state": self.state, "pipeline": self.pipeline.name, "rule": self.rule.name,
-            "kind": self.rule.kind, "summary": self.summary, "facts": self.facts,
+            "id": self.pk, "state": self.state, "pipeline": self.pipeline_label, "rule": self.rule_label,
+            "kind": self.kind, "pipeline_deleted": self.pipeline_id is None, "summary": self.summary,
+            "facts": self.facts,
             "started_at": self.started_at.isoformat(), "last_seen_at": self.last_seen_at.isoformat(),
             "acknowledged_at": self.acknowledged_at.isoformat() if self.acknowledged_at else None,
             "acknowledged_by": self.acknowledged_by or None,

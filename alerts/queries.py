@@ -1,4 +1,6 @@
 """Listing alerts with the page's and the API's filters (one place, so both agree)."""
+from django.db.models import Q
+
 from alerts.models import OPEN_STATES, Alert, AlertState
 
 # The page shows this many alerts: the newest matter; older ones are in the admin.
@@ -13,7 +15,8 @@ def filtered_alerts(state: str = "open", pipeline: str = ""):
     elif state != "all":
         alerts = alerts.filter(state=state)
     if pipeline:
-        alerts = alerts.filter(pipeline__name=pipeline)
+        # A deleted pipeline's alerts keep its name: its history is still found by name.
+        alerts = alerts.filter(Q(pipeline__name=pipeline) | Q(pipeline__isnull=True, pipeline_name=pipeline))
     return alerts
 
 

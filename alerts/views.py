@@ -56,7 +56,7 @@ def alert_acknowledge(request, alert_id):
         raise PermissionDenied("Only operators can acknowledge alerts.")
     alert = get_object_or_404(Alert, pk=alert_id)
     if evaluate.acknowledge(alert, request.user.get_username()):
-        messages.success(request, f"Acknowledged: {alert.pipeline.name}: {alert.summary}")
+        messages.success(request, f"Acknowledged: {alert.pipeline_label}: {alert.summary}")
     else:
         messages.info(request, f"Not firing any more ({alert.state}): nothing to acknowledge.")
     return _back(request)
@@ -72,7 +72,11 @@ def alert_mute(request, alert_id):
     if minutes is None:
         messages.error(request, "Mute for 1 minute to 30 days.")
         return _back(request)
-    mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+    try:
+        mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+    except evaluate.AlertGone as exc:
+        messages.error(request, str(exc))
+        return _back(request)
     messages.success(request, f"Muted '{alert.rule.name}' on {alert.pipeline.name} "
                               f"until {mute.until:%Y-%m-%d %H:%M} UTC.")
     return _back(request)

@@ -1,7 +1,10 @@
-"""Forms for operator input: rewinds and consumer-group resets. Validation turns bad input into clear
-messages before anything is read from Kafka or changed (consumers.operations.offset_specs does the parsing)."""
+"""Forms for operator input: rewinds, consumer-group resets, pipelines, dead-letter filters and actions.
+Validation turns bad input into clear messages before anything is read from Kafka or changed
+(consumers.operations.offset_specs does the parsing)."""
 from django import forms
 
+from consumers.operations import dead_letter_queries as queries
+from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
 
 MODE_HELP = {
@@ -99,3 +102,63 @@ class PipelineForm(forms.Form):
     group = forms.CharField(max_length=255, required=False, help_text="Kafka consumer group id; default: the name.")
     engine = forms.ChoiceField(choices=[("python", "python (kafka-python)"), ("spark", "spark")], initial="python")
     create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")
+
+
+class DeadLetterFilterForm(forms.Form):
+    """Which dead letters of a pipeline to list or export: the page's filters and the API's query parameters."""
+
+    error = forms.CharField(required=False, max_length=queries.MAX_ERROR_FILTER, label="Error contains")
+    partition = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1,
+                                   error_messages={"invalid": "A partition is a whole number, e.g. 0."})
+    offset_from = forms.IntegerField(required=False, min_value=0, max_value=queries.MAX_OFFSET, label="Offset from",
+                                     error_messages={"invalid": "An offset is a whole number, e.g. 1200."})
+    offset_to = forms.IntegerField(required=False, min_value=0, max_value=queries.MAX_OFFSET, label="to (inclusive)",
+                                   error_messages={"invalid": "An offset is a whole number, e.g. 1200."})
+    state = forms.ChoiceField(required=False, choices=[(s, s) for s in queries.STATES], initial=queries.PENDING)
+
+    def clean(self):
+        cleaned = super().clean()
+        low, high = cleaned.get("offset_from"), cleaned.get("offset_to")
+        if low is not None and high is not None and low > high:
+            self.add_error("offset_to", f"The range ends before it starts ({low} > {high}).")
+        cleaned["state"] = cleaned.get("state") or queries.PENDING
+        return cleaned
+
+    def filters(self) -> queries.Filters:
+        data = self.cleaned_data
+        return queries.Filters(error=data["error"], partition=data["partition"], offset_from=data["offset_from"],
+                               offset_to=data["offset_to"], state=data["state"])
+
+    def query(self) -> dict:
+        """The validated filters as query parameters (empty ones left out), for links and redirects."""
+        return {name: value for name, value in self.cleaned_data.items() if value not in (None, "")}
+
+
+class DeadLetterIdsField(forms.Field):
+    """The ticked dead letters: one `ids` value per checkbox, each a whole number."""
+
+    widget = forms.MultipleHiddenInput
+    default_error_messages = {"required": "Select at least one dead letter.",
+                              "invalid": "Dead letter ids are whole numbers."}
+
+    def to_python(self, value):
+        values = value if isinstance(value, list | tuple) else [value] if value else []
+        try:
+            return sorted({int(item) for item in values})
+        except (TypeError, ValueError):
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+    def validate(self, value):
+        super().validate(value)
+        if len(value) > dead_letter_ops.MAX_PER_CALL:
+            raise forms.ValidationError(f"At most {dead_letter_ops.MAX_PER_CALL} dead letters at a time.")
+
+
+class DeadLetterReplayForm(forms.Form):
+    ids = DeadLetterIdsField()
+
+
+class DeadLetterDiscardForm(DeadLetterReplayForm):
+    reason = forms.CharField(max_length=dead_letter_ops.MAX_REASON, strip=True,
+                             error_messages={"required": "Say why these dead letters are discarded."},
+                             help_text="Why they are dropped (kept with them and in the action log).")

@@ -7,7 +7,7 @@ this module only reads them, together with the positions the commit protocol kee
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Max
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from consumers.models import (
@@ -185,15 +185,22 @@ class PipelineSummary:
     """Counts for the header of the pipeline page."""
 
     dead_letters: int = 0
+    pending_dead_letters: int = 0   # not discarded: what a replay could still turn into rows
     live_runs: int = 0
     last_heartbeat: object = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def discarded_dead_letters(self) -> int:
+        return self.dead_letters - self.pending_dead_letters
 
 
 def pipeline_summary(pipeline: Pipeline, runs, now=None) -> PipelineSummary:
     last = max((r.heartbeat_at for r in runs), default=None)
     alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now or timezone.now()).count()
-    return PipelineSummary(dead_letters=DeadLetter.objects.filter(pipeline=pipeline).count(),
+    letters = DeadLetter.objects.filter(pipeline=pipeline).aggregate(
+        total=Count("pk"), pending=Count("pk", filter=Q(discarded_at=None)))
+    return PipelineSummary(dead_letters=letters["total"], pending_dead_letters=letters["pending"],
                            live_runs=alive, last_heartbeat=last)
 
 

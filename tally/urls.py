@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from dashboard import metrics
-from dashboard.views import actions, demo, groups, pages, pipelines, rewind, topic_checks, trace
+from dashboard.views import actions, dead_letters, demo, groups, pages, pipelines, rewind, topic_checks, trace
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
@@ -13,6 +13,12 @@ urlpatterns = [
     path("pipelines/<slug:name>/actions/<slug:action>/", actions.pipeline_action, name="pipeline_action"),
     path("pipelines/<slug:name>/rewind/", rewind.rewind, name="rewind"),
     path("pipelines/<slug:name>/trace/", trace.trace_record, name="trace"),
+    path("pipelines/<slug:name>/dead-letters/", dead_letters.dead_letter_list, name="dead_letters"),
+    path("pipelines/<slug:name>/dead-letters/export.csv", dead_letters.export_csv, name="dead_letters_csv"),
+    # URL names are the action log's action names: a viewer's refused POST is recorded under them.
+    path("pipelines/<slug:name>/dead-letters/replay/", dead_letters.replay_dead_letters, name="replay_dead_letters"),
+    path("pipelines/<slug:name>/dead-letters/discard/", dead_letters.discard_dead_letters,
+         name="discard_dead_letters"),
     path("groups/", groups.group_list, name="groups"),
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),

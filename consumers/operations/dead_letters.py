@@ -4,7 +4,8 @@ The admin, the dead-letter page, the API and the command line call these functio
 audited operator action (`ActionLog` "replay_dead_letters" / "discard_dead_letters"), refusals included.
 
 Steps of `replay`:
-  1. Validate (the pipeline exists, ids are given, not too many, the transform resolves); with
+  1. Validate (the pipeline exists, ids are given, not too many, the transform resolves, every id is a dead
+     letter of this pipeline, pending, discarded or already replayed); with
      source="kafka", read the records at the dead letters' offsets from Kafka (read_committed) before any
      lock is taken — a record Kafka no longer holds refuses the whole call.
   2. Open ONE PostgreSQL transaction; lock the pipeline row FOR SHARE and the partitions' offset rows
@@ -93,6 +94,19 @@ def _clean_ids(pipeline, action, actor, params, ids) -> list[int]:
     return cleaned
 
 
+def _refuse_unknown(pipeline, action, actor, params, ids) -> None:
+    """Refuse ids that were never dead letters of this pipeline (a typo, another pipeline's letter). A dead
+    letter already replayed is known (its replay-ledger row): replaying it again is a no-op, not an error."""
+    known = set(DeadLetter.objects.filter(pipeline=pipeline, pk__in=ids).values_list("pk", flat=True))
+    known |= set(DeadLetterReplay.objects.filter(pipeline=pipeline, dead_letter_id__in=ids)
+                 .values_list("dead_letter_id", flat=True))
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+        actions.refuse(pipeline, action, actor, params,
+                       f"Not dead letters of pipeline {pipeline.name!r}: {shown}. Nothing was changed.")
+
+
 def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stored",
            faults: FaultInjector = NO_FAULTS) -> DeadLetterResult:
     """Replay the dead letters `dead_letter_ids` of `pipeline` (a name or a Pipeline). Raises Refused
@@ -107,6 +121,7 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
         transform = resolve(pipeline.transform)
     except LookupError as exc:
         actions.refuse(pipeline, REPLAY, actor, params, f"The pipeline's transform cannot be loaded: {exc}")
+    _refuse_unknown(pipeline, REPLAY, actor, params, ids)
     from_kafka = None
     if source == "kafka":
         from_kafka = _read_from_kafka(pipeline, ids, actor, params)
@@ -279,6 +294,7 @@ def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadL
         actions.refuse(pipeline, DISCARD, actor, params, "Discarding dead letters needs a reason.")
     if len(reason) > MAX_REASON:
         actions.refuse(pipeline, DISCARD, actor, params, f"The reason is longer than {MAX_REASON} characters.")
+    _refuse_unknown(pipeline, DISCARD, actor, params, ids)
     now = timezone.now()
     with transaction.atomic():
         letters = list(DeadLetter.objects.select_for_update().filter(pipeline=pipeline, pk__in=ids)

@@ -11,9 +11,12 @@ import re
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from consumers.operations import dead_letter_queries, dead_letters
 from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
 
 MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
+# One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
+MAX_DEAD_LETTERS_PER_PAGE = 10_000
 # Kafka's legal topic names: letters, digits, '.', '_' and '-', at most 249 characters.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -116,3 +119,50 @@ class ActionLogQuery(serializers.Serializer):
     group = serializers.CharField(required=False, max_length=255)
     action = serializers.CharField(required=False, max_length=30)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=100)
+
+
+class DeadLetterQuery(serializers.Serializer):
+    """Query parameters of GET /api/pipelines/NAME/dead-letters (strings from the URL): the page's filters,
+    plus `limit` (1..10000) and `page` (from 1)."""
+
+    state = serializers.ChoiceField(choices=dead_letter_queries.STATES, required=False,
+                                    default=dead_letter_queries.PENDING)
+    error = serializers.CharField(required=False, max_length=dead_letter_queries.MAX_ERROR_FILTER, default="",
+                                  allow_blank=True)
+    partition = serializers.IntegerField(required=False, min_value=0, max_value=MAX_PARTITION, allow_null=True,
+                                         default=None)
+    offset_from = serializers.IntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+                                           allow_null=True, default=None)
+    offset_to = serializers.IntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+                                         allow_null=True, default=None)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_DEAD_LETTERS_PER_PAGE, default=100)
+    page = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1, default=1)
+
+    def validate(self, attrs):
+        low, high = attrs.get("offset_from"), attrs.get("offset_to")
+        if low is not None and high is not None and low > high:
+            raise serializers.ValidationError({"offset_to": f"The range ends before it starts ({low} > {high})."})
+        return attrs
+
+    def filters(self) -> dead_letter_queries.Filters:
+        data = self.validated_data
+        return dead_letter_queries.Filters(error=data["error"], partition=data["partition"],
+                                           offset_from=data["offset_from"], offset_to=data["offset_to"],
+                                           state=data["state"])
+
+
+def _dead_letter_ids():
+    return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=dead_letter_queries.MAX_OFFSET),
+                                 allow_empty=False, max_length=dead_letters.MAX_PER_CALL)
+
+
+class DeadLetterReplayInput(StrictSerializer):
+    ids = _dead_letter_ids()
+    source = serializers.ChoiceField(choices=dead_letters.SOURCES, required=False, default="stored")
+
+
+class DeadLetterDiscardInput(StrictSerializer):
+    ids = _dead_letter_ids()
+    reason = StrictStringField(max_length=dead_letters.MAX_REASON,
+                               error_messages={"blank": "Say why these dead letters are discarded.",
+                                               "required": "Say why these dead letters are discarded."})

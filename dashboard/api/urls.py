@@ -1,4 +1,5 @@
-"""JSON API under /api/ (pipelines, partitions, reconciliation, groups, actions, action log). See README."""
+"""JSON API under /api/ (pipelines, partitions, reconciliation, dead letters, groups, actions, action log).
+See README."""
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
@@ -16,6 +17,8 @@ urlpatterns = [
     path("pipelines/<slug:name>/reconciliation", views.reconciliation, name="reconciliation"),
     path("pipelines/<slug:name>/trace", views.trace_record, name="trace"),
     path("pipelines/<slug:name>/dead-letters", views.dead_letters, name="dead_letters"),
+    path("pipelines/<slug:name>/dead-letters/replay", views.replay_dead_letters, name="replay_dead_letters"),
+    path("pipelines/<slug:name>/dead-letters/discard", views.discard_dead_letters, name="discard_dead_letters"),
     path("pipelines/<slug:name>/actions/<slug:action>", views.pipeline_action, name="action"),
     path("pipelines/<slug:name>/rewind", views.pipeline_rewind, name="rewind"),
     path("pipelines/<slug:name>/topic-checks", views.pipeline_topic_checks, name="topic_checks"),

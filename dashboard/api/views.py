@@ -1,14 +1,17 @@
 """The JSON API (Django REST framework function views): the dashboard's data and actions for scripts.
 
 Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
-consumers.operations.rewind and consumers.operations.group_reset (which write the action log). Input is validated
+consumers.operations.rewind, consumers.operations.group_reset and consumers.operations.dead_letters (which write
+the action log). Input is validated
 by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad
 input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
 viewers.
 """
+from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.http import urlencode
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status as http
@@ -20,12 +23,22 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
-from consumers.operations import actions, group_reset
+from consumers.operations import actions, dead_letter_queries, group_reset
+from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
 from dashboard import status, timeline
-from dashboard.api.inputs import ActionLogQuery, EmptyInput, GroupResetInput, ReconcileInput, RewindInput
+from dashboard.api.inputs import (
+    ActionLogQuery,
+    DeadLetterDiscardInput,
+    DeadLetterQuery,
+    DeadLetterReplayInput,
+    EmptyInput,
+    GroupResetInput,
+    ReconcileInput,
+    RewindInput,
+)
 from dashboard.api.permissions import OperatorForWrites
 from dashboard.lockout import locked_out
 from dashboard.refusals import record_refusal
@@ -142,15 +155,70 @@ def reconciliation(request, name):
     return Response(report_json([report]))
 
 
-@extend_schema(responses=JSON)
+@extend_schema(responses=JSON, parameters=[DeadLetterQuery])
 @api_view(["GET"])
 def dead_letters(request, name):
+    """The pipeline's dead letters in (partition, offset) order, filtered like the dead-letter page:
+    ?state=pending|discarded|replayed|any (default pending), ?error=TEXT (contains, any case), ?partition=P,
+    ?offset_from=N&offset_to=M (inclusive); one page of ?limit=N (default 100, at most 10000), ?page=N."""
     pipeline = get_object_or_404(Pipeline, name=name)
-    return Response({"dead_letters": [
-        {"partition": d.partition, "offset": d.offset, "error": d.error, "created_at": d.created_at.isoformat(),
-         "key": bytes(d.key).decode("utf-8", "replace") if d.key is not None else None,
-         "value": bytes(d.value).decode("utf-8", "replace") if d.value is not None else None}
-        for d in status.recent_dead_letters(pipeline, limit=100)]})
+    query = DeadLetterQuery(data=request.query_params)
+    if not query.is_valid():
+        return Response({"errors": field_errors(query.errors)}, status=http.HTTP_400_BAD_REQUEST)
+    params = query.validated_data
+    paginator = Paginator(dead_letter_queries.dead_letters(pipeline, query.filters()), params["limit"])
+    filters = {k: v for k, v in params.items() if k not in ("limit", "page") and v not in (None, "")}
+    try:
+        page = paginator.page(params["page"])
+    except EmptyPage:  # past the last page: nothing, said plainly (a client pages until `next` is null)
+        rows, following = [], None
+    else:
+        rows = [dead_letter_queries.export_row(row) for row in page.object_list]
+        following = None
+        if page.has_next():
+            path = reverse("api:dead_letters", kwargs={"name": pipeline.name})
+            query_string = urlencode({**filters, "limit": params["limit"], "page": page.number + 1})
+            following = request.build_absolute_uri(f"{path}?{query_string}")
+    return Response({"pipeline": pipeline.name, "filters": filters, "count": paginator.count, "page": params["page"],
+                     "pages": paginator.num_pages, "next": following, "dead_letters": rows})
+
+
+def _dead_letter_action(request, name, action: str, serializer_class, call) -> Response:
+    pipeline = get_object_or_404(Pipeline, name=name)
+    body = serializer_class(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, action, pipeline)
+    try:
+        result = call(pipeline, body.validated_data, request.user.username)
+    except Refused as exc:  # unknown ids, an empty reason, ...: audited, nothing changed
+        return _refused(exc)
+    except Exception as exc:  # rolled back and audited as failed (a transform that no longer fits the sink)
+        return Response({"error": f"The {action.replace('_', ' ')} failed and changed nothing: "
+                                  f"{type(exc).__name__}: {exc}"}, status=http.HTTP_409_CONFLICT)
+    return Response(result.as_dict())
+
+
+@extend_schema(responses=JSON, request=DeadLetterReplayInput)
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def replay_dead_letters(request, name):
+    """Body: {"ids": [..], "source": "stored" (default) or "kafka" (re-read the records)}. Replays them through the
+    pipeline's current transform, exactly once → counts per result (replayed, still_bad, already_in_sink, gone,
+    discarded, not_yet_consumed) and one outcome per dead letter. Ids that are not this pipeline's: 409."""
+    return _dead_letter_action(request, name, dead_letter_ops.REPLAY, DeadLetterReplayInput,
+                               lambda pipeline, data, actor: dead_letter_ops.replay(pipeline, data["ids"], actor=actor,
+                                                                                    source=data["source"]))
+
+
+@extend_schema(responses=JSON, request=DeadLetterDiscardInput)
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def discard_dead_letters(request, name):
+    """Body: {"ids": [..], "reason": "why"} (reason required). Discarded dead letters stay, with the reason, and are
+    never replayed → counts (discarded, already_discarded, gone). Ids that are not this pipeline's: 409."""
+    return _dead_letter_action(request, name, dead_letter_ops.DISCARD, DeadLetterDiscardInput,
+                               lambda pipeline, data, actor: dead_letter_ops.discard(pipeline, data["ids"],
+                                                                                     data["reason"], actor=actor))
 
 
 @extend_schema(responses=JSON, parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),

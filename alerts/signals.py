@@ -1,0 +1,21 @@
+"""History survives deletions: before a pipeline or an alert rule is deleted, its alerts still open are resolved
+(with their "resolved" email, if a "fired" one went out) and every alert of it keeps the names it was about.
+The database then empties the links (SET_NULL); the alerts and their emails stay."""
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
+
+from alerts import evaluate
+from alerts.models import Alert, AlertRule
+from consumers.models import Pipeline
+
+
+@receiver(pre_delete, sender=Pipeline, dispatch_uid="alerts-keep-pipeline-history")
+def keep_pipeline_history(sender, instance, **kwargs):
+    evaluate.resolve_gone(Alert.objects.filter(pipeline=instance), f"pipeline {instance.name} deleted")
+    Alert.objects.filter(pipeline=instance).update(pipeline_name=instance.name)
+
+
+@receiver(pre_delete, sender=AlertRule, dispatch_uid="alerts-keep-rule-history")
+def keep_rule_history(sender, instance, **kwargs):
+    evaluate.resolve_gone(Alert.objects.filter(rule=instance), f"rule {instance.name!r} deleted")
+    Alert.objects.filter(rule=instance).update(rule_name=instance.name, rule_kind=instance.kind)

@@ -1,0 +1,113 @@
+"""A pipeline's dead letters: browse with filters, export as CSV, replay or discard the selected ones.
+consumers.operations.dead_letter_queries reads them; consumers.operations.dead_letters replays and discards
+them (one transaction, audited); these views check the role, validate the input and show the outcome."""
+import csv
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+
+from consumers.models import Pipeline
+from consumers.operations import dead_letter_queries as queries
+from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations.offset_specs import Refused
+from dashboard.forms import DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
+from dashboard.refusals import form_errors, record_refusal
+from dashboard.roles import can_operate
+from dashboard.views.actions import refuse_viewer
+from dashboard.views.common import render_page
+
+PAGE_SIZE = 50
+# Rows fetched per round trip while streaming an export: memory stays flat however many dead letters match.
+EXPORT_CHUNK = 500
+
+
+def _render(request, pipeline, filters: DeadLetterFilterForm, *, outcome=None, error: str = "", status: int = 200):
+    context = {"nav": "overview", "pipeline": pipeline, "form": filters, "can_operate": can_operate(request.user),
+               "outcome": outcome, "error": error, "pending": queries.pending_count(pipeline)}
+    if filters.is_valid():
+        rows = queries.dead_letters(pipeline, filters.filters())
+        context["page"] = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page") or request.POST.get("page"))
+        context["query"] = urlencode(filters.query())
+        context["carry"] = filters.query()
+    elif status == 200:
+        status = 422  # htmx swaps 422: the form shows why
+    return render_page(request, "dead_letters.html", context, fragment="panel", status=status)
+
+
+@require_GET
+@login_required
+def dead_letter_list(request, name):
+    pipeline = get_object_or_404(Pipeline, name=name)
+    return _render(request, pipeline, DeadLetterFilterForm(request.GET))
+
+
+@require_GET
+@login_required
+def export_csv(request, name):
+    """The filtered set (every page) as CSV, streamed; key and value as text (undecodable bytes escaped)."""
+    pipeline = get_object_or_404(Pipeline, name=name)
+    filters = DeadLetterFilterForm(request.GET)
+    if not filters.is_valid():
+        return _render(request, pipeline, filters)
+    rows = queries.dead_letters(pipeline, filters.filters()).iterator(chunk_size=EXPORT_CHUNK)
+    response = StreamingHttpResponse(_csv_lines(rows), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{pipeline.name}-dead-letters.csv"'
+    return response
+
+
+class _Line:
+    """csv.writer writes into this and the generator hands each line on (no buffer grows)."""
+
+    def write(self, text):
+        return text
+
+
+def _csv_lines(rows):
+    writer = csv.writer(_Line())
+    yield writer.writerow(queries.EXPORT_NAMES)
+    for row in rows:
+        yield writer.writerow(["" if v is None else v for v in queries.export_row(row).values()])
+
+
+@require_POST
+@login_required
+def replay_dead_letters(request, name):
+    return _act(request, name, dead_letter_ops.REPLAY, DeadLetterReplayForm,
+                lambda pipeline, data, actor: dead_letter_ops.replay(pipeline, data["ids"], actor=actor))
+
+
+@require_POST
+@login_required
+def discard_dead_letters(request, name):
+    return _act(request, name, dead_letter_ops.DISCARD, DeadLetterDiscardForm,
+                lambda pipeline, data, actor: dead_letter_ops.discard(pipeline, data["ids"], data["reason"],
+                                                                      actor=actor))
+
+
+def _act(request, name, action: str, form_class, call):
+    pipeline = get_object_or_404(Pipeline, name=name)
+    if not can_operate(request.user):
+        return refuse_viewer(request, pipeline)
+    filters = DeadLetterFilterForm(request.POST)  # the page's filters, carried so the table stays as it was
+    form = form_class(request.POST)
+    if not form.is_valid():
+        reason = form_errors(form)
+        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
+                       params={"ids": request.POST.getlist("ids")[:20]})
+        return _render(request, pipeline, filters, error=_plain(form), status=422)
+    try:
+        result = call(pipeline, form.cleaned_data, request.user.username)
+    except Refused as exc:  # audited by the domain; nothing was changed
+        return _render(request, pipeline, filters, error=str(exc), status=422)
+    except Exception as exc:  # rolled back and audited as failed (e.g. a transform that no longer fits the sink)
+        return _render(request, pipeline, filters, status=422,
+                       error=f"The {action.replace('_', ' ')} failed and changed nothing: {type(exc).__name__}: {exc}")
+    return _render(request, pipeline, filters, outcome=result)
+
+
+def _plain(form) -> str:
+    return " ".join(error for errors in form.errors.values() for error in errors)
