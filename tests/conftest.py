@@ -41,6 +41,7 @@ TEST_REDIS_URL = test_redis_url()
 SERVICE_FIXTURES = {"kafka_bootstrap": "kafka", "celery_worker": "celery", "page": "browser", "browser": "browser"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in SERVICE_FIXTURES.items():
