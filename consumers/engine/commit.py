@@ -31,15 +31,22 @@ from consumers.engine.transforms import SourceRecord, Transform, resolve
 
 
 class CommitRefused(Exception):
-    """The batch was not written; nothing changed."""
+    """The batch was not written; nothing changed. `reason` names the refusal (a run's end reason where it
+    is one: consumers/engine/lifecycle.py)."""
+
+    reason = "refused"
 
 
 class Fenced(CommitRefused):
     """The writer's epoch is older than the pipeline's: a restart or rewind happened."""
 
+    reason = "fenced"
+
 
 class Gap(CommitRefused):
     """Exactly-once: the batch starts above the stored next_offset; writing it would lose records."""
+
+    reason = "gap"
 
 
 class Fetch:
@@ -66,10 +73,14 @@ class Fetch:
 class StopOnBadRecord(CommitRefused):
     """The pipeline's policy is to stop on a record the transform or the database rejects."""
 
+    reason = "bad_record"
+
 
 class SinkError(CommitRefused):
     """The database refused the batch for a reason that is not the data (a missing table, permission
     denied, disk full): writing it again will fail again, so the run must end and someone must look."""
+
+    reason = "sink_error"
 
 
 @dataclass(frozen=True)
