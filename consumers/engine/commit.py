@@ -157,7 +157,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     batches = {p: batches.get(p) or [] for p in partitions}
     try:
         with conn.cursor() as cur:
-            _check_epoch(cur, target.pipeline_id, epoch)
+            check_epoch(cur, target.pipeline_id, epoch)
             positions, replay_until = _lock_positions(cur, target, partitions, fetches)
             plans = [_plan_partition(target, p, batches[p], fetches[p], positions.get(p)) for p in partitions]
             plans = [plan for plan in plans if plan.records or plan.end > plan.first]
@@ -188,7 +188,9 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     return outcomes + skipped_only
 
 
-def _check_epoch(cur, pipeline_id: int, epoch: int) -> None:
+def check_epoch(cur, pipeline_id: int, epoch: int) -> None:
+    """Inside a writing transaction: raise Fenced unless the pipeline is still at `epoch` (its row held
+    FOR SHARE until the transaction ends)."""
     # FOR SHARE: concurrent batches proceed together; a restart's epoch bump waits for them, and a batch
     # that starts after the bump sees the new epoch. So no write of an old epoch lands after a bump.
     cur.execute("SELECT epoch FROM consumers_pipeline WHERE id = %s FOR SHARE", [pipeline_id])
