@@ -3,37 +3,20 @@ overlaps, where its batches crossed holes (positions holding no data record: tra
 aborted or compacted records -- drawn apart from gaps, because a hole is never a loss), and where
 operators rewound — computed in PostgreSQL and drawn as server-side SVG.
 
-A ledger row covers [first_offset, end_offset), clipped to [first_offset, superseded_from) once a rewind
-superseded it (docs/architecture.md). One window query per pipeline returns only the rows where coverage
-is not continuous, so the cost does not grow with the number of healthy batches sent to the browser.
+Coverage, gaps and overlaps are consumers/reconciliation/coverage.py's (the definition reconciliation
+verifies with); rewinds and holes come from one more query. Both return only where coverage is not
+continuous, so the cost does not grow with the number of healthy batches sent to the browser.
 """
 from dataclasses import dataclass, field
 
 from django.db import connection
 
+from consumers.reconciliation.coverage import ledger_coverage
+
 # More anomalies than this in one partition are summarised: the drawing would be unreadable anyway.
 MAX_MARKS_PER_PARTITION = 50
 
-_COVERAGE_SQL = """
-WITH covered AS (
-    SELECT partition, first_offset AS f, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS e
-    FROM consumers_batchledger
-    WHERE pipeline_id = %(pipeline)s AND COALESCE(superseded_from, end_offset) > first_offset
-), ordered AS (
-    SELECT partition, f, e,
-           MAX(e) OVER (PARTITION BY partition ORDER BY f, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-               AS covered_to
-    FROM covered
-), bounds AS (
-    SELECT partition, MIN(f) AS lo, MAX(e) AS hi, COUNT(*) AS batches FROM covered GROUP BY partition
-)
-SELECT 'bounds' AS kind, partition, lo, hi, batches FROM bounds
-UNION ALL
-SELECT CASE WHEN f > covered_to THEN 'gap' ELSE 'overlap' END, partition,
-       CASE WHEN f > covered_to THEN covered_to ELSE f END,
-       CASE WHEN f > covered_to THEN f ELSE LEAST(e, covered_to) END, NULL::bigint
-FROM ordered WHERE covered_to IS NOT NULL AND f <> covered_to
-UNION ALL
+_MARKS_SQL = """
 SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL::bigint
 FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NOT NULL
 UNION ALL
@@ -93,16 +76,14 @@ def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
     log_start/high_watermark/next_offset from dashboard.status.partition_rows)."""
     timelines: dict[int, PartitionTimeline] = {}
     with connection.cursor() as cursor:
-        cursor.execute(_COVERAGE_SQL, {"pipeline": pipeline.pk})
+        for partition, coverage in ledger_coverage(cursor, pipeline.pk).items():
+            timelines[partition] = PartitionTimeline(
+                partition, covered_from=coverage.first, covered_to=coverage.end, batches=coverage.batches,
+                gaps=coverage.gaps[:MAX_MARKS_PER_PARTITION], overlaps=coverage.overlaps[:MAX_MARKS_PER_PARTITION])
+        cursor.execute(_MARKS_SQL, {"pipeline": pipeline.pk})
         for kind, partition, lo, hi, batches in cursor.fetchall():
             timeline = timelines.setdefault(partition, PartitionTimeline(partition))
-            if kind == "bounds":
-                timeline.covered_from, timeline.covered_to, timeline.batches = lo, hi, batches
-            elif kind == "gap" and len(timeline.gaps) < MAX_MARKS_PER_PARTITION:
-                timeline.gaps.append((lo, hi))
-            elif kind == "overlap" and len(timeline.overlaps) < MAX_MARKS_PER_PARTITION:
-                timeline.overlaps.append((lo, hi))
-            elif kind == "rewind" and len(timeline.rewinds) < MAX_MARKS_PER_PARTITION:
+            if kind == "rewind" and len(timeline.rewinds) < MAX_MARKS_PER_PARTITION:
                 timeline.rewinds.append(lo)
             elif kind == "holes":
                 timeline.holes += batches

@@ -11,8 +11,9 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from consumers.engine import commit, db
+from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.pipelines import create_pipeline
-from consumers.engine.python import UnknownPipeline, run_pipeline
+from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from tests.chaos import produce_values, sink_counts, wait_for

@@ -31,15 +31,22 @@ from consumers.engine.transforms import SourceRecord, Transform, resolve
 
 
 class CommitRefused(Exception):
-    """The batch was not written; nothing changed."""
+    """The batch was not written; nothing changed. `reason` names the refusal (a run's end reason where it
+    is one: consumers/engine/lifecycle.py)."""
+
+    reason = "refused"
 
 
 class Fenced(CommitRefused):
     """The writer's epoch is older than the pipeline's: a restart or rewind happened."""
 
+    reason = "fenced"
+
 
 class Gap(CommitRefused):
     """Exactly-once: the batch starts above the stored next_offset; writing it would lose records."""
+
+    reason = "gap"
 
 
 class Fetch:
@@ -66,10 +73,14 @@ class Fetch:
 class StopOnBadRecord(CommitRefused):
     """The pipeline's policy is to stop on a record the transform or the database rejects."""
 
+    reason = "bad_record"
+
 
 class SinkError(CommitRefused):
     """The database refused the batch for a reason that is not the data (a missing table, permission
     denied, disk full): writing it again will fail again, so the run must end and someone must look."""
+
+    reason = "sink_error"
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     batches = {p: batches.get(p) or [] for p in partitions}
     try:
         with conn.cursor() as cur:
-            _check_epoch(cur, target.pipeline_id, epoch)
+            check_epoch(cur, target.pipeline_id, epoch)
             positions, replay_until = _lock_positions(cur, target, partitions, fetches)
             plans = [_plan_partition(target, p, batches[p], fetches[p], positions.get(p)) for p in partitions]
             plans = [plan for plan in plans if plan.records or plan.end > plan.first]
@@ -177,7 +188,9 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     return outcomes + skipped_only
 
 
-def _check_epoch(cur, pipeline_id: int, epoch: int) -> None:
+def check_epoch(cur, pipeline_id: int, epoch: int) -> None:
+    """Inside a writing transaction: raise Fenced unless the pipeline is still at `epoch` (its row held
+    FOR SHARE until the transaction ends)."""
     # FOR SHARE: concurrent batches proceed together; a restart's epoch bump waits for them, and a batch
     # that starts after the bump sees the new epoch. So no write of an old epoch lands after a bump.
     cur.execute("SELECT epoch FROM consumers_pipeline WHERE id = %s FOR SHARE", [pipeline_id])

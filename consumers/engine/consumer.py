@@ -1,23 +1,19 @@
-"""The engine's side of kafka-python: the group consumer, the rebalance listener, Kafka offset commits.
+"""The Python engine's side of kafka-python: the group consumer, the rebalance listener, what a poll fetched.
+(Kafka offset commits are the run's: consumers/engine/lifecycle.py `KafkaPositions`.)
 
 Rebalance callbacks run on kafka-python's IO thread (the one that also sends heartbeats), so the
 listener does no I/O: it pauses newly assigned partitions and records them. The engine's thread then
 waits for the batch in flight, seeks them to the database's positions and resumes them, before any
 record of theirs is fetched.
 """
-import logging
 import threading
 
 from django.conf import settings
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.structs import OffsetAndMetadata
 
 from consumers.engine.commit import Fetch
 from consumers.engine.transforms import SourceRecord
-
-log = logging.getLogger("tally.engine")
-
 
 METADATA_MAX_AGE_MS = 10_000
 
@@ -120,30 +116,3 @@ def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list[SourceRecor
         if records or position > start:
             fetches[tp.partition] = Fetch(start, position)
     return fetches
-
-
-def offsets_to_commit(topic: str, ends: dict[int, int]) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {TopicPartition(topic, p): OffsetAndMetadata(end, "", -1) for p, end in ends.items()}
-
-
-def commit_to_kafka(consumer: KafkaConsumer, topic: str, ends: dict[int, int], *, wait: bool) -> bool:
-    """Commit `ends` (the next offset per partition) to the group. Advisory after a DB commit: a failure
-    is logged, never raised. Returns True when the commit is known to have succeeded (or was sent)."""
-    if not ends:
-        return True
-    offsets = offsets_to_commit(topic, ends)
-    try:
-        if wait:
-            consumer.commit(offsets, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
-        else:
-            consumer.commit_async(offsets, callback=_log_async_commit_failure)
-        return True
-    except Exception as exc:  # Kafka's copy of the position is advisory: keep going
-        log.warning("Kafka offset commit %s failed: %s", ends, exc)
-        return False
-
-
-def _log_async_commit_failure(offsets, response):
-    if isinstance(response, Exception):
-        log.warning("Kafka offset commit %s failed: %s",
-                    {tp.partition: meta.offset for tp, meta in offsets.items()}, response)

@@ -72,7 +72,7 @@ def skip_truncated(conn, target: commit.Target, epoch: int, skip: Skipped) -> No
     records and the note, and the position moved to the log start."""
     try:
         with conn.cursor() as cur:
-            commit._check_epoch(cur, target.pipeline_id, epoch)
+            commit.check_epoch(cur, target.pipeline_id, epoch)
             cur.execute("SELECT next_offset FROM consumers_partitionoffset WHERE pipeline_id = %s AND partition = %s "
                         "FOR UPDATE", [target.pipeline_id, skip.partition])
             row = cur.fetchone()

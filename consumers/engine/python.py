@@ -20,94 +20,32 @@ commit and before the Kafka commit writes the batch again. At-most-once: Kafka c
 `after-kafka-commit`), then the write, so a crash in between loses the batch. Both are the classic
 consumers of the blog post the demo reproduces.
 
-Epochs (docs/architecture.md): a run joins the pipeline's current epoch; it ends when its heartbeat (at
-most HEARTBEAT_INTERVAL_S apart) sees a newer epoch, or when the commit protocol raises Fenced.
+The run's life cycle -- its ConsumerRun row, heartbeat and fencing, counts, outcome and Kafka's copy of
+the positions -- is consumers/engine/lifecycle.py, shared with the Spark engine.
 """
 import logging
-import os
-import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-
-from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds
-from consumers.engine.consumer import (
-    AssignmentTracker,
-    commit_to_kafka,
-    fetches_of_poll,
-    make_consumer,
-    to_source_records,
-)
+from consumers.engine.consumer import AssignmentTracker, fetches_of_poll, make_consumer, to_source_records
 from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.kafka import admin as kafka_admin
-from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
+from consumers.models import DeliveryMode, Engine, Pipeline, ResetPolicy
 
 log = logging.getLogger("tally.engine")
 
-HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
 POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbeat and deadline often
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
 CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
-
-REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "sink_error", "error")
-CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
-# FAILED runs halted on something a restart cannot cure (a bad record under the "stop" policy, a database
-# error that is not about data): the supervisor leaves them for an operator and the alert says why.
-# CRASHED runs (anything else, e.g. a lost connection) are restarted with backoff.
-_RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
-              "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "sink_error": RunState.FAILED,
-              "error": RunState.CRASHED}
-HALT_REASONS = ("bad_record", "sink_error")
-
-
-class UnknownPipeline(LookupError):
-    pass
-
-
-@dataclass
-class RunResult:
-    pipeline: str
-    reason: str                 # one of REASONS
-    records: int = 0            # records committed by this run (rows + dead letters, replays excluded)
-    batches: int = 0            # committed batches (one per poll)
-    rows_written: int = 0
-    dead_letters: int = 0
-    skipped: int = 0            # replayed records the commit protocol skipped
-    epoch: int = 0
-    run_id: int | None = None
-    detail: str = ""
-    seconds: float = 0.0        # wall time of the run
-    busy_seconds: float = 0.0   # from the first polled record to the last committed batch (throughput)
-
-    @property
-    def ok(self) -> bool:
-        return self.reason in CLEAN_REASONS
-
-
-def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:
-    """A run that halted (HALT_REASONS) leaves its reason on the pipeline, where the page shows it."""
-    if reason in HALT_REASONS:
-        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(
-            last_error=f"halted ({reason}): {detail}"[:2000], updated_at=timezone.now())
-
-
-class _Stop(Exception):
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
-
 
 def run_pipeline(name: str, *, stop: threading.Event | None = None, batch_size: int | None = None,
                  delay_ms: int = 0, stop_when_caught_up: bool = False, max_seconds: float | None = None,
                  faults: FaultInjector = NO_FAULTS, task_id: str = "") -> RunResult:
     """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time."""
-    try:
-        pipeline = Pipeline.objects.get(name=name)
-    except Pipeline.DoesNotExist:
-        raise UnknownPipeline(f"No pipeline named {name!r}.") from None
+    pipeline = load_pipeline(name)
     engine = _Engine(pipeline, stop=stop or threading.Event(), batch_size=batch_size or pipeline.batch_size,
                      delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
                      faults=faults, task_id=task_id)
@@ -125,27 +63,20 @@ class _Engine:
         self.stop, self.batch_size, self.delay_s = stop, batch_size, delay_ms / 1000
         self.stop_when_caught_up, self.max_seconds = stop_when_caught_up, max_seconds
         self.faults, self.task_id = faults, task_id
-        self.result = RunResult(pipeline.name, reason="error", epoch=self.epoch)
         self.in_flight: Future | None = None
-        self.last_ends: dict[int, int] = {}
         self.fetched: dict = {}  # TopicPartition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0
         self.gaps = 0
-        self.next_heartbeat = 0.0
-        self.first_record_at = self.last_commit_at = None
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        self.run_row = ConsumerRun.objects.create(
-            pipeline=self.pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(),
-            task_id=self.task_id, engine=Engine.PYTHON, state=RunState.RUNNING)
-        self.result.run_id = self.run_row.pk
-        started = time.monotonic()
-        log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.run_row.pk, self.epoch,
-                 self.mode, self.batch_size)
+        self.lifecycle = Run(self.pipeline, Engine.PYTHON, task_id=self.task_id)
+        log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.lifecycle.row.pk,
+                 self.epoch, self.mode, self.batch_size)
         self.conn = db.connect(f"tally-engine {self.pipeline.name}"[:63])
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="tally-writer")
-        self.consumer = None
+        self.consumer = self.kafka = None
+        reason, detail = "error", ""
         try:
             self.tracker = AssignmentTracker(pause_new=self.positions_from_db)
             self.consumer = make_consumer(self.target.topic, self.pipeline.group_id,
@@ -154,20 +85,16 @@ class _Engine:
                                           isolation_level=self.pipeline.isolation_level,
                                           max_poll_records=self.batch_size, listener=self.tracker)
             self.tracker.consumer = self.consumer
-            self.result.reason = self._loop()
-        except _Stop as stop:
-            self.result.reason, self.result.detail = stop.reason, stop.detail
+            self.kafka = KafkaPositions(self.pipeline, self.consumer)
+            reason = self._loop()
+        except RunEnded as ended:
+            reason, detail = ended.reason, ended.detail
         except Exception as exc:
-            log.exception("%s: run %s failed", self.pipeline.name, self.run_row.pk)
-            self.result.reason, self.result.detail = "error", f"{type(exc).__name__}: {exc}"
+            log.exception("%s: run %s failed", self.pipeline.name, self.lifecycle.row.pk)
+            reason, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
-            self._shutdown()
-        self.result.seconds = time.monotonic() - started
-        if self.first_record_at is not None and self.last_commit_at is not None:
-            self.result.busy_seconds = self.last_commit_at - self.first_record_at
-        log.info("%s: run %s ended: %s %s (%s records in %s batches)", self.pipeline.name, self.run_row.pk,
-                 self.result.reason, self.result.detail, self.result.records, self.result.batches)
-        return self.result
+            self._shutdown(reason)
+        return self.lifecycle.finish(reason, detail)
 
     def _loop(self) -> str:
         deadline = time.monotonic() + self.max_seconds if self.max_seconds else None
@@ -195,14 +122,13 @@ class _Engine:
                     return "caught_up"
                 continue
             self.faults.maybe_crash("after-poll")
-            if self.first_record_at is None:
-                self.first_record_at = time.monotonic()
+            self.lifecycle.records_arrived()
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._at_most_once(batches, fetches)
             else:
                 self._write_behind(batches, fetches)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, reason: str) -> None:
         future, self.in_flight = self.in_flight, None
         if future is not None:
             # Never close the connection under a write; its outcome no longer matters to this run.
@@ -212,20 +138,14 @@ class _Engine:
                 log.info("%s: batch in flight at shutdown was not committed: %s", self.pipeline.name, exc)
         self.writer.shutdown(wait=True)
         if self.consumer is not None:
-            if self.result.reason in CLEAN_REASONS and self.last_ends and self.mode != DeliveryMode.AT_MOST_ONCE:
-                # Async commits may still be queued; a last synchronous one leaves Kafka's lag exact.
-                commit_to_kafka(self.consumer, self.target.topic, self.last_ends, wait=True)
+            if self.kafka is not None:
+                self.kafka.finish(reason)
             try:
                 # close() does not call on_partitions_revoked; nothing is pending here, so nothing is lost.
                 self.consumer.close(autocommit=False, timeout_ms=5000)
             except Exception as exc:
                 log.warning("%s: closing the Kafka consumer failed: %s", self.pipeline.name, exc)
         self.conn.close()
-        reason = self.result.reason
-        ConsumerRun.objects.filter(pk=self.run_row.pk).end(
-            _RUN_STATE[reason], f"{reason}: {self.result.detail}" if self.result.detail else reason,
-            timezone.now(), records_processed=self.result.records)
-        record_halt(self.pipeline.pk, self.epoch, reason, self.result.detail)
 
     # --- batches -----------------------------------------------------------------------------------
     def _write_behind(self, batches, fetches) -> None:
@@ -238,8 +158,7 @@ class _Engine:
 
     def _at_most_once(self, batches, fetches) -> None:
         """The classic loss: Kafka commit first (the consumer's positions), then the write."""
-        ends = {p: fetch.end for p, fetch in fetches.items()}
-        commit_to_kafka(self.consumer, self.target.topic, ends, wait=True)
+        self.kafka.before_write({p: fetch.end for p, fetch in fetches.items()})
         self.faults.maybe_crash("after-kafka-commit")
         self._simulate_processing(batches)
         self.in_flight = self.writer.submit(self._write, batches, fetches)
@@ -259,34 +178,17 @@ class _Engine:
             return False
         try:
             outcomes = future.result()
-        except commit.Fenced as exc:
-            raise _Stop("fenced", str(exc)) from None
-        except commit.StopOnBadRecord as exc:
-            raise _Stop("bad_record", str(exc)) from None
-        except commit.SinkError as exc:
-            raise _Stop("sink_error", str(exc)) from None
         except commit.Gap as exc:
             self.gaps += 1
             if self.gaps > MAX_CONSECUTIVE_GAPS:
-                raise _Stop("error", f"gap not cured by seeking to the database: {exc}") from None
+                raise RunEnded("error", f"gap not cured by seeking to the database: {exc}") from None
             log.warning("%s: %s; seeking back to the database's positions", self.pipeline.name, exc)
             self._seek_to_database(self.consumer.assignment())
             return True
+        except commit.CommitRefused as exc:
+            raise RunEnded.refused(exc.reason, str(exc)) from None
         self.gaps = 0
-        ends = {}
-        for outcome in outcomes:
-            self.result.records += outcome.records
-            self.result.rows_written += outcome.rows_written
-            self.result.dead_letters += outcome.dead_letters
-            self.result.skipped += outcome.skipped
-            ends[outcome.partition] = outcome.end_offset
-        if any(o.records for o in outcomes):
-            self.result.batches += 1
-        self.last_commit_at = time.monotonic()
-        self.last_ends.update(ends)
-        if self.mode != DeliveryMode.AT_MOST_ONCE:
-            # Exactly-once: advisory, so asynchronous. At-least-once resumes from it: wait for it.
-            commit_to_kafka(self.consumer, self.target.topic, ends, wait=not self.positions_from_db)
+        self.kafka.after_db_commit(self.lifecycle.count(outcomes))
         return False
 
     def _simulate_processing(self, batches) -> None:
@@ -302,7 +204,7 @@ class _Engine:
             # A stop abandons the batch (not yet written); at-most-once has already committed it to
             # Kafka, so it finishes the batch rather than lose it on a graceful stop.
             if self.stop.is_set() and self.mode != DeliveryMode.AT_MOST_ONCE:
-                raise _Stop("stopped", "stopped while processing a batch; it was not written")
+                raise RunEnded("stopped", "stopped while processing a batch; it was not written")
             self._heartbeat()
             time.sleep(min(left, 0.1))
 
@@ -358,9 +260,9 @@ class _Engine:
             for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, wanted, marks):
                 log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
         except log_bounds.LogBoundsError as exc:
-            raise _Stop("error", str(exc)) from None
+            raise RunEnded("error", str(exc)) from None
         except commit.Fenced as exc:
-            raise _Stop("fenced", str(exc)) from None
+            raise RunEnded("fenced", str(exc)) from None
         stored.update(wanted)
         for tp in tps:
             self.consumer.seek(tp, stored[tp.partition])
@@ -380,17 +282,7 @@ class _Engine:
         self.next_caught_up_check = now + CAUGHT_UP_CHECK_S
         return caught_up.topic_caught_up(self.pipeline).done
 
-    # --- heartbeat and fencing ---------------------------------------------------------------------
+    # --- heartbeat and fencing (consumers/engine/lifecycle.py) ----------------------------------------
     def _heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self.next_heartbeat:
-            return
-        self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
-        partitions = sorted(tp.partition for tp in self.consumer.assignment()) if self.consumer else []
-        ConsumerRun.objects.filter(pk=self.run_row.pk).heartbeat(
-            timezone.now(), assigned_partitions=partitions, records_processed=self.result.records)
-        epoch = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
-        if epoch is None:
-            raise _Stop("fenced", "the pipeline was deleted")
-        if epoch != self.epoch:
-            raise _Stop("fenced", f"the pipeline moved to epoch {epoch} (this run joined epoch {self.epoch})")
+        assignment = self.consumer.assignment() if self.consumer else ()
+        self.lifecycle.heartbeat((tp.partition for tp in assignment), force=force)

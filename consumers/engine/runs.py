@@ -11,6 +11,7 @@ import time
 
 from django.utils import timezone
 
+from consumers.engine.lifecycle import HALT_REASONS
 from consumers.engine.pipelines import engine_runner
 from consumers.models import ConsumerRun, DesiredState, Pipeline
 
@@ -86,8 +87,6 @@ def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
 
 def _after_run(pipeline: Pipeline, result) -> None:
     """A run that ended on its own (not fenced, not stopped by an operator) tells the supervisor why."""
-    from consumers.engine.python import HALT_REASONS
-
     detail = getattr(result, "detail", "")
     if result.reason in HALT_REASONS:
         # A bad record under the "stop" policy, or a database error that is not about data: restarting

@@ -21,29 +21,28 @@ The query starts from PostgreSQL's positions (`startingOffsets`) with a scratch 
 away when the run ends, so the database alone says where a pipeline stands: a restart, a rewind or a
 switch between the Python and the Spark engine all resume from `PartitionOffset.next_offset`.
 
-Same entry point and result as the Python engine (consumers/engine/python.py); epochs as in docs/architecture.md:
-a run joins the pipeline's current epoch, notices a newer one at its next heartbeat or commit, and ends.
+Same entry point, result and run life cycle as the Python engine: the ConsumerRun row, heartbeat and fencing,
+counts, outcome and Kafka's copy of the positions are consumers/engine/lifecycle.py. The driver joins no
+consumer group, so Kafka's copy is committed by a group-less consumer there.
 """
 import dataclasses
 import json
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 
 from django.conf import settings
-from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.python import _RUN_STATE, RunResult, UnknownPipeline, record_halt
+from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
 from consumers.kafka import admin as kafka_admin
-from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
+from consumers.models import DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
 
 log = logging.getLogger("tally.spark.engine")
 
@@ -55,17 +54,12 @@ log = logging.getLogger("tally.spark.engine")
 MIN_RECORDS_PER_TRIGGER = 100_000
 # With no new data Spark would ask the source for the latest offsets every 10 ms; each ask is a fetch.
 TRIGGER_INTERVAL = "250 milliseconds"
-HEARTBEAT_SECONDS = 1.0
 
 
 def run_pipeline(name, *, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
                  faults: FaultInjector = NO_FAULTS, task_id="") -> RunResult:
     """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time."""
-    try:
-        pipeline = Pipeline.objects.get(name=name)
-    except Pipeline.DoesNotExist:
-        raise UnknownPipeline(f"No pipeline named {name!r}.") from None
-    return SparkRun(pipeline, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
+    return SparkRun(load_pipeline(name), stop=stop, batch_size=batch_size, delay_ms=delay_ms,
                     stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults,
                     task_id=task_id).run()
 
@@ -85,15 +79,13 @@ class SparkRun:
         self.target = commit.Target.for_pipeline(pipeline)
         self.mode = pipeline.delivery_mode
         self.positions: dict[int, int] = {}
-        self.ending: str | None = None      # set by the batch callback: fenced / bad_record / error
-        self.error = ""
-        self.result = None
+        self.ending: RunEnded | None = None   # set by the batch callback: fenced / bad_record / error
         self._lock = threading.Lock()
         # Held while a micro-batch commits: shutdown waits for the batch in flight before closing the
         # connection (query.stop() does not wait for a Python foreachBatch callback to return).
         self._batch_lock = threading.Lock()
         self._closing = False
-        self._kafka = None
+        self.kafka = KafkaPositions(pipeline, client_id=f"tally-spark-{pipeline.name}")
         self._job = None           # the executors' SliceJob, built at the first micro-batch
         self.retried_slices = 0    # outcomes from a task's second or later attempt (an earlier one died)
         self.checkpoint = ""
@@ -101,38 +93,32 @@ class SparkRun:
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        started = time.monotonic()
-        self.run_row = ConsumerRun.objects.create(
-            pipeline=self.pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(),
-            task_id=self.task_id, engine=Engine.SPARK, state=RunState.STARTING)
-        self.result = RunResult(self.pipeline.name, reason="stopped", epoch=self.epoch, run_id=self.run_row.pk)
+        self.lifecycle = Run(self.pipeline, Engine.SPARK, task_id=self.task_id, state=RunState.STARTING)
         self.conn = db.connect(f"tally-spark-{self.pipeline.name}")
         checkpoint = self.checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
         query = None
+        reason, detail = "error", ""
         try:
             self.positions = self._starting_positions()
-            self.run_row.assigned_partitions = sorted(self.positions)
-            self.run_row.save(update_fields=["assigned_partitions"])
+            self.lifecycle.heartbeat(self.positions, force=True)
             query = self._start_query(checkpoint)
-            self._supervise(query, started)
+            reason, detail = self._supervise(query)
+        except RunEnded as ended:
+            reason, detail = ended.reason, ended.detail
         except Exception as exc:
             log.exception("Spark run of %s failed", self.pipeline.name)
-            self.result.reason, self.error = "error", f"{type(exc).__name__}: {exc}"
+            reason, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
             self._closing = True
             if query is not None:
-                self._stop_query(query)
+                failure = self._stop_query(query)
+                if failure and not detail:
+                    reason, detail = "error", failure
             with self._batch_lock:
                 self.conn.close()
-                if self._kafka is not None:
-                    self._kafka.close()
+                self.kafka.close()
             shutil.rmtree(checkpoint, ignore_errors=True)
-        self.result.detail = self.error
-        self._finish_run_row()
-        log.info("%s: Spark run %s ended: %s %s (%s records in %s batches, %.1f s)", self.pipeline.name,
-                 self.run_row.pk, self.result.reason, self.error, self.result.records, self.result.batches,
-                 time.monotonic() - started)
-        return self.result
+        return self.lifecycle.finish(reason, detail)
 
     def _starting_positions(self) -> dict[int, int]:
         """Exactly-once: PostgreSQL's next_offset (rows created at the reset policy's end if missing).
@@ -166,39 +152,30 @@ class SparkRun:
             stream = stream.option("failOnDataLoss", "true")
         frame = stream.load().select("partition", "offset", "key", "value",
                                      F.unix_millis("timestamp").alias("timestamp_ms"))
-        query = (frame.writeStream.queryName(f"tally-{self.pipeline.name}-{self.run_row.pk}")
+        query = (frame.writeStream.queryName(f"tally-{self.pipeline.name}-{self.lifecycle.row.pk}")
                  .foreachBatch(self._on_batch).trigger(processingTime=TRIGGER_INTERVAL)
                  .option("checkpointLocation", checkpoint).start())
-        ConsumerRun.objects.filter(pk=self.run_row.pk).mark_running(timezone.now())
+        self.lifecycle.mark_running()
         log.info("Spark query for %s started (%s) at %s", self.pipeline.name, fmt, self.positions)
         return query
 
-    def _supervise(self, query, started: float) -> None:
-        next_heartbeat = 0.0
+    def _supervise(self, query) -> tuple[str, str]:
+        """Watch the query until the run ends; returns (reason, detail). The lifecycle's heartbeat raises
+        RunEnded("fenced") when the pipeline moved to a newer epoch (stop/restart/rewind)."""
         while True:
             if query.exception() is not None or not query.isActive:
                 failure = query.exception()
-                self.result.reason = "error"
-                self.error = self.error or (str(failure) if failure else "the Spark query ended")
-                return
+                return "error", str(failure) if failure else "the Spark query ended"
             if self.ending:
-                self.result.reason = self.ending
-                return
+                return self.ending.reason, self.ending.detail
             if self._stop_requested():
-                self.result.reason = "stopped"
-                return
-            if self.max_seconds is not None and time.monotonic() - started >= self.max_seconds:
-                self.result.reason = "max_seconds"
-                return
-            now = time.monotonic()
-            if now >= next_heartbeat:
-                next_heartbeat = now + HEARTBEAT_SECONDS
-                if not self._heartbeat():
-                    self.result.reason = "fenced"
-                    return
-                if self.stop_when_caught_up and self._caught_up():
-                    self.result.reason = "caught_up"
-                    return
+                return "stopped", ""
+            if self.max_seconds is not None and time.monotonic() - self.lifecycle.started >= self.max_seconds:
+                return "max_seconds", ""
+            with self._lock:
+                partitions = list(self.positions)
+            if self.lifecycle.heartbeat(partitions) and self.stop_when_caught_up and self._caught_up():
+                return "caught_up", ""
             query.awaitTermination(0.2)
 
     def _stop_requested(self) -> bool:
@@ -207,31 +184,18 @@ class SparkRun:
         is_set = getattr(self.stop, "is_set", None)
         return bool(is_set() if is_set is not None else self.stop())
 
-    def _heartbeat(self) -> bool:
-        """Record liveness and progress; False when the pipeline moved to a newer epoch (stop/restart/rewind)."""
-        ConsumerRun.objects.filter(pk=self.run_row.pk).heartbeat(timezone.now(), records_processed=self.result.records)
-        current = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
-        return current == self.epoch
-
     def _caught_up(self) -> bool:
         """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py)."""
         return caught_up.topic_caught_up(self.pipeline).done
 
-    def _stop_query(self, query) -> None:
+    def _stop_query(self, query) -> str:
+        """Stop the query; returns its failure, if it failed."""
         try:
             query.stop()
         except Exception as exc:  # the query may already be dead; its failure is reported via exception()
             log.warning("Stopping the Spark query of %s: %s", self.pipeline.name, exc)
         failure = query.exception()
-        if failure is not None and not self.error:
-            self.result.reason, self.error = "error", str(failure)
-
-    def _finish_run_row(self) -> None:
-        state = _RUN_STATE.get(self.result.reason, RunState.CRASHED)
-        ConsumerRun.objects.filter(pk=self.run_row.pk).end(
-            state, self.result.reason + (f": {self.error}" if self.error else ""), timezone.now(),
-            records_processed=self.result.records)
-        record_halt(self.pipeline.pk, self.epoch, self.result.reason, self.error or "")
+        return str(failure) if failure is not None else ""
 
     # --- one micro-batch: planned on the driver, committed on the executors ------------------------------
     def _on_batch(self, frame, batch_id: int) -> None:
@@ -239,7 +203,10 @@ class SparkRun:
             return  # fenced, failed or stopping: the supervisor is stopping the query; write nothing more
         with self._batch_lock:
             if not self._closing:
-                self._commit_on_executors(frame, self._batch_fetches(batch_id))
+                try:
+                    self._commit_on_executors(frame, self._batch_fetches(batch_id))
+                except RunEnded as ended:
+                    self.ending = ended
 
     def _batch_fetches(self, batch_id: int) -> dict[int, tuple]:
         """Each partition's fetch of micro-batch `batch_id` as (start, end): from where the previous batch
@@ -257,6 +224,7 @@ class SparkRun:
         record, so no task row) has its position moved here, with no record to write."""
         if not self.faults.in_worker:
             self.faults.maybe_crash("after-poll")
+        self.lifecycle.records_arrived()
         job = dataclasses.replace(self._slice_job(), fetches=fetches)
         if self.faults.in_worker:
             job = dataclasses.replace(job, crash_points=tuple(
@@ -268,17 +236,12 @@ class SparkRun:
         if not outcomes:
             return
         refused = [o for o in outcomes if o["refusal"]]
-        committed = [o for o in outcomes if not o["refusal"]]
-        self._count(committed)
+        ends = self._count([o for o in outcomes if not o["refusal"]])
         if refused:
-            first = refused[0]
-            self.ending = {"gap": "error", "refused": "error"}.get(first["refusal"], first["refusal"])
-            self.error = ("Gap: " if first["refusal"] == "gap" else "") + (first["detail"] or "")
-            return
+            raise RunEnded.refused(refused[0]["refusal"], refused[0]["detail"] or "")
         if not self.faults.in_worker:
             self.faults.maybe_crash("after-db-commit")
-        if self.mode != DeliveryMode.AT_MOST_ONCE:
-            self._commit_kafka({o["partition"]: o["end_offset"] for o in committed})
+        self.kafka.after_db_commit(ends)
 
     def _move_past_holes(self, fetches: dict[int, tuple], committed: set[int]) -> list[dict]:
         """Commit the positions of partitions whose fetch moved without a record (transaction markers,
@@ -288,7 +251,7 @@ class SparkRun:
         if not moved:
             return []
         if self.mode == DeliveryMode.AT_MOST_ONCE:
-            self._commit_kafka({p: fetch.end for p, fetch in moved.items()})
+            self.kafka.before_write({p: fetch.end for p, fetch in moved.items()})
         try:
             outcomes = commit.commit_batch(self.conn, self.target, self.epoch, {}, NO_FAULTS, moved)
         except commit.CommitRefused as exc:
@@ -320,39 +283,15 @@ class SparkRun:
                 faults=spark_commit.executor_faults(self.faults))
         return self._job
 
-    def _count(self, outcomes: list[dict]) -> None:
+    def _count(self, outcomes: list[dict]) -> dict[int, int]:
+        """Committed outcome rows into the run's counts and the driver's positions; returns the new positions."""
         if not outcomes:
-            return
+            return {}
         with self._lock:
-            for o in outcomes:
-                self.result.records += o["records"]
-                self.result.rows_written += o["rows_written"]
-                self.result.dead_letters += o["dead_letters"]
-                self.result.skipped += o["skipped"]
-                self.positions[o["partition"]] = max(self.positions.get(o["partition"], 0), o["end_offset"])
-            if any(o["records"] for o in outcomes):
-                self.result.batches += 1
-
-    def _commit_kafka(self, ends: dict[int, int]) -> None:
-        """Kafka's copy of the offsets: advisory in exactly-once mode (lag tools read it), the position
-        itself in the classic modes. The engine never joins the group, so a simple-consumer commit works."""
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.structs import OffsetAndMetadata
-
-        if not ends:
-            return
-        if self._kafka is None:
-            self._kafka = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS,
-                                        group_id=self.pipeline.group_id, enable_auto_commit=False,
-                                        client_id=f"tally-spark-{self.pipeline.name}",
-                                        request_timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
-        offsets = {TopicPartition(self.pipeline.topic, p): OffsetAndMetadata(o, "", -1) for p, o in ends.items()}
-        try:
-            self._kafka.commit(offsets)
-        except Exception as exc:
-            if self.mode == DeliveryMode.AT_MOST_ONCE:
-                raise  # here the Kafka commit is the position: never write without it
-            log.warning("Kafka offset commit %s for %s failed: %s", ends, self.pipeline.name, exc)
+            ends = self.lifecycle.count(spark_commit.partition_outcome(o) for o in outcomes)
+            for p, end in ends.items():
+                self.positions[p] = max(self.positions.get(p, 0), end)
+        return ends
 
 
 def read_offset_log(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:

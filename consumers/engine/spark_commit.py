@@ -31,7 +31,7 @@ protocol, psycopg2, pyarrow and kafka-python, and everything a task needs travel
 """
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import psycopg2
 
@@ -44,8 +44,6 @@ from consumers.engine.transforms import SourceRecord, resolve
 OUTCOME_SCHEMA = ("partition int, first_offset long, end_offset long, records long, rows_written long, "
                   "dead_letters long, skipped long, task int, attempt int, refusal string, detail string")
 OUTCOME_FIELDS = [part.split()[0] for part in OUTCOME_SCHEMA.split(", ")]
-REFUSALS = {commit.Fenced: "fenced", commit.StopOnBadRecord: "bad_record", commit.Gap: "gap",
-            commit.SinkError: "sink_error"}
 APPLICATION_NAME = "tally-spark-task"
 # What the driver logs once per Python worker that died committing; the demo counts these lines.
 WORKER_DIED = "tally-fault: a Python worker died committing"
@@ -197,11 +195,15 @@ def outcome_row(outcome: commit.PartitionOutcome) -> dict:
             "task": DRIVER_TASK, "attempt": 0, "refusal": None, "detail": None}
 
 
+def partition_outcome(row: dict) -> commit.PartitionOutcome:
+    """A committed outcome row back as the commit protocol's outcome, for the run's counts."""
+    return commit.PartitionOutcome(**{f.name: row[f.name] for f in fields(commit.PartitionOutcome)})
+
+
 def refusal_outcome(partition: int, exc: commit.CommitRefused) -> dict:
     return {"partition": partition, "first_offset": 0, "end_offset": 0, "records": 0, "rows_written": 0,
             "dead_letters": 0, "skipped": 0, "task": DRIVER_TASK, "attempt": 0,
-            "refusal": REFUSALS.get(type(exc), "refused"),
-            "detail": str(exc)}
+            "refusal": exc.reason, "detail": str(exc)}
 
 
 def commit_kafka_offsets(job: SliceJob, ends: dict[int, int]) -> None:

@@ -89,7 +89,7 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
 
 
 def halted_run(pipeline: Pipeline) -> ConsumerRun | None:
-    """The pipeline's last run, if it ended FAILED in the current epoch (see consumers.engine.HALT_REASONS)."""
+    """The pipeline's last run, if it ended FAILED in the current epoch (lifecycle.HALT_REASONS: a halt)."""
     last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
     if last is not None and last.state == RunState.FAILED and last.epoch == pipeline.epoch:
         return last

@@ -10,7 +10,8 @@ against `generate_series` is never used (several times slower).
 
 The ledger is checked apart from the sink: its ranges (trimmed by rewinds: a row with `superseded_from`
 covers only `[first_offset, min(end_offset, superseded_from))`) must tile the range with no gap and no
-overlap. Ledger rows are one per batch, so the sweep runs in Python.
+overlap -- gaps and overlaps as consumers/reconciliation/coverage.py defines them, the same definition the
+offset timeline draws.
 
 Ranges are of positions; counts are of records. Real logs have holes -- positions that hold no data
 record (transaction markers, aborted records under read_committed, compacted records) -- so an offset
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from psycopg2 import sql
 
 from consumers.engine.sinks import PROVENANCE
+from consumers.reconciliation.coverage import ledger_coverage
 
 # More findings than this per kind are folded: the oldest into one covering finding (counts stay exact), so
 # a partition that dead-letters every other record does not store millions of ranges.
@@ -80,20 +82,21 @@ def table_exists(cur, table: str) -> bool:
 def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int,
                  ledger: list[tuple], held=None) -> RangeResult:
     """Verify [start, end) of one partition. `ledger` holds the (first, effective end[, records, whole])
-    of the ledger rows that reach into it, sorted by first offset: `records` is the count the batch's fetch
-    returned and `whole` whether the row lies entirely in the range, untrimmed. `held(ranges)` returns the
-    number of records the topic holds in each [s, e) of `ranges` (None: every absent offset counts as lost)."""
+    of the ledger rows that reach into it: `records` is the count the batch's fetch returned and `whole`
+    whether the row lies entirely in the range, untrimmed (gaps and overlaps are read from the ledger table
+    itself, coverage.py). `held(ranges)` returns the number of records the topic holds in each [s, e) of
+    `ranges` (None: every absent offset counts as lost)."""
     result = RangeResult(start, end, records=max(0, end - start))
     if end <= start:
         return result
-    _sweep_ledger(result, [row[:2] for row in ledger])
+    _ledger_findings(cur, result, pipeline_id, partition)
     counts = _aggregate(cur, shape, pipeline_id, partition, start, end)
     rows, distinct_offsets, distinct_rows, dead, collisions = counts
     result.rows, result.dead_lettered = rows, dead
     present = distinct_offsets + dead - collisions
     absent = result.records - present
     located_lost = None
-    if absent and _ledger_accounts_for(ledger, start, end, present):
+    if absent and _ledger_accounts_for(result, ledger, present):
         result.holes = absent  # the batches' own fetches returned exactly what the sink holds
     elif absent and held is not None:
         located_lost = _split_absent(result, _absent_findings(cur, shape, pipeline_id, partition, start, end), held)
@@ -116,16 +119,12 @@ def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start:
     return result
 
 
-def _ledger_accounts_for(ledger: list[tuple], start: int, end: int, present: int) -> bool:
-    """The ledger rows tile [start, end) exactly, each whole, and their record counts sum to `present`."""
-    if not ledger or any(len(row) < 4 or not row[3] for row in ledger):
+def _ledger_accounts_for(result: RangeResult, ledger: list[tuple], present: int) -> bool:
+    """The ledger rows tile the range exactly (no gap, no overlap), each whole, and their record counts sum
+    to `present`."""
+    if not ledger or result.gap or result.overlap or any(len(row) < 4 or not row[3] for row in ledger):
         return False
-    covered = start
-    for first, last, _records, _whole in ledger:
-        if first != covered:
-            return False
-        covered = last
-    return covered == end and sum(row[2] for row in ledger) == present
+    return sum(row[2] for row in ledger) == present
 
 
 def _split_absent(result: RangeResult, absent: list[dict], held) -> list[dict]:
@@ -238,37 +237,14 @@ def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end
     return fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
 
 
-def _sweep_ledger(result: RangeResult, ledger: list[tuple[int, int]]) -> None:
-    """Gaps (offsets no ledger row covers) and overlaps (offsets covered more than once) in the range."""
-    start, end = result.start, result.end
-    gaps, overlaps = [], []
-    covered = start
-    for first, last in ledger:
-        first, last = max(first, start), min(last, end)
-        if last <= first:
-            continue
-        if first > covered:
-            gaps.append((covered, first))
-        if first < covered:
-            overlaps.append((first, min(last, covered)))
-        covered = max(covered, last)
-    if covered < end:
-        gaps.append((covered, end))
-    result.gap = sum(e - s for s, e in gaps)
-    result.overlap = sum(e - s for s, e in overlaps)
-    result.findings += fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in _merge(gaps)])
+def _ledger_findings(cur, result: RangeResult, pipeline_id: int, partition: int) -> None:
+    """Gaps (positions no ledger row covers) and overlaps (positions covered more than once) in the range."""
+    coverage = ledger_coverage(cur, pipeline_id, partition=partition, within=(result.start, result.end))[partition]
+    result.gap = sum(e - s for s, e in coverage.gaps)
+    result.overlap = sum(e - s for s, e in coverage.overlaps)
+    result.findings += fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in coverage.gaps])
     result.findings += fold([{"kind": "overlap", "start": s, "end": e, "count": e - s}
-                              for s, e in sorted(overlaps)])
-
-
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[list[int]] = []
-    for s, e in sorted(ranges):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return [(s, e) for s, e in merged]
+                             for s, e in sorted(coverage.overlaps)])
 
 
 def fold(findings: list[dict]) -> list[dict]:

@@ -7,8 +7,8 @@ from dataclasses import asdict
 from django.core.management.base import BaseCommand, CommandError
 
 from consumers.engine.faults import POINTS, FaultInjector
+from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.pipelines import engine_runner
-from consumers.engine.python import UnknownPipeline
 from consumers.models import Engine, Pipeline
 
 

@@ -1,0 +1,249 @@
+"""One pipeline run's life cycle, the same for every engine (python.py, spark.py).
+
+    pipeline = load_pipeline(name)                  # UnknownPipeline if there is none
+    run = Run(pipeline, Engine.PYTHON, task_id=...)  # joins the pipeline's current epoch: a ConsumerRun row
+    kafka = KafkaPositions(pipeline, consumer)       # Kafka's copy of the positions
+    loop:
+        run.heartbeat(partitions)                    # at most HEARTBEAT_INTERVAL_S apart, then the fencing check
+        kafka.before_write(ends)                     # at-most-once only: the position, before the write
+        outcomes = commit.commit_batch(...)          # the engine's own place: ONE PostgreSQL transaction
+        kafka.after_db_commit(run.count(outcomes))   # counts, then Kafka's copy (advisory)
+    kafka.finish(reason); run.finish(reason, detail) -> RunResult
+
+An engine differs only in how it fetches records and where it calls `commit.commit_batch`.
+
+Epochs (docs/architecture.md "Epochs and runs"): a run joins the pipeline's current epoch when it starts. It
+ends when its heartbeat sees a newer epoch or a deleted pipeline (`RunEnded("fenced")`), or when the commit
+protocol refuses a write of an older epoch inside its transaction (commit.Fenced). A run ends with one of
+REASONS; RUN_STATE says which ConsumerRun state that is, and HALT_REASONS leave their reason on the pipeline.
+"""
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from consumers.engine import commit
+from consumers.models import ConsumerRun, DeliveryMode, Pipeline, RunState
+
+log = logging.getLogger("tally.engine")
+
+HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
+
+REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "sink_error", "error")
+CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
+# FAILED runs halted on something a restart cannot cure (a bad record under the "stop" policy, a database
+# error that is not about data): the supervisor leaves them for an operator and the alert says why.
+# CRASHED runs (anything else, e.g. a lost connection) are restarted with backoff.
+RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
+             "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "sink_error": RunState.FAILED,
+             "error": RunState.CRASHED}
+HALT_REASONS = ("bad_record", "sink_error")
+
+
+class UnknownPipeline(LookupError):
+    pass
+
+
+@dataclass
+class RunResult:
+    pipeline: str
+    reason: str                 # one of REASONS
+    records: int = 0            # records committed by this run (rows + dead letters, replays excluded)
+    batches: int = 0            # committed batches that held records
+    rows_written: int = 0
+    dead_letters: int = 0
+    skipped: int = 0            # replayed records the commit protocol skipped
+    epoch: int = 0
+    run_id: int | None = None
+    detail: str = ""
+    seconds: float = 0.0        # wall time of the run
+    busy_seconds: float = 0.0   # from the first record fetched to the last committed batch (throughput)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason in CLEAN_REASONS
+
+
+class RunEnded(Exception):
+    """Ends a run with one of REASONS (fenced by a newer epoch, a refused batch, a bad start)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+    @classmethod
+    def refused(cls, refusal: str, detail: str) -> "RunEnded":
+        """A batch the commit protocol refused (`commit.CommitRefused.reason`): fenced, bad record and sink
+        error end the run as such; a gap, or any other refusal, is an error."""
+        if refusal in REASONS:
+            return cls(refusal, detail)
+        return cls("error", f"Gap: {detail}" if refusal == commit.Gap.reason else detail)
+
+
+def load_pipeline(name: str) -> Pipeline:
+    try:
+        return Pipeline.objects.get(name=name)
+    except Pipeline.DoesNotExist:
+        raise UnknownPipeline(f"No pipeline named {name!r}.") from None
+
+
+def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:
+    """A run that halted (HALT_REASONS) leaves its reason on the pipeline, where the page shows it."""
+    if reason in HALT_REASONS:
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(
+            last_error=f"halted ({reason}): {detail}"[:2000], updated_at=timezone.now())
+
+
+class Run:
+    """One engine run of one pipeline: its ConsumerRun row, heartbeat and fencing, counts and outcome."""
+
+    def __init__(self, pipeline: Pipeline, engine: str, *, task_id: str = "", state: str = RunState.RUNNING):
+        self.pipeline, self.epoch, self.engine = pipeline, pipeline.epoch, engine
+        self.row = ConsumerRun.objects.create(
+            pipeline=pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(), task_id=task_id,
+            engine=engine, state=state)
+        self.result = RunResult(pipeline.name, reason="error", epoch=self.epoch, run_id=self.row.pk)
+        self.started = time.monotonic()
+        self.next_heartbeat = 0.0
+        self.first_record_at: float | None = None
+        self.last_commit_at: float | None = None
+
+    def mark_running(self) -> None:
+        """A run that registered as STARTING (its engine needed time to set up) now consumes."""
+        ConsumerRun.objects.filter(pk=self.row.pk).mark_running(timezone.now())
+
+    def heartbeat(self, partitions: Iterable[int] | None = None, *, force: bool = False) -> bool:
+        """Liveness and progress on the run row, then the fencing check (raises RunEnded("fenced")). At most
+        once per HEARTBEAT_INTERVAL_S unless forced; returns whether it beat. `partitions`: the run's
+        assignment (None leaves the row's as it is)."""
+        now = time.monotonic()
+        if not force and now < self.next_heartbeat:
+            return False
+        self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
+        progress = {"records_processed": self.result.records}
+        if partitions is not None:
+            progress["assigned_partitions"] = sorted(partitions)
+        ConsumerRun.objects.filter(pk=self.row.pk).heartbeat(timezone.now(), **progress)
+        epoch = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
+        if epoch is None:
+            raise RunEnded("fenced", "the pipeline was deleted")
+        if epoch != self.epoch:
+            raise RunEnded("fenced", f"the pipeline moved to epoch {epoch} (this run joined epoch {self.epoch})")
+        return True
+
+    def records_arrived(self) -> None:
+        """The first fetched record starts the busy time."""
+        if self.first_record_at is None:
+            self.first_record_at = time.monotonic()
+
+    def count(self, outcomes: Iterable[commit.PartitionOutcome]) -> dict[int, int]:
+        """Add one DB commit's outcomes to the result; returns each partition's new position (for Kafka)."""
+        ends, records = {}, False
+        for outcome in outcomes:
+            self.result.records += outcome.records
+            self.result.rows_written += outcome.rows_written
+            self.result.dead_letters += outcome.dead_letters
+            self.result.skipped += outcome.skipped
+            ends[outcome.partition] = outcome.end_offset
+            records = records or outcome.records > 0
+        if records:
+            self.result.batches += 1
+        self.last_commit_at = time.monotonic()
+        return ends
+
+    def finish(self, reason: str, detail: str = "") -> RunResult:
+        """The run's outcome: the result, the run row's end state (RUN_STATE) and, for a halt, the pipeline's
+        last error."""
+        result = self.result
+        result.reason, result.detail = reason, detail
+        result.seconds = time.monotonic() - self.started
+        if self.first_record_at is not None and self.last_commit_at is not None:
+            result.busy_seconds = max(0.0, self.last_commit_at - self.first_record_at)
+        ConsumerRun.objects.filter(pk=self.row.pk).end(
+            RUN_STATE.get(reason, RunState.CRASHED), f"{reason}: {detail}" if detail else reason, timezone.now(),
+            records_processed=result.records)
+        record_halt(self.pipeline.pk, self.epoch, reason, detail)
+        log.info("%s: %s run %s ended: %s %s (%s records in %s batches, %.1f s)", self.pipeline.name,
+                 self.engine, self.row.pk, reason, detail, result.records, result.batches, result.seconds)
+        return result
+
+
+class KafkaPositions:
+    """Kafka's copy of a run's positions (docs/architecture.md "Positions", rule 4).
+
+    Exactly-once and at-least-once: the positions after each DB commit, advisory (lag tools read it; a
+    failure is logged). At-least-once resumes from it, so it is waited for; exactly-once commits
+    asynchronously when the run's own group consumer (polled by the run) commits. At-most-once: the position
+    itself, committed before the write (the classic loss), so the batch is never written without it.
+
+    `consumer` is the run's group consumer (a member commits with its generation); an engine that joins no
+    group (Spark's driver) passes None and a group-less consumer is opened on first use.
+    """
+
+    def __init__(self, pipeline: Pipeline, consumer: KafkaConsumer | None = None, *, client_id: str = ""):
+        self.topic, self.group_id = pipeline.topic, pipeline.group_id
+        self.client_id = client_id or f"tally-{pipeline.name}"
+        self.mode = pipeline.delivery_mode
+        self._consumer, self._own = consumer, consumer is None
+        self.positions: dict[int, int] = {}  # every partition's position after the last DB commit
+        self._unconfirmed = False             # commits sent asynchronously, or failed, since then
+
+    def before_write(self, ends: dict[int, int]) -> None:
+        """At-most-once: commit the batch's positions before writing it; raises RunEnded when Kafka refuses."""
+        if not self._commit(ends, wait=True):
+            raise RunEnded("error", f"at-most-once: Kafka refused the position {ends}; the batch was not written")
+
+    def after_db_commit(self, ends: dict[int, int]) -> None:
+        """After the batch's DB commit: Kafka's copy of the new positions (nothing in at-most-once mode)."""
+        if self.mode == DeliveryMode.AT_MOST_ONCE or not ends:
+            return
+        self.positions.update(ends)
+        wait = self._own or self.mode != DeliveryMode.EXACTLY_ONCE
+        if not self._commit(ends, wait=wait) or not wait:
+            self._unconfirmed = True
+
+    def finish(self, reason: str) -> None:
+        """A clean end with commits unconfirmed: one last synchronous commit leaves Kafka's lag exact."""
+        if reason in CLEAN_REASONS and self._unconfirmed and self.positions:
+            self._unconfirmed = not self._commit(self.positions, wait=True)
+
+    def close(self) -> None:
+        """Close the consumer this opened (a run's group consumer is the engine's to close)."""
+        if self._own and self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _commit(self, ends: dict[int, int], *, wait: bool) -> bool:
+        """True when the commit is known to have succeeded (or was sent); a failure is logged."""
+        if not ends:
+            return True
+        offsets = {TopicPartition(self.topic, p): OffsetAndMetadata(end, "", -1) for p, end in ends.items()}
+        try:
+            consumer = self._group_less() if self._consumer is None else self._consumer
+            if wait:
+                consumer.commit(offsets, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+            else:
+                consumer.commit_async(offsets, callback=_log_async_commit_failure)
+        except Exception as exc:  # the caller decides whether a failed commit matters (before_write)
+            log.warning("%s: Kafka offset commit %s failed: %s", self.group_id, ends, exc)
+            return False
+        return True
+
+    def _group_less(self) -> KafkaConsumer:
+        self._consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=self.group_id,
+                                       enable_auto_commit=False, client_id=self.client_id,
+                                       request_timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+        return self._consumer
+
+
+def _log_async_commit_failure(offsets, response):
+    if isinstance(response, Exception):
+        log.warning("Kafka offset commit %s failed: %s",
+                    {tp.partition: meta.offset for tp, meta in offsets.items()}, response)

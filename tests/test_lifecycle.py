@@ -1,0 +1,153 @@
+"""The run life cycle both engines share (consumers/engine/lifecycle.py): the run row, fencing, the outcome of a
+reason, and when Kafka's copy of the positions is committed. Real PostgreSQL; Kafka's consumer is a stand-in
+that records the commits (the engines' tests run the same code against the real broker)."""
+import pytest
+
+from consumers.engine import commit, lifecycle
+from consumers.engine.lifecycle import RUN_STATE, KafkaPositions, Run, RunEnded, UnknownPipeline, load_pipeline
+from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, RunState
+
+
+class RecordingConsumer:
+    """Records each commit as (how, {partition: offset}); refuses them all when `fail` is set."""
+
+    def __init__(self, fail=False):
+        self.commits, self.fail = [], fail
+
+    def commit(self, offsets, timeout_ms=None):
+        self._record("sync", offsets)
+
+    def commit_async(self, offsets, callback=None):
+        self._record("async", offsets)
+
+    def _record(self, how, offsets):
+        if self.fail:
+            raise RuntimeError("the coordinator moved")
+        self.commits.append((how, {tp.partition: meta.offset for tp, meta in offsets.items()}))
+
+
+def _outcome(partition, end, records):
+    return commit.PartitionOutcome(partition, end - records, end, records, records, 0, 0)
+
+
+@pytest.fixture
+def pipeline(db):
+    return Pipeline.objects.create(name="life", topic="nums", sink_table="life_sink", epoch=3)
+
+
+def test_a_run_counts_outcomes_and_ends_with_the_state_of_its_reason(pipeline):
+    run = Run(pipeline, Engine.SPARK, task_id="t-1", state=RunState.STARTING)
+    run.mark_running()
+    run.records_arrived()
+    assert run.count([_outcome(0, 10, 10), _outcome(1, 4, 0)]) == {0: 10, 1: 4}
+    assert run.count([_outcome(1, 6, 2)]) == {1: 6}
+    result = run.finish("bad_record", "offset 7: not a number")
+    row = ConsumerRun.objects.get(pk=run.row.pk)
+    assert (row.state, row.end_reason, row.records_processed, row.engine) == (
+        RunState.FAILED, "bad_record: offset 7: not a number", 12, Engine.SPARK)
+    assert (result.records, result.batches, result.run_id, result.epoch, result.ok) == (12, 2, row.pk, 3, False)
+    assert result.busy_seconds >= 0 and result.seconds >= result.busy_seconds
+    pipeline.refresh_from_db()
+    assert pipeline.last_error == "halted (bad_record): offset 7: not a number"
+
+
+@pytest.mark.parametrize("reason,state", sorted(RUN_STATE.items()))
+def test_every_reason_has_one_run_state_and_only_halts_touch_the_pipeline(pipeline, reason, state):
+    run = Run(pipeline, Engine.PYTHON)
+    run.finish(reason, "why")
+    assert ConsumerRun.objects.get(pk=run.row.pk).state == state
+    pipeline.refresh_from_db()
+    assert bool(pipeline.last_error) == (reason in ("bad_record", "sink_error"))
+
+
+def test_the_heartbeat_records_progress_and_a_newer_epoch_or_a_deleted_pipeline_fences_the_run(pipeline):
+    run = Run(pipeline, Engine.PYTHON)
+    assert run.heartbeat([2, 0], force=True)
+    assert ConsumerRun.objects.get(pk=run.row.pk).assigned_partitions == [0, 2]
+    assert not run.heartbeat([1])      # within the interval: nothing written
+    assert ConsumerRun.objects.get(pk=run.row.pk).assigned_partitions == [0, 2]
+    pipeline.bump_epoch()
+    with pytest.raises(RunEnded, match="moved to epoch 4") as ended:
+        run.heartbeat(force=True)
+    assert ended.value.reason == "fenced"
+    Pipeline.objects.filter(pk=pipeline.pk).delete()
+    with pytest.raises(RunEnded, match="deleted"):
+        run.heartbeat(force=True)
+
+
+@pytest.mark.parametrize("refused,reason,detail", [
+    (commit.Fenced("epoch 2 < 3"), "fenced", "epoch 2 < 3"),
+    (commit.StopOnBadRecord("offset 4"), "bad_record", "offset 4"),
+    (commit.SinkError("permission denied"), "sink_error", "permission denied"),
+    (commit.Gap("starts at 9, stored 5"), "error", "Gap: starts at 9, stored 5"),
+    (commit.CommitRefused("moved meanwhile"), "error", "moved meanwhile"),
+])
+def test_a_refused_batch_ends_the_run_with_the_reason_of_its_refusal(refused, reason, detail):
+    ended = RunEnded.refused(refused.reason, str(refused))
+    assert (ended.reason, ended.detail) == (reason, detail)
+
+
+@pytest.mark.django_db
+def test_an_unknown_pipeline_is_refused_by_name():
+    with pytest.raises(UnknownPipeline, match="'nope'"):
+        load_pipeline("nope")
+
+
+def _positions(mode, consumer=None):
+    return KafkaPositions(Pipeline(name="p", topic="nums", group_id="g", delivery_mode=mode), consumer)
+
+
+def test_exactly_once_commits_asynchronously_as_a_group_member_and_once_synchronously_at_a_clean_end():
+    consumer = RecordingConsumer()
+    kafka = _positions(DeliveryMode.EXACTLY_ONCE, consumer)
+    kafka.after_db_commit({0: 10})
+    kafka.after_db_commit({1: 4})
+    kafka.finish("caught_up")
+    kafka.finish("stopped")   # confirmed: nothing more to send
+    assert consumer.commits == [("async", {0: 10}), ("async", {1: 4}), ("sync", {0: 10, 1: 4})]
+
+
+def test_a_fenced_run_leaves_kafka_as_its_last_commits_left_it():
+    consumer = RecordingConsumer()
+    kafka = _positions(DeliveryMode.EXACTLY_ONCE, consumer)
+    kafka.after_db_commit({0: 10})
+    kafka.finish("fenced")
+    assert consumer.commits == [("async", {0: 10})]
+
+
+def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypatch):
+    member = RecordingConsumer()
+    at_least_once = _positions(DeliveryMode.AT_LEAST_ONCE, member)
+    at_least_once.after_db_commit({0: 10})
+    at_least_once.finish("stopped")
+    assert member.commits == [("sync", {0: 10})]
+    opened = []   # an engine that joins no group (Spark's driver): a group-less consumer, opened on first use
+    monkeypatch.setattr(lifecycle, "KafkaConsumer", lambda **config: opened.append(config) or member)
+    group_less = _positions(DeliveryMode.EXACTLY_ONCE)
+    group_less.after_db_commit({0: 7})
+    group_less.after_db_commit({0: 9})
+    group_less.finish("stopped")
+    assert member.commits[1:] == [("sync", {0: 7}), ("sync", {0: 9})]
+    assert len(opened) == 1 and opened[0]["group_id"] == "g" and not opened[0]["enable_auto_commit"]
+
+
+def test_a_failed_advisory_commit_is_retried_at_a_clean_end():
+    consumer = RecordingConsumer(fail=True)
+    kafka = _positions(DeliveryMode.AT_LEAST_ONCE, consumer)
+    kafka.after_db_commit({0: 10})   # logged, not raised: the DB holds the position
+    consumer.fail = False
+    kafka.finish("stopped")
+    assert consumer.commits == [("sync", {0: 10})]
+
+
+def test_at_most_once_commits_before_the_write_only_and_never_writes_without_it():
+    consumer = RecordingConsumer()
+    kafka = _positions(DeliveryMode.AT_MOST_ONCE, consumer)
+    kafka.before_write({0: 10})
+    kafka.after_db_commit({0: 10})   # the position was Kafka's already
+    kafka.finish("stopped")
+    assert consumer.commits == [("sync", {0: 10})]
+    consumer.fail = True
+    with pytest.raises(RunEnded, match="not written") as ended:
+        kafka.before_write({0: 20})
+    assert ended.value.reason == "error"
