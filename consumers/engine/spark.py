@@ -59,20 +59,21 @@ HEARTBEAT_SECONDS = 1.0
 
 
 def run_pipeline(name, *, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
-                 faults: FaultInjector = NO_FAULTS, task_id="") -> RunResult:
-    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time."""
+                 faults: FaultInjector = NO_FAULTS, task_id="", on_worker_death=None) -> RunResult:
+    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time.
+    `on_worker_death()` is called once per Python worker that died committing (see --crash-in-worker)."""
     try:
         pipeline = Pipeline.objects.get(name=name)
     except Pipeline.DoesNotExist:
         raise UnknownPipeline(f"No pipeline named {name!r}.") from None
     return SparkRun(pipeline, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
                     stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults,
-                    task_id=task_id).run()
+                    task_id=task_id, on_worker_death=on_worker_death).run()
 
 
 class SparkRun:
     def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
-                 faults, task_id):
+                 faults, task_id, on_worker_death=None):
         self.pipeline = pipeline
         self.stop = stop
         self.records_per_trigger = batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
@@ -81,6 +82,7 @@ class SparkRun:
         self.max_seconds = max_seconds
         self.faults = faults
         self.task_id = task_id
+        self.on_worker_death = on_worker_death
         self.epoch = pipeline.epoch
         self.target = commit.Target.for_pipeline(pipeline)
         self.mode = pipeline.delivery_mode
@@ -304,6 +306,8 @@ class SparkRun:
             for _ in range(attempt):
                 log.warning("%s (task %s of %s retried by Spark)", spark_commit.WORKER_DIED, task,
                             self.pipeline.name)
+                if self.on_worker_death is not None:
+                    self.on_worker_death()
         if spark_commit.SCHEDULED_TASK in attempts:
             self.next_attempt += attempts[spark_commit.SCHEDULED_TASK] + 1
 

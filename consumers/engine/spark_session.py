@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -102,6 +103,18 @@ def get_spark():
             _session = _build()
             _session_pid = os.getpid()
         return _session
+
+
+def warm_up() -> float:
+    """Start this process's session and run one tiny Python job through it (a Python worker, Arrow's code
+    paths), so the next Spark run starts on a warm driver. Returns the seconds it took."""
+    started = time.monotonic()
+    get_spark().range(2).mapInArrow(_unchanged, "id long").collect()
+    return time.monotonic() - started
+
+
+def _unchanged(batches):
+    yield from batches
 
 
 def stop_spark(shutdown_jvm: bool = False) -> None:
