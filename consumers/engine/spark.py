@@ -216,7 +216,11 @@ class SparkRun:
         return current == self.epoch
 
     def _caught_up(self) -> bool:
-        """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py)."""
+        """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py),
+        and no micro-batch is in flight: its executors may have committed the last records while a task
+        retry (a worker that died after its commit) is still to report; the run waits for its outcome."""
+        if self._batch_lock.locked():
+            return False
         return caught_up.topic_caught_up(self.pipeline).done
 
     def _stop_query(self, query) -> None:
