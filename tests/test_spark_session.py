@@ -14,11 +14,12 @@ def test_the_session_config_comes_from_settings(settings):
     settings.SPARK_DRIVER_MEMORY = "3g"
     local = session.session_config("local[2]")
     assert (local["spark.driver.memory"], local["spark.pyspark.python"], local["spark.pyspark.driver.python"]) == (
-        "3g", sys.executable, sys.executable)
+        "3g", session.worker_python("local[2]"), sys.executable)
     assert local["spark.jars"] == settings.SPARK_JDBC_JAR and os.path.isfile(local["spark.jars"])
     assert (local["spark.ui.enabled"], local["spark.sql.shuffle.partitions"], local["spark.driver.host"]) == (
         "false", "4", "127.0.0.1")
     cluster = session.session_config("spark://master:7077")
+    assert cluster["spark.pyspark.python"] == sys.executable   # another host has no launcher of ours
     assert "spark.driver.host" not in cluster and "spark.sql.shuffle.partitions" not in cluster
 
 

@@ -229,13 +229,15 @@ def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_res
                      progress: Callable[[dict], None] | None = None, *, seed: int | None = None,
                      partitions: int = 1, timeout_s: float = 600.0,
                      pipelines: list[str] | None = None, spark_kills_workers: bool = True) -> dict:
-    """Seed from scratch, then run every demo pipeline as a subprocess that kills itself (SIGKILL) where
-    its crash schedule says (consumers/demo/schedule.py: one classic crash per pipeline, plus crashes with
-    `crash_probability` per batch, at most `max_restarts`, all drawn from `seed`), restarting it after each
-    crash until it exits 0. All pipelines run at once; `timeout_s` bounds the whole run. `progress(status)`
-    gets the per-pipeline status whenever it changes; a pipeline's counts are in it as soon as it is done.
-    `pipelines` limits the run to these demo pipelines (default: all). `spark_kills_workers=False` kills
-    and restarts the Spark driver instead of its committing Python worker (to measure what that costs).
+    """Seed from scratch, then run every demo pipeline, killed (SIGKILL) where its crash schedule says
+    (consumers/demo/schedule.py: one classic crash per pipeline, plus crashes with `crash_probability` per
+    batch, at most `max_restarts`, all drawn from `seed`) and started again after each crash until it
+    ends cleanly: kafka-python pipelines as processes that kill themselves, the Spark pipeline on this
+    process's driver, whose committing executor workers are killed (consumers/demo/runner.py). All
+    pipelines run at once; `timeout_s` bounds the whole run. `progress(status)` gets the per-pipeline
+    status whenever it changes; a pipeline's counts are in it as soon as it is done. `pipelines` limits
+    the run to these demo pipelines (default: all). `spark_kills_workers=False` runs the Spark pipeline
+    as processes killed at the driver instead (to measure what a JVM start per crash costs).
 
     Returns {pipeline name: {delivery_mode, state, restarts, crashes (the schedule), rows, distinct,
     missing (sorted list), duplicated ({value: count}), timeline, error}}; state is done, failed or
