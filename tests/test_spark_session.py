@@ -39,7 +39,10 @@ def test_one_session_per_process_with_the_jdbc_jar_and_the_kafka_source(settings
     spark = get_spark()
     assert get_spark() is spark
     assert spark.conf.get("spark.jars") == settings.SPARK_JDBC_JAR
-    assert spark.sparkContext.pythonExec == sys.executable
+    assert spark.sparkContext.pythonExec == session.worker_python(settings.SPARK_MASTER)
+    # Its Python workers run this interpreter and import the installed PySpark, not the sources in Spark's zip.
+    python, pyspark_file = spark.range(1).rdd.map(lambda _: (sys.executable, __import__("pyspark").__file__)).first()
+    assert python == sys.executable and ".zip" not in pyspark_file
     # The Data Source is registered: a read of it plans without a broker (it fails on the options instead).
     with pytest.raises(Exception, match="kafka.bootstrap.servers and subscribe are required"):
         spark.read.format("tally_kafka").load().collect()
