@@ -4,8 +4,8 @@ pipeline, the timeline of its processes (start, crash, done: seconds since the r
 Usage (from the project root; uses the database of DATABASE_URL and the broker of KAFKA_BOOTSTRAP_SERVERS):
   .venv/bin/python bench/bench_demo.py [--records 100] [--probability 0.2] [--seeds 1,2,3]
       [--pipelines nums-spark-exactly-once] [--spark-restarts]   # restart the Spark driver per crash
-  .venv/bin/python bench/bench_demo.py --spark-breakdown   # one Spark process: Django, JVM + session,
-                                                           # query start, micro-batches of the demo size
+  .venv/bin/python bench/bench_demo.py --spark-breakdown [--crash-at mid-write@4]   # the Spark pipeline
+      alone, on a cold driver then warm: JVM + session, query start, each micro-batch, worker crashes
 """
 import argparse
 import os
@@ -13,20 +13,20 @@ import sys
 import time
 from pathlib import Path
 
-STARTED = time.monotonic()
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
-
-import django  # noqa: E402
-
-django.setup()
-print(f"Python + Django start: {time.monotonic() - STARTED:.1f} s")
-
-from consumers.demo.classic import DEMO_BATCH_SIZE, run_classic_demo, seed_demo  # noqa: E402
 
 
 def main() -> None:
+    # Set up here, not on import: the demo's fork server imports this module again in each child it forks.
+    started = time.monotonic()
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    import django
+
+    django.setup()
+    print(f"Python + Django start: {time.monotonic() - started:.1f} s")
+    from consumers.demo.classic import run_classic_demo
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100)
     parser.add_argument("--probability", type=float, default=0.2)
@@ -34,10 +34,11 @@ def main() -> None:
     parser.add_argument("--pipelines", default="", help="Comma-separated demo pipelines (default: all).")
     parser.add_argument("--spark-restarts", action="store_true", help="Kill the Spark driver, not its worker.")
     parser.add_argument("--spark-breakdown", action="store_true")
+    parser.add_argument("--crash-at", default="mid-write@4", help="--spark-breakdown: worker crashes.")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     if args.spark_breakdown:
-        spark_breakdown(args.records)
+        spark_breakdown(args.records, args.crash_at)
         return
     for seed in [int(s) for s in args.seeds.split(",")]:
         started = time.monotonic()
@@ -54,19 +55,45 @@ def main() -> None:
                   f"lost {lost:3} dup {doubled:3} seed+reset {outcome['seed_s']} s | {events}")
 
 
-def spark_breakdown(records: int) -> None:
-    """What one Spark demo process spends its time on (Django is already set up here: see the first line)."""
+def spark_breakdown(records: int, crash_at: str) -> None:
+    """What the Spark demo pipeline spends its time on, on a cold driver and then on the same driver warm:
+    JVM + session, then per run the query start and each micro-batch (Spark's own durations), with the
+    crashes of `crash_at` (executor workers killed, as in the demo). Django is set up: see the first line."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from consumers.demo.classic import DEMO_BATCH_SIZE, seed_demo
+    from consumers.engine.faults import FaultInjector
     from consumers.engine.spark import run_pipeline
     from consumers.engine.spark_session import get_spark
 
-    seed_demo(records=records, reset=True)
     started = time.monotonic()
-    get_spark()
-    session = time.monotonic()
-    print(f"JVM start + SparkSession: {session - started:.1f} s")
-    result = run_pipeline("nums-spark-exactly-once", batch_size=DEMO_BATCH_SIZE, stop_when_caught_up=True)
-    print(f"query start + {result.batches} micro-batches of {DEMO_BATCH_SIZE} + caught-up check: "
-          f"{time.monotonic() - session:.1f} s (busy {result.busy_seconds:.1f} s)")
+
+    def say(what):
+        print(f"{time.monotonic() - started:7.1f} s  {what}", flush=True)
+
+    class Batches(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            say("query started")
+
+        def onQueryProgress(self, event):
+            p = event.progress
+            say(f"micro-batch {p.batchId}: {p.numInputRows} records, {p.durationMs['triggerExecution']} ms "
+                f"(of which addBatch, the executors' commit: {p.durationMs.get('addBatch', 0)} ms)")
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    get_spark().streams.addListener(Batches())
+    say("JVM start + SparkSession")
+    for driver in ("cold", "warm"):
+        seed_demo(records=records, reset=True)
+        say(f"seeded ({driver} driver)")
+        result = run_pipeline("nums-spark-exactly-once", batch_size=DEMO_BATCH_SIZE, stop_when_caught_up=True,
+                              faults=FaultInjector.parse(crash_at, in_worker=True))
+        say(f"{driver} driver: {result.reason}, {result.records} records in {result.batches} micro-batches")
 
 
 if __name__ == "__main__":

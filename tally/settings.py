@@ -214,6 +214,9 @@ CELERY_BEAT_SCHEDULE["lag-snapshots-downsample"] = {"task": "consumers.downsampl
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 SPARK_DRIVER_MEMORY = env_str("SPARK_DRIVER_MEMORY", "1g")
 SPARK_JDBC_JAR = env_str("SPARK_JDBC_JAR", "/usr/share/java/postgresql.jar")
+# A Celery worker starts its Spark driver (JVM, session, Python workers) when it starts, in the background,
+# so the first Spark run it gets -- the demo's -- does not wait tens of seconds for a JVM. `make run` sets it.
+SPARK_WARM_ON_WORKER_START = env_bool("SPARK_WARM_ON_WORKER_START", False)
 
 # --- Email and alerts --------------------------------------------------------------------------------
 EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"

@@ -7,7 +7,7 @@ import pytest
 
 from consumers.demo.classic import DEMO_BATCH_SIZE, DEMO_PIPELINES
 from consumers.demo.schedule import CLASSIC_POINTS, crash_schedule, process_specs
-from consumers.engine.faults import FaultInjector
+from consumers.engine.faults import POINTS, FaultInjector
 
 
 def schedules(seed, probability=0.2, records=100, max_crashes=30):
@@ -50,11 +50,19 @@ def test_the_probability_adds_crashes_and_max_crashes_caps_them_keeping_the_clas
         assert len(crashes) == 2 and any(c.classic for c in crashes)
 
 
-def test_classic_modes_crash_only_at_their_classic_point():
+def test_random_crashes_land_anywhere_in_the_cycle_each_mode_passes_and_the_classic_one_at_its_point():
+    passed = {"at_most_once": {"after-poll", "after-kafka-commit", "mid-write", "after-write", "after-db-commit"},
+              # after-poll would race the writer thread's Kafka commit; after-kafka-commit comes before the write
+              "at_least_once": {"mid-write", "after-write", "after-db-commit"},
+              "exactly_once": {"after-poll", "mid-write", "after-write", "after-db-commit"}}
+    seen = {demo.name: set() for demo in DEMO_PIPELINES}
     for seed in range(50):
-        s = schedules(seed, 0.5)
-        assert {c.point for c in s["nums-at-most-once"]} == {"after-kafka-commit"}
-        assert {c.point for c in s["nums-at-least-once"]} == {"after-db-commit"}
+        for demo in DEMO_PIPELINES:
+            crashes = schedules(seed, 0.5)[demo.name]
+            seen[demo.name] |= {c.point for c in crashes}
+            assert {c.point for c in crashes if c.classic} <= set(CLASSIC_POINTS[demo.delivery_mode])
+    assert seen == {demo.name: passed[demo.delivery_mode] for demo in DEMO_PIPELINES}
+    assert all(set(demo.crash_points) <= set(POINTS) for demo in DEMO_PIPELINES)
 
 
 def test_process_specs_count_batches_since_the_previous_crash():

@@ -14,11 +14,12 @@ def test_the_session_config_comes_from_settings(settings):
     settings.SPARK_DRIVER_MEMORY = "3g"
     local = session.session_config("local[2]")
     assert (local["spark.driver.memory"], local["spark.pyspark.python"], local["spark.pyspark.driver.python"]) == (
-        "3g", sys.executable, sys.executable)
+        "3g", session.worker_python("local[2]"), sys.executable)
     assert local["spark.jars"] == settings.SPARK_JDBC_JAR and os.path.isfile(local["spark.jars"])
     assert (local["spark.ui.enabled"], local["spark.sql.shuffle.partitions"], local["spark.driver.host"]) == (
         "false", "4", "127.0.0.1")
     cluster = session.session_config("spark://master:7077")
+    assert cluster["spark.pyspark.python"] == sys.executable   # another host has no launcher of ours
     assert "spark.driver.host" not in cluster and "spark.sql.shuffle.partitions" not in cluster
 
 
@@ -38,7 +39,10 @@ def test_one_session_per_process_with_the_jdbc_jar_and_the_kafka_source(settings
     spark = get_spark()
     assert get_spark() is spark
     assert spark.conf.get("spark.jars") == settings.SPARK_JDBC_JAR
-    assert spark.sparkContext.pythonExec == sys.executable
+    assert spark.sparkContext.pythonExec == session.worker_python(settings.SPARK_MASTER)
+    # Its Python workers run this interpreter and import the installed PySpark, not the sources in Spark's zip.
+    python, pyspark_file = spark.range(1).rdd.map(lambda _: (sys.executable, __import__("pyspark").__file__)).first()
+    assert python == sys.executable and ".zip" not in pyspark_file
     # The Data Source is registered: a read of it plans without a broker (it fails on the options instead).
     with pytest.raises(Exception, match="kafka.bootstrap.servers and subscribe are required"):
         spark.read.format("tally_kafka").load().collect()

@@ -60,9 +60,11 @@ def test_the_driver_logs_each_dead_worker_and_moves_the_schedule_by_the_attempts
     run = SparkRun.__new__(SparkRun)   # only the bookkeeping of outcomes, no Spark
     run.pipeline = type("P", (), {"name": "nums"})()
     run.retried_slices, run.next_attempt = 0, 1
+    deaths = []
+    run.on_worker_death = lambda: deaths.append("died")   # the demo counts them (consumers/demo/runner.py)
     with caplog.at_level(logging.WARNING, logger="tally.spark.engine"):
         run._note_attempts([_outcome(0, 2, 0), _outcome(0, 2, 1), _outcome(1, 0, 2)])
-    assert caplog.text.count(spark_commit.WORKER_DIED) == 2   # task 0's attempts 0 and 1 died
+    assert caplog.text.count(spark_commit.WORKER_DIED) == 2 == len(deaths)   # task 0's attempts 0 and 1 died
     assert (run.next_attempt, run.retried_slices) == (4, 2)
     run._note_attempts([_outcome(1, 0, 2)])                     # the scheduled task had no records
     run._note_attempts([])
@@ -81,5 +83,5 @@ def test_the_spark_demo_pipeline_loses_workers_not_its_driver_and_stays_exactly_
     assert result["state"] == "done", result
     assert (result["rows"], result["distinct"], result["missing"], result["duplicated"]) == (40, 40, [], {})
     events = [event for _, event in result["timeline"]]
-    assert events.count("started") == 1 and events[-1] == "done"      # one driver process for the whole run
+    assert events.count("started") == 1 and events[-1] == "done"      # one driver for the whole run
     assert events.count("worker died") == result["restarts"] >= 1

@@ -3,9 +3,10 @@ records at a time and is killed now and then. Committing to Kafka before writing
 rows (the post: 91); writing before committing ends with duplicates; Tally's exactly-once pipeline ends
 with every value exactly once.
 
-`seed_demo` creates the topic and one pipeline per delivery mode; `run_classic_demo` runs each pipeline
-as a `run_pipeline` subprocess that kills itself at its mode's classic fault point, restarts it until it
-exits cleanly, and reads the sinks row by row.
+`seed_demo` creates the topic and one pipeline per delivery mode; `run_classic_demo` runs them all at once
+with their seeded crashes (consumers/demo/runner.py: kafka-python pipelines as processes that kill
+themselves and are started again, the Spark pipeline on this process's warm driver, losing executor
+workers), and reads the sinks row by row.
 
 --reset: the embedded broker cannot delete records, so the topic is deleted and created again (its
 offsets start at 0 again) and any Kafka offsets the demo groups still hold for it are set back to 0; the
@@ -13,15 +14,10 @@ demo pipelines keep their rows and history (action log, alerts, past runs) and l
 (offsets, ledger, dead letters, health); a running one is stopped through the audited stop action.
 """
 import logging
-import os
 import secrets
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import quote
 
 from django.conf import settings
 from django.db import transaction
@@ -31,11 +27,10 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from psycopg2 import sql
 
-from consumers.demo.schedule import MAX_SEED, crash_schedule, process_specs
+from consumers.demo.runner import DemoRunner
+from consumers.demo.schedule import MAX_SEED, crash_schedule
 from consumers.engine import db, sinks
-from consumers.engine.faults import POINTS
 from consumers.engine.pipelines import create_pipeline
-from consumers.engine.spark_commit import WORKER_DIED
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
     BatchLedger,
@@ -57,12 +52,17 @@ DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
 TOPIC_TIMEOUT_S = 15.0
 RESET_ACTOR = "demo-reset"
-# A pipeline process that fails (not a scheduled SIGKILL) is started again this many times.
-MAX_FAILED_STARTS = 2
 
 
+# Where a consumer can be killed at random, like the blog post's consumer restarted by hand: the points
+# a batch passes in its mode, in order (consumers/engine/faults.py). The classic modes lose or duplicate
+# only where their lesson is (the schedule's classic crash is there); elsewhere a restart costs nothing.
+# At-least-once leaves out after-poll: there the writer thread may still hold the previous batch between
+# its database and Kafka commits, so what the crash did would depend on timing, not on the seed.
+AT_MOST_ONCE_POINTS = ("after-poll", "after-kafka-commit", "mid-write", "after-write", "after-db-commit")
+AT_LEAST_ONCE_POINTS = ("mid-write", "after-write", "after-db-commit")
 # Every point an exactly-once batch passes (it never commits to Kafka before writing).
-EXACTLY_ONCE_POINTS = tuple(point for point in POINTS if point != "after-kafka-commit")
+EXACTLY_ONCE_POINTS = ("after-poll", "mid-write", "after-write", "after-db-commit")
 
 
 class DemoError(RuntimeError):
@@ -81,8 +81,8 @@ class DemoPipeline:
 
 # Add a pipeline here and seed_demo / run_classic_demo pick it up.
 DEMO_PIPELINES: list[DemoPipeline] = [
-    DemoPipeline("nums-at-most-once", DeliveryMode.AT_MOST_ONCE, "demo_nums_at_most_once", ("after-kafka-commit",)),
-    DemoPipeline("nums-at-least-once", DeliveryMode.AT_LEAST_ONCE, "demo_nums_at_least_once", ("after-db-commit",)),
+    DemoPipeline("nums-at-most-once", DeliveryMode.AT_MOST_ONCE, "demo_nums_at_most_once", AT_MOST_ONCE_POINTS),
+    DemoPipeline("nums-at-least-once", DeliveryMode.AT_LEAST_ONCE, "demo_nums_at_least_once", AT_LEAST_ONCE_POINTS),
     DemoPipeline("nums-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_exactly_once", EXACTLY_ONCE_POINTS),
     DemoPipeline("nums-spark-exactly-once", DeliveryMode.EXACTLY_ONCE, "demo_nums_spark_exactly_once",
                  EXACTLY_ONCE_POINTS,
@@ -227,15 +227,17 @@ def new_seed() -> int:
 
 def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_restarts: int = 30,
                      progress: Callable[[dict], None] | None = None, *, seed: int | None = None,
-                     partitions: int = 1, timeout_s: float = 600.0, env: dict | None = None,
+                     partitions: int = 1, timeout_s: float = 600.0,
                      pipelines: list[str] | None = None, spark_kills_workers: bool = True) -> dict:
-    """Seed from scratch, then run every demo pipeline as a subprocess that kills itself (SIGKILL) where
-    its crash schedule says (consumers/demo/schedule.py: one classic crash per pipeline, plus crashes with
-    `crash_probability` per batch, at most `max_restarts`, all drawn from `seed`), restarting it after each
-    crash until it exits 0. All pipelines run at once; `timeout_s` bounds the whole run. `progress(status)`
-    gets the per-pipeline status whenever it changes; a pipeline's counts are in it as soon as it is done.
-    `pipelines` limits the run to these demo pipelines (default: all). `spark_kills_workers=False` kills
-    and restarts the Spark driver instead of its committing Python worker (to measure what that costs).
+    """Seed from scratch, then run every demo pipeline, killed (SIGKILL) where its crash schedule says
+    (consumers/demo/schedule.py: one classic crash per pipeline, plus crashes with `crash_probability` per
+    batch, at most `max_restarts`, all drawn from `seed`) and started again after each crash until it
+    ends cleanly: kafka-python pipelines as processes that kill themselves, the Spark pipeline on this
+    process's driver, whose committing executor workers are killed (consumers/demo/runner.py). All
+    pipelines run at once; `timeout_s` bounds the whole run. `progress(status)` gets the per-pipeline
+    status whenever it changes; a pipeline's counts are in it as soon as it is done. `pipelines` limits
+    the run to these demo pipelines (default: all). `spark_kills_workers=False` runs the Spark pipeline
+    as processes killed at the driver instead (to measure what a JVM start per crash costs).
 
     Returns {pipeline name: {delivery_mode, state, restarts, crashes (the schedule), rows, distinct,
     missing (sorted list), duplicated ({value: count}), timeline, error}}; state is done, failed or
@@ -257,7 +259,8 @@ def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_res
     started = time.monotonic()
     seed_demo(records=records, partitions=partitions, reset=True)
     seeded_s = time.monotonic() - started
-    runner = _DemoRunner(selected, schedules, records, progress, _subprocess_env(env), spark_kills_workers)
+    runner = DemoRunner(selected, schedules, DEMO_BATCH_SIZE, lambda table: count_sink(table, records), progress,
+                        spark_kills_workers)
     status = runner.run(timeout_s)
     for demo in selected:
         status[demo.name]["seed_s"] = round(seeded_s, 2)
@@ -291,146 +294,3 @@ def summarize_counts(counts: dict[int, int], records: int) -> dict:
     return {"rows": sum(counts.values()), "distinct": len(counts),
             "missing": [v for v in range(1, records + 1) if v not in counts],
             "duplicated": {v: c for v, c in sorted(counts.items()) if c > 1}}
-
-
-class _DemoRunner:
-    """Runs the demo pipelines' processes side by side, restarts them after crashes, and counts each
-    sink as soon as its pipeline is done."""
-
-    def __init__(self, demos, schedules, records, progress, env, spark_kills_workers=True):
-        self.demos, self.records = demos, records
-        self.in_worker = {demo.name: demo.engine == Engine.SPARK and spark_kills_workers for demo in demos}
-        # Spark: one process for the whole run, whose Python workers die where the schedule says (the
-        # driver stays warm, see consumers/engine/spark_commit.py); the others: one process per crash.
-        self.specs = {demo.name: ([",".join(f"{c.point}@{c.attempt + 1}" for c in schedules[demo.name])]
-                                  if self.in_worker[demo.name] else process_specs(schedules[demo.name]))
-                      for demo in demos}
-        self.logged: dict[str, int] = {}
-        self.progress, self.env = progress, env
-        self.started = time.monotonic()
-        self.status = {demo.name: {"delivery_mode": demo.delivery_mode, "state": "starting", "restarts": 0,
-                                   "crashes": [{"attempt": c.attempt + 1, "point": c.point, "classic": c.classic}
-                                               for c in schedules[demo.name]],
-                                   "timeline": [], "error": "", "failed_starts": 0} for demo in demos}
-        self.processes: dict[str, tuple[subprocess.Popen, object]] = {}
-
-    def run(self, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
-        try:
-            for demo in self.demos:
-                self._start(demo)
-            self._report()
-            while self.processes:
-                if time.monotonic() > deadline:
-                    for name in list(self.processes):
-                        self._finish(name, "timed_out", f"still running after {timeout_s:.0f} s")
-                    break
-                for demo in self.demos:
-                    if demo.name in self.processes:
-                        self._check(demo)
-                time.sleep(0.1)
-        finally:
-            for name in list(self.processes):
-                self._finish(name, "failed", "interrupted")
-        return self.status
-
-    def _check(self, demo: DemoPipeline) -> None:
-        process, log = self.processes[demo.name]
-        code = process.poll()
-        status = self.status[demo.name]
-        if self.in_worker[demo.name]:
-            self._count_worker_deaths(demo.name, log)
-        if code is None:
-            return
-        if code == 0:
-            self._finish(demo.name, "done")
-            status.update(count_sink(demo.sink_table, self.records))
-        elif code == -9:   # SIGKILL from a fault point: the crash the demo is about
-            del self.processes[demo.name]
-            log.close()
-            status["restarts"] += 1
-            self._mark(demo.name, "crashed")
-            self._start(demo)
-        elif status["failed_starts"] < MAX_FAILED_STARTS:
-            # Not a scheduled crash: e.g. Spark's Python worker not connecting back in time on a loaded
-            # machine. Positions live in PostgreSQL and Kafka, so starting again is safe; the error stays.
-            log.seek(0)
-            status["failed_starts"] += 1
-            status["error"] = _last_line(log.read().decode(errors="replace"))
-            del self.processes[demo.name]
-            log.close()
-            self._mark(demo.name, "failed, started again")
-            self._start(demo)
-        else:
-            log.seek(0)
-            self._finish(demo.name, "failed", log.read().decode(errors="replace")[-2000:])
-        self._report()
-
-    def _start(self, demo: DemoPipeline) -> None:
-        status = self.status[demo.name]
-        command = [sys.executable, str(settings.BASE_DIR / "manage.py"), demo.command, demo.name,
-                   "--batch-size", str(DEMO_BATCH_SIZE), "--stop-when-caught-up"]
-        specs, env = self.specs[demo.name], self.env
-        if status["restarts"] < len(specs):
-            command += ["--crash-at", specs[status["restarts"]]]
-        if self.in_worker[demo.name]:
-            command.append("--crash-in-worker")   # Spark retries the task (spark_session.TASK_ATTEMPTS)
-        log = tempfile.TemporaryFile()
-        self.logged[demo.name] = 0
-        process = subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes[demo.name] = (process, log)
-        status["state"] = "running"
-        self._mark(demo.name, "started")
-
-    def _count_worker_deaths(self, name: str, log) -> None:
-        """A Spark worker that died committing is a crash too (the driver logs each one)."""
-        # pread: the child writes through the same open file, so moving its offset would garble the log.
-        text = os.pread(log.fileno(), os.fstat(log.fileno()).st_size, 0).decode(errors="replace")
-        died = text.count(WORKER_DIED)
-        for _ in range(died - self.logged[name]):
-            self.status[name]["restarts"] += 1
-            self._mark(name, "worker died")
-        if died != self.logged[name]:
-            self.logged[name] = died
-            self._report()
-
-    def _finish(self, name: str, state: str, error: str = "") -> None:
-        process, log = self.processes.pop(name)
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-        log.close()
-        self.status[name].update(state=state, error=error)
-        self._mark(name, state)
-
-    def _mark(self, name: str, event: str) -> None:
-        """Seconds since the run began: where the time goes (process and JVM starts, crashes, the end)."""
-        self.status[name]["timeline"].append([round(time.monotonic() - self.started, 2), event])
-        if event != "started":
-            self.status[name]["elapsed_s"] = round(time.monotonic() - self.started, 2)
-
-    def _report(self) -> None:
-        if self.progress:
-            self.progress({name: dict(s) for name, s in self.status.items()})
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1][:500] if lines else ""
-
-
-def _subprocess_env(extra: dict | None) -> dict:
-    """The children use this process's database, broker and session timeout (a test's or a worker's)."""
-    database = settings.DATABASES["default"]
-    auth = quote(database.get("USER") or "postgres", safe="")
-    if database.get("PASSWORD"):
-        auth += ":" + quote(database["PASSWORD"], safe="")
-    env = dict(os.environ)
-    env.update({"DATABASE_URL": f"postgres://{auth}@{database.get('HOST') or '127.0.0.1'}:"
-                                f"{database.get('PORT') or 5432}/{database['NAME']}",
-                "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
-                "KAFKA_SESSION_TIMEOUT_MS": str(settings.KAFKA_SESSION_TIMEOUT_MS),
-                "PYTHONUNBUFFERED": "1"})
-    env.update(extra or {})
-    return env

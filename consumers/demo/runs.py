@@ -54,8 +54,9 @@ def request_run(records: int, crash_probability: float, user: str, seed: int, pr
     return run_id
 
 
-def run(run_id: str, records: int, crash_probability: float, seed: int) -> dict:
-    """Run the classic demo, recording progress, then reconcile the demo pipelines. Called by the task."""
+def run(run_id: str, records: int, crash_probability: float, seed: int, pipelines: list[str] | None = None) -> dict:
+    """Run the classic demo, recording progress, then reconcile the demo pipelines. Called by the task;
+    `pipelines` limits the run to some demo pipelines (default: all)."""
     from consumers.demo import classic as demo
 
     state = read_state() or {}
@@ -69,7 +70,7 @@ def run(run_id: str, records: int, crash_probability: float, seed: int) -> dict:
 
     try:
         result = demo.run_classic_demo(records=records, crash_probability=crash_probability, progress=progress,
-                                       seed=seed, timeout_s=DEMO_TIMEOUT_S)
+                                       seed=seed, timeout_s=DEMO_TIMEOUT_S, pipelines=pipelines)
         state["pipelines"] = result
         state["reconciliation"] = reconcile_demo_pipelines()
         state["state"] = "done"

@@ -57,16 +57,17 @@ TRIGGER_INTERVAL = "250 milliseconds"
 
 
 def run_pipeline(name, *, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
-                 faults: FaultInjector = NO_FAULTS, task_id="") -> RunResult:
-    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time."""
+                 faults: FaultInjector = NO_FAULTS, task_id="", on_worker_death=None) -> RunResult:
+    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time.
+    `on_worker_death()` is called once per Python worker that died committing (see --crash-in-worker)."""
     return SparkRun(load_pipeline(name), stop=stop, batch_size=batch_size, delay_ms=delay_ms,
                     stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults,
-                    task_id=task_id).run()
+                    task_id=task_id, on_worker_death=on_worker_death).run()
 
 
 class SparkRun:
     def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
-                 faults, task_id):
+                 faults, task_id, on_worker_death=None):
         self.pipeline = pipeline
         self.stop = stop
         self.records_per_trigger = batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
@@ -75,6 +76,7 @@ class SparkRun:
         self.max_seconds = max_seconds
         self.faults = faults
         self.task_id = task_id
+        self.on_worker_death = on_worker_death
         self.epoch = pipeline.epoch
         self.target = commit.Target.for_pipeline(pipeline)
         self.mode = pipeline.delivery_mode
@@ -185,7 +187,11 @@ class SparkRun:
         return bool(is_set() if is_set is not None else self.stop())
 
     def _caught_up(self) -> bool:
-        """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py)."""
+        """Every partition of the topic has its stored position at the log end (consumers/engine/caught_up.py),
+        and no micro-batch is in flight: its executors may have committed the last records while a task
+        retry (a worker that died after its commit) is still to report; the run waits for its outcome."""
+        if self._batch_lock.locked():
+            return False
         return caught_up.topic_caught_up(self.pipeline).done
 
     def _stop_query(self, query) -> str:
@@ -267,6 +273,8 @@ class SparkRun:
             for _ in range(attempt):
                 log.warning("%s (task %s of %s retried by Spark)", spark_commit.WORKER_DIED, task,
                             self.pipeline.name)
+                if self.on_worker_death is not None:
+                    self.on_worker_death()
         if spark_commit.SCHEDULED_TASK in attempts:
             self.next_attempt += attempts[spark_commit.SCHEDULED_TASK] + 1
 

@@ -8,12 +8,16 @@
   and hangs. Spark work runs in a threads or solo pool worker and builds the session lazily, on first use.
 """
 import contextlib
+import hashlib
 import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -65,13 +69,51 @@ def on_loopback(master: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+# Spark puts its own pyspark.zip and py4j zip first on every Python worker's PYTHONPATH, and Python caches
+# no bytecode for modules in a zip: each Python process Spark starts compiles PySpark again, 1.8 s of CPU
+# against 0.6 s from the installed package (measured). One such process plans each streaming query that
+# reads a Python Data Source, and Spark gives it 10 s to connect back: at load average 20 the zip import
+# alone took 9 s and query starts failed. Workers on this machine run this interpreter, where the same
+# PySpark is installed (the package that ships the zips), so they start through this launcher, which
+# drops the zips from PYTHONPATH.
+_WORKER_LAUNCHER = """#!/bin/sh
+# Written by Tally (consumers/engine/spark_session.py): Spark's Python workers import the installed PySpark.
+PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\\n' \\
+  | grep -v -e '/pyspark\\.zip$' -e '/py4j-[^/]*\\.zip$' | paste -sd: -)
+export PYTHONPATH
+exec {python} "$@"
+"""
+
+
+def worker_python(master: str) -> str:
+    """The interpreter Spark's Python workers run: this one, through the launcher on this machine."""
+    if not on_loopback(master):
+        return sys.executable   # the executors' own hosts: spark.pyspark.python there (docs/spark.md)
+    digest = hashlib.sha256(sys.executable.encode()).hexdigest()[:12]
+    return str(Path(tempfile.gettempdir()) / f"tally-spark-python-{digest}")
+
+
+def install_worker_launcher(path: str) -> None:
+    """Write the launcher (atomically: other processes may be starting Spark too) unless it is there."""
+    if path == sys.executable:
+        return
+    text = _WORKER_LAUNCHER.format(python=shlex.quote(sys.executable))
+    target = Path(path)
+    if target.is_file() and target.read_text() == text and os.access(target, os.X_OK):
+        return
+    partial = target.with_name(f"{target.name}.{os.getpid()}")
+    partial.write_text(text)
+    partial.chmod(0o755)
+    os.replace(partial, target)
+
+
 def session_config(master: str | None = None) -> dict[str, str]:
     """The Spark configuration Tally uses, from settings (a plain dict, so it can be shown and tested)."""
     master = master or settings.SPARK_MASTER
     config = {
         "spark.app.name": "tally",
         "spark.driver.memory": settings.SPARK_DRIVER_MEMORY,
-        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.python": worker_python(master),
         "spark.pyspark.driver.python": sys.executable,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -102,6 +144,18 @@ def get_spark():
             _session = _build()
             _session_pid = os.getpid()
         return _session
+
+
+def warm_up() -> float:
+    """Start this process's session and run one tiny Python job through it (a Python worker, Arrow's code
+    paths), so the next Spark run starts on a warm driver. Returns the seconds it took."""
+    started = time.monotonic()
+    get_spark().range(2).mapInArrow(_unchanged, "id long").collect()
+    return time.monotonic() - started
+
+
+def _unchanged(batches):
+    yield from batches
 
 
 def stop_spark(shutdown_jvm: bool = False) -> None:
@@ -150,7 +204,9 @@ def _build():
 
     master = settings.SPARK_MASTER
     # Workers inherit these: the same interpreter, so the same installed project and dependencies.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    workers = worker_python(master)
+    install_worker_launcher(workers)
+    os.environ["PYSPARK_PYTHON"] = workers
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if on_loopback(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
