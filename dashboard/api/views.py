@@ -111,7 +111,8 @@ def pipeline_detail(request, name):
     partitions = status.partition_rows(pipeline)
     data = status.pipeline_row(pipeline).as_json()
     data.update(
-        transform=pipeline.transform, batch_size=pipeline.batch_size,
+        transform=pipeline.transform, batch_size=pipeline.batch_size, isolation_level=pipeline.isolation_level,
+        on_log_truncated=pipeline.on_log_truncated,
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
         runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.state,
