@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from kafka.errors import KafkaError
 from rest_framework import status as http
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import api_view, permission_classes
@@ -19,6 +20,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
+from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import actions, group_reset
 from consumers.operations import groups as kafka_groups
@@ -218,8 +220,8 @@ def group_list(request):
     try:
         names = kafka_groups.list_groups(include_pipelines=True)
     except Exception as exc:  # Kafka down, or a broker without ListGroups: a 503 with the reason, never a 500
-        return Response({"error": f"Kafka did not answer: {type(exc).__name__}: {exc}"},
-                        status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        reason = str(exc) if isinstance(exc, KafkaAdminError) else f"Kafka did not answer: {type(exc).__name__}: {exc}"
+        return Response({"error": reason}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     owners = dict(Pipeline.objects.values_list("group_id", "name"))
     return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
 
@@ -245,6 +247,9 @@ def group_reset_view(request, group_id):
                                          actor=request.user.username)
     except Refused as exc:
         return _refused(exc)
+    except (KafkaAdminError, KafkaError) as exc:  # the broker refused a request or is down: nothing was changed
+        detail = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
+        return Response({"error": f"Kafka: {detail}; nothing was changed"}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     return Response(result.as_dict())
 
 
