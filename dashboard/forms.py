@@ -3,6 +3,7 @@ Validation turns bad input into clear messages before anything is read from Kafk
 (consumers.operations.offset_specs does the parsing)."""
 from django import forms
 
+from consumers.models import IsolationLevel, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
@@ -101,6 +102,14 @@ class PipelineForm(forms.Form):
                                 help_text="int_value, json_event, csv_ints, or a dotted path to your own Transform.")
     group = forms.CharField(max_length=255, required=False, help_text="Kafka consumer group id; default: the name.")
     engine = forms.ChoiceField(choices=[("python", "python (kafka-python)"), ("spark", "spark")], initial="python")
+    isolation_level = forms.ChoiceField(
+        choices=IsolationLevel.choices, initial=IsolationLevel.READ_COMMITTED,
+        help_text="Read committed: records of aborted transactions never reach the sink (the python engine can "
+                  "also read uncommitted).")
+    on_log_truncated = forms.ChoiceField(
+        choices=LogTruncatedPolicy.choices, initial=LogTruncatedPolicy.STOP, label="When the log was truncated",
+        help_text="Records deleted from Kafka before they were read (retention, a recreated topic): stop and say "
+                  "why, or skip them (noted in the ledger, reported by reconciliation, alerted).")
     create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")
 
 

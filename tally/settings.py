@@ -167,7 +167,8 @@ STORAGES = {"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"
 # --- Kafka -------------------------------------------------------------------------------------------
 KAFKA_BOOTSTRAP_SERVERS = env_bootstrap_servers("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 # Real Kafka refuses sessions below group.min.session.timeout.ms (6 s by default): never shorter, here
-# or in tests. Slow rejoins after a crash are fixed by leaving the group on shutdown, not by this.
+# or in tests. Only the classic modes join a group; exactly-once runs take partitions from the database
+# (consumers/engine/shares.py), so their restarts wait for no join.
 KAFKA_SESSION_TIMEOUT_MS = env_int("KAFKA_SESSION_TIMEOUT_MS", 6000, minimum=6000)
 KAFKA_REQUEST_TIMEOUT_MS = env_int("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000)
 

@@ -194,7 +194,7 @@ def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
     assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped")
 
 
-def test_two_runs_share_the_partitions_through_the_group_protocol_and_write_each_record_once(ops_env):
+def test_two_runs_share_the_partitions_and_write_each_record_once(ops_env):
     start_worker, _ = ops_env
     start_worker()
     start_worker()

@@ -127,7 +127,7 @@ def test_a_zombie_from_an_older_epoch_writes_nothing_after_a_restart(chaos_pipel
     assert_positions_at_high_watermarks(pipeline)
 
 
-def test_when_one_of_two_group_members_is_killed_its_partitions_move_and_nothing_is_lost_or_doubled(
+def test_when_one_of_two_runs_is_killed_its_partitions_move_and_nothing_is_lost_or_doubled(
         chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(400, partitions=4)
     first = EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "20")

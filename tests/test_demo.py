@@ -87,6 +87,23 @@ def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_
     assert run.ended_at is not None and run.end_reason == "demo reset"
 
 
+def test_a_reset_that_cannot_delete_a_group_moves_its_offsets_to_the_new_topics_start(demo, monkeypatch):
+    seed_demo(records=30, reset=True)
+    kafka_admin.commit_offsets("nums-at-least-once", DEMO_TOPIC, {0: 30})  # it had read the old topic
+    delete_groups = kafka_admin.delete_groups
+
+    def keep_one(groups):  # as Kafka keeps a group with a live member (NonEmptyGroupError)
+        deleted = delete_groups([group for group in groups if group != "nums-at-least-once"])
+        return {**deleted, "nums-at-least-once": "NonEmptyGroupError"}
+
+    monkeypatch.setattr(kafka_admin, "delete_groups", keep_one)
+    summary = seed_demo(records=30, reset=True)
+    # Its classic pipeline resumes from this offset: 30 would skip the new topic's every record.
+    assert kafka_admin.committed_offsets("nums-at-least-once", DEMO_TOPIC) == {0: 0}
+    assert ["Consumer group nums-at-least-once could not be deleted (NonEmptyGroupError); its offsets were set to "
+            "the new topic's start."] == [note for note in summary["notes"] if "Consumer group" in note]
+
+
 def test_the_classic_demo_loses_with_at_most_once_duplicates_with_at_least_once_not_with_exactly_once(demo):
     updates = []
     # Probability 0: each pipeline crashes once, at its classic point, where seed 5 says.

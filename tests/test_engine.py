@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.utils import timezone
 
 from consumers.engine import commit, db
 from consumers.engine.lifecycle import UnknownPipeline
@@ -155,6 +156,58 @@ def test_a_stop_event_ends_the_run_cleanly(make_pipeline):
     thread.join(timeout=10)
     assert holder["result"].reason == "stopped"
     assert ConsumerRun.objects.get(pk=holder["result"].run_id).state == "stopped"
+
+
+@pytest.mark.parametrize("mode, members", [(DeliveryMode.EXACTLY_ONCE, 0), (DeliveryMode.AT_LEAST_ONCE, 1)])
+def test_only_the_classic_modes_join_the_consumer_group_and_every_mode_commits_offsets_to_kafka(make_pipeline,
+                                                                                               mode, members):
+    # Exactly-once takes its partitions from the database (consumers/engine/shares.py): no join to wait for.
+    pipeline = make_pipeline(range(1, 21), mode, partitions=2)
+    stop = threading.Event()
+    thread, holder = in_thread(pipeline.name, stop=stop, max_seconds=60)
+    try:
+        wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, next_offset=10).count() == 2, 30,
+                 "every record")
+        group = kafka_admin.describe_group(pipeline.group_id)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert len(group.members) == members
+    assert holder["result"].reason == "stopped"
+    assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1]) == {0: 10, 1: 10}
+
+
+def test_two_exactly_once_runs_split_the_partitions_and_a_stopped_runs_share_moves_to_the_other(make_pipeline):
+    pipeline = make_pipeline(range(1, 401), partitions=4)
+    stops = [threading.Event(), threading.Event()]
+
+    def holdings():
+        return {run.pk: sorted(run.assigned_partitions)
+                for run in ConsumerRun.objects.filter(pipeline=pipeline).alive(timezone.now())}
+
+    first, first_holder = in_thread(pipeline.name, stop=stops[0], delay_ms=20, max_seconds=120)
+    try:
+        wait_for(lambda: list(holdings().values()) == [[0, 1, 2, 3]], 30, "the first run to hold every partition")
+        second, second_holder = in_thread(pipeline.name, stop=stops[1], delay_ms=20, max_seconds=120)
+        try:
+            split = wait_for(lambda: len(held := holdings()) == 2 and all(held.values()) and held, 30,
+                             "two runs holding partitions")
+            # Run ids in order take every other partition; no partition is held twice.
+            assert list(dict(sorted(split.items())).values()) == [[0, 2], [1, 3]]
+            stops[0].set()
+            first.join(timeout=30)
+            assert first_holder["result"].reason == "stopped"
+            wait_for(lambda: list(holdings().values()) == [[0, 1, 2, 3]], 30, "the second run to take over")
+            wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, next_offset=100).count() == 4, 60,
+                     "every record")
+        finally:
+            stops[1].set()
+            second.join(timeout=30)
+        assert second_holder["result"].reason == "stopped"
+    finally:
+        stops[0].set()
+        first.join(timeout=30)
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 401)}
 
 
 def test_an_unknown_pipeline_is_refused(transactional_db):

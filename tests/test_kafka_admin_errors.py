@@ -7,14 +7,16 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
-from kafka.errors import IncompatibleBrokerVersion
+from django.test import Client
+from kafka.errors import IncompatibleBrokerVersion, TopicDeletionDisabledError
 
 from consumers.demo import classic as demo
 from consumers.engine import sinks
 from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import Pipeline
-from tests.views_helpers import make_viewer
+from consumers.kafka.broker import free_port
+from consumers.models import ActionLog, Pipeline
+from tests.views_helpers import make_operator, make_viewer
 
 
 class RefusingAdmin:
@@ -47,6 +49,48 @@ def test_the_groups_api_answers_503_with_the_reason(db, refusing_broker, client)
     assert "Kafka could not list consumer groups: IncompatibleBrokerVersion" in response.json()["error"]
 
 
+@pytest.fixture
+def no_broker(settings):
+    """Nothing listens at the bootstrap address (Kafka down, or a wrong KAFKA_BOOTSTRAP_SERVERS)."""
+    settings.KAFKA_BOOTSTRAP_SERVERS = f"127.0.0.1:{free_port()}"
+    return settings.KAFKA_BOOTSTRAP_SERVERS
+
+
+def test_with_no_broker_listening_groups_list_and_describe_say_so_and_exit_1(db, no_broker):
+    with pytest.raises(CommandError) as failed:
+        call_command("groups", "list")
+    assert failed.value.returncode == 1
+    assert str(failed.value) == (f"Kafka could not list consumer groups: no broker accepts connections at {no_broker} "
+                                 "(is Kafka running? see KAFKA_BOOTSTRAP_SERVERS)")
+    with pytest.raises(CommandError) as failed:
+        call_command("groups", "describe", "billing")
+    assert failed.value.returncode == 1 and f"KafkaUnreachable: no broker accepts connections at {no_broker}" in str(
+        failed.value)
+
+
+def test_with_no_broker_listening_the_groups_api_answers_503_with_the_reason(db, no_broker, client):
+    client.force_login(make_viewer())
+    response = client.get("/api/groups/")
+    assert response.status_code == 503
+    assert response.json()["error"] == (f"Kafka could not list consumer groups: no broker accepts connections at "
+                                         f"{no_broker} (is Kafka running? see KAFKA_BOOTSTRAP_SERVERS)")
+    assert kafka_admin.delete_groups(["a"])["a"].startswith("Kafka could not delete consumer groups: no broker")
+
+
+@pytest.mark.kafka
+def test_a_group_reset_the_broker_refuses_answers_503_and_changes_nothing(transactional_db, make_topic,
+                                                                         refusing_broker):
+    client = Client()
+    client.force_login(make_operator())
+    response = client.post("/api/groups/billing/reset", {"topic": make_topic("reset"), "mode": "to-earliest",
+                                                          "execute": True}, content_type="application/json")
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error.startswith("Kafka: [Error 35] IncompatibleBrokerVersion: Kafka broker does not support the")
+    assert error.endswith("; nothing was changed")
+    assert not ActionLog.objects.exists()
+
+
 def test_delete_groups_returns_the_error_of_each_group_instead_of_raising(refusing_broker):
     result = kafka_admin.delete_groups(["a", "b"])
     assert set(result) == {"a", "b"}
@@ -71,3 +115,40 @@ def test_a_refused_seed_demo_reset_leaves_the_demo_pipelines_and_sinks_as_they_w
     finally:
         with connection.cursor() as cur:
             sinks.drop_sink_table(cur, first.sink_table)
+
+
+class NoTopicDeletion:
+    """A broker with topic deletion disabled (real Kafka's delete.topic.enable=false): the rest works."""
+
+    def __init__(self):
+        self.calls = []
+
+    def list_topics(self):
+        return [demo.DEMO_TOPIC]
+
+    def delete_topics(self, topics, **kwargs):
+        self.calls.append("delete_topics")
+        raise TopicDeletionDisabledError("topic deletion is disabled")
+
+    def delete_groups(self, groups):
+        self.calls.append("delete_groups")
+        return {group: "OK" for group in groups}
+
+
+def test_a_reset_refused_for_the_topic_leaves_the_consumer_groups_alone(transactional_db, monkeypatch):
+    # The classic pipelines resume from their groups' offsets: deleting the groups of a reset that then
+    # stops would have them read the kept topic again from its start, into the kept sinks.
+    broker = NoTopicDeletion()
+
+    @contextlib.contextmanager
+    def session():
+        yield broker
+
+    monkeypatch.setattr(kafka_admin, "admin_session", session)
+    first = demo.DEMO_PIPELINES[0]
+    Pipeline.objects.create(name=first.name, topic=demo.DEMO_TOPIC, sink_table=first.sink_table,
+                            delivery_mode=first.delivery_mode)
+    with pytest.raises(demo.DemoError, match="TopicDeletionDisabledError.*nothing was reset"):
+        demo.seed_demo(reset=True)
+    assert broker.calls == ["delete_topics"]
+    assert Pipeline.objects.get(name=first.name).epoch == 0

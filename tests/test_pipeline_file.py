@@ -85,6 +85,51 @@ def test_a_stopped_pipeline_takes_a_new_transform_and_a_running_one_is_refused(c
     assert Pipeline.objects.get(name="orders").transform == "int_value"
 
 
+def test_isolation_level_and_truncation_policy_are_created_diffed_and_changed_while_stopped(capsys, tmp_path, names,
+                                                                                           monkeypatch):
+    monkeypatch.setattr(actions, "enqueue_run", lambda *args, **kwargs: [])
+    reading = two_pipelines(names).replace('transform = "int_value"\n',
+                                           'transform = "int_value"\nisolation_level = "read_uncommitted"\n', 1)
+    code, out, err = run_command(capsys, "apply", write(tmp_path, reading))
+    assert (code, err) == (0, "")
+    assert (f"create orders: {names['topic']} -> {names['orders']} (exactly-once, transform int_value, "
+            f"isolation_level read_uncommitted)") in out
+    orders = Pipeline.objects.get(name="orders")
+    assert (orders.isolation_level, orders.on_log_truncated) == ("read_uncommitted", "stop")
+    code, out, _ = run_command(capsys, "apply", write(tmp_path, reading))
+    assert code == 0 and "0 to create, 0 to change, 2 unchanged." in out
+
+    skipping = reading.replace('isolation_level = "read_uncommitted"\n', 'on_log_truncated = "skip"\n')
+    actions.start("orders")
+    code, _, err = run_command(capsys, "apply", write(tmp_path, skipping))
+    assert code == 1 and "orders.name: pipeline 'orders' is running: stop it before changing it" in err
+    assert Pipeline.objects.get(name="orders").on_log_truncated == "stop"
+    actions.stop("orders")
+    code, out, err = run_command(capsys, "apply", write(tmp_path, skipping), "--dry-run")
+    assert code == 0 and "update orders: isolation_level read_uncommitted -> read_committed, on_log_truncated " \
+                         "stop -> skip" in out
+    assert Pipeline.objects.get(name="orders").on_log_truncated == "stop"
+    code, out, err = run_command(capsys, "apply", write(tmp_path, skipping))
+    assert (code, err) == (0, "") and "1 to change" in out
+    orders = Pipeline.objects.get(name="orders")
+    assert (orders.isolation_level, orders.on_log_truncated) == ("read_committed", "skip")
+    change = ActionLog.objects.get(pipeline=orders, action="update")
+    assert change.params["on_log_truncated"] == {"from": "stop", "to": "skip"}
+
+
+def test_an_unknown_isolation_level_or_truncation_policy_refuses_the_file(capsys, tmp_path, names):
+    run_command(capsys, "apply", write(tmp_path, two_pipelines(names)))
+    text = two_pipelines(names).replace('mode = "at-least-once"\n',
+                                        'mode = "at-least-once"\nisolation_level = "dirty"\non_log_truncated = 1\n')
+    code, _, err = run_command(capsys, "apply", write(tmp_path, text))
+    assert code == 1 and "nothing was changed" in err
+    assert "clicks.isolation_level: unknown isolation level 'dirty': use read_committed" in err
+    assert "clicks.on_log_truncated: must be text, got int" in err
+    clicks = Pipeline.objects.get(name="clicks")
+    assert (clicks.isolation_level, clicks.on_log_truncated) == ("read_committed", "stop")
+    assert not ActionLog.objects.filter(action="update").exists()
+
+
 def test_fields_that_own_the_history_cannot_change(capsys, tmp_path, names):
     run_command(capsys, "apply", write(tmp_path, two_pipelines(names)))
     moved = two_pipelines(names).replace(f'topic = "{names["topic"]}"', f'topic = "{names["other_topic"]}"')

@@ -28,7 +28,8 @@ def table():
 
 def form(topic, table, **overrides):
     return {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "int_value",
-            "group": "", "engine": "python", **overrides}
+            "group": "", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "stop",
+            **overrides}
 
 
 def test_an_operator_adds_a_pipeline_and_lands_on_its_page(operator_client, make_topic, table):
@@ -55,6 +56,35 @@ def test_the_form_shows_the_same_refusals_as_the_command_line(operator_client, m
     response = operator_client.post("/pipelines/new/", form(topic, table, name="new", create_table="on"))
     assert response.status_code == 400 and "is reserved" in response.content.decode()
     assert not Pipeline.objects.exists()
+
+
+def test_an_operator_chooses_the_isolation_level_and_the_truncation_policy(operator_client, make_topic, table):
+    page = operator_client.get("/pipelines/new/").content.decode()
+    assert '<option value="read_committed" selected>' in page and '<option value="stop" selected>' in page
+    chosen = form(make_topic("form"), table, create_table="on", isolation_level="read_uncommitted",
+                  on_log_truncated="skip")
+    response = operator_client.post("/pipelines/new/", chosen)
+    assert response.status_code == 302
+    pipeline = Pipeline.objects.get(name="orders")
+    assert (pipeline.isolation_level, pipeline.on_log_truncated) == ("read_uncommitted", "skip")
+    page = operator_client.get("/pipelines/orders/").content.decode()
+    assert '<b id="isolation-level">read uncommitted</b>' in page and ">skip</b>" in page
+
+
+def test_an_unknown_isolation_level_or_policy_and_spark_reading_uncommitted_are_refused(operator_client, make_topic,
+                                                                                        table):
+    topic = make_topic("form")
+    response = operator_client.post("/pipelines/new/", form(topic, table, create_table="on",
+                                                            isolation_level="dirty", on_log_truncated="ignore"))
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert 'id="error-isolation_level"' in html and 'id="error-on_log_truncated"' in html
+    response = operator_client.post("/pipelines/new/", form(topic, table, create_table="on", engine="spark",
+                                                            isolation_level="read_uncommitted"))
+    html = response.content.decode()
+    assert response.status_code == 400 and 'id="error-isolation_level"' in html
+    assert "the spark engine reads read_committed only" in html
+    assert not Pipeline.objects.exists() and not ActionLog.objects.exists()
 
 
 def test_a_viewer_sees_the_form_but_may_not_add(client, make_topic, table):

@@ -157,6 +157,47 @@ def test_names_groups_transforms_and_reserved_tables_are_checked_together(topic,
     assert "choose another name" in problems["sink_table"]
 
 
+def test_isolation_level_and_log_truncation_policy_are_set_at_create_and_shown(capsys, topic, table):
+    code, out, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
+                                 "--isolation-level", "read_uncommitted", "--on-log-truncated", "skip")
+    assert (code, err) == (0, "")
+    pipeline = Pipeline.objects.get(name="orders")
+    assert (pipeline.isolation_level, pipeline.on_log_truncated) == ("read_uncommitted", "skip")
+    assert ActionLog.objects.get(action="create").params["isolation_level"] == "read_uncommitted"
+    code, out, _ = run_command(capsys, "show", "orders")
+    assert "isolation_level:   read_uncommitted" in out and "on_log_truncated:  skip" in out
+    code, out, _ = run_command(capsys, "list", "--json")
+    (row,) = json.loads(out)
+    assert (row["isolation_level"], row["on_log_truncated"]) == ("read_uncommitted", "skip")
+
+
+def test_without_them_a_pipeline_reads_committed_records_and_stops_on_a_truncated_log(capsys, topic, table):
+    code, out, _ = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
+                               "--json")
+    assert code == 0
+    assert (json.loads(out)["isolation_level"], json.loads(out)["on_log_truncated"]) == ("read_committed", "stop")
+
+
+def test_an_unknown_isolation_level_or_truncation_policy_exits_1_and_creates_nothing(capsys, topic, table):
+    code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
+                               "--isolation-level", "read_dirty", "--on-log-truncated", "ignore")
+    assert code == 1
+    assert "isolation_level: unknown isolation level 'read_dirty': use read_committed" in err
+    assert "on_log_truncated: unknown policy 'ignore' for a log truncated past the stored position: use stop" in err
+    assert not Pipeline.objects.exists() and not ActionLog.objects.exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [table])
+        assert cursor.fetchone()[0] is None
+
+
+def test_the_spark_engine_refuses_read_uncommitted(topic, table):
+    with pytest.raises(Invalid) as refused:
+        pipeline_setup.validate(PipelineSpec("orders", topic, table, engine="spark", isolation_level="read_uncommitted",
+                                             create_table=True))
+    assert set(refused.value.problems) == {"isolation_level"}
+    assert "use the python engine for read_uncommitted" in refused.value.problems["isolation_level"]
+
+
 def test_usage_errors_exit_2(capsys, kafka_bootstrap):
     code, _, err = run_command(capsys, "create", "orders", "--sink-table", "t")
     assert code == 2 and "--topic" in err

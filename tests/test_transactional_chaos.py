@@ -8,7 +8,7 @@ import pytest
 
 from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, PartitionOffset
+from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import EngineProcess, ledger_batches, run_until_clean_exit, sink_counts, wait_for
 from tests.conftest import drop_sink_tables
@@ -105,48 +105,23 @@ def test_a_final_run_is_caught_up_only_when_every_partition_is_even_those_dead_m
     assert stored_positions(pipeline) == kafka_admin.high_watermarks(pipeline.topic)
 
 
-def test_a_run_holding_one_partition_is_not_caught_up_while_another_member_holds_the_rest(tx_chaos_pipeline,
-                                                                                          subprocess_env):
-    import threading
-
-    from django.conf import settings
-    from kafka import KafkaConsumer
-    from kafka.consumer.subscription_state import ConsumerRebalanceListener
-
-    from consumers.models import ConsumerRun
-
+def test_a_run_holding_one_partition_is_not_caught_up_while_another_run_holds_the_rest(tx_chaos_pipeline,
+                                                                                       subprocess_env):
     pipeline, held = tx_chaos_pipeline(30, partitions=3)
-    # Another member of the group (a run that hangs, or one whose death the broker has not noticed yet):
-    # it holds partitions and reads nothing.
-    other = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=pipeline.group_id,
-                          enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=1000)
-
-    class PauseAll(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked):
-            pass
-
-        def on_partitions_assigned(self, assigned):
-            other.pause(*assigned)
-
-    other.subscribe([pipeline.topic], listener=PauseAll())
-    leave = threading.Event()
-
-    def keep_membership():
-        while not leave.is_set():
-            other.poll(timeout_ms=100)
-        other.close()  # leaves the group: the run gets its partitions
-
-    member = threading.Thread(target=keep_membership, daemon=True)
-    member.start()
+    # Another run of the pipeline (one that hangs on a slow sink, say): one record per poll, two seconds
+    # each. It holds partitions and barely reads them; it gives up the new run's share between records.
+    slow = EngineProcess(subprocess_env, pipeline.name, "--batch-size", "1", "--delay-ms", "2000")
     final = None
     try:
-        wait_for(lambda: other.assignment(), 30, "the other member's partitions")
+        wait_for(lambda: ConsumerRun.objects.filter(pipeline=pipeline, pid=slow.pid).exclude(
+            assigned_partitions=[]).exists(), 30, "the slow run's partitions")
         final = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP)
 
         def own_partitions_done():
-            run = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-id").first()
-            if run is None or not run.assigned_partitions or len(run.assigned_partitions) == 3:
+            run = ConsumerRun.objects.filter(pipeline=pipeline, pid=final.pid).first()
+            if run is None or not run.assigned_partitions:
                 return None
+            assert len(run.assigned_partitions) == 1  # the later run's share of three: one partition
             highs = kafka_admin.high_watermarks(pipeline.topic)
             positions = stored_positions(pipeline)
             if all(positions.get(p) == highs[p] for p in run.assigned_partitions):
@@ -156,14 +131,14 @@ def test_a_run_holding_one_partition_is_not_caught_up_while_another_member_holds
         done_at = wait_for(own_partitions_done, 60, "the run's own partitions to be written")
         # Two more heartbeats (and caught-up checks) later the run is still going: the topic is not done.
         wait_for(lambda: final.poll() is not None
-                 or ConsumerRun.objects.filter(pipeline=pipeline).order_by("-id").first().heartbeat_at
+                 or ConsumerRun.objects.filter(pipeline=pipeline, pid=final.pid).first().heartbeat_at
                  .timestamp() > done_at.timestamp() + 2, 30, "two more heartbeats")
         assert final.poll() is None, f"exited while partitions were unread:\n{final.output()[-2000:]}"
-        leave.set()
+        slow.stop()   # it leaves: the final run takes its partitions and reads them to the end
+        assert slow.poll() == 0, slow.output()[-2000:]
         assert final.wait(90) == 0, final.output()[-3000:]
     finally:
-        leave.set()
-        member.join(30)
+        slow.kill()
         if final is not None:
             final.kill()
     assert sink_counts(pipeline.sink_table) == {value: 1 for value in held}

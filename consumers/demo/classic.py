@@ -9,9 +9,10 @@ themselves and are started again, the Spark pipeline on this process's warm driv
 workers), and reads the sinks row by row.
 
 --reset: the embedded broker cannot delete records, so the topic is deleted and created again (its
-offsets start at 0 again) and any Kafka offsets the demo groups still hold for it are set back to 0; the
-demo pipelines keep their rows and history (action log, alerts, past runs) and lose their state
-(offsets, ledger, dead letters, health); a running one is stopped through the audited stop action.
+offsets start at 0 again) and the demo's consumer groups are deleted (a group Kafka keeps gets its offsets
+set to the new topic's start); the demo pipelines keep their rows and history (action log, alerts, past
+runs) and lose their state (offsets, ledger, dead letters, health, sink rows); a running one is stopped
+through the audited stop action. A reset the broker refuses changes nothing (`_reset`).
 """
 import logging
 import secrets
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from kafka import KafkaProducer
 from kafka.admin import NewTopic
@@ -96,8 +97,9 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
     pipelines. Safe to re-run; `reset` starts over (see the module docstring)."""
     if records < 1 or partitions < 1:
         raise DemoError("records and partitions must be at least 1.")
-    notes = _reset() if reset else []
+    notes, kept_groups = _reset() if reset else ([], {})
     produced = _ensure_topic(records, partitions)
+    notes += _rewind_kept_groups(kept_groups)
     pipelines = [create_pipeline(demo.name, DEMO_TOPIC, demo.sink_table, "int_value", demo.delivery_mode,
                                  exist_ok=True, group_id=demo.name, batch_size=DEMO_BATCH_SIZE, engine=demo.engine)
                  for demo in DEMO_PIPELINES]
@@ -105,53 +107,73 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
             "pipelines": [p.name for p in pipelines], "notes": notes}
 
 
-def _reset() -> list[str]:
-    """Start the demo pipelines over, keeping their history. Kafka first: if the broker refuses (the topic
-    cannot be deleted), nothing in the database has changed and DemoError says why. Then the database: the
-    pipeline rows stay (so do their action log and alerts, which point at them); a running one is stopped
-    through the audited stop action, the others get a new epoch, which fences any writer still alive;
-    positions, ledger, dead letters and health go; unfinished runs are marked ended. Returns what it did,
-    to tell the user."""
+def _reset() -> tuple[list[str], dict[str, str]]:
+    """Start the demo pipelines over, keeping their history. In this order, so that a failure leaves a state
+    a re-run repairs and says so:
+      1. the topic: if the broker refuses to delete it (or cannot be reached), nothing has changed and
+         DemoError says why (the consumer groups too are untouched: the classic pipelines resume from them);
+      2. the database, in one transaction: the pipeline rows stay (so do their action log and alerts, which
+         point at them); a running one is stopped through the audited stop action, the others get a new
+         epoch, which fences any writer still alive; positions, ledger, dead letters, health and the sink
+         tables go; unfinished runs are marked ended. If it fails, DemoError asks for a re-run;
+      3. the consumer groups: their committed offsets, and any membership a killed engine left behind (on
+         the embedded broker such a group can stay stuck in a rebalance).
+    Returns what it did, to tell the user, and {group: error} for the groups Kafka did not delete."""
     from consumers.operations import actions
 
     names = [demo.name for demo in DEMO_PIPELINES]
-    # The demo's consumer groups: their committed offsets, and any membership a killed engine left
-    # behind (on the embedded broker such a group can stay stuck in a rebalance). Errors are returned.
-    failed = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
-    if failed:
-        log.warning("Could not delete demo consumer groups: %s", failed)
     try:
         with kafka_admin.admin_session() as admin:
             if DEMO_TOPIC in admin.list_topics():
                 admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
                 _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
-    except Exception as exc:  # the broker refused or is unreachable: stop before touching the database
+    except Exception as exc:  # the broker refused or is unreachable: stop before touching anything else
         raise DemoError(f"Could not delete topic {DEMO_TOPIC!r} ({type(exc).__name__}: {exc}); "
                         f"nothing was reset.") from exc
     notes = []
-    for pipeline in Pipeline.objects.filter(name__in=names):
-        if pipeline.desired_state != DesiredState.STOPPED:
-            entry = actions.stop(pipeline, actor=RESET_ACTOR)
-            notes.append(f"{pipeline.name} was {pipeline.desired_state}: stopped through the stop action "
-                         f"(action log entry {entry.pk}).")
-        else:
-            pipeline.bump_epoch()
-        with transaction.atomic():
-            PartitionOffset.objects.filter(pipeline=pipeline).delete()
-            BatchLedger.objects.filter(pipeline=pipeline).delete()
-            DeadLetter.objects.filter(pipeline=pipeline).delete()
-            PartitionHealth.objects.filter(pipeline=pipeline).delete()
-            PipelineHealth.objects.filter(pipeline=pipeline).delete()
-            ConsumerRun.objects.filter(pipeline=pipeline, ended_at__isnull=True).update(
-                state=RunState.STOPPED, ended_at=timezone.now(), end_reason="demo reset")
-    conn = db.connect("tally-demo")
     try:
-        with conn.cursor() as cursor:
-            for demo in DEMO_PIPELINES:
-                sinks.drop_sink_table(cursor, demo.sink_table)
-        conn.commit()
-    finally:
-        conn.close()
+        with transaction.atomic():
+            for pipeline in Pipeline.objects.filter(name__in=names):
+                if pipeline.desired_state != DesiredState.STOPPED:
+                    entry = actions.stop(pipeline, actor=RESET_ACTOR)
+                    notes.append(f"{pipeline.name} was {pipeline.desired_state}: stopped through the stop action "
+                                 f"(action log entry {entry.pk}).")
+                else:
+                    pipeline.bump_epoch()
+                PartitionOffset.objects.filter(pipeline=pipeline).delete()
+                BatchLedger.objects.filter(pipeline=pipeline).delete()
+                DeadLetter.objects.filter(pipeline=pipeline).delete()
+                PartitionHealth.objects.filter(pipeline=pipeline).delete()
+                PipelineHealth.objects.filter(pipeline=pipeline).delete()
+                ConsumerRun.objects.filter(pipeline=pipeline, ended_at__isnull=True).update(
+                    state=RunState.STOPPED, ended_at=timezone.now(), end_reason="demo reset")
+            with connection.cursor() as cursor:
+                for demo in DEMO_PIPELINES:
+                    sinks.drop_sink_table(cursor, demo.sink_table)
+    except Exception as exc:
+        raise DemoError(f"Topic {DEMO_TOPIC!r} was deleted but the database could not be reset "
+                        f"({type(exc).__name__}: {exc}); nothing else changed: run seed_demo --reset again.") from exc
+    kept = {g: e for g, e in kafka_admin.delete_groups(names).items() if e != "OK"}
+    if kept:
+        log.warning("Could not delete demo consumer groups: %s", kept)
+    return notes, kept
+
+
+def _rewind_kept_groups(kept: dict[str, str]) -> list[str]:
+    """Groups Kafka did not delete may hold offsets of the old topic, which the classic pipelines would resume
+    from: set them to the new topic's start. Returns a note per group."""
+    notes = []
+    for group, error in kept.items():
+        try:
+            starts = {p: mark.log_start for p, mark in kafka_admin.watermarks(DEMO_TOPIC).items()}
+            kafka_admin.commit_offsets(group, DEMO_TOPIC, starts)
+        except Exception as exc:  # told to the user: the reset itself is done
+            notes.append(f"Consumer group {group} could not be deleted ({error}) nor moved to the new topic's "
+                         f"start ({type(exc).__name__}: {exc}): its pipeline may resume from an old offset. Run "
+                         "seed_demo --reset again once nothing runs.")
+        else:
+            notes.append(f"Consumer group {group} could not be deleted ({error}); its offsets were set to the "
+                         "new topic's start.")
     return notes
 
 

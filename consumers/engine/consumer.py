@@ -1,10 +1,10 @@
-"""The Python engine's side of kafka-python: the group consumer, the rebalance listener, what a poll fetched.
+"""The Python engine's side of kafka-python: the consumer, the rebalance listener, what a poll fetched.
 (Kafka offset commits are the run's: consumers/engine/lifecycle.py `KafkaPositions`.)
 
+Exactly-once runs assign() their partitions (consumers/engine/shares.py decides which, from the database);
+the classic modes subscribe with group management, since their positions are the group's committed offsets.
 Rebalance callbacks run on kafka-python's IO thread (the one that also sends heartbeats), so the
-listener does no I/O: it pauses newly assigned partitions and records them. The engine's thread then
-waits for the batch in flight, seeks them to the database's positions and resumes them, before any
-record of theirs is fetched.
+listener does no I/O: it records newly assigned partitions, and the engine's thread handles them.
 """
 import threading
 
@@ -24,8 +24,10 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
 
 
 def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
-                  listener: ConsumerRebalanceListener, isolation_level: str = "read_committed",
+                  listener: ConsumerRebalanceListener | None, isolation_level: str = "read_committed",
                   **overrides) -> KafkaConsumer:
+    """A consumer of `topic` in `group_id` (for offset commits). With a `listener` it subscribes (group
+    management); without one it reads nothing until the caller assign()s partitions."""
     session_ms = settings.KAFKA_SESSION_TIMEOUT_MS
     # read_committed: records of aborted transactions never reach a sink (real Kafka returns them to
     # read_uncommitted consumers), and the consumer stops at the last stable offset.
@@ -38,18 +40,17 @@ def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: st
                   metadata_max_age_ms=METADATA_MAX_AGE_MS)
     config.update(overrides)
     consumer = KafkaConsumer(**config)
-    consumer.subscribe([topic], listener=listener)
+    if listener is not None:
+        consumer.subscribe([topic], listener=listener)
     return consumer
 
 
 class AssignmentTracker(ConsumerRebalanceListener):
-    """Remembers what the group gave this member and which partitions still need a seek."""
+    """Remembers which partitions the group gave this member since the engine last looked."""
 
-    def __init__(self, pause_new: bool):
+    def __init__(self):
         self._lock = threading.Lock()
         self._pending: set[TopicPartition] = set()
-        self.pause_new = pause_new
-        self.consumer: KafkaConsumer | None = None
         self.rebalances = 0
 
     def on_partitions_revoked(self, revoked):
@@ -57,12 +58,8 @@ class AssignmentTracker(ConsumerRebalanceListener):
             self._pending -= set(revoked)
 
     def on_partitions_assigned(self, assigned):
-        assigned = set(assigned)
-        if self.pause_new and self.consumer is not None and assigned:
-            # No fetch until the engine has moved them to the database's positions.
-            self.consumer.pause(*assigned)
         with self._lock:
-            self._pending |= assigned
+            self._pending |= set(assigned)
             self.rebalances += 1
 
     def take_pending(self) -> set[TopicPartition]:
@@ -75,32 +72,27 @@ class AssignmentTracker(ConsumerRebalanceListener):
             return bool(self._pending)
 
 
-def to_source_records(polled: dict, skip: set[TopicPartition] = frozenset()) -> dict[int, list[SourceRecord]]:
+def to_source_records(polled: dict) -> dict[int, list[SourceRecord]]:
     """kafka-python's records -> the commit protocol's SourceRecords, per partition, in offset order."""
     batches = {}
     for tp, records in polled.items():
-        if tp in skip or not records:
+        if not records:
             continue
         batches[tp.partition] = [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp)
                                  for r in records]
     return batches
 
 
-def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list[SourceRecord]], fetched: dict,
-                    skip: set[TopicPartition] = frozenset()) -> dict[int, Fetch]:
+def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list[SourceRecord]], fetched: dict) -> dict[int, Fetch]:
     """Each partition's `Fetch` of the poll that returned `batches`: from the position it was fetched from
     (`fetched`, updated here) to the consumer's position now. A partition that returned no record but
-    whose position moved crossed a hole (a transaction marker, aborted records). Paused partitions (not
-    yet sought) and `skip` are left out."""
+    whose position moved crossed a hole (a transaction marker, aborted records)."""
     fetches = {}
-    paused = consumer.paused()
     assignment = consumer.assignment()
     for tp in list(fetched):
         if tp not in assignment:
             del fetched[tp]
     for tp in assignment:
-        if tp in skip or tp in paused:
-            continue
         records = batches.get(tp.partition)
         start = fetched.get(tp)
         if start is None and not records:

@@ -209,6 +209,12 @@ class KafkaPositions:
         if not self._commit(ends, wait=wait) or not wait:
             self._unconfirmed = True
 
+    def forget(self, partitions) -> None:
+        """Partitions this run no longer holds: their next holder commits them to Kafka from now on (a
+        last commit of ours at the end would move Kafka's copy back)."""
+        for partition in partitions:
+            self.positions.pop(partition, None)
+
     def finish(self, reason: str) -> None:
         """A clean end with commits unconfirmed: one last synchronous commit leaves Kafka's lag exact."""
         if reason in CLEAN_REASONS and self._unconfirmed and self.positions:

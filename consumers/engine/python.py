@@ -6,19 +6,21 @@ Exactly-once, per poll, in this order:
      in one PostgreSQL transaction (fault points `mid-write`, `after-write`), then `after-db-commit`;
   3. meanwhile this thread polls and decodes the next batch (the overlap is the engine's speed-up);
   4. once the write is done, the same offsets go to Kafka (advisory: a failure is logged, never fatal).
-Positions come from the database: every assigned partition is paused by the rebalance listener, then
-sought to its stored next_offset (created from the reset policy when missing) and resumed. A batch
-refused as a gap (commit.Gap) is dropped and the partitions are sought back to the database.
+Positions come from the database, and so do partitions: an exactly-once run joins no Kafka consumer group
+(no join to wait for, no dead member's session to wait out); it assign()s the partitions that
+consumers/engine/shares.py gives it (several runs of a pipeline split them there) and seeks each to its stored
+next_offset (created from the reset policy when missing) before reading it. A batch refused as a gap
+(commit.Gap) is dropped and the partitions are sought back to the database.
 
 Positions, never offset arithmetic (docs/architecture.md "Positions"): after each poll the engine takes
 the consumer's position per partition; the batch is `commit.Fetch(position before, position after)`, so
 a batch that crossed transaction markers, aborted or compacted records stores the position past them,
 and a poll that crossed only a hole still moves the stored position.
 
-At-least-once: the same steps, but positions come from Kafka's committed offset, so a crash after the DB
-commit and before the Kafka commit writes the batch again. At-most-once: Kafka commit first (fault point
-`after-kafka-commit`), then the write, so a crash in between loses the batch. Both are the classic
-consumers of the blog post the demo reproduces.
+At-least-once: the same steps, but positions come from Kafka's committed offset (and partitions from the
+consumer group), so a crash after the DB commit and before the Kafka commit writes the batch again.
+At-most-once: Kafka commit first (fault point `after-kafka-commit`), then the write, so a crash in between
+loses the batch. Both are the classic consumers of the blog post the demo reproduces.
 
 The run's life cycle -- its ConsumerRun row, heartbeat and fencing, counts, outcome and Kafka's copy of
 the positions -- is consumers/engine/lifecycle.py, shared with the Spark engine.
@@ -28,7 +30,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from consumers.engine import caught_up, commit, db, log_bounds
+from django.utils import timezone
+from kafka import TopicPartition
+
+from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import AssignmentTracker, fetches_of_poll, make_consumer, to_source_records
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
@@ -67,6 +72,8 @@ class _Engine:
         self.fetched: dict = {}  # TopicPartition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0
         self.gaps = 0
+        self.next_balance = 0.0
+        self.tracker: AssignmentTracker | None = None   # the classic modes' group assignment
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -78,13 +85,15 @@ class _Engine:
         self.consumer = self.kafka = None
         reason, detail = "error", ""
         try:
-            self.tracker = AssignmentTracker(pause_new=self.positions_from_db)
+            if self.positions_from_db:
+                shares.hold_session(self.conn, self.lifecycle.row.pk)
+            else:
+                self.tracker = AssignmentTracker()
             self.consumer = make_consumer(self.target.topic, self.pipeline.group_id,
                                           client_id=f"tally-{self.pipeline.name}",
                                           reset_policy=self.pipeline.reset_policy,
                                           isolation_level=self.pipeline.isolation_level,
                                           max_poll_records=self.batch_size, listener=self.tracker)
-            self.tracker.consumer = self.consumer
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             reason = self._loop()
         except RunEnded as ended:
@@ -106,10 +115,13 @@ class _Engine:
                 self._drain()
                 return "max_seconds"
             self._heartbeat()
+            if self.positions_from_db and not self._balance():
+                continue
             polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
-            skip = self._take_assignment() if self.tracker.has_pending() else set()
-            batches = to_source_records(polled, skip)
-            fetches = fetches_of_poll(self.consumer, batches, self.fetched, skip)
+            if self.tracker is not None and self.tracker.has_pending():
+                self._take_assignment()
+            batches = to_source_records(polled)
+            fetches = fetches_of_poll(self.consumer, batches, self.fetched)
             if not batches and fetches:
                 # Only holes were crossed (markers, aborted records): the stored position moves past them.
                 self._write_behind(batches, fetches)
@@ -209,34 +221,50 @@ class _Engine:
             time.sleep(min(left, 0.1))
 
     # --- positions ---------------------------------------------------------------------------------
-    def _take_assignment(self) -> set:
-        """Seek newly assigned partitions to the database's positions (exactly-once) and resume them.
-        Returns the partitions whose records from the last poll must be dropped."""
-        new = self.tracker.take_pending()
-        if not self.positions_from_db:
-            # Classic modes resume from Kafka's committed offset: that is where the first fetch started
-            # (it may sit on a marker, so the first record's offset would leave a hole outside the ledger).
-            for tp in new:
-                self.fetched.pop(tp, None)
-                try:
-                    committed = self.consumer.committed(tp)
-                except Exception as exc:  # the ledger then starts at the first record; nothing is lost
-                    log.info("%s: committed offset of %s unknown: %s", self.pipeline.name, tp, exc)
-                    committed = None
-                if committed is not None:
-                    self.fetched[tp] = committed
-        if not self.positions_from_db or not new:
-            self._heartbeat(force=True)
-            return set()
-        moved_back = self._drain()   # the positions must include the batch in flight
-        assignment = self.consumer.assignment()
-        new = {tp for tp in new if tp in assignment}
+    def _balance(self) -> bool:
+        """Exactly-once: hold the partitions consumers/engine/shares.py gives this run (checked at most every
+        BALANCE_INTERVAL_S); newly held ones are sought to the database's positions before any poll.
+        Returns False when this run holds none (it waits a poll's time instead of polling)."""
+        now = time.monotonic()
+        if now >= self.next_balance:
+            self.next_balance = now + shares.BALANCE_INTERVAL_S
+            self._hold(shares.to_hold(
+                self.consumer.partitions_for_topic(self.target.topic),
+                shares.members(self.pipeline.pk, self.epoch, timezone.now()), self.lifecycle.row.pk,
+                {tp.partition for tp in self.consumer.assignment()}))
+        if self.consumer.assignment():
+            return True
+        self.stop.wait(POLL_TIMEOUT_MS / 1000)
+        return False
+
+    def _hold(self, partitions: set[int]) -> None:
+        held = {tp.partition for tp in self.consumer.assignment()}
+        if partitions == held:
+            return
+        self._drain()   # the batch in flight belongs to the old assignment: settle it first
+        self.kafka.forget(held - partitions)   # its next holder commits it to Kafka from now on
+        new = [TopicPartition(self.target.topic, p) for p in sorted(partitions - held)]
+        self.consumer.assign([TopicPartition(self.target.topic, p) for p in sorted(partitions)])
         self._seek_to_database(new)
-        self.consumer.resume(*new)
-        log.info("%s: assigned %s", self.pipeline.name,
-                 {tp.partition: self.consumer.position(tp, timeout_ms=1000) for tp in new})
+        log.info("%s: run %s holds %s (gave up %s)", self.pipeline.name, self.lifecycle.row.pk,
+                 {tp.partition: self.consumer.position(tp, timeout_ms=1000) for tp in new} or "nothing new",
+                 sorted(held - partitions) or "nothing")
+        self._heartbeat(force=True)  # peers see the new holding at their next balance
+
+    def _take_assignment(self) -> None:
+        """The classic modes: partitions the group newly assigned resume from Kafka's committed offset; that
+        is where their first fetch started (it may sit on a marker, so the first record's offset would leave
+        a hole outside the ledger)."""
+        for tp in self.tracker.take_pending():
+            self.fetched.pop(tp, None)
+            try:
+                committed = self.consumer.committed(tp)
+            except Exception as exc:  # the ledger then starts at the first record; nothing is lost
+                log.info("%s: committed offset of %s unknown: %s", self.pipeline.name, tp, exc)
+                committed = None
+            if committed is not None:
+                self.fetched[tp] = committed
         self._heartbeat(force=True)
-        return assignment if moved_back else new
 
     def _seek_to_database(self, tps) -> None:
         tps = [tp for tp in tps if tp in self.consumer.assignment()]
@@ -274,7 +302,8 @@ class _Engine:
         run has its partitions and nothing in flight (an open transaction keeps a read_committed consumer
         below the high watermark: the log end that counts is the last stable offset)."""
         assignment = self.consumer.assignment()
-        if not assignment or self.tracker.has_pending() or self.in_flight is not None:
+        pending = self.tracker is not None and self.tracker.has_pending()
+        if not assignment or pending or self.in_flight is not None:
             return False
         now = time.monotonic()
         if now < self.next_caught_up_check:

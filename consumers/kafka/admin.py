@@ -15,11 +15,22 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import OffsetSpec
 from kafka.structs import OffsetAndMetadata
 
+from consumers.kafka.broker import is_reachable
+
 log = logging.getLogger("tally.kafka")
 
 
 class KafkaAdminError(RuntimeError):
     pass
+
+
+class KafkaUnreachable(KafkaAdminError):
+    """No bootstrap server accepts a connection."""
+
+
+# A TCP connect answers "is anything listening?" in milliseconds; the admin client's bootstrap would retry
+# for the whole request timeout (30 s) first, holding a web request or a CLI that long.
+REACHABLE_TIMEOUT_S = 2.0
 
 
 def _common(**overrides):
@@ -55,6 +66,11 @@ def probe_consumer(**overrides) -> KafkaConsumer:
 
 @contextlib.contextmanager
 def admin_session():
+    """An admin client for one piece of work; KafkaUnreachable at once when no broker listens."""
+    servers = settings.KAFKA_BOOTSTRAP_SERVERS
+    if not is_reachable(servers, timeout=REACHABLE_TIMEOUT_S):
+        raise KafkaUnreachable(f"no broker accepts connections at {servers} (is Kafka running? "
+                               "see KAFKA_BOOTSTRAP_SERVERS)")
     client = admin_client()
     try:
         yield client
@@ -303,6 +319,8 @@ class GroupDescription:
 def _admin_failure(what: str, exc: Exception) -> KafkaAdminError:
     """A clear message for an admin call the broker refused or failed (e.g. IncompatibleBrokerVersion:
     the broker does not implement the request)."""
+    if isinstance(exc, KafkaUnreachable):
+        return KafkaUnreachable(f"Kafka could not {what}: {exc}")
     reason = type(exc).__name__
     detail = str(exc) if str(exc) and str(exc) != reason else ""
     return KafkaAdminError(f"Kafka could not {what}: {reason}" + (f" ({detail})" if detail else ""))

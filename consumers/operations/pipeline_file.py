@@ -7,10 +7,14 @@
     transform = "myapp.transforms.orders"  # a registered name or a dotted path
     group = "orders"                       # optional, defaults to the name
     engine = "python"                      # or spark
+    isolation_level = "read_committed"     # the default; or read_uncommitted (python engine only)
+    on_log_truncated = "stop"              # the default; or skip (records deleted before they were read)
     create_table = true                    # create the sink table when it is missing
 
 Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
-creations and changes commit in one transaction. Applying the same file twice changes nothing. Pipelines
+creations and changes commit in one transaction. Applying the same file twice changes nothing. A setting
+left out takes its default, also for an existing pipeline: the file says the whole pipeline. Of an existing
+pipeline only transform, engine, isolation_level and on_log_truncated may change, while it is stopped. Pipelines
 that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
 import tomllib
@@ -35,7 +39,7 @@ class Plan:
     not_in_file: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"create {s.name}: {s.topic} -> {s.sink_table} ({s.mode}, transform {s.transform})" for s in self.create]
+        out = [f"create {s.name}: {s.topic} -> {s.sink_table} ({_settings(s)})" for s in self.create]
         out += [f"update {s.name}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
                 for s, _, diff in self.update]
         out += [f"unchanged {name}" for name in self.unchanged]
@@ -44,6 +48,14 @@ class Plan:
 
     def summary(self) -> str:
         return f"{len(self.create)} to create, {len(self.update)} to change, {len(self.unchanged)} unchanged."
+
+
+def _settings(spec: PipelineSpec) -> str:
+    """Mode and transform, and the reading settings that are not the defaults."""
+    defaults = PipelineSpec(name="", topic="", sink_table="")
+    extra = [f"{name} {getattr(spec, name)}" for name in ("isolation_level", "on_log_truncated")
+             if getattr(spec, name) != getattr(defaults, name)]
+    return ", ".join([spec.mode, f"transform {spec.transform}", *extra])
 
 
 def load(path: str) -> list[PipelineSpec]:

@@ -7,6 +7,8 @@ doors accept and refuse the same things with the same messages. Every message sa
 What a spec must satisfy before anything is written:
   1. a free, slug-like name; a consumer group no other pipeline uses (defaults to the name);
   2. a known delivery mode and engine, and a transform that resolves (a registered name or a dotted path);
+     a known isolation level (read_committed, the default, or read_uncommitted: python engine only) and
+     policy for a log truncated past the stored position (stop, the default, or skip);
   3. the topic exists in Kafka;
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
@@ -22,7 +24,16 @@ from consumers.engine import sink_checks, sinks
 from consumers.engine.pipelines import MAX_IDENTIFIER
 from consumers.engine.transforms import Transform, resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import ActionLog, ActionResult, DeliveryMode, DesiredState, Engine, Pipeline
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    DeliveryMode,
+    DesiredState,
+    Engine,
+    IsolationLevel,
+    LogTruncatedPolicy,
+    Pipeline,
+)
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 # Tables Tally and Django own: a pipeline must never write into them.
@@ -30,8 +41,11 @@ RESERVED_TABLE_PREFIXES = ("consumers_", "dashboard_", "alerts_", "django_", "au
 RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
 MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
-# Fields of an existing pipeline that `apply` may change; the others define its data and history.
-MUTABLE_FIELDS = ("transform", "engine")
+# Fields of an existing pipeline that `apply` may change (while it is stopped); the others define its data and
+# history. Isolation and the truncation policy say how the log is read from the stored positions on.
+MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated")
+# Every setting a spec compares, stores and describes (besides the name).
+SETTINGS = ("topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level", "on_log_truncated")
 
 
 class Invalid(ValueError):
@@ -51,6 +65,8 @@ class PipelineSpec:
     transform: str = "int_value"
     group: str = ""
     engine: str = Engine.PYTHON
+    isolation_level: str = IsolationLevel.READ_COMMITTED
+    on_log_truncated: str = LogTruncatedPolicy.STOP
     create_table: bool = False
     extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
 
@@ -74,7 +90,8 @@ class PipelineSpec:
     def of(cls, pipeline: Pipeline) -> "PipelineSpec":
         return cls(name=pipeline.name, topic=pipeline.topic, sink_table=pipeline.sink_table,
                    mode=DeliveryMode(pipeline.delivery_mode).label, transform=pipeline.transform,
-                   group=pipeline.group_id, engine=pipeline.engine)
+                   group=pipeline.group_id, engine=pipeline.engine, isolation_level=pipeline.isolation_level,
+                   on_log_truncated=pipeline.on_log_truncated)
 
 
 def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
@@ -82,8 +99,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     `existing` is the pipeline the spec would update (its own name and group are then not taken)."""
     problems: dict[str, str] = {}
     for key in spec.extra:
-        problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine "
-                         f"or create_table")
+        problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine, "
+                         f"isolation_level, on_log_truncated or create_table")
     _check_scalars(spec, problems)
     if not NAME_PATTERN.match(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
@@ -101,6 +118,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
         problems["mode"] = f"unknown delivery mode {spec.mode!r}: use one of {', '.join(MODES)}"
     if spec.engine not in Engine.values:
         problems["engine"] = f"unknown engine {spec.engine!r}: use one of {', '.join(Engine.values)}"
+    _check_reading(spec, problems)
     transform = None
     try:
         transform = resolve(spec.transform)
@@ -119,7 +137,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
 
 
 def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
-    for name in ("name", "topic", "sink_table", "mode", "transform", "group", "engine"):
+    for name in ("name", "topic", "sink_table", "mode", "transform", "group", "engine", "isolation_level",
+                 "on_log_truncated"):
         if not isinstance(getattr(spec, name), str):
             problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
             setattr(spec, name, "")
@@ -130,6 +149,23 @@ def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
         problems["topic"] = "required: the Kafka topic to consume (--topic)"
     if not spec.sink_table:
         problems["sink_table"] = "required: the PostgreSQL table to write (--sink-table)"
+
+
+def _check_reading(spec: PipelineSpec, problems: dict) -> None:
+    """How the log is read: isolation level, and what to do when the log start passed the stored position.
+    A value that is not text was refused already (_check_scalars)."""
+    if "isolation_level" not in problems:
+        if spec.isolation_level not in IsolationLevel.values:
+            problems["isolation_level"] = (f"unknown isolation level {spec.isolation_level!r}: use read_committed "
+                                           "(the default: records of aborted transactions never reach the sink) or "
+                                           "read_uncommitted")
+        elif spec.isolation_level != IsolationLevel.READ_COMMITTED and spec.engine == Engine.SPARK:
+            problems["isolation_level"] = ("the spark engine reads read_committed only: use the python engine for "
+                                           "read_uncommitted")
+    if "on_log_truncated" not in problems and spec.on_log_truncated not in LogTruncatedPolicy.values:
+        problems["on_log_truncated"] = (f"unknown policy {spec.on_log_truncated!r} for a log truncated past the "
+                                        "stored position: use stop (the default: the run stops and says why) or "
+                                        "skip (skip the lost records, note them in the ledger, alert)")
 
 
 def _check_topic(topic: str, problems: dict) -> None:
@@ -186,6 +222,7 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
         pipeline = Pipeline.objects.create(
             name=spec.name, topic=spec.topic, sink_table=spec.sink_table, transform=spec.transform,
             delivery_mode=spec.delivery_mode, group_id=spec.group_id, engine=spec.engine,
+            isolation_level=spec.isolation_level, on_log_truncated=spec.on_log_truncated,
             desired_state=DesiredState.STOPPED)
         if spec.create_table:
             with connection.cursor() as cursor:
@@ -198,7 +235,7 @@ def changes(spec: PipelineSpec, pipeline: Pipeline) -> dict[str, tuple[str, str]
     """{field: (current, wanted)} between a pipeline and a spec of the same name."""
     current = PipelineSpec.of(pipeline)
     diff = {}
-    for name in ("topic", "sink_table", "mode", "transform", "group_id", "engine"):
+    for name in SETTINGS:
         before, after = getattr(current, name), getattr(spec, name)
         if name == "mode":
             before, after = pipeline.delivery_mode, spec.delivery_mode
@@ -232,7 +269,7 @@ def update(spec: PipelineSpec, pipeline: Pipeline, actor: str = "cli") -> dict:
     if diff:
         with transaction.atomic():
             Pipeline.objects.filter(pk=pipeline.pk).update(
-                transform=spec.transform, engine=spec.engine, updated_at=timezone.now())
+                **{name: getattr(spec, name) for name in MUTABLE_FIELDS}, updated_at=timezone.now())
             _log_action(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
                    "changed " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items()))
     return diff
@@ -265,7 +302,8 @@ def delete(name: str, actor: str = "cli") -> None:
 
 def describe(spec: PipelineSpec) -> dict:
     return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
-            "group": spec.group_id, "engine": spec.engine}
+            "group": spec.group_id, "engine": spec.engine, "isolation_level": spec.isolation_level,
+            "on_log_truncated": spec.on_log_truncated}
 
 
 def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:

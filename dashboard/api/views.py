@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from kafka.errors import KafkaError
 from rest_framework import status as http
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import api_view, permission_classes
@@ -22,6 +23,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
+from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import actions, dead_letter_queries, group_reset
 from consumers.operations import dead_letters as dead_letter_ops
@@ -124,7 +126,8 @@ def pipeline_detail(request, name):
     partitions = status.partition_rows(pipeline)
     data = status.pipeline_row(pipeline).as_json()
     data.update(
-        transform=pipeline.transform, batch_size=pipeline.batch_size,
+        transform=pipeline.transform, batch_size=pipeline.batch_size, isolation_level=pipeline.isolation_level,
+        on_log_truncated=pipeline.on_log_truncated,
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
         runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.state,
@@ -285,8 +288,8 @@ def group_list(request):
     try:
         names = kafka_groups.list_groups(include_pipelines=True)
     except Exception as exc:  # Kafka down, or a broker without ListGroups: a 503 with the reason, never a 500
-        return Response({"error": f"Kafka did not answer: {type(exc).__name__}: {exc}"},
-                        status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        reason = str(exc) if isinstance(exc, KafkaAdminError) else f"Kafka did not answer: {type(exc).__name__}: {exc}"
+        return Response({"error": reason}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     owners = dict(Pipeline.objects.values_list("group_id", "name"))
     return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
 
@@ -312,6 +315,9 @@ def group_reset_view(request, group_id):
                                          actor=request.user.username)
     except Refused as exc:
         return _refused(exc)
+    except (KafkaAdminError, KafkaError) as exc:  # the broker refused a request or is down: nothing was changed
+        detail = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
+        return Response({"error": f"Kafka: {detail}; nothing was changed"}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     return Response(result.as_dict())
 
 

@@ -37,6 +37,13 @@ class Command(BaseCommand):
                                  "own consumers.engine.transforms.Transform, e.g. myapp.transforms.orders.")
         create.add_argument("--group", default="", help="Kafka consumer group id (default: the name).")
         create.add_argument("--engine", choices=["python", "spark"], default="python")
+        # No argparse choices: a wrong value is refused by pipeline_setup, with the file's and the form's message.
+        create.add_argument("--isolation-level", default="read_committed", metavar="read_committed|read_uncommitted",
+                            help="read_committed (default): records of aborted transactions never reach the sink.")
+        create.add_argument("--on-log-truncated", default="stop", metavar="stop|skip",
+                            help="When the log start passed the stored position (retention, a recreated topic): "
+                                 "stop (default) with the reason, or skip the lost records (noted in the ledger, "
+                                 "alerted).")
         create.add_argument("--create-table", action="store_true", help="Create the sink table if it is missing.")
         create.add_argument("--json", action="store_true", help="Print the pipeline as JSON.")
 
@@ -69,9 +76,11 @@ class Command(BaseCommand):
             return
         getattr(self, f"do_{command}")(actor=actor, **options)
 
-    def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, create_table, **options):
+    def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
+                  on_log_truncated, create_table, **options):
         spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
-                            group=group, engine=engine, create_table=create_table)
+                            group=group, engine=engine, isolation_level=isolation_level,
+                            on_log_truncated=on_log_truncated, create_table=create_table)
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
@@ -102,7 +111,7 @@ class Command(BaseCommand):
             self.stdout.write(_json(data))
             return
         for key, value in data.items():
-            self.stdout.write(f"{key + ':':<15} {value}")
+            self.stdout.write(f"{key + ':':<18} {value}")
 
     def do_delete(self, *, actor, name, **options):
         try:
@@ -124,7 +133,9 @@ class Command(BaseCommand):
 def as_dict(pipeline: Pipeline) -> dict:
     return {"name": pipeline.name, "topic": pipeline.topic, "sink_table": pipeline.sink_table,
             "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
-            "engine": pipeline.engine, "desired_state": pipeline.desired_state, "epoch": pipeline.epoch}
+            "engine": pipeline.engine, "isolation_level": pipeline.isolation_level,
+            "on_log_truncated": pipeline.on_log_truncated, "desired_state": pipeline.desired_state,
+            "epoch": pipeline.epoch}
 
 
 def _json(data) -> str:

@@ -1,0 +1,69 @@
+"""Which partitions each exactly-once run of a pipeline reads: decided in the database, not by a Kafka group.
+
+Why not the consumer group: every join waits (the embedded broker about half the session timeout, real
+Kafka its initial rebalance delay for an empty group), and a killed member keeps its partitions until its
+session expires. Exactly-once does not need the group to be correct: positions come from the database,
+the epoch fences older runs, and the commit protocol skips records below the stored position, so two runs
+that read one partition for a while still write each record once. Runs therefore `assign()` partitions.
+
+The rule, applied by every run before a poll, at most once a second (`BALANCE_INTERVAL_S`):
+  1. Members: the runs of the pipeline's current epoch that are alive (heartbeat within the lease,
+     `ConsumerRun.objects.alive`) and whose engine connection to PostgreSQL is open. Each run holds a
+     session advisory lock (`hold_session`) on that connection; PostgreSQL releases it the moment the process
+     dies, so a killed run stops counting at once, a frozen one when its lease ends.
+  2. Share: members in run-id order; the i-th of n reads the topic's i-th, (i+n)-th, ... partitions.
+  3. A run gives up the partitions outside its share at once, and takes one of its share only when no other
+     member reports holding it (`ConsumerRun.assigned_partitions`, written at each heartbeat): a partition
+     moves between live runs within about two balance intervals, never read by both.
+"""
+from datetime import datetime
+
+from django.db import connection
+
+from consumers.models import ConsumerRun
+
+BALANCE_INTERVAL_S = 1.0  # as often as the heartbeat: a new or dead peer is seen within about a second
+# The advisory lock's first key: the namespace of Tally runs (the second key is the run id).
+RUN_LOCK_NAMESPACE = 0x7A11
+_INT4 = 1 << 31
+
+
+def _lock_key(run_id: int) -> int:
+    return run_id % _INT4
+
+
+def hold_session(conn, run_id: int) -> None:
+    """Mark `conn` as run `run_id`'s session for as long as it stays open (released by close or death)."""
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, _lock_key(run_id)])
+    conn.commit()
+
+
+def members(pipeline_id: int, epoch: int, now: datetime) -> dict[int, set[int]]:
+    """{run id: partitions it reports holding} for the members of the pipeline's epoch (rule 1)."""
+    runs = dict(ConsumerRun.objects.filter(pipeline_id=pipeline_id, epoch=epoch).alive(now)
+                .values_list("pk", "assigned_partitions"))
+    if not runs:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                       "AND classid = %s AND objsubid = 2 "
+                       "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                       [RUN_LOCK_NAMESPACE])
+        open_sessions = {row[0] for row in cursor.fetchall()}
+    return {run: set(held or ()) for run, held in runs.items() if _lock_key(run) in open_sessions}
+
+
+def share(partitions: list[int], member_ids: list[int], me: int) -> set[int]:
+    """Rule 2: the partitions member `me` should read."""
+    ordered = sorted(set(member_ids) | {me})
+    index, count = ordered.index(me), len(ordered)
+    return {p for i, p in enumerate(sorted(partitions)) if i % count == index}
+
+
+def to_hold(partitions: list[int], peers: dict[int, set[int]], me: int, held: set[int]) -> set[int]:
+    """Rule 3: what run `me`, holding `held`, should hold now, given the other members and what they hold."""
+    others = {run: parts for run, parts in peers.items() if run != me}
+    wanted = share(partitions, list(others), me)
+    taken = set().union(*others.values()) if others else set()
+    return (held & wanted) | (wanted - taken)
