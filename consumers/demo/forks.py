@@ -37,7 +37,8 @@ def _fork_server():
 def child_settings() -> dict:
     """What a child must share with this process, read now (tests change settings at run time)."""
     database = settings.DATABASES["default"]
-    return {"database": {key: database.get(key) for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")},
+    return {"database": {key: database[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")
+                         if key in database},
             "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
             "KAFKA_SESSION_TIMEOUT_MS": settings.KAFKA_SESSION_TIMEOUT_MS}
 
@@ -68,7 +69,8 @@ class ForkedCommand:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join(timeout=10)
-        self.process.close()
+        if self.process.exitcode is not None:   # a process still running cannot be closed
+            self.process.close()
         try:
             os.unlink(self.log_path)
         except FileNotFoundError:
