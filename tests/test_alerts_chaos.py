@@ -53,12 +53,12 @@ def wait_for_mail(inbox, predicate, timeout=90):
 
 
 def test_at_most_once_chaos_emails_a_loss_alert_naming_the_lost_offsets_and_a_rewind_sends_none(
-        kafka_bootstrap, demo_sinks, subprocess_env, alerts_worker, smtp_inbox, settings):  # noqa: F811
+        kafka_bootstrap, demo_sinks, alerts_worker, smtp_inbox, settings):  # noqa: F811
     from consumers.tasks.reconciliation import reconcile_all_task
 
     ensure_default_rules()
-    status = run_classic_demo(records=RECORDS, crash_probability=CRASH_PROBABILITY, timeout_s=300,
-                              env={"DATABASE_URL": subprocess_env["DATABASE_URL"]})
+    # The demo's pipeline processes use this process's database: the test's, as the worker does.
+    status = run_classic_demo(records=RECORDS, crash_probability=CRASH_PROBABILITY, timeout_s=300)
     at_most_once = status["nums-at-most-once"]
     assert at_most_once["state"] == "done" and at_most_once["missing"], status
     lost_offsets = {value - 1 for value in at_most_once["missing"]}  # one partition: value v sits at offset v-1
