@@ -97,7 +97,7 @@ def _positions(mode, consumer=None):
     return KafkaPositions(Pipeline(name="p", topic="nums", group_id="g", delivery_mode=mode), consumer)
 
 
-def test_exactly_once_commits_asynchronously_as_a_group_member_and_once_synchronously_at_a_clean_end():
+def test_exactly_once_commits_asynchronously_through_the_runs_own_consumer_and_once_synchronously_at_a_clean_end():
     consumer = RecordingConsumer()
     kafka = _positions(DeliveryMode.EXACTLY_ONCE, consumer)
     kafka.after_db_commit({0: 10})
@@ -121,7 +121,7 @@ def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypat
     at_least_once.after_db_commit({0: 10})
     at_least_once.finish("stopped")
     assert member.commits == [("sync", {0: 10})]
-    opened = []   # an engine that joins no group (Spark's driver): a group-less consumer, opened on first use
+    opened = []   # an engine without a consumer of its own (Spark's driver): one is opened on first use
     monkeypatch.setattr(lifecycle, "KafkaConsumer", lambda **config: opened.append(config) or member)
     group_less = _positions(DeliveryMode.EXACTLY_ONCE)
     group_less.after_db_commit({0: 7})

@@ -180,11 +180,13 @@ class KafkaPositions:
 
     Exactly-once and at-least-once: the positions after each DB commit, advisory (lag tools read it; a
     failure is logged). At-least-once resumes from it, so it is waited for; exactly-once commits
-    asynchronously when the run's own group consumer (polled by the run) commits. At-most-once: the position
+    asynchronously when the run's own consumer (polled by the run) commits. At-most-once: the position
     itself, committed before the write (the classic loss), so the batch is never written without it.
 
-    `consumer` is the run's group consumer (a member commits with its generation); an engine that joins no
-    group (Spark's driver) passes None and a group-less consumer is opened on first use.
+    `consumer` is the run's own consumer, polled by the run so asynchronous commits complete (a classic mode's
+    group member commits with its generation; an exactly-once run's consumer, which joins no group, as the
+    group's simple consumer); an engine without one (Spark's driver) passes None and a consumer is opened
+    on first use.
     """
 
     def __init__(self, pipeline: Pipeline, consumer: KafkaConsumer | None = None, *, client_id: str = ""):
@@ -221,7 +223,7 @@ class KafkaPositions:
             self._unconfirmed = not self._commit(self.positions, wait=True)
 
     def close(self) -> None:
-        """Close the consumer this opened (a run's group consumer is the engine's to close)."""
+        """Close the consumer this opened (a run's own consumer is the engine's to close)."""
         if self._own and self._consumer is not None:
             self._consumer.close()
             self._consumer = None
