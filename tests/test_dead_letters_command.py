@@ -6,9 +6,9 @@ import io
 import json
 
 import pytest
-from django.core.management import load_command_class
 
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay
+from tests.commands import run_command
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
 
@@ -17,11 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run(capsys, *argv):
-    command = load_command_class("consumers", "dead_letters")
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", "dead_letters", *argv])
-        raise SystemExit(0)
-    return exited.value.code, *capsys.readouterr()
+    return run_command(capsys, "dead_letters", *argv)
 
 
 def test_list_shows_the_filtered_dead_letters(capsys, letters):  # noqa: F811

@@ -4,11 +4,11 @@ import json
 import time
 
 import pytest
-from django.core.management import load_command_class
 from kafka import KafkaConsumer, KafkaProducer
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult
+from tests.commands import run_command
 from tests.ops_helpers import drop_demo_sinks, seed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -28,15 +28,6 @@ def topic_with_group(kafka_bootstrap, make_topic):
     group = f"{GROUP}-{topic}"
     kafka_admin.commit_offsets(group, topic, {0: 8, 1: 6})
     return topic, group
-
-
-def run_command(capsys, *argv):
-    command = load_command_class("consumers", argv[0])
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", *argv])
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return exited.value.code, out, err
 
 
 def join_group(bootstrap, topic, group) -> KafkaConsumer:

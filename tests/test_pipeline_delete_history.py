@@ -3,22 +3,18 @@ pipeline and its own alert rules, still naming them; an alert still open is reso
 from datetime import timedelta
 
 import pytest
-from django.core.management import load_command_class
 from django.utils import timezone
 
 from alerts import evaluate
 from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
 from consumers.models import ActionLog, ActionResult, Pipeline
+from tests.commands import run_command
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the command closes its connections when it ends
 
 
 def run_pipeline_command(capsys, *argv):
-    command = load_command_class("consumers", "pipeline")
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", "pipeline", *argv])
-        raise SystemExit(0)
-    return exited.value.code, *capsys.readouterr()
+    return run_command(capsys, "pipeline", *argv)
 
 
 @pytest.fixture
