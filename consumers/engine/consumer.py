@@ -1,16 +1,12 @@
-"""The Python engine's side of kafka-python: the consumer, the rebalance listener, what a poll fetched.
+"""The Python engine's side of kafka-python: the consumer and what a poll fetched.
 (Kafka offset commits are the run's: consumers/engine/lifecycle.py `KafkaPositions`.)
 
-Exactly-once runs assign() their partitions (consumers/engine/shares.py decides which, from the database);
-the classic modes subscribe with group management, since their positions are the group's committed offsets.
-Rebalance callbacks run on kafka-python's IO thread (the one that also sends heartbeats), so the
-listener does no I/O: it records newly assigned partitions, and the engine's thread handles them.
+Runs assign() their partitions (consumers/engine/shares.py decides which, from the database) and join no
+consumer group, in every mode: the classic modes only read their positions from the group's committed
+offsets and write them back there.
 """
-import threading
-
 from django.conf import settings
-from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka import KafkaConsumer
 
 from consumers.engine.commit import Fetch
 from consumers.engine.transforms import SourceRecord
@@ -23,11 +19,10 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
     return max(100, min(1000, session_timeout_ms // 3))
 
 
-def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
-                  listener: ConsumerRebalanceListener | None, isolation_level: str = "read_committed",
-                  **overrides) -> KafkaConsumer:
-    """A consumer of `topic` in `group_id` (for offset commits). With a `listener` it subscribes (group
-    management); without one it reads nothing until the caller assign()s partitions."""
+def make_consumer(group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
+                  isolation_level: str = "read_committed", **overrides) -> KafkaConsumer:
+    """A consumer that reads nothing until the caller assign()s partitions; `group_id` is where its offsets
+    are committed (and, in the classic modes, read back), not a group it joins."""
     session_ms = settings.KAFKA_SESSION_TIMEOUT_MS
     # read_committed: records of aborted transactions never reach a sink (real Kafka returns them to
     # read_uncommitted consumers), and the consumer stops at the last stable offset.
@@ -39,37 +34,7 @@ def make_consumer(topic: str, group_id: str, *, client_id: str, reset_policy: st
                   # Partitions added to the topic are noticed within this (the default is 5 minutes).
                   metadata_max_age_ms=METADATA_MAX_AGE_MS)
     config.update(overrides)
-    consumer = KafkaConsumer(**config)
-    if listener is not None:
-        consumer.subscribe([topic], listener=listener)
-    return consumer
-
-
-class AssignmentTracker(ConsumerRebalanceListener):
-    """Remembers which partitions the group gave this member since the engine last looked."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pending: set[TopicPartition] = set()
-        self.rebalances = 0
-
-    def on_partitions_revoked(self, revoked):
-        with self._lock:
-            self._pending -= set(revoked)
-
-    def on_partitions_assigned(self, assigned):
-        with self._lock:
-            self._pending |= set(assigned)
-            self.rebalances += 1
-
-    def take_pending(self) -> set[TopicPartition]:
-        with self._lock:
-            pending, self._pending = self._pending, set()
-            return pending
-
-    def has_pending(self) -> bool:
-        with self._lock:
-            return bool(self._pending)
+    return KafkaConsumer(**config)
 
 
 def to_source_records(polled: dict) -> dict[int, list[SourceRecord]]:

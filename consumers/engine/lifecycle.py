@@ -183,10 +183,9 @@ class KafkaPositions:
     asynchronously when the run's own consumer (polled by the run) commits. At-most-once: the position
     itself, committed before the write (the classic loss), so the batch is never written without it.
 
-    `consumer` is the run's own consumer, polled by the run so asynchronous commits complete (a classic mode's
-    group member commits with its generation; an exactly-once run's consumer, which joins no group, as the
-    group's simple consumer); an engine without one (Spark's driver) passes None and a consumer is opened
-    on first use.
+    `consumer` is the run's own consumer, polled by the run so asynchronous commits complete; it joins no
+    group and commits as the group's simple consumer. An engine without one (Spark's driver) passes None and
+    a consumer is opened on first use.
     """
 
     def __init__(self, pipeline: Pipeline, consumer: KafkaConsumer | None = None, *, client_id: str = ""):

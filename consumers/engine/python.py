@@ -6,8 +6,8 @@ Exactly-once, per poll, in this order:
      in one PostgreSQL transaction (fault points `mid-write`, `after-write`), then `after-db-commit`;
   3. meanwhile this thread polls and decodes the next batch (the overlap is the engine's speed-up);
   4. once the write is done, the same offsets go to Kafka (advisory: a failure is logged, never fatal).
-Positions come from the database, and so do partitions: an exactly-once run joins no Kafka consumer group
-(no join to wait for, no dead member's session to wait out); it assign()s the partitions that
+Positions come from the database. Partitions too, in every mode: a run joins no Kafka consumer group (no
+join to wait for, no dead member's session to wait out); it assign()s the partitions that
 consumers/engine/shares.py gives it (several runs of a pipeline split them there) and seeks each to its stored
 next_offset (created from the reset policy when missing) before reading it. A batch refused as a gap
 (commit.Gap) is dropped and the partitions are sought back to the database.
@@ -17,10 +17,11 @@ the consumer's position per partition; the batch is `commit.Fetch(position befor
 a batch that crossed transaction markers, aborted or compacted records stores the position past them,
 and a poll that crossed only a hole still moves the stored position.
 
-At-least-once: the same steps, but positions come from Kafka's committed offset (and partitions from the
-consumer group), so a crash after the DB commit and before the Kafka commit writes the batch again.
-At-most-once: Kafka commit first (fault point `after-kafka-commit`), then the write, so a crash in between
-loses the batch. Both are the classic consumers of the blog post the demo reproduces.
+At-least-once: the same steps, but positions come from Kafka's committed offset (the group's, read when a
+run takes a partition; the group is only the offsets' store), so a crash after the DB commit and before the
+Kafka commit writes the batch again. At-most-once: Kafka commit first (fault point `after-kafka-commit`),
+then the write, so a crash in between loses the batch. Both are the classic consumers of the blog post the
+demo reproduces; what they lose or duplicate comes from the order of the two commits, not from the group.
 
 The run's life cycle -- its ConsumerRun row, heartbeat and fencing, counts, outcome and Kafka's copy of
 the positions -- is consumers/engine/lifecycle.py, shared with the Spark engine.
@@ -30,11 +31,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from django.conf import settings
 from django.utils import timezone
 from kafka import TopicPartition
 
 from consumers.engine import caught_up, commit, db, log_bounds, shares
-from consumers.engine.consumer import AssignmentTracker, fetches_of_poll, make_consumer, to_source_records
+from consumers.engine.consumer import fetches_of_poll, make_consumer, to_source_records
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.kafka import admin as kafka_admin
@@ -73,7 +75,6 @@ class _Engine:
         self.next_caught_up_check = 0.0
         self.gaps = 0
         self.next_balance = 0.0
-        self.tracker: AssignmentTracker | None = None   # the classic modes' group assignment
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -85,15 +86,11 @@ class _Engine:
         self.consumer = self.kafka = None
         reason, detail = "error", ""
         try:
-            if self.positions_from_db:
-                shares.hold_session(self.conn, self.lifecycle.row.pk)
-            else:
-                self.tracker = AssignmentTracker()
-            self.consumer = make_consumer(self.target.topic, self.pipeline.group_id,
-                                          client_id=f"tally-{self.pipeline.name}",
+            shares.hold_session(self.conn, self.lifecycle.row.pk)
+            self.consumer = make_consumer(self.pipeline.group_id, client_id=f"tally-{self.pipeline.name}",
                                           reset_policy=self.pipeline.reset_policy,
                                           isolation_level=self.pipeline.isolation_level,
-                                          max_poll_records=self.batch_size, listener=self.tracker)
+                                          max_poll_records=self.batch_size)
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             reason = self._loop()
         except RunEnded as ended:
@@ -115,11 +112,9 @@ class _Engine:
                 self._drain()
                 return "max_seconds"
             self._heartbeat()
-            if self.positions_from_db and not self._balance():
+            if not self._balance():
                 continue
             polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
-            if self.tracker is not None and self.tracker.has_pending():
-                self._take_assignment()
             batches = to_source_records(polled)
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
             if not batches and fetches:
@@ -170,6 +165,9 @@ class _Engine:
 
     def _at_most_once(self, batches, fetches) -> None:
         """The classic loss: Kafka commit first (the consumer's positions), then the write."""
+        # Kafka takes this commit from any run (none is a group member): a run fenced by a restart or a
+        # rewind must find out before it moves the group's offsets, not at its next write.
+        self._heartbeat(force=True)
         self.kafka.before_write({p: fetch.end for p, fetch in fetches.items()})
         self.faults.maybe_crash("after-kafka-commit")
         self._simulate_processing(batches)
@@ -222,8 +220,9 @@ class _Engine:
 
     # --- positions ---------------------------------------------------------------------------------
     def _balance(self) -> bool:
-        """Exactly-once: hold the partitions consumers/engine/shares.py gives this run (checked at most every
-        BALANCE_INTERVAL_S); newly held ones are sought to the database's positions before any poll.
+        """Hold the partitions consumers/engine/shares.py gives this run (checked at most every
+        BALANCE_INTERVAL_S); newly held ones are sought to their positions (the database's, or in the classic
+        modes Kafka's committed offsets) before any poll.
         Returns False when this run holds none (it waits a poll's time instead of polling)."""
         now = time.monotonic()
         if now >= self.next_balance:
@@ -245,26 +244,32 @@ class _Engine:
         self.kafka.forget(held - partitions)   # its next holder commits it to Kafka from now on
         new = [TopicPartition(self.target.topic, p) for p in sorted(partitions - held)]
         self.consumer.assign([TopicPartition(self.target.topic, p) for p in sorted(partitions)])
-        self._seek_to_database(new)
+        if self.positions_from_db:
+            self._seek_to_database(new)
+        else:
+            self._resume_from_kafka(new)
         log.info("%s: run %s holds %s (gave up %s)", self.pipeline.name, self.lifecycle.row.pk,
                  {tp.partition: self.consumer.position(tp, timeout_ms=1000) for tp in new} or "nothing new",
                  sorted(held - partitions) or "nothing")
         self._heartbeat(force=True)  # peers see the new holding at their next balance
 
-    def _take_assignment(self) -> None:
-        """The classic modes: partitions the group newly assigned resume from Kafka's committed offset; that
-        is where their first fetch started (it may sit on a marker, so the first record's offset would leave
-        a hole outside the ledger)."""
-        for tp in self.tracker.take_pending():
+    def _resume_from_kafka(self, tps) -> None:
+        """The classic modes: a partition this run takes resumes from the group's committed offset, which is
+        also where the ledger goes on (it may sit on a marker, so the first record's offset would leave a hole
+        outside the ledger). Without one, the consumer's reset policy decides, and the ledger starts at the
+        first record read."""
+        for tp in tps:
             self.fetched.pop(tp, None)
             try:
-                committed = self.consumer.committed(tp)
-            except Exception as exc:  # the ledger then starts at the first record; nothing is lost
+                committed = self.consumer.committed(tp, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+            except Exception as exc:
+                # kafka-python looks the committed offset up again before its first fetch; only the ledger's
+                # start is then the first record read.
                 log.info("%s: committed offset of %s unknown: %s", self.pipeline.name, tp, exc)
-                committed = None
+                continue
             if committed is not None:
+                self.consumer.seek(tp, committed)
                 self.fetched[tp] = committed
-        self._heartbeat(force=True)
 
     def _seek_to_database(self, tps) -> None:
         tps = [tp for tp in tps if tp in self.consumer.assignment()]
@@ -301,9 +306,7 @@ class _Engine:
         position at the log end (consumers/engine/caught_up.py). Checked at most once a second, and only once this
         run has its partitions and nothing in flight (an open transaction keeps a read_committed consumer
         below the high watermark: the log end that counts is the last stable offset)."""
-        assignment = self.consumer.assignment()
-        pending = self.tracker is not None and self.tracker.has_pending()
-        if not assignment or pending or self.in_flight is not None:
+        if not self.consumer.assignment() or self.in_flight is not None:
             return False
         now = time.monotonic()
         if now < self.next_caught_up_check:

@@ -2,8 +2,8 @@
 
 The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
 apart); the supervisor (consumers/operations/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
-A worker's warm shutdown sets every run's stop event, so runs commit what they hold and leave the
-consumer group instead of being cut off mid-batch.
+A worker's warm shutdown sets every run's stop event, so runs commit what they hold and hand their
+partitions over instead of being cut off mid-batch.
 """
 import logging
 import threading
@@ -63,8 +63,7 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
 
 def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
     """Wait (bounded) until the runs this one replaces have left. They were fenced by the epoch bump and
-    end within about a second; joining the consumer group while they leave it is a needless rebalance,
-    and the embedded broker never completes a join that overlaps a member's LeaveGroup."""
+    end within about a second; starting while they still hold partitions would only wait for them."""
     deadline = time.monotonic() + OLDER_RUNS_WAIT_S
     while time.monotonic() < deadline:
         if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now()).exists():
@@ -74,7 +73,7 @@ def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
 
 
 def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
-    """Join the group only after `peers` runs of this epoch have their partitions: one join at a time.
+    """Start only after `peers` runs of this epoch have their partitions: they take their shares one at a time.
     Bounded: with fewer partitions than runs some peers never get any, and this run joins anyway."""
     deadline = time.monotonic() + PEERS_WAIT_S
     while time.monotonic() < deadline:

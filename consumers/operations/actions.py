@@ -144,10 +144,9 @@ def enqueue_or_note(pipeline_id: int, epoch: int, runs: int, failures: list[str]
 
 
 def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:
-    """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through Kafka's
-    group protocol). Returns the task ids."""
-    # Run i joins the consumer group once i runs of the epoch hold partitions: one join at a time (the
-    # embedded broker never completes two joins that overlap).
+    """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through the database:
+    consumers/engine/shares.py). Returns the task ids."""
+    # Run i starts once i runs of the epoch hold partitions, so the runs take their shares one at a time.
     return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i)).delay().id for i in range(runs)]
 
 
