@@ -1,4 +1,4 @@
-"""How long an exactly-once run of the kafka-python engine waits before its first record, per way of starting:
+"""How long a run of the kafka-python engine waits before its first record, per delivery mode and way of starting:
 
   fresh           the pipeline's first run (a consumer group nobody used)
   after-stop      a new run after the previous one stopped cleanly (SIGTERM: it commits and closes its consumer)
@@ -9,8 +9,11 @@ run's start (its ConsumerRun row, written before the consumer is made) to the da
 first batch with records (its ledger row), so process start-up is not counted. Records are produced before
 each run starts, so a run that has its partitions finds records at once.
 
+No run joins a Kafka consumer group (consumers/engine/shares.py); the classic modes resume from the group's
+committed offsets, exactly-once from the database.
+
 Usage (from the project root; starts its own embedded broker, uses DATABASE_URL or database tally_bench):
-  .venv/bin/python bench/bench_restart.py [--rounds 3] [--partitions 3]
+  .venv/bin/python bench/bench_restart.py [--rounds 3] [--partitions 3] [--modes exactly_once,at_least_once]
 """
 import argparse
 import os
@@ -37,7 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="fresh / after-stop / after-sigkill runs of each")
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--modes", default="exactly_once,at_least_once,at_most_once",
+                        help="comma-separated delivery modes")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 
     import django
     from django.core.management import call_command
@@ -53,20 +59,22 @@ def main() -> None:
         settings.KAFKA_BOOTSTRAP_SERVERS = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         call_command("ensure_database", verbosity=0)
         call_command("migrate", verbosity=0, interactive=False)
-        times = {"fresh": [], "after-stop": [], "after-sigkill": []}
+        times = {(mode, scenario): [] for mode in modes for scenario in ("fresh", "after-stop", "after-sigkill")}
         for _ in range(args.rounds):
-            for scenario, seconds in one_round(args.partitions).items():
-                times[scenario].append(seconds)
-                print(f"{scenario:>14}: {seconds:6.2f} s", flush=True)
+            for mode in modes:
+                for scenario, seconds in one_round(args.partitions, mode).items():
+                    times[(mode, scenario)].append(seconds)
+                    print(f"{mode:>14} {scenario:>14}: {seconds:6.2f} s", flush=True)
     finally:
         broker.stop_broker(process)
     print(f"\nsession_timeout_ms {os.environ['KAFKA_SESSION_TIMEOUT_MS']}, {args.partitions} partitions, "
           f"{args.rounds} rounds; run start -> first record (median, min-max):")
-    for scenario, values in times.items():
-        print(f"  {scenario:>14}: {statistics.median(values):5.2f} s  ({min(values):.2f}-{max(values):.2f})")
+    print(f"  load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for (mode, scenario), values in times.items():
+        print(f"  {mode:>14} {scenario:>14}: {statistics.median(values):5.2f} s  ({min(values):.2f}-{max(values):.2f})")
 
 
-def one_round(partitions: int) -> dict[str, float]:
+def one_round(partitions: int, mode: str) -> dict[str, float]:
     from consumers.engine import db, sinks
     from consumers.engine.pipelines import create_pipeline
     from consumers.models import DeliveryMode
@@ -74,7 +82,7 @@ def one_round(partitions: int) -> dict[str, float]:
     name = f"restart-{uuid.uuid4().hex[:8]}"
     table = name.replace("-", "_")
     create_topic(name, partitions)
-    pipeline = create_pipeline(name, name, table, "int_value", DeliveryMode.EXACTLY_ONCE)
+    pipeline = create_pipeline(name, name, table, "int_value", DeliveryMode(mode))
     try:
         out = {}
         produce(name, partitions)

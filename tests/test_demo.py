@@ -87,6 +87,31 @@ def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_
     assert run.ended_at is not None and run.end_reason == "demo reset"
 
 
+def test_a_topic_a_client_brings_back_during_the_reset_is_deleted_again(demo, monkeypatch):
+    # A consumer still reading the topic when the reset deletes it makes the broker create it again, with
+    # its default partition count (auto-creation: real Kafka's default, the embedded broker always).
+    from kafka.admin import NewTopic
+
+    from consumers.demo import classic
+
+    seed_demo(records=30, reset=True)
+    reset = classic._reset
+
+    def reset_then_recreated_by_a_client():
+        result = reset()
+        with kafka_admin.admin_session() as admin:
+            admin.create_topics([NewTopic(DEMO_TOPIC, 4, 1)])
+        return result
+
+    monkeypatch.setattr(classic, "_reset", reset_then_recreated_by_a_client)
+    summary = seed_demo(records=30, reset=True)
+    assert kafka_admin.partitions_for(DEMO_TOPIC) == [0]
+    assert held_records(DEMO_TOPIC) == {0: 30}
+    assert [note for note in summary["notes"] if "came back" in note] == [
+        "Topic 'nums' came back with 4 partitions right after the reset deleted it (a client still reading it, "
+        "and broker auto-creation): deleted it again."]
+
+
 def test_a_reset_that_cannot_delete_a_group_moves_its_offsets_to_the_new_topics_start(demo, monkeypatch):
     seed_demo(records=30, reset=True)
     kafka_admin.commit_offsets("nums-at-least-once", DEMO_TOPIC, {0: 30})  # it had read the old topic

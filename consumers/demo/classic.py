@@ -52,6 +52,7 @@ log = logging.getLogger("tally.demo")
 DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
 TOPIC_TIMEOUT_S = 15.0
+RECREATED_TOPIC_ATTEMPTS = 3
 RESET_ACTOR = "demo-reset"
 
 
@@ -98,6 +99,8 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
     if records < 1 or partitions < 1:
         raise DemoError("records and partitions must be at least 1.")
     notes, kept_groups = _reset() if reset else ([], {})
+    if reset:
+        notes += _replace_recreated_topic(partitions)
     produced = _ensure_topic(records, partitions)
     notes += _rewind_kept_groups(kept_groups)
     pipelines = [create_pipeline(demo.name, DEMO_TOPIC, demo.sink_table, "int_value", demo.delivery_mode,
@@ -157,6 +160,27 @@ def _reset() -> tuple[list[str], dict[str, str]]:
     if kept:
         log.warning("Could not delete demo consumer groups: %s", kept)
     return notes, kept
+
+
+def _replace_recreated_topic(partitions: int, attempts: int = RECREATED_TOPIC_ATTEMPTS) -> list[str]:
+    """Right after the reset deleted the topic, a client still reading it (a consumer of an older run, a
+    producer) can bring it back: brokers with topic auto-creation on (real Kafka's default; the embedded
+    broker always) create it with their default partition count. Such a topic is not the demo's: delete it
+    again, a few times, and say so. Returns the notes."""
+    notes = []
+    for _ in range(attempts):
+        with kafka_admin.admin_session() as admin:
+            if DEMO_TOPIC not in admin.list_topics():
+                return notes
+            existing = _try(kafka_admin.partitions_for, DEMO_TOPIC) or []
+            if len(existing) == partitions:
+                return notes   # created by a concurrent seed_demo with the same shape: _ensure_topic checks it
+            notes.append(f"Topic {DEMO_TOPIC!r} came back with {len(existing)} partitions right after the reset "
+                         "deleted it (a client still reading it, and broker auto-creation): deleted it again.")
+            log.warning(notes[-1])
+            admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
+            _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+    return notes
 
 
 def _rewind_kept_groups(kept: dict[str, str]) -> list[str]:

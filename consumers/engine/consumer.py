@@ -31,6 +31,9 @@ def make_consumer(group_id: str, *, client_id: str, reset_policy: str, max_poll_
                   session_timeout_ms=session_ms, heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
                   request_timeout_ms=max(settings.KAFKA_REQUEST_TIMEOUT_MS, session_ms + 1000),
                   max_poll_records=max_poll_records,
+                  # A run must never create its topic: on a broker with auto-creation on (real Kafka's
+                  # default), a run still reading a deleted topic would bring it back empty.
+                  allow_auto_create_topics=False,
                   # Partitions added to the topic are noticed within this (the default is 5 minutes).
                   metadata_max_age_ms=METADATA_MAX_AGE_MS)
     config.update(overrides)

@@ -246,6 +246,7 @@ class KafkaPositions:
     def _group_less(self) -> KafkaConsumer:
         self._consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=self.group_id,
                                        enable_auto_commit=False, client_id=self.client_id,
+                                       allow_auto_create_topics=False,
                                        request_timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
         return self._consumer
 

@@ -212,7 +212,7 @@ def commit_kafka_offsets(job: SliceJob, ends: dict[int, int]) -> None:
     from kafka.structs import OffsetAndMetadata
 
     consumer = KafkaConsumer(bootstrap_servers=job.bootstrap, group_id=job.group_id, enable_auto_commit=False,
-                             client_id="tally-spark-task")
+                             client_id="tally-spark-task", allow_auto_create_topics=False)
     try:
         consumer.commit({TopicPartition(job.topic, p): OffsetAndMetadata(o, "", -1) for p, o in ends.items()})
     finally:

@@ -168,7 +168,8 @@ def read_range(part: KafkaRange):
     consumer = KafkaConsumer(bootstrap_servers=part.bootstrap, group_id=None, enable_auto_commit=False,
                              isolation_level="read_committed", auto_offset_reset="none",
                              client_id="tally-spark-source", request_timeout_ms=30000,
-                             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+                             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
+                             allow_auto_create_topics=False)
     try:
         tp = TopicPartition(part.topic, part.partition)
         consumer.assign([tp])

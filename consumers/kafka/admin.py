@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import OffsetSpec
+from kafka.errors import KafkaConnectionError
 from kafka.structs import OffsetAndMetadata
 
 from consumers.kafka.broker import is_reachable
@@ -58,8 +59,8 @@ def admin_client(**overrides) -> KafkaAdminClient:
 
 
 def probe_consumer(**overrides) -> KafkaConsumer:
-    """A group-less consumer for reads (watermarks, timestamps); never commits."""
-    config = _common(enable_auto_commit=False, group_id=None, **overrides)
+    """A group-less consumer for reads (watermarks, timestamps); never commits, never creates a topic."""
+    config = _common(enable_auto_commit=False, group_id=None, allow_auto_create_topics=False, **overrides)
     config.setdefault("consumer_timeout_ms", 1000)
     return KafkaConsumer(**config)
 
@@ -220,10 +221,16 @@ def group_committed_offsets(group_id: str) -> dict[str, dict[int, int]]:
 
 
 def commit_offsets(group_id: str, topic: str, offsets: dict[int, int]) -> None:
-    """Set a group's committed offsets (the group must have no active members)."""
-    with admin_session() as admin:
-        errors = admin.alter_group_offsets(
-            group_id, {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    """Set a group's committed offsets (the group must have no active members). Setting offsets is
+    idempotent, so a connection the broker dropped mid-request is tried once more on a new one."""
+    wanted = {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+    try:
+        with admin_session() as admin:
+            errors = admin.alter_group_offsets(group_id, wanted)
+    except KafkaConnectionError as exc:
+        log.warning("offset change for group %s: %s; trying once more", group_id, exc)
+        with admin_session() as admin:
+            errors = admin.alter_group_offsets(group_id, wanted)
     failed = {tp.partition: err.__name__ for tp, err in errors.items() if err.__name__ != "NoError"}
     if failed:
         raise KafkaAdminError(f"Kafka refused the offset change for group {group_id!r}: {failed}")
