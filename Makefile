@@ -19,10 +19,12 @@ TEST_WORKERS ?= 4
 test: setup system-deps database
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# Every test that needs no broker, Celery worker, Spark or browser: run it before every commit.
+# Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In two
+# pytest-xdist workers (one per core here; TEST_FAST_WORKERS=0 runs them serially).
 FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos
+TEST_FAST_WORKERS ?= 2
 test-fast: setup database
-	$(VENV)/bin/pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # The clock-dependent tests with the clock a year ahead and a year back: no test may depend on today's date.
 test-clock: setup database
