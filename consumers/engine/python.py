@@ -257,7 +257,9 @@ class _Engine:
         """The classic modes: a partition this run takes resumes from the group's committed offset, which is
         also where the ledger goes on (it may sit on a marker, so the first record's offset would leave a hole
         outside the ledger). Without one, the consumer's reset policy decides, and the ledger starts at the
-        first record read."""
+        first record read -- except for a partition added to the topic since the pipeline started (it has read
+        others, never this one): its records were all produced since, so it is read from its start."""
+        stored = None
         for tp in tps:
             self.fetched.pop(tp, None)
             try:
@@ -270,6 +272,11 @@ class _Engine:
             if committed is not None:
                 self.consumer.seek(tp, committed)
                 self.fetched[tp] = committed
+                continue
+            if stored is None:
+                stored = commit.stored_positions(self.conn, self.pipeline.pk)
+            if stored and tp.partition not in stored:
+                self.consumer.seek_to_beginning(tp)
 
     def _seek_to_database(self, tps) -> None:
         tps = [tp for tp in tps if tp in self.consumer.assignment()]
