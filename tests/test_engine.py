@@ -19,6 +19,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from tests.chaos import produce_values, sink_counts, wait_for
 from tests.conftest import ROOT, drop_sink_tables
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka]
 
@@ -175,6 +176,17 @@ def test_no_mode_joins_the_consumer_group_and_every_mode_commits_offsets_to_kafk
     assert group.members == []
     assert holder["result"].reason == "stopped"
     assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1]) == {0: 10, 1: 10}
+
+
+@pytest.mark.parametrize("mode", [DeliveryMode.EXACTLY_ONCE, DeliveryMode.AT_LEAST_ONCE])
+def test_a_run_that_holds_no_partition_stops_once_the_whole_topic_is_caught_up(make_pipeline, mode):
+    # Two runs, one partition: one of them never holds anything, and still ends when the topic is done.
+    pipeline = make_pipeline(range(1, 31), mode, partitions=1)
+    runs = [in_thread(pipeline.name, stop_when_caught_up=True, max_seconds=patience(90)) for _ in range(2)]
+    for thread, _ in runs:
+        thread.join(timeout=patience(120))
+    assert [holder["result"].reason for _, holder in runs] == ["caught_up", "caught_up"]
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 31)}
 
 
 def test_two_exactly_once_runs_split_the_partitions_and_a_stopped_runs_share_moves_to_the_other(make_pipeline):

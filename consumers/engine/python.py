@@ -113,6 +113,9 @@ class _Engine:
                 return "max_seconds"
             self._heartbeat()
             if not self._balance():
+                # Holding no partition (more runs than partitions): done when the whole topic is.
+                if self.stop_when_caught_up and self._caught_up():
+                    return "caught_up"
                 continue
             polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
             batches = to_source_records(polled)
@@ -310,10 +313,10 @@ class _Engine:
 
     def _caught_up(self) -> bool:
         """Every partition of the topic -- also those other (or dead) members hold -- has its stored
-        position at the log end (consumers/engine/caught_up.py). Checked at most once a second, and only once this
-        run has its partitions and nothing in flight (an open transaction keeps a read_committed consumer
-        below the high watermark: the log end that counts is the last stable offset)."""
-        if not self.consumer.assignment() or self.in_flight is not None:
+        position at the log end (consumers/engine/caught_up.py), whatever this run holds, even nothing. Checked
+        at most once a second, and only with nothing in flight (an open transaction keeps a read_committed
+        consumer below the high watermark: the log end that counts is the last stable offset)."""
+        if self.in_flight is not None:
             return False
         now = time.monotonic()
         if now < self.next_caught_up_check:
