@@ -112,6 +112,30 @@ def test_a_topic_a_client_brings_back_during_the_reset_is_deleted_again(demo, mo
         "and broker auto-creation): deleted it again."]
 
 
+def test_a_topic_a_client_brings_back_just_before_the_reset_creates_it_is_replaced(demo, monkeypatch):
+    # The same, a moment later: between the reset's last look and its own create_topics.
+    from kafka.admin import NewTopic
+
+    from consumers.demo import classic
+
+    seed_demo(records=30, reset=True)
+    replace, comebacks = classic._replace_recreated_topic, []
+
+    def then_recreated_by_a_client(partitions):
+        notes = replace(partitions)
+        if not comebacks:
+            comebacks.append(1)
+            with kafka_admin.admin_session() as admin:
+                admin.create_topics([NewTopic(DEMO_TOPIC, 4, 1)])
+        return notes
+
+    monkeypatch.setattr(classic, "_replace_recreated_topic", then_recreated_by_a_client)
+    summary = seed_demo(records=30, reset=True)
+    assert kafka_admin.partitions_for(DEMO_TOPIC) == [0]
+    assert held_records(DEMO_TOPIC) == {0: 30}
+    assert len([note for note in summary["notes"] if "came back" in note]) == 1
+
+
 def test_a_reset_that_cannot_delete_a_group_moves_its_offsets_to_the_new_topics_start(demo, monkeypatch):
     seed_demo(records=30, reset=True)
     kafka_admin.commit_offsets("nums-at-least-once", DEMO_TOPIC, {0: 30})  # it had read the old topic

@@ -71,6 +71,10 @@ class DemoError(RuntimeError):
     pass
 
 
+class TopicShapeError(DemoError):
+    """The topic exists with another partition count than asked for."""
+
+
 @dataclass(frozen=True)
 class DemoPipeline:
     name: str                     # also the consumer group id
@@ -100,8 +104,9 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
         raise DemoError("records and partitions must be at least 1.")
     notes, kept_groups = _reset() if reset else ([], {})
     if reset:
-        notes += _replace_recreated_topic(partitions)
-    produced = _ensure_topic(records, partitions)
+        produced = _ensure_new_topic(records, partitions, notes)
+    else:
+        produced = _ensure_topic(records, partitions)
     notes += _rewind_kept_groups(kept_groups)
     pipelines = [create_pipeline(demo.name, DEMO_TOPIC, demo.sink_table, "int_value", demo.delivery_mode,
                                  exist_ok=True, group_id=demo.name, batch_size=DEMO_BATCH_SIZE, engine=demo.engine)
@@ -162,6 +167,19 @@ def _reset() -> tuple[list[str], dict[str, str]]:
     return notes, kept
 
 
+def _ensure_new_topic(records: int, partitions: int, notes: list[str]) -> int:
+    """After the reset deleted the topic: create it anew, also when a client brings the old one back
+    (see _replace_recreated_topic) between that check and the creation."""
+    for attempt in range(RECREATED_TOPIC_ATTEMPTS):
+        notes += _replace_recreated_topic(partitions)
+        try:
+            return _ensure_topic(records, partitions)
+        except TopicShapeError:
+            if attempt + 1 == RECREATED_TOPIC_ATTEMPTS:
+                raise
+    raise AssertionError("RECREATED_TOPIC_ATTEMPTS must be at least 1")
+
+
 def _replace_recreated_topic(partitions: int, attempts: int = RECREATED_TOPIC_ATTEMPTS) -> list[str]:
     """Right after the reset deleted the topic, a client still reading it (a consumer of an older run, a
     producer) can bring it back: brokers with topic auto-creation on (real Kafka's default; the embedded
@@ -214,7 +232,7 @@ def _ensure_topic(records: int, partitions: int) -> int:
             _wait_until(create, "the topic to be created")
     existing = _wait_until(lambda: _try(kafka_admin.partitions_for, DEMO_TOPIC), "the topic's metadata")
     if len(existing) != partitions:
-        raise DemoError(f"Topic {DEMO_TOPIC!r} has {len(existing)} partitions, not {partitions}: "
+        raise TopicShapeError(f"Topic {DEMO_TOPIC!r} has {len(existing)} partitions, not {partitions}: "
                         f"run seed_demo --reset to start over.")
     held = sum(w.high - w.log_start for w in kafka_admin.watermarks(DEMO_TOPIC).values())
     if held == records:
