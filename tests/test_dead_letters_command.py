@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay
+from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
+from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations.offset_specs import Refused
 from tests.commands import run_command
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
@@ -62,8 +64,9 @@ def test_discard_by_ids_with_a_reason(capsys, letters):  # noqa: F811
     assert ActionLog.objects.get(action="discard_dead_letters").actor == "ops"
 
 
-def test_discard_by_filter_takes_the_pending_dead_letters_it_matches(capsys, letters):  # noqa: F811
-    code, out, _ = run(capsys, "orders", "discard", "--partition", "1", "--reason", "bad producer", "--json")
+def test_discard_all_matching_takes_the_pending_dead_letters_the_filters_match(capsys, letters):  # noqa: F811
+    code, out, _ = run(capsys, "orders", "discard", "--partition", "1", "--all-matching", "--reason", "bad producer",
+                       "--json")
     assert code == 0 and json.loads(out)["counts"] == {"discarded": 2}
     assert sorted(DeadLetter.objects.filter(discard_reason="bad producer").values_list("offset", flat=True)) == [5, 90]
 
@@ -74,7 +77,11 @@ def test_discard_by_filter_takes_the_pending_dead_letters_it_matches(capsys, let
     (["orders", "discard", "--ids", "LETTER"], "Refused: Discarding dead letters needs a reason."),
     (["orders", "discard", "--ids", "LETTER", "--reason", "  "], "Refused: Discarding dead letters needs a reason."),
     (["orders", "replay", "--ids", "LETTER,OTHER"], "Refused: Not dead letters of pipeline 'orders': OTHER."),
-    (["orders", "replay", "--error", "no such text"], "Refused: No dead letters selected."),
+    (["orders", "replay", "--all-matching", "--error", "no such text"],
+     "Refused: no pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
+    (["orders", "discard", "--all-matching", "--partition", "7", "--reason", "r"],
+     "Refused: no pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
+    (["nope", "replay", "--all-matching"], "Refused: No pipeline named 'nope'."),
 ])
 def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, letters, argv, message):  # noqa: F811
     ids = {"LETTER": str(letters[(0, 3)].pk), "OTHER": str(letters["other"].pk)}
@@ -93,7 +100,10 @@ def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, le
     (["orders", "replay", "--ids", "1,x"], "expected dead letter ids separated by commas"),
     (["orders", "list", "--offset-from", "-3"], "an offset is a whole number from 0"),
     (["orders", "list", "--state", "lost"], "invalid choice: 'lost'"),
-    (["orders", "replay"], "replay: give --ids, or a filter"),
+    (["orders", "replay"], "replay: give --ids, or --all-matching with the filters of list"),
+    (["orders", "discard", "--partition", "1", "--reason", "r"],
+     "(add --all-matching to act on every dead letter these filters match)"),
+    (["orders", "replay", "--ids", "1", "--all-matching"], "replay: give --ids or --all-matching, not both."),
     (["orders", "list", "--offset-from", "9", "--offset-to", "3"], "--offset-from is above --offset-to"),
     (["orders", "export", "--partition", "-1"], "--partition is 0 or more"),
 ])
@@ -108,11 +118,126 @@ def test_replay_from_the_command_line_writes_each_row_once(capsys, pipeline):  #
     orders = pipeline()
     consume(orders, {0: values(10)})
     fix_transform(orders)
-    code, out, _ = run(capsys, "orders", "replay", "--error", "not an integer")
+    code, out, _ = run(capsys, "orders", "replay", "--all-matching", "--error", "not an integer")
     assert code == 0
     assert "orders: replay: 2 replayed into the sink; 1 still bad (kept with the new error)" in out
-    code, out, _ = run(capsys, "orders", "replay", "--error", "no digits", "--json")
+    code, out, _ = run(capsys, "orders", "replay", "--all-matching", "--error", "no digits", "--json")
     assert code == 0 and json.loads(out)["counts"] == {"still_bad": 1}
     assert [o for _, o, _, _ in sink_rows(orders)] == [o for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
     assert [e.result for e in ActionLog.objects.filter(action="replay_dead_letters")] == [ActionResult.DONE] * 2
+
+
+def test_refusals_of_all_matching_write_nothing_to_the_action_log(capsys, letters):  # noqa: F811
+    code, _, err = run(capsys, "orders", "discard", "--all-matching", "--error", "no such text", "--reason", "r")
+    assert code == 1 and "nothing was changed" in err
+    assert not ActionLog.objects.exists()
+
+
+def test_all_matching_without_a_filter_takes_every_pending_dead_letter_of_the_pipeline(capsys, letters):  # noqa: F811
+    before = DeadLetter.objects.get(pk=letters["other"].pk)
+    code, out, _ = run(capsys, "orders", "discard", "--all-matching", "--reason", "all of them", "--json")
+    assert code == 0 and json.loads(out)["counts"] == {"discarded": 5}
+    assert DeadLetter.objects.filter(pipeline__name="orders", discarded_at__isnull=True).count() == 0
+    assert DeadLetter.objects.get(pk=letters["other"].pk) == before and before.discarded_at is None
+
+
+def test_all_matching_honours_every_filter_of_list(capsys, letters):  # noqa: F811
+    argv = ["--error", "integer", "--offset-from", "4", "--offset-to", "90"]
+    _, listed, _ = run(capsys, "orders", "list", *argv, "--json")
+    code, out, _ = run(capsys, "orders", "discard", "--all-matching", *argv, "--reason", "as listed", "--json")
+    assert code == 0 and json.loads(out)["counts"] == {"discarded": 2}
+    assert sorted(d["id"] for d in json.loads(listed)) == sorted(d["id"] for d in json.loads(out)["dead_letters"])
+    assert sorted(DeadLetter.objects.filter(discard_reason="as listed").values_list("offset", flat=True)) == [5, 7]
+
+
+def make_letters(pipeline_name, count, partition=2):
+    orders = Pipeline.objects.get(name=pipeline_name)
+    DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=partition, offset=o, value=b"v",
+                                               error=f"Boom {'even' if o % 2 == 0 else 'odd'}")
+                                    for o in range(count)])
+    return list(DeadLetter.objects.filter(pipeline=orders, partition=partition).order_by("pk")
+                .values_list("pk", flat=True))
+
+
+def test_more_than_1000_ids_go_in_batches_of_1000_each_its_own_action(capsys, letters):  # noqa: F811
+    ids = make_letters("orders", 2500)
+    code, out, _ = run(capsys, "orders", "discard", "--ids", ",".join(map(str, ids)), "--reason", "load test")
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split(":")[2].strip() for line in lines[:3]] == [
+        f"batch 1/3 (1000 id(s), {ids[0]}..{ids[999]})", f"batch 2/3 (1000 id(s), {ids[1000]}..{ids[1999]})",
+        f"batch 3/3 (500 id(s), {ids[2000]}..{ids[2499]})"]
+    assert "1000 dead letter(s) discarded: load test" in lines[0] and "500 dead letter(s) discarded" in lines[2]
+    assert lines[3] == "orders: discard: done, 3 batch(es), 2500 dead letter(s): 2500 discarded"
+    assert DeadLetter.objects.filter(discard_reason="load test").count() == 2500
+    entries = ActionLog.objects.filter(action="discard_dead_letters").order_by("pk")
+    assert [(e.result, e.params["counts"]) for e in entries] == [
+        (ActionResult.DONE, {"discarded": n}) for n in (1000, 1000, 500)]
+
+
+def test_all_matching_with_filters_over_1000_dead_letters(capsys, letters):  # noqa: F811
+    make_letters("orders", 3000)
+    argv = ["--partition", "2", "--offset-from", "100", "--offset-to", "2599", "--error", "EVEN"]
+    code, out, _ = run(capsys, "orders", "discard", "--all-matching", *argv, "--reason", "evens", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["batches"], data["batches_done"], data["counts"]) == (2, 2, {"discarded": 1250})
+    assert len(data["action_ids"]) == 2 and len(data["dead_letters"]) == 1250
+    discarded = set(DeadLetter.objects.filter(discard_reason="evens").values_list("partition", "offset"))
+    assert discarded == {(2, o) for o in range(100, 2600, 2)}
+    assert DeadLetter.objects.filter(discarded_at__isnull=True).count() == 3000 - 1250 + 5 + 1
+
+
+def test_an_unknown_id_among_more_than_1000_refuses_them_all(capsys, letters):  # noqa: F811
+    ids = make_letters("orders", 1500) + [letters["other"].pk]
+    before = snapshot()
+    code, out, err = run(capsys, "orders", "discard", "--ids", ",".join(map(str, ids)), "--reason", "r")
+    assert (code, out) == (1, "")
+    assert f"Refused: Not dead letters of pipeline 'orders': {letters['other'].pk}. Nothing was changed." in err
+    assert snapshot() == before
+    assert [e.result for e in ActionLog.objects.all()] == [ActionResult.REFUSED]
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("disk full"), Refused("busy")])
+def test_a_failed_batch_stops_the_command_which_says_what_was_done(capsys, letters, monkeypatch, failure):  # noqa: F811
+    ids = make_letters("orders", 2100)
+    calls = []
+    real = dead_letter_ops.discard
+
+    def discard(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dead_letter_ops, "discard", discard)
+    code, out, err = run(capsys, "orders", "discard", "--ids", ",".join(map(str, ids)), "--reason", "part")
+    assert code == 1 and len(calls) == 2
+    assert out.splitlines()[-1] == ("orders: discard: stopped after 1 of 3 batch(es); done (committed): "
+                                    "1000 dead letter(s): 1000 discarded")
+    assert f"Refused: batch 2/3 (1000 id(s), {ids[1000]}..{ids[1999]}): " in err
+    assert str(failure) in err
+    assert "Batches 1-1 (1000 dead letter(s)) were done and stay done; the other 1100 were not touched" in err
+    assert set(DeadLetter.objects.filter(discard_reason="part").values_list("pk", flat=True)) == set(ids[:1000])
+
+
+def test_replay_of_more_than_1000_ids_writes_each_sink_row_once(capsys, pipeline):  # noqa: F811
+    orders = pipeline()
+    consume(orders, {0: {o: ("junk" if o == 1234 else f"x{o}") for o in range(2400)}, 1: {0: "1", 1: "y1"}})
+    fix_transform(orders)
+    ids = list(DeadLetter.objects.order_by("pk").values_list("pk", flat=True))
+    assert len(ids) == 2401
+    code, out, _ = run(capsys, "orders", "replay", "--ids", ",".join(map(str, ids)))
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split(" (")[0] for line in lines[:3]] == [f"orders: replay: batch {n}/3" for n in (1, 2, 3)]
+    assert lines[3] == "orders: replay: done, 3 batch(es), 2401 dead letter(s): 2400 replayed, 1 still bad"
+    expected = [(0, o, 0, o) for o in range(2400) if o != 1234] + [(1, 0, 0, 1), (1, 1, 0, 1)]
+    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected
+    assert DeadLetterReplay.objects.count() == 2400 and DeadLetter.objects.get().offset == 1234
+    assert [e.result for e in ActionLog.objects.filter(action="replay_dead_letters")] == [ActionResult.DONE] * 3
+    # Again: every id is known (replayed or still a dead letter), nothing is written twice.
+    code, out, _ = run(capsys, "orders", "replay", "--all-matching", "--state", "any", "--json")
+    assert code == 0 and json.loads(out)["counts"] == {"gone": 2400, "still_bad": 1}
+    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected

@@ -94,13 +94,19 @@ def _clean_ids(pipeline, action, actor, params, ids) -> list[int]:
     return cleaned
 
 
-def _refuse_unknown(pipeline, action, actor, params, ids) -> None:
-    """Refuse ids that were never dead letters of this pipeline (a typo, another pipeline's letter). A dead
-    letter already replayed is known (its replay-ledger row): replaying it again is a no-op, not an error."""
+def unknown_ids(pipeline: Pipeline, ids) -> list[int]:
+    """The ids that were never dead letters of `pipeline` (a typo, another pipeline's letter), in the given order.
+    A dead letter already replayed is known (its replay-ledger row): replaying it again is a no-op, not an error."""
     known = set(DeadLetter.objects.filter(pipeline=pipeline, pk__in=ids).values_list("pk", flat=True))
     known |= set(DeadLetterReplay.objects.filter(pipeline=pipeline, dead_letter_id__in=ids)
                  .values_list("dead_letter_id", flat=True))
-    unknown = [i for i in ids if i not in known]
+    return [i for i in ids if i not in known]
+
+
+def refuse_unknown(pipeline: Pipeline, action: str, actor: str, params: dict, ids) -> None:
+    """Refuse (audited, raises Refused) if any of `ids` is not a dead letter of `pipeline` (see unknown_ids).
+    Callers that split many ids into calls check them all first with this, so a bad id refuses the whole set."""
+    unknown = unknown_ids(pipeline, ids)
     if unknown:
         shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
         actions.refuse(pipeline, action, actor, params,
@@ -121,7 +127,7 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
         transform = resolve(pipeline.transform)
     except LookupError as exc:
         actions.refuse(pipeline, REPLAY, actor, params, f"The pipeline's transform cannot be loaded: {exc}")
-    _refuse_unknown(pipeline, REPLAY, actor, params, ids)
+    refuse_unknown(pipeline, REPLAY, actor, params, ids)
     from_kafka = None
     if source == "kafka":
         from_kafka = _read_from_kafka(pipeline, ids, actor, params)
@@ -294,7 +300,7 @@ def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadL
         actions.refuse(pipeline, DISCARD, actor, params, "Discarding dead letters needs a reason.")
     if len(reason) > MAX_REASON:
         actions.refuse(pipeline, DISCARD, actor, params, f"The reason is longer than {MAX_REASON} characters.")
-    _refuse_unknown(pipeline, DISCARD, actor, params, ids)
+    refuse_unknown(pipeline, DISCARD, actor, params, ids)
     now = timezone.now()
     with transaction.atomic():
         letters = list(DeadLetter.objects.select_for_update().filter(pipeline=pipeline, pk__in=ids)
