@@ -40,6 +40,7 @@ def setup_django(database_url: str):
     os.environ["DATABASE_URL"] = database_url
     os.environ["EMAIL_HOST"] = "127.0.0.1"  # the SMTP backend, not the DEBUG console backend
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
     url = urlparse(database_url)
     admin = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
                              dbname="postgres", connect_timeout=10)

@@ -51,6 +51,7 @@ def setup_django(database_url: str):
 
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
     url = urlparse(database_url)
     name = url.path.lstrip("/")
     admin = admin_connection(url)

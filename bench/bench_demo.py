@@ -21,6 +21,7 @@ def main() -> None:
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
     import django
 
     django.setup()

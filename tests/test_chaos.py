@@ -1,5 +1,6 @@
 """Chaos: the engine runs in subprocesses that are killed with SIGKILL (from outside at random moments,
 or by themselves at fault points), restarted until caught up, and the sink is then checked row by row."""
+import json
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
 from tests.chaos import EngineProcess, ledger_batches, produce_values, run_until_clean_exit, sink_counts, wait_for
 from tests.conftest import drop_sink_tables
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -76,6 +78,38 @@ def test_exactly_once_writes_every_value_once_with_crashes_at_every_fault_point(
     assert ledger_batches(pipeline.pk) == 2  # only the two after-db-commit crashes had committed a batch
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    assert_positions_at_high_watermarks(pipeline)
+
+
+def test_exactly_once_holds_when_runs_die_while_polling_ahead_of_the_batch_being_committed(
+        chaos_pipeline, subprocess_env):
+    """The write-behind: a run polls the next batch while the previous one's transaction commits. Killed
+    there, that batch may or may not have committed; either way the next run resumes from the database."""
+    pipeline = chaos_pipeline(300, partitions=3)
+    for _ in range(5):
+        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-next-poll@1")
+        assert engine.wait(patience(60)) == -signal.SIGKILL, engine.output()[-2000:]
+        assert "crash-at: fault after-next-poll@1 fired" in engine.output()
+    assert ledger_batches(pipeline.pk) <= 5   # at most the batch in flight of each killed run
+    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == every_value_once(300)
+    assert_positions_at_high_watermarks(pipeline)
+
+
+def test_runs_started_together_with_processes_split_the_partitions_and_write_each_value_once(
+        chaos_pipeline, subprocess_env):
+    pipeline = chaos_pipeline(400, partitions=4)
+    engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--processes", "2", "--json")
+    assert engine.wait(patience(120)) == 0, engine.output()[-3000:]
+    outcome = json.loads([line for line in engine.output().splitlines() if line.startswith('{"runs"')][-1])
+    runs = outcome["runs"]
+    assert len(runs) == 2 and all(run["reason"] == "caught_up" for run in runs)
+    assert sum(run["records"] for run in runs) == 400 and all(run["records"] > 0 for run in runs)
+    assert outcome["busy_seconds"] > 0
+    # They waited for each other, so each took its share (2 of the 4 partitions of 100 records) at once: a run
+    # that took every partition first and handed two over later would have written more than its share.
+    assert sorted(run["records"] for run in runs) == [200, 200]
+    assert sink_counts(pipeline.sink_table) == every_value_once(400)
     assert_positions_at_high_watermarks(pipeline)
 
 

@@ -7,6 +7,7 @@ import pytest
 from consumers.engine import python as python_engine
 from consumers.engine import spark as spark_engine
 from consumers.engine.pipelines import engine_runner
+from tests.commands import run_command
 from tests.conftest import ROOT
 
 
@@ -28,3 +29,15 @@ def test_run_pipeline_refuses_an_unknown_crash_point(subprocess_env):
                             cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "Unknown crash point 'before-lunch'" in result.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("engine, processes, message", [
+    ("python", "0", "--processes must be at least 1."),
+    ("spark", "2", "--processes is for the Python engine"),
+    ("python", "2", "No pipeline named 'no-such-pipeline'"),
+])
+def test_run_pipeline_refuses_processes_it_cannot_start(capsys, engine, processes, message):
+    code, out, err = run_command(capsys, "run_pipeline", "no-such-pipeline", "--engine", engine,
+                                 "--processes", processes)
+    assert code == 1 and message in err and not out

@@ -20,6 +20,7 @@ Steps of `commit_batch`, in ONE PostgreSQL transaction:
 The engine commits the same offsets to Kafka only afterwards; that commit is advisory (for lag tools).
 Fault points `mid-write` and `after-write` sit inside the transaction (see consumers/engine/faults.py).
 """
+import io
 from dataclasses import dataclass
 
 import psycopg2
@@ -27,7 +28,7 @@ from psycopg2.extras import execute_values
 
 from consumers.engine import poison, sinks
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.transforms import SourceRecord, Transform, resolve
+from consumers.engine.transforms import SourceRecord, Transform, as_source_records, resolve
 
 
 class CommitRefused(Exception):
@@ -161,9 +162,10 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             positions, replay_until = _lock_positions(cur, target, partitions, fetches)
             plans = [_plan_partition(target, p, batches[p], fetches[p], positions.get(p)) for p in partitions]
             plans = [plan for plan in plans if plan.records or plan.end > plan.first]
-            rows, dead = _transform(target, plans)
             replaying = any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
+            rows, dead = _transform(target, plans, verbatim=not replaying)
+            _write_verbatim(cur, target, plans, rows, dead, faults)
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if dead:
                 execute_values(cur, "INSERT INTO consumers_deadletter (pipeline_id, partition, \"offset\", key, "
@@ -227,10 +229,11 @@ class _Plan:
     partition: int
     first: int          # where the ledger range starts: the fetch start, or next_offset after a replay
     end: int            # the consumer's position after the poll
-    records: list[SourceRecord]
+    records: list         # SourceRecords, or kafka-python's records as polled (the Python engine)
     skipped: int
     rows_written: int = 0
     dead_letters: int = 0
+    copy_text: bytes | None = None  # the rows as COPY text, when the transform's verbatim path took them
 
     def outcome(self) -> PartitionOutcome:
         return PartitionOutcome(self.partition, self.first, self.end, len(self.records), self.rows_written,
@@ -250,17 +253,25 @@ def _plan_partition(target: Target, partition: int, records: list[SourceRecord],
     return _Plan(partition, next_offset, fetch.end, fresh, len(records) - len(fresh))
 
 
-def _transform(target: Target, plans: list[_Plan]):
+def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
     # The hot loop of every engine: names are hoisted into locals and per-partition counts are taken
     # once at the end, because every attribute access here is paid once per record.
     rows, dead = [], []
     topic, transform = target.topic, target.transform
     func, multi_row = transform.func, transform.multi_row
+    verbatim = verbatim and transform.verbatim is not None and not multi_row
     append = rows.append
     for plan in plans:
         partition = plan.partition
+        if verbatim and plan.records:
+            values = [record.value for record in plan.records]
+            if transform.verbatim(values):
+                plan.copy_text = sinks.verbatim_copy_text(values, [record.offset for record in plan.records],
+                                                          topic, partition)
+                plan.rows_written, plan.dead_letters = len(values), 0
+                continue
         rows_before, dead_before = len(rows), len(dead)
-        for record in plan.records:
+        for record in as_source_records(plan.records):
             try:
                 produced = func(record)
                 if not produced or (not multi_row and len(produced) != 1):
@@ -277,6 +288,40 @@ def _transform(target: Target, plans: list[_Plan]):
         plan.rows_written = len(rows) - rows_before
         plan.dead_letters = len(dead) - dead_before
     return rows, dead
+
+
+def _write_verbatim(cur, target: Target, plans: list[_Plan], rows: list[tuple], dead: list[tuple],
+                    faults: FaultInjector) -> None:
+    """Step 5, fast path: COPY the partitions whose values the transform took verbatim. When PostgreSQL
+    refuses their data (the sink's column is narrower than the transform's, say), undo it and send those
+    partitions record by record, to `rows` and `dead`, where the poison search finds the culprits."""
+    verbatim = [plan for plan in plans if plan.copy_text is not None]
+    if not verbatim:
+        return
+    text = b"".join(plan.copy_text for plan in verbatim)
+    columns = sinks.insert_columns(target.transform)
+    cur.execute("SAVEPOINT tally_verbatim")
+    try:
+        lines = text.count(b"\n")
+        if faults.armed("mid-write") and lines > 1:
+            half = 0
+            for _ in range(lines // 2):
+                half = text.index(b"\n", half) + 1
+            sinks.copy_text(cur, target.sink_table, columns, io.BytesIO(text[:half]))
+            faults.maybe_crash("mid-write")
+            text = text[half:]
+        sinks.copy_text(cur, target.sink_table, columns, io.BytesIO(text))
+    except Exception as exc:
+        if not poison.is_data_error(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT tally_verbatim")
+        for plan in verbatim:
+            plan.copy_text = None
+        more_rows, more_dead = _transform(target, verbatim, verbatim=False)
+        rows += more_rows
+        dead += more_dead
+    else:
+        cur.execute("RELEASE SAVEPOINT tally_verbatim")
 
 
 def _write_rows_or_dead_letter(cur, target: Target, plans: list[_Plan], rows: list[tuple], dead: list[tuple],

@@ -9,7 +9,6 @@ from django.conf import settings
 from kafka import KafkaConsumer
 
 from consumers.engine.commit import Fetch
-from consumers.engine.transforms import SourceRecord
 
 METADATA_MAX_AGE_MS = 10_000
 
@@ -40,18 +39,14 @@ def make_consumer(group_id: str, *, client_id: str, reset_policy: str, max_poll_
     return KafkaConsumer(**config)
 
 
-def to_source_records(polled: dict) -> dict[int, list[SourceRecord]]:
-    """kafka-python's records -> the commit protocol's SourceRecords, per partition, in offset order."""
-    batches = {}
-    for tp, records in polled.items():
-        if not records:
-            continue
-        batches[tp.partition] = [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp)
-                                 for r in records]
-    return batches
+def records_by_partition(polled: dict) -> dict[int, list]:
+    """A poll's records per partition, in offset order, as kafka-python returned them: the commit protocol
+    reads .partition/.offset/.key/.value, and converts them to SourceRecords only for a transform called per
+    record (consumers/engine/transforms.py `as_source_records`)."""
+    return {tp.partition: records for tp, records in polled.items() if records}
 
 
-def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list[SourceRecord]], fetched: dict) -> dict[int, Fetch]:
+def fetches_of_poll(consumer: KafkaConsumer, batches: dict[int, list], fetched: dict) -> dict[int, Fetch]:
     """Each partition's `Fetch` of the poll that returned `batches`: from the position it was fetched from
     (`fetched`, updated here) to the consumer's position now. A partition that returned no record but
     whose position moved crossed a hole (a transaction marker, aborted records)."""

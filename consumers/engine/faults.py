@@ -14,6 +14,7 @@ import sys
 
 POINTS = (
     "after-poll",           # records polled, nothing written or committed
+    "after-next-poll",      # the next batch polled while the previous one's transaction may still be open
     "after-kafka-commit",   # at-most-once: Kafka offset committed, rows not yet written
     "mid-write",            # part of the rows sent, DB transaction open
     "after-write",          # all rows written, DB transaction not committed

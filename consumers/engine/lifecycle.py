@@ -65,6 +65,8 @@ class RunResult:
     detail: str = ""
     seconds: float = 0.0        # wall time of the run
     busy_seconds: float = 0.0   # from the first record fetched to the last committed batch (throughput)
+    busy_from: float | None = None   # the same span in Unix time, to combine runs of several processes
+    busy_until: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -142,6 +144,7 @@ class Run:
         """The first fetched record starts the busy time."""
         if self.first_record_at is None:
             self.first_record_at = time.monotonic()
+            self.result.busy_from = time.time()
 
     def count(self, outcomes: Iterable[commit.PartitionOutcome]) -> dict[int, int]:
         """Add one DB commit's outcomes to the result; returns each partition's new position (for Kafka)."""
@@ -156,6 +159,7 @@ class Run:
         if records:
             self.result.batches += 1
         self.last_commit_at = time.monotonic()
+        self.result.busy_until = time.time()
         return ends
 
     def finish(self, reason: str, detail: str = "") -> RunResult:

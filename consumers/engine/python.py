@@ -36,7 +36,7 @@ from django.utils import timezone
 from kafka import TopicPartition
 
 from consumers.engine import caught_up, commit, db, log_bounds, shares
-from consumers.engine.consumer import fetches_of_poll, make_consumer, to_source_records
+from consumers.engine.consumer import fetches_of_poll, make_consumer, records_by_partition
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.kafka import admin as kafka_admin
@@ -47,22 +47,28 @@ log = logging.getLogger("tally.engine")
 POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbeat and deadline often
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
 CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
+PEERS_WAIT_S = 30.0          # runs started together wait at most this long for each other
 
 def run_pipeline(name: str, *, stop: threading.Event | None = None, batch_size: int | None = None,
                  delay_ms: int = 0, stop_when_caught_up: bool = False, max_seconds: float | None = None,
-                 faults: FaultInjector = NO_FAULTS, task_id: str = "") -> RunResult:
-    """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time."""
+                 faults: FaultInjector = NO_FAULTS, task_id: str = "", peers: int = 0) -> RunResult:
+    """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time.
+    `peers`: this run is one of that many started together (`run_pipeline --processes`); it takes partitions
+    once they are all members (at most PEERS_WAIT_S), so each takes its share at once instead of all of
+    them first and handing most over a second later."""
     pipeline = load_pipeline(name)
     engine = _Engine(pipeline, stop=stop or threading.Event(), batch_size=batch_size or pipeline.batch_size,
                      delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
-                     faults=faults, task_id=task_id)
+                     faults=faults, task_id=task_id, peers=peers)
     return engine.run()
 
 
 class _Engine:
     def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
-                 faults, task_id):
+                 faults, task_id, peers=0):
         self.pipeline = pipeline
+        self.peers = peers
+        self.peers_deadline = time.monotonic() + PEERS_WAIT_S if peers > 1 else None
         self.target = commit.Target.for_pipeline(pipeline)
         self.epoch = pipeline.epoch
         self.mode = pipeline.delivery_mode
@@ -118,7 +124,7 @@ class _Engine:
                     return "caught_up"
                 continue
             polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
-            batches = to_source_records(polled)
+            batches = records_by_partition(polled)
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
             if not batches and fetches:
                 # Only holes were crossed (markers, aborted records): the stored position moves past them.
@@ -132,6 +138,8 @@ class _Engine:
                     return "caught_up"
                 continue
             self.faults.maybe_crash("after-poll")
+            if self.in_flight is not None:
+                self.faults.maybe_crash("after-next-poll")
             self.lifecycle.records_arrived()
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._at_most_once(batches, fetches)
@@ -229,15 +237,26 @@ class _Engine:
         Returns False when this run holds none (it waits a poll's time instead of polling)."""
         now = time.monotonic()
         if now >= self.next_balance:
+            members = shares.members(self.pipeline.pk, self.epoch, timezone.now())
+            if self._waiting_for_peers(members, now):
+                self.stop.wait(POLL_TIMEOUT_MS / 1000)
+                return False
             self.next_balance = now + shares.BALANCE_INTERVAL_S
-            self._hold(shares.to_hold(
-                self.consumer.partitions_for_topic(self.target.topic),
-                shares.members(self.pipeline.pk, self.epoch, timezone.now()), self.lifecycle.row.pk,
-                {tp.partition for tp in self.consumer.assignment()}))
+            self._hold(shares.to_hold(self.consumer.partitions_for_topic(self.target.topic), members,
+                                      self.lifecycle.row.pk, {tp.partition for tp in self.consumer.assignment()}))
         if self.consumer.assignment():
             return True
         self.stop.wait(POLL_TIMEOUT_MS / 1000)
         return False
+
+    def _waiting_for_peers(self, members: dict, now: float) -> bool:
+        if self.peers_deadline is None:
+            return False
+        if len(members) >= self.peers or now >= self.peers_deadline:
+            self.peers_deadline = None
+            return False
+        self._heartbeat(force=True)  # be seen by the peers as early as they look
+        return True
 
     def _hold(self, partitions: set[int]) -> None:
         held = {tp.partition for tp in self.consumer.assignment()}

@@ -97,11 +97,27 @@ def encoded_copy_buffer(connection, rows) -> io.BytesIO:
                                f"{connection.encoding}") from None
 
 
+COPY_CHUNK_BYTES = 1 << 20  # per call into libpq: fewer, larger calls than psycopg2's 8 KiB default
+
+
 def copy_rows(cursor, table: str, columns: list[str], rows) -> None:
     """COPY rows (tuples in `columns` order) into the table: the fastest bulk path in PostgreSQL."""
+    copy_text(cursor, table, columns, encoded_copy_buffer(cursor.connection, rows))
+
+
+def copy_text(cursor, table: str, columns: list[str], text: io.BytesIO) -> None:
+    """COPY an encoded COPY text buffer whose lines hold `columns`."""
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-    cursor.copy_expert(statement.as_string(cursor), encoded_copy_buffer(cursor.connection, rows), size=1 << 16)
+    cursor.copy_expert(statement.as_string(cursor), text, size=COPY_CHUNK_BYTES)
+
+
+def verbatim_copy_text(values: list[bytes], offsets: list[int], topic: str, partition: int) -> bytes:
+    """The COPY text of one partition's rows (value, source_topic, source_partition, source_offset) when each
+    value is already its column's COPY text (Transform.verbatim): one C-level format per row, no per-record
+    Python. Topic names are ASCII ([a-zA-Z0-9._-]), so their text is the same in every client encoding."""
+    line = b"%s\t" + _copy_text(topic).encode("ascii") + b"\t" + str(partition).encode() + b"\t%d\n"
+    return b"".join(map(line.__mod__, zip(values, offsets, strict=True)))
 
 
 def insert_rows_skipping_existing(cursor, table: str, columns: list[str], rows, key_columns) -> int:

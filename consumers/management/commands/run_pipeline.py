@@ -1,4 +1,5 @@
 """Run one pipeline in the foreground (no Celery) with its engine: kafka-python or Spark."""
+import argparse
 import json
 import signal
 import threading
@@ -9,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from consumers.engine.faults import POINTS, FaultInjector
 from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.pipelines import engine_runner
+from consumers.engine.processes import combined_busy_seconds, run_in_processes
 from consumers.models import Engine, Pipeline
 
 
@@ -36,6 +38,10 @@ class Command(BaseCommand):
                             help="Spark: --crash-at kills the committing executor task's Python worker, not the driver "
                                  "(POINT@N counts batch attempts, task retries included; Spark retries the task).")
         parser.add_argument("--json", action="store_true", help="Print the run's result as JSON.")
+        parser.add_argument("--processes", type=int, default=1,
+                            help="Python engine: run the pipeline in this many processes at once, which split its "
+                                 "partitions (one core each; see docs/benchmarks.md). Exits 1 if any of them fails.")
+        parser.add_argument("--peers", type=int, default=0, help=argparse.SUPPRESS)  # set by --processes
 
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
         if batch_size is not None and batch_size < 1:
@@ -50,6 +56,19 @@ class Command(BaseCommand):
         engine = self.engine_override or options.get("engine")
         if engine is None:
             engine = Pipeline.objects.filter(name=name).values_list("engine", flat=True).first() or Engine.PYTHON
+        processes, peers = options["processes"], options["peers"]
+        if processes < 1:
+            raise CommandError("--processes must be at least 1.")
+        if processes > 1 or peers:
+            if engine != Engine.PYTHON:
+                raise CommandError("--processes is for the Python engine; Spark spreads a run over its executors.")
+            if not Pipeline.objects.filter(name=name).exists():
+                raise CommandError(f"No pipeline named {name!r}.")
+        if processes > 1:
+            return self._run_in_processes(name, processes, batch_size=batch_size, delay_ms=delay_ms,
+                                          stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
+                                          crash_at=crash_at, as_json=options["json"])
+        extra = {"peers": peers} if peers else {}
         stop = threading.Event()
 
         def request_stop(signum, frame):
@@ -60,15 +79,39 @@ class Command(BaseCommand):
         try:
             result = engine_runner(engine)(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
                                            stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
-                                           faults=faults)
+                                           faults=faults, **extra)
         except UnknownPipeline as exc:
             raise CommandError(str(exc)) from exc
         if options["json"]:
             self.stdout.write(json.dumps(asdict(result), default=str))
-        summary = (f"{name}: {result.reason} after {result.records} records in {result.batches} batches "
-                   f"({result.rows_written} rows, {result.dead_letters} dead letters, "
-                   f"{result.skipped} replays skipped)")
+        summary = _summary(name, asdict(result))
         if not result.ok:
             raise CommandError(f"{summary}: {result.detail}")
         if not options["json"]:
             self.stdout.write(summary)
+
+    def _run_in_processes(self, name, processes, *, batch_size, delay_ms, stop_when_caught_up, max_seconds,
+                          crash_at, as_json):
+        run_args = ["--engine", Engine.PYTHON, "--delay-ms", str(delay_ms)]
+        run_args += ["--batch-size", str(batch_size)] if batch_size is not None else []
+        run_args += ["--stop-when-caught-up"] if stop_when_caught_up else []
+        run_args += ["--max-seconds", str(max_seconds)] if max_seconds is not None else []
+        run_args += [arg for spec in crash_at for arg in ("--crash-at", spec)]
+        outcomes = run_in_processes(name, processes, run_args)
+        results = [outcome.result for outcome in outcomes if outcome.result]
+        if as_json:
+            self.stdout.write(json.dumps({"runs": results, "busy_seconds": combined_busy_seconds(results)}))
+        else:
+            for outcome in outcomes:
+                self.stdout.write(_summary(name, outcome.result) if outcome.result
+                                  else f"{name}: a process exited {outcome.exit_code} without a result")
+        failed = [outcome for outcome in outcomes if outcome.exit_code != 0]
+        if failed:
+            raise CommandError(f"{len(failed)} of {processes} processes failed: "
+                               + "; ".join(outcome.error or f"exit {outcome.exit_code}" for outcome in failed))
+
+
+def _summary(name: str, result: dict) -> str:
+    return (f"{name}: {result['reason']} after {result['records']} records in {result['batches']} batches "
+            f"({result['rows_written']} rows, {result['dead_letters']} dead letters, "
+            f"{result['skipped']} replays skipped)")
