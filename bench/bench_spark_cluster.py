@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
 os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench_spark")
-os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "2000")
+os.environ.setdefault("KAFKA_SESSION_TIMEOUT_MS", "6000")  # real Kafka refuses less
 
 CLUSTERS = ((1, 1), (2, 1))   # (workers, cores per worker)
 SAMPLE_S = 0.5                # CPU sampling period: short runs still get a dozen samples

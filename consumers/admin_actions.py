@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from consumers.operations import actions
+from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
@@ -147,7 +147,8 @@ def intermediate_page(modeladmin, request, queryset, template: str, action: str,
     return TemplateResponse(request, template, {
         **modeladmin.admin_site.each_context(request), "title": title, "opts": opts, "action": action,
         "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, "media": modeladmin.media, **context})
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, "media": modeladmin.media,
+        "select_across": request.POST.get("select_across") == "1", **context})
 
 
 # ---- dead letters: replay, discard (with a reason) ---------------------------------------------------
@@ -159,18 +160,33 @@ def _by_pipeline(queryset):
     return grouped
 
 
+def _act_on_letters(modeladmin, request, pipeline, action: str, ids, **kwargs):
+    """Any number of a pipeline's dead letters (the admin's "select all" too), in audited batches of 1,000
+    (consumers/operations/dead_letter_batches.py). Returns the outcome, or None after reporting why not."""
+    try:
+        outcome = dead_letter_batches.act_on_ids(pipeline, action, ids, actor=actor_of(request), **kwargs)
+    except Refused as exc:
+        report(modeladmin, request, pipeline.name, f"{action} refused: {exc}", ok=False)
+    except dead_letter_batches.BatchesFailed as exc:  # the batches before the failed one stay done
+        report(modeladmin, request, pipeline.name, f"{action} stopped: {exc.outcome.message()}", ok=False)
+    except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
+        report(modeladmin, request, pipeline.name, f"{action} failed, nothing changed: {type(exc).__name__}: {exc}",
+               ok=False)
+    else:
+        return outcome
+    return None
+
+
+def _message(outcome) -> str:
+    return outcome.done[0].message if len(outcome.done) == 1 else outcome.message()
+
+
 def _replay(modeladmin, request, queryset, source: str):
     for pipeline, ids in _by_pipeline(queryset).items():
-        try:
-            result = dead_letter_ops.replay(pipeline, ids, actor=actor_of(request), source=source)
-        except Refused as exc:
-            report(modeladmin, request, pipeline.name, f"replay refused: {exc}", ok=False)
-        except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
-            report(modeladmin, request, pipeline.name, f"replay failed, nothing changed: {type(exc).__name__}: {exc}",
-                   ok=False)
-        else:
-            problems = {k for k in result.counts if k not in ("replayed", "already_in_sink")}
-            report(modeladmin, request, pipeline.name, f"replay: {result.message}", ok=not problems)
+        outcome = _act_on_letters(modeladmin, request, pipeline, "replay", ids, source=source)
+        if outcome is not None:
+            problems = {k for k in outcome.counts if k not in ("replayed", "already_in_sink")}
+            report(modeladmin, request, pipeline.name, f"replay: {_message(outcome)}", ok=not problems)
 
 
 @admin.action(description="Replay the selected dead letters through the current transform", permissions=["operate"])
@@ -189,13 +205,10 @@ def discard_dead_letters(modeladmin, request, queryset):
     """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and logs) an empty one."""
     if request.POST.get("step") == "execute":
         for pipeline, ids in _by_pipeline(queryset).items():
-            try:
-                result = dead_letter_ops.discard(pipeline, ids, request.POST.get("reason", ""),
-                                                 actor=actor_of(request))
-            except Refused as exc:
-                report(modeladmin, request, pipeline.name, f"discard refused: {exc}", ok=False)
-            else:
-                report(modeladmin, request, pipeline.name, result.message, ok=True)
+            outcome = _act_on_letters(modeladmin, request, pipeline, "discard", ids,
+                                      reason=request.POST.get("reason", ""))
+            if outcome is not None:
+                report(modeladmin, request, pipeline.name, _message(outcome), ok=True)
         return None
     letters = list(queryset.select_related("pipeline").order_by("pipeline__name", "partition", "offset"))
     return intermediate_page(modeladmin, request, queryset, "admin/consumers/deadletter/discard.html",

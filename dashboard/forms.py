@@ -167,6 +167,22 @@ class DeadLetterReplayForm(forms.Form):
     ids = DeadLetterIdsField()
 
 
+class DeadLetterAllMatchingForm(forms.Form):
+    """"Select all N matching": the count the operator saw, and whether they confirmed acting on that many."""
+
+    expected = forms.IntegerField(min_value=1, error_messages={
+        "required": "The number of matching dead letters is missing: select them again.",
+        "invalid": "The number of matching dead letters is a whole number."})
+    confirmed = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=dead_letter_ops.MAX_REASON, strip=True)
+
+    def __init__(self, *args, discard: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if discard:
+            self.fields["reason"].required = True
+            self.fields["reason"].error_messages["required"] = "Say why these dead letters are discarded."
+
+
 class DeadLetterDiscardForm(DeadLetterReplayForm):
     reason = forms.CharField(max_length=dead_letter_ops.MAX_REASON, strip=True,
                              error_messages={"required": "Say why these dead letters are discarded."},

@@ -1,6 +1,8 @@
 """Operator actions in the Django admin, through the same domain functions as the dashboard: per-pipeline
 results for several pipelines, refusals audited with the actor, viewers without actions, and links between
 the admin and the dashboard. (Rewinds and group resets against the broker: test_admin_kafka.py.)"""
+import re
+
 import pytest
 
 from alerts.models import Alert, AlertState, Mute
@@ -212,3 +214,27 @@ def test_the_admin_index_lists_consumer_groups_beside_the_models_for_viewers_and
         index = client_for(user).get("/admin/").content.decode()
         assert 'href="/admin/consumers/groups/"' in index and "Consumer groups (not run by Tally)" in index
         assert 'href="/admin/consumers/pipeline/"' in index
+
+
+def test_the_admins_select_all_discards_more_than_1000_dead_letters_in_batches_each_audited(db):
+    orders, other = make_pipeline("orders"), make_pipeline("refunds")
+    DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=b"v", error="Boom")
+                                    for o in range(100, 2600)])
+    total = DeadLetter.objects.filter(pipeline=orders).count()   # make_pipeline's own one and the 2,500
+    assert total == 2501 and DeadLetter.objects.filter(pipeline=other).exists()
+    client = client_for(staff_operator())
+    changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"   # filtered to orders, then "Select all 2500"
+    first_page = list(DeadLetter.objects.filter(pipeline=orders).order_by("-pk").values_list("pk", flat=True)[:100])
+    page = post_action(client, changelist, "discard_dead_letters", first_page, index="0", select_across="1")
+    assert page.status_code == 200
+    assert page.content.count(b"<li><a href=") == 100 and re.search(rb"and 2,?401 more", page.content)
+    assert b'name="select_across" value="1"' in page.content
+    done = post_action(client, changelist, "discard_dead_letters", first_page, step="execute", reason="load test",
+                       select_across="1")
+    assert any(m.startswith("Pipeline orders: discard: 2501 dead letter(s) in 3 batch(es): 2501 discarded")
+               for m in messages_of(done)), messages_of(done)
+    assert DeadLetter.objects.filter(discard_reason="load test", discarded_by="otto").count() == 2501
+    assert not DeadLetter.objects.filter(pipeline=other, discarded_at__isnull=False).exists()
+    entries = ActionLog.objects.filter(action="discard_dead_letters").order_by("pk")
+    assert [(e.result, e.params["counts"]) for e in entries] == [
+        (ActionResult.DONE, {"discarded": n}) for n in (1000, 1000, 501)]

@@ -56,3 +56,29 @@ def test_an_operator_filters_and_replays_a_dead_letter_and_sees_its_outcome(page
     expect(page.locator(f"#dead-letter-{seven.pk}")).to_have_attribute("data-state", "replayed")
     expect(page.locator(f"#dead-letter-{seven.pk}")).to_contain_text("in the sink (1 row)")
     page.screenshot(path=str(screenshot), full_page=True)
+
+
+def test_an_operator_replays_all_matching_dead_letters_across_pages_after_confirming(page, live_server, pipeline):  # noqa: F811
+    orders = pipeline()
+    consume(orders, {0: {o: f"x{o}" for o in range(120)}})   # 120 dead letters: three pages of 50
+    fix_transform(orders)
+    log_in(page, live_server, make_operator())
+    page.goto(f"{live_server.url}/pipelines/orders/dead-letters/")
+    expect(page.locator("#dead-letter-table tbody tr")).to_have_count(50)
+    expect(page.locator("#select-all-matching-bar")).to_be_hidden()
+
+    page.locator("#select-all").check()
+    expect(page.locator("#select-all-matching-bar")).to_be_visible()
+    page.locator("#select-all-matching").click()
+    expect(page.locator("#all-matching-selected")).to_contain_text("All 120 matching dead letters are selected")
+    page.locator("#replay-selected").click()
+    confirm = page.locator("#confirm-all-matching")
+    expect(confirm).to_contain_text("Replay all 120 pending dead letters that match the filters?")
+    assert DeadLetter.objects.count() == 120 and not DeadLetterReplay.objects.exists()   # nothing before confirming
+
+    page.locator("#confirm-all-matching-button").click()
+    outcome = page.locator("#dead-letter-batches-outcome")
+    expect(outcome.locator("[data-result=replayed]")).to_have_text("replayed: 120")
+    expect(page.locator("#dead-letter-table tbody")).to_contain_text("No dead letters match.")
+    assert [o for _, o, _, _ in sink_rows(orders)] == list(range(120))
+    assert DeadLetterReplay.objects.count() == 120 and not DeadLetter.objects.exists()

@@ -78,9 +78,9 @@ def test_discard_all_matching_takes_the_pending_dead_letters_the_filters_match(c
     (["orders", "discard", "--ids", "LETTER", "--reason", "  "], "Refused: Discarding dead letters needs a reason."),
     (["orders", "replay", "--ids", "LETTER,OTHER"], "Refused: Not dead letters of pipeline 'orders': OTHER."),
     (["orders", "replay", "--all-matching", "--error", "no such text"],
-     "Refused: no pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
+     "Refused: No pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
     (["orders", "discard", "--all-matching", "--partition", "7", "--reason", "r"],
-     "Refused: no pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
+     "Refused: No pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
     (["nope", "replay", "--all-matching"], "Refused: No pipeline named 'nope'."),
 ])
 def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, letters, argv, message):  # noqa: F811
@@ -128,10 +128,33 @@ def test_replay_from_the_command_line_writes_each_row_once(capsys, pipeline):  #
     assert [e.result for e in ActionLog.objects.filter(action="replay_dead_letters")] == [ActionResult.DONE] * 2
 
 
-def test_refusals_of_all_matching_write_nothing_to_the_action_log(capsys, letters):  # noqa: F811
+def test_all_matching_refuses_when_nothing_matches_and_changes_nothing_but_the_action_log(capsys, letters):  # noqa: F811
+    before = snapshot()
     code, _, err = run(capsys, "orders", "discard", "--all-matching", "--error", "no such text", "--reason", "r")
     assert code == 1 and "nothing was changed" in err
-    assert not ActionLog.objects.exists()
+    assert snapshot() == before
+    entry = ActionLog.objects.get()
+    assert entry.result == ActionResult.REFUSED and entry.params["filters"] == {"error": "no such text",
+                                                                                "state": "pending"}
+
+
+def test_all_matching_with_expect_refuses_a_count_that_changed_since(capsys, letters):  # noqa: F811
+    _, listed, _ = run(capsys, "orders", "list", "--json")
+    count = len(json.loads(listed))
+    before = snapshot()
+    code, out, err = run(capsys, "orders", "discard", "--all-matching", "--expect", str(count + 1), "--reason", "r")
+    assert (code, out) == (1, "")
+    assert f"{count} dead letters match the filters now, not the {count + 1} confirmed" in err
+    assert snapshot() == before
+    assert ActionLog.objects.get().result == ActionResult.REFUSED
+    code, out, _ = run(capsys, "orders", "discard", "--all-matching", "--expect", str(count), "--reason", "r",
+                       "--json")
+    assert code == 0 and json.loads(out)["counts"] == {"discarded": count}
+
+
+def test_expect_without_all_matching_is_a_usage_error(capsys, letters):  # noqa: F811
+    code, _, err = run(capsys, "orders", "discard", "--ids", "1", "--expect", "1", "--reason", "r")
+    assert code == 2 and "--expect goes with --all-matching" in err
 
 
 def test_all_matching_without_a_filter_takes_every_pending_dead_letter_of_the_pipeline(capsys, letters):  # noqa: F811

@@ -66,7 +66,8 @@ class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a misspelt `dryrun` is an error, not a silent default."""
 
     def validate(self, attrs):
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        data = getattr(self, "initial_data", None)  # a nested serializer has none: it checks in to_internal_value
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, dict) else []
         if unknown:
             raise serializers.ValidationError({name: "Unknown field." for name in unknown})
         return attrs
@@ -151,18 +152,68 @@ class DeadLetterQuery(serializers.Serializer):
                                            state=data["state"])
 
 
-def _dead_letter_ids():
+def _dead_letter_ids(**kwargs):
     return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=dead_letter_queries.MAX_OFFSET),
-                                 allow_empty=False, max_length=dead_letters.MAX_PER_CALL)
+                                 allow_empty=False, max_length=dead_letters.MAX_PER_CALL, **kwargs)
 
 
-class DeadLetterReplayInput(StrictSerializer):
-    ids = _dead_letter_ids()
+class DeadLetterFilterInput(StrictSerializer):
+    """"All matching": the filters of GET .../dead-letters, over pending dead letters (the ones that can be
+    replayed or discarded)."""
+
+    state = serializers.ChoiceField(choices=[dead_letter_queries.PENDING], required=False,
+                                    default=dead_letter_queries.PENDING, error_messages={
+                                        "invalid_choice": "Only pending dead letters are replayed or discarded."})
+    error = serializers.CharField(required=False, max_length=dead_letter_queries.MAX_ERROR_FILTER, default="",
+                                  allow_blank=True)
+    partition = StrictIntegerField(required=False, min_value=0, max_value=MAX_PARTITION, allow_null=True,
+                                   default=None)
+    offset_from = StrictIntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+                                     allow_null=True, default=None)
+    offset_to = StrictIntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+                                   allow_null=True, default=None)
+
+    def to_internal_value(self, data):
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({name: "Unknown field." for name in unknown})
+        return super().to_internal_value(data)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        low, high = attrs.get("offset_from"), attrs.get("offset_to")
+        if low is not None and high is not None and low > high:
+            raise serializers.ValidationError({"offset_to": f"The range ends before it starts ({low} > {high})."})
+        return attrs
+
+
+class _DeadLetterSelection(StrictSerializer):
+    """Either `ids` (at most 1,000), or `filter` with the `count` of dead letters the client expects it to match
+    (any number, in batches of 1,000; another count now is refused with 409)."""
+
+    ids = _dead_letter_ids(required=False)
+    filter = DeadLetterFilterInput(required=False)
+    count = StrictIntegerField(required=False, min_value=1)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if ("ids" in attrs) == ("filter" in attrs):
+            raise serializers.ValidationError({"ids": "Give either ids or filter (with count)."})
+        if "filter" in attrs and "count" not in attrs:
+            raise serializers.ValidationError({"count": "With filter, give the count of dead letters it matches."})
+        if "count" in attrs and "filter" not in attrs:
+            raise serializers.ValidationError({"count": "count goes with filter."})
+        return attrs
+
+    def filters(self) -> dead_letter_queries.Filters:
+        return dead_letter_queries.Filters(**self.validated_data["filter"])
+
+
+class DeadLetterReplayInput(_DeadLetterSelection):
     source = serializers.ChoiceField(choices=dead_letters.SOURCES, required=False, default="stored")
 
 
-class DeadLetterDiscardInput(StrictSerializer):
-    ids = _dead_letter_ids()
+class DeadLetterDiscardInput(_DeadLetterSelection):
     reason = StrictStringField(max_length=dead_letters.MAX_REASON,
                                error_messages={"blank": "Say why these dead letters are discarded.",
                                                "required": "Say why these dead letters are discarded."})

@@ -25,7 +25,7 @@ from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
-from consumers.operations import actions, dead_letter_queries, group_reset
+from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import rewind as rewinds
@@ -191,10 +191,19 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     body = serializer_class(data=request.data)
     if not body.is_valid():
         return _invalid(request, body, action, pipeline)
+    data = body.validated_data
     try:
-        result = call(pipeline, body.validated_data, request.user.username)
-    except Refused as exc:  # unknown ids, an empty reason, ...: audited, nothing changed
+        if "filter" in data:   # "all matching": any number, in audited batches of 1,000
+            kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
+            result = dead_letter_batches.act_on_matching(pipeline, kind, body.filters(), data["count"],
+                                                         actor=request.user.username, reason=data.get("reason", ""),
+                                                         source=data.get("source", "stored"))
+        else:
+            result = call(pipeline, data, request.user.username)
+    except Refused as exc:  # unknown ids, an empty reason, a count that moved ...: audited, nothing changed
         return _refused(exc)
+    except dead_letter_batches.BatchesFailed as exc:  # the batches before the failed one stay done
+        return Response({"error": exc.outcome.message(), **exc.outcome.as_dict()}, status=http.HTTP_409_CONFLICT)
     except Exception as exc:  # rolled back and audited as failed (a transform that no longer fits the sink)
         return Response({"error": f"The {action.replace('_', ' ')} failed and changed nothing: "
                                   f"{type(exc).__name__}: {exc}"}, status=http.HTTP_409_CONFLICT)
@@ -207,7 +216,10 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
 def replay_dead_letters(request, name):
     """Body: {"ids": [..], "source": "stored" (default) or "kafka" (re-read the records)}. Replays them through the
     pipeline's current transform, exactly once → counts per result (replayed, still_bad, already_in_sink, gone,
-    discarded, not_yet_consumed) and one outcome per dead letter. Ids that are not this pipeline's: 409."""
+    discarded, not_yet_consumed) and one outcome per dead letter. Ids that are not this pipeline's: 409.
+    Instead of ids, {"filter": {error, partition, offset_from, offset_to}, "count": N}: every pending dead letter the
+    filter matches (as the list shows them), in batches of 1,000 → totals and one action id per batch; 409 when it
+    matches nothing or not N (some came or went since the client counted)."""
     return _dead_letter_action(request, name, dead_letter_ops.REPLAY, DeadLetterReplayInput,
                                lambda pipeline, data, actor: dead_letter_ops.replay(pipeline, data["ids"], actor=actor,
                                                                                     source=data["source"]))
@@ -218,7 +230,8 @@ def replay_dead_letters(request, name):
 @permission_classes(OPERATE)
 def discard_dead_letters(request, name):
     """Body: {"ids": [..], "reason": "why"} (reason required). Discarded dead letters stay, with the reason, and are
-    never replayed → counts (discarded, already_discarded, gone). Ids that are not this pipeline's: 409."""
+    never replayed → counts (discarded, already_discarded, gone). Ids that are not this pipeline's: 409. Instead of
+    ids, {"filter": {...}, "count": N} as for replay."""
     return _dead_letter_action(request, name, dead_letter_ops.DISCARD, DeadLetterDiscardInput,
                                lambda pipeline, data, actor: dead_letter_ops.discard(pipeline, data["ids"],
                                                                                      data["reason"], actor=actor))

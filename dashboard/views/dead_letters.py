@@ -11,10 +11,11 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from consumers.models import Pipeline
+from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import Refused
-from dashboard.forms import DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
+from dashboard.forms import DeadLetterAllMatchingForm, DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
 from dashboard.refusals import form_errors, record_refusal
 from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
@@ -25,9 +26,11 @@ PAGE_SIZE = 50
 EXPORT_CHUNK = 500
 
 
-def _render(request, pipeline, filters: DeadLetterFilterForm, *, outcome=None, error: str = "", status: int = 200):
+def _render(request, pipeline, filters: DeadLetterFilterForm, *, outcome=None, error: str = "", status: int = 200,
+            batches_outcome=None, confirm=None):
     context = {"nav": "overview", "pipeline": pipeline, "form": filters, "can_operate": can_operate(request.user),
-               "outcome": outcome, "error": error, "pending": queries.pending_count(pipeline)}
+               "outcome": outcome, "error": error, "pending": queries.pending_count(pipeline),
+               "batches_outcome": batches_outcome, "confirm": confirm}
     if filters.is_valid():
         rows = queries.dead_letters(pipeline, filters.filters())
         context["page"] = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page") or request.POST.get("page"))
@@ -93,6 +96,8 @@ def _act(request, name, action: str, form_class, call):
     if not can_operate(request.user):
         return refuse_viewer(request, pipeline)
     filters = DeadLetterFilterForm(request.POST)  # the page's filters, carried so the table stays as it was
+    if request.POST.get("all_matching"):
+        return _act_on_matching(request, pipeline, action, filters)
     form = form_class(request.POST)
     if not form.is_valid():
         reason = form_errors(form)
@@ -107,6 +112,37 @@ def _act(request, name, action: str, form_class, call):
         return _render(request, pipeline, filters, status=422,
                        error=f"The {action.replace('_', ' ')} failed and changed nothing: {type(exc).__name__}: {exc}")
     return _render(request, pipeline, filters, outcome=result)
+
+
+def _act_on_matching(request, pipeline, action: str, filters: DeadLetterFilterForm):
+    """"Select all N matching": every pending dead letter the page's filters match, on every page. A first POST
+    only asks for confirmation (nothing changes); the confirmed one acts, refused if the count moved since."""
+    form = DeadLetterAllMatchingForm(request.POST, discard=action == dead_letter_ops.DISCARD)
+    if not filters.is_valid() or not form.is_valid():
+        reason = form_errors(form) if filters.is_valid() else form_errors(filters)
+        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
+                       params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
+        return _render(request, pipeline, filters, error=_plain(form) or _plain(filters), status=422)
+    kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
+    data = form.cleaned_data
+    if not data["confirmed"]:
+        return _render(request, pipeline, filters, confirm={"action": kind, "count": data["expected"],
+                                                            "reason": data.get("reason", "")})
+    try:
+        outcome = batches.act_on_matching(pipeline, kind, filters.filters(), data["expected"],
+                                          actor=request.user.username, reason=data.get("reason", ""))
+    except Refused as exc:  # audited by the domain; nothing was changed
+        return _render(request, pipeline, filters, error=str(exc), status=409)
+    except batches.BatchesFailed as exc:  # the batches before the failed one stay done
+        return _render(request, pipeline, filters, error=exc.outcome.message(), batches_outcome=exc.outcome,
+                       status=422)
+    except Exception as exc:  # the first batch rolled back and was audited as failed
+        return _render(request, pipeline, filters, status=422,
+                       error=f"The {kind} failed and changed nothing: {type(exc).__name__}: {exc}")
+    return _render(request, pipeline, filters, batches_outcome=outcome)
+
+
+FILTER_KEYS = ("error", "partition", "offset_from", "offset_to", "state")
 
 
 def _plain(form) -> str:

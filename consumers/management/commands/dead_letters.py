@@ -4,11 +4,12 @@
 
 Filters: --state (default pending), --error TEXT, --partition P, --offset-from N, --offset-to N (inclusive).
 replay and discard act on --ids, or with --all-matching on every dead letter the filters match (exactly what
-`list` with the same filters shows; no filter: all pending ones). Any number of ids: they go to the domain
-function in batches of MAX_PER_CALL (1,000) in id order, each batch its own audited transaction; a line per batch
-and the totals are printed. Every id is checked against the pipeline before the first batch, so an unknown id
-refuses the whole set; a batch that fails anyway leaves the batches before it done: the command prints what was
-done and exits 1.
+`list` with the same filters shows; no filter: all pending ones); `--expect N` refuses unless they are N.
+Any number of ids: consumers/operations/dead_letter_batches.py gives them to the domain in batches of
+MAX_PER_CALL (1,000) in id order, each batch its own audited transaction; a line per batch and the totals are
+printed. Every id is checked against the pipeline before the first batch, so an unknown id refuses the whole
+set; a batch that fails anyway leaves the batches before it done: the command prints what was done and exits 1.
+Refusals are written to the action log.
 Exit codes: 0 done, 1 refused (unknown pipeline, ids that are not the pipeline's, no reason to discard, nothing
 matching --all-matching, a failed batch; the reason on stderr), 2 usage error."""
 import argparse
@@ -18,6 +19,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from consumers.models import Pipeline
+from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import Refused
@@ -65,6 +67,9 @@ class Command(BaseCommand):
                             help="replay/discard: every dead letter the filters match (as list shows them; "
                                  "without a filter, all pending ones), in batches of "
                                  f"{dead_letter_ops.MAX_PER_CALL}.")
+        parser.add_argument("--expect", type=int, metavar="N",
+                            help="With --all-matching: the number of dead letters you expect the filters to match "
+                                 "(as list counted them); any other number refuses and changes nothing.")
         parser.add_argument("--reason", default="", help="Why they are discarded (required by discard).")
         parser.add_argument("--from-kafka", action="store_true",
                             help="replay: re-read the records from Kafka instead of the stored copies.")
@@ -125,88 +130,49 @@ class Command(BaseCommand):
             hint = (" (add --all-matching to act on every dead letter these filters match)" if filtered else "")
             raise CommandError(f"{action}: give --ids, or --all-matching with the filters of list (--state, "
                                f"--error, --partition, --offset-from, --offset-to){hint}.", returncode=2)
+        if options["expect"] is not None and not options["all_matching"]:
+            raise CommandError(f"{action}: --expect goes with --all-matching.", returncode=2)
         found = Pipeline.objects.filter(name=name).first()
-        if ids is None:
-            if found is not None:
-                matching = queries.dead_letters(found, self._filters(options, options["state"]))
-                ids = [row["letter_id"] for row in matching.iterator()]
-                if not ids:
-                    raise CommandError(f"Refused: no {options['state']} dead letters of pipeline {name!r} match "
-                                       f"the filters; nothing was changed.", returncode=1)
-            else:
-                ids = []  # the domain refuses the unknown name and writes the refusal to the action log
-        ids = sorted(set(ids))
-        size = dead_letter_ops.MAX_PER_CALL
-        batches = [ids[i:i + size] for i in range(0, len(ids), size)] or [[]]
-        if len(batches) > 1:
-            self._check_all(found, action, ids, options)
-        done = []
-        for number, batch in enumerate(batches, 1):
-            try:
-                result = self._call(name, action, batch, options)
-            except Exception as exc:
-                self._failed(name, action, batches, done, exc, options)
-            done.append(result)
-            if len(batches) > 1 and not options["json"]:
-                self.stdout.write(f"{name}: {action}: batch {number}/{len(batches)} ({len(batch)} id(s), "
-                                  f"{batch[0]}..{batch[-1]}): {result.message} (action log #{result.action_log.pk})")
-        if len(done) == 1:
-            return self._print_one(name, action, done[0], options)
-        if options["json"]:
-            self.stdout.write(json.dumps(self._combined(name, action, done, len(batches)), indent=2))
-            return
-        self.stdout.write(f"{name}: {action}: done, {len(done)} batch(es), {len(ids)} dead letter(s): "
-                          f"{self._totals_text(action, done)}")
-
-    def _check_all(self, pipeline, action, ids, options):
-        """Before the first of several batches: every id must be the pipeline's (else refuse the whole set, audited
-        as the domain audits its refusals), and discard needs a reason — so a refusal changes nothing."""
-        if pipeline is None:
-            return  # the first batch refuses the unknown name
-        if action == "discard":
-            params = {"ids": [str(i) for i in ids[:dead_letter_ops.MAX_PER_CALL]],
-                      "reason": options["reason"].strip()[:dead_letter_ops.MAX_REASON]}
-            op = dead_letter_ops.DISCARD
-            if not params["reason"]:
-                return  # the first batch refuses it
-        else:
-            params = {"ids": [str(i) for i in ids[:dead_letter_ops.MAX_PER_CALL]],
-                      "source": "kafka" if options["from_kafka"] else "stored"}
-            op = dead_letter_ops.REPLAY
-        params["count"] = len(ids)
+        kwargs = {"actor": options["actor"], "reason": options["reason"],
+                  "source": "kafka" if options["from_kafka"] else "stored",
+                  "on_batch": None if options["json"] else self._progress(name, action)}
         try:
-            dead_letter_ops.refuse_unknown(pipeline, op, options["actor"], params, ids)
+            if ids is None and found is not None:
+                outcome = batches.act_on_matching(found, action, self._filters(options, options["state"]),
+                                                  options["expect"], **kwargs)
+            else:  # ids, or an unknown pipeline: the domain refuses that name, audited
+                outcome = batches.act_on_ids(found or name, action, ids or [], **kwargs)
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
+        except batches.BatchesFailed as exc:
+            self._failed(name, action, exc.outcome, options)
+        except Exception as exc:  # the only call was rolled back and audited as failed
+            raise CommandError(f"Refused: the {action} failed and changed nothing: {type(exc).__name__}: {exc}",
+                               returncode=1) from None
+        if len(outcome.done) == 1:
+            return self._print_one(name, action, outcome.done[0], options)
+        if options["json"]:
+            self.stdout.write(json.dumps(outcome.as_dict(), indent=2))
+            return
+        self.stdout.write(f"{name}: {action}: done, {outcome.batches} batch(es), {outcome.ids} dead letter(s): "
+                          f"{outcome.totals_text()}")
 
-    @staticmethod
-    def _call(name, action, ids, options):
-        if action == "replay":
-            return dead_letter_ops.replay(name, ids, actor=options["actor"],
-                                          source="kafka" if options["from_kafka"] else "stored")
-        return dead_letter_ops.discard(name, ids, options["reason"], actor=options["actor"])
+    def _progress(self, name, action):
+        def line(number, total, batch, result):
+            if total > 1:
+                self.stdout.write(f"{name}: {action}: batch {number}/{total} ({len(batch)} id(s), {batch[0]}.."
+                                  f"{batch[-1]}): {result.message} (action log #{result.action_log.pk})")
+        return line
 
-    def _failed(self, name, action, batches, done, exc, options):
-        """A call refused or failed (that call changed nothing): report it, and what earlier batches did; exit 1."""
-        if isinstance(exc, Refused):
-            reason = str(exc)
-        else:  # rolled back and audited as failed
-            reason = f"the {action} failed and changed nothing: {type(exc).__name__}: {exc}"
-        if len(batches) > 1:
-            batch = batches[len(done)]
-            reason = f"batch {len(done) + 1}/{len(batches)} ({len(batch)} id(s), {batch[0]}..{batch[-1]}): {reason}"
-        if done:
-            done_ids = sum(len(b) for b in batches[:len(done)])
-            left = sum(len(b) for b in batches[len(done):])
-            if options["json"]:
-                self.stdout.write(json.dumps({**self._combined(name, action, done, len(batches)), "failed": reason},
-                                             indent=2))
-            else:
-                self.stdout.write(f"{name}: {action}: stopped after {len(done)} of {len(batches)} batch(es); done "
-                                  f"(committed): {done_ids} dead letter(s): {self._totals_text(action, done)}")
-            reason += (f". Batches 1-{len(done)} ({done_ids} dead letter(s)) were done and stay done; the other "
-                       f"{left} were not touched")
-        raise CommandError(f"Refused: {reason}", returncode=1) from None
+    def _failed(self, name, action, outcome, options):
+        """A batch after the first failed (it changed nothing): report what the earlier ones did; exit 1."""
+        if options["json"]:
+            self.stdout.write(json.dumps(outcome.as_dict(), indent=2))
+        else:
+            self.stdout.write(f"{name}: {action}: stopped after {len(outcome.done)} of {outcome.batches} batch(es); "
+                              f"done (committed): {outcome.ids - outcome.untouched} dead letter(s): "
+                              f"{outcome.totals_text()}")
+        raise CommandError(f"Refused: {outcome.message()}", returncode=1) from None
 
     def _print_one(self, name, action, result, options):
         if options["json"]:
@@ -218,22 +184,3 @@ class Command(BaseCommand):
             self.stdout.write(f"{outcome.dead_letter_id:>8} {where:>14} {outcome.result}"
                               + (f" ({outcome.rows} row(s))" if outcome.rows else "")
                               + (f": {outcome.error}" if outcome.error else ""))
-
-    @staticmethod
-    def _totals(done) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for result in done:
-            for key, count in result.counts.items():
-                totals[key] = totals.get(key, 0) + count
-        return totals
-
-    def _totals_text(self, action, done) -> str:
-        totals = self._totals(done)
-        return ", ".join(f"{count} {key.replace('_', ' ')}" for key, count in sorted(totals.items())) or "nothing"
-
-    def _combined(self, name, action, done, batches) -> dict:
-        """Several calls as one JSON answer: the totals, one entry per batch and every dead letter's outcome."""
-        return {"pipeline": name, "action": done[0].action, "batches": batches, "batches_done": len(done),
-                "action_ids": [r.action_log.pk for r in done], "counts": self._totals(done),
-                "messages": [r.message for r in done],
-                "dead_letters": [o.as_dict() for r in done for o in r.outcomes]}

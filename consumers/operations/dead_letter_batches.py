@@ -1,0 +1,140 @@
+"""Replay or discard any number of dead letters: by ids, or every one the list's filters match ("select all
+matching"), in calls of MAX_PER_CALL ids in id order. Each call is one audited transaction of
+consumers/operations/dead_letters.py, so a batch that fails leaves the batches before it done.
+
+Used by the page, the API, the Django admin and the `dead_letters` command, so they refuse alike (audited,
+nothing changed, before the first batch): an id that is not the pipeline's, a selection that matches nothing, and
+a selection whose size is no longer the one the operator confirmed (dead letters came or went since they looked).
+"""
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from consumers.models import Pipeline
+from consumers.operations import actions
+from consumers.operations import dead_letter_queries as queries
+from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations.offset_specs import Refused
+
+ACTIONS = {"replay": dead_letter_ops.REPLAY, "discard": dead_letter_ops.DISCARD}
+
+
+@dataclass
+class BatchesResult:
+    pipeline: str
+    action: str                   # replay | discard
+    ids: int                      # dead letters asked for
+    batches: int
+    done: list = field(default_factory=list)   # one DeadLetterResult per committed batch
+    failed: str = ""              # why batch len(done) + 1 failed (the later ones were not tried)
+    failed_ids: list = field(default_factory=list)   # that batch's ids
+    untouched: int = 0            # ids of that batch and the ones after it
+
+    @property
+    def counts(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for result in self.done:
+            for key, count in result.counts.items():
+                totals[key] = totals.get(key, 0) + count
+        return totals
+
+    def totals_text(self) -> str:
+        return ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in sorted(self.counts.items())) or "nothing"
+
+    def message(self) -> str:
+        """One line for a page or a log: what was done and, after a failure, what was not."""
+        if not self.failed:
+            return f"{self.action}: {self.ids} dead letter(s) in {self.batches} batch(es): {self.totals_text()}"
+        first, last = self.failed_ids[0], self.failed_ids[-1]
+        done = self.ids - self.untouched
+        return (f"batch {len(self.done) + 1}/{self.batches} ({len(self.failed_ids)} id(s), {first}..{last}): "
+                f"{self.failed}. Batches 1-{len(self.done)} ({done} dead letter(s)) were done and stay done; the "
+                f"other {self.untouched} were not touched")
+
+    def as_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "action": ACTIONS[self.action], "ids": self.ids, "batches": self.batches,
+                "batches_done": len(self.done), "action_ids": [r.action_log.pk for r in self.done],
+                "counts": self.counts, "messages": [r.message for r in self.done], "failed": self.failed,
+                "dead_letters": [o.as_dict() for r in self.done for o in r.outcomes]}
+
+
+def matching_ids(pipeline: Pipeline, filters: queries.Filters) -> list[int]:
+    """The ids of what the list shows with these filters (every page)."""
+    return sorted(row["letter_id"] for row in queries.dead_letters(pipeline, filters).iterator())
+
+
+def act_on_matching(pipeline: Pipeline, action: str, filters: queries.Filters, expected: int | None, *, actor: str,
+                    reason: str = "", source: str = "stored", on_batch: Callable | None = None) -> BatchesResult:
+    """Every dead letter the filters match. `expected`: the count the operator saw and confirmed; when the
+    filters match another number now, refuse (audited) rather than act on a set nobody looked at."""
+    ids = matching_ids(pipeline, filters)
+    params = {"filters": _filter_params(filters), "expected": expected, "matching": len(ids)}
+    if not ids:
+        actions.refuse(pipeline, ACTIONS[action], actor, params,
+                       f"No {filters.state} dead letters of pipeline {pipeline.name!r} match the filters; "
+                       "nothing was changed.")
+    if expected is not None and expected != len(ids):
+        actions.refuse(pipeline, ACTIONS[action], actor, params,
+                       f"{len(ids)} dead letters match the filters now, not the {expected} confirmed: some came or "
+                       "went since. Nothing was changed; look at the list again and confirm its count.")
+    return act_on_ids(pipeline, action, ids, actor=actor, reason=reason, source=source, on_batch=on_batch)
+
+
+def act_on_ids(pipeline, action: str, ids, *, actor: str, reason: str = "", source: str = "stored",
+               on_batch: Callable | None = None) -> BatchesResult:
+    """Replay or discard `ids` of `pipeline` (a name or a Pipeline) in batches; `on_batch(number, batches, ids,
+    result)` after each. Raises Refused when the first call is refused or, with several batches, before it when
+    an id is not the pipeline's or discard has no reason."""
+    ids = sorted(set(ids))
+    size = dead_letter_ops.MAX_PER_CALL
+    batches = [ids[i:i + size] for i in range(0, len(ids), size)] or [[]]
+    if len(batches) > 1:
+        _check_all(pipeline, action, ids, actor=actor, reason=reason, source=source)
+    name = pipeline.name if isinstance(pipeline, Pipeline) else pipeline
+    outcome = BatchesResult(name, action, len(ids), len(batches))
+    for number, batch in enumerate(batches, 1):
+        try:
+            result = _call(pipeline, action, batch, actor=actor, reason=reason, source=source)
+        except Exception as exc:  # that call changed nothing (refused, or rolled back and audited as failed)
+            if not outcome.done:
+                raise
+            outcome.failed = (str(exc) if isinstance(exc, Refused)
+                              else f"the {action} failed and changed nothing: {type(exc).__name__}: {exc}")
+            outcome.failed_ids, outcome.untouched = batch, sum(len(b) for b in batches[number - 1:])
+            raise BatchesFailed(outcome) from exc
+        outcome.done.append(result)
+        if on_batch is not None:
+            on_batch(number, len(batches), batch, result)
+    return outcome
+
+
+class BatchesFailed(Exception):
+    """A batch after the first failed: `outcome` holds what the batches before it did."""
+
+    def __init__(self, outcome: BatchesResult):
+        super().__init__(outcome.message())
+        self.outcome = outcome
+
+
+def _call(pipeline, action, ids, *, actor, reason, source):
+    if action == "replay":
+        return dead_letter_ops.replay(pipeline, ids, actor=actor, source=source)
+    return dead_letter_ops.discard(pipeline, ids, reason, actor=actor)
+
+
+def _check_all(pipeline, action, ids, *, actor, reason, source) -> None:
+    """Before the first of several batches, what the first call would refuse for all of them."""
+    pipeline = actions.lookup(pipeline, ACTIONS[action], actor, {"count": len(ids)})
+    params = {"ids": [str(i) for i in ids[:dead_letter_ops.MAX_PER_CALL]], "count": len(ids)}
+    if action == "discard":
+        params["reason"] = (reason or "").strip()[:dead_letter_ops.MAX_REASON]
+        if not params["reason"]:
+            actions.refuse(pipeline, ACTIONS[action], actor, params, "Discarding dead letters needs a reason.")
+    else:
+        params["source"] = source
+    dead_letter_ops.refuse_unknown(pipeline, ACTIONS[action], actor, params, ids)
+
+
+def _filter_params(filters: queries.Filters) -> dict:
+    return {key: value for key, value in (("error", filters.error), ("partition", filters.partition),
+                                          ("offset_from", filters.offset_from), ("offset_to", filters.offset_to),
+                                          ("state", filters.state)) if value not in ("", None)}
