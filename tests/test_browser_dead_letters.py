@@ -75,6 +75,8 @@ def test_an_operator_replays_all_matching_dead_letters_across_pages_after_confir
     confirm = page.locator("#confirm-all-matching")
     expect(confirm).to_contain_text("Replay all 120 pending dead letters that match the filters?")
     assert DeadLetter.objects.count() == 120 and not DeadLetterReplay.objects.exists()   # nothing before confirming
+    page.evaluate("window.scrollTo(0, 0)")   # the confirmation under the filters, not the page's end
+    page.screenshot(path=str(screenshot_dir() / "dead-letters-all-matching.png"), full_page=False)
 
     page.locator("#confirm-all-matching-button").click()
     outcome = page.locator("#dead-letter-batches-outcome")

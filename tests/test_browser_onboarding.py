@@ -80,6 +80,7 @@ def test_an_operator_traces_a_record_and_switches_the_theme(page, live_server, t
     expect(page.locator("#trace-0-4 .verdict")).to_have_text("written")
     expect(page.locator("#trace-0-4")).to_contain_text("value")
     assert "partition=0" in page.url and "offset=4" in page.url
+    traced_url = page.url
     page.get_by_label("Offset").fill("x")
     page.locator("#trace-submit").click()
     expect(page.locator("#trace-error")).to_contain_text("offset: a whole number")
@@ -91,6 +92,9 @@ def test_an_operator_traces_a_record_and_switches_the_theme(page, live_server, t
     dark_background = page.evaluate("getComputedStyle(document.querySelector('.topbar')).backgroundColor")
     page.reload()
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")   # the choice is kept
+    page.goto(traced_url)
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")   # and on the next page
+    expect(page.locator("#trace-0-4 .verdict")).to_have_text("written")
     page.screenshot(path=str(screenshot_dir() / "trace-dark.png"), full_page=True)
     page.locator("#theme-toggle").click()
     expect(page.locator("html")).to_have_attribute("data-theme", "light")
