@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 from django.db import connection
 from kafka.consumer.fetcher import ConsumerRecord
+from psycopg2 import sql
 
 from consumers.engine import commit, db, sinks
 from consumers.engine.faults import FaultInjector
@@ -31,7 +32,8 @@ def sink(transactional_db):
         with connection.cursor() as cur:
             sinks.ensure_sink_table(cur, pipeline.sink_table, INT_VALUE, exactly_once=True)
             if id_type != "bigint":  # a user's own table, narrower than the transform's column
-                cur.execute(f'ALTER TABLE "{pipeline.sink_table}" ALTER COLUMN id TYPE {id_type}')  # fixed names
+                cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN id TYPE {}").format(
+                    sql.Identifier(pipeline.sink_table), sql.SQL(id_type)))   # id_type: this file's own literals
         made.append(pipeline.sink_table)
         return pipeline, commit.Target.for_pipeline(pipeline)
 
@@ -45,8 +47,8 @@ def sink(transactional_db):
 
 def sink_rows(table):
     with connection.cursor() as cur:
-        cur.execute(f'SELECT id, source_topic, source_partition, source_offset FROM "{table}" '  # fixed name
-                    "ORDER BY source_partition, source_offset")
+        cur.execute(sql.SQL("SELECT id, source_topic, source_partition, source_offset FROM {} "
+                            "ORDER BY source_partition, source_offset").format(sql.Identifier(table)))
         return cur.fetchall()
 
 
@@ -133,7 +135,7 @@ def test_a_crash_in_the_middle_of_the_verbatim_copy_leaves_nothing(sink, monkeyp
     def crash(point):
         if faults.armed(point):
             with conn.cursor() as cur:   # the first half is in the open transaction
-                cur.execute(f'SELECT count(*) FROM "{pipeline.sink_table}"')  # fixed name
+                cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(pipeline.sink_table)))
                 written_before_crash.append(cur.fetchone()[0])
             raise Crashed(point)
 

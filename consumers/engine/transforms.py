@@ -71,8 +71,9 @@ _PLAIN_INTEGER_LINES = re.compile(rb"(?:-?[0-9]{1,18}\n)+")
 
 
 def _int_values_verbatim(values: list) -> bool:
-    """int_value's fast path: every value is a plain decimal integer, the common case. Anything else
-    (a sign, spaces, underscores, a tombstone) goes record by record, where int() decides."""
+    """int_value's fast path: every value is a plain decimal integer (digits, perhaps after a minus), the
+    common case. Anything else (a plus sign, spaces, underscores, a tombstone) goes record by record, where
+    int() decides."""
     try:
         text = b"\n".join(values) + b"\n"
     except TypeError:  # a None (tombstone) among them
