@@ -5,6 +5,7 @@ count moved since the operator looked, and never without the operator's confirma
 import json
 
 import pytest
+from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
 from consumers.operations import dead_letter_batches as batches
@@ -40,6 +41,20 @@ def test_all_matching_first_asks_for_confirmation_and_changes_nothing(operator_a
     assert "Discard all 60 pending dead letters that match the filters?" in html
     assert 'name="confirmed" value="1"' in html and 'name="error" value="even"' in html
     assert snapshot() == before and not ActionLog.objects.exists()
+
+
+@pytest.mark.parametrize("state", ["any", "discarded", "replayed"])
+def test_all_matching_on_the_page_is_refused_for_letters_that_are_not_pending(operator_api, letters, state):
+    make_letters(120)
+    DeadLetter.objects.filter(offset__lt=60).update(discarded_at=timezone.now(), discard_reason="old")
+    before = snapshot()
+    response = operator_api.post(URL + "replay/", {"all_matching": "1", "expected": "125", "confirmed": "1",
+                                                   "state": state})
+    assert response.status_code == 422
+    assert "acts on pending dead letters only" in response.content.decode()
+    assert snapshot() == before
+    entry = ActionLog.objects.get()
+    assert entry.result == ActionResult.REFUSED and entry.params["state"] == state
 
 
 def test_a_confirmed_discard_of_all_matching_acts_on_every_page_in_batches_of_1000(operator_api, letters):

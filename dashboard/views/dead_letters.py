@@ -124,6 +124,12 @@ def _act_on_matching(request, pipeline, action: str, filters: DeadLetterFilterFo
                        params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
         return _render(request, pipeline, filters, error=_plain(form) or _plain(filters), status=422)
     kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
+    if filters.cleaned_data["state"] != queries.PENDING:   # as in the API and the command: pending ones only
+        reason = f"select all matching acts on pending dead letters only, not {filters.cleaned_data['state']!r}"
+        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
+                       params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
+        return _render(request, pipeline, filters, status=422,
+                       error="Select all matching acts on pending dead letters only: set the state filter to pending.")
     data = form.cleaned_data
     if not data["confirmed"]:
         return _render(request, pipeline, filters, confirm={"action": kind, "count": data["expected"],
