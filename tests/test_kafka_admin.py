@@ -6,6 +6,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from consumers.kafka import admin as kafka_admin
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -55,20 +56,20 @@ def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make
     consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id="g-desc",
                              session_timeout_ms=6000, heartbeat_interval_ms=1000, auto_offset_reset="earliest")
     try:
-        deadline = time.monotonic() + 20
-        while not consumer.assignment() and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=200)
+        # Poll until the records arrived, not only the assignment: a poll can return the assignment before the
+        # partition has a position, and commit() then has no consumed offset to commit (so no group is listed).
+        received = []
+        wait_for(lambda: received.extend(r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
+                 or len(received) == 3, 20, "the group's member to receive the 3 records")
         assert consumer.assignment() == {TopicPartition(topic, 0)}
         described = kafka_admin.describe_group("g-desc")
         assert described.has_active_members
         assert described.state == "Stable" and len(described.members) == 1
         # (The embedded broker sends empty member assignments; real Kafka fills them in.)
         consumer.commit()
+        assert kafka_admin.committed_offsets("g-desc", topic) == {0: 3}
         # The embedded broker lists a group once it has committed; the listing can lag the commit briefly.
-        deadline = time.monotonic() + 10
-        while "g-desc" not in kafka_admin.list_groups() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "g-desc" in kafka_admin.list_groups()
+        wait_for(lambda: "g-desc" in kafka_admin.list_groups(), 10, "the group to be listed")
     finally:
         consumer.close()
 
