@@ -59,8 +59,13 @@ def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make
         # Poll until the records arrived, not only the assignment: a poll can return the assignment before the
         # partition has a position, and commit() then has no consumed offset to commit (so no group is listed).
         received = []
-        wait_for(lambda: received.extend(r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
-                 or len(received) == 3, 20, "the group's member to receive the 3 records")
+
+        def all_three_received():
+            for records in consumer.poll(timeout_ms=200).values():
+                received.extend(records)
+            return len(received) == 3
+
+        wait_for(all_three_received, 20, "the group's member to receive the 3 records")
         assert consumer.assignment() == {TopicPartition(topic, 0)}
         described = kafka_admin.describe_group("g-desc")
         assert described.has_active_members

@@ -118,18 +118,19 @@ def _act_on_matching(request, pipeline, action: str, filters: DeadLetterFilterFo
     """"Select all N matching": every pending dead letter the page's filters match, on every page. A first POST
     only asks for confirmation (nothing changes); the confirmed one acts, refused if the count moved since."""
     form = DeadLetterAllMatchingForm(request.POST, discard=action == dead_letter_ops.DISCARD)
+
+    def refuse(reason: str, error: str):  # bad input: audited, nothing changed, the page shows why
+        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
+                       params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
+        return _render(request, pipeline, filters, error=error, status=422)
+
     if not filters.is_valid() or not form.is_valid():
-        reason = form_errors(form) if filters.is_valid() else form_errors(filters)
-        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
-                       params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
-        return _render(request, pipeline, filters, error=_plain(form) or _plain(filters), status=422)
-    kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
+        return refuse(form_errors(form) if filters.is_valid() else form_errors(filters),
+                      _plain(form) or _plain(filters))
     if filters.cleaned_data["state"] != queries.PENDING:   # as in the API and the command: pending ones only
-        reason = f"select all matching acts on pending dead letters only, not {filters.cleaned_data['state']!r}"
-        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
-                       params={"all_matching": True, **{k: v for k, v in request.POST.items() if k in FILTER_KEYS}})
-        return _render(request, pipeline, filters, status=422,
-                       error="Select all matching acts on pending dead letters only: set the state filter to pending.")
+        return refuse(f"select all matching acts on pending dead letters only, not {filters.cleaned_data['state']!r}",
+                      "Select all matching acts on pending dead letters only: set the state filter to pending.")
+    kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
     data = form.cleaned_data
     if not data["confirmed"]:
         return _render(request, pipeline, filters, confirm={"action": kind, "count": data["expected"],
