@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -74,6 +75,30 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if getattr(config, "_tally_clock", None):
         config._tally_clock.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, and before it is dropped, a warning naming every connection still open
+    to it (its application name, state and last query): whatever a test left running holds one, and the
+    database then cannot be dropped."""
+    yield
+    with django_db_blocker.unblock():
+        left = leftover_connections()
+    if left:
+        warnings.warn(f"Connections still open to the test database at the end of the session: {left}",
+                      stacklevel=1)
+
+
+def leftover_connections() -> list[tuple]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT application_name, state, backend_start, left(query, 200) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        rows = cursor.fetchall()
+    connection.close()   # pytest-django's teardown drops the database from another connection
+    return rows
 
 
 @pytest.fixture(scope="session")
