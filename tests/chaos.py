@@ -96,6 +96,16 @@ class EngineProcess:
 
 
 
+def run_killed_at(env: dict, name: str, args: list[str], spec: str, timeout: float = 60) -> "EngineProcess":
+    """Run the engine with `--crash-at spec` (one fault that must fire: "POINT@PASS" or "POINT:1"); check that it
+    died by SIGKILL at that fault. Returns the finished process."""
+    engine = EngineProcess(env, name, *args, "--crash-at", spec)
+    assert engine.wait(patience(timeout)) == -signal.SIGKILL, engine.output()[-2000:]
+    fired = spec if "@" in spec else spec.partition(":")[0]
+    assert f"crash-at: fault {fired} fired" in engine.output(), engine.output()[-2000:]
+    return engine
+
+
 def run_until_clean_exit(env: dict, name: str, args: list[str], max_runs: int, timeout: float = 60) -> int:
     """Run the engine again and again until it exits 0; returns how many runs were SIGKILLed."""
     kills = 0

@@ -11,7 +11,15 @@ import pytest
 from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
-from tests.chaos import EngineProcess, ledger_batches, produce_values, run_until_clean_exit, sink_counts, wait_for
+from tests.chaos import (
+    EngineProcess,
+    ledger_batches,
+    produce_values,
+    run_killed_at,
+    run_until_clean_exit,
+    sink_counts,
+    wait_for,
+)
 from tests.conftest import drop_sink_tables
 from tests.waiting import patience
 
@@ -73,8 +81,7 @@ def test_exactly_once_writes_every_value_once_with_crashes_at_every_fault_point(
     # after-kafka-commit belongs to at-most-once; an exactly-once run never passes it.
     points = ["after-poll", "mid-write", "after-write", "after-db-commit"]
     for run in range(10):
-        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", f"{points[run % 4]}:1")
-        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{points[run % 4]}:1")
     assert ledger_batches(pipeline.pk) == 2  # only the two after-db-commit crashes had committed a batch
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     assert sink_counts(pipeline.sink_table) == every_value_once(200)
@@ -87,9 +94,7 @@ def test_exactly_once_holds_when_runs_die_while_polling_ahead_of_the_batch_being
     there, that batch may or may not have committed; either way the next run resumes from the database."""
     pipeline = chaos_pipeline(300, partitions=3)
     for _ in range(5):
-        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-next-poll@1")
-        assert engine.wait(patience(60)) == -signal.SIGKILL, engine.output()[-2000:]
-        assert "crash-at: fault after-next-poll@1 fired" in engine.output()
+        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, "after-next-poll@1")
     assert ledger_batches(pipeline.pk) <= 5   # at most the batch in flight of each killed run
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     assert sink_counts(pipeline.sink_table) == every_value_once(300)
@@ -116,8 +121,7 @@ def test_runs_started_together_with_processes_split_the_partitions_and_write_eac
 def test_at_least_once_duplicates_after_kills_between_the_write_and_the_kafka_commit(chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(100, DeliveryMode.AT_LEAST_ONCE)
     for _ in range(3):
-        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-db-commit:1")
-        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+        engine = run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, "after-db-commit:1")
         assert "crash-at: fault after-db-commit fired (p=1)" in engine.output()
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     counts = sink_counts(pipeline.sink_table)
@@ -130,8 +134,7 @@ def test_at_least_once_duplicates_after_kills_between_the_write_and_the_kafka_co
 def test_at_most_once_loses_values_after_kills_between_the_kafka_commit_and_the_write(chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(100, DeliveryMode.AT_MOST_ONCE)
     for _ in range(3):
-        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", "after-kafka-commit:1")
-        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, "after-kafka-commit:1")
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     counts = sink_counts(pipeline.sink_table)
     missing = sorted(set(range(1, 101)) - set(counts))

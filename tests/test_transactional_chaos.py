@@ -1,7 +1,6 @@
 """Chaos on transactional topics: engines SIGKILLed at fault points and from outside on a log with holes
 (transaction markers; aborted transactions), then reconciled. Exactly-once stays exact; at-most-once
 loses records and reconciliation counts exactly those, never a hole."""
-import signal
 import time
 
 import pytest
@@ -10,7 +9,7 @@ from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
-from tests.chaos import EngineProcess, ledger_batches, run_until_clean_exit, sink_counts, wait_for
+from tests.chaos import EngineProcess, ledger_batches, run_killed_at, run_until_clean_exit, sink_counts, wait_for
 from tests.conftest import drop_sink_tables
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
@@ -44,9 +43,7 @@ CRASH_PASSES = (1, 3, 2)
 def crash_at_each_pass(env, pipeline, point, passes):
     """One engine run per pass number, each SIGKILLed at that pass through `point`; then a clean run."""
     for number in passes:
-        engine = EngineProcess(env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", f"{point}@{number}")
-        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
-        assert f"crash-at: fault {point}@{number} fired" in engine.output()
+        run_killed_at(env, pipeline.name, UNTIL_CAUGHT_UP, f"{point}@{number}")
     assert run_until_clean_exit(env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
 
 
@@ -59,8 +56,7 @@ def test_exactly_once_is_exact_on_a_transactional_topic_with_crashes_at_every_fa
     pipeline, held = tx_chaos_pipeline(30)
     points = ["after-poll", "mid-write", "after-write", "after-db-commit"]
     for run in range(8):
-        engine = EngineProcess(subprocess_env, pipeline.name, *UNTIL_CAUGHT_UP, "--crash-at", f"{points[run % 4]}:1")
-        assert engine.wait(60) == -signal.SIGKILL, engine.output()[-2000:]
+        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{points[run % 4]}:1")
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     assert sink_counts(pipeline.sink_table) == {value: 1 for value in held}
     assert stored_positions(pipeline) == kafka_admin.high_watermarks(pipeline.topic)
