@@ -77,6 +77,21 @@ def pytest_unconfigure(config):
         config._tally_clock.stop()
 
 
+# Django's docs advise a fast hasher in tests: the default PBKDF2 takes about 0.6 s per hash here, and every
+# view test makes users and logs them in. Production keeps Django's default (tally/settings.py); the tests
+# that check hashing itself override this back.
+# PBKDF2 stays second, so hashes made by a child process (the dev stack test) still verify.
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_password_hasher():
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):  # sends setting_changed: the cache clears
+        yield
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's test database, and before it is dropped, a warning naming every connection still open
