@@ -11,3 +11,8 @@ def run_command(capsys, name: str, *argv: str) -> tuple[int, str, str]:
         raise SystemExit(0)
     out, err = capsys.readouterr()
     return exited.value.code, out, err
+
+
+def pipeline_command(capsys, *argv: str) -> tuple[int, str, str]:
+    """`manage.py pipeline ARGV...`, as run_command."""
+    return run_command(capsys, "pipeline", *argv)

@@ -3,12 +3,12 @@
 from django.conf import settings
 from django.db import connection
 from kafka import KafkaProducer
-from psycopg2 import sql
 
 from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
 from consumers.engine import sinks
 from consumers.engine.python import run_pipeline
 from consumers.models import Pipeline
+from tests.sink_rows import provenance_rows
 from tests.waiting import wait_for  # noqa: F401 - re-exported: the suite's one wait helper
 
 EXACTLY_ONCE, AT_LEAST_ONCE, AT_MOST_ONCE = "nums-exactly-once", "nums-at-least-once", "nums-at-most-once"
@@ -48,12 +48,8 @@ def catch_up(name: str, max_seconds: float = 60):
 
 
 def sink_rows(name: str) -> list[tuple[int, int, int]]:
-    """(partition, offset, value) of every sink row, sorted; duplicates stay visible."""
-    table = Pipeline.objects.get(name=name).sink_table
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL("SELECT source_partition, source_offset, id FROM {} ORDER BY 1, 2, 3")
-                       .format(sql.Identifier(table)).as_string(cursor.cursor))
-        return [tuple(row) for row in cursor.fetchall()]
+    """(partition, offset, id) of every row of the pipeline's sink, sorted; duplicates stay visible."""
+    return provenance_rows(Pipeline.objects.get(name=name).sink_table)
 
 
 def expected_rows(values) -> list[tuple[int, int, int]]:

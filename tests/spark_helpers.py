@@ -1,7 +1,7 @@
 """Helpers shared by the Spark engine tests: produce the classic values, read a sink row by row."""
-from django.db import connection
 from kafka import KafkaProducer
-from psycopg2 import sql
+
+from tests.sink_rows import provenance_rows as sink_rows  # noqa: F401 - re-exported for the Spark tests
 
 
 def produce_values(bootstrap, topic, count, partitions, first=1) -> dict[int, list[int]]:
@@ -16,14 +16,6 @@ def produce_values(bootstrap, topic, count, partitions, first=1) -> dict[int, li
     producer.flush()
     producer.close()
     return log
-
-
-def sink_rows(table) -> list[tuple[int, int, int]]:
-    """(partition, offset, id) of every sink row, duplicates included, in order."""
-    with connection.cursor() as cur:
-        cur.execute(sql.SQL("SELECT source_partition, source_offset, id FROM {} ORDER BY 1, 2").format(
-            sql.Identifier(table)))
-        return [tuple(row) for row in cur.fetchall()]
 
 
 def expected_rows(log) -> list[tuple[int, int, int]]:

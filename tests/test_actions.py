@@ -1,10 +1,10 @@
 """Operator actions: each one moves the desired state and the epoch under the pipeline's row lock, is
 audited (refusals too), and start/resume/restart enqueue a run of the new epoch after the commit."""
 import pytest
-from django.core.management import load_command_class
 
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
 from consumers.operations import actions
+from tests.commands import pipeline_command as run_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,14 +90,6 @@ def test_an_action_is_refused_while_another_one_runs_on_the_pipeline(pipeline, e
     with pytest.raises(actions.ActionRefused, match="Another action is running on pipeline 'orders': rewind by carol"):
         actions.start("orders")
     assert (reloaded(pipeline).desired_state, pipeline.epoch) == (DesiredState.STOPPED, 0)
-
-
-def run_command(capsys, *argv):
-    command = load_command_class("consumers", "pipeline")
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", "pipeline", *argv])
-        raise SystemExit(0)
-    return exited.value.code, *capsys.readouterr()
 
 
 def test_the_pipeline_command_exits_0_1_and_2(pipeline, enqueued, capsys):

@@ -3,21 +3,13 @@ transaction, idempotent, with a dry run that prints the plan and changes nothing
 import uuid
 
 import pytest
-from django.core.management import load_command_class
 
 from consumers.models import ActionLog, Pipeline
 from consumers.operations import actions
+from tests.commands import pipeline_command as run_command
 from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-def run_command(capsys, *argv):
-    command = load_command_class("consumers", "pipeline")
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", "pipeline", *argv])
-        raise SystemExit(0)
-    return exited.value.code, *capsys.readouterr()
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ import json
 import uuid
 
 import pytest
-from django.core.management import load_command_class
 from django.db import connection
 
 from consumers.engine.transforms import Transform
 from consumers.models import ActionLog, DeliveryMode, DesiredState, Pipeline
 from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
+from tests.commands import pipeline_command as run_command
 from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -23,14 +23,6 @@ def _order(record):
 
 # A user's own transform, referred to by its dotted path: tests.test_pipeline_setup.orders
 orders = Transform("orders", (("amount_cents", "bigint"), ("currency", "text")), _order)
-
-
-def run_command(capsys, *argv):
-    command = load_command_class("consumers", "pipeline")
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", "pipeline", *argv])
-        raise SystemExit(0)
-    return exited.value.code, *capsys.readouterr()
 
 
 @pytest.fixture

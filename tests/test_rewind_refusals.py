@@ -3,9 +3,9 @@ error), the refusal in the action log, and nothing moved."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.management import load_command_class
 
 from consumers.models import ActionLog, ActionResult, Pipeline
+from tests.commands import run_command
 from tests.ops_helpers import EXACTLY_ONCE, catch_up, drop_demo_sinks, positions, seed, sink_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -20,15 +20,6 @@ def consumed(kafka_bootstrap, settings):
     catch_up(EXACTLY_ONCE)
     yield
     drop_demo_sinks()
-
-
-def run_command(capsys, *argv) -> tuple[int, str, str]:
-    command = load_command_class("consumers", argv[0])
-    with pytest.raises(SystemExit) as exited:
-        command.run_from_argv(["manage.py", *argv])
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return exited.value.code, out, err
 
 
 def state():

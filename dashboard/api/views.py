@@ -2,10 +2,9 @@
 
 Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
 consumers.operations.rewind, consumers.operations.group_reset and consumers.operations.dead_letters (which write
-the action log). Input is validated
-by the dashboard's forms, so the API and the pages refuse the same things with the same messages: 400 for bad
-input, 409 when the action is refused (wrong state, another action running, target outside the log), 403 for
-viewers.
+the action log). Input is validated by the serializers in dashboard/api/inputs.py (strict JSON
+types; the offset specs are consumers.operations.offset_specs, which the pages share): 400 for bad input,
+409 when the action is refused (wrong state, another action running, target outside the log), 403 for viewers.
 """
 from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
