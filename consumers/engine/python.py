@@ -40,7 +40,7 @@ from consumers.engine.consumer import fetches_of_poll, make_consumer, records_by
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, Engine, Pipeline, ResetPolicy
+from consumers.models import DeliveryMode, Engine, Pipeline
 
 log = logging.getLogger("tally.engine")
 
@@ -310,9 +310,8 @@ class _Engine:
         if not stored:
             # The pipeline's first start: every partition of the topic gets its position from the reset
             # policy now, so a partition without one later was added to the topic since.
-            earliest = self.pipeline.reset_policy == ResetPolicy.EARLIEST
             stored = commit.ensure_positions(self.conn, self.pipeline.pk,
-                                             {p: m.log_start if earliest else m.high for p, m in marks.items()})
+                                             {p: self.pipeline.initial_position(m) for p, m in marks.items()})
         missing = [p for p in partitions if p not in stored]
         if missing:
             # Added while the pipeline ran: its records were produced since, so it is read from its start.

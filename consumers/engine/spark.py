@@ -42,7 +42,7 @@ from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult,
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import kafka_format, offsets_json
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, Engine, Pipeline, ResetPolicy, RunState
+from consumers.models import DeliveryMode, Engine, Pipeline, RunState
 
 log = logging.getLogger("tally.spark.engine")
 
@@ -130,8 +130,7 @@ class SparkRun:
         with self.conn.cursor() as cur:
             sinks.ensure_sink_table(cur, self.pipeline.sink_table, self.target.transform, self.target.exactly_once)
         self.conn.commit()
-        fallback = {p: (m.log_start if self.pipeline.reset_policy == ResetPolicy.EARLIEST else m.high)
-                    for p, m in marks.items()}
+        fallback = {p: self.pipeline.initial_position(m) for p, m in marks.items()}
         if self.target.exactly_once:
             positions = commit.ensure_positions(self.conn, self.pipeline.pk, fallback)
             for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, positions, marks):

@@ -99,6 +99,11 @@ class Pipeline(models.Model):
             self.group_id = self.name
         super().save(*args, **kwargs)
 
+    def initial_position(self, mark) -> int:
+        """Where a partition this pipeline never consumed starts: its log start or its high watermark, by the
+        reset policy. `mark` is a partition's watermarks (consumers.kafka.admin.Watermarks)."""
+        return mark.log_start if self.reset_policy == ResetPolicy.EARLIEST else mark.high
+
     @property
     def is_exactly_once(self) -> bool:
         return self.delivery_mode == DeliveryMode.EXACTLY_ONCE

@@ -28,7 +28,6 @@ from consumers.models import (
     DesiredState,
     PartitionOffset,
     Pipeline,
-    ResetPolicy,
 )
 from consumers.operations import actions
 from consumers.operations.offset_specs import (
@@ -108,9 +107,7 @@ def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[
     if not pipeline.is_exactly_once:
         committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions)
         stored.update({p: o for p, o in committed.items() if o is not None})
-    earliest = pipeline.reset_policy == ResetPolicy.EARLIEST
-    return {p: stored[p] if p in stored else (marks[p].log_start if earliest else marks[p].high)
-            for p in partitions}
+    return {p: stored[p] if p in stored else pipeline.initial_position(marks[p]) for p in partitions}
 
 
 def _dry_run(pipeline, spec, partitions, rollback_sink, actor, params) -> RewindResult:

@@ -114,7 +114,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         reports.append(report)
     for p, mark in marks.items():  # partitions this pipeline never consumed: everything there is lag
         if p not in states:
-            start = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
+            start = pipeline.initial_position(mark)
             reports.append(PartitionReport(p, mark.log_start, mark.high, None, committed.get(p),
                                            lag_records=max(0, mark.end - start)))
             states[p] = _PartitionState(reports[-1], consumed_end=start)

@@ -20,7 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline, ResetPolicy
+from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline
 from consumers.operations import groups
 
 log = logging.getLogger("tally.snapshots")
@@ -64,8 +64,7 @@ def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnaps
                 positions[p] = max(positions.get(p, offset), offset)
     samples, behind = [], {}
     for p, mark in sorted(marks.items()):
-        default = mark.log_start if pipeline.reset_policy == ResetPolicy.EARLIEST else mark.high
-        position = positions.get(p, default)
+        position = positions.get(p, pipeline.initial_position(mark))
         lag = max(0, mark.high - position)
         samples.append(LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, partition=p, taken_at=now,
                                    lag_records=lag, lag_seconds=0.0 if lag == 0 else None, position=position,
