@@ -3,29 +3,17 @@ overlaps, where its batches crossed holes (positions holding no data record: tra
 aborted or compacted records -- drawn apart from gaps, because a hole is never a loss), and where
 operators rewound — computed in PostgreSQL and drawn as server-side SVG.
 
-Coverage, gaps and overlaps are consumers/reconciliation/coverage.py's (the definition reconciliation
-verifies with); rewinds and holes come from one more query. Both return only where coverage is not
-continuous, so the cost does not grow with the number of healthy batches sent to the browser.
+Coverage, gaps, overlaps, rewinds and holes come from the ledger summary
+(consumers/reconciliation/ledger_summary.py: the sweep of consumers/reconciliation/coverage.py, the definition
+reconciliation verifies with, kept incrementally), plus the rows committed since it was refreshed, so the cost
+does not grow with the ledger.
 """
 from dataclasses import dataclass, field
 
-from django.db import connection
-
-from consumers.reconciliation.coverage import ledger_coverage
+from consumers.reconciliation import ledger_summary
 
 # More anomalies than this in one partition are summarised: the drawing would be unreadable anyway.
 MAX_MARKS_PER_PARTITION = 50
-
-_MARKS_SQL = """
-SELECT DISTINCT 'rewind', partition, superseded_from, superseded_from, NULL::bigint
-FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NOT NULL
-UNION ALL
-SELECT 'holes', partition, first_offset, end_offset, end_offset - first_offset - records
-FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND superseded_from IS NULL
-  AND records < end_offset - first_offset
-ORDER BY 2, 3
-"""
-
 
 @dataclass
 class PartitionTimeline:
@@ -75,22 +63,13 @@ def ledger_timelines(pipeline, partitions=()) -> list[PartitionTimeline]:
     """One PartitionTimeline per partition that has ledger rows or appears in `partitions` (rows with
     log_start/high_watermark/next_offset from dashboard.status.partition_rows)."""
     timelines: dict[int, PartitionTimeline] = {}
-    with connection.cursor() as cursor:
-        for partition, coverage in ledger_coverage(cursor, pipeline.pk).items():
-            timelines[partition] = PartitionTimeline(
-                partition, covered_from=coverage.first, covered_to=coverage.end, batches=coverage.batches,
-                gaps=coverage.gaps[:MAX_MARKS_PER_PARTITION], overlaps=coverage.overlaps[:MAX_MARKS_PER_PARTITION])
-        cursor.execute(_MARKS_SQL, {"pipeline": pipeline.pk})
-        for kind, partition, lo, hi, batches in cursor.fetchall():
-            timeline = timelines.setdefault(partition, PartitionTimeline(partition))
-            if kind == "rewind" and len(timeline.rewinds) < MAX_MARKS_PER_PARTITION:
-                timeline.rewinds.append(lo)
-            elif kind == "holes":
-                timeline.holes += batches
-                if timeline.holey and timeline.holey[-1][1] >= lo:  # adjacent batches: one span
-                    timeline.holey[-1] = (timeline.holey[-1][0], max(hi, timeline.holey[-1][1]))
-                elif len(timeline.holey) < MAX_MARKS_PER_PARTITION:
-                    timeline.holey.append((lo, hi))
+    for partition, summary in ledger_summary.read(pipeline.pk).items():
+        timelines[partition] = PartitionTimeline(
+            partition, covered_from=summary.first, covered_to=summary.end, batches=summary.batches,
+            gaps=[tuple(g) for g in summary.gaps[:MAX_MARKS_PER_PARTITION]],
+            overlaps=[tuple(o) for o in summary.overlaps[:MAX_MARKS_PER_PARTITION]],
+            rewinds=summary.rewinds[:MAX_MARKS_PER_PARTITION], holes=summary.holes,
+            holey=[tuple(h) for h in summary.holey[:MAX_MARKS_PER_PARTITION]])
     for row in partitions:
         timeline = timelines.setdefault(row.partition, PartitionTimeline(row.partition))
         timeline.log_start, timeline.high_watermark = row.log_start, row.high_watermark

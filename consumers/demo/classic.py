@@ -40,6 +40,7 @@ from consumers.models import (
     DeliveryMode,
     DesiredState,
     Engine,
+    LedgerSummary,
     PartitionHealth,
     PartitionOffset,
     Pipeline,
@@ -150,6 +151,7 @@ def _reset() -> tuple[list[str], dict[str, str]]:
                     pipeline.bump_epoch()
                 PartitionOffset.objects.filter(pipeline=pipeline).delete()
                 BatchLedger.objects.filter(pipeline=pipeline).delete()
+                LedgerSummary.objects.filter(pipeline=pipeline).delete()
                 DeadLetter.objects.filter(pipeline=pipeline).delete()
                 PartitionHealth.objects.filter(pipeline=pipeline).delete()
                 PipelineHealth.objects.filter(pipeline=pipeline).delete()

@@ -11,6 +11,7 @@ from consumers.models.pipeline import (
     DesiredState,
     Engine,
     IsolationLevel,
+    LedgerSummary,
     LogTruncatedPolicy,
     PartitionOffset,
     Pipeline,
@@ -22,7 +23,7 @@ from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ConsumerRun", "DeadLetter",
-    "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot",
+    "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot", "LedgerSummary",
     "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth", "ResetPolicy",
     "RunState", "Status", "TopicCheckJob", "TopicCheckStatus",
 ]

@@ -7,6 +7,7 @@ older epoch are refused.
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GistIndex
 from django.db import models
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -137,7 +138,9 @@ class PartitionOffset(models.Model):
 
 
 class BatchLedger(models.Model):
-    """One row per committed batch: [first_offset, end_offset) of one partition."""
+    """One row per committed batch: [first_offset, end_offset) of one partition. Compaction
+    (consumers/reconciliation/compaction.py) merges old, verified, contiguous rows of one epoch into one row that
+    keeps the first row's id and sums the counts; `batches` says how many committed batches a row stands for."""
 
     pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="ledger")
     partition = models.PositiveIntegerField()
@@ -154,10 +157,39 @@ class BatchLedger(models.Model):
     # Why a row with no records moved the position on purpose, e.g. "skipped by retention: offsets A..B"
     # (records deleted from the log before they were read; reconciliation reports them lost before read).
     note = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Compaction: how many committed batches this row stands for (1 until merged), and when the first of them
+    # was committed (committed_at is the last one's). Database defaults: the commit protocol names its columns.
+    batches = models.PositiveIntegerField(default=1, db_default=1)
+    first_committed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_range_idx"),
-                   models.Index(fields=["pipeline", "committed_at"], name="ledger_time_idx")]
+                   models.Index(fields=["pipeline", "committed_at"], name="ledger_time_idx"),
+                   # "Which rows reach into [start, end)" (trace, verification of a range) without reading every
+                   # row below it: a range index. Closed ranges, so a zero-width row is found too; queries add the
+                   # exact bounds (consumers/reconciliation/coverage.py SPAN_OVERLAPS).
+                   GistIndex("pipeline", "partition", models.Func(models.F("first_offset"), models.F("end_offset"),
+                                                                  models.Value("[]"), function="int8range"),
+                             name="ledger_span_idx"),
+                   # Rows with a note (skipped by retention) are few; reconciliation looks for them in every range.
+                   models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_note_idx",
+                                condition=~models.Q(note=""))]
+
+
+class LedgerSummary(models.Model):
+    """What the ledger of one partition covers, folded row by row in commit order up to `upto_id`
+    (consumers/reconciliation/ledger_summary.py): bounds, gaps, overlaps, rewinds, holes and batches. Pages read
+    it and fold only the rows committed since, so their cost does not grow with the ledger. Reconciliation
+    refreshes it; a rewind (which trims old rows) deletes it, and the next refresh folds the ledger again."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="ledger_summaries")
+    partition = models.PositiveIntegerField()
+    upto_id = models.BigIntegerField(default=0)
+    state = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pipeline", "partition"], name="uniq_ledger_summary")]
 
 
 class DeadLetter(models.Model):

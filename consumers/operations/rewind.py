@@ -26,6 +26,7 @@ from consumers.models import (
     ActionResult,
     ConsumerRun,
     DesiredState,
+    LedgerSummary,
     PartitionOffset,
     Pipeline,
 )
@@ -214,6 +215,8 @@ def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_unt
                    [move.new, pipeline.pk, move.partition, move.new])
     cursor.execute("UPDATE consumers_partitionhealth SET verified_offset = LEAST(verified_offset, %s) "
                    "WHERE pipeline_id = %s AND partition = %s", [move.new, pipeline.pk, move.partition])
+    # The rows it trimmed were folded into the pages' ledger summary: it is folded again from the ledger.
+    LedgerSummary.objects.filter(pipeline=pipeline, partition=move.partition).delete()
 
 
 def _commit_to_kafka(pipeline: Pipeline, moves: list[PartitionMove]) -> str:

@@ -9,16 +9,24 @@ positions, not records: a batch that crossed holes (transaction markers, aborted
 `records` below its width) still covers them, so a hole is never a gap.
 
 One window query in PostgreSQL returns only where coverage is not continuous (plus one bounds row per
-partition), so its answer does not grow with the number of healthy batches.
+partition), so its answer does not grow with the number of healthy batches. Within a range it reads only the
+rows that reach into it, through the ledger's range index (SPAN_OVERLAPS), so verifying what is new costs what
+is new. The whole ledger's coverage is for tests and small ledgers: pages read the ledger summary
+(consumers/reconciliation/ledger_summary.py), which folds rows the same way.
 """
 from dataclasses import dataclass, field
+
+# Rows whose closed range [first_offset, end_offset] meets [%(start)s, %(end)s]: the ledger's range index
+# (ledger_span_idx) answers it; a superset (zero-width rows and rows that only touch are in), so every query that
+# uses it keeps its exact bounds too.
+SPAN_OVERLAPS = ("int8range(first_offset, end_offset, '[]') && int8range(%(start)s::bigint, %(end)s::bigint, '[]')")
 
 _COVERAGE_SQL = """
 WITH trimmed AS (
     SELECT partition, GREATEST(first_offset, %(start)s) AS f,
            LEAST(end_offset, COALESCE(superseded_from, end_offset), %(end)s) AS e
     FROM consumers_batchledger
-    WHERE pipeline_id = %(pipeline)s AND (%(partition)s::int IS NULL OR partition = %(partition)s::int)
+    WHERE pipeline_id = %(pipeline)s AND (%(partition)s::int IS NULL OR partition = %(partition)s::int){within}
 ), covered AS (
     SELECT partition, f, e FROM trimmed WHERE e > f
 ), swept AS (
@@ -61,7 +69,8 @@ def ledger_coverage(cursor, pipeline_id: int, *, partition: int | None = None,
         raise ValueError("a range of positions belongs to one partition")
     if within is not None and end <= start:
         return {partition: Coverage(partition)}
-    cursor.execute(_COVERAGE_SQL, {"pipeline": pipeline_id, "partition": partition, "start": start, "end": end})
+    statement = _COVERAGE_SQL.format(within=f" AND {SPAN_OVERLAPS}" if within is not None else "")
+    cursor.execute(statement, {"pipeline": pipeline_id, "partition": partition, "start": start, "end": end})
     result: dict[int, Coverage] = {}
     if within is not None:
         result[partition] = Coverage(partition)

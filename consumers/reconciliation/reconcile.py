@@ -48,8 +48,9 @@ from consumers.models import (
     ResetPolicy,
     Status,
 )
-from consumers.reconciliation import lag_status
+from consumers.reconciliation import lag_status, ledger_summary
 from consumers.reconciliation import rewinds as reconcile_rewinds
+from consumers.reconciliation.coverage import SPAN_OVERLAPS
 from consumers.reconciliation.report import (  # noqa: F401  (public names of this module)
     INCIDENT_KINDS,
     PartitionReport,
@@ -138,6 +139,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_ad
         if errors:
             report.status = Status.ERR
         _store(pipeline, report, states)
+        ledger_summary.refresh(pipeline.pk)  # what the pages draw, folded as the ledger grows
     report.db_ms, report.kafka_ms = timer.db.ms, timer.kafka.ms
     return report
 
@@ -311,7 +313,7 @@ def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -
         return []
     cur.execute("SELECT first_offset, end_offset, note FROM consumers_batchledger WHERE pipeline_id = %s "
                 "AND partition = %s AND note <> '' AND first_offset < %s AND end_offset > %s ORDER BY first_offset",
-                [pipeline_id, p, end, start])
+                [pipeline_id, p, end, start])  # ledger_note_idx: rows with a note only
     return [{"kind": "unrecoverable", "start": first, "end": last, "count": last - first, "reason": note}
             for first, last, note in cur.fetchall()]
 
@@ -349,11 +351,12 @@ def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple]:
     if end <= start:
         return []
     cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end, "
-                "records, (first_offset >= %s AND end_offset <= %s AND (superseded_from IS NULL "
+                "records, (first_offset >= %(start)s AND end_offset <= %(end)s AND (superseded_from IS NULL "
                 "OR superseded_from >= end_offset)) AS whole "
-                "FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s AND first_offset < %s "
-                "AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %s ORDER BY first_offset",
-                [start, end, pipeline_id, p, end, start])
+                "FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND partition = %(partition)s "
+                "AND first_offset < %(end)s AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %(start)s "
+                f"AND {SPAN_OVERLAPS} ORDER BY first_offset",
+                {"start": start, "end": end, "pipeline": pipeline_id, "partition": p})
     return cur.fetchall()
 
 

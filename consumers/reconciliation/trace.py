@@ -98,12 +98,7 @@ def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
         result.record = {"key": preview(found.key), "value": preview(found.value), "timestamp_ms": found.timestamp_ms}
     result.position = (PartitionOffset.objects.filter(pipeline=pipeline, partition=partition)
                        .values_list("next_offset", flat=True).first())
-    result.batches = [
-        {"id": b.pk, "first_offset": b.first_offset, "end_offset": b.end_offset, "records": b.records,
-         "rows_written": b.rows_written, "epoch": b.epoch, "committed_at": b.committed_at.isoformat(),
-         "superseded": b.superseded_from is not None and offset >= b.superseded_from}
-        for b in BatchLedger.objects.filter(pipeline=pipeline, partition=partition, first_offset__lte=offset,
-                                            end_offset__gt=offset).order_by("committed_at")]
+    result.batches = [_batch(b, offset) for b in _covering_batches(pipeline, partition, offset)]
     result.rows = _sink_rows(pipeline, partition, offset)
     letter = DeadLetter.objects.filter(pipeline=pipeline, partition=partition, offset=offset).first()
     if letter is not None:
@@ -111,6 +106,26 @@ def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
                               "value": preview(letter.value)}
     result.verdict, result.explanation = _verdict(pipeline, result, mark, found is not None)
     return result
+
+
+def _covering_batches(pipeline: Pipeline, partition: int, offset: int):
+    """The ledger rows whose range holds `offset`, found through the ledger's range index (not by reading
+    every row below it)."""
+    return (BatchLedger.objects.filter(pipeline=pipeline, partition=partition, first_offset__lte=offset,
+                                       end_offset__gt=offset)
+            .extra(where=["int8range(first_offset, end_offset, '[]') @> %s::bigint"], params=[offset])
+            .order_by("committed_at"))
+
+
+def _batch(b: BatchLedger, offset: int) -> dict:
+    batch = {"id": b.pk, "first_offset": b.first_offset, "end_offset": b.end_offset, "records": b.records,
+             "rows_written": b.rows_written, "epoch": b.epoch, "committed_at": b.committed_at.isoformat(),
+             "superseded": b.superseded_from is not None and offset >= b.superseded_from,
+             "compacted": b.batches > 1, "batches": b.batches}
+    if b.batches > 1:
+        # Its own batch's bounds are gone: the row says how many batches it merged, and over what time.
+        batch["first_committed_at"] = b.first_committed_at.isoformat() if b.first_committed_at else None
+    return batch
 
 
 def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRecord], int]:

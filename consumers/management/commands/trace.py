@@ -56,6 +56,11 @@ def describe(t: tracing.Trace) -> str:
     lines.append(f"  pipeline position: {t.position if t.position is not None else 'not set'}")
     for b in t.batches:
         superseded = " (superseded by a rewind)" if b["superseded"] else ""
+        if b.get("compacted"):
+            lines.append(f"  ledger batch {b['id']}: compacted, {b['batches']} batches merged into offsets "
+                         f"{b['first_offset']}..{b['end_offset'] - 1}, epoch {b['epoch']}, committed "
+                         f"{b['first_committed_at']} to {b['committed_at']}{superseded}")
+            continue
         lines.append(f"  ledger batch {b['id']}: offsets {b['first_offset']}..{b['end_offset'] - 1}, "
                      f"epoch {b['epoch']}, committed {b['committed_at']}{superseded}")
     for row in t.rows:

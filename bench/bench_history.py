@@ -1,0 +1,294 @@
+"""Benchmark: one pipeline with a long history. Not run by CI.
+
+    /path/to/python bench/bench_history.py [--batches 3000000] [--partitions 3] [--repeat 15] [--explain]
+        [--compact] [--drop]
+
+Uses its own database (default `tally_bench_history`). Fills one exactly-once pipeline with `--batches` ledger
+rows as the commit protocol writes them (one row per committed batch and partition, contiguous positions,
+committed 10 batches a second, one epoch), in bulk SQL (`INSERT ... SELECT generate_series`), with its
+positions and a reconciliation mark at the end (the state after beat has verified everything). Then times,
+in-process through Django's test client with DEBUG off:
+  - the pipeline page and its JSON API;
+  - trace of one record in the middle of the history (the database half: Kafka is a stand-in);
+  - the reconcile idle pass (nothing new since the last run; Kafka is a stand-in);
+  - the alert pass (every default rule on every pipeline).
+`--explain` prints EXPLAIN ANALYZE of every statement slower than 20 ms. `--compact` compacts the ledger
+(consumers/reconciliation/compaction.py) and measures again. Targets with 3,000,000 rows: page and API
+< 300 ms, trace < 100 ms, reconcile idle pass < 50 ms.
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BATCH = 100              # records per batch
+BATCHES_PER_SECOND = 10  # across the pipeline's partitions
+NAME = "history"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=3_000_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--compact", action="store_true")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_history")
+    parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
+    return parser.parse_args()
+
+
+def admin_connection(url):
+    import psycopg2
+
+    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
+                            dbname="postgres")
+    conn.autocommit = True
+    return conn
+
+
+def setup_django(database_url: str):
+    from psycopg2 import sql
+
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
+    os.environ["DEBUG"] = "0"
+    url = urlparse(database_url)
+    name = url.path.lstrip("/")
+    admin = admin_connection(url)
+    with admin.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        if not cur.fetchone():
+            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    admin.close()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+class FakeKafka:
+    """The Kafka facts reconciliation and trace read: the log ends where the pipeline stands (caught up)."""
+
+    def __init__(self, ends):
+        self.ends = ends
+
+    def watermarks(self, topic, partitions=None):
+        from consumers.kafka.admin import Watermarks
+        return {p: Watermarks(0, e) for p, e in self.ends.items() if partitions is None or p in partitions}
+
+    def committed_offsets(self, group_id, topic, partitions=None):
+        return dict(self.ends)
+
+    def record_timestamps(self, topic, offsets):
+        return {}
+
+    def partitions_for(self, topic):
+        return sorted(self.ends)
+
+    def read_record(self, topic, partition, offset):
+        return None
+
+
+def fill(batches: int, partitions: int) -> dict[int, int]:
+    """The pipeline, its sink table, ledger, positions and reconciliation marks; {partition: next_offset}."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
+    from consumers.models import PartitionHealth, PartitionOffset, Pipeline, PipelineHealth
+
+    per_partition = batches // partitions
+    ends = {p: per_partition * BATCH for p in range(partitions)}
+    pipeline = Pipeline.objects.filter(name=NAME).first()
+    if pipeline is not None and pipeline.ledger.count() >= per_partition * partitions * 0.5:
+        return dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    Pipeline.objects.filter(name=NAME).delete()
+    pipeline = Pipeline.objects.create(name=NAME, topic="history", sink_table="history_sink", epoch=1,
+                                       desired_state="running")
+    started = time.perf_counter()
+    with connection.cursor() as cur:
+        sinks.ensure_sink_table(cur, pipeline.sink_table, resolve(pipeline.transform), True)
+        # One row per batch and partition, in commit order: batch b of partition p is committed at
+        # now - (span - b * partitions / rate), so the newest batch is a moment ago.
+        span = per_partition * partitions / BATCHES_PER_SECOND
+        cur.execute(
+            "INSERT INTO consumers_batchledger (pipeline_id, partition, first_offset, end_offset, records, "
+            "rows_written, dead_letters, epoch, committed_at, note) "
+            "SELECT %s, p, b * %s, (b + 1) * %s, %s, %s, 0, 1, "
+            "now() - make_interval(secs => %s - (b * %s + p)::float8 / %s), '' "
+            "FROM generate_series(0, %s - 1) AS b, generate_series(0, %s - 1) AS p ORDER BY b, p",
+            [pipeline.pk, BATCH, BATCH, BATCH, BATCH, span, partitions, BATCHES_PER_SECOND, per_partition,
+             partitions])
+        cur.execute("SELECT partition, max(id) FROM consumers_batchledger WHERE pipeline_id = %s GROUP BY partition",
+                    [pipeline.pk])
+        newest = dict(cur.fetchall())
+        cur.execute("ANALYZE consumers_batchledger")
+    now = timezone.now()
+    PartitionOffset.objects.bulk_create([PartitionOffset(pipeline=pipeline, partition=p, next_offset=e)
+                                         for p, e in ends.items()])
+    PartitionHealth.objects.bulk_create([
+        PartitionHealth(pipeline=pipeline, partition=p, verified_offset=e, verified_ledger_id=newest[p], log_start=0,
+                        high_watermark=e, next_offset=e, kafka_committed=e, lag_records=0, lag_seconds=0.0,
+                        checked_at=now) for p, e in ends.items()])
+    PipelineHealth.objects.create(pipeline=pipeline, status="OK", lag_records=0, lag_seconds=0.0, checked_at=now)
+    print(f"filled {per_partition * partitions:,} ledger rows in {time.perf_counter() - started:.1f} s")
+    return ends
+
+
+def timed(func, repeat: int) -> dict:
+    func()  # warm caches (templates, plans, connection)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        func()
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"median_ms": statistics.median(times), "max_ms": times[-1]}
+
+
+class SlowStatements:
+    """Collects statements slower than `threshold_ms` (a Django execute wrapper), to EXPLAIN them afterwards."""
+
+    def __init__(self, threshold_ms=20.0):
+        self.threshold_ms, self.found = threshold_ms, {}
+
+    def __call__(self, execute, statement, params, many, context):
+        start = time.perf_counter()
+        result = execute(statement, params, many, context)
+        ms = (time.perf_counter() - start) * 1000
+        if ms > self.threshold_ms and statement.lstrip().upper().startswith(("SELECT", "WITH")):
+            self.found.setdefault(statement, (ms, params))
+        return result
+
+
+def explain(slow: SlowStatements) -> None:
+    from django.db import connection
+
+    for statement, (ms, params) in slow.found.items():
+        print(f"\n--- {ms:.0f} ms: {statement[:300]}")
+        with connection.cursor() as cur:
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, params)
+            print("\n".join(row[0] for row in cur.fetchall()))
+
+
+def measure_all(client, ends: dict, repeat: int, label: str) -> dict:
+    from unittest import mock
+
+    from alerts.evaluate import evaluate_all
+    from consumers.models import Pipeline
+    from consumers.reconciliation import reconcile, trace
+
+    kafka = FakeKafka(ends)
+    pipeline = Pipeline.objects.get(name=NAME)
+    middle = ends[0] // 2 + 17
+
+    def get(url):
+        def call():
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.status_code)
+        return call
+
+    def trace_one():
+        with mock.patch.object(trace, "kafka_admin", kafka):
+            result = trace.trace(pipeline, 0, middle)
+        assert result.batches, "the traced offset has a ledger batch"
+
+    results = {
+        "pipeline page": timed(get(f"/pipelines/{NAME}/"), repeat),
+        "pipeline API": timed(get(f"/api/pipelines/{NAME}/"), repeat),
+        "trace of one record": timed(trace_one, repeat),
+        "reconcile idle pass": timed(lambda: reconcile.reconcile_pipeline(pipeline, kafka=kafka), repeat),
+        "alert pass": timed(evaluate_all, repeat),
+    }
+    print(f"\n{label}\n| operation | median ms | max ms |\n|---|---:|---:|")
+    for name, result in results.items():
+        print(f"| {name} | {result['median_ms']:.1f} | {result['max_ms']:.1f} |")
+    return results
+
+
+def catch_up() -> None:
+    """The ledger summary as reconciliation keeps it: folded up to the newest row (a first fold of a ledger
+    written before summaries existed takes several reconciliation runs; timed here once)."""
+    from consumers.models import Pipeline
+    from consumers.reconciliation import ledger_summary
+
+    pipeline = Pipeline.objects.get(name=NAME)
+    started, folded, steps = time.perf_counter(), 0, 0
+    while (step := ledger_summary.refresh(pipeline.pk)):
+        folded, steps = folded + step, steps + 1
+    if folded:
+        print(f"ledger summary: {folded:,} rows folded in {steps} steps, {time.perf_counter() - started:.1f} s")
+
+
+def ledger_size() -> tuple[int, int]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*), pg_total_relation_size('consumers_batchledger') FROM consumers_batchledger")
+        return cur.fetchone()
+
+
+def main():
+    args = parse_args()
+    setup_django(args.database_url)
+    ends = fill(args.batches, args.partitions)
+    import django
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    settings.ALLOWED_HOSTS = ["testserver"]
+    settings.DEBUG = False
+    user, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": True,
+                                                                                  "is_staff": True})
+    client = Client()
+    client.force_login(user)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"Django {django.get_version()}")
+    rows, size = ledger_size()
+    print(f"ledger: {rows:,} rows, {size / 2**20:.0f} MiB (table and indexes)")
+    catch_up()
+    slow = SlowStatements()
+    with connection.execute_wrapper(slow):
+        measure_all(client, ends, args.repeat, f"{rows:,} ledger rows")
+    if args.explain:
+        explain(slow)
+    if args.compact:
+        from consumers.reconciliation import compaction
+
+        started = time.perf_counter()
+        total = compaction.compact_all(older_than_days=0)
+        print(f"\ncompacted in {time.perf_counter() - started:.1f} s: {total}")
+        with connection.cursor() as cur:
+            cur.execute("VACUUM ANALYZE consumers_batchledger") if not connection.in_atomic_block else None
+        rows, size = ledger_size()
+        print(f"ledger: {rows:,} rows, {size / 2**20:.0f} MiB (table and indexes)")
+        measure_all(client, ends, args.repeat, f"after compaction: {rows:,} ledger rows")
+    if args.drop:
+        from django.db import connections
+        from psycopg2 import sql
+
+        connections.close_all()
+        url = urlparse(args.database_url)
+        admin = admin_connection(url)
+        with admin.cursor() as cur:
+            cur.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(url.path.lstrip("/"))))
+        admin.close()
+
+
+if __name__ == "__main__":
+    main()
