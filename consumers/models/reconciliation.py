@@ -58,11 +58,14 @@ class PipelineHealth(models.Model):
 
 
 class LagSnapshot(models.Model):
-    """Periodic lag/throughput sample. partition=None is the pipeline total. Old samples are downsampled
+    """Periodic lag/throughput sample of a pipeline or a watch. partition=None is the total. Old samples are downsampled
     (resolution grows) and finally deleted so the table stays bounded."""
 
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.CASCADE,
                                  related_name="snapshots")
+    # A watch's samples (pipeline NULL): the same series per partition and total as a pipeline's.
+    watch = models.ForeignKey("consumers.Watch", null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="snapshots")
     group_id = models.CharField(max_length=255, blank=True, default="")
     partition = models.IntegerField(null=True, blank=True)
     taken_at = models.DateTimeField(default=timezone.now)
@@ -75,5 +78,6 @@ class LagSnapshot(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["pipeline", "partition", "taken_at"], name="snapshot_series_idx"),
+                   models.Index(fields=["watch", "partition", "taken_at"], name="snapshot_watch_series_idx"),
                    models.Index(fields=["group_id", "taken_at"], name="snapshot_group_idx"),
                    models.Index(fields=["taken_at"], name="snapshot_time_idx")]

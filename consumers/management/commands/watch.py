@@ -1,0 +1,169 @@
+"""`watch create|list|show|delete|check` — watches of consumer groups Tally does not run (docs/watch.md).
+
+A thin shell over consumers/operations/watch_setup.py (adding, deleting: the validation every door shares)
+and consumers/reconciliation/watch_audit.py (the check). Exit codes: 0 done and clean, 1 findings (lost,
+duplicated or phantom records) or a refusal (the reason on stderr), 2 usage error.
+"""
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from consumers.models import Watch, WatchRange
+from consumers.operations import watch_setup
+from consumers.operations.watch_setup import Invalid, WatchSpec
+from consumers.reconciliation import watch_audit
+
+
+def refused(message: str) -> CommandError:
+    return CommandError(f"Refused: {message}", returncode=1)
+
+
+class Command(BaseCommand):
+    help = ("Watch consumer groups Tally does not run: lag, status, and what they lost or duplicated in their "
+            "own tables. Exit 0 clean, 1 findings or refused, 2 usage error.")
+
+    def add_arguments(self, parser):
+        commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        create = commands.add_parser("create", help="Watch a group (and audit the table it writes).")
+        create.add_argument("name", help="Lower-case letters, digits, '-' and '_'.")
+        create.add_argument("--group", required=True, help="The consumer group to watch.")
+        create.add_argument("--topic", required=True, help="The topic the group reads.")
+        create.add_argument("--cluster", default="default", help="The Kafka cluster (default: KAFKA_* settings).")
+        create.add_argument("--sink-table", default="", help="The table the group writes (for the audit).")
+        create.add_argument("--record-id", default="", metavar="value|key|json:PATH|offset",
+                            help="What in a record names its row.")
+        create.add_argument("--row-id", default="", metavar="COLUMN[,COLUMN]",
+                            help="The table's column holding the id (offset: PART_COL,OFFSET_COL).")
+        create.add_argument("--from", dest="start_from", default="earliest", metavar="earliest|latest|ISO-DATETIME",
+                            help="Where the audit starts (default: the earliest retained offset).")
+        create.add_argument("--settle-seconds", type=int, default=30,
+                            help="Audit a committed range once its commit is this old (default 30).")
+        create.add_argument("--ignore", action="append", default=[], metavar="SPEC=VALUE",
+                            help="Records the consumer skips on purpose, e.g. json:type=heartbeat (repeatable).")
+        create.add_argument("--keyed", action="store_true",
+                            help="An update stream the consumer upserts: one row per id, for its latest record.")
+        create.add_argument("--json", action="store_true")
+        listing = commands.add_parser("list", help="Every watch with its group, topic, status and lag.")
+        listing.add_argument("--json", action="store_true")
+        show = commands.add_parser("show", help="One watch: settings, partitions and findings per range.")
+        show.add_argument("name")
+        show.add_argument("--json", action="store_true")
+        delete = commands.add_parser("delete", help="Delete a watch (its group and table are not touched).")
+        delete.add_argument("name")
+        check = commands.add_parser("check", help="Audit what was committed since the last check; lag, status.")
+        check.add_argument("name")
+        check.add_argument("--settle-seconds", type=int, default=None,
+                           help="This check only: settle commits this old (0: everything committed now).")
+        check.add_argument("--json", action="store_true")
+        for sub in commands.choices.values():
+            sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
+
+    def handle(self, *args, command, **options):
+        getattr(self, f"do_{command}")(**options)
+
+    def do_create(self, *, name, group, topic, cluster, sink_table, record_id, row_id, start_from, settle_seconds,
+                  ignore, keyed, actor, json: bool, **options):
+        spec = WatchSpec(name=name, group=group, topic=topic, cluster=cluster, sink_table=sink_table,
+                         record_id=record_id, row_id=row_id, start_from=start_from, settle_seconds=settle_seconds,
+                         ignore=ignore, keyed=keyed)
+        try:
+            watch, notes = watch_setup.create(spec, actor)
+        except Invalid as exc:
+            lines = "\n".join(f"  {field}: {message}" for field, message in exc.problems.items())
+            raise refused(f"the watch is not valid:\n{lines}") from None
+        for note in notes:
+            self.stderr.write(f"Note: {note}")
+        if json:
+            self.stdout.write(_json(as_dict(watch)))
+            return
+        audit = f", auditing {watch.sink_table} by {watch.record_id}" if watch.audits else " (lag and status only)"
+        self.stdout.write(f"Created watch {name} of group {watch.group_id} on {watch.topic}{audit}. "
+                          f"Check it with: manage.py watch check {name}")
+
+    def do_list(self, *, json: bool, **options):
+        rows = [as_dict(w) for w in Watch.objects.order_by("name")]
+        if json:
+            self.stdout.write(_json(rows))
+            return
+        self.stdout.write(f"{'NAME':<24} {'STATUS':<7} {'GROUP':<24} {'TOPIC':<24} {'LAG':>10} TABLE")
+        for row in rows:
+            lag = "" if row["lag_records"] is None else str(row["lag_records"])
+            self.stdout.write(f"{row['name']:<24} {row['status']:<7} {row['group']:<24} {row['topic']:<24} "
+                              f"{lag:>10} {row['sink_table'] or '-'}")
+
+    def do_show(self, *, name, json: bool, **options):
+        watch = _watch(name)
+        data = as_dict(watch)
+        data["partitions"] = [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")]
+        data["ranges"] = [range_json(r) for r in WatchRange.objects.filter(watch=watch).order_by("partition", "start")]
+        if json:
+            self.stdout.write(_json(data))
+            return
+        for key, value in data.items():
+            if key not in ("partitions", "ranges"):
+                self.stdout.write(f"{key + ':':<16} {value}")
+        for part in data["partitions"]:
+            self.stdout.write(f"partition {part['partition']}: committed {part['committed']}, settled to "
+                              f"{part['settled_offset']}, lag {part['lag_records']}, {part['status']}; checked "
+                              f"{part['checked']}, lost {part['lost']}, duplicated {part['duplicated']}, "
+                              f"phantom {part['phantom']}")
+        for r in data["ranges"]:
+            found = ", ".join(f"{k} {r[k]}" for k in ("lost", "duplicated", "phantom") if r[k]) or "clean"
+            self.stdout.write(f"  [{r['partition']}] {r['start']}..{r['end'] - 1}: {r['records']} records, {found}"
+                              + (f" ({r['note']})" if r["note"] else ""))
+
+    def do_delete(self, *, name, actor, **options):
+        try:
+            watch_setup.delete(name, actor)
+        except watch_setup.DeleteRefused as exc:
+            raise refused(str(exc)) from None
+        self.stdout.write(f"Deleted watch {name}; the group and its table are untouched.")
+
+    def do_check(self, *, name, settle_seconds, json: bool, **options):
+        watch = _watch(name)
+        if settle_seconds is not None and settle_seconds < 0:
+            raise refused("--settle-seconds must be 0 or more")
+        report = watch_audit.check_watch(watch, settle_seconds=settle_seconds)
+        if json:
+            self.stdout.write(_json(report.as_json()))
+        else:
+            lag = "unknown" if report.lag_records is None else f"{report.lag_records} records"
+            if report.lag_seconds is not None:
+                lag += f", {report.lag_seconds:.1f} s"
+            self.stdout.write(f"{watch.name}: {report.status}; checked {report.checked} records; lost {report.lost}, "
+                              f"duplicated {report.duplicated}, phantom {report.phantom}; lag {lag}")
+            for kind, offsets in (("lost", report.lost_offsets), ("duplicated", report.duplicated_offsets)):
+                if offsets:
+                    shown = ", ".join(f"{o['partition']}:{o['offset']}" for o in offsets[:20])
+                    self.stdout.write(f"  {kind}: {shown}{' ...' if len(offsets) > 20 else ''}")
+            for note in report.notes:
+                self.stdout.write(f"  note: {note}")
+        if report.error:
+            raise refused(f"watch {name}: {report.error}")
+        if not report.clean:
+            raise CommandError(f"watch {name}: {report.lost} lost, {report.duplicated} duplicated, "
+                               f"{report.phantom} phantom", returncode=1)
+
+
+def _watch(name: str) -> Watch:
+    watch = Watch.objects.filter(name=name).first()
+    if watch is None:
+        raise refused(f"No watch named {name!r}.")
+    return watch
+
+
+def as_dict(watch: Watch) -> dict:
+    return {"name": watch.name, **watch_setup.describe(watch), "status": watch.status,
+            "lag_records": watch.lag_records, "lag_seconds": watch.lag_seconds,
+            "checked_at": watch.checked_at.isoformat() if watch.checked_at else None, "last_error": watch.last_error}
+
+
+def range_json(r: WatchRange) -> dict:
+    return {"partition": r.partition, "start": r.start, "end": r.end, "records": r.records, "ignored": r.ignored,
+            "superseded": r.superseded, "unreadable": r.unreadable, "lost": r.lost, "duplicated": r.duplicated,
+            "phantom": r.phantom, "lost_offsets": r.lost_offsets, "duplicated_offsets": r.duplicated_offsets,
+            "phantom_offsets": r.phantom_offsets, "note": r.note, "checked_at": r.checked_at.isoformat()}
+
+
+def _json(data) -> str:
+    return json.dumps(data, indent=2)

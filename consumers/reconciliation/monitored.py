@@ -1,0 +1,111 @@
+"""A monitored consumer: a pipeline Tally runs, or a watch of a group Tally does not run.
+
+Both have lag in records and seconds per partition, a status by the same rules (lag_status.py) over the same
+kind of history (LagSnapshot series), and delivery findings. Lists (the overview, /metrics, the API) and the
+status of a watch go through this one interface instead of a copy per kind.
+"""
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from consumers.models import LagSnapshot, Pipeline, PipelineHealth, Status, Watch, WatchPartition
+from consumers.reconciliation import lag_status
+
+PIPELINE, WATCH = "pipeline", "watch"
+
+
+def status_window() -> timedelta:
+    return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
+
+
+def window_samples(*, pipeline=None, watch=None, now: datetime) -> dict[int, list[lag_status.Sample]]:
+    """The window's lag samples per partition of a pipeline or a watch, oldest first."""
+    series = {"pipeline": pipeline} if pipeline is not None else {"watch": watch, "pipeline__isnull": True}
+    history: dict[int, list[lag_status.Sample]] = {}
+    for s in (LagSnapshot.objects.filter(**series, partition__isnull=False, taken_at__gte=now - status_window())
+              .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
+        history.setdefault(s["partition"], []).append(lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
+    return history
+
+
+def partition_status(samples: list, *, position, lag, moved_at, alive: bool, rewound: bool, incident: bool,
+                     now: datetime) -> str:
+    """One partition's status from its window of samples and what is true now."""
+    facts = lag_status.PartitionFacts(samples + [lag_status.Sample(now, position, lag)], lag, moved_at, alive,
+                                      rewound, incident, now, status_window())
+    return lag_status.evaluate(facts)
+
+
+def worst(statuses) -> str:
+    return lag_status.worst(statuses)
+
+
+@dataclass
+class MonitoredPartition:
+    partition: int
+    position: int | None
+    high_watermark: int | None
+    lag_records: int | None
+    lag_seconds: float | None
+    status: str
+
+
+@dataclass
+class MonitoredConsumer:
+    kind: str                   # pipeline | watch
+    name: str
+    group_id: str
+    topic: str
+    status: str
+    lag_records: int | None
+    lag_seconds: float | None
+    lost: int
+    duplicated: int
+    phantom: int
+    checked_at: datetime | None
+    partitions: list[MonitoredPartition] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"/{'pipelines' if self.kind == PIPELINE else 'watches'}/{self.name}/"
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "group_id": self.group_id, "topic": self.topic,
+                "status": self.status, "lag_records": self.lag_records, "lag_seconds": self.lag_seconds,
+                "lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom,
+                "checked_at": self.checked_at.isoformat() if self.checked_at else None,
+                "partitions": [p.__dict__ for p in self.partitions]}
+
+
+def of_watch(watch: Watch, partitions=None) -> MonitoredConsumer:
+    rows = partitions if partitions is not None else list(WatchPartition.objects.filter(watch=watch))
+    return MonitoredConsumer(
+        WATCH, watch.name, watch.group_id, watch.topic, watch.status, watch.lag_records, watch.lag_seconds,
+        sum(p.lost for p in rows), sum(p.duplicated for p in rows), sum(p.phantom for p in rows), watch.checked_at,
+        [MonitoredPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds, p.status)
+         for p in sorted(rows, key=lambda p: p.partition)])
+
+
+def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partitions=None) -> MonitoredConsumer:
+    if health is None:
+        health = PipelineHealth.objects.filter(pipeline=pipeline).first()
+    rows = partitions if partitions is not None else list(pipeline.partition_health.all())
+    return MonitoredConsumer(
+        PIPELINE, pipeline.name, pipeline.group_id, pipeline.topic, health.status if health else Status.OK,
+        health.lag_records if health else None, health.lag_seconds if health else None,
+        health.lost if health else 0, health.duplicated if health else 0, health.phantom if health else 0,
+        health.checked_at if health else None,
+        [MonitoredPartition(p.partition, p.next_offset, p.high_watermark, p.lag_records, p.lag_seconds, p.status)
+         for p in sorted(rows, key=lambda p: p.partition)])
+
+
+def all_consumers() -> list[MonitoredConsumer]:
+    """Every pipeline and every watch, pipelines first, each kind by name (a few queries, not one per row)."""
+    healths = {h.pipeline_id: h for h in PipelineHealth.objects.all()}
+    result = []
+    for pipeline in Pipeline.objects.order_by("name").prefetch_related("partition_health"):
+        result.append(of_pipeline(pipeline, healths.get(pipeline.pk), list(pipeline.partition_health.all())))
+    for watch in Watch.objects.order_by("name").prefetch_related("partitions"):
+        result.append(of_watch(watch, list(watch.partitions.all())))
+    return result

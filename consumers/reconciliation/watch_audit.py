@@ -1,0 +1,468 @@
+"""The delivery audit of a watch: what a consumer Tally does not run lost or duplicated in its own table.
+
+One check (`check_watch`), per partition:
+  1. Kafka: the watermarks and the group's committed offset. Each check remembers the committed offsets it
+     saw and when (`WatchPartition.commits_seen`); a range is settled up to the newest commit seen at least
+     the settle time ago: a consumer that commits before it writes has that long to write.
+  2. The new settled range [settled_offset, settled end) is read from the topic, read_committed: holes
+     (transaction markers, aborted records) are positions without a record, never lost. Records beyond the
+     committed offset are lag, never read as settled. Keyed watches also read the unsettled tail up to the
+     log end, only to know which ids a later record replaces.
+  3. Each record's id goes into a temporary table (COPY), and one set-based statement matches them with the
+     team's table (consumers/reconciliation/watch_match.py, the one definition of the matching).
+  4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind) and the mark moves:
+     the next check reads only what was committed and settled since.
+  5. Lag in records and seconds, and the status by the rules every monitored consumer shares
+     (consumers/reconciliation/lag_status.py).
+The partitions' rows are locked for the check, so two checks at once never audit a range twice.
+"""
+import io
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from psycopg2 import sql
+
+from consumers.engine import record_ids, sink_checks
+from consumers.kafka import admin as kafka_admin
+from consumers.kafka import ranges as kafka_ranges
+from consumers.models import OFFSETS_LISTED, Status, Watch, WatchPartition, WatchRange
+from consumers.reconciliation import monitored, watch_match
+
+log = logging.getLogger("tally.watch")
+
+RECORDS, WRITTEN, RANGES = "tally_watch_records", "tally_watch_written", "tally_watch_ranges"
+RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
+             "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
+             "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES)}
+# Lines of COPY buffered before they are sent: bounded memory for a range of millions of records.
+COPY_CHUNK = 100_000
+INTEGER = re.compile(r"^-?[0-9]{1,19}$")
+RETENTION_NOTE = "removed by retention before the audit read them: not audited"
+
+
+class WatchCheckError(RuntimeError):
+    pass
+
+
+@dataclass
+class RangeResult:
+    partition: int
+    start: int
+    end: int
+    records: int = 0
+    ignored: int = 0
+    superseded: int = 0
+    unreadable: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    phantom: int = 0
+    lost_offsets: list = field(default_factory=list)
+    duplicated_offsets: list = field(default_factory=list)   # [[offset, extra rows], ...]
+    phantom_offsets: list = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.duplicated or self.phantom or self.note)
+
+
+@dataclass
+class WatchReport:
+    watch: str
+    status: str
+    checked: int
+    lost: int
+    duplicated: int
+    phantom: int
+    lag_records: int | None
+    lag_seconds: float | None
+    lost_offsets: list
+    duplicated_offsets: list
+    partitions: list = field(default_factory=list)
+    new_ranges: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.duplicated or self.phantom or self.error)
+
+    def as_json(self) -> dict:
+        """What `watch check --json` prints: these fields, exactly."""
+        return {"lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom, "checked": self.checked,
+                "lag": {"records": self.lag_records, "seconds": self.lag_seconds}, "status": self.status,
+                "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets}
+
+
+def check_all(*, kafka=kafka_admin) -> list[WatchReport]:
+    reports = []
+    for watch in Watch.objects.order_by("name"):
+        try:
+            reports.append(check_watch(watch, kafka=kafka))
+        except Exception:  # one broken watch must not hide the others
+            log.exception("check of watch %s failed", watch.name)
+    return reports
+
+
+def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetime | None = None,
+                kafka=kafka_admin) -> WatchReport:
+    """Audit what was committed and settled since the last check, measure lag and status, store it all."""
+    now = now or timezone.now()
+    settle = watch.settle_seconds if settle_seconds is None else settle_seconds
+    try:
+        marks = kafka.watermarks(watch.topic)
+        committed = kafka.committed_offsets(watch.group_id, watch.topic, sorted(marks))
+    except Exception as exc:  # Kafka down or the topic gone: ERR with the reason, nothing moves
+        return _failed(watch, f"Kafka: {type(exc).__name__}: {exc}", now)
+    notes: list[str] = []
+    alive = _group_alive(kafka, watch.group_id, notes)
+    try:
+        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka)
+    except WatchCheckError as exc:  # the transaction rolled back: nothing settled, the reason is stored
+        return _failed(watch, str(exc), now)
+
+
+def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settle: int, notes: list,
+                  now: datetime, kafka) -> WatchReport:
+    new_ranges: list[RangeResult] = []
+    with transaction.atomic():
+        Watch.objects.select_for_update().filter(pk=watch.pk).first()
+        parts = {wp.partition: wp for wp in WatchPartition.objects.select_for_update().filter(watch=watch)}
+        for p, mark in marks.items():
+            if p not in parts:  # a partition added to the topic since: all of it is new
+                parts[p] = WatchPartition.objects.create(watch=watch, partition=p, start_offset=mark.log_start,
+                                                         settled_offset=mark.log_start)
+        keep = max(settle, watch.settle_seconds)
+        rewound = {p for p, wp in parts.items() if _observe(wp, committed.get(p), now, keep)}
+        if watch.audits:
+            plans = _plans(parts, marks, now - timedelta(seconds=settle))
+            if plans:
+                new_ranges = _audit(watch, plans, marks)
+        _store_ranges(watch, parts, new_ranges, now)
+        _measure(watch, parts, marks, kafka, now, notes)
+        _evaluate(watch, parts, alive, rewound, now)
+        for wp in parts.values():
+            wp.checked_at = now
+            wp.save()
+        return _summarise(watch, parts, new_ranges, notes, now)
+
+
+# --- commits and settling --------------------------------------------------------------------------------
+
+def _observe(wp: WatchPartition, committed: int | None, now: datetime, keep_seconds: int) -> bool:
+    """Remember the committed offset seen now; True when it went back (the group's offsets were reset)."""
+    went_back = committed is not None and wp.committed is not None and committed < wp.committed
+    seen = list(wp.commits_seen or [])
+    if committed is not None and (not seen or seen[-1][0] != committed):
+        seen.append([committed, now.isoformat()])
+    if committed != wp.committed:
+        wp.moved_at = now
+    wp.committed = committed
+    # Keep what a later check may still need: the commits of the settle window and the newest one before it.
+    horizon = now - timedelta(seconds=keep_seconds)
+    while len(seen) > 1 and parse_datetime(seen[1][1]) <= horizon:
+        seen.pop(0)
+    wp.commits_seen = seen
+    return went_back
+
+
+def _settled_end(wp: WatchPartition, cutoff: datetime) -> int | None:
+    """The newest commit seen at or before `cutoff` (None: none is that old yet)."""
+    settled = None
+    for offset, seen_at in wp.commits_seen or []:
+        if parse_datetime(seen_at) <= cutoff:
+            settled = offset
+    return settled
+
+
+def _plans(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[int, int, int]]:
+    """{partition: (settled_offset, first readable offset, settled end)} of the partitions with a new range."""
+    plans = {}
+    for p, wp in parts.items():
+        mark, end = marks.get(p), _settled_end(wp, cutoff)
+        if mark is None or end is None:
+            continue
+        end = min(end, mark.high)   # a commit past the log end (topic recreated): nothing there to read
+        if end > wp.settled_offset:
+            plans[p] = (wp.settled_offset, min(max(wp.settled_offset, mark.log_start), end), end)
+    return plans
+
+
+# --- the audit of the new ranges -------------------------------------------------------------------------
+
+class _Loader:
+    """Turns records into lines of the temporary table and sends them with COPY, a chunk at a time."""
+
+    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int]):
+        self.cursor, self.ends = cursor, ends
+        self.by_offset = id_type is None
+        self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
+        self.ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
+        self.normalise = _normaliser(id_type)
+        self.counts: dict[int, dict[str, int]] = {}
+        self.buffer, self.lines = io.StringIO(), 0
+
+    def add(self, partition: int, records) -> None:
+        counts = self.counts.setdefault(partition, {"records": 0, "ignored": 0, "unreadable": 0})
+        end, write = self.ends[partition], self.buffer.write
+        for r in records:
+            tail = r.offset >= end
+            ignored = any(i.matches(r.key, r.value) for i in self.ignores) if self.ignores else False
+            rid = None
+            if not self.by_offset and not ignored:
+                rid = self.normalise(self.spec.extract(r.key, r.value))
+            if not tail:
+                counts["records"] += 1
+                if ignored:
+                    counts["ignored"] += 1
+                elif rid is None and not self.by_offset:
+                    counts["unreadable"] += 1
+            write(f"{partition}\t{r.offset}\t{_copy_text(rid)}\t{'f' if ignored else 't'}\t"
+                  f"{'t' if r.value is None else 'f'}\t{r.timestamp}\t{'t' if tail else 'f'}\n")
+            self.lines += 1
+        if self.lines >= COPY_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            self.buffer.seek(0)
+            self.cursor.copy_expert(sql.SQL("COPY {} FROM STDIN").format(RELATIONS["records"]).as_string(self.cursor),
+                                    self.buffer)
+            self.buffer, self.lines = io.StringIO(), 0
+
+
+def _audit(watch: Watch, plans: dict, marks: dict) -> list[RangeResult]:
+    by_offset = watch.record_id == record_ids.OFFSET
+    columns = watch.row_columns
+    with connection.cursor() as wrapper:
+        cur = wrapper.cursor
+        types = sink_checks.table_columns(cur, watch.sink_table)
+        if types is None or any(c not in types for c in columns):
+            raise WatchCheckError(f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist")
+        id_type = None if by_offset else types[columns[0]]["type"]
+        _create_temporary_tables(cur, id_type, plans)
+        ends = {p: end for p, (_, _, end) in plans.items()}
+        loader = _Loader(cur, watch, id_type, ends)
+        reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
+        try:
+            kafka_ranges.read_ranges(watch.topic, reads, loader.add)
+        except Exception as exc:
+            raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
+        loader.flush()
+        cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["records"]))
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
+            sql.Identifier(WRITTEN), watch_match.written_sql(watch.sink_table, columns, by_offset, RELATIONS)))
+        cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
+        findings = watch_match.findings_sql(watch.sink_table, columns, by_offset, watch.keyed, RELATIONS)
+        cur.execute(sql.SQL("SELECT partition, kind, count(*), sum(extra), "
+                            "(array_agg(\"offset\" ORDER BY \"offset\"))[1:%s], "
+                            "(array_agg(extra ORDER BY \"offset\"))[1:%s] FROM ({}) AS f GROUP BY partition, kind"
+                            ).format(findings), [OFFSETS_LISTED, OFFSETS_LISTED])
+        found = cur.fetchall()
+        superseded = {}
+        if watch.keyed:
+            cur.execute(watch_match.superseded_sql(RELATIONS))
+            superseded = dict(cur.fetchall())
+        for name in (RECORDS, WRITTEN, RANGES):
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
+    results = {}
+    for p, (_, first, end) in sorted(plans.items()):
+        counts = loader.counts.get(p, {})
+        results[p] = RangeResult(p, first, end, counts.get("records", 0), counts.get("ignored", 0),
+                                 superseded.get(p, 0), counts.get("unreadable", 0))
+    for p, kind, count, extra, offsets, extras in found:
+        result = results[p]
+        if kind == "lost":
+            result.lost, result.lost_offsets = count, list(offsets)
+        elif kind == "duplicated":
+            result.duplicated = int(extra)
+            result.duplicated_offsets = [list(x) for x in zip(offsets, extras, strict=True)]
+        else:
+            result.phantom, result.phantom_offsets = count, list(offsets)
+    ranges = []
+    for p, (settled, first, end) in sorted(plans.items()):
+        if first > settled:  # the log start passed the mark: those records are gone unaudited
+            ranges.append(RangeResult(p, settled, first, note=RETENTION_NOTE))
+        if end > first:
+            ranges.append(results[p])
+    return ranges
+
+
+def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
+    for name in (RECORDS, WRITTEN, RANGES):  # a caller's open transaction may hold a previous check's
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
+    rid_type = sql.SQL(_column_type(id_type)) if id_type else sql.SQL("text")
+    cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer NOT NULL, "offset" bigint NOT NULL, rid {}, '
+                        "expected boolean NOT NULL, tomb boolean NOT NULL, ts bigint, tail boolean NOT NULL) "
+                        "ON COMMIT DROP").format(sql.Identifier(RECORDS), rid_type))
+    cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer, start bigint, "end" bigint) ON COMMIT DROP').format(
+        sql.Identifier(RANGES)))
+    values = [(p, first, end) for p, (_, first, end) in plans.items()]
+    cur.executemany(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(RELATIONS["ranges"]), values)
+
+
+def _column_type(pg_type: str) -> str:
+    """The temporary id column's type: the row-id column's own where it is a number or a uuid (so the join
+    can use the table's index), text for the text types."""
+    base = pg_type.split("(")[0]
+    if base in ("smallint", "integer", "bigint"):
+        return "bigint"
+    if base == "numeric":
+        return "numeric"
+    if base == "uuid":
+        return "uuid"
+    return "text"
+
+
+def _normaliser(id_type: str | None):
+    """record id text -> the value the row-id column can hold, or None: no row of that column can name it."""
+    kind = _column_type(id_type) if id_type else "text"
+
+    def as_bigint(text):
+        return str(int(text)) if text is not None and INTEGER.match(text) and -2**63 <= int(text) < 2**63 else None
+
+    def as_numeric(text):
+        try:
+            number = Decimal(text) if text is not None else None
+        except InvalidOperation:
+            return None
+        return str(number) if number is not None and number.is_finite() else None
+
+    def as_uuid(text):
+        try:
+            return str(uuid.UUID(text)) if text is not None else None
+        except ValueError:
+            return None
+
+    def as_text(text):
+        return None if text is None or "\x00" in text else text
+
+    return {"bigint": as_bigint, "numeric": as_numeric, "uuid": as_uuid}.get(kind, as_text)
+
+
+def _copy_text(value: str | None) -> str:
+    if value is None:
+        return "\\N"
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
+# --- storing, lag, status --------------------------------------------------------------------------------
+
+def _store_ranges(watch: Watch, parts: dict, new_ranges: list[RangeResult], now: datetime) -> None:
+    """One WatchRange per new range; a clean range that continues the previous clean one extends it (a
+    watch checked every 30 s would otherwise keep thousands of identical rows a day)."""
+    for result in new_ranges:
+        wp = parts[result.partition]
+        wp.settled_offset = max(wp.settled_offset, result.end)
+        wp.checked += result.records
+        wp.lost += result.lost
+        wp.duplicated += result.duplicated
+        wp.phantom += result.phantom
+        last = WatchRange.objects.filter(watch=watch, partition=result.partition).order_by("-start").first()
+        if result.clean and last is not None and last.end == result.start and not last.findings and not last.note:
+            WatchRange.objects.filter(pk=last.pk).update(
+                end=result.end, records=last.records + result.records, ignored=last.ignored + result.ignored,
+                superseded=last.superseded + result.superseded, unreadable=last.unreadable + result.unreadable,
+                checked_at=now)
+            continue
+        WatchRange.objects.create(
+            watch=watch, partition=result.partition, start=result.start, end=result.end, records=result.records,
+            ignored=result.ignored, superseded=result.superseded, unreadable=result.unreadable, lost=result.lost,
+            duplicated=result.duplicated, phantom=result.phantom, lost_offsets=result.lost_offsets,
+            duplicated_offsets=result.duplicated_offsets, phantom_offsets=result.phantom_offsets, note=result.note,
+            checked_at=now)
+
+
+def _measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes: list) -> None:
+    """Lag in records (to the last stable offset: a read_committed consumer cannot pass an open transaction)
+    and in seconds (the age of the record at the committed offset)."""
+    behind = {}
+    for p, wp in parts.items():
+        mark = marks.get(p)
+        if mark is None:
+            continue
+        wp.log_start, wp.high_watermark = mark.log_start, mark.high
+        position = wp.committed if wp.committed is not None else wp.start_offset
+        wp.lag_records = max(0, mark.end - position)
+        wp.lag_seconds = 0.0 if wp.lag_records == 0 else None
+        if wp.lag_records:
+            behind[p] = max(position, mark.log_start)
+    if behind:
+        try:
+            stamps = kafka.record_timestamps(watch.topic, behind)
+        except Exception as exc:  # lag in records stands; seconds stay unknown
+            notes.append(f"lag in seconds unknown: {type(exc).__name__}")
+            stamps = {}
+        for p, stamp in stamps.items():
+            if stamp is not None:
+                parts[p].lag_seconds = max(0.0, now.timestamp() - stamp / 1000)
+
+
+def _evaluate(watch: Watch, parts: dict, alive: bool, rewound: set, now: datetime) -> None:
+    history = monitored.window_samples(watch=watch, now=now)
+    for p, wp in parts.items():
+        wp.status = monitored.partition_status(
+            history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or watch.created_at,
+            alive=alive, rewound=p in rewound, incident=bool(wp.lost or wp.duplicated or wp.phantom), now=now)
+
+
+def _group_alive(kafka, group_id: str, notes: list) -> bool:
+    try:
+        return kafka.describe_group(group_id).has_active_members
+    except Exception as exc:  # noqa: BLE001 - unknown membership: a stuck group then reads as stopped
+        notes.append(f"group membership unknown: {type(exc).__name__}")
+        return False
+
+
+def _summarise(watch: Watch, parts: dict, new_ranges: list, notes: list, now: datetime) -> WatchReport:
+    rows = sorted(parts.values(), key=lambda wp: wp.partition)
+    lags = [wp.lag_records for wp in rows if wp.lag_records is not None]
+    ages = [wp.lag_seconds for wp in rows if wp.lag_seconds is not None]
+    status = monitored.worst(wp.status for wp in rows)
+    Watch.objects.filter(pk=watch.pk).update(status=status, lag_records=sum(lags) if lags else None,
+                                             lag_seconds=max(ages) if ages else None, checked_at=now, last_error="")
+    watch.refresh_from_db()
+    lost, duplicated = listed_offsets(watch)
+    return WatchReport(
+        watch.name, status, sum(wp.checked for wp in rows), sum(wp.lost for wp in rows),
+        sum(wp.duplicated for wp in rows), sum(wp.phantom for wp in rows), watch.lag_records, watch.lag_seconds,
+        lost, duplicated, partitions=[partition_json(wp) for wp in rows], new_ranges=new_ranges, notes=notes)
+
+
+def listed_offsets(watch: Watch, limit: int = OFFSETS_LISTED) -> tuple[list, list]:
+    """The first `limit` lost and duplicated records of the watch, as {partition, offset}, in offset order."""
+    lost, duplicated = [], []
+    for r in WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0).order_by("partition", "start"):
+        lost += [{"partition": r.partition, "offset": o} for o in r.lost_offsets[: limit - len(lost)]]
+        duplicated += [{"partition": r.partition, "offset": o}
+                       for o, _ in r.duplicated_offsets[: limit - len(duplicated)]]
+    return lost, duplicated
+
+
+def partition_json(wp: WatchPartition) -> dict:
+    return {"partition": wp.partition, "start_offset": wp.start_offset, "settled_offset": wp.settled_offset,
+            "committed": wp.committed, "log_start": wp.log_start, "high_watermark": wp.high_watermark,
+            "lag_records": wp.lag_records, "lag_seconds": wp.lag_seconds, "checked": wp.checked, "lost": wp.lost,
+            "duplicated": wp.duplicated, "phantom": wp.phantom, "status": wp.status}
+
+
+def _failed(watch: Watch, reason: str, now: datetime) -> WatchReport:
+    log.warning("watch %s: %s", watch.name, reason)
+    Watch.objects.filter(pk=watch.pk).update(status=Status.ERR, checked_at=now, last_error=reason[:2000])
+    WatchPartition.objects.filter(watch=watch).update(status=Status.ERR, checked_at=now)
+    watch.refresh_from_db()
+    rows = list(WatchPartition.objects.filter(watch=watch).order_by("partition"))
+    lost, duplicated = listed_offsets(watch)
+    return WatchReport(watch.name, Status.ERR, sum(wp.checked for wp in rows), sum(wp.lost for wp in rows),
+                       sum(wp.duplicated for wp in rows), sum(wp.phantom for wp in rows), watch.lag_records,
+                       watch.lag_seconds, lost, duplicated, partitions=[partition_json(wp) for wp in rows],
+                       error=reason)

@@ -1,0 +1,120 @@
+"""The matching of a watch's records against the team's table: one definition, as SQL.
+
+Input, one row per record read from the topic (the relation `records`):
+    partition, "offset", rid (the record's id in the row-id column's type; NULL: it has none, or an ignore
+    spec matched it: no row expected), expected (false for ignored records), tomb (a tombstone: null value),
+    ts (the record's timestamp), tail (read beyond the settled range: only tells whether a later record of
+    the same id exists; never judged itself)
+and the team's table. Output, one row per finding: (partition, "offset", kind, extra) with kind
+    lost        a record with no row (keyed: its id's latest record has no row, or a tombstone's row is still
+                there -- the delete was lost);
+    duplicated  a record with more rows than records that name them; `extra` = the rows beyond those;
+    phantom     (offset ids) a row at a position of the range that holds no record.
+Ids repeated in the range (not keyed): n records and m rows of one id deliver its first m records; the
+rest are lost, and m - n extra rows are counted on its first record.
+
+The statements are plain SQL over named relations, so the Spark path runs the same text on its own
+DataFrames registered under the same names (`records`, `written`).
+"""
+from psycopg2 import sql
+
+# Rows of the team's table per id, restricted to the ids the records name (a semi-join: for a small range
+# PostgreSQL looks the ids up in the table's index; for a large one it hashes them and scans once).
+WRITTEN_BY_ID = """
+SELECT {col} AS rid, count(*) AS n_rows FROM {table}
+WHERE {col} IN (SELECT rid FROM {records} WHERE NOT tail AND rid IS NOT NULL) GROUP BY {col}
+"""
+
+WRITTEN_BY_OFFSET = """
+SELECT {part} AS partition, {off} AS "offset", count(*) AS n_rows FROM {table}
+WHERE ({part}, {off}) IN (SELECT partition, "offset" FROM {records} WHERE NOT tail) GROUP BY {part}, {off}
+"""
+
+# Per record: each id's records in offset order against its row count.
+MATCH_BY_ID = """
+WITH ids AS (
+    SELECT rid, count(*) AS n_records FROM {records} WHERE NOT tail AND rid IS NOT NULL GROUP BY rid
+), numbered AS (
+    SELECT r.partition, r."offset", r.rid, i.n_records, coalesce(w.n_rows, 0) AS n_rows,
+           row_number() OVER (PARTITION BY r.rid ORDER BY r.partition, r."offset") AS nth
+    FROM {records} r JOIN ids i ON i.rid = r.rid LEFT JOIN {written} w ON w.rid = r.rid
+    WHERE NOT r.tail
+)
+SELECT partition, "offset", 'lost' AS kind, 0 AS extra FROM numbered WHERE nth > n_rows
+UNION ALL
+SELECT partition, "offset", 'duplicated', n_rows - n_records FROM numbered WHERE nth = 1 AND n_rows > n_records
+"""
+
+# Keyed: judge each id by its latest record (latest timestamp, then offset); ids whose latest record lies in
+# the tail are left for the check that settles it.
+MATCH_KEYED = """
+WITH latest AS (
+    SELECT rid, partition, "offset", tomb, tail FROM (
+        SELECT rid, partition, "offset", tomb, tail,
+               row_number() OVER (PARTITION BY rid ORDER BY ts DESC, "offset" DESC) AS newest_first
+        FROM {records} WHERE rid IS NOT NULL
+    ) ranked WHERE newest_first = 1
+), judged AS (
+    SELECT l.partition, l."offset", l.tomb, coalesce(w.n_rows, 0) AS n_rows
+    FROM latest l LEFT JOIN {written} w ON w.rid = l.rid WHERE NOT l.tail
+)
+SELECT partition, "offset", 'lost' AS kind, 0 AS extra FROM judged
+WHERE (NOT tomb AND n_rows = 0) OR (tomb AND n_rows > 0)
+UNION ALL
+SELECT partition, "offset", 'duplicated', n_rows - 1 FROM judged WHERE NOT tomb AND n_rows > 1
+"""
+
+# Keyed: records that a later record of their id replaced (not judged, counted).
+SUPERSEDED_KEYED = """
+SELECT partition, count(*) FROM (
+    SELECT partition, tail, row_number() OVER (PARTITION BY rid ORDER BY ts DESC, "offset" DESC) AS newest_first
+    FROM {records} WHERE rid IS NOT NULL
+) ranked WHERE newest_first > 1 AND NOT tail GROUP BY partition
+"""
+
+MATCH_BY_OFFSET = """
+SELECT r.partition, r."offset", 'lost' AS kind, 0 AS extra FROM {records} r
+LEFT JOIN {written} w ON w.partition = r.partition AND w."offset" = r."offset"
+WHERE NOT r.tail AND r.expected AND w.n_rows IS NULL
+UNION ALL
+SELECT w.partition, w."offset", 'duplicated', w.n_rows - 1 FROM {written} w
+JOIN {records} r ON w.partition = r.partition AND w."offset" = r."offset" WHERE w.n_rows > 1
+"""
+
+# Offset ids: rows at positions of the settled ranges that hold no record (a marker, an aborted record).
+PHANTOM_BY_OFFSET = """
+SELECT t.{part}, t.{off}, 'phantom' AS kind, 0 AS extra FROM {table} t
+JOIN {ranges} g ON t.{part} = g.partition AND t.{off} >= g.start AND t.{off} < g."end"
+WHERE NOT EXISTS (SELECT 1 FROM {records} r WHERE r.partition = t.{part} AND r."offset" = t.{off})
+"""
+
+
+RELATIONS = ("records", "written", "ranges")
+
+
+def _names(relations: dict) -> dict:
+    return {name: relations[name] for name in RELATIONS}
+
+
+def written_sql(table: str, columns: list[str], by_offset: bool, relations: dict) -> sql.Composed:
+    """The team's rows counted per id (or per partition and offset) that the records name."""
+    ids = [sql.Identifier(c) for c in columns]
+    if by_offset:
+        return sql.SQL(WRITTEN_BY_OFFSET).format(part=ids[0], off=ids[1], table=sql.Identifier(table),
+                                                 **_names(relations))
+    return sql.SQL(WRITTEN_BY_ID).format(col=ids[0], table=sql.Identifier(table), **_names(relations))
+
+
+def findings_sql(table: str, columns: list[str], by_offset: bool, keyed: bool, relations: dict) -> sql.Composed:
+    """The statement that lists every finding, given the relations `records`, `written` and `ranges` (their
+    names in `relations`, as psycopg2.sql objects)."""
+    if by_offset:
+        part, off = (sql.Identifier(c) for c in columns)
+        phantom = sql.SQL(PHANTOM_BY_OFFSET).format(part=part, off=off, table=sql.Identifier(table),
+                                                    **_names(relations))
+        return sql.SQL("{} UNION ALL {}").format(sql.SQL(MATCH_BY_OFFSET).format(**_names(relations)), phantom)
+    return sql.SQL(MATCH_KEYED if keyed else MATCH_BY_ID).format(**_names(relations))
+
+
+def superseded_sql(relations: dict) -> sql.Composed:
+    return sql.SQL(SUPERSEDED_KEYED).format(**_names(relations))

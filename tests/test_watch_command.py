@@ -1,0 +1,141 @@
+"""`manage.py watch create|list|show|delete|check`: one validation, refusals that name what is wrong (nothing
+written), exit codes 0 clean / 1 findings or refused / 2 usage, and `check --json`'s fields."""
+import json
+import uuid
+
+import pytest
+from django.db import connection
+from psycopg2 import sql
+
+from consumers.models import ActionLog, Watch, WatchPartition
+from tests.commands import run_command
+from tests.watch_helpers import produce
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def team_table(transactional_db):
+    """A table a team's consumer writes: id bigint, part integer, off bigint, note text, flag boolean."""
+    name = f"team_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (id bigint, part integer, off bigint, note text, flag boolean)").format(
+            sql.Identifier(name)).as_string(cur.cursor))
+    yield name
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)).as_string(cur.cursor))
+
+
+def insert(table, rows):
+    with connection.cursor() as cur:
+        for row in rows:
+            cur.execute(sql.SQL("INSERT INTO {} (id, part, off) VALUES (%s, %s, %s)").format(
+                sql.Identifier(table)).as_string(cur.cursor), row)
+
+
+def refused(capsys, *argv):
+    code, out, err = run_command(capsys, "watch", *argv)
+    assert code == 1 and "Refused" in err and Watch.objects.count() == 0, (code, out, err)
+    return err
+
+
+def test_refusals_name_the_missing_table_column_and_the_type_that_cannot_match(make_topic, team_table, capsys):
+    topic = make_topic("nums")
+    base = ["create", "w", "--group", "g", "--topic", topic]
+    assert "table 'nope' does not exist" in refused(capsys, *base, "--sink-table", "nope", "--record-id", "value",
+                                                    "--row-id", "id")
+    assert "has no column 'ident'" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "value",
+                                              "--row-id", "ident")
+    err = refused(capsys, *base, "--sink-table", team_table, "--record-id", "offset", "--row-id", "part,note")
+    assert "column 'note'" in err and "text" in err and "cannot hold a partition or an offset" in err
+    assert "column 'flag'" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "json:id",
+                                      "--row-id", "flag")
+    assert "offset needs two columns" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "offset",
+                                                 "--row-id", "off")
+    assert "--record-id" in refused(capsys, *base, "--sink-table", team_table)
+    assert "does not exist in Kafka" in refused(capsys, "create", "w", "--group", "g", "--topic", "no-such-topic")
+    assert "unknown record id 'body'" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "body",
+                                                 "--row-id", "id")
+    assert "SPEC=VALUE" in refused(capsys, *base, "--ignore", "heartbeat")
+    assert "keyed needs a table" in refused(capsys, *base, "--keyed")
+    assert "ISO date" in refused(capsys, *base, "--from", "yesterday")
+    assert "unknown cluster" in refused(capsys, *base, "--cluster", "elsewhere")
+    assert ActionLog.objects.filter(action="create_watch").count() == 0
+
+
+def test_a_group_with_no_commits_is_allowed_and_said(make_topic, capsys):
+    topic = make_topic("nums")
+    code, out, err = run_command(capsys, "watch", "create", "quiet", "--group", "nobody", "--topic", topic)
+    assert code == 0 and "has no commits on topic" in err and "lag and status only" in out
+    assert Watch.objects.get(name="quiet").partitions.count() == 1
+
+
+def test_a_watch_without_a_table_gives_lag_and_status_only(make_topic, capsys):
+    topic = make_topic("nums", partitions=2)
+    produce(topic, [(None, str(v).encode()) for v in range(1, 11)], partitions=2)
+    assert run_command(capsys, "watch", "create", "lagonly", "--group", "g-none", "--topic", topic)[0] == 0
+    code, out, err = run_command(capsys, "watch", "check", "lagonly", "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert set(report) == {"lost", "duplicated", "phantom", "checked", "lag", "status", "lost_offsets",
+                           "duplicated_offsets"}
+    assert (report["checked"], report["lost"], report["lag"]["records"]) == (0, 0, 10)
+    assert report["status"] == "OK" and report["lag"]["seconds"] is not None
+    assert not Watch.objects.get(name="lagonly").ranges.exists()
+
+
+def test_check_exits_1_with_findings_and_lists_them_as_partition_and_offset(make_topic, team_table, capsys):
+    from consumers.kafka import admin
+
+    topic = make_topic("nums")
+    produce(topic, [(None, str(v).encode()) for v in range(1, 6)])
+    insert(team_table, [(1, 0, 0), (2, 0, 1), (2, 0, 1), (4, 0, 3), (5, 0, 4), (99, 0, 9)])   # 3 lost, 2 twice
+    admin.commit_offsets("team-group", topic, {0: 5})
+    assert run_command(capsys, "watch", "create", "byvalue", "--group", "team-group", "--topic", topic,
+                       "--sink-table", team_table, "--record-id", "value", "--row-id", "id")[0] == 0
+    assert run_command(capsys, "watch", "create", "byoffset", "--group", "team-group", "--topic", topic,
+                       "--sink-table", team_table, "--record-id", "offset", "--row-id", "part,off")[0] == 0
+
+    code, out, _ = run_command(capsys, "watch", "check", "byvalue", "--settle-seconds", "0", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert report["lost_offsets"] == [{"partition": 0, "offset": 2}]
+    assert report["duplicated_offsets"] == [{"partition": 0, "offset": 1}]
+    assert (report["lost"], report["duplicated"], report["checked"]) == (1, 1, 5)
+
+    code, out, _ = run_command(capsys, "watch", "check", "byoffset", "--settle-seconds", "0", "--json")
+    by_offset = json.loads(out)
+    assert code == 1 and by_offset["lost_offsets"] == [{"partition": 0, "offset": 2}]
+    assert by_offset["phantom"] == 0   # the row at offset 9 is beyond the committed offset: not audited
+
+    code, out, _ = run_command(capsys, "watch", "show", "byvalue", "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["ranges"][0]["lost_offsets"] == [2] and shown["ranges"][0]["end"] == 5
+    code, out, _ = run_command(capsys, "watch", "list")
+    assert code == 0 and "byvalue" in out and "byoffset" in out and "ERR" in out
+
+
+def test_a_clean_check_exits_0_and_an_idle_check_reads_nothing_new(make_topic, team_table, capsys):
+    from consumers.kafka import admin
+
+    topic = make_topic("nums")
+    produce(topic, [(None, str(v).encode()) for v in range(1, 4)])
+    insert(team_table, [(1, 0, 0), (2, 0, 1), (3, 0, 2)])
+    admin.commit_offsets("clean-group", topic, {0: 3})
+    run_command(capsys, "watch", "create", "clean", "--group", "clean-group", "--topic", topic, "--sink-table",
+                team_table, "--record-id", "value", "--row-id", "id", "--settle-seconds", "0")
+    assert run_command(capsys, "watch", "check", "clean")[0] == 0
+    assert run_command(capsys, "watch", "check", "clean")[0] == 0
+    watch = Watch.objects.get(name="clean")
+    assert WatchPartition.objects.get(watch=watch).settled_offset == 3 and watch.ranges.count() == 1
+
+
+def test_usage_errors_exit_2_and_delete_removes_the_watch_only(make_topic, team_table, capsys):
+    topic = make_topic("nums")
+    code, _, _ = run_command(capsys, "watch", "create", "w", "--topic", topic)
+    assert code == 2
+    assert run_command(capsys, "watch", "check", "missing")[0] == 1
+    run_command(capsys, "watch", "create", "gone", "--group", "g", "--topic", topic)
+    assert run_command(capsys, "watch", "delete", "gone")[0] == 0
+    assert not Watch.objects.exists()
+    assert ActionLog.objects.filter(action="delete_watch", params__watch="gone").exists()

@@ -1,0 +1,101 @@
+"""Helpers for watch tests: the plain kafka-python consumer of examples/ as a process, the topic as a
+read_committed consumer reads it, and a team table read row by row."""
+import collections
+import json
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from psycopg2 import sql
+
+from consumers.engine import db
+from tests.conftest import ROOT
+from tests.waiting import patience
+
+CONSUMER = ROOT / "examples" / "plain_consumer.py"
+
+
+def run_plain_consumer(env: dict, topic: str, group: str, table: str, order: str, *, die_at_batch: int = 0,
+                       keyed: bool = False, timeout: float = 60) -> int:
+    """Run the plain consumer to its end: SIGKILLed by itself (-9) at `die_at_batch`, else 0 once idle."""
+    args = [sys.executable, str(CONSUMER), "--topic", topic, "--group", group, "--table", table, "--order", order]
+    if die_at_batch:
+        args += ["--die-at-batch", str(die_at_batch)]
+    if keyed:
+        args.append("--keyed")
+    done = subprocess.run(args, env=env, capture_output=True, timeout=patience(timeout), cwd=ROOT)
+    assert done.returncode in (0, -9), done.stderr.decode()[-2000:]
+    return done.returncode
+
+
+def produce(topic: str, records, partitions: int = 1) -> None:
+    """records: (key, value) pairs, round-robin over the partitions unless keyed (then by key's hash)."""
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
+    deadline = time.monotonic() + 10
+    while len(producer.partitions_for(topic) or ()) < partitions and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for i, (key, value) in enumerate(records):
+        producer.send(topic, key=key, value=value, partition=None if key is not None else i % partitions)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+
+
+def read_topic(topic: str, timeout_s: float = 20.0) -> dict[tuple[int, int], tuple]:
+    """{(partition, offset): (key, value, timestamp)} of every record a read_committed consumer reads."""
+    consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=None,
+                             enable_auto_commit=False, isolation_level="read_committed")
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        found = {}
+        deadline = time.monotonic() + patience(timeout_s)
+        while time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                for r in records:
+                    found[(tp.partition, r.offset)] = (r.key, r.value, r.timestamp)
+            highs = [consumer.highwater(tp) for tp in tps]
+            if all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, highs, strict=True)):
+                return found
+        raise AssertionError(f"could not read {topic} to its end")
+    finally:
+        consumer.close()
+
+
+def table_rows(query: sql.Composable, params=()) -> list[tuple]:
+    """Rows of a query through a fresh connection: what the team's table holds, committed."""
+    conn = db.connect("tally-tests")
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(query, params)
+            rows = cursor.fetchall()
+        conn.rollback()
+    finally:
+        conn.close()
+    return rows
+
+
+def id_counts(table: str) -> collections.Counter:
+    return collections.Counter(dict(table_rows(sql.SQL("SELECT id, count(*) FROM {} GROUP BY id").format(
+        sql.Identifier(table)))))
+
+
+def drop_tables(*tables: str) -> None:
+    conn = db.connect("tally-tests")
+    try:
+        with conn.cursor() as cursor:
+            for table in tables:
+                cursor.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def as_offsets(listed: list[dict]) -> set[tuple[int, int]]:
+    return {(o["partition"], o["offset"]) for o in listed}
+
+
+def json_value(**fields) -> bytes:
+    return json.dumps(fields).encode()
