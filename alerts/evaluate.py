@@ -1,4 +1,4 @@
-"""Evaluation: turn rule checks into alert state changes and outbox emails. Idempotent and stored.
+"""Evaluation: turn rule checks into alert state changes and outbox messages. Idempotent and stored.
 
 For each pipeline and each rule that applies to it, in one transaction holding the open alert's row lock:
   - firing and no open alert   -> create it (the partial unique index stops a concurrent twin) and queue
@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from alerts import notify
+from alerts import outbox
 from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
 from alerts.rules import Finding, PipelineView, check, rules_for
 from consumers.models import ActionLog, ActionResult, Pipeline
@@ -83,13 +83,13 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
         if muted:
             report.muted.append(_label(rule, pipeline))
         elif alert.notified_at is None:
-            if notify.queue(alert, NotificationKind.FIRED, 0, now):
+            if outbox.queue(alert, NotificationKind.FIRED, 0, now):
                 report.fired.append(_label(rule, pipeline))
             alert.notified_at = now
             alert.next_reminder_at = _next_reminder(rule, now, now)
         elif alert.state == AlertState.FIRING and alert.next_reminder_at and now >= alert.next_reminder_at:
             sequence = alert.reminders_sent + 1
-            if notify.queue(alert, NotificationKind.REMINDER, sequence, now):
+            if outbox.queue(alert, NotificationKind.REMINDER, sequence, now):
                 report.reminded.append(_label(rule, pipeline))
             alert.reminders_sent = sequence
             alert.next_reminder_at = _next_reminder(rule, alert.next_reminder_at, now)
@@ -105,9 +105,10 @@ def _resolve(alert: Alert, now, muted: bool, report: EvaluationReport) -> None:
         return
     alert.state, alert.resolved_at = AlertState.RESOLVED, now
     report.resolved.append(f"{alert.pipeline_label}/{alert.rule_label}")
-    # Recipients who never heard of it (it fired while muted) get no "resolved" email either.
-    if alert.notified_at is not None and not muted and not alert.is_gone:
-        notify.queue(alert, NotificationKind.RESOLVED, 0, now)
+    # Recipients who never heard of it (it fired while muted) get no "resolved" email either. A mute holds the
+    # "resolved" email, but channels that heard it fire hear it resolve (an incident they opened is closed).
+    if alert.notified_at is not None and not alert.is_gone:
+        outbox.queue(alert, NotificationKind.RESOLVED, 0, now, email=not muted)
 
 
 def resolve_gone(alerts, reason: str, now=None) -> list[str]:

@@ -1,12 +1,13 @@
-"""Alerts: rules, the alerts they raise (firing -> acknowledged -> resolved), mutes and the email outbox.
+"""Alerts: rules, the alerts they raise (firing -> acknowledged -> resolved), mutes, channels and the outbox.
 
 The database keeps alerts honest: at most one open alert per (rule, pipeline) (a partial unique index),
 state changes are conditional UPDATEs, and every email is an outbox row unique per (alert, kind,
-sequence), so one state never produces two emails however often evaluation runs.
+sequence) and channel, so one state never produces two messages however often evaluation runs.
 """
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -202,29 +203,115 @@ class NotificationKind(models.TextChoices):
     RESOLVED = "resolved", "resolved"
 
 
+class ChannelKind(models.TextChoices):
+    EMAIL = "email", "email"
+    WEBHOOK = "webhook", "webhook (JSON POST)"
+    SLACK = "slack", "Slack (incoming webhook)"
+    PAGERDUTY = "pagerduty", "PagerDuty (Events API v2)"
+
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+class Channel(models.Model):
+    """Where notifications go besides the rules' own email recipients. The secrets (a token in the URL, the
+    PagerDuty routing key, the webhook's HMAC secret) are written once and never shown again: pages, the
+    command, the API and the action log use `as_json()`, which masks them (alerts/channels/)."""
+
+    name = models.SlugField(max_length=100, unique=True, help_text="Letters, digits, '-' and '_'.")
+    kind = models.CharField(max_length=20, choices=ChannelKind.choices)
+    url = models.CharField(max_length=2000, blank=True, default="",
+                           help_text="Webhook, Slack incoming-webhook or PagerDuty events URL (a secret: never "
+                                     "shown again).")
+    recipients = models.TextField(blank=True, default="", help_text="Email: comma-separated addresses.")
+    routing_key = models.CharField(max_length=200, blank=True, default="",
+                                   help_text="PagerDuty: the integration's routing key (a secret).")
+    secret = models.CharField(max_length=200, blank=True, default="",
+                              help_text="Webhook: HMAC-SHA256 signing secret (a secret); empty: unsigned.")
+    rules = models.ManyToManyField(AlertRule, blank=True, related_name="channels",
+                                   help_text="The rules whose notifications come here; none: every rule's.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Delivery health, kept by alerts/outbox.py: consecutive failed attempts, since when the channel is
+    # failing, and when the admins were told (once per failing spell).
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    failing_since = models.DateTimeField(null=True, blank=True)
+    admins_told_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.kind})"
+
+    def clean(self):
+        from alerts.channels import problems
+
+        found = problems(self)
+        if found:
+            raise ValidationError(found)
+
+    def recipient_list(self) -> list[str]:
+        return [a.strip() for a in self.recipients.replace(";", ",").split(",") if a.strip()]
+
+    @property
+    def is_failing(self) -> bool:
+        return self.failing_since is not None
+
+    def secret_values(self) -> list[str]:
+        """Every secret string this channel holds, for scrubbing error texts (alerts.channels.redact)."""
+        from alerts.channels import kind_of
+
+        return kind_of(self).secret_values(self)
+
+    def as_json(self) -> dict:
+        """What anyone may see: the kind's masked settings, routing and delivery health; no secret."""
+        from alerts.channels import kind_of
+
+        return {"name": self.name, "kind": self.kind, "enabled": self.enabled, **kind_of(self).mask(self),
+                "rules": sorted(rule.name for rule in self.rules.all()) or "all",
+                "state": "failing" if self.is_failing else "ok",
+                "failing_since": self.failing_since.isoformat() if self.failing_since else None,
+                "consecutive_failures": self.consecutive_failures,
+                "last_success_at": self.last_success_at.isoformat() if self.last_success_at else None,
+                "last_error": self.last_error or None}
+
+
 class Notification(models.Model):
-    """The email outbox: one row per email to send, rendered when queued, sent (and retried with backoff)
-    by `alerts.notify.deliver_due`. Unique per (alert, kind, sequence): never two emails for
-    the same state."""
+    """The outbox: one row per message to send, rendered when queued, sent (and retried with backoff) by
+    `alerts.outbox.deliver_due`. `channel=None` is the rule's own email recipients; one row per channel
+    otherwise. Unique per (alert, channel, kind, sequence): never two messages for the same state."""
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
+    channel = models.ForeignKey(Channel, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="notifications")
     kind = models.CharField(max_length=10, choices=NotificationKind.choices)
     sequence = models.PositiveIntegerField(default=0, help_text="Reminder number; 0 for fired/resolved.")
     recipients = models.JSONField(default=list)
     subject = models.CharField(max_length=300)
     body_text = models.TextField()
     body_html = models.TextField()
+    payload = models.JSONField(default=dict, blank=True,
+                               help_text="The webhook payload (docs/alerts.md), rendered when queued.")
     created_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True, help_text="Gave up after the last attempt.")
+    answer = models.CharField(max_length=500, blank=True, default="", help_text="The receiver's last answer.")
 
     class Meta:
         db_table = "dashboard_notification"  # created when alerts lived in the dashboard app
         ordering = ["-created_at"]
-        constraints = [models.UniqueConstraint(fields=["alert", "kind", "sequence"], name="uniq_notification_state")]
+        constraints = [
+            models.UniqueConstraint(fields=["alert", "kind", "sequence"], condition=Q(channel__isnull=True),
+                                    name="uniq_notification_state"),
+            models.UniqueConstraint(fields=["alert", "channel", "kind", "sequence"],
+                                    condition=Q(channel__isnull=False), name="uniq_channel_notification_state"),
+        ]
         indexes = [models.Index(fields=["next_attempt_at"], name="notification_due_idx",
                                 condition=Q(delivered_at__isnull=True, failed_at__isnull=True))]
 

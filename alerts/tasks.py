@@ -1,4 +1,4 @@
-"""Celery tasks of alerts: evaluation and the email outbox. Thin wrappers over plain functions."""
+"""Celery tasks of alerts: evaluation and the outbox (emails and channels). Thin wrappers over plain functions."""
 from celery import shared_task
 from celery.signals import task_success
 
@@ -9,10 +9,10 @@ RECONCILE_TASKS = ("consumers.reconcile_all", "consumers.reconcile_pipeline")
 
 @shared_task(name="tally.alerts.evaluate")
 def evaluate_alerts_task():
-    """Evaluate every alert rule once, then send the due emails. Idempotent: safe to run any time, twice,
-    or right after a reconciliation."""
+    """Evaluate every alert rule once, then deliver the due notifications (emails and channels).
+    Idempotent: safe to run any time, twice, or right after a reconciliation."""
     from alerts.evaluate import evaluate_all
-    from alerts.notify import deliver_due
+    from alerts.outbox import deliver_due
 
     report = evaluate_all()
     emails = deliver_due()
@@ -21,8 +21,8 @@ def evaluate_alerts_task():
 
 @shared_task(name="tally.alerts.deliver")
 def deliver_alert_emails_task():
-    """Send due outbox emails (first attempts and retries whose backoff has passed)."""
-    from alerts.notify import deliver_due
+    """Deliver due outbox rows (first attempts and retries whose backoff has passed), emails and channels."""
+    from alerts.outbox import deliver_due
 
     return deliver_due()
 

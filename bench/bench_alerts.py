@@ -111,7 +111,7 @@ def main():
     from django.utils import timezone
 
     from alerts.evaluate import evaluate_all
-    from alerts.notify import deliver_due
+    from alerts.outbox import deliver_due
     from consumers.kafka.broker import free_port
     from consumers.models import PartitionHealth, PipelineHealth
 

@@ -240,6 +240,11 @@ TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
 ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
 ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)
 ALERT_SEND_MAX_ATTEMPTS = env_int("ALERT_SEND_MAX_ATTEMPTS", 10, minimum=1)
+# Alert channels (webhook, Slack, PagerDuty; docs/alerts.md): HTTP timeout, how long a message is retried,
+# and after how many failed attempts in a row a channel shows as failing (and the admins are told once).
+ALERT_CHANNEL_TIMEOUT_SECONDS = env_int("ALERT_CHANNEL_TIMEOUT_SECONDS", 10, minimum=1)
+ALERT_CHANNEL_GIVE_UP_HOURS = env_int("ALERT_CHANNEL_GIVE_UP_HOURS", 72, minimum=1)
+ALERT_CHANNEL_FAILING_AFTER = env_int("ALERT_CHANNEL_FAILING_AFTER", 5, minimum=1)
 CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "tally.alerts.evaluate", "schedule": ALERT_EVALUATE_SECONDS,
                                            "options": {"expires": ALERT_EVALUATE_SECONDS}}
 

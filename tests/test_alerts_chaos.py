@@ -9,7 +9,7 @@ from kafka import KafkaProducer
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert
-from alerts.notify import deliver_due
+from alerts.outbox import deliver_due
 from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, run_classic_demo
 from consumers.engine import db, sinks
 from consumers.models import Pipeline

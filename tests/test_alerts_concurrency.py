@@ -9,7 +9,7 @@ from django.db import connection
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, Notification
-from alerts.notify import deliver_due
+from alerts.outbox import deliver_due
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
 from tests.test_alerts_email import inbox, smtp_port  # noqa: F401 - fixtures
 

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
-from alerts.notify import deliver_due
+from alerts.outbox import deliver_due
 from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
 

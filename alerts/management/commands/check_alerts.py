@@ -1,18 +1,20 @@
-"""`check_alerts [--json] [--no-send]`: evaluate every alert rule once and send the due emails (for cron and tests)."""
+"""`check_alerts [--json] [--no-send]`: evaluate every alert rule once, then deliver whatever is due in every
+outbox (the rules' emails and the channels'), for cron and tests."""
 import json
 
 from django.core.management.base import BaseCommand
 
 from alerts.evaluate import evaluate_all
-from alerts.notify import deliver_due
+from alerts.outbox import deliver_due
 
 
 class Command(BaseCommand):
-    help = "Evaluate alert rules once, then send due alert emails (retrying failed ones whose time has come)."
+    help = ("Evaluate alert rules once, then deliver due notifications (emails and channels, retrying failed ones "
+            "whose time has come).")
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print the evaluation report as JSON.")
-        parser.add_argument("--no-send", action="store_true", help="Only evaluate; leave emails in the outbox.")
+        parser.add_argument("--no-send", action="store_true", help="Only evaluate; leave notifications in the outbox.")
 
     def handle(self, *args, **options):
         report = evaluate_all().as_json()

@@ -1,0 +1,83 @@
+"""Adding, changing, deleting and testing channels: one place for the command, the page, the admin and the
+API. Everything is validated before anything is written, and every change goes to the action log with the
+channel's masked settings only: no secret ever reaches the log, a page or an answer."""
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from alerts.channels import DeliveryFailed, Session, kind_of, redact
+from alerts.models import AlertRule, Channel
+from consumers.models import ActionLog, ActionResult
+
+SETTINGS = ("kind", "url", "recipients", "routing_key", "secret", "enabled")
+
+
+class ChannelInvalid(ValueError):
+    """The channel's settings are wrong: `problems` maps each field to its message."""
+
+    def __init__(self, problems: dict):
+        self.problems = problems
+        super().__init__("; ".join(f"{field}: {message}" for field, message in problems.items()))
+
+
+def _problems(error: ValidationError) -> dict:
+    if hasattr(error, "error_dict"):
+        return {field: " ".join(m for e in errors for m in e.messages) for field, errors in error.error_dict.items()}
+    return {"channel": " ".join(error.messages)}
+
+
+def rules_named(names: list[str]) -> list[AlertRule]:
+    """The rules with these names (a name may be shared by a global rule and a pipeline's); unknown names refused."""
+    rules = list(AlertRule.objects.filter(name__in=names))
+    missing = sorted(set(names) - {rule.name for rule in rules})
+    if missing:
+        raise ChannelInvalid({"rules": f"No alert rule named {', '.join(map(repr, missing))}."})
+    return rules
+
+
+def log(action: str, actor: str, channel: Channel | None, message: str, result=ActionResult.DONE,
+        params: dict | None = None) -> ActionLog:
+    now = timezone.now()
+    shown = channel.as_json() if channel is not None and channel.pk else {}
+    shown = {key: shown[key] for key in ("name", "kind", "url", "to", "routing_key", "signed", "rules", "enabled")
+             if key in shown}
+    return ActionLog.objects.create(action=action, actor=(actor or "cli")[:150], params={**shown, **(params or {})},
+                                    result=result, message=message[:2000], created_at=now, finished_at=now)
+
+
+def save(channel: Channel, actor: str, rules: list[AlertRule] | None = None) -> Channel:
+    """Validate and save a new or changed channel (and its routing, when `rules` is given); logged."""
+    created = channel.pk is None
+    try:
+        channel.full_clean()
+    except ValidationError as error:
+        raise ChannelInvalid(_problems(error)) from None
+    with transaction.atomic():
+        channel.save()
+        if rules is not None:
+            channel.rules.set(rules)
+        log("alert_channel_add" if created else "alert_channel_change", actor, channel,
+            f"alert channel {channel.name!r} ({channel.kind}) {'added' if created else 'changed'}")
+    return channel
+
+
+def delete(channel: Channel, actor: str) -> None:
+    with transaction.atomic():
+        log("alert_channel_delete", actor, channel, f"alert channel {channel.name!r} ({channel.kind}) deleted")
+        channel.delete()
+
+
+def test(channel: Channel, actor: str) -> tuple[bool, str]:
+    """Send a test message now (not through the outbox) and return (answered 2xx, the receiver's answer)."""
+    with Session() as session:
+        try:
+            answer = str(kind_of(channel).test(channel, session))
+            ok = True
+        except DeliveryFailed as error:
+            answer, ok = str(error), False
+        except Exception as error:  # noqa: BLE001 - whatever went wrong is the answer the operator needs
+            answer, ok = f"{type(error).__name__}: {error}", False
+    answer = redact(answer, channel.secret_values())
+    log("alert_channel_test", actor, channel, f"test of alert channel {channel.name!r}: {answer}",
+        ActionResult.DONE if ok else ActionResult.FAILED)
+    return ok, answer

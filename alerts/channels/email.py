@@ -1,0 +1,59 @@
+"""Email: the rendered subject and bodies of the outbox row, sent with Django's email framework (SMTP).
+A rule's own recipients (`channel=None`) and email channels both go this way."""
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import EmailMultiAlternatives
+from django.core.validators import validate_email
+
+from alerts.channels.base import Answer, DeliveryFailed
+
+
+def _send(subject, text, html, recipients, session) -> Answer:
+    message = EmailMultiAlternatives(subject=subject, body=text, from_email=settings.DEFAULT_FROM_EMAIL,
+                                     to=recipients, connection=session.smtp)
+    if html:
+        message.attach_alternative(html, "text/html")
+    try:
+        message.send(fail_silently=False)
+    except Exception as error:  # noqa: BLE001 - any SMTP/socket error is the receiver's answer
+        session.drop_smtp()
+        raise DeliveryFailed(f"{type(error).__name__}: {error}") from None
+    return Answer(None, f"accepted by the mail server for {', '.join(recipients)}")
+
+
+def send(channel, notification, session) -> Answer:
+    if not notification.recipients:
+        raise DeliveryFailed("no recipients")
+    return _send(notification.subject, notification.body_text, notification.body_html, notification.recipients,
+                 session)
+
+
+def test(channel, session) -> Answer:
+    return _send(f"[Tally] test of alert channel {channel.name}",
+                 f"This is a test of the alert channel {channel.name}.\n"
+                 "When a rule routed here fires, its email comes to this address.", "",
+                 channel.recipient_list(), session)
+
+
+def mask(channel) -> dict:
+    return {"to": channel.recipient_list()}
+
+
+def problems(channel) -> dict:
+    found = {}
+    addresses = channel.recipient_list()
+    if not addresses:
+        found["recipients"] = "An email channel needs at least one address (--to)."
+    for address in addresses:
+        try:
+            validate_email(address)
+        except ValidationError:
+            found["recipients"] = f"{address!r} is not an email address."
+    for field in ("url", "routing_key", "secret"):
+        if getattr(channel, field):
+            found[field] = "An email channel takes no URL, routing key or secret."
+    return found
+
+
+def secret_values(channel) -> list[str]:
+    return []

@@ -1,0 +1,48 @@
+"""One JSON POST with timeouts (requests), shared by the webhook, Slack and PagerDuty kinds. Anything but a
+2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body."""
+import requests
+from django.conf import settings
+
+from alerts.channels.base import Answer, DeliveryFailed, redact, short
+
+USER_AGENT = "Tally-Alerts/1"
+
+
+def timeout() -> tuple[float, float]:
+    """(connect, read) seconds: a receiver that hangs cannot hold the outbox longer than this."""
+    seconds = float(getattr(settings, "ALERT_CHANNEL_TIMEOUT_SECONDS", 10))
+    return (min(seconds, 5.0), seconds)
+
+
+def post_json(url: str, body: bytes, secrets: list[str], session: requests.Session | None = None,
+              headers: dict | None = None) -> Answer:
+    sender = session or requests
+    try:
+        response = sender.post(url, data=body, timeout=timeout(), allow_redirects=False,
+                               headers={"Content-Type": "application/json", "User-Agent": USER_AGENT,
+                                        **(headers or {})})
+    except requests.Timeout:
+        raise DeliveryFailed(f"no answer within {timeout()[1]:g} s (timeout)") from None
+    except requests.ConnectionError as error:
+        raise DeliveryFailed("connection failed: " + redact(_reason(error), secrets)) from None
+    except requests.RequestException as error:
+        raise DeliveryFailed(f"{type(error).__name__}: " + redact(str(error), secrets)) from None
+    answer = Answer(response.status_code, redact(short(response.text), secrets))
+    if not 200 <= response.status_code < 300:
+        raise DeliveryFailed(str(answer))
+    return answer
+
+
+def _reason(error: Exception) -> str:
+    """The innermost cause ("[Errno 111] Connection refused"), not requests' sentence quoting the URL."""
+    inner = error
+    for _ in range(10):  # a chain of causes is a few links long; never loop on a cycle
+        deeper = getattr(inner, "reason", None) or inner.__context__
+        if deeper is None:
+            break
+        if isinstance(deeper, str):
+            return deeper
+        inner = deeper
+    text = str(inner)
+    # urllib3 prefixes "<urllib3.connection.HTTPConnection object at 0x...>: "; keep what follows.
+    return text.split(">: ", 1)[-1]

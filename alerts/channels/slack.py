@@ -1,0 +1,91 @@
+"""Slack: an incoming-webhook message with readable blocks (header, summary, fields, partitions, buttons to
+the pages). The webhook URL is the secret (its path is the token)."""
+import json
+
+from alerts.channels.base import Answer, mask_url, url_problem, url_secrets
+from alerts.channels.http import post_json
+from alerts.payloads import channel_test_payload, headline
+
+ICON = {"fired": ":rotating_light:", "reminder": ":bell:", "resolved": ":white_check_mark:", "test": ":wave:"}
+# Slack refuses a section field over 2,000 characters and a header over 150; partitions listed at most.
+MAX_FIELD = 1900
+MAX_PARTITIONS = 10
+
+
+def _escape(text) -> str:
+    """Slack's mrkdwn control characters."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _partitions(facts: dict) -> str:
+    lines = []
+    partitions = facts.get("partitions") or {}
+    for partition, info in list(partitions.items())[:MAX_PARTITIONS]:
+        info = info if isinstance(info, dict) else {}
+        bits = [f"{info['count']} records" if info.get("count") else "",
+                f"offsets {info['offsets_text']}" if info.get("offsets_text") else "",
+                f"status {info['status']}" if info.get("status") else "",
+                f"lag {info['lag_records']}" if info.get("lag_records") is not None else ""]
+        lines.append(f"• partition {_escape(partition)}: " + _escape(", ".join(b for b in bits if b)))
+    if len(partitions) > MAX_PARTITIONS:
+        lines.append(f"… and {len(partitions) - MAX_PARTITIONS} more partitions")
+    return "\n".join(lines)[:MAX_FIELD]
+
+
+def message(payload: dict) -> dict:
+    target, rule = payload["target"], payload["rule"]
+    fields = [f"*Rule*\n{_escape(rule['name'])} ({_escape(rule['kind'])})",
+              f"*{target['type'].capitalize()}*\n<{payload['links']['pipeline']}|{_escape(target['name'])}>",
+              f"*Cluster*\n{_escape(payload['cluster'])}",
+              f"*Firing since*\n{payload['fired_at']}"]
+    if payload.get("resolved_at"):
+        fields.append(f"*Resolved at*\n{payload['resolved_at']}")
+    for key, value in (payload.get("values") or {}).items():
+        fields.append(f"*{_escape(key.replace('_', ' ').capitalize())}*\n{_escape(value)}")
+    blocks = [
+        {"type": "header", "text": {"type": "plain_text", "emoji": True,
+                                    "text": f"{ICON.get(payload['event'], '')} {headline(payload)}"[:150]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _escape(payload["summary"])[:MAX_FIELD]}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": f[:MAX_FIELD]} for f in fields[:10]]},
+    ]
+    if partitions := _partitions(payload.get("facts") or {}):
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": partitions}})
+    blocks.append({"type": "actions", "elements": [
+        {"type": "button", "text": {"type": "plain_text", "text": "Open the pipeline"},
+         "url": payload["links"]["pipeline"]},
+        {"type": "button", "text": {"type": "plain_text", "text": "Alerts"}, "url": payload["links"]["alerts"]}]})
+    reminder = f" · reminder {payload['reminder']}" if payload["event"] == "reminder" else ""
+    blocks.append({"type": "context", "elements": [
+        {"type": "mrkdwn", "text": f"Tally · {payload['severity']}{reminder} · event at {payload['event_at']}"}]})
+    return {"text": headline(payload), "blocks": blocks}
+
+
+def _post(channel, payload, session) -> Answer:
+    body = json.dumps(message(payload)).encode()
+    return post_json(channel.url, body, secret_values(channel), session.http)
+
+
+def send(channel, notification, session) -> Answer:
+    return _post(channel, notification.payload, session)
+
+
+def test(channel, session) -> Answer:
+    return _post(channel, channel_test_payload(channel), session)
+
+
+def mask(channel) -> dict:
+    return {"url": mask_url(channel.url)}
+
+
+def problems(channel) -> dict:
+    found = {}
+    if problem := url_problem(channel.url):
+        found["url"] = problem
+    for field in ("routing_key", "secret", "recipients"):
+        if getattr(channel, field):
+            found[field] = "A Slack channel takes its incoming-webhook URL only."
+    return found
+
+
+def secret_values(channel) -> list[str]:
+    return url_secrets(channel.url)

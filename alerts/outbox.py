@@ -1,0 +1,222 @@
+"""The outbox: every notification is a row, written in evaluation's transaction when an alert changes state,
+then delivered here, retried with backoff until the receiver answers, and never sent again once it did.
+
+Queue (inside evaluation's transaction, so a message exists if and only if its state change committed):
+  one row for the rule's own email recipients (`channel=None`) and one per channel routed to the rule,
+  each unique per (alert, channel, kind, sequence). A "resolved" goes to the channels that heard the alert
+  fire, even during a mute: whoever was told an incident opened is told it closed (PagerDuty resolves it).
+Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per channel:
+  1. pick due rows, oldest first; a channel's row waits while an older one of the same channel is pending,
+     so a receiver that was down gets fired, reminder, resolved in that order once it is back;
+  2. claim the row with a conditional UPDATE (one sender wins; the claim pushes `next_attempt_at` ahead);
+  3. send it through its kind (alerts/channels/); a 2xx (or SMTP's acceptance) sets `delivered_at` and the
+     row is never picked again; a failure records the scrubbed reason and the next attempt time;
+  4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell.
+A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
+payload's `id` (and the webhook's `X-Tally-Delivery`) lets a receiver drop the repeat.
+"""
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from alerts import notify, payloads
+from alerts.channels import DeliveryFailed, Session, kind_of, redact
+from alerts.channels.base import short
+from alerts.models import Channel, ChannelKind, Notification, NotificationKind
+
+logger = logging.getLogger("tally.alerts")
+
+# Per delivery run: enough for a burst of alerts, small enough that one run stays short when receivers are slow.
+DELIVERY_BATCH = 50
+# A claimed row is not picked again for this long, so two senders never send the same message at once.
+CLAIM_SECONDS = 120
+# Email retries start at 30 s (mail servers greylist for about that long); HTTP receivers at 5 s.
+EMAIL_RETRY_BASE_SECONDS = 30
+HTTP_RETRY_BASE_SECONDS = 5
+RETRY_MAX_SECONDS = 300
+
+
+def max_attempts() -> int:
+    """Attempts for the rules' own emails before giving up."""
+    return getattr(settings, "ALERT_SEND_MAX_ATTEMPTS", 10)
+
+
+def channel_give_up_after() -> timedelta:
+    """A channel's message is retried for this long (every 5 minutes at most) before it is given up."""
+    return timedelta(hours=getattr(settings, "ALERT_CHANNEL_GIVE_UP_HOURS", 72))
+
+
+def failing_after() -> int:
+    """Consecutive failed attempts after which a channel shows as failing and the admins are told."""
+    return getattr(settings, "ALERT_CHANNEL_FAILING_AFTER", 5)
+
+
+def retry_delay(attempts: int, base: int = EMAIL_RETRY_BASE_SECONDS) -> timedelta:
+    """base, 2 x base, 4 x base, ... capped at 5 minutes: an outage is not hammered, and a receiver that comes
+    back gets its messages within 5 minutes."""
+    return timedelta(seconds=min(RETRY_MAX_SECONDS, base * 2 ** max(0, attempts - 1)))
+
+
+# --- queueing ---------------------------------------------------------------------------------------------
+
+def routed_channels(alert, kind: str):
+    """The channels a notification of `kind` goes to. Fired and reminders: the enabled channels chosen for
+    the rule, and those with no routing (every rule). Resolved: the channels that heard it fire."""
+    if kind == NotificationKind.RESOLVED:
+        heard = Notification.objects.filter(alert=alert, channel__isnull=False,
+                                            kind__in=(NotificationKind.FIRED, NotificationKind.REMINDER))
+        return Channel.objects.filter(pk__in=heard.values("channel_id")).order_by("pk")
+    return (Channel.objects.filter(enabled=True).filter(Q(rules=alert.rule) | Q(rules__isnull=True))
+            .distinct().order_by("pk"))
+
+
+def _create(alert, channel, kind, sequence, now, **content) -> Notification | None:
+    try:
+        with transaction.atomic():
+            return Notification.objects.create(alert=alert, channel=channel, kind=kind, sequence=sequence,
+                                               created_at=now, next_attempt_at=now, **content)
+    except IntegrityError:
+        return None  # this state already has its message on this channel
+
+
+def queue(alert, kind: str, sequence: int, now, email: bool = True) -> list[Notification]:
+    """Put this state's messages in the outbox; returns the rows created (none if they all existed).
+    `email=False` skips the rule's own recipients (a mute holds them; channels still hear a resolve)."""
+    channels = list(routed_channels(alert, kind))
+    rendered = notify.render(alert, kind, sequence, now)
+    payload = payloads.build(alert, kind, sequence, now)
+    created = []
+    recipients = alert.rule.recipient_list()
+    if email and (recipients or not channels):
+        if not recipients:
+            logger.warning("alert %s (%s) has no recipients: set ALERT_RECIPIENTS, the rule's recipients or "
+                           "a channel", alert.pk, alert.summary)
+        created.append(_create(alert, None, kind, sequence, now, recipients=recipients, payload=payload,
+                               **rendered))
+    for channel in channels:
+        is_email = channel.kind == ChannelKind.EMAIL
+        content = rendered if is_email else {"subject": rendered["subject"], "body_text": "", "body_html": ""}
+        created.append(_create(alert, channel, kind, sequence, now, payload=payload,
+                               recipients=channel.recipient_list() if is_email else [], **content))
+    return [row for row in created if row is not None]
+
+
+# --- delivering -------------------------------------------------------------------------------------------
+
+def _claim(notification_id: int, now) -> bool:
+    """Conditional UPDATE: only one sender gets the row (row count 1); others move on."""
+    return bool(Notification.objects.filter(
+        pk=notification_id, delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now,
+    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS)))
+
+
+def _waits_behind_older(notification_id: int, channel_id: int, created_at) -> bool:
+    return Notification.objects.filter(
+        Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=notification_id),
+        channel_id=channel_id, delivered_at__isnull=True, failed_at__isnull=True).exists()
+
+
+def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
+    """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error."""
+    now = now or timezone.now()
+    counts = {"sent": 0, "failed": 0, "gave_up": 0}
+    due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
+               .exclude(channel__enabled=False).order_by("created_at", "pk")
+               .values_list("pk", "channel_id", "created_at")[:limit])
+    blocked = set()  # channels that must wait: an older message is pending or just failed
+    with Session() as session:
+        for notification_id, channel_id, created_at in due:
+            if channel_id is not None and (channel_id in blocked
+                                           or _waits_behind_older(notification_id, channel_id, created_at)):
+                blocked.add(channel_id)
+                continue
+            if not _claim(notification_id, now):
+                blocked.add(channel_id)
+                continue
+            notification = Notification.objects.select_related("channel").get(pk=notification_id)
+            outcome = _send(notification, session, now)
+            counts[outcome] += 1
+            if outcome != "sent":
+                blocked.add(channel_id)
+    return counts
+
+
+def _send(notification: Notification, session: Session, now) -> str:
+    channel = notification.channel
+    secrets = channel.secret_values() if channel is not None else []
+    try:
+        answer = kind_of(channel).send(channel, notification, session)
+    except Exception as error:  # noqa: BLE001 - any failure is recorded and retried; the run goes on
+        reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"
+        reason = redact(reason, secrets)[:2000]
+        give_up = _gives_up(notification, now)
+        Notification.objects.filter(pk=notification.pk).update(
+            last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification),
+            failed_at=now if give_up else None)
+        logger.warning("alert notification %s (%s) attempt %s failed: %s", notification.pk,
+                       channel.name if channel else "email", notification.attempts, reason)
+        if channel is not None:
+            _channel_failed(channel, reason, now)
+        return "gave_up" if give_up else "failed"
+    Notification.objects.filter(pk=notification.pk).update(delivered_at=now, last_error="",
+                                                           answer=short(str(answer)))
+    if channel is not None:
+        Channel.objects.filter(pk=channel.pk).update(consecutive_failures=0, failing_since=None,
+                                                     admins_told_at=None, last_success_at=now, last_error="")
+    return "sent"
+
+
+def _delay(notification: Notification) -> timedelta:
+    channel = notification.channel
+    email = channel is None or channel.kind == ChannelKind.EMAIL
+    return retry_delay(notification.attempts, EMAIL_RETRY_BASE_SECONDS if email else HTTP_RETRY_BASE_SECONDS)
+
+
+def _gives_up(notification: Notification, now) -> bool:
+    if notification.channel_id is None:
+        return notification.attempts >= max_attempts()
+    return now - notification.created_at >= channel_give_up_after()
+
+
+# --- a channel that keeps failing -------------------------------------------------------------------------
+
+def _channel_failed(channel: Channel, reason: str, now) -> None:
+    rows = Channel.objects.filter(pk=channel.pk)
+    rows.update(consecutive_failures=F("consecutive_failures") + 1, last_error=short(reason)[:500])
+    rows.filter(consecutive_failures__gte=failing_after(), failing_since__isnull=True).update(failing_since=now)
+    # One email per failing spell: whoever sets admins_told_at sends it.
+    if rows.filter(failing_since__isnull=False, admins_told_at__isnull=True).update(admins_told_at=now):
+        if not tell_admins(Channel.objects.get(pk=channel.pk)):
+            rows.update(admins_told_at=None)  # not told after all: the next failing attempt tries again
+
+
+def admin_addresses() -> list[str]:
+    """settings.ADMINS and the active superusers' addresses."""
+    listed = [entry[1] if isinstance(entry, (list, tuple)) else entry for entry in getattr(settings, "ADMINS", [])]
+    users = get_user_model().objects.filter(is_superuser=True, is_active=True).exclude(email="")
+    return list(dict.fromkeys([*listed, *users.values_list("email", flat=True)]))
+
+
+def tell_admins(channel: Channel) -> bool:
+    addresses = admin_addresses()
+    if not addresses:
+        logger.warning("alert channel %s is failing and no admin has an email address", channel.name)
+        return True  # nobody to tell: telling again would not help
+    page = notify.absolute_url(f"/alerts/channels/#channel-{channel.name}")
+    try:
+        send_mail(f"[Tally] alert channel {channel.name} is failing",
+                  f"The alert channel {channel.name} ({channel.kind}) failed {channel.consecutive_failures} "
+                  f"times in a row since {channel.failing_since:%Y-%m-%d %H:%M:%S} UTC.\n"
+                  f"Last answer: {channel.last_error}\n\nIts notifications wait in the outbox and are retried "
+                  f"every 5 minutes at most; they go out, in order, once the receiver answers.\n{page}\n",
+                  settings.DEFAULT_FROM_EMAIL, addresses)
+    except Exception as error:  # noqa: BLE001 - the mail server may be what is down
+        logger.warning("cannot tell the admins that channel %s is failing: %s", channel.name, error)
+        return False
+    return True

@@ -1,0 +1,58 @@
+"""Local HTTP receivers for alert channels (http.server in a thread, on loopback): they keep every request
+and answer as told — 2xx, 500, or not at all until released (too slow for the client's timeout)."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from consumers.kafka.broker import free_port
+
+# How long a "slow" receiver holds a request at most; the client gives up long before (its timeout).
+HOLD_LIMIT_SECONDS = 30
+
+
+class Receiver:
+    def __init__(self, port: int | None = None, status: int = 200, text: str = "ok"):
+        self.port = port or free_port()
+        self.status, self.text = status, text
+        self.requests: list[dict] = []
+        self.slow = False
+        self.release = threading.Event()
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def bodies(self) -> list[dict]:
+        return [json.loads(request["body"]) for request in self.requests]
+
+    def start(self) -> "Receiver":
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if receiver.slow:
+                    receiver.release.wait(HOLD_LIMIT_SECONDS)
+                    return  # the client has gone: no answer
+                receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                answer = receiver.text.encode()
+                self.send_response(receiver.status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

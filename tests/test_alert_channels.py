@@ -1,0 +1,290 @@
+"""Alert channels against local HTTP receivers: delivered once, in order, with backoff, even when the
+receiver was down, answered 500 or was too slow; PagerDuty triggers and resolves one incident; signed
+webhooks verify. Time is injected (`now`) and frozen: nothing here sleeps."""
+import hashlib
+import hmac
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+import time_machine
+from django.core import mail
+from django.core.management import call_command
+
+from alerts import channel_actions
+from alerts.channels.webhook import SIGNATURE_HEADER
+from alerts.defaults import ensure_default_rules
+from alerts.evaluate import evaluate_all
+from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
+from alerts.outbox import deliver_due
+from consumers.models import PartitionHealth, Status
+from tests.receivers import Receiver
+from tests.test_alerts_email import T0, lost, make_pipeline, report_health
+
+SECRET_TOKEN = "T0KEN-s3cr3t-path-XYZ"
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock():
+    with time_machine.travel(T0, tick=False):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def alert_settings(db, settings):
+    ensure_default_rules()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.ALERT_RECIPIENTS = []  # only the channels under test receive anything
+    settings.TALLY_BASE_URL = "https://tally.example.com"
+    settings.ALERT_CHANNEL_TIMEOUT_SECONDS = 0.5
+    settings.ADMINS = [("Ada", "ada@example.com")]
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def add_channel(name, kind, url="", rules=None, **fields) -> Channel:
+    return channel_actions.save(Channel(name=name, kind=kind, url=url, **fields), "test", rules)
+
+
+def fire_loss(name="orders", at=T0):
+    pipeline = make_pipeline(name)
+    report_health(pipeline, {0: ([lost(10, 13)], Status.OK)}, Status.ERR, at=at)
+    evaluate_all(now=at)
+    return pipeline
+
+
+def resolve(pipeline, at):
+    report_health(pipeline, {0: ([], Status.OK)}, at=at)
+    evaluate_all(now=at)
+
+
+def at(seconds):
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_a_webhook_gets_the_loss_once_signed_with_hmac(receiver):
+    add_channel("hooks", "webhook", f"{receiver.url}/in/{SECRET_TOKEN}", secret="sign-me")
+    fire_loss()
+
+    assert deliver_due(now=T0) == {"sent": 1, "failed": 0, "gave_up": 0}
+    for seconds in (1, 60, 600):
+        evaluate_all(now=at(seconds))
+        deliver_due(now=at(seconds))
+
+    assert len(receiver.requests) == 1
+    request = receiver.requests[0]
+    assert request["path"] == f"/in/{SECRET_TOKEN}"
+    expected = "sha256=" + hmac.new(b"sign-me", request["body"], hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(request["headers"][SIGNATURE_HEADER], expected)
+    payload = json.loads(request["body"])
+    assert (payload["event"], payload["target"]["name"], payload["rule"]["kind"]) == ("fired", "orders", "lost")
+    assert payload["facts"]["partitions"]["0"]["offsets_text"] == "10-12"
+    assert request["headers"]["X-Tally-Delivery"] == payload["id"]
+    row = Notification.objects.get(channel__name="hooks")
+    assert row.delivered_at == T0 and row.answer == "HTTP 200: ok"
+
+
+def test_a_tampered_body_does_not_verify(receiver):
+    add_channel("hooks", "webhook", receiver.url, secret="sign-me")
+    fire_loss()
+    deliver_due(now=T0)
+    request = receiver.requests[0]
+    tampered = request["body"].replace(b"orders", b"0rders")
+    forged = "sha256=" + hmac.new(b"sign-me", tampered, hashlib.sha256).hexdigest()
+    assert not hmac.compare_digest(request["headers"][SIGNATURE_HEADER], forged)
+
+
+def test_a_receiver_down_while_a_loss_fires_gets_it_once_after_it_comes_back_in_order():
+    down = Receiver()  # its port has no listener yet
+    add_channel("hooks", "webhook", f"{down.url}/{SECRET_TOKEN}")
+    pipeline = fire_loss()
+    assert deliver_due(now=T0) == {"sent": 0, "failed": 1, "gave_up": 0}
+    resolve(pipeline, at(3))
+    assert deliver_due(now=at(5)) == {"sent": 0, "failed": 1, "gave_up": 0}
+
+    row = Notification.objects.get(channel__name="hooks", kind="fired")
+    assert "Connection refused" in row.last_error and SECRET_TOKEN not in row.last_error
+    assert row.next_attempt_at == at(5 + 10)  # second failure: 10 s
+
+    down.start()
+    try:
+        assert deliver_due(now=at(14)) == {"sent": 0, "failed": 0, "gave_up": 0}  # backoff respected
+        assert deliver_due(now=at(15)) == {"sent": 2, "failed": 0, "gave_up": 0}
+        for seconds in (16, 300, 3600):
+            evaluate_all(now=at(seconds))
+            deliver_due(now=at(seconds))
+    finally:
+        down.stop()
+
+    bodies = down.bodies()
+    assert [b["event"] for b in bodies] == ["fired", "resolved"]
+    assert bodies[0]["fired_at"] == T0.isoformat() and bodies[0]["event_at"] == T0.isoformat()
+    assert bodies[1]["event_at"] == at(3).isoformat()
+    assert Alert.objects.get(pipeline=pipeline).state == AlertState.RESOLVED
+
+
+def test_a_receiver_answering_500_is_retried_with_backoff_capped_at_five_minutes(receiver):
+    receiver.status, receiver.text = 500, "upstream broken"
+    add_channel("hooks", "webhook", receiver.url)
+    fire_loss()
+
+    due = T0
+    delays = []
+    for _ in range(9):
+        deliver_due(now=due)
+        row = Notification.objects.get(channel__name="hooks")
+        delays.append(int((row.next_attempt_at - due).total_seconds()))
+        due = row.next_attempt_at
+    assert delays == [5, 10, 20, 40, 80, 160, 300, 300, 300]
+    assert row.answer == "HTTP 500: upstream broken" and row.delivered_at is None
+    assert len(receiver.requests) == 9
+
+    receiver.status, receiver.text = 202, "accepted"
+    assert deliver_due(now=due)["sent"] == 1
+    assert deliver_due(now=due + timedelta(minutes=10))["sent"] == 0
+    assert len(receiver.requests) == 10
+
+
+def test_a_receiver_too_slow_to_answer_times_out_and_is_retried(receiver):
+    receiver.slow = True
+    add_channel("hooks", "webhook", receiver.url)
+    fire_loss()
+
+    assert deliver_due(now=T0)["failed"] == 1
+    row = Notification.objects.get(channel__name="hooks")
+    assert "timeout" in row.last_error and row.next_attempt_at == at(5)
+
+    receiver.slow = False
+    receiver.release.set()
+    assert deliver_due(now=at(5))["sent"] == 1
+    assert [b["event"] for b in receiver.bodies()] == ["fired"]
+
+
+def test_pagerduty_trigger_and_resolve_share_the_dedup_key(receiver):
+    add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="R0UTING-KEY-1234")
+    rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
+    rule.reminder_seconds = 600
+    rule.save()
+    pipeline = fire_loss()
+    deliver_due(now=T0)
+    evaluate_all(now=at(600))
+    deliver_due(now=at(600))
+    resolve(pipeline, at(700))
+    deliver_due(now=at(700))
+
+    events = receiver.bodies()
+    assert [e["event_action"] for e in events] == ["trigger", "trigger", "resolve"]
+    assert len({e["dedup_key"] for e in events}) == 1
+    assert all(e["routing_key"] == "R0UTING-KEY-1234" for e in events)
+    trigger = events[0]["payload"]
+    assert trigger["severity"] == "critical" and trigger["component"] == "orders"
+    assert trigger["timestamp"] == T0.isoformat() and "3 lost records" in trigger["summary"]
+
+
+def test_slack_gets_readable_blocks(receiver):
+    add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
+    fire_loss()
+    deliver_due(now=T0)
+
+    message = receiver.bodies()[0]
+    assert message["text"].startswith("FIRING orders: 3 lost records")
+    kinds = [block["type"] for block in message["blocks"]]
+    assert kinds[0] == "header" and "actions" in kinds and "context" in kinds
+    fields = " ".join(f["text"] for b in message["blocks"] if b["type"] == "section" for f in b.get("fields", []))
+    assert "*Rule*\nLost records (lost)" in fields and "*Cluster*\ndefault" in fields
+    partitions = [b["text"]["text"] for b in message["blocks"] if b["type"] == "section" and "text" in b]
+    assert any("partition 0: 3 records, offsets 10-12" in text for text in partitions)
+    buttons = next(b for b in message["blocks"] if b["type"] == "actions")["elements"]
+    assert buttons[0]["url"] == "https://tally.example.com/pipelines/orders/"
+
+
+def test_a_rule_routed_channel_gets_only_its_rules_and_an_unrouted_one_gets_every_rule(receiver):
+    lag = AlertRule.objects.create(name="orders lag", kind=RuleKind.LAG_RECORDS, threshold=100)
+    add_channel("lag-only", "webhook", f"{receiver.url}/lag", rules=[lag])
+    add_channel("everything", "webhook", f"{receiver.url}/all")
+    pipeline = fire_loss()
+    PartitionHealth.objects.filter(pipeline=pipeline).update(lag_records=500)
+    evaluate_all(now=at(1))
+    deliver_due(now=at(1))
+
+    by_path = {}
+    for request in receiver.requests:
+        by_path.setdefault(request["path"], []).append(json.loads(request["body"])["rule"]["kind"])
+    assert sorted(by_path["/all"]) == ["lag_records", "lost"]
+    assert by_path["/lag"] == ["lag_records"]
+
+
+def test_a_channel_that_keeps_failing_shows_failing_and_the_admins_get_one_email(settings):
+    settings.ALERT_CHANNEL_FAILING_AFTER = 3
+    down = Receiver()
+    channel = add_channel("hooks", "webhook", f"{down.url}/{SECRET_TOKEN}")
+    fire_loss()
+    due = T0
+    for _ in range(6):
+        deliver_due(now=due)
+        due = Notification.objects.get(channel=channel).next_attempt_at
+    channel.refresh_from_db()
+    assert channel.is_failing and channel.as_json()["state"] == "failing"
+    assert channel.failing_since == at(5 + 10) and channel.consecutive_failures == 6
+    told = [m for m in mail.outbox if "is failing" in m.subject]
+    assert len(told) == 1 and told[0].to == ["ada@example.com"]
+    assert SECRET_TOKEN not in told[0].body and "Connection refused" in told[0].body
+
+    down.start()
+    try:
+        deliver_due(now=due)
+    finally:
+        down.stop()
+    channel.refresh_from_db()
+    assert not channel.is_failing and channel.consecutive_failures == 0 and channel.last_success_at == due
+
+
+def test_an_email_channel_gets_the_rendered_email():
+    add_channel("team", "email", recipients="team@example.com, lead@example.com")
+    fire_loss()
+    deliver_due(now=T0)
+    assert [(m.to, m.subject[:24]) for m in mail.outbox] == [(["team@example.com", "lead@example.com"],
+                                                              "[Tally] FIRING: orders: ")]
+
+
+def test_a_resolve_reaches_the_channels_that_heard_it_fire_even_during_a_mute(receiver):
+    from alerts.models import Mute
+
+    add_channel("pager", "pagerduty", receiver.url, routing_key="RK")
+    pipeline = fire_loss()
+    deliver_due(now=T0)
+    Mute.mute(rule=None, pipeline=pipeline, minutes=60, now=at(10))
+    resolve(pipeline, at(20))
+    deliver_due(now=at(20))
+    assert [e["event_action"] for e in receiver.bodies()] == ["trigger", "resolve"]
+
+
+def test_a_disabled_channel_holds_its_messages_and_gets_nothing_new(receiver):
+    channel = add_channel("hooks", "webhook", receiver.url)
+    fire_loss("first")
+    channel.enabled = False
+    channel.save()
+    deliver_due(now=T0)
+    fire_loss("second", at=at(1))
+    deliver_due(now=at(1))
+    assert receiver.requests == []
+    assert Notification.objects.filter(channel=channel).count() == 1
+
+
+def test_check_alerts_evaluates_then_delivers_the_channels_outbox(receiver):
+    add_channel("hooks", "webhook", receiver.url)
+    pipeline = make_pipeline("orders")
+    report_health(pipeline, {0: ([lost(10, 13)], Status.OK)}, Status.ERR)
+
+    out = StringIO()
+    call_command("check_alerts", "--json", stdout=out)
+    call_command("check_alerts", stdout=StringIO())
+
+    assert json.loads(out.getvalue())["emails"] == {"sent": 1, "failed": 0, "gave_up": 0}
+    assert [b["event"] for b in receiver.bodies()] == ["fired"]
