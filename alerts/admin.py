@@ -1,4 +1,4 @@
-"""Admin for alert rules, alerts, mutes and the email outbox. Operators acknowledge and mute alerts from
+"""Admin for alert rules, alerts, mutes, channels and the outbox. Operators acknowledge and mute alerts from
 the alert list, through the same functions as the alerts page (alerts.evaluate)."""
 from django import forms
 from django.contrib import admin, messages
@@ -8,8 +8,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from alerts import evaluate
-from alerts.models import Alert, AlertRule, Mute, Notification
+from alerts import channel_actions, evaluate
+from alerts.channel_forms import ChannelForm
+from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import can_operate, parse_minutes
 from consumers.models import ActionLog, ActionResult
 
@@ -26,8 +27,8 @@ class AlertRuleAdmin(admin.ModelAdmin):
 class NotificationInline(admin.TabularInline):
     model = Notification
     extra = 0
-    fields = ("kind", "sequence", "recipients", "attempts", "next_attempt_at", "delivered_at", "failed_at",
-              "last_error")
+    fields = ("channel", "kind", "sequence", "recipients", "attempts", "next_attempt_at", "delivered_at", "failed_at",
+              "answer")
     readonly_fields = fields
     can_delete = False
 
@@ -113,7 +114,49 @@ class MuteAdmin(admin.ModelAdmin):
 
 @admin.register(Notification)
 class NotificationAdmin(admin.ModelAdmin):
-    list_display = ("alert", "kind", "sequence", "attempts", "next_attempt_at", "delivered_at", "failed_at")
-    list_filter = ("kind",)
-    readonly_fields = ("alert", "kind", "sequence", "recipients", "subject", "body_text", "body_html", "created_at",
-                       "attempts", "next_attempt_at", "last_error", "delivered_at", "failed_at")
+    list_display = ("alert", "channel", "kind", "sequence", "attempts", "next_attempt_at", "delivered_at", "failed_at")
+    list_filter = ("kind", "channel")
+    readonly_fields = ("alert", "channel", "kind", "sequence", "recipients", "subject", "body_text", "body_html",
+                       "payload", "created_at", "attempts", "next_attempt_at", "answer", "last_error", "delivered_at",
+                       "failed_at")
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    """The page's form (secrets write-only, validated by the kind); changes go to the action log, masked."""
+
+    form = ChannelForm
+    list_display = ("name", "kind", "sends_to", "routed_rules", "enabled", "state")
+    list_filter = ("kind", "enabled")
+    search_fields = ("name",)
+
+    @admin.display(description="sends to")
+    def sends_to(self, obj):
+        shown = obj.as_json()
+        return ", ".join(shown.get("to") or []) or shown.get("url", "")
+
+    @admin.display(description="rules")
+    def routed_rules(self, obj):
+        rules = obj.as_json()["rules"]
+        return "every rule" if rules == "all" else ", ".join(rules)
+
+    @admin.display(description="state")
+    def state(self, obj):
+        return "disabled" if not obj.enabled else obj.as_json()["state"]
+
+    def save_model(self, request, obj, form, change):
+        obj.save()
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        channel = form.instance
+        channel_actions.log("alert_channel_change" if change else "alert_channel_add", request.user.get_username(),
+                            channel, f"alert channel {channel.name!r} ({channel.kind}) "
+                                     f"{'changed' if change else 'added'} in the admin")
+
+    def delete_model(self, request, obj):
+        channel_actions.delete(obj, request.user.get_username())
+
+    def delete_queryset(self, request, queryset):
+        for channel in queryset:
+            channel_actions.delete(channel, request.user.get_username())

@@ -1,0 +1,48 @@
+"""The channel form of the Channels page and the Django admin. Secrets are write-only: their inputs are never
+filled in (the page shows the masked value beside them), and an empty input on an edit keeps the saved one.
+Validation is the model's (alerts/channels/<kind>.problems), the same as the command's and the API's."""
+from django import forms
+
+from alerts.models import AlertRule, Channel
+
+SECRET_FIELDS = ("url", "routing_key", "secret")
+
+
+class ChannelForm(forms.ModelForm):
+    rules = forms.ModelMultipleChoiceField(
+        queryset=AlertRule.objects.select_related("pipeline").order_by("name"), required=False,
+        widget=forms.CheckboxSelectMultiple, help_text="None checked: every rule's notifications come here.")
+
+    class Meta:
+        model = Channel
+        fields = ["name", "kind", "url", "recipients", "routing_key", "secret", "rules", "enabled"]
+        labels = {"recipients": "To", "url": "URL"}
+        widgets = {
+            "url": forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+            "routing_key": forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+            "secret": forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+            "recipients": forms.TextInput(),
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["name"].disabled = True  # the name is how the command and the API find it
+            shown = self.instance.as_json()
+            for field in SECRET_FIELDS:
+                saved = shown.get(field) if field != "secret" else ("set" if self.instance.secret else "")
+                if saved:
+                    self.fields[field].help_text = f"Saved: {saved}. Leave empty to keep it."
+
+    def _keep(self, field):
+        value = self.cleaned_data.get(field, "")
+        return value or (getattr(self.instance, field) if self.instance.pk else "")
+
+    def clean_url(self):
+        return self._keep("url")
+
+    def clean_routing_key(self):
+        return self._keep("routing_key")
+
+    def clean_secret(self):
+        return self._keep("secret")
