@@ -5,13 +5,15 @@ numbers are the dashboard's numbers and no process has to keep them in memory.
 Scrapes authenticate like the API: a logged-in session, or `Authorization: Token <key>` (Prometheus:
 `authorization: {type: Token, credentials: <key>}`).
 """
+from django.db.models import Count
 from django.http import HttpResponse
+from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
-from consumers.models import PartitionHealth, Status
+from consumers.models import ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
 from dashboard import status as dashboard_status
 
 STATUSES = [s.value for s in Status] + ["UNKNOWN"]
@@ -23,6 +25,7 @@ class TallyCollector:
 
     def collect(self):
         yield from self._pipelines()
+        yield from self._consumers()
         yield from self._partitions()
         yield from self._groups()
 
@@ -61,6 +64,24 @@ class TallyCollector:
         yield from gauges.values()
         yield status
         yield checked
+
+    def _consumers(self):
+        """Is a consumer serving the pipeline, and how many dead letters wait for replay or discard: two grouped
+        queries, so Alertmanager can page on "should run but is down" and on a dead-letter backlog."""
+        now = timezone.now()
+        alive = set(ConsumerRun.objects.alive(now).values_list("pipeline_id", flat=True).distinct())
+        pending = dict(DeadLetter.objects.filter(discarded_at__isnull=True).values("pipeline_id")
+                       .annotate(n=Count("pk")).values_list("pipeline_id", "n"))
+        up = GaugeMetricFamily("tally_pipeline_consumer_up", "1 when a live consumer run (heartbeat within the "
+                               "lease) serves the pipeline, else 0", labels=[*PIPELINE_LABELS, "desired_state"])
+        letters = GaugeMetricFamily("tally_pipeline_dead_letters_pending",
+                                    "Dead letters neither replayed nor discarded", labels=PIPELINE_LABELS)
+        for pipeline in Pipeline.objects.order_by("name"):
+            labels = [pipeline.name, pipeline.topic, pipeline.delivery_mode]
+            up.add_metric([*labels, pipeline.desired_state], 1.0 if pipeline.pk in alive else 0.0)
+            letters.add_metric(labels, float(pending.get(pipeline.pk, 0)))
+        yield up
+        yield letters
 
     def _partitions(self):
         labels = ["pipeline", "topic", "partition"]
