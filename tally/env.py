@@ -63,6 +63,16 @@ def env_int(name, default, minimum=None):
     return number
 
 
+def env_choice(name, default, choices):
+    """One of `choices`, compared in upper case (KAFKA_SECURITY_PROTOCOL=sasl_ssl is SASL_SSL); "" is unset."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    if value.strip().upper() not in choices:
+        _fail(name, value, f"one of {', '.join(choices)}")
+    return value.strip().upper()
+
+
 def env_list(name, default):
     value = os.environ.get(name)
     if value is None:

@@ -5,6 +5,7 @@ from pathlib import Path
 from tally.env import (
     env_bool,
     env_bootstrap_servers,
+    env_choice,
     env_database,
     env_email,
     env_int,
@@ -171,6 +172,23 @@ KAFKA_BOOTSTRAP_SERVERS = env_bootstrap_servers("KAFKA_BOOTSTRAP_SERVERS", "127.
 # (consumers/engine/shares.py), so their restarts wait for no join.
 KAFKA_SESSION_TIMEOUT_MS = env_int("KAFKA_SESSION_TIMEOUT_MS", 6000, minimum=6000)
 KAFKA_REQUEST_TIMEOUT_MS = env_int("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000)
+# TLS and SASL of the default cluster, named as kafka-python and librdkafka users expect; checked as a whole
+# by consumers/kafka/clusters.py. Secrets are read when a client is built, never kept here:
+# KAFKA_SASL_PASSWORD / KAFKA_SSL_PASSWORD from the environment, or the files named by their _FILE twins.
+KAFKA_SECURITY_PROTOCOL = env_choice("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
+                                     ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"))
+KAFKA_SSL_CAFILE = env_str("KAFKA_SSL_CAFILE", "")
+KAFKA_SSL_CERTFILE = env_str("KAFKA_SSL_CERTFILE", "")
+KAFKA_SSL_KEYFILE = env_str("KAFKA_SSL_KEYFILE", "")
+KAFKA_SSL_PASSWORD_FILE = env_str("KAFKA_SSL_PASSWORD_FILE", "")
+KAFKA_SSL_CHECK_HOSTNAME = env_bool("KAFKA_SSL_CHECK_HOSTNAME", True)
+KAFKA_SASL_MECHANISM = env_choice("KAFKA_SASL_MECHANISM", "",
+                                  ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"))
+KAFKA_SASL_USERNAME = env_str("KAFKA_SASL_USERNAME", "")
+KAFKA_SASL_PASSWORD_FILE = env_str("KAFKA_SASL_PASSWORD_FILE", "")
+KAFKA_SASL_OAUTH_TOKEN_FILE = env_str("KAFKA_SASL_OAUTH_TOKEN_FILE", "")
+# More clusters: a TOML file with one [clusters.NAME] table each (docs/deploy.md).
+TALLY_KAFKA_CLUSTERS = env_str("TALLY_KAFKA_CLUSTERS", "")
 
 # --- Redis / Celery ----------------------------------------------------------------------------------
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))

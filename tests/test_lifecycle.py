@@ -122,7 +122,7 @@ def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypat
     at_least_once.finish("stopped")
     assert member.commits == [("sync", {0: 10})]
     opened = []   # an engine without a consumer of its own (Spark's driver): one is opened on first use
-    monkeypatch.setattr(lifecycle, "KafkaConsumer", lambda **config: opened.append(config) or member)
+    monkeypatch.setattr(lifecycle.clusters, "consumer", lambda cluster, **config: opened.append(config) or member)
     group_less = _positions(DeliveryMode.EXACTLY_ONCE)
     group_less.after_db_commit({0: 7})
     group_less.after_db_commit({0: 9})

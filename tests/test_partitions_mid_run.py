@@ -41,8 +41,8 @@ def hidden_partition(monkeypatch):
         partitions = partitions_for_topic(self, topic)
         return partitions if revealed.is_set() or partitions is None else {p for p in partitions if p != NEW}
 
-    def visible_watermarks(topic, partitions=None):
-        marks = watermarks(topic, partitions)
+    def visible_watermarks(topic, partitions=None, **kwargs):
+        marks = watermarks(topic, partitions, **kwargs)
         return marks if revealed.is_set() else {p: m for p, m in marks.items() if p != NEW}
 
     monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", visible_partitions)

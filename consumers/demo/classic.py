@@ -20,10 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from kafka import KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from psycopg2 import sql
@@ -33,6 +31,7 @@ from consumers.demo.schedule import MAX_SEED, crash_schedule
 from consumers.engine import db, sinks
 from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import (
     BatchLedger,
     ConsumerRun,
@@ -248,8 +247,7 @@ def _ensure_topic(records: int, partitions: int) -> int:
 
 
 def _produce(records: int, partitions: int) -> None:
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5,
-                             request_timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+    producer = clusters.producer(None, acks="all", linger_ms=5)
     try:
         _wait_until(lambda: len(producer.partitions_for(DEMO_TOPIC) or ()) == partitions, "producer metadata")
         for value in range(1, records + 1):

@@ -39,8 +39,9 @@ def child_settings() -> dict:
     database = settings.DATABASES["default"]
     return {"database": {key: database[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")
                          if key in database},
-            "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS,
-            "KAFKA_SESSION_TIMEOUT_MS": settings.KAFKA_SESSION_TIMEOUT_MS}
+            # The default cluster's settings (servers, TLS, SASL; secrets stay references) and the clusters file.
+            "kafka": {name: getattr(settings, name) for name in dir(settings)
+                      if name.startswith("KAFKA_") or name == "TALLY_KAFKA_CLUSTERS"}}
 
 
 class ForkedCommand:
@@ -89,8 +90,8 @@ def run_command(args: list[str], shared: dict, log_path: str) -> None:
     if not apps.ready:   # the fork server could not preload (it says nothing): set up here instead
         django.setup()
     settings.DATABASES["default"].update(shared["database"])
-    settings.KAFKA_BOOTSTRAP_SERVERS = shared["KAFKA_BOOTSTRAP_SERVERS"]
-    settings.KAFKA_SESSION_TIMEOUT_MS = shared["KAFKA_SESSION_TIMEOUT_MS"]
+    for name, value in shared["kafka"].items():
+        setattr(settings, name, value)
     from django.core.management import call_command
     from django.core.management.base import CommandError
 

@@ -28,7 +28,8 @@ def stored_positions(pipeline) -> dict[int, int]:
     return dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
 
 
-def topic_caught_up(pipeline, *, kafka=kafka_admin) -> CaughtUp:
+def topic_caught_up(pipeline, *, kafka=None) -> CaughtUp:
+    kafka = kafka or kafka_admin.on(pipeline.cluster)
     marks = kafka.watermarks(pipeline.topic)
     positions = stored_positions(pipeline)
     if not pipeline.is_exactly_once:

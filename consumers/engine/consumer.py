@@ -9,6 +9,7 @@ from django.conf import settings
 from kafka import KafkaConsumer
 
 from consumers.engine.commit import Fetch
+from consumers.kafka import clusters
 
 METADATA_MAX_AGE_MS = 10_000
 
@@ -19,13 +20,14 @@ def heartbeat_interval_ms(session_timeout_ms: int) -> int:
 
 
 def make_consumer(group_id: str, *, client_id: str, reset_policy: str, max_poll_records: int,
-                  isolation_level: str = "read_committed", **overrides) -> KafkaConsumer:
-    """A consumer that reads nothing until the caller assign()s partitions; `group_id` is where its offsets
-    are committed (and, in the classic modes, read back), not a group it joins."""
+                  isolation_level: str = "read_committed", cluster=None, **overrides) -> KafkaConsumer:
+    """A consumer of `cluster` (consumers/kafka/clusters.py) that reads nothing until the caller assign()s
+    partitions; `group_id` is where its offsets are committed (and, in the classic modes, read back), not a
+    group it joins."""
     session_ms = settings.KAFKA_SESSION_TIMEOUT_MS
     # read_committed: records of aborted transactions never reach a sink (real Kafka returns them to
     # read_uncommitted consumers), and the consumer stops at the last stable offset.
-    config = dict(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=group_id, client_id=client_id,
+    config = dict(group_id=group_id, client_id=client_id,
                   enable_auto_commit=False, auto_offset_reset=reset_policy, isolation_level=isolation_level,
                   session_timeout_ms=session_ms, heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
                   request_timeout_ms=max(settings.KAFKA_REQUEST_TIMEOUT_MS, session_ms + 1000),
@@ -36,7 +38,7 @@ def make_consumer(group_id: str, *, client_id: str, reset_policy: str, max_poll_
                   # Partitions added to the topic are noticed within this (the default is 5 minutes).
                   metadata_max_age_ms=METADATA_MAX_AGE_MS)
     config.update(overrides)
-    return KafkaConsumer(**config)
+    return clusters.consumer(cluster, **config)
 
 
 def records_by_partition(polled: dict) -> dict[int, list]:

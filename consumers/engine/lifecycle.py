@@ -30,6 +30,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from consumers.engine import commit
+from consumers.kafka import clusters
 from consumers.models import ConsumerRun, DeliveryMode, Pipeline, RunState
 
 log = logging.getLogger("tally.engine")
@@ -193,7 +194,7 @@ class KafkaPositions:
     """
 
     def __init__(self, pipeline: Pipeline, consumer: KafkaConsumer | None = None, *, client_id: str = ""):
-        self.topic, self.group_id = pipeline.topic, pipeline.group_id
+        self.topic, self.group_id, self.cluster = pipeline.topic, pipeline.group_id, pipeline.cluster
         self.client_id = client_id or f"tally-{pipeline.name}"
         self.mode = pipeline.delivery_mode
         self._consumer, self._own = consumer, consumer is None
@@ -248,10 +249,8 @@ class KafkaPositions:
         return True
 
     def _group_less(self) -> KafkaConsumer:
-        self._consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=self.group_id,
-                                       enable_auto_commit=False, client_id=self.client_id,
-                                       allow_auto_create_topics=False,
-                                       request_timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+        self._consumer = clusters.consumer(self.cluster, group_id=self.group_id, enable_auto_commit=False,
+                                           client_id=self.client_id, allow_auto_create_topics=False)
         return self._consumer
 
 

@@ -40,6 +40,7 @@ from consumers.engine.consumer import fetches_of_poll, make_consumer, records_by
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import DeliveryMode, Engine, Pipeline
 
 log = logging.getLogger("tally.engine")
@@ -93,10 +94,13 @@ class _Engine:
         reason, detail = "error", ""
         try:
             shares.hold_session(self.conn, self.lifecycle.row.pk)
+            # A cluster that cannot be used ends the run within seconds, its reason naming the cluster and
+            # the cause (TLS, authentication, unreachable), instead of a consumer retrying for minutes.
+            cluster = clusters.preflight(self.pipeline.cluster)
             self.consumer = make_consumer(self.pipeline.group_id, client_id=f"tally-{self.pipeline.name}",
                                           reset_policy=self.pipeline.reset_policy,
                                           isolation_level=self.pipeline.isolation_level,
-                                          max_poll_records=self.batch_size)
+                                          max_poll_records=self.batch_size, cluster=cluster)
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             reason = self._loop()
         except RunEnded as ended:
@@ -306,7 +310,8 @@ class _Engine:
             return
         stored = commit.stored_positions(self.conn, self.pipeline.pk)
         partitions = sorted(tp.partition for tp in tps)
-        marks = kafka_admin.watermarks(self.target.topic, None if not stored else partitions)
+        marks = kafka_admin.watermarks(self.target.topic, None if not stored else partitions,
+                                      cluster=self.pipeline.cluster)
         if not stored:
             # The pipeline's first start: every partition of the topic gets its position from the reset
             # policy now, so a partition without one later was added to the topic since.

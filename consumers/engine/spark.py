@@ -40,8 +40,9 @@ from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_com
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
-from consumers.engine.spark_source import kafka_format, offsets_json
+from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import DeliveryMode, Engine, Pipeline, RunState
 
 log = logging.getLogger("tally.spark.engine")
@@ -126,7 +127,7 @@ class SparkRun:
         """Exactly-once: PostgreSQL's next_offset (rows created at the reset policy's end if missing).
         The classic modes resume from Kafka's committed offsets, as the classic consumers do."""
         topic = self.pipeline.topic
-        marks = kafka_admin.watermarks(topic)
+        marks = kafka_admin.watermarks(topic, cluster=self.pipeline.cluster)
         with self.conn.cursor() as cur:
             sinks.ensure_sink_table(cur, self.pipeline.sink_table, self.target.transform, self.target.exactly_once)
         self.conn.commit()
@@ -136,16 +137,17 @@ class SparkRun:
             for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, positions, marks):
                 log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
             return positions
-        committed = kafka_admin.committed_offsets(self.pipeline.group_id, topic, sorted(marks))
+        committed = kafka_admin.committed_offsets(self.pipeline.group_id, topic, sorted(marks),
+                                                cluster=self.pipeline.cluster)
         return {p: committed[p] if committed.get(p) is not None else fallback[p] for p in marks}
 
     def _start_query(self, checkpoint: str):
         from pyspark.sql import functions as F
 
         spark = get_spark()
-        fmt = kafka_format(spark)
-        stream = (spark.readStream.format(fmt)
-                  .option("kafka.bootstrap.servers", settings.KAFKA_BOOTSTRAP_SERVERS)
+        cluster = clusters.get(self.pipeline.cluster)
+        fmt = kafka_format(spark, cluster)
+        stream = (spark.readStream.format(fmt).options(**cluster_options(cluster))
                   .option("subscribe", self.pipeline.topic)
                   .option("startingOffsets", offsets_json(self.pipeline.topic, self.positions))
                   .option("maxOffsetsPerTrigger", str(self.records_per_trigger)))
@@ -285,7 +287,9 @@ class SparkRun:
                 transform=self.pipeline.transform, exactly_once=self.target.exactly_once,
                 stop_on_bad_record=self.target.stop_on_bad_record, epoch=self.epoch,
                 at_most_once=self.mode == DeliveryMode.AT_MOST_ONCE, group_id=self.pipeline.group_id,
-                bootstrap=settings.KAFKA_BOOTSTRAP_SERVERS, known_partitions=frozenset(self.positions),
+                bootstrap=clusters.get(self.pipeline.cluster).bootstrap_servers,
+                cluster=json.dumps(clusters.get(self.pipeline.cluster).spec()),
+                known_partitions=frozenset(self.positions),
                 delay_per_record_s=self.delay_per_record_s,
                 faults=spark_commit.executor_faults(self.faults))
         return self._job

@@ -68,6 +68,7 @@ class SliceJob:
     at_most_once: bool = False
     group_id: str = ""
     bootstrap: str = ""
+    cluster: str = ""         # the cluster's spec as JSON, secrets as references (consumers/kafka/clusters.py)
     known_partitions: frozenset = frozenset()   # partitions with a stored position when the run started
     delay_per_record_s: float = 0.0             # simulated work per record, as the Python engine's delay_ms
     faults: dict = field(default_factory=dict)  # executor fault points: {point: probability}
@@ -208,11 +209,15 @@ def refusal_outcome(partition: int, exc: commit.CommitRefused) -> dict:
 
 def commit_kafka_offsets(job: SliceJob, ends: dict[int, int]) -> None:
     """At-most-once: Kafka's committed offset is the position, written before the rows (the classic mode)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    consumer = KafkaConsumer(bootstrap_servers=job.bootstrap, group_id=job.group_id, enable_auto_commit=False,
-                             client_id="tally-spark-task", allow_auto_create_topics=False)
+    from consumers.engine.spark_source import cluster_of
+    from consumers.kafka import clusters
+
+    consumer = clusters.consumer(cluster_of(job.cluster, job.bootstrap), group_id=job.group_id,
+                                 enable_auto_commit=False, client_id="tally-spark-task",
+                                 allow_auto_create_topics=False)
     try:
         consumer.commit({TopicPartition(job.topic, p): OffsetAndMetadata(o, "", -1) for p, o in ends.items()})
     finally:

@@ -3,8 +3,13 @@
 Spark's own `kafka` format needs the spark-sql-kafka connector jar, which is often not downloadable
 (firewalls, no Maven access). This source reads the same rows with kafka-python, batch and streaming:
 
-    spark.read.format("tally_kafka").option("kafka.bootstrap.servers", "...").option("subscribe", "nums")
+    spark.read.format("tally_kafka").options(**cluster_options(cluster)).option("subscribe", "nums")
          .option("startingOffsets", '{"nums": {"0": 0}}').option("endingOffsets", "latest").load()
+
+The cluster travels as option `tally.cluster`: its settings with secrets as references (an environment
+variable's name, a file's path; consumers/kafka/clusters.py `Cluster.spec`), which the Python workers read
+where they run, so no secret is in a query plan, a log or the Spark UI. Without it, a plain
+`kafka.bootstrap.servers` is a PLAINTEXT cluster.
 
 Schema, as the `kafka` format: key, value (binary), topic, partition, offset, timestamp, timestampType.
 Offsets use Spark's JSON shape `{"topic": {"0": n}}`; -2 means earliest, -1 latest (as in Spark).
@@ -64,6 +69,7 @@ class KafkaRange(InputPartition):
     start: int
     end: int
     bootstrap: str
+    cluster: str = ""   # the cluster's spec as JSON (no secret values), see the module docstring
 
 
 def offsets_json(topic: str, offsets: dict[int, int]) -> str:
@@ -96,24 +102,34 @@ class _Options:
         self.ending = lowered.get("endingoffsets", "latest")
         self.max_per_trigger = int(lowered["maxoffsetspertrigger"]) if lowered.get("maxoffsetspertrigger") else None
         self.timeout_ms = int(lowered.get("kafka.request.timeout.ms", 30000))
+        self.cluster_spec = lowered.get("tally.cluster", "")
+
+    def cluster(self):
+        return cluster_of(self.cluster_spec, self.bootstrap)
 
 
-def _use_bootstrap(bootstrap: str, timeout_ms: int) -> None:
-    """kafka_admin reads the broker address from Django settings. Spark's Python workers are separate
-    processes without Django set up: configure just what kafka_admin needs, from the options."""
-    from django.conf import settings
+def cluster_options(cluster) -> dict[str, str]:
+    """The options that tell this source (and Spark's own `kafka` format, for a PLAINTEXT cluster) which
+    cluster to read: no secret values, only where the secrets are."""
+    return {"kafka.bootstrap.servers": cluster.bootstrap_servers, "tally.cluster": json.dumps(cluster.spec())}
 
-    if not settings.configured:
-        settings.configure(KAFKA_BOOTSTRAP_SERVERS=bootstrap, KAFKA_REQUEST_TIMEOUT_MS=timeout_ms)
-    elif settings.KAFKA_BOOTSTRAP_SERVERS != bootstrap:
-        settings.KAFKA_BOOTSTRAP_SERVERS = bootstrap
+
+def cluster_of(spec: str, bootstrap: str):
+    from consumers.kafka.clusters import DEFAULT, Cluster
+
+    return Cluster.from_spec(json.loads(spec)) if spec else Cluster(DEFAULT, bootstrap)
 
 
 def _watermarks(options: _Options):
-    _use_bootstrap(options.bootstrap, options.timeout_ms)
+    """Spark's Python workers are separate processes without Django set up: configure just what the admin
+    calls read (the request timeout); the cluster comes from the options."""
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(KAFKA_REQUEST_TIMEOUT_MS=options.timeout_ms)
     from consumers.kafka import admin as kafka_admin
 
-    return kafka_admin.watermarks(options.topic)
+    return kafka_admin.watermarks(options.topic, cluster=options.cluster())
 
 
 def resolve_offsets(spec, options: _Options, marks=None, default_to_start=True) -> dict[int, int]:
@@ -141,7 +157,7 @@ def resolve_offsets(spec, options: _Options, marks=None, default_to_start=True) 
 
 def plan_ranges(options: _Options, start: dict[int, int], end: dict[int, int]) -> list[KafkaRange]:
     """One input partition per topic-partition with records to read; empty ranges are left out."""
-    return [KafkaRange(options.topic, p, start.get(p, 0), end[p], options.bootstrap)
+    return [KafkaRange(options.topic, p, start.get(p, 0), end[p], options.bootstrap, options.cluster_spec)
             for p in sorted(end) if end[p] > start.get(p, 0)]
 
 
@@ -160,16 +176,18 @@ def read_range(part: KafkaRange):
     if part.end <= part.start:
         return
     import pyarrow as pa
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
+
+    from consumers.kafka import clusters
 
     schema = _arrow_schema()
     # read_committed: aborted records never reach a sink. auto_offset_reset "none": a range whose start
     # fell below the log start (retention) fails loudly instead of jumping to the end of the log.
-    consumer = KafkaConsumer(bootstrap_servers=part.bootstrap, group_id=None, enable_auto_commit=False,
-                             isolation_level="read_committed", auto_offset_reset="none",
-                             client_id="tally-spark-source", request_timeout_ms=30000,
-                             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
-                             allow_auto_create_topics=False)
+    consumer = clusters.consumer(cluster_of(part.cluster, part.bootstrap), group_id=None, enable_auto_commit=False,
+                                 isolation_level="read_committed", auto_offset_reset="none",
+                                 client_id="tally-spark-source", request_timeout_ms=30000,
+                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
+                                 allow_auto_create_topics=False)
     try:
         tp = TopicPartition(part.topic, part.partition)
         consumer.assign([tp])
@@ -210,7 +228,7 @@ class KafkaBatchReader(DataSourceReader):
         end = resolve_offsets(self.options.ending, self.options, marks, default_to_start=False)
         ranges = plan_ranges(self.options, start, end)
         # Spark needs at least one partition; an empty range yields nothing.
-        return ranges or [KafkaRange(self.options.topic, 0, 0, 0, self.options.bootstrap)]
+        return ranges or [KafkaRange(self.options.topic, 0, 0, 0, self.options.bootstrap, self.options.cluster_spec)]
 
     def read(self, partition: KafkaRange):
         return read_range(partition)
@@ -302,5 +320,8 @@ def builtin_kafka_available(spark) -> bool:
         return False
 
 
-def kafka_format(spark) -> str:
-    return "kafka" if builtin_kafka_available(spark) else FORMAT
+def kafka_format(spark, cluster=None) -> str:
+    """Spark's own `kafka` format when its connector is there and the cluster needs no TLS or SASL (their
+    settings would be `kafka.*` options, secrets included, visible in the plan); else this source."""
+    plain = cluster is None or cluster.security_protocol == "PLAINTEXT"
+    return "kafka" if plain and builtin_kafka_available(spark) else FORMAT

@@ -6,81 +6,47 @@ the high watermark carried by a Fetch reply is right on every broker, so `waterm
 fetch. On real Kafka the two agree.
 """
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import OffsetSpec
 from kafka.errors import KafkaConnectionError
 from kafka.structs import OffsetAndMetadata
 
-from consumers.kafka.broker import is_reachable
+from consumers.kafka import clusters
+from consumers.kafka.errors import KafkaAdminError, KafkaUnreachable  # noqa: F401 (their home; callers import them here)
 
 log = logging.getLogger("tally.kafka")
 
 
-class KafkaAdminError(RuntimeError):
-    pass
+def admin_client(cluster=None, **overrides) -> KafkaAdminClient:
+    """An admin client for the cluster (a Cluster, a name, or None: the default), after a fast preflight."""
+    return clusters.admin(clusters.preflight(cluster), **overrides)
 
 
-class KafkaUnreachable(KafkaAdminError):
-    """No bootstrap server accepts a connection."""
-
-
-# A TCP connect answers "is anything listening?" in milliseconds; the admin client's bootstrap would retry
-# for the whole request timeout (30 s) first, holding a web request or a CLI that long.
-REACHABLE_TIMEOUT_S = 2.0
-
-
-def _common(**overrides):
-    config = {"bootstrap_servers": settings.KAFKA_BOOTSTRAP_SERVERS,
-              "request_timeout_ms": settings.KAFKA_REQUEST_TIMEOUT_MS,
-              "client_id": "tally-admin"}
-    config.update(overrides)
-    return config
-
-
-class _AdminClient(KafkaAdminClient):
-    """kafka-python's admin client, tolerant of a DescribeGroups reply whose authorized-operations bit
-    set has values it does not know (the embedded broker sends them even when not asked)."""
-
-    def _process_acl_operations(self, obj):
-        try:
-            return super()._process_acl_operations(obj)
-        except ValueError:
-            obj["authorized_operations"] = None
-            return obj
-
-
-def admin_client(**overrides) -> KafkaAdminClient:
-    return _AdminClient(**_common(**overrides))
-
-
-def probe_consumer(**overrides) -> KafkaConsumer:
+def probe_consumer(cluster=None, **overrides) -> KafkaConsumer:
     """A group-less consumer for reads (watermarks, timestamps); never commits, never creates a topic."""
-    config = _common(enable_auto_commit=False, group_id=None, allow_auto_create_topics=False, **overrides)
-    config.setdefault("consumer_timeout_ms", 1000)
-    return KafkaConsumer(**config)
+    config = {"enable_auto_commit": False, "group_id": None, "allow_auto_create_topics": False,
+              "consumer_timeout_ms": 1000, "client_id": "tally-admin", **overrides}
+    return clusters.consumer(clusters.preflight(cluster), **config)
 
 
 @contextlib.contextmanager
-def admin_session():
-    """An admin client for one piece of work; KafkaUnreachable at once when no broker listens."""
-    servers = settings.KAFKA_BOOTSTRAP_SERVERS
-    if not is_reachable(servers, timeout=REACHABLE_TIMEOUT_S):
-        raise KafkaUnreachable(f"no broker accepts connections at {servers} (is Kafka running? "
-                               "see KAFKA_BOOTSTRAP_SERVERS)")
-    client = admin_client()
+def admin_session(cluster=None):
+    """An admin client for one piece of work. A cluster that cannot be used fails at once (within seconds)
+    with KafkaUnreachable naming the cluster, the step and the cause: the admin client's own bootstrap would
+    retry for the whole request timeout (30 s) first, holding a web request or a CLI that long."""
+    client = admin_client(cluster)
     try:
         yield client
     finally:
         client.close()
 
 
-def partitions_for(topic: str) -> list[int]:
-    consumer = probe_consumer()
+def partitions_for(topic: str, cluster=None) -> list[int]:
+    consumer = probe_consumer(cluster)
     try:
         partitions = consumer.partitions_for_topic(topic)
     finally:
@@ -106,12 +72,13 @@ class Watermarks:
         return self.high
 
 
-def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float = 10.0) -> dict[int, Watermarks]:
+def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float = 10.0,
+               cluster=None) -> dict[int, Watermarks]:
     """Log start offset and high watermark per partition. The high watermark comes from a Fetch reply
     (see module docstring): seek to ListOffsets' "latest" and fetch once, which costs at most one record
     batch per partition."""
     # fetch_max_wait_ms: an empty partition's fetch otherwise waits the default 500 ms for data to arrive
-    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20,
+    consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20,
                               isolation_level="read_committed")
     stable = _record_last_stable_offsets(consumer)
     try:
@@ -165,14 +132,15 @@ def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> di
         consumer.poll(timeout_ms=20, max_records=1)  # short: an empty fetch reply does not end a poll early
 
 
-def records_held(topic: str, partition: int, ranges: list[tuple[int, int]], timeout_s: float = 10.0) -> list[list[int]]:
+def records_held(topic: str, partition: int, ranges: list[tuple[int, int]], timeout_s: float = 10.0,
+                 cluster=None) -> list[list[int]]:
     """The offsets of the data records the topic holds in each [start, end) of `ranges`, as a read_committed
     consumer sees them: transaction markers, aborted and compacted records are holes, not records.
     Reconciliation asks this only for offsets the sink lacks, to tell a hole from a loss."""
     held: list[list[int]] = [[] for _ in ranges]
     if not ranges:
         return held
-    consumer = probe_consumer(isolation_level="read_committed", max_partition_fetch_bytes=1 << 16,
+    consumer = probe_consumer(cluster, isolation_level="read_committed", max_partition_fetch_bytes=1 << 16,
                               fetch_max_wait_ms=20)
     try:
         tp = TopicPartition(topic, partition)
@@ -194,13 +162,14 @@ def records_held(topic: str, partition: int, ranges: list[tuple[int, int]], time
     return held
 
 
-def high_watermarks(topic: str, partitions: list[int] | None = None) -> dict[int, int]:
-    return {p: w.high for p, w in watermarks(topic, partitions).items()}
+def high_watermarks(topic: str, partitions: list[int] | None = None, cluster=None) -> dict[int, int]:
+    return {p: w.high for p, w in watermarks(topic, partitions, cluster=cluster).items()}
 
 
-def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = None) -> dict[int, int | None]:
+def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = None,
+                      cluster=None) -> dict[int, int | None]:
     """Kafka's committed offset of a group per partition (None where the group has committed nothing)."""
-    with admin_session() as admin:
+    with admin_session(cluster) as admin:
         result = admin.list_group_offsets({group_id: None}).get(group_id, {})
     committed = {tp.partition: (meta.offset if meta.offset >= 0 else None)
                  for tp, meta in result.items() if tp.topic == topic}
@@ -209,9 +178,9 @@ def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = 
     return committed
 
 
-def group_committed_offsets(group_id: str) -> dict[str, dict[int, int]]:
+def group_committed_offsets(group_id: str, cluster=None) -> dict[str, dict[int, int]]:
     """Every committed offset of a group: {topic: {partition: offset}} (for groups Tally does not run)."""
-    with admin_session() as admin:
+    with admin_session(cluster) as admin:
         result = admin.list_group_offsets({group_id: None}).get(group_id, {})
     committed: dict[str, dict[int, int]] = {}
     for tp, meta in result.items():
@@ -220,36 +189,37 @@ def group_committed_offsets(group_id: str) -> dict[str, dict[int, int]]:
     return committed
 
 
-def commit_offsets(group_id: str, topic: str, offsets: dict[int, int]) -> None:
+def commit_offsets(group_id: str, topic: str, offsets: dict[int, int], cluster=None) -> None:
     """Set a group's committed offsets (the group must have no active members). Setting offsets is
     idempotent, so a connection the broker dropped mid-request is tried once more on a new one."""
     wanted = {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
     try:
-        with admin_session() as admin:
+        with admin_session(cluster) as admin:
             errors = admin.alter_group_offsets(group_id, wanted)
     except KafkaConnectionError as exc:
         log.warning("offset change for group %s: %s; trying once more", group_id, exc)
-        with admin_session() as admin:
+        with admin_session(cluster) as admin:
             errors = admin.alter_group_offsets(group_id, wanted)
     failed = {tp.partition: err.__name__ for tp, err in errors.items() if err.__name__ != "NoError"}
     if failed:
         raise KafkaAdminError(f"Kafka refused the offset change for group {group_id!r}: {failed}")
 
 
-def offsets_for_time(topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int | None]:
+def offsets_for_time(topic: str, partitions: list[int], timestamp_ms: int, cluster=None) -> dict[int, int | None]:
     """Earliest offset whose timestamp is >= timestamp_ms, per partition (None: no such record)."""
-    with admin_session() as admin:
+    with admin_session(cluster) as admin:
         result = admin.list_partition_offsets({TopicPartition(topic, p): timestamp_ms for p in partitions})
     return {tp.partition: (ot.offset if ot is not None and ot.offset >= 0 else None) for tp, ot in result.items()}
 
 
-def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.0) -> dict[int, int | None]:
+def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.0,
+                      cluster=None) -> dict[int, int | None]:
     """Timestamp (ms) of the record at each partition's offset; None where there is no such record.
     Used for lag in seconds: the age of the record at the consumer's position."""
     result: dict[int, int | None] = {p: None for p in offsets}
     if not offsets:
         return result
-    consumer = probe_consumer(max_partition_fetch_bytes=1 << 16)
+    consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16)
     try:
         tps = {p: TopicPartition(topic, p) for p in offsets}
         consumer.assign(list(tps.values()))
@@ -274,7 +244,8 @@ def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.
     return result
 
 
-def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 10.0) -> dict[tuple[int, int], tuple]:
+def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 10.0,
+                 cluster=None) -> dict[tuple[int, int], tuple]:
     """The records at the given offsets, {(partition, offset): (key, value, timestamp_ms)}; an offset with
     no record (removed by retention or compaction, a transaction marker, past the end) is absent.
     Reads read_committed, as the engines do, so an aborted record is never returned."""
@@ -282,7 +253,7 @@ def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 1
     wanted = {p: sorted(set(os_)) for p, os_ in offsets.items() if os_}
     if not wanted:
         return found
-    consumer = probe_consumer(isolation_level="read_committed")
+    consumer = probe_consumer(cluster, isolation_level="read_committed")
     try:
         tps = {p: TopicPartition(topic, p) for p in wanted}
         consumer.assign(list(tps.values()))
@@ -333,9 +304,9 @@ def _admin_failure(what: str, exc: Exception) -> KafkaAdminError:
     return KafkaAdminError(f"Kafka could not {what}: {reason}" + (f" ({detail})" if detail else ""))
 
 
-def list_groups() -> list[str]:
+def list_groups(cluster=None) -> list[str]:
     try:
-        with admin_session() as admin:
+        with admin_session(cluster) as admin:
             groups = admin.list_groups()
     except Exception as exc:  # any broker-side refusal becomes one clear error for the CLI and the API
         raise _admin_failure("list consumer groups", exc) from exc
@@ -348,9 +319,9 @@ def list_groups() -> list[str]:
     return sorted(n for n in names if n)
 
 
-def describe_group(group_id: str) -> GroupDescription:
-    """State and members of a group (see _AdminClient for the embedded broker's quirk)."""
-    with admin_session() as admin:
+def describe_group(group_id: str, cluster=None) -> GroupDescription:
+    """State and members of a group (see clusters._AdminClient for the embedded broker's quirk)."""
+    with admin_session(cluster) as admin:
         described = admin.describe_groups([group_id], include_authorized_operations=False)
     info = described.get(group_id) if isinstance(described, dict) else described[0]
     if info is None:
@@ -382,13 +353,13 @@ def _assignment_partitions(assignment: dict) -> dict[str, list[int]]:
     return result
 
 
-def delete_groups(group_ids: list[str]) -> dict[str, str]:
+def delete_groups(group_ids: list[str], cluster=None) -> dict[str, str]:
     """Delete consumer groups (their committed offsets and membership). Returns {group: "OK" or the error}.
     A group that does not exist counts as deleted."""
     if not group_ids:
         return {}
     try:
-        with admin_session() as admin:
+        with admin_session(cluster) as admin:
             result = admin.delete_groups(list(group_ids))
     except Exception as exc:  # the whole request failed: every group reports why, as documented
         message = str(_admin_failure("delete consumer groups", exc))
@@ -408,12 +379,6 @@ def _outcome_name(outcome) -> str:
     return str(outcome)
 
 
-def earliest_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
-    with admin_session() as admin:
-        result = admin.list_partition_offsets({TopicPartition(topic, p): OffsetSpec.EARLIEST for p in partitions})
-    return {tp.partition: ot.offset for tp, ot in result.items()}
-
-
 @dataclass(frozen=True)
 class KafkaRecord:
     partition: int
@@ -423,10 +388,10 @@ class KafkaRecord:
     timestamp_ms: int | None
 
 
-def read_record(topic: str, partition: int, offset: int, timeout_s: float = 5.0) -> KafkaRecord | None:
+def read_record(topic: str, partition: int, offset: int, timeout_s: float = 5.0, cluster=None) -> KafkaRecord | None:
     """The committed record at exactly `offset`, or None: the offset holds no data record (a transaction
     marker, an aborted or compacted record) or is at or beyond the log end."""
-    consumer = probe_consumer(isolation_level="read_committed", max_partition_fetch_bytes=1 << 20)
+    consumer = probe_consumer(cluster, isolation_level="read_committed", max_partition_fetch_bytes=1 << 20)
     tp = TopicPartition(topic, partition)
     try:
         consumer.assign([tp])
@@ -449,11 +414,11 @@ def read_record(topic: str, partition: int, offset: int, timeout_s: float = 5.0)
 
 
 def find_records_by_key(topic: str, key: bytes, partitions: list[int], limit_per_partition: int,
-                        timeout_s: float = 10.0) -> tuple[list[KafkaRecord], int]:
+                        timeout_s: float = 10.0, cluster=None) -> tuple[list[KafkaRecord], int]:
     """Records with this key among the last `limit_per_partition` of each partition (a bounded scan: Kafka
     has no key index). Returns (matches, records scanned)."""
-    marks = watermarks(topic, partitions)
-    consumer = probe_consumer(isolation_level="read_committed")
+    marks = watermarks(topic, partitions, cluster=cluster)
+    consumer = probe_consumer(cluster, isolation_level="read_committed")
     matches, scanned = [], 0
     try:
         tps = [TopicPartition(topic, p) for p in partitions if marks[p].high > marks[p].log_start]
@@ -479,3 +444,28 @@ def find_records_by_key(topic: str, key: bytes, partitions: list[int], limit_per
     finally:
         consumer.close()
     return sorted(matches, key=lambda r: (r.partition, r.offset)), scanned
+
+
+class ClusterAdmin:
+    """This module's calls bound to one cluster: `on("prod").watermarks(topic)` is
+    `watermarks(topic, cluster="prod")`. Code that takes a `kafka` object (reconciliation, groups, snapshots;
+    tests hand them stand-ins) is given one of these."""
+
+    CALLS = ("partitions_for", "watermarks", "records_held", "high_watermarks", "committed_offsets",
+             "group_committed_offsets", "commit_offsets", "offsets_for_time", "record_timestamps", "read_records",
+             "list_groups", "describe_group", "delete_groups", "read_record", "find_records_by_key")
+
+    def __init__(self, cluster=None):
+        self.cluster = cluster
+
+    def __getattr__(self, name):
+        if name not in self.CALLS:
+            raise AttributeError(name)
+        call = globals()[name]
+        bound = functools.partial(call, cluster=self.cluster)
+        functools.update_wrapper(bound, call)
+        return bound
+
+
+def on(cluster=None) -> ClusterAdmin:
+    return ClusterAdmin(cluster)

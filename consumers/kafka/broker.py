@@ -51,13 +51,15 @@ def is_reachable(bootstrap_servers: str, timeout: float = 1.0) -> bool:
     return False
 
 
-def broker_command(port: int, host: str = "127.0.0.1") -> list[str]:
+def broker_command(port: int, host: str = "127.0.0.1", advertised: str | None = None) -> list[str]:
+    """`advertised`: the host:port clients are told to connect to, when they reach the broker through
+    something in front of it (a TLS-terminating proxy, say); by default the address it listens on."""
     url = f"tcp://{host}:{port}"
     return [
         broker_binary(),
         "broker",
         "--listener-url", url,
-        "--advertised-listener-url", url,
+        "--advertised-listener-url", f"tcp://{advertised}" if advertised else url,
         "--storage-engine", "memory://tansu/",
     ]
 
@@ -69,7 +71,8 @@ def _die_with_parent():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds: float = 15.0):
+def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds: float = 15.0,
+                 advertised: str | None = None):
     """Start the broker in the background and wait until it accepts connections.
 
     Returns the Popen. Raises BrokerError if the port is taken or the broker does not come up.
@@ -78,7 +81,7 @@ def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds
         raise BrokerError(f"Port {port} on {host} is already in use: stop whatever listens there or pick "
                           f"another port with --port.")
     stdout = log_file if log_file is not None else subprocess.DEVNULL
-    process = subprocess.Popen(broker_command(port, host), stdout=stdout, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(broker_command(port, host, advertised), stdout=stdout, stderr=subprocess.STDOUT,
                                start_new_session=True, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:

@@ -8,9 +8,14 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.postgres.indexes import GistIndex
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
+
+# A Kafka cluster's name, as consumers/kafka/clusters.py accepts it.
+validate_cluster_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                                       "A cluster name is 1-64 letters, digits, '.', '_' or '-'.")
 
 
 class DeliveryMode(models.TextChoices):
@@ -64,6 +69,11 @@ class Pipeline(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     topic = models.CharField(max_length=249)
     group_id = models.CharField(max_length=255, help_text="Kafka consumer group id (defaults to the name).")
+    # A name, not settings: a cluster's settings and secrets live in the environment and the clusters file
+    # (consumers/kafka/clusters.py), never in the database.
+    cluster = models.CharField(max_length=64, default="default", validators=[validate_cluster_name],
+                               help_text="The Kafka cluster the topic is on (its name in TALLY_KAFKA_CLUSTERS, "
+                                         "or default).")
     sink_table = models.CharField(max_length=63)
     transform = models.CharField(max_length=200, default="int_value",
                                  help_text="A registered transform name or a dotted path to a function.")

@@ -149,7 +149,7 @@ def _read_from_kafka(pipeline, ids, actor, params) -> dict[tuple[int, int], tupl
                                                                                                    "offset"):
         wanted.setdefault(partition, []).append(offset)
     try:
-        found = kafka_admin.read_records(pipeline.topic, wanted)
+        found = kafka_admin.read_records(pipeline.topic, wanted, cluster=pipeline.cluster)
     except Exception as exc:  # Kafka unreachable: a refusal with the reason, nothing changed
         actions.refuse(pipeline, REPLAY, actor, params, f"Kafka did not answer: {exc}")
     missing = [f"p{p}@{o}" for p, offsets in sorted(wanted.items()) for o in offsets if (p, o) not in found]

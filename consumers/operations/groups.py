@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import Pipeline
 
 
@@ -35,6 +36,7 @@ class GroupReport:
     partitions: list[GroupPartition] = field(default_factory=list)
     pipeline: str | None = None      # the Tally pipeline using this group id, if any
     errors: list[str] = field(default_factory=list)
+    cluster: str = "default"         # the Kafka cluster the group is on
 
     @property
     def known(self) -> bool:
@@ -53,31 +55,36 @@ class GroupReport:
         return max(ages) if ages else None
 
     def as_json(self) -> dict:
-        return {"group_id": self.group_id, "state": self.state, "protocol_type": self.protocol_type,
+        return {"group_id": self.group_id, "cluster": self.cluster, "state": self.state,
+                "protocol_type": self.protocol_type,
                 "members": self.members, "pipeline": self.pipeline, "lag_records": self.lag_records,
                 "lag_seconds": self.lag_seconds, "errors": self.errors,
                 "partitions": [p.as_json() for p in self.partitions]}
 
 
-def list_groups(*, include_pipelines: bool = False, kafka=kafka_admin) -> list[str]:
-    """Group ids known to Kafka (the embedded broker lists only groups that committed offsets), without
-    Tally's own pipelines' groups unless asked."""
-    groups = kafka.list_groups()
+def list_groups(*, include_pipelines: bool = False, kafka=None, cluster=None) -> list[str]:
+    """Group ids known to a cluster's Kafka (the embedded broker lists only groups that committed offsets),
+    without Tally's own pipelines' groups on that cluster unless asked. `kafka`: a stand-in in tests."""
+    cluster = cluster or clusters.DEFAULT
+    groups = (kafka or kafka_admin.on(cluster)).list_groups()
     if include_pipelines:
         return groups
-    own = set(Pipeline.objects.values_list("group_id", flat=True))
+    own = set(Pipeline.objects.filter(cluster=cluster).values_list("group_id", flat=True))
     return [g for g in groups if g not in own]
 
 
-def describe(group_id: str, *, kafka=kafka_admin, now_ms: float | None = None) -> GroupReport:
+def describe(group_id: str, *, kafka=None, cluster=None, now_ms: float | None = None) -> GroupReport:
     """State, members, and per partition: committed offset, log start, high watermark, lag in records
     and in seconds. A failing Kafka call is reported in `errors`, the rest is still filled in."""
+    cluster = cluster or clusters.DEFAULT
+    kafka = kafka or kafka_admin.on(cluster)
     errors: list[str] = []
     description = _call(errors, kafka.describe_group, None, group_id)
     report = GroupReport(group_id, description.state if description else "Unknown",
                          description.protocol_type if description else "",
-                         description.members if description else [], errors=errors)
-    report.pipeline = Pipeline.objects.filter(group_id=group_id).values_list("name", flat=True).first()
+                         description.members if description else [], errors=errors, cluster=cluster)
+    report.pipeline = (Pipeline.objects.filter(group_id=group_id, cluster=cluster)
+                       .values_list("name", flat=True).first())
     committed = _call(errors, kafka.group_committed_offsets, {}, group_id)
     now_ms = now_ms if now_ms is not None else time.time() * 1000
     for topic in sorted(committed):

@@ -144,10 +144,10 @@ class PartitionMove:
                 "reprocess": self.reprocess, "skip": self.skip}
 
 
-def choose_partitions(topic: str, requested: list[int] | None) -> list[int]:
+def choose_partitions(topic: str, requested: list[int] | None, cluster=None) -> list[int]:
     """The topic's partitions, or the requested ones after checking they exist."""
     try:
-        existing = kafka_admin.partitions_for(topic)
+        existing = kafka_admin.partitions_for(topic, cluster=cluster)
     except kafka_admin.KafkaAdminError as exc:
         raise Refused(str(exc)) from None
     if not requested:
@@ -160,13 +160,14 @@ def choose_partitions(topic: str, requested: list[int] | None) -> list[int]:
 
 
 def resolve_offsets(spec: OffsetSpec, topic: str, partitions: list[int], current: dict[int, int | None],
-                    marks: dict[int, "kafka_admin.Watermarks"] | None = None) -> list[PartitionMove]:
+                    marks: dict[int, "kafka_admin.Watermarks"] | None = None, cluster=None) -> list[PartitionMove]:
     """New offset per partition for `spec`; raise Refused if any target lies outside its partition's
     [log start, high watermark] or needs a current position the partition does not have."""
-    marks = marks or kafka_admin.watermarks(topic, partitions)
+    marks = marks or kafka_admin.watermarks(topic, partitions, cluster=cluster)
     by_time = {}
     if spec.moment is not None:
-        by_time = kafka_admin.offsets_for_time(topic, partitions, int(spec.moment.timestamp() * 1000))
+        by_time = kafka_admin.offsets_for_time(topic, partitions, int(spec.moment.timestamp() * 1000),
+                                               cluster=cluster)
     moves, problems = [], []
     for p in partitions:
         mark, here = marks[p], current.get(p)

@@ -10,6 +10,7 @@
     isolation_level = "read_committed"     # the default; or read_uncommitted (python engine only)
     on_log_truncated = "stop"              # the default; or skip (records deleted before they were read)
     create_table = true                    # create the sink table when it is missing
+    cluster = "prod"                       # optional: a Kafka cluster from TALLY_KAFKA_CLUSTERS (default)
 
 Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
 creations and changes commit in one transaction. Applying the same file twice changes nothing. A setting

@@ -24,6 +24,8 @@ from consumers.engine import sink_checks, sinks
 from consumers.engine.pipelines import MAX_IDENTIFIER
 from consumers.engine.transforms import Transform, resolve
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -45,7 +47,8 @@ MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMod
 # history. Isolation and the truncation policy say how the log is read from the stored positions on.
 MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated")
 # Every setting a spec compares, stores and describes (besides the name).
-SETTINGS = ("topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level", "on_log_truncated")
+SETTINGS = ("cluster", "topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level",
+            "on_log_truncated")
 
 
 class Invalid(ValueError):
@@ -68,6 +71,7 @@ class PipelineSpec:
     isolation_level: str = IsolationLevel.READ_COMMITTED
     on_log_truncated: str = LogTruncatedPolicy.STOP
     create_table: bool = False
+    cluster: str = "default"   # a Kafka cluster's name (consumers/kafka/clusters.py)
     extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
 
     @property
@@ -91,7 +95,7 @@ class PipelineSpec:
         return cls(name=pipeline.name, topic=pipeline.topic, sink_table=pipeline.sink_table,
                    mode=DeliveryMode(pipeline.delivery_mode).label, transform=pipeline.transform,
                    group=pipeline.group_id, engine=pipeline.engine, isolation_level=pipeline.isolation_level,
-                   on_log_truncated=pipeline.on_log_truncated)
+                   on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster)
 
 
 def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
@@ -100,7 +104,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     problems: dict[str, str] = {}
     for key in spec.extra:
         problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine, "
-                         f"isolation_level, on_log_truncated or create_table")
+                         f"isolation_level, on_log_truncated, cluster or create_table")
     _check_scalars(spec, problems)
     if not NAME_PATTERN.match(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
@@ -125,8 +129,9 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     except LookupError as exc:
         problems["transform"] = (f"{exc}. A transform is a consumers.engine.transforms.Transform object; see README "
                                  "'Add your own pipeline'")
-    if "topic" not in problems:
-        _check_topic(spec.topic, problems)
+    _check_cluster(spec, problems)
+    if "topic" not in problems and "cluster" not in problems:
+        _check_topic(spec.topic, problems, spec.cluster)
     if "sink_table" not in problems:
         _check_table_name(spec.sink_table, problems)
     if transform is not None and "sink_table" not in problems and spec.delivery_mode:
@@ -138,7 +143,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
 
 def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
     for name in ("name", "topic", "sink_table", "mode", "transform", "group", "engine", "isolation_level",
-                 "on_log_truncated"):
+                 "on_log_truncated", "cluster"):
         if not isinstance(getattr(spec, name), str):
             problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
             setattr(spec, name, "")
@@ -168,9 +173,18 @@ def _check_reading(spec: PipelineSpec, problems: dict) -> None:
                                         "skip (skip the lost records, note them in the ledger, alert)")
 
 
-def _check_topic(topic: str, problems: dict) -> None:
+def _check_cluster(spec: PipelineSpec, problems: dict) -> None:
+    if "cluster" in problems:
+        return
     try:
-        kafka_admin.partitions_for(topic)
+        clusters.get(spec.cluster or clusters.DEFAULT)
+    except ClusterConfigError as exc:
+        problems["cluster"] = exc.problem if exc.cluster == spec.cluster else str(exc)
+
+
+def _check_topic(topic: str, problems: dict, cluster=None) -> None:
+    try:
+        kafka_admin.partitions_for(topic, cluster=cluster)
     except kafka_admin.KafkaAdminError:
         problems["topic"] = (f"topic {topic!r} does not exist in Kafka: create it first (e.g. kafka-topics.sh "
                              f"--create --topic {topic}) or check the name")
@@ -223,7 +237,7 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
             name=spec.name, topic=spec.topic, sink_table=spec.sink_table, transform=spec.transform,
             delivery_mode=spec.delivery_mode, group_id=spec.group_id, engine=spec.engine,
             isolation_level=spec.isolation_level, on_log_truncated=spec.on_log_truncated,
-            desired_state=DesiredState.STOPPED)
+            cluster=spec.cluster or clusters.DEFAULT, desired_state=DesiredState.STOPPED)
         if spec.create_table:
             with connection.cursor() as cursor:
                 sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
@@ -303,7 +317,7 @@ def delete(name: str, actor: str = "cli") -> None:
 def describe(spec: PipelineSpec) -> dict:
     return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
             "group": spec.group_id, "engine": spec.engine, "isolation_level": spec.isolation_level,
-            "on_log_truncated": spec.on_log_truncated}
+            "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster}
 
 
 def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:

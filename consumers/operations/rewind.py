@@ -95,9 +95,10 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
 
 def plan(pipeline: Pipeline, spec: OffsetSpec, partitions: list[int] | None = None) -> list[PartitionMove]:
     """Per partition: the current position, the new one, and how many records are re-read or skipped."""
-    chosen = choose_partitions(pipeline.topic, partitions)
-    marks = kafka_admin.watermarks(pipeline.topic, chosen)
-    return resolve(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks)
+    chosen = choose_partitions(pipeline.topic, partitions, cluster=pipeline.cluster)
+    marks = kafka_admin.watermarks(pipeline.topic, chosen, cluster=pipeline.cluster)
+    return resolve(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks,
+                   cluster=pipeline.cluster)
 
 
 def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[int, int]:
@@ -106,7 +107,8 @@ def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[
     stored = dict(PartitionOffset.objects.filter(pipeline=pipeline, partition__in=partitions)
                   .values_list("partition", "next_offset"))
     if not pipeline.is_exactly_once:
-        committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions)
+        committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions,
+                                                  cluster=pipeline.cluster)
         stored.update({p: o for p, o in committed.items() if o is not None})
     return {p: stored[p] if p in stored else pipeline.initial_position(marks[p]) for p in partitions}
 
@@ -222,7 +224,7 @@ def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_unt
 def _commit_to_kafka(pipeline: Pipeline, moves: list[PartitionMove]) -> str:
     offsets = {m.partition: m.new for m in moves}
     try:
-        kafka_admin.commit_offsets(pipeline.group_id, pipeline.topic, offsets)
+        kafka_admin.commit_offsets(pipeline.group_id, pipeline.topic, offsets, cluster=pipeline.cluster)
     except Exception as exc:
         if not pipeline.is_exactly_once:
             # The classic modes resume from Kafka: without this commit the rewind would not happen.

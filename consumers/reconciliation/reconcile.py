@@ -71,7 +71,7 @@ def status_window() -> timedelta:
     return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
 
 
-def reconcile_all(*, full: bool = False, kafka=kafka_admin) -> list[PipelineReport]:
+def reconcile_all(*, full: bool = False, kafka=None) -> list[PipelineReport]:
     reports = []
     for pipeline in Pipeline.objects.order_by("name"):
         try:
@@ -81,10 +81,12 @@ def reconcile_all(*, full: bool = False, kafka=kafka_admin) -> list[PipelineRepo
     return reports
 
 
-def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=kafka_admin,
+def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
                        now: datetime | None = None) -> PipelineReport:
     """Verify what is new since the last run (everything when `full`), measure lag, evaluate the status
-    and store PartitionHealth / PipelineHealth. `kafka` is the Kafka admin module (a stand-in in tests)."""
+    and store PartitionHealth / PipelineHealth. `kafka` is the Kafka admin calls (the pipeline's cluster's
+    unless given: a stand-in in tests)."""
+    kafka = kafka or kafka_admin.on(pipeline.cluster)
     timer = _Timer()
     errors: list[str] = []
     classic = pipeline.delivery_mode != DeliveryMode.EXACTLY_ONCE

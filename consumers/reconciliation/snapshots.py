@@ -31,18 +31,18 @@ TIERS = ((60, timedelta(hours=1)), (900, timedelta(days=1)))
 RETENTION = timedelta(days=30)
 
 
-def take_snapshots(*, kafka=kafka_admin, now: datetime | None = None) -> int:
+def take_snapshots(*, kafka=None, now: datetime | None = None) -> int:
     """Sample every pipeline and every external group; returns the number of rows written."""
     now = now or timezone.now()
     rows: list[LagSnapshot] = []
     for pipeline in Pipeline.objects.order_by("name"):
         try:
-            rows += _pipeline_samples(pipeline, kafka, now)
+            rows += _pipeline_samples(pipeline, kafka or kafka_admin.on(pipeline.cluster), now)
         except Exception:  # one unreachable topic must not cost the others their sample
             log.exception("snapshot of pipeline %s failed", pipeline.name)
     try:
-        for group_id in groups.list_groups(kafka=kafka):
-            report = groups.describe(group_id, kafka=kafka, now_ms=now.timestamp() * 1000)
+        for group_id in groups.list_groups(kafka=kafka or kafka_admin.on()):
+            report = groups.describe(group_id, kafka=kafka or kafka_admin.on(), now_ms=now.timestamp() * 1000)
             positions = [p.committed for p in report.partitions if p.committed is not None]
             rows.append(LagSnapshot(group_id=group_id, partition=None, taken_at=now, lag_records=report.lag_records,
                                     lag_seconds=report.lag_seconds, position=sum(positions) if positions else None,

@@ -28,6 +28,7 @@ from psycopg2 import sql
 
 from consumers.engine import db
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
 
 log = logging.getLogger("tally.spark.topic_check")
@@ -130,32 +131,34 @@ class ConsumedRange:
     start: dict[int, int]   # log start per partition
     end: dict[int, int]     # the group's committed offset (exclusive) per partition
     source: str             # "kafka" or "tally"
+    cluster: str = "default"
 
     @property
     def records(self) -> int:
         return sum(self.end[p] - self.start[p] for p in self.end)
 
 
-def consumed_range(topic: str, group_id: str, pipeline: Pipeline | None = None) -> ConsumedRange:
+def consumed_range(topic: str, group_id: str, pipeline: Pipeline | None = None, cluster=None) -> ConsumedRange:
     """[log start, committed) per partition. Exactly-once pipelines of Tally: the DB's next_offset (the
     truth, Kafka's copy is advisory); otherwise Kafka's committed offsets (what the group claims)."""
-    marks = kafka_admin.watermarks(topic)
+    cluster = pipeline.cluster if pipeline is not None else (cluster or clusters.DEFAULT)
+    marks = kafka_admin.watermarks(topic, cluster=cluster)
     if pipeline is not None and pipeline.is_exactly_once:
         source = "tally"
         committed = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
     else:
         source = "kafka"
-        committed = kafka_admin.committed_offsets(group_id, topic, sorted(marks))
+        committed = kafka_admin.committed_offsets(group_id, topic, sorted(marks), cluster=cluster)
     start = {p: m.log_start for p, m in marks.items()}
     end = {p: min(max(committed.get(p) or m.log_start, m.log_start), m.high) for p, m in marks.items()}
-    return ConsumedRange(topic, start, end, source)
+    return ConsumedRange(topic, start, end, source, cluster)
 
 
 def extract_consumed(spark, consumed: ConsumedRange, parser: Callable):
-    from consumers.engine.spark_source import kafka_format, offsets_json
+    from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 
-    frame = (spark.read.format(kafka_format(spark))
-             .option("kafka.bootstrap.servers", settings.KAFKA_BOOTSTRAP_SERVERS)
+    cluster = clusters.get(consumed.cluster)
+    frame = (spark.read.format(kafka_format(spark, cluster)).options(**cluster_options(cluster))
              .option("subscribe", consumed.topic)
              .option("startingOffsets", offsets_json(consumed.topic, consumed.start))
              .option("endingOffsets", offsets_json(consumed.topic, consumed.end))
@@ -285,7 +288,7 @@ def _json_key(key):
 
 def check_topic(topic: str, group_id: str, table: str, key_column: str, value_parser_name: str = "int_value", *,
                 pipeline: Pipeline | None = None, sample_limit: int = SAMPLE_LIMIT,
-                progress: Callable[[float, str], None] | None = None) -> dict:
+                progress: Callable[[float, str], None] | None = None, cluster=None) -> dict:
     """Run the topic check and return its report (a JSON-ready dict)."""
     from pyspark import StorageLevel
 
@@ -295,7 +298,7 @@ def check_topic(topic: str, group_id: str, table: str, key_column: str, value_pa
     parser = parser_for(value_parser_name)
     started = time.monotonic()
     progress(0.05, "reading the group's committed offsets")
-    consumed = consumed_range(topic, group_id, pipeline)
+    consumed = consumed_range(topic, group_id, pipeline, cluster)
     progress(0.1, f"starting Spark to read {consumed.records} records")
     spark = get_spark()
     written = extract_written(spark, table, key_column)

@@ -85,14 +85,15 @@ def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
     if partition < 0 or offset < 0:
         raise TraceRefused("partition and offset are numbers >= 0")
     try:
-        partitions = kafka_admin.partitions_for(pipeline.topic)
+        partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
     except kafka_admin.KafkaAdminError as exc:
         raise TraceRefused(str(exc)) from None
     if partition not in partitions:
         raise TraceRefused(f"partition: topic {pipeline.topic!r} has no partition {partition} "
                            f"(it has {len(partitions)})", "partition")
-    mark = kafka_admin.watermarks(pipeline.topic, [partition])[partition]
-    found = kafka_admin.read_record(pipeline.topic, partition, offset) if mark.log_start <= offset < mark.high else None
+    mark = kafka_admin.watermarks(pipeline.topic, [partition], cluster=pipeline.cluster)[partition]
+    found = (kafka_admin.read_record(pipeline.topic, partition, offset, cluster=pipeline.cluster)
+             if mark.log_start <= offset < mark.high else None)
     result = Trace(pipeline.name, pipeline.topic, partition, offset, "", "")
     if found is not None:
         result.record = {"key": preview(found.key), "value": preview(found.value), "timestamp_ms": found.timestamp_ms}
@@ -132,10 +133,11 @@ def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRec
     """(records of the pipeline's topic with this key, among the newest KEY_SCAN_LIMIT per partition,
     records scanned)."""
     try:
-        partitions = kafka_admin.partitions_for(pipeline.topic)
+        partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
     except kafka_admin.KafkaAdminError as exc:
         raise TraceRefused(str(exc)) from None
-    return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT)
+    return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT,
+                                          cluster=pipeline.cluster)
 
 
 def _sink_rows(pipeline: Pipeline, partition: int, offset: int) -> list[dict]:

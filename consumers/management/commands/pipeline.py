@@ -45,6 +45,9 @@ class Command(BaseCommand):
                                  "stop (default) with the reason, or skip the lost records (noted in the ledger, "
                                  "alerted).")
         create.add_argument("--create-table", action="store_true", help="Create the sink table if it is missing.")
+        create.add_argument("--cluster", default="default",
+                            help="The Kafka cluster of the topic: default (KAFKA_* settings) or a name from the "
+                                 "TALLY_KAFKA_CLUSTERS file.")
         create.add_argument("--json", action="store_true", help="Print the pipeline as JSON.")
 
         listing = commands.add_parser("list", help="Every pipeline with its topic, sink, mode and state.")
@@ -77,10 +80,10 @@ class Command(BaseCommand):
         getattr(self, f"do_{command}")(actor=actor, **options)
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
-                  on_log_truncated, create_table, **options):
+                  on_log_truncated, create_table, cluster, **options):
         spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
                             group=group, engine=engine, isolation_level=isolation_level,
-                            on_log_truncated=on_log_truncated, create_table=create_table)
+                            on_log_truncated=on_log_truncated, create_table=create_table, cluster=cluster)
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
@@ -135,7 +138,7 @@ def as_dict(pipeline: Pipeline) -> dict:
             "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
             "engine": pipeline.engine, "isolation_level": pipeline.isolation_level,
             "on_log_truncated": pipeline.on_log_truncated, "desired_state": pipeline.desired_state,
-            "epoch": pipeline.epoch}
+            "epoch": pipeline.epoch, "cluster": pipeline.cluster}
 
 
 def _json(data) -> str:

@@ -1,0 +1,437 @@
+"""Kafka clusters: their connection settings, and the one factory that builds every Kafka client Tally makes.
+
+    from consumers.kafka import clusters
+
+    cluster = clusters.get("prod")        # a Cluster; clusters.get() or get(None) is "default"
+    clusters.consumer(cluster, group_id=None, ...)   # kafka-python KafkaConsumer, connection settings applied
+    clusters.admin(cluster)                          # KafkaAdminClient (tolerant of the embedded broker)
+    clusters.producer(cluster, acks="all")           # KafkaProducer
+    clusters.client_kwargs(cluster)                  # only the connection keywords, for kafka-python
+    clusters.preflight(cluster)                      # resolve, TLS, authenticate, metadata within seconds, or
+                                                     # raise ClusterUnavailable naming the cluster, step and cause
+    clusters.names() / clusters.all_clusters()       # "default" first, then the file's, by name
+
+Every factory function takes a `Cluster`, a cluster name, or None (the default cluster); keyword arguments
+are kafka-python's and override nothing of the connection settings.
+
+Where the settings come from:
+- "default": the environment, named as kafka-python and librdkafka users expect (tally/settings.py):
+  KAFKA_BOOTSTRAP_SERVERS, KAFKA_SECURITY_PROTOCOL, KAFKA_SSL_CAFILE|CERTFILE|KEYFILE, KAFKA_SSL_PASSWORD
+  (or _FILE), KAFKA_SSL_CHECK_HOSTNAME, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or
+  _FILE), KAFKA_SASL_OAUTH_TOKEN_FILE.
+- more clusters: the TOML file TALLY_KAFKA_CLUSTERS names, one `[clusters.NAME]` table each, with the same
+  keys in lower case without `kafka_` (`bootstrap_servers`, `security_protocol`, `sasl_mechanism`, ...).
+  Secrets are given by environment-variable name (`sasl_password_env`, `ssl_password_env`) or by file
+  (`sasl_password_file`, `ssl_password_file`, `sasl_oauth_token_file`), never as values, so the file can be
+  committed. Relative paths are relative to the file.
+
+A `Cluster` holds where its secrets are (`Secret`), never their values: its repr, `spec()` (the plain values
+Spark executors receive) and every message are free of secrets. Values are read only when a client is built.
+"""
+import os
+import re
+import ssl
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from django.conf import settings
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.net.sasl.oauth import AbstractTokenProvider
+
+from consumers.kafka.errors import ClusterConfigError
+
+DEFAULT = "default"
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Keys of a [clusters.NAME] table; a secret's value is refused with a pointer to its _env/_file keys.
+FILE_KEYS = {"bootstrap_servers", "security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile",
+             "ssl_password_env", "ssl_password_file", "ssl_check_hostname", "sasl_mechanism", "sasl_username",
+             "sasl_password_env", "sasl_password_file", "sasl_oauth_token_file"}
+PATH_KEYS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password_file", "sasl_password_file",
+             "sasl_oauth_token_file")
+
+
+@dataclass(frozen=True)
+class Secret:
+    """Where a secret is: an environment variable's name or a file's path. Never its value."""
+
+    env: str = ""
+    file: str = ""
+
+    def __str__(self) -> str:
+        return f"environment variable {self.env}" if self.env else f"file {self.file}"
+
+    def reveal(self, cluster: str, what: str) -> str:
+        """The value, read now (files are re-read: rotated passwords and tokens are picked up)."""
+        if self.env:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise ClusterConfigError(cluster, f"{what} is read from {self}, which is not set")
+            return value
+        try:
+            return Path(self.file).read_text().strip()
+        except OSError as exc:
+            raise ClusterConfigError(cluster, f"{what} cannot be read from {self}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    bootstrap_servers: str
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_password: Secret | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: Secret | None = None
+    sasl_oauth_token_file: str = ""
+    source: str = field(default="its settings", compare=False)   # for messages: where it was defined
+
+    def __post_init__(self):
+        problem = self._problem()
+        if problem:
+            raise ClusterConfigError(self.name, f"{problem} (in {self.source})")
+
+    def _problem(self) -> str:
+        if not NAME_PATTERN.match(self.name):
+            return "a cluster name is 1-64 letters, digits, '.', '_' or '-'"
+        if not parse_servers(self.bootstrap_servers):
+            return "bootstrap_servers must be a comma-separated list of host:port"
+        if self.security_protocol not in PROTOCOLS:
+            return f"security_protocol {self.security_protocol!r} is not one of {', '.join(PROTOCOLS)}"
+        if not self.uses_tls and (self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile):
+            return f"TLS files are set but security_protocol is {self.security_protocol} (use SSL or SASL_SSL)"
+        if self.ssl_keyfile and not self.ssl_certfile:
+            return "ssl_keyfile is set without ssl_certfile"
+        if self.ssl_password and not self.ssl_certfile:
+            return "an ssl password is set without ssl_certfile (it unlocks the client key)"
+        if not self.uses_sasl:
+            if self.sasl_mechanism or self.sasl_username or self.sasl_password or self.sasl_oauth_token_file:
+                return (f"SASL settings are set but security_protocol is {self.security_protocol} "
+                        "(use SASL_PLAINTEXT or SASL_SSL)")
+            return ""
+        if self.sasl_mechanism not in MECHANISMS:
+            return (f"sasl_mechanism {self.sasl_mechanism!r} is not one of {', '.join(MECHANISMS)} "
+                    f"(security_protocol {self.security_protocol} needs one)")
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if not self.sasl_oauth_token_file:
+                return "OAUTHBEARER needs sasl_oauth_token_file (a file holding the token)"
+        elif not self.sasl_username or self.sasl_password is None:
+            return f"{self.sasl_mechanism} needs sasl_username and a password (by environment variable or file)"
+        return ""
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def mechanism(self) -> str:
+        """What authenticates the client, for pages and `kafka check`."""
+        if self.uses_sasl:
+            return f"SASL {self.sasl_mechanism}"
+        return "TLS client certificate" if self.ssl_certfile else "none"
+
+    @property
+    def servers(self) -> list[tuple[str, int]]:
+        return parse_servers(self.bootstrap_servers)
+
+    def spec(self) -> dict:
+        """Plain values with no secret (secrets stay references), for processes that build their own
+        clients: Spark executors. `Cluster.from_spec(spec)` is the same cluster."""
+        values = asdict(self)
+        for key in ("ssl_password", "sasl_password"):
+            values[key] = asdict(getattr(self, key)) if getattr(self, key) else None
+        return values
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Cluster":
+        values = dict(spec)
+        for key in ("ssl_password", "sasl_password"):
+            values[key] = Secret(**values[key]) if values.get(key) else None
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+    def secret_values(self) -> list[str]:
+        """The secrets' values as they are now, to scrub them from any text that leaves Tally."""
+        found = []
+        for secret in (self.ssl_password, self.sasl_password):
+            if secret is not None:
+                try:
+                    found.append(secret.reveal(self.name, "secret"))
+                except ClusterConfigError:
+                    pass
+        if self.sasl_oauth_token_file:
+            try:
+                found.append(Path(self.sasl_oauth_token_file).read_text().strip())
+            except OSError:
+                pass
+        return [value for value in found if len(value) >= 3]
+
+
+def parse_servers(text) -> list[tuple[str, int]]:
+    """"a:9092,b:9093" (or a list of such) -> [("a", 9092), ("b", 9093)]; [] when any entry is malformed."""
+    items = text if isinstance(text, list | tuple) else str(text or "").split(",")
+    servers = []
+    for item in (str(i).strip() for i in items):
+        host, _, port = item.rpartition(":")
+        if not item or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return []
+        servers.append((host.strip("[]"), int(port)))
+    return servers
+
+
+# --- where clusters come from --------------------------------------------------------------------------
+
+def default_cluster() -> Cluster:
+    """The "default" cluster, from the environment (read into Django settings at start-up)."""
+    def env_secret(name: str) -> Secret | None:
+        value_file = getattr(settings, f"{name}_FILE", "")
+        if os.environ.get(name) is not None and value_file:
+            raise ClusterConfigError(DEFAULT, f"set {name} or {name}_FILE, not both")
+        if value_file:
+            return Secret(file=value_file)
+        return Secret(env=name) if os.environ.get(name) is not None else None
+
+    return Cluster(
+        name=DEFAULT, bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS,
+        security_protocol=getattr(settings, "KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+        ssl_cafile=getattr(settings, "KAFKA_SSL_CAFILE", ""),
+        ssl_certfile=getattr(settings, "KAFKA_SSL_CERTFILE", ""),
+        ssl_keyfile=getattr(settings, "KAFKA_SSL_KEYFILE", ""),
+        ssl_password=env_secret("KAFKA_SSL_PASSWORD"),
+        ssl_check_hostname=getattr(settings, "KAFKA_SSL_CHECK_HOSTNAME", True),
+        sasl_mechanism=getattr(settings, "KAFKA_SASL_MECHANISM", ""),
+        sasl_username=getattr(settings, "KAFKA_SASL_USERNAME", ""),
+        sasl_password=env_secret("KAFKA_SASL_PASSWORD"),
+        sasl_oauth_token_file=getattr(settings, "KAFKA_SASL_OAUTH_TOKEN_FILE", ""))
+
+
+_file_cache: dict = {}
+
+
+def file_clusters() -> dict[str, Cluster]:
+    """The clusters of the TALLY_KAFKA_CLUSTERS file ({} when unset); read again when the file changes."""
+    path = getattr(settings, "TALLY_KAFKA_CLUSTERS", "")
+    if not path:
+        return {}
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise ClusterConfigError("*", f"TALLY_KAFKA_CLUSTERS names {path}, which cannot be read: "
+                                      f"{exc.strerror}") from None
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _file_cache:
+        _file_cache.clear()
+        _file_cache[key] = _parse_file(Path(path))
+    return _file_cache[key]
+
+
+def _parse_file(path: Path) -> dict[str, Cluster]:
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClusterConfigError("*", f"{path} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:   # names a line and column, never echoes a value
+        raise ClusterConfigError("*", f"{path} is not valid TOML: {exc}") from None
+    unknown_top = set(document) - {"clusters"}
+    if unknown_top or not isinstance(document.get("clusters", {}), dict):
+        raise ClusterConfigError("*", f"{path} holds only [clusters.NAME] tables (found {sorted(unknown_top)})")
+    found = {}
+    for name, table in document.get("clusters", {}).items():
+        found[name] = _cluster_from_table(path, name, table)
+    return found
+
+
+def _cluster_from_table(path: Path, name: str, table) -> Cluster:
+    where = f"{path} [clusters.{name}]"
+    if name == DEFAULT:
+        raise ClusterConfigError(name, f"{where}: the default cluster comes from the KAFKA_* environment "
+                                       "variables; give this one another name")
+    if not isinstance(table, dict):
+        raise ClusterConfigError(name, f"{where} must be a table")
+    for key in ("sasl_password", "ssl_password"):
+        if key in table:   # never echo its value
+            raise ClusterConfigError(name, f"{where}: {key} cannot be written in the file; name an environment "
+                                           f"variable ({key}_env) or a file ({key}_file)")
+    unknown = sorted(set(table) - FILE_KEYS)
+    if unknown:
+        raise ClusterConfigError(name, f"{where}: unknown keys {unknown} (known: {sorted(FILE_KEYS)})")
+    values = {}
+    for key, value in table.items():
+        expected = bool if key == "ssl_check_hostname" else (str, list) if key == "bootstrap_servers" else str
+        if not isinstance(value, expected):
+            raise ClusterConfigError(name, f"{where}: {key} must be a "
+                                           f"{'boolean' if expected is bool else 'string'}")
+        if key in PATH_KEYS and value:
+            value = str((path.parent / value).resolve()) if not os.path.isabs(value) else value
+        values[key] = value
+    if isinstance(values.get("bootstrap_servers"), list):
+        values["bootstrap_servers"] = ",".join(str(s) for s in values["bootstrap_servers"])
+    secrets = {}
+    for key in ("sasl_password", "ssl_password"):
+        env, file = values.pop(f"{key}_env", ""), values.pop(f"{key}_file", "")
+        if env and file:
+            raise ClusterConfigError(name, f"{where}: set {key}_env or {key}_file, not both")
+        secrets[key] = Secret(env=env) if env else Secret(file=file) if file else None
+    if "bootstrap_servers" not in values:
+        raise ClusterConfigError(name, f"{where}: bootstrap_servers is required")
+    return Cluster(name=name, source=where, **values, **secrets)
+
+
+def all_clusters() -> list[Cluster]:
+    """Every configured cluster: "default" first, then the file's by name."""
+    return [default_cluster()] + [c for _, c in sorted(file_clusters().items())]
+
+
+def names() -> list[str]:
+    return [DEFAULT] + sorted(file_clusters())
+
+
+def get(cluster: "Cluster | str | None" = None) -> Cluster:
+    """A cluster by name (None or "" is the default); a Cluster is returned as it is."""
+    if isinstance(cluster, Cluster):
+        return cluster
+    if not cluster or cluster == DEFAULT:
+        return default_cluster()
+    found = file_clusters().get(cluster)
+    if found is None:
+        configured = ", ".join(names())
+        raise ClusterConfigError(cluster, f"no such cluster (configured: {configured}; more clusters come "
+                                          "from the file TALLY_KAFKA_CLUSTERS names)")
+    return found
+
+
+def describe(cluster: Cluster) -> dict:
+    """A cluster for people: settings, and where each secret comes from, never its value."""
+    return {"name": cluster.name, "bootstrap_servers": cluster.bootstrap_servers,
+            "security_protocol": cluster.security_protocol, "mechanism": cluster.mechanism,
+            "ssl_cafile": cluster.ssl_cafile or None, "ssl_certfile": cluster.ssl_certfile or None,
+            "ssl_check_hostname": cluster.ssl_check_hostname, "sasl_username": cluster.sasl_username or None,
+            "password_from": str(cluster.sasl_password or cluster.ssl_password or "") or None,
+            "source": cluster.source}
+
+
+# --- the one factory -------------------------------------------------------------------------------------
+
+class FileTokenProvider(AbstractTokenProvider):
+    """OAUTHBEARER: the token is read from a file at each authentication, so a sidecar can rotate it."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def token(self) -> str:
+        return Secret(file=self.cluster.sasl_oauth_token_file).reveal(self.cluster.name, "the OAUTHBEARER token")
+
+
+def ssl_context(cluster: Cluster) -> ssl.SSLContext:
+    """The TLS context of every connection to the cluster (kafka-python's own defaults: TLS 1.2 or later,
+    the CA file or the system's CAs, the host name checked unless ssl_check_hostname is false)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = cluster.ssl_check_hostname
+    try:
+        if cluster.ssl_cafile:
+            context.load_verify_locations(cluster.ssl_cafile)
+        else:
+            context.load_default_certs()
+    except (OSError, ssl.SSLError) as exc:
+        raise ClusterConfigError(cluster.name, f"ssl_cafile {cluster.ssl_cafile} cannot be loaded: "
+                                               f"{_os_reason(exc)}") from None
+    if cluster.ssl_certfile:
+        password = cluster.ssl_password.reveal(cluster.name, "the ssl password") if cluster.ssl_password else None
+        try:
+            context.load_cert_chain(cluster.ssl_certfile, cluster.ssl_keyfile or None, password=password)
+        except (OSError, ssl.SSLError) as exc:
+            raise ClusterConfigError(cluster.name, f"the client certificate ({cluster.ssl_certfile}) or its key "
+                                                   f"cannot be loaded: {_os_reason(exc)} (a wrong ssl password?)"
+                                     ) from None
+    return context
+
+
+def _os_reason(exc: Exception) -> str:
+    return getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
+
+
+def client_kwargs(cluster: "Cluster | str | None" = None) -> dict:
+    """kafka-python's connection keywords for the cluster. They hold secrets: never log or show them."""
+    cluster = get(cluster)
+    kwargs = {"bootstrap_servers": [f"{host}:{port}" for host, port in cluster.servers],
+              "security_protocol": cluster.security_protocol}
+    if cluster.uses_tls:
+        kwargs["ssl_context"] = ssl_context(cluster)
+        kwargs["ssl_check_hostname"] = cluster.ssl_check_hostname
+    if cluster.uses_sasl:
+        kwargs["sasl_mechanism"] = cluster.sasl_mechanism
+        if cluster.sasl_mechanism == "OAUTHBEARER":
+            kwargs["sasl_oauth_token_provider"] = FileTokenProvider(cluster)
+        else:
+            kwargs["sasl_plain_username"] = cluster.sasl_username
+            kwargs["sasl_plain_password"] = cluster.sasl_password.reveal(cluster.name, "the SASL password")
+    return kwargs
+
+
+class _AdminClient(KafkaAdminClient):
+    """kafka-python's admin client, tolerant of a DescribeGroups reply whose authorized-operations bit
+    set has values it does not know (the embedded broker sends them even when not asked)."""
+
+    def _process_acl_operations(self, obj):
+        try:
+            return super()._process_acl_operations(obj)
+        except ValueError:
+            obj["authorized_operations"] = None
+            return obj
+
+
+def _request_timeout_ms() -> int:
+    # Spark's Python workers build clients without Django settings: kafka-python's own default there.
+    return settings.KAFKA_REQUEST_TIMEOUT_MS if settings.configured else 30000
+
+
+def _config(cluster, defaults: dict, overrides: dict) -> dict:
+    config = {"request_timeout_ms": _request_timeout_ms(), **defaults, **overrides}
+    config.update(client_kwargs(cluster))
+    return config
+
+
+def consumer(cluster: "Cluster | str | None" = None, **kwargs) -> KafkaConsumer:
+    return KafkaConsumer(**_config(cluster, {"client_id": "tally"}, kwargs))
+
+
+def admin(cluster: "Cluster | str | None" = None, **kwargs) -> KafkaAdminClient:
+    return _AdminClient(**_config(cluster, {"client_id": "tally-admin"}, kwargs))
+
+
+def producer(cluster: "Cluster | str | None" = None, **kwargs) -> KafkaProducer:
+    return KafkaProducer(**_config(cluster, {"client_id": "tally-producer"}, kwargs))
+
+
+# --- fast, clear failures -------------------------------------------------------------------------------
+
+# A passing check is trusted this long per process, so a page that makes many admin calls checks once.
+PREFLIGHT_TTL_S = 15.0
+_passed: dict = {}
+
+
+def preflight(cluster: "Cluster | str | None" = None, timeout_s: float | None = None) -> Cluster:
+    """Check within seconds that the cluster can be used (the steps of `kafka check`) before a client that
+    would retry for the whole request timeout is built. Raises ClusterConfigError or ClusterUnavailable,
+    whose message names the cluster, the step and the cause; returns the cluster."""
+    from consumers.kafka.check import CHECK_TIMEOUT_S, check_cluster
+
+    cluster = get(cluster)
+    key = repr(cluster)
+    if time.monotonic() - _passed.get(key, -PREFLIGHT_TTL_S) < PREFLIGHT_TTL_S:
+        return cluster
+    result = check_cluster(cluster, timeout_s=timeout_s or CHECK_TIMEOUT_S, read_metadata=False)
+    result.raise_for_failure()
+    _passed[key] = time.monotonic()
+    return cluster

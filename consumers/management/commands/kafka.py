@@ -1,0 +1,75 @@
+"""`kafka check [CLUSTER] [--json]`: can Tally use this Kafka cluster? `kafka clusters [--json]`: which are
+configured (no secret, only where each secret is read from).
+
+`check` walks the steps (settings, resolve, connect, tls, authenticate, metadata; consumers/kafka/check.py),
+prints each, then the brokers, the number of topics and the mechanism. Without CLUSTER it checks every
+configured cluster. Exit codes: 0 every cluster checked is usable, 1 one is not (which step failed and why
+on stderr), 2 usage error."""
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from consumers.kafka import clusters
+from consumers.kafka.check import check_cluster
+from consumers.kafka.errors import ClusterConfigError
+
+STEPS = ("settings", "resolve", "connect", "tls", "authenticate", "metadata")
+
+
+class Command(BaseCommand):
+    help = "Check a Kafka cluster's connection step by step (kafka check [CLUSTER]); list clusters (kafka clusters)."
+
+    def add_arguments(self, parser):
+        commands = parser.add_subparsers(dest="command", required=True)
+        check = commands.add_parser("check", help="Resolve, connect, TLS, authenticate, read metadata.")
+        check.add_argument("cluster", nargs="?", help="A cluster name (default: every configured cluster).")
+        check.add_argument("--json", action="store_true")
+        listing = commands.add_parser("clusters", help="The configured clusters (secrets never shown).")
+        listing.add_argument("--json", action="store_true")
+
+    def handle(self, *args, command, **options):
+        if command == "clusters":
+            return self.list_clusters(options["json"])
+        try:
+            names = [options["cluster"]] if options["cluster"] else clusters.names()
+        except ClusterConfigError as exc:
+            raise CommandError(str(exc), returncode=1) from None
+        results = [check_cluster(name) for name in names]
+        if options["json"]:
+            self.stdout.write(json.dumps([r.as_dict() for r in results] if not options["cluster"]
+                                         else results[0].as_dict()))
+        else:
+            for result in results:
+                self.print_result(result)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise CommandError("\n".join(r.error for r in failed), returncode=1)
+
+    def print_result(self, result) -> None:
+        self.stdout.write(f"Cluster {result.cluster}: {result.bootstrap_servers or '?'} "
+                          f"({result.protocol or '?'}, authentication: {result.mechanism or '?'})")
+        for step in STEPS:
+            if step in result.passed:
+                self.stdout.write(f"  {step:<13}ok")
+            elif step == result.step:
+                self.stdout.write(f"  {step:<13}FAILED: {result.cause}: {result.detail}")
+                break
+        if result.ok:
+            self.stdout.write(f"  brokers      {', '.join(result.brokers)}")
+            self.stdout.write(f"  topics       {result.topics}")
+            self.stdout.write(f"  mechanism    {result.mechanism}")
+            self.stdout.write(f"  checked in   {result.seconds:.2f} s")
+
+    def list_clusters(self, as_json: bool) -> None:
+        try:
+            found = clusters.all_clusters()
+        except ClusterConfigError as exc:
+            raise CommandError(str(exc), returncode=1) from None
+        rows = [clusters.describe(c) for c in found]
+        if as_json:
+            self.stdout.write(json.dumps(rows))
+            return
+        for row in rows:
+            self.stdout.write(f"{row['name']:<20} {row['bootstrap_servers']:<40} {row['security_protocol']:<15} "
+                              f"{row['mechanism']}  ({row['source']})")
+

@@ -1,0 +1,180 @@
+"""Cluster settings: the default cluster from the environment, more from a TOML file, validation with clear
+errors, and secrets that never appear in a repr, a spec or a message."""
+import pickle
+
+import pytest
+
+from consumers.kafka import clusters
+from consumers.kafka.clusters import Cluster, Secret
+from consumers.kafka.errors import ClusterConfigError
+from tests.pki import make_pki
+
+PASSWORD = "s3cret-Pa55word-that-must-never-show"
+
+
+@pytest.fixture
+def clusters_file(tmp_path, settings):
+    path = tmp_path / "clusters.toml"
+
+    def write(text: str):
+        path.write_text(text)
+        settings.TALLY_KAFKA_CLUSTERS = str(path)
+        return path
+
+    return write
+
+
+def test_the_default_cluster_comes_from_the_kafka_settings(settings, monkeypatch):
+    settings.KAFKA_BOOTSTRAP_SERVERS = "b1:9093,b2:9093"
+    settings.KAFKA_SECURITY_PROTOCOL = "SASL_SSL"
+    settings.KAFKA_SASL_MECHANISM = "SCRAM-SHA-512"
+    settings.KAFKA_SASL_USERNAME = "tally"
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", PASSWORD)
+    cluster = clusters.get()
+    assert cluster.name == "default" and cluster.servers == [("b1", 9093), ("b2", 9093)]
+    assert cluster.sasl_password == Secret(env="KAFKA_SASL_PASSWORD")
+    assert cluster.mechanism == "SASL SCRAM-SHA-512"
+    kwargs = clusters.client_kwargs(cluster)
+    assert kwargs["sasl_plain_password"] == PASSWORD and kwargs["security_protocol"] == "SASL_SSL"
+    assert kwargs["ssl_context"].check_hostname is True
+
+
+def test_a_password_file_is_read_when_a_client_is_built(settings, tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text(PASSWORD + "\n")
+    settings.KAFKA_SECURITY_PROTOCOL = "SASL_PLAINTEXT"
+    settings.KAFKA_SASL_MECHANISM = "PLAIN"
+    settings.KAFKA_SASL_USERNAME = "tally"
+    settings.KAFKA_SASL_PASSWORD_FILE = str(secret)
+    assert clusters.client_kwargs(None)["sasl_plain_password"] == PASSWORD
+    secret.write_text("rotated")
+    assert clusters.client_kwargs(None)["sasl_plain_password"] == "rotated"
+
+
+def test_both_a_password_and_a_password_file_are_refused(settings, monkeypatch, tmp_path):
+    settings.KAFKA_SASL_PASSWORD_FILE = str(tmp_path / "p")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", PASSWORD)
+    with pytest.raises(ClusterConfigError, match="set KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE, not both"):
+        clusters.get()
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({"security_protocol": "TLS"}, "security_protocol 'TLS' is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+    ({"security_protocol": "SASL_SSL"}, "sasl_mechanism '' is not one of PLAIN, SCRAM-SHA-256"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI", "sasl_username": "u"}, "'GSSAPI' is not one of"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}, "PLAIN needs sasl_username and a password"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER"}, "OAUTHBEARER needs sasl_oauth_token_file"),
+    ({"sasl_mechanism": "PLAIN"}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"ssl_cafile": "/ca.pem"}, "TLS files are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SSL", "ssl_keyfile": "/k.pem"}, "ssl_keyfile is set without ssl_certfile"),
+    ({"bootstrap_servers": "broker"}, "bootstrap_servers must be a comma-separated list of host:port"),
+    ({"name": "no spaces"}, "a cluster name is 1-64 letters"),
+])
+def test_inconsistent_settings_are_refused_with_the_reason(changes, problem):
+    values = {"name": "prod", "bootstrap_servers": "b:9092", **changes}
+    with pytest.raises(ClusterConfigError) as refused:
+        Cluster(**values)
+    assert problem in str(refused.value)
+
+
+def test_clusters_come_from_the_toml_file_with_secrets_by_name_or_file(clusters_file, monkeypatch, tmp_path):
+    make_pki(tmp_path)   # writes ca.pem beside the file
+    path = clusters_file("""
+[clusters.prod]
+bootstrap_servers = ["b1:9096", "b2:9096"]
+security_protocol = "SASL_SSL"
+ssl_cafile = "ca.pem"
+sasl_mechanism = "SCRAM-SHA-256"
+sasl_username = "tally"
+sasl_password_env = "PROD_KAFKA_PASSWORD"
+
+[clusters.aiven]
+bootstrap_servers = "kafka.aivencloud.com:12345"
+security_protocol = "SSL"
+ssl_certfile = "/etc/tally/service.cert"
+ssl_keyfile = "/etc/tally/service.key"
+ssl_check_hostname = false
+""")
+    assert clusters.names() == ["default", "aiven", "prod"]
+    prod = clusters.get("prod")
+    assert prod.bootstrap_servers == "b1:9096,b2:9096"
+    assert prod.ssl_cafile == str(tmp_path / "ca.pem")   # relative to the file
+    assert prod.sasl_password == Secret(env="PROD_KAFKA_PASSWORD")
+    assert prod.source == f"{path} [clusters.prod]"
+    assert clusters.get("aiven").ssl_check_hostname is False
+    monkeypatch.setenv("PROD_KAFKA_PASSWORD", PASSWORD)
+    assert clusters.client_kwargs("prod")["sasl_plain_username"] == "tally"
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ('bootstrap_servers = "b:1"\nsasl_password = "hunter2"', "sasl_password cannot be written in the file; name an "
+                                                             "environment variable (sasl_password_env) or a file"),
+    ('bootstrap_servers = "b:1"\nsecurity_protocl = "SSL"', "unknown keys ['security_protocl']"),
+    ('security_protocol = "SSL"', "bootstrap_servers is required"),
+    ('bootstrap_servers = "b:1"\nssl_check_hostname = "no"', "ssl_check_hostname must be a boolean"),
+])
+def test_a_wrong_table_in_the_file_is_refused_naming_the_cluster_and_key(clusters_file, table, problem):
+    clusters_file(f"[clusters.prod]\n{table}\n")
+    with pytest.raises(ClusterConfigError) as refused:
+        clusters.get("prod")
+    assert str(refused.value).startswith("Kafka cluster 'prod': ")
+    assert problem in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+
+
+def test_the_file_cannot_redefine_the_default_cluster(clusters_file):
+    clusters_file('[clusters.default]\nbootstrap_servers = "b:1"\n')
+    with pytest.raises(ClusterConfigError, match="the default cluster comes from the KAFKA_\\* environment"):
+        clusters.names()
+
+
+def test_an_unknown_cluster_names_the_configured_ones(clusters_file):
+    clusters_file('[clusters.prod]\nbootstrap_servers = "b:1"\n')
+    with pytest.raises(ClusterConfigError, match="no such cluster \\(configured: default, prod;"):
+        clusters.get("staging")
+
+
+def test_a_file_that_is_not_toml_says_where(clusters_file):
+    clusters_file("[clusters.prod\n")
+    with pytest.raises(ClusterConfigError, match="is not valid TOML"):
+        clusters.names()
+
+
+def test_a_missing_secret_says_where_it_was_looked_for_not_what_it_is(monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    cluster = Cluster("prod", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_username="u", sasl_password=Secret(env="NOT_SET_ANYWHERE"))
+    with pytest.raises(ClusterConfigError, match="the SASL password is read from environment variable "
+                                                 "NOT_SET_ANYWHERE, which is not set"):
+        clusters.client_kwargs(cluster)
+
+
+def test_no_secret_is_in_a_repr_a_spec_or_a_pickle(monkeypatch):
+    monkeypatch.setenv("PROD_PASSWORD", PASSWORD)
+    cluster = Cluster("prod", "b:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                      sasl_username="u", sasl_password=Secret(env="PROD_PASSWORD"))
+    assert PASSWORD not in repr(cluster) and PASSWORD not in str(cluster)
+    spec = cluster.spec()
+    assert PASSWORD not in repr(spec)
+    assert Cluster.from_spec(spec) == cluster
+    assert PASSWORD.encode() not in pickle.dumps(cluster)
+    assert cluster.secret_values() == [PASSWORD]
+
+
+def test_the_oauthbearer_token_is_read_from_its_file_at_each_authentication(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    cluster = Cluster("oauth", "b:1", security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+                      sasl_oauth_token_file=str(token))
+    provider = clusters.client_kwargs(cluster)["sasl_oauth_token_provider"]
+    assert provider.token() == "first-token"
+    token.write_text("second-token")
+    assert provider.token() == "second-token"
+
+
+def test_a_wrong_ca_file_is_a_settings_error_naming_the_file(tmp_path):
+    cafile = tmp_path / "ca.pem"
+    cafile.write_text("not a certificate")
+    cluster = Cluster("prod", "b:1", security_protocol="SSL", ssl_cafile=str(cafile))
+    with pytest.raises(ClusterConfigError, match=f"ssl_cafile {cafile} cannot be loaded"):
+        clusters.client_kwargs(cluster)

@@ -1,0 +1,195 @@
+"""TLS, mutual TLS and SASL (PLAIN, SCRAM) against the embedded broker behind forwarders of ours
+(tests/kafka_forwarders.py), with certificates made in the test (tests/pki.py): `kafka check`, a pipeline end
+to end, groups, and every failure a person must be able to act on, with no secret in any output."""
+import uuid
+
+import pytest
+from kafka.admin import NewTopic
+
+from consumers.engine.pipelines import create_pipeline
+from consumers.engine.python import run_pipeline
+from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
+from consumers.models import ConsumerRun
+from consumers.operations import groups
+from tests.chaos import sink_counts
+from tests.commands import run_command
+from tests.conftest import drop_sink_tables
+from tests.kafka_forwarders import ForwardedBroker, server_tls
+from tests.pki import make_pki
+
+pytestmark = [pytest.mark.kafka]
+
+PASSWORD = "correct-horse-battery-staple-7"
+WRONG = "wrong-horse-battery-staple-9"
+KEY_PASSWORD = "client-key-unlock-3"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"), client_key_password=KEY_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def secure_broker(pki, tmp_path_factory):
+    """TLS + SASL (SCRAM-SHA-256 and PLAIN offered), as Confluent Cloud or MSK."""
+    with ForwardedBroker(tls=server_tls(pki), users={"tally": PASSWORD},
+                         mechanisms=("SCRAM-SHA-256", "PLAIN")) as forwarded:
+        yield forwarded
+
+
+@pytest.fixture(scope="module")
+def mtls_broker(pki):
+    """Mutual TLS: the forwarder refuses a client without a certificate signed by the test CA (as Aiven)."""
+    with ForwardedBroker(tls=server_tls(pki, require_client_certificate=True)) as forwarded:
+        yield forwarded
+
+
+@pytest.fixture
+def clusters_file(tmp_path, settings, monkeypatch, pki, secure_broker, mtls_broker):
+    """A clusters file with the right settings for each broker, and one wrong setting per failure."""
+    monkeypatch.setenv("SECURE_PASSWORD", PASSWORD)
+    monkeypatch.setenv("WRONG_PASSWORD", WRONG)
+    (tmp_path / "key-password").write_text(KEY_PASSWORD + "\n")
+    scram = f'''
+bootstrap_servers = "{secure_broker.bootstrap}"
+security_protocol = "SASL_SSL"
+ssl_cafile = "{pki.ca_file}"
+sasl_username = "tally"
+'''
+    mtls = f'''
+bootstrap_servers = "{mtls_broker.bootstrap}"
+security_protocol = "SSL"
+ssl_cafile = "{pki.ca_file}"
+'''
+    path = tmp_path / "clusters.toml"
+    path.write_text(f'''
+[clusters.secure]{scram}sasl_mechanism = "SCRAM-SHA-256"
+sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.plain]{scram}sasl_mechanism = "PLAIN"
+sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.wrong-password]{scram}sasl_mechanism = "SCRAM-SHA-256"
+sasl_password_env = "WRONG_PASSWORD"
+
+[clusters.wrong-mechanism]{scram}sasl_mechanism = "SCRAM-SHA-512"
+sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.wrong-ca]{scram.replace(str(pki.ca_file), str(pki.other_ca_file))}sasl_mechanism = "SCRAM-SHA-256"
+sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.wrong-host]{scram.replace("localhost", "127.0.0.1")}sasl_mechanism = "SCRAM-SHA-256"
+sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.mtls]{mtls}ssl_certfile = "{pki.client_cert}"
+ssl_keyfile = "{pki.client_key}"
+ssl_password_file = "key-password"
+
+[clusters.no-client-cert]{mtls}
+[clusters.unreachable]
+bootstrap_servers = "localhost:1"
+''')
+    settings.TALLY_KAFKA_CLUSTERS = str(path)
+    return path
+
+
+def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism(clusters_file, secure_broker,
+                                                                                 capsys):
+    code, out, err = run_command(capsys, "kafka", "check", "secure")
+    assert (code, err) == (0, "")
+    for step in ("settings", "resolve", "connect", "tls", "authenticate", "metadata"):
+        assert f"  {step:<13}ok" in out
+    assert f"brokers      {secure_broker.bootstrap} (id " in out
+    assert "mechanism    SASL SCRAM-SHA-256" in out
+    assert ("tally", "SCRAM-SHA-256") in secure_broker.forwarder.authenticated
+
+
+@pytest.mark.parametrize(("cluster", "step", "cause", "detail"), [
+    ("wrong-password", "authenticate", "authentication", "the broker refused user 'tally' with SCRAM-SHA-256"),
+    ("wrong-mechanism", "authenticate", "authentication",
+     "the broker does not offer SASL SCRAM-SHA-512 (it offers SCRAM-SHA-256, PLAIN)"),
+    ("wrong-ca", "tls", "TLS verification", "the broker's certificate is not trusted by ssl_cafile"),
+    ("wrong-host", "tls", "TLS verification", "the broker's certificate does not name '127.0.0.1'"),
+    ("no-client-cert", "tls", "TLS verification", "may require a client certificate"),
+    ("unreachable", "connect", "unreachable", "no broker accepts connections at localhost:1"),
+])
+def test_kafka_check_says_which_step_failed_and_why_and_exits_1(clusters_file, capsys, cluster, step, cause, detail):
+    code, out, err = run_command(capsys, "kafka", "check", cluster)
+    assert code == 1
+    assert err.startswith(f"CommandError: Kafka cluster {cluster!r}: {cause} ({step} failed): ")
+    assert detail in err
+    assert f"  {step:<13}FAILED: {cause}: " in out
+    assert PASSWORD not in out + err and WRONG not in out + err
+
+
+def test_plain_and_mutual_tls_with_an_encrypted_client_key_pass_the_check(clusters_file, capsys, secure_broker):
+    assert run_command(capsys, "kafka", "check", "plain")[0] == 0
+    assert ("tally", "PLAIN") in secure_broker.forwarder.authenticated
+    code, out, _ = run_command(capsys, "kafka", "check", "mtls")
+    assert code == 0 and "mechanism    TLS client certificate" in out
+
+
+@pytest.fixture
+def secure_topic(clusters_file):
+    """A topic on the secure cluster holding values 1..40 over two partitions, produced through TLS + SCRAM."""
+    topic = f"secure-{uuid.uuid4().hex[:8]}"
+    with kafka_admin.admin_session("secure") as admin:
+        admin.create_topics([NewTopic(topic, 2, 1)])
+    producer = clusters.producer("secure", acks="all")
+    for value in range(1, 41):
+        producer.send(topic, str(value).encode(), partition=value % 2)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    return topic
+
+
+@pytest.fixture
+def made_pipelines(transactional_db):
+    tables = []
+    yield tables
+    drop_sink_tables(tables)
+
+
+def test_a_pipeline_on_a_tls_and_scram_cluster_runs_end_to_end_and_reconciles(secure_topic, made_pipelines,
+                                                                               secure_broker):
+    from consumers.reconciliation.reconcile import reconcile_pipeline
+
+    pipeline = create_pipeline(secure_topic, secure_topic, f"sink_{secure_topic}".replace("-", "_"),
+                               cluster="secure", batch_size=7)
+    made_pipelines.append(pipeline.sink_table)
+    before = len(secure_broker.forwarder.authenticated)
+    result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up", result.detail
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 41)}
+    assert len(secure_broker.forwarder.authenticated) > before   # the run's connections authenticated
+    report = reconcile_pipeline(pipeline)
+    assert (report.lost, report.duplicated, report.lag_records, report.status) == (0, 0, 0, "OK"), report.errors
+    # Kafka's advisory copy went to the secure cluster's group.
+    assert kafka_admin.committed_offsets(pipeline.group_id, secure_topic, cluster="secure") == {0: 20, 1: 20}
+
+
+def test_a_run_on_a_wrong_password_ends_failed_with_the_reason_and_no_secret(clusters_file, secure_topic,
+                                                                            made_pipelines, caplog):
+    pipeline = create_pipeline("wrong-" + secure_topic, secure_topic, f"sink_w_{secure_topic}".replace("-", "_"),
+                               cluster="wrong-password")
+    made_pipelines.append(pipeline.sink_table)
+    result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "error"
+    assert ("Kafka cluster 'wrong-password': authentication (authenticate failed): the broker refused user "
+            "'tally' with SCRAM-SHA-256") in result.detail
+    run = ConsumerRun.objects.get(pk=result.run_id)
+    # Crashed, not failed for good: the supervisor restarts it with backoff (a password file may be fixed).
+    assert run.state == "crashed" and "authentication (authenticate failed)" in run.end_reason
+    logged = caplog.text + result.detail
+    assert WRONG not in logged and PASSWORD not in logged
+
+
+def test_groups_on_a_secure_cluster_are_described_with_their_lag(db, secure_topic):
+    group = f"billing-{uuid.uuid4().hex[:6]}"
+    kafka_admin.commit_offsets(group, secure_topic, {0: 5, 1: 20}, cluster="secure")
+    assert group in groups.list_groups(cluster="secure")
+    report = groups.describe(group, cluster="secure")
+    assert report.errors == []
+    assert report.cluster == "secure"
+    assert {p.partition: p.lag_records for p in report.partitions} == {0: 15, 1: 0}
