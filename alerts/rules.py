@@ -248,6 +248,11 @@ def check_no_consumer(rule, view):
              "last_heartbeat_at": last.heartbeat_at.isoformat() if last else None,
              "last_run_state": last.state if last else None,
              "last_end_reason": (last.end_reason[:200] if last else "")}
+    if view.pipeline.waiting_for_worker(view.now):
+        # Its run tasks wait in the queue: every worker is full (or none runs). Say so, not "no consumer".
+        facts["runs_waiting"] = view.pipeline.runs_waiting
+        return Finding(f"should run but is waiting for a worker: {view.pipeline.runs_waiting} run task(s) queued "
+                       f"since {view.pipeline.waiting_since:%Y-%m-%d %H:%M:%S} UTC; add a worker", facts)
     if last is not None and last.state == RunState.FAILED:
         # Halted on a bad record or a database error: say why, the supervisor will not restart it.
         return Finding(f"should run but halted: {last.end_reason[:270]}", facts)

@@ -110,7 +110,16 @@ class PipelineForm(forms.Form):
         choices=LogTruncatedPolicy.choices, initial=LogTruncatedPolicy.STOP, label="When the log was truncated",
         help_text="Records deleted from Kafka before they were read (retention, a recreated topic): stop and say "
                   "why, or skip them (noted in the ledger, reported by reconciliation, alerted).")
+    runs = forms.IntegerField(
+        initial=1, required=False, label="Runs",
+        help_text="Engine processes running the pipeline at once; they split its partitions and are supervised as "
+                  "one (python engine). Empty: 1.")
     create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")
+
+    def clean_runs(self):
+        # Only the blank is the form's to decide; the limits are pipeline_setup's, like the command line's.
+        runs = self.cleaned_data["runs"]
+        return 1 if runs is None else runs
 
 
 class DeadLetterFilterForm(forms.Form):

@@ -198,6 +198,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker reserves only the tasks it can start: a pipeline's run waits in Redis, where another worker can take
+# it, rather than behind the runs that fill this one (the default, 4 per thread, kept them there silently).
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
@@ -210,6 +213,14 @@ TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SEC
 TALLY_SUPERVISOR_MAX_ATTEMPTS = env_int("TALLY_SUPERVISOR_MAX_ATTEMPTS", 5, minimum=1)
 TALLY_SUPERVISOR_STABLE_SECONDS = env_int("TALLY_SUPERVISOR_STABLE_SECONDS", 60, minimum=1)
 TALLY_MAX_RUNS_PER_PIPELINE = env_int("TALLY_MAX_RUNS_PER_PIPELINE", 16, minimum=1)
+# Engine host processes per Celery worker (consumers/engine/hosts.py): kafka-python runs are spread over them, so
+# busy pipelines use every core. 0 runs them in the worker's own threads (one core for all).
+TALLY_ENGINE_PROCESSES = env_int("TALLY_ENGINE_PROCESSES", os.cpu_count() or 1, minimum=0)
+# The queue of pipeline run tasks. Production gives it workers of its own (docker-compose.yml): a run holds a
+# worker thread as long as it runs, so sharing threads with the periodic tasks would starve them.
+TALLY_PIPELINE_QUEUE = env_str("TALLY_PIPELINE_QUEUE", "celery")
+# A run task still in the queue after this long: the pipeline is "waiting for a worker" (page, alert).
+TALLY_WORKER_WAIT_SECONDS = env_int("TALLY_WORKER_WAIT_SECONDS", 30, minimum=1)
 # A run on the supervisor's own host whose process is gone is dead without waiting out its lease.
 TALLY_SUPERVISOR_CHECK_LOCAL_PIDS = env_bool("TALLY_SUPERVISOR_CHECK_LOCAL_PIDS", True)
 # How long a rewind waits for the paused pipeline's runs to end before it gives up (nothing moved).

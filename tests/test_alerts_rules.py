@@ -132,6 +132,15 @@ def test_a_pipeline_that_should_run_without_a_live_heartbeat_fires(pipeline, set
     assert fires(RuleKind.NO_CONSUMER, pipeline) is not None
 
 
+def test_a_pipeline_whose_run_task_waits_in_the_queue_says_it_waits_for_a_worker(pipeline, settings):
+    settings.TALLY_WORKER_WAIT_SECONDS = 30
+    Pipeline.objects.filter(pk=pipeline.pk).update(runs_waiting=2, waiting_since=NOW - timedelta(seconds=40))
+    pipeline.refresh_from_db()
+    assert fires(RuleKind.NO_CONSUMER, pipeline) == ("should run but is waiting for a worker: 2 run task(s) queued "
+                                                     f"since {NOW - timedelta(seconds=40):%Y-%m-%d %H:%M:%S} UTC; "
+                                                     "add a worker")
+
+
 def test_a_stopped_pipeline_needs_no_consumer(pipeline):
     Pipeline.objects.filter(pk=pipeline.pk).update(desired_state="stopped")
     pipeline.refresh_from_db()

@@ -93,3 +93,13 @@ def test_a_viewer_sees_the_form_but_may_not_add(client, make_topic, table):
     assert "only operators can add pipelines" in page and 'id="create-pipeline" disabled' in page
     response = client.post("/pipelines/new/", form(make_topic("form"), table, create_table="on"))
     assert response.status_code == 403 and not Pipeline.objects.exists()
+
+
+def test_an_operator_asks_for_two_runs_and_the_page_shows_them(operator_client, make_topic, table):
+    response = operator_client.post("/pipelines/new/", form(make_topic("form"), table, create_table="on", runs="2"))
+    assert response.status_code == 302
+    assert Pipeline.objects.get(name="orders").parallel_runs == 2
+    assert '<b id="parallel-runs">2</b>' in operator_client.get("/pipelines/orders/").content.decode()
+    response = operator_client.post("/pipelines/new/", form(make_topic("form"), table + "_b", name="other",
+                                                            create_table="on", runs="99"))
+    assert response.status_code == 400 and 'id="error-runs"' in response.content.decode()

@@ -2,9 +2,11 @@
 a poll and right after an action; buttons the state does not allow are disabled and say why; the action
 log reads as offsets per partition, and names a deleted pipeline."""
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
 from tests.views_helpers import make_operator, make_pipeline
@@ -100,3 +102,15 @@ def test_the_timeline_shows_a_first_gap_between_the_log_start_and_the_first_batc
     html = operator_client.get("/pipelines/orders/").content.decode()
     timeline = re.search(r'<figure class="timeline" id="timeline-0">.*?</figure>', html, re.S).group(0)
     assert "gaps: 0–9" in timeline and 'class="gap"' in timeline
+
+
+def test_a_pipeline_whose_run_waits_in_the_queue_says_it_waits_for_a_worker(operator_client, settings):
+    settings.TALLY_WORKER_WAIT_SECONDS = 30
+    pipeline = make_pipeline()
+    now = timezone.now()
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING, runs_waiting=1,
+                                                   waiting_since=now - timedelta(seconds=5))
+    assert 'id="waiting-for-worker"' not in operator_client.get("/pipelines/orders/").content.decode()
+    Pipeline.objects.filter(pk=pipeline.pk).update(waiting_since=now - timedelta(seconds=31))
+    html = operator_client.get("/pipelines/orders/").content.decode()
+    assert 'id="waiting-for-worker"' in html and "Waiting for a worker: 1 run task queued" in html

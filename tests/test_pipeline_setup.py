@@ -227,3 +227,23 @@ def test_delete_is_refused_while_running_and_keeps_the_action_log(capsys, topic,
     assert list(history.values_list("action", flat=True)) == ["create", "start", "stop", "delete"]
     code, _, err = run_command(capsys, "delete", "orders")
     assert code == 1 and "No pipeline named 'orders'" in err
+
+
+def test_runs_are_stored_shown_and_refused_outside_their_bounds_or_for_spark(capsys, topic, table, settings):
+    settings.TALLY_MAX_RUNS_PER_PIPELINE = 4
+    for runs, expected in (("0", "runs must be between 1 and 4"), ("5", "runs must be between 1 and 4")):
+        code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,
+                                   "--create-table", "--runs", runs)
+        assert code == 1 and expected in err
+    with pytest.raises(Invalid) as refused:
+        pipeline_setup.validate(PipelineSpec("orders", topic, table, engine="spark", runs=2, create_table=True))
+    assert "use runs = 1, or the python engine" in refused.value.problems["runs"]
+    with pytest.raises(Invalid) as refused:
+        pipeline_setup.validate(PipelineSpec("orders", topic, table, runs=True, create_table=True))
+    assert refused.value.problems["runs"] == "must be a whole number, got bool"
+    assert not Pipeline.objects.exists()
+    code, out, _ = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
+                               "--runs", "3", "--json")
+    assert code == 0 and json.loads(out)["runs"] == 3
+    assert Pipeline.objects.get(name="orders").parallel_runs == 3
+    assert ActionLog.objects.get(action="create").params["runs"] == 3

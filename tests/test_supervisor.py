@@ -18,8 +18,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def enqueued(monkeypatch):
+    """Run tasks a worker takes at once (as a run task does first: Pipeline.objects.run_taken)."""
     calls = []
-    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: calls.append((pipeline_id, epoch)))
+
+    def enqueue(pipeline_id, epoch, runs=1):
+        calls.append((pipeline_id, epoch))
+        for _ in range(runs):
+            Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
+
+    monkeypatch.setattr(actions, "enqueue_run", enqueue)
+    return calls
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """Run tasks that stay in the queue: no worker has room for them."""
+    calls = []
+    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: calls.append((pipeline_id, runs)))
     return calls
 
 
@@ -127,3 +142,45 @@ def test_the_runs_it_declares_dead_are_marked_crashed_with_the_reason(running, e
     alive.refresh_from_db()
     assert stale.state == RunState.CRASHED and "declared dead by the supervisor" in stale.end_reason
     assert alive.state == RunState.RUNNING
+
+
+def test_a_pipeline_whose_run_task_waits_in_the_queue_gets_no_second_task(running, queued, settings):
+    settings.TALLY_WORKER_WAIT_SECONDS = 10
+    assert decision().action == "restarted"
+    Pipeline.objects.filter(pk=running.pk).update(restart_after=None)   # long past its backoff
+    later = timezone.now() + timedelta(minutes=5)
+    for _ in range(3):
+        assert supervisor.supervise(now=later)[0].action == "waiting_for_worker"
+    assert queued == [(running.pk, 1)]
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    assert pipeline.runs_waiting == 1
+    assert pipeline.waiting_for_worker(later) and not pipeline.waiting_for_worker(pipeline.waiting_since)
+
+
+def test_a_taken_run_task_ends_the_wait(running, queued):
+    supervisor.supervise()
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch - 1).run_taken() == 0  # an older epoch's
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken() == 1
+    pipeline.refresh_from_db()
+    assert (pipeline.runs_waiting, pipeline.waiting_since) == (0, None)
+    assert not pipeline.waiting_for_worker(timezone.now() + timedelta(hours=1))
+
+
+def test_a_pipeline_with_two_runs_is_restarted_whole_when_one_of_them_died(running, queued):
+    Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
+    running.refresh_from_db()
+    run_row(running, heartbeat_age=1)                       # one live run, started two minutes ago
+    run_row(running, heartbeat_age=60)                      # its peer stopped heartbeating
+    result = decision()
+    assert result.action == "restarted" and "only 1 of its 2 runs are live" in result.detail
+    assert queued == [(running.pk, 2)]
+    assert Pipeline.objects.get(pk=running.pk).epoch == running.epoch + 1   # fences the survivor too
+
+
+def test_two_young_runs_of_a_pipeline_are_left_to_join(running, queued):
+    Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
+    running.refresh_from_db()
+    young = run_row(running, heartbeat_age=0)
+    ConsumerRun.objects.filter(pk=young.pk).update(started_at=timezone.now())
+    assert decision().action == "ok" and queued == []

@@ -1,5 +1,9 @@
 """Pipeline runs inside a Celery worker: one long-lived task per run, stopped cleanly on warm shutdown.
 
+The task takes the run (`run_in_worker`): kafka-python runs go to one of the worker's engine host processes
+(consumers/engine/hosts.py, so that busy pipelines use every core), Spark runs stay in the worker's own process,
+where its one Spark driver lives. Either way the run itself is `run_here`.
+
 The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
 apart); the supervisor (consumers/operations/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
 A worker's warm shutdown sets every run's stop event, so runs commit what they hold and hand their
@@ -9,11 +13,13 @@ import logging
 import threading
 import time
 
+from django.conf import settings
 from django.utils import timezone
 
+from consumers.engine import hosts
 from consumers.engine.lifecycle import HALT_REASONS
 from consumers.engine.pipelines import engine_runner
-from consumers.models import ConsumerRun, DesiredState, Pipeline
+from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline
 
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
 OLDER_RUNS_WAIT_S = 20.0
@@ -26,9 +32,21 @@ _stop_events: dict[str, threading.Event] = {}
 
 
 def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0) -> dict:
-    """Run the pipeline until it is stopped, fenced or fails. A task whose epoch is no longer the
-    pipeline's (a newer action enqueued its own run) or whose pipeline should not run, does nothing.
-    With `settled_peers`, it first waits (bounded) until that many runs of its epoch hold partitions."""
+    """The run task's work: take the run off the queue's count of waiting runs, then run it in an engine host
+    process (kafka-python) or in this one (Spark), until it is stopped, fenced or fails."""
+    Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
+    skipped = _skip_reason(pipeline_id, epoch)
+    if skipped:
+        return skipped
+    engine = Pipeline.objects.filter(pk=pipeline_id).values_list("engine", flat=True).first()
+    if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
+        return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
+    return run_here(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
+
+
+def _skip_reason(pipeline_id: int, epoch: int) -> dict | None:
+    """A task whose epoch is no longer the pipeline's (a newer action enqueued its own run) or whose pipeline
+    should not run, does nothing."""
     pipeline = Pipeline.objects.filter(pk=pipeline_id).first()
     if pipeline is None:
         return {"reason": "skipped", "detail": f"pipeline {pipeline_id} no longer exists"}
@@ -37,6 +55,16 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
                   f"this run was for epoch {epoch}")
         log.info("run task skipped: %s", detail)
         return {"reason": "skipped", "detail": detail}
+    return None
+
+
+def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0, key: str = "") -> dict:
+    """Run the pipeline in this process until it is stopped, fenced or fails (`stop_run(key)` stops it).
+    With `settled_peers`, it first waits (bounded) until that many runs of its epoch hold partitions."""
+    skipped = _skip_reason(pipeline_id, epoch)
+    if skipped:
+        return skipped
+    pipeline = Pipeline.objects.get(pk=pipeline_id)
     if not _older_runs_ended(pipeline, epoch):
         detail = f"{pipeline.name}: runs of an older epoch are still live after {OLDER_RUNS_WAIT_S} s"
         log.warning("run task gives up: %s", detail)
@@ -48,7 +76,7 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
     run_pipeline = engine_runner(pipeline.engine)
     stop = threading.Event()
-    key = task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
+    key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
     with _lock:
         _stop_events[key] = stop
     try:
@@ -101,16 +129,30 @@ def _after_run(pipeline: Pipeline, result) -> None:
 
 
 def stop_all_runs(reason: str = "worker shutting down") -> int:
-    """Ask every run of this process to stop (warm shutdown). Returns how many were asked."""
+    """Ask every run of this process, and of its engine hosts, to stop (warm shutdown). Returns how many
+    were asked."""
     with _lock:
         events = list(_stop_events.values())
     for event in events:
         event.set()
-    if events:
-        log.info("%s: asked %d run(s) to stop", reason, len(events))
-    return len(events)
+    pool = hosts.existing_pool()
+    hosted = pool.stop_all(reason) if pool is not None else 0
+    if events or hosted:
+        log.info("%s: asked %d run(s) to stop", reason, len(events) + hosted)
+    return len(events) + hosted
+
+
+def stop_run(key: str) -> bool:
+    """Ask the run started with `key` to stop. Returns whether this process holds it."""
+    with _lock:
+        event = _stop_events.get(key)
+    if event is not None:
+        event.set()
+    return event is not None
 
 
 def active_runs() -> int:
     with _lock:
-        return len(_stop_events)
+        own = len(_stop_events)
+    pool = hosts.existing_pool()
+    return own + (pool.active_runs() if pool is not None else 0)

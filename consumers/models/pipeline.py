@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.postgres.indexes import GistIndex
 from django.core.validators import RegexValidator
 from django.db import models
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Case, Exists, F, OuterRef, When
 from django.utils import timezone
 
 # A Kafka cluster's name, as consumers/kafka/clusters.py accepts it.
@@ -64,6 +64,13 @@ class PipelineQuerySet(models.QuerySet):
         returns how many pipelines moved on. Never `save()` a stale object instead: it writes an old epoch back."""
         return self.update(epoch=F("epoch") + 1, **changes)
 
+    def run_taken(self) -> int:
+        """A worker took one of the run tasks enqueued for these pipelines (filter on the task's epoch): one
+        fewer waits in the queue, and the wait is over once none does."""
+        return self.filter(runs_waiting__gt=0).update(
+            runs_waiting=F("runs_waiting") - 1,
+            waiting_since=Case(When(runs_waiting__lte=1, then=None), default=F("waiting_since")))
+
 
 class Pipeline(models.Model):
     name = models.SlugField(max_length=100, unique=True)
@@ -81,6 +88,8 @@ class Pipeline(models.Model):
                                      default=DeliveryMode.EXACTLY_ONCE)
     engine = models.CharField(max_length=10, choices=Engine.choices, default=Engine.PYTHON)
     batch_size = models.PositiveIntegerField(default=500)
+    # Engine processes the pipeline runs in at once; they split its partitions (consumers/engine/shares.py).
+    parallel_runs = models.PositiveSmallIntegerField(default=1)
     reset_policy = models.CharField(max_length=10, choices=ResetPolicy.choices, default=ResetPolicy.EARLIEST)
     on_bad_record = models.CharField(max_length=20, choices=BadRecordPolicy.choices,
                                      default=BadRecordPolicy.DEAD_LETTER)
@@ -94,6 +103,10 @@ class Pipeline(models.Model):
     restart_attempts = models.PositiveIntegerField(default=0)
     restart_after = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # Run tasks enqueued for the current epoch that no worker has taken yet, and since when: a pipeline
+    # waits for a worker while this stays above 0 (consumers/operations/capacity.py).
+    runs_waiting = models.PositiveSmallIntegerField(default=0)
+    waiting_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -118,6 +131,14 @@ class Pipeline(models.Model):
     @property
     def is_exactly_once(self) -> bool:
         return self.delivery_mode == DeliveryMode.EXACTLY_ONCE
+
+    def waiting_for_worker(self, now: datetime | None = None) -> bool:
+        """Run tasks of this epoch have waited in the queue longer than TALLY_WORKER_WAIT_SECONDS: every
+        worker is full (or none is running). The page says so and the no-consumer alert says why."""
+        if not self.runs_waiting or self.waiting_since is None:
+            return False
+        now = now or timezone.now()
+        return now - self.waiting_since >= timedelta(seconds=settings.TALLY_WORKER_WAIT_SECONDS)
 
     def bump_epoch(self, **changes) -> int:
         """Start a new epoch (fencing every writer of the old one), apply `changes` in the same UPDATE, reload

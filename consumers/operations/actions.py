@@ -51,7 +51,7 @@ TRANSITIONS = {
 ACTIONS = tuple(TRANSITIONS)
 
 
-def start(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+def start(name, actor: str = "cli", runs: int | None = None) -> ActionLog:
     return perform("start", name, actor, runs=runs)
 
 
@@ -63,23 +63,26 @@ def pause(name, actor: str = "cli") -> ActionLog:
     return perform("pause", name, actor)
 
 
-def resume(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+def resume(name, actor: str = "cli", runs: int | None = None) -> ActionLog:
     return perform("resume", name, actor, runs=runs)
 
 
-def restart(name, actor: str = "cli", runs: int = 1) -> ActionLog:
+def restart(name, actor: str = "cli", runs: int | None = None) -> ActionLog:
     return perform("restart", name, actor, runs=runs)
 
 
-def perform(action: str, name, actor: str = "cli", *, runs: int = 1) -> ActionLog:
+def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -> ActionLog:
     """Do `action` on the pipeline `name` (a name or a Pipeline). Returns the ActionLog row; raises
-    Refused (with `.action_log` set) when the action is not allowed now."""
+    Refused (with `.action_log` set) when the action is not allowed now. `runs`: how many runs to enqueue
+    (default: the pipeline's `parallel_runs`)."""
     if action not in TRANSITIONS:
         raise ValueError(f"Unknown action {action!r}: use one of {', '.join(ACTIONS)}.")
     transition = TRANSITIONS[action]
-    params = {"runs": runs} if transition.enqueue_run and runs != 1 else {}
+    params = {"runs": runs} if transition.enqueue_run and runs not in (None, 1) else {}
     enqueue_failures: list[str] = []
     pipeline = lookup(name, action, actor, params)
+    if runs is None:
+        runs = pipeline.parallel_runs
     if not 1 <= runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
         refuse(pipeline, action, actor, params,
                f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE}, got {runs}.")
@@ -119,11 +122,14 @@ def set_state(pipeline: Pipeline, desired_state: str, *, enqueue_runs: int = 0, 
     the supervisor's restart counter and (after commit) enqueue runs of the new epoch. Returns the epoch.
     A failed enqueue (the task broker is down) is appended to `enqueue_failures` and left on the pipeline
     (`last_error`), never raised after the commit."""
-    grace = timezone.now() + timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS) if enqueue_runs else None
+    now = timezone.now()
+    grace = now + timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS) if enqueue_runs else None
     pipeline.bump_epoch(
         desired_state=desired_state, restart_attempts=0,
         # The supervisor leaves a freshly enqueued run one lease to start before it steps in.
-        restart_after=grace, last_error=last_error, updated_at=timezone.now())
+        restart_after=grace, last_error=last_error, updated_at=now,
+        # The new epoch's tasks wait in the queue until a worker takes them (Pipeline.waiting_for_worker).
+        runs_waiting=enqueue_runs, waiting_since=now if enqueue_runs else None)
     if enqueue_runs:
         epoch, pipeline_id = pipeline.epoch, pipeline.pk
         failures = enqueue_failures if enqueue_failures is not None else []
@@ -138,7 +144,8 @@ def enqueue_or_note(pipeline_id: int, epoch: int, runs: int, failures: list[str]
     except Exception as exc:  # kombu's OperationalError and friends: Redis is down or unreachable
         reason = f"the task broker is unreachable ({type(exc).__name__}: {exc})"
         log.error("pipeline %s epoch %s: %s", pipeline_id, epoch, reason)
-        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(last_error=f"run not enqueued: {reason}"[:2000])
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(last_error=f"run not enqueued: {reason}"[:2000],
+                                                                     runs_waiting=0, waiting_since=None)
         failures.append(reason)
         return []
 
@@ -147,7 +154,8 @@ def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:
     """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through the database:
     consumers/engine/shares.py). Returns the task ids."""
     # Run i starts once i runs of the epoch hold partitions, so the runs take their shares one at a time.
-    return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i)).delay().id for i in range(runs)]
+    return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i))
+            .apply_async(queue=settings.TALLY_PIPELINE_QUEUE).id for i in range(runs)]
 
 
 def lookup(name, action: str, actor: str, params: dict) -> Pipeline:

@@ -9,13 +9,14 @@
     engine = "python"                      # or spark
     isolation_level = "read_committed"     # the default; or read_uncommitted (python engine only)
     on_log_truncated = "stop"              # the default; or skip (records deleted before they were read)
+    runs = 2                               # engine processes sharing the partitions (default 1; python engine)
     create_table = true                    # create the sink table when it is missing
     cluster = "prod"                       # optional: a Kafka cluster from TALLY_KAFKA_CLUSTERS (default)
 
 Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
 creations and changes commit in one transaction. Applying the same file twice changes nothing. A setting
 left out takes its default, also for an existing pipeline: the file says the whole pipeline. Of an existing
-pipeline only transform, engine, isolation_level and on_log_truncated may change, while it is stopped. Pipelines
+pipeline only transform, engine, isolation_level, on_log_truncated and runs may change, while it is stopped. Pipelines
 that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
 import tomllib
@@ -54,7 +55,7 @@ class Plan:
 def _settings(spec: PipelineSpec) -> str:
     """Mode and transform, and the reading settings that are not the defaults."""
     defaults = PipelineSpec(name="", topic="", sink_table="")
-    extra = [f"{name} {getattr(spec, name)}" for name in ("isolation_level", "on_log_truncated")
+    extra = [f"{name} {getattr(spec, name)}" for name in ("isolation_level", "on_log_truncated", "runs")
              if getattr(spec, name) != getattr(defaults, name)]
     return ", ".join([spec.mode, f"transform {spec.transform}", *extra])
 

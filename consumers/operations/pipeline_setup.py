@@ -9,6 +9,8 @@ What a spec must satisfy before anything is written:
   2. a known delivery mode and engine, and a transform that resolves (a registered name or a dotted path);
      a known isolation level (read_committed, the default, or read_uncommitted: python engine only) and
      policy for a log truncated past the stored position (stop, the default, or skip);
+     a number of runs (processes sharing the partitions) from 1 to TALLY_MAX_RUNS_PER_PIPELINE, python engine
+     only for more than one;
   3. the topic exists in Kafka;
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
@@ -17,6 +19,7 @@ What a spec must satisfy before anything is written:
 import re
 from dataclasses import dataclass, field, fields
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -45,10 +48,12 @@ MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMod
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
 # Fields of an existing pipeline that `apply` may change (while it is stopped); the others define its data and
 # history. Isolation and the truncation policy say how the log is read from the stored positions on.
-MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated")
+MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated", "runs")
 # Every setting a spec compares, stores and describes (besides the name).
 SETTINGS = ("cluster", "topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level",
-            "on_log_truncated")
+            "on_log_truncated", "runs")
+# Spec settings stored under another name on Pipeline (`runs` there is the reverse relation to its ConsumerRuns).
+COLUMNS = {"runs": "parallel_runs"}
 
 
 class Invalid(ValueError):
@@ -70,6 +75,7 @@ class PipelineSpec:
     engine: str = Engine.PYTHON
     isolation_level: str = IsolationLevel.READ_COMMITTED
     on_log_truncated: str = LogTruncatedPolicy.STOP
+    runs: int = 1
     create_table: bool = False
     cluster: str = "default"   # a Kafka cluster's name (consumers/kafka/clusters.py)
     extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
@@ -95,7 +101,7 @@ class PipelineSpec:
         return cls(name=pipeline.name, topic=pipeline.topic, sink_table=pipeline.sink_table,
                    mode=DeliveryMode(pipeline.delivery_mode).label, transform=pipeline.transform,
                    group=pipeline.group_id, engine=pipeline.engine, isolation_level=pipeline.isolation_level,
-                   on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster)
+                   on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster, runs=pipeline.parallel_runs)
 
 
 def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
@@ -104,7 +110,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     problems: dict[str, str] = {}
     for key in spec.extra:
         problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine, "
-                         f"isolation_level, on_log_truncated, cluster or create_table")
+                         f"isolation_level, on_log_truncated, cluster, runs or create_table")
     _check_scalars(spec, problems)
     if not NAME_PATTERN.match(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
@@ -147,6 +153,9 @@ def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
         if not isinstance(getattr(spec, name), str):
             problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
             setattr(spec, name, "")
+    if isinstance(spec.runs, bool) or not isinstance(spec.runs, int):
+        problems["runs"] = f"must be a whole number, got {type(spec.runs).__name__}"
+        spec.runs = 1
     if not isinstance(spec.create_table, bool):
         problems["create_table"] = "must be true or false"
         spec.create_table = False
@@ -167,6 +176,13 @@ def _check_reading(spec: PipelineSpec, problems: dict) -> None:
         elif spec.isolation_level != IsolationLevel.READ_COMMITTED and spec.engine == Engine.SPARK:
             problems["isolation_level"] = ("the spark engine reads read_committed only: use the python engine for "
                                            "read_uncommitted")
+    if "runs" not in problems:
+        if not 1 <= spec.runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
+            problems["runs"] = (f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE} "
+                                f"(TALLY_MAX_RUNS_PER_PIPELINE), got {spec.runs}")
+        elif spec.runs > 1 and spec.engine == Engine.SPARK:
+            problems["runs"] = ("the spark engine runs one driver per pipeline and spreads the work over its "
+                                "executors: use runs = 1, or the python engine")
     if "on_log_truncated" not in problems and spec.on_log_truncated not in LogTruncatedPolicy.values:
         problems["on_log_truncated"] = (f"unknown policy {spec.on_log_truncated!r} for a log truncated past the "
                                         "stored position: use stop (the default: the run stops and says why) or "
@@ -237,7 +253,7 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
             name=spec.name, topic=spec.topic, sink_table=spec.sink_table, transform=spec.transform,
             delivery_mode=spec.delivery_mode, group_id=spec.group_id, engine=spec.engine,
             isolation_level=spec.isolation_level, on_log_truncated=spec.on_log_truncated,
-            cluster=spec.cluster or clusters.DEFAULT, desired_state=DesiredState.STOPPED)
+            cluster=spec.cluster or clusters.DEFAULT, parallel_runs=spec.runs, desired_state=DesiredState.STOPPED)
         if spec.create_table:
             with connection.cursor() as cursor:
                 sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
@@ -283,7 +299,7 @@ def update(spec: PipelineSpec, pipeline: Pipeline, actor: str = "cli") -> dict:
     if diff:
         with transaction.atomic():
             Pipeline.objects.filter(pk=pipeline.pk).update(
-                **{name: getattr(spec, name) for name in MUTABLE_FIELDS}, updated_at=timezone.now())
+                **{COLUMNS.get(name, name): getattr(spec, name) for name in MUTABLE_FIELDS}, updated_at=timezone.now())
             _log_action(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
                    "changed " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items()))
     return diff
@@ -317,7 +333,7 @@ def delete(name: str, actor: str = "cli") -> None:
 def describe(spec: PipelineSpec) -> dict:
     return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
             "group": spec.group_id, "engine": spec.engine, "isolation_level": spec.isolation_level,
-            "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster}
+            "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster, "runs": spec.runs}
 
 
 def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:

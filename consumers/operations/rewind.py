@@ -153,7 +153,7 @@ def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
         if was_running or not moved:
             with transaction.atomic():
                 Pipeline.objects.select_for_update().get(pk=pipeline.pk)
-                actions.set_state(pipeline, previous_state, enqueue_runs=1 if was_running else 0)
+                actions.set_state(pipeline, previous_state, enqueue_runs=pipeline.parallel_runs if was_running else 0)
     entry.refresh_from_db()
     return RewindResult(pipeline.name, spec, moves, False, rollback_sink, entry, deleted, was_running,
                         entry.message)

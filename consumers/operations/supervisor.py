@@ -30,7 +30,7 @@ ACTOR = "supervisor"
 @dataclass
 class Decision:
     pipeline: str
-    action: str        # "ok", "waiting", "halted", "restarted", "gave_up", "skipped"
+    action: str        # "ok", "waiting", "waiting_for_worker", "halted", "restarted", "gave_up", "skipped"
     detail: str = ""
 
 
@@ -68,6 +68,16 @@ def _died_on_this_host(run: ConsumerRun) -> bool:
 
 def _supervise_one(pipeline: Pipeline, now) -> Decision:
     runs = live_runs(pipeline, now)
+    if pipeline.runs_waiting and len(runs) < pipeline.parallel_runs:
+        # Its run tasks are still in the queue: enqueueing more would only pile duplicates behind them.
+        # Past TALLY_WORKER_WAIT_SECONDS the page and the no-consumer alert say it waits for a worker.
+        return Decision(pipeline.name, "waiting_for_worker",
+                        f"{pipeline.runs_waiting} run task(s) queued since {pipeline.waiting_since:%H:%M:%S}, "
+                        f"not yet taken by a worker")
+    if runs and len(runs) < pipeline.parallel_runs and (_one_died(pipeline, runs) or _settled(runs, now)):
+        # One of its processes died: the pipeline is restarted as a whole, like a single run.
+        return _restart_or_give_up(pipeline, f"only {len(runs)} of its {pipeline.parallel_runs} runs are live "
+                                             f"({_why_not_running(pipeline, now)})", now)
     if runs:
         stable_since = now - timedelta(seconds=settings.TALLY_SUPERVISOR_STABLE_SECONDS)
         if pipeline.restart_attempts and any(run.started_at <= stable_since for run in runs):
@@ -82,10 +92,30 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
         # A bad record under the "stop" policy or a database error that is not about data: a restart
         # would fail the same way. The no-consumer alert fires instead; an operator restarts it.
         return Decision(pipeline.name, "halted", f"run {halted.pk} halted: {halted.end_reason}")
-    reason = _why_not_running(pipeline, now)
+    return _restart_or_give_up(pipeline, _why_not_running(pipeline, now), now)
+
+
+def _restart_or_give_up(pipeline: Pipeline, reason: str, now) -> Decision:
+    if pipeline.restart_after and pipeline.restart_after > now:
+        return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
     if pipeline.restart_attempts >= settings.TALLY_SUPERVISOR_MAX_ATTEMPTS:
         return _give_up(pipeline, reason)
     return _restart(pipeline, reason, now)
+
+
+def _one_died(pipeline: Pipeline, runs: list[ConsumerRun]) -> bool:
+    """A run of the current epoch other than the live ones exists: it ended, or its process is gone."""
+    return ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch).exclude(
+        pk__in=[run.pk for run in runs]).exists()
+
+
+def _settled(runs: list[ConsumerRun], now) -> bool:
+    """The runs started together have had time to join (each waits up to PEERS_WAIT_S for its peers): fewer
+    live ones than the pipeline asks for now means one died."""
+    from consumers.engine.runs import PEERS_WAIT_S
+
+    settle = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS + PEERS_WAIT_S)
+    return min(run.started_at for run in runs) <= now - settle
 
 
 def halted_run(pipeline: Pipeline) -> ConsumerRun | None:
@@ -130,12 +160,13 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
     # The run we enqueue needs at least one lease to start heartbeating before we judge it.
     wait = max(backoff_seconds(pipeline.restart_attempts), settings.TALLY_RUN_LEASE_SECONDS)
     with transaction.atomic():
+        runs = pipeline.parallel_runs
         claimed = Pipeline.objects.filter(
             Q(restart_after__isnull=True) | Q(restart_after__lte=now), pk=pipeline.pk,
             desired_state=DesiredState.RUNNING, epoch=pipeline.epoch,
-            restart_attempts=pipeline.restart_attempts,
+            restart_attempts=pipeline.restart_attempts, runs_waiting=0,
         ).bump_epoch(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
-                     last_error=reason[:2000], updated_at=now)
+                     last_error=reason[:2000], updated_at=now, runs_waiting=runs, waiting_since=now)
         if claimed != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
         epoch = pipeline.epoch + 1
@@ -145,7 +176,7 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
                                  params={"attempt": attempt, "epoch": epoch}, offsets_before=offsets,
                                  offsets_after=offsets, result=ActionResult.DONE,
                                  message=f"attempt {attempt}: {reason}", finished_at=now)
-        transaction.on_commit(lambda: actions.enqueue_run(pipeline.pk, epoch))
+        transaction.on_commit(lambda: actions.enqueue_or_note(pipeline.pk, epoch, runs, []))
     log.warning("%s: restarting (attempt %d): %s", pipeline.name, attempt, reason)
     return Decision(pipeline.name, "restarted", f"attempt {attempt}: {reason}")
 

@@ -126,7 +126,8 @@ def pipeline_detail(request, name):
     data = status.pipeline_row(pipeline).as_json()
     data.update(
         transform=pipeline.transform, batch_size=pipeline.batch_size, isolation_level=pipeline.isolation_level,
-        on_log_truncated=pipeline.on_log_truncated,
+        on_log_truncated=pipeline.on_log_truncated, parallel_runs=pipeline.parallel_runs,
+        waiting_for_worker=pipeline.waiting_for_worker(),
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
         runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.state,

@@ -44,6 +44,9 @@ class Command(BaseCommand):
                             help="When the log start passed the stored position (retention, a recreated topic): "
                                  "stop (default) with the reason, or skip the lost records (noted in the ledger, "
                                  "alerted).")
+        create.add_argument("--runs", type=int, default=1, metavar="N",
+                            help="Run the pipeline in N engine processes at once, which split its partitions and "
+                                 "are supervised as one (python engine; default 1).")
         create.add_argument("--create-table", action="store_true", help="Create the sink table if it is missing.")
         create.add_argument("--cluster", default="default",
                             help="The Kafka cluster of the topic: default (KAFKA_* settings) or a name from the "
@@ -64,8 +67,9 @@ class Command(BaseCommand):
         for action in actions.ACTIONS:
             run = commands.add_parser(action, help=f"{action.capitalize()} a pipeline (audited).")
             run.add_argument("name")
-            run.add_argument("--runs", type=int, default=1,
-                             help="start/resume/restart: how many runs to enqueue (they share the partitions).")
+            run.add_argument("--runs", type=int, default=None,
+                             help="start/resume/restart: how many runs to enqueue this time (they share the "
+                                  "partitions; default: the pipeline's --runs).")
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
@@ -80,10 +84,10 @@ class Command(BaseCommand):
         getattr(self, f"do_{command}")(actor=actor, **options)
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
-                  on_log_truncated, create_table, cluster, **options):
+                  on_log_truncated, create_table, cluster, runs, **options):
         spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
                             group=group, engine=engine, isolation_level=isolation_level,
-                            on_log_truncated=on_log_truncated, create_table=create_table, cluster=cluster)
+                            on_log_truncated=on_log_truncated, runs=runs, create_table=create_table, cluster=cluster)
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
@@ -137,8 +141,8 @@ def as_dict(pipeline: Pipeline) -> dict:
     return {"name": pipeline.name, "topic": pipeline.topic, "sink_table": pipeline.sink_table,
             "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
             "engine": pipeline.engine, "isolation_level": pipeline.isolation_level,
-            "on_log_truncated": pipeline.on_log_truncated, "desired_state": pipeline.desired_state,
-            "epoch": pipeline.epoch, "cluster": pipeline.cluster}
+            "on_log_truncated": pipeline.on_log_truncated, "runs": pipeline.parallel_runs,
+            "desired_state": pipeline.desired_state, "epoch": pipeline.epoch, "cluster": pipeline.cluster}
 
 
 def _json(data) -> str:

@@ -1,0 +1,81 @@
+"""The engine host process (`manage.py engine_host`): hosts many pipeline runs, one thread each, for the
+Celery worker that started it (consumers/engine/hosts.py has the worker's side and the why).
+
+Commands arrive as JSON lines on stdin: `{"op": "run", "key", "pipeline_id", "epoch", "task_id", "settled_peers"}`
+starts a run, `{"op": "stop", "key"}` asks one run (or every run, key "*") to stop cleanly. Each run's result goes
+back as one JSON line `{"key", "result"}` on the process's original stdout; everything else printed goes to
+stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone) or on SIGTERM, every
+run is asked to stop, and the process exits once they have ended.
+"""
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from django.db import connection
+
+from consumers.engine import runs
+
+log = logging.getLogger("tally.runs")
+
+STOP_ALL = "*"
+
+
+class HostProcess:
+    def __init__(self, results):
+        self.results = results
+        self._write_lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def serve(self, commands) -> None:
+        for line in commands:
+            try:
+                command = json.loads(line)
+            except ValueError:
+                log.warning("engine host: not a command: %.200s", line)
+                continue
+            if command.get("op") == "run":
+                self._start(command)
+            elif command.get("op") == "stop":
+                self._stop(command.get("key"), command.get("reason") or "asked by the worker")
+        runs.stop_all_runs("the worker is gone")
+        for thread in self.threads:
+            thread.join()
+
+    def _start(self, command: dict) -> None:
+        thread = threading.Thread(target=self._run, args=(command,), daemon=True,
+                                  name=f"tally-run-{command['pipeline_id']}-{command['epoch']}")
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _run(self, command: dict) -> None:
+        try:
+            result = runs.run_here(command["pipeline_id"], command["epoch"], task_id=command.get("task_id", ""),
+                                   settled_peers=command.get("settled_peers", 0), key=command["key"])
+        except Exception as exc:  # the worker must hear of every run's end
+            log.exception("engine host: run %s failed", command["key"])
+            result = {"reason": "error", "detail": f"{type(exc).__name__}: {exc}", "records": 0}
+        finally:
+            connection.close()  # this thread's Django connection: a host outlives many runs
+        with self._write_lock:
+            self.results.write(json.dumps({"key": command["key"], "result": result}, default=str) + "\n")
+            self.results.flush()
+
+    def _stop(self, key: str | None, reason: str) -> None:
+        if key == STOP_ALL:
+            runs.stop_all_runs(reason)
+        elif key:
+            runs.stop_run(key)
+
+
+def main() -> None:
+    # The results channel is a private copy of stdout; fd 1 then points at stderr, so a stray print or a
+    # library's output lands in the log, never in a result line.
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    signal.signal(signal.SIGTERM, lambda signum, frame: runs.stop_all_runs("engine host got SIGTERM"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the worker's terminal: the worker decides
+    HostProcess(results).serve(sys.stdin)

@@ -1,0 +1,158 @@
+"""Engine host processes: where a Celery worker runs its kafka-python pipeline runs, so that they use every core.
+
+Why (docs/architecture.md "Workers and cores"): a Python process holds one core at a time (the GIL), and a run's
+poll loop holds it while it decodes records, so runs executed in the worker's own threads share one core. A run
+per process would use every core too, but each costs a whole interpreter with Django loaded: hundreds of idle
+pipelines would not fit. So a worker starts up to `TALLY_ENGINE_PROCESSES` host processes (`manage.py
+engine_host`, consumers/engine/host_process.py) and each hosts many runs, one thread per run.
+
+The Celery task stays the run's door: it picks a host (`HostPool.run`), sends it the run and waits for its
+result, as it waited for an in-thread run before. A host reads commands as JSON lines on its stdin and writes
+results as JSON lines on its stdout. It stops its runs cleanly when its stdin closes (the worker is gone) or on
+SIGTERM, and a run it held when it died ends "error" here. The run's ConsumerRun row names the host's pid, so
+the supervisor sees a dead host's runs as dead at once and restarts their pipelines.
+"""
+import json
+import logging
+import subprocess
+import sys
+import threading
+import uuid
+from concurrent.futures import Future
+
+from django.conf import settings
+
+log = logging.getLogger("tally.runs")
+
+STOP_ALL = "*"
+
+
+class Host:
+    """One engine host process and the runs it holds: {key: (pipeline id, future of the run's result)}."""
+
+    def __init__(self, number: int):
+        self.number = number
+        # stderr is inherited: the runs' log lines go to the worker's log.
+        self.process = subprocess.Popen([sys.executable, str(settings.BASE_DIR / "manage.py"), "engine_host"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.pending: dict[str, tuple[int, Future]] = {}
+        self.alive = True
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_results, name=f"tally-engine-host-{number}", daemon=True).start()
+        log.info("engine host %d started (pid %d)", number, self.process.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def load(self) -> int:
+        return len(self.pending)
+
+    def holds(self, pipeline_id: int) -> bool:
+        return any(pid == pipeline_id for pid, _ in list(self.pending.values()))
+
+    def start_run(self, key: str, pipeline_id: int, epoch: int, task_id: str, settled_peers: int) -> Future | None:
+        """Send a run to this host; None when the host is already gone."""
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                return None
+            self.pending[key] = (pipeline_id, future)
+        self.send({"op": "run", "key": key, "pipeline_id": pipeline_id, "epoch": epoch, "task_id": task_id,
+                   "settled_peers": settled_peers})
+        return future
+
+    def stop(self, key: str = STOP_ALL, reason: str = "") -> None:
+        self.send({"op": "stop", "key": key, "reason": reason})
+
+    def send(self, message: dict) -> None:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            # The host is gone: its reader thread ends its runs.
+            log.warning("engine host %d (pid %d) did not take a command: %s", self.number, self.pid, exc)
+
+    def _read_results(self) -> None:
+        for line in self.process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("engine host %d wrote a line that is not a result: %.200s", self.number, line)
+                continue
+            with self._lock:
+                entry = self.pending.pop(message.get("key"), None)
+            if entry is not None:
+                entry[1].set_result(message.get("result") or {})
+        code = self.process.wait()
+        with self._lock:
+            self.alive = False
+            pending, self.pending = self.pending, {}
+        if pending:
+            log.error("engine host %d (pid %d) exited %s holding %d run(s)", self.number, self.pid, code, len(pending))
+        for _, future in pending.values():
+            future.set_result({"reason": "error", "records": 0,
+                               "detail": f"its engine host process (pid {self.pid}) exited {code}"})
+
+
+class HostPool:
+    """The worker's engine hosts, started on first use, up to `size`."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.hosts: list[Host] = []
+        self._lock = threading.Lock()
+        self._numbers = 0
+
+    def run(self, pipeline_id: int, epoch: int, *, task_id: str = "", settled_peers: int = 0) -> dict:
+        """Run the pipeline in one of the hosts and wait for the run's result (a dict, as runs.run_here's)."""
+        key = task_id or uuid.uuid4().hex
+        for _ in range(2):  # a host that died between the choice and the send: once more on another
+            with self._lock:  # chosen and sent under the lock, so the next choice sees this run's load
+                future = self._choose(pipeline_id).start_run(key, pipeline_id, epoch, task_id, settled_peers)
+            if future is not None:
+                return future.result()
+        return {"reason": "error", "records": 0, "detail": "no engine host process would take the run"}
+
+    def stop_all(self, reason: str) -> int:
+        """Ask every host to stop its runs cleanly (warm shutdown). Returns how many runs were asked."""
+        with self._lock:
+            hosts = [host for host in self.hosts if host.alive]
+        for host in hosts:
+            host.stop(STOP_ALL, reason)
+        return sum(host.load() for host in hosts)
+
+    def active_runs(self) -> int:
+        with self._lock:
+            return sum(host.load() for host in self.hosts if host.alive)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [host.pid for host in self.hosts if host.alive]
+
+    def _choose(self, pipeline_id: int) -> Host:
+        """The host with the fewest runs, preferring one that holds no run of this pipeline (a pipeline's runs
+        then spread over processes). A new host is started while there are fewer than `size` and every
+        host has a run, so the first runs of a worker land in separate processes. Called under the lock."""
+        self.hosts = [host for host in self.hosts if host.alive]
+        if len(self.hosts) < self.size and all(host.load() for host in self.hosts):
+            self._numbers += 1
+            self.hosts.append(Host(self._numbers))
+        return min(self.hosts, key=lambda host: (host.holds(pipeline_id), host.load(), host.number))
+
+
+_pool: HostPool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> HostPool:
+    """This worker's host pool (one per process)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = HostPool(settings.TALLY_ENGINE_PROCESSES)
+        return _pool
+
+
+def existing_pool() -> HostPool | None:
+    return _pool

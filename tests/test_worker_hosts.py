@@ -1,0 +1,174 @@
+"""Pipelines in the production worker (docker-compose.yml's worker command, real Celery, Redis, PostgreSQL and
+broker): busy pipelines run at the same time in separate engine host processes, a pipeline with two runs splits
+its partitions over two processes, and a SIGKILL of either process is survived with every record once."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+
+import psutil
+import pytest
+import yaml
+from django.db.models import Max, Min
+
+from consumers.engine.pipelines import create_pipeline
+from consumers.kafka import admin as kafka_admin
+from consumers.models import BatchLedger, ConsumerRun, Pipeline
+from consumers.operations import actions
+from tests.chaos import produce_values, sink_counts, wait_for
+from tests.conftest import ROOT, drop_sink_tables, stop_process_group
+
+pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+LEASE_SECONDS = 5
+
+
+def compose_service(name: str) -> tuple[list[str], dict]:
+    """A service's command and the environment docker-compose gives it (its own and the shared x-tally-env)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    service = compose["services"][name]
+    return shlex.split(service["command"]), {k: str(v) for k, v in service["environment"].items()}
+
+
+@pytest.fixture
+def production_worker(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
+    """Start the worker as docker-compose.yml does (its command and its queue), against the test's services.
+    Returns (the worker process, a function starting beat and the compose `tasks` worker, for the supervisor)."""
+    command, compose_env = compose_service("worker")
+    queue = compose_env["TALLY_PIPELINE_QUEUE"]
+    settings.TALLY_PIPELINE_QUEUE = queue
+    settings.TALLY_RUN_LEASE_SECONDS = LEASE_SECONDS
+    env = dict(subprocess_env, TALLY_PIPELINE_QUEUE=queue, TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
+               TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
+    assert command[:2] == ["celery", "-A"]
+    started = []
+
+    def start(argv, log_name):
+        log = open(ROOT / "var" / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")
+        process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process.log_path = log.name
+        started.append(process)
+        return process
+
+    worker = start([*command, "-n", f"hosts-{uuid.uuid4().hex[:6]}@%h", "--without-mingle", "--without-gossip"],
+                   "hosts-worker")
+    wait_for(lambda: celery_app_for_tests.control.ping(timeout=0.5), 60, "the worker to answer a ping")
+
+    def beat():
+        """Beat, and the compose `tasks` worker that takes its tasks (the supervisor's among them)."""
+        tasks_command, _ = compose_service("tasks")
+        start([*tasks_command, "-n", f"tasks-{uuid.uuid4().hex[:6]}@%h", "--without-mingle", "--without-gossip"],
+              "hosts-tasks")
+        return start(["celery", "-A", "tally", "beat", "-s", str(ROOT / "var" / f"hosts-beat-{uuid.uuid4().hex[:6]}"),
+                      "--loglevel", "INFO"], "hosts-beat")
+
+    yield worker, beat
+    for process in started:
+        stop_process_group(process)
+
+
+@pytest.fixture
+def make_pipeline(make_topic):
+    created = []
+
+    def make(partitions: int, **fields):
+        topic = make_topic("hosts", partitions=partitions)
+        pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), "int_value", "exactly_once",
+                                   batch_size=100, **fields)
+        created.append(pipeline.sink_table)
+        return pipeline
+
+    yield make
+    drop_sink_tables(created)
+
+
+def live_runs(pipeline: Pipeline) -> list[ConsumerRun]:
+    pipeline.refresh_from_db()
+    return list(ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, ended_at__isnull=True)
+                .exclude(assigned_partitions=[]).order_by("pk"))
+
+
+def every_value_once(count: int) -> dict[int, int]:
+    return {value: 1 for value in range(1, count + 1)}
+
+
+def caught_up(pipeline: Pipeline) -> bool:
+    stored = dict(pipeline.offsets.values_list("partition", "next_offset"))
+    return stored == kafka_admin.high_watermarks(pipeline.topic)
+
+
+def busy_interval(pipeline: Pipeline):
+    """From the first to the last commit of a batch that held records (the ledger's commit times)."""
+    span = BatchLedger.objects.filter(pipeline=pipeline, records__gt=0).aggregate(Min("committed_at"),
+                                                                                  Max("committed_at"))
+    return span["committed_at__min"], span["committed_at__max"]
+
+
+def processes_of(worker) -> set[int]:
+    root = psutil.Process(worker.pid)
+    return {root.pid} | {child.pid for child in root.children(recursive=True)}
+
+
+def produce_in_parallel(topics_and_counts) -> None:
+    threads = [threading.Thread(target=produce_values, args=(topic, range(1, count + 1), 2))
+               for topic, count in topics_and_counts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_two_busy_pipelines_in_the_production_worker_run_at_once_in_two_processes_and_each_sink_is_exact(
+        production_worker, make_pipeline):
+    worker, _ = production_worker
+    first, second = make_pipeline(2), make_pipeline(2)
+    actions.start(first.name)
+    actions.start(second.name)
+    for pipeline in (first, second):
+        wait_for(lambda p=pipeline: len(live_runs(p)) == 1, 60, f"{pipeline.name}'s run to hold partitions")
+    records = 20_000
+    produce_in_parallel([(first.topic, records), (second.topic, records)])
+    for pipeline in (first, second):
+        wait_for(lambda p=pipeline: caught_up(p), 120, f"{pipeline.name} to catch up")
+
+    runs = [live_runs(first)[0], live_runs(second)[0]]
+    assert runs[0].pid != runs[1].pid                              # two processes ...
+    assert {run.pid for run in runs} <= processes_of(worker) - {worker.pid}   # ... both engine hosts of the worker
+    (start_a, end_a), (start_b, end_b) = busy_interval(first), busy_interval(second)
+    assert max(start_a, start_b) < min(end_a, end_b)               # busy at the same time
+    for pipeline in (first, second):
+        assert sink_counts(pipeline.sink_table) == every_value_once(records)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("victim", [0, 1], ids=["first-run-killed", "second-run-killed"])
+def test_a_pipeline_with_two_runs_splits_its_partitions_and_survives_a_sigkill_of_either_process(
+        production_worker, make_pipeline, victim):
+    worker, start_beat = production_worker
+    pipeline = make_pipeline(4, parallel_runs=2)
+    actions.start(pipeline.name)
+    runs = wait_for(lambda: (found := live_runs(pipeline)) and len(found) == 2 and found, 90,
+                    "both runs to hold partitions")
+    assert runs[0].pid != runs[1].pid
+    assert sorted(runs[0].assigned_partitions + runs[1].assigned_partitions) == [0, 1, 2, 3]
+    start_beat()
+    produce_values(pipeline.topic, range(1, 2001), 4)
+    wait_for(lambda: caught_up(pipeline), 60, "the two runs to catch up")
+    wait_for(lambda: all(run.records_processed > 0 for run in ConsumerRun.objects.filter(pk__in=[r.pk for r in runs])),
+             10, "both runs to report records (at their next heartbeat)")
+
+    epoch = Pipeline.objects.get(pk=pipeline.pk).epoch
+    flowing = threading.Thread(target=produce_values, args=(pipeline.topic, range(2001, 6001), 4))
+    flowing.start()
+    os.kill(runs[victim].pid, signal.SIGKILL)
+    flowing.join()
+    back = wait_for(lambda: (found := live_runs(pipeline)) and found[0].epoch > epoch and len(found) == 2 and found,
+                    90, "the supervisor to restart the pipeline with two runs")
+    assert runs[victim].pid not in {run.pid for run in back}
+    wait_for(lambda: caught_up(pipeline), 90, "the restarted runs to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(6000)
+    assert worker.poll() is None                                   # the worker itself lived on
