@@ -31,3 +31,11 @@ def deliver_alert_emails_task():
 def evaluate_alerts_after_reconciliation(sender=None, **kwargs):
     if getattr(sender, "name", None) in RECONCILE_TASKS:
         evaluate_alerts_task.delay()
+
+
+@shared_task(name="tally.alerts.apply_retention")
+def apply_alert_retention_task() -> dict:
+    """Delete resolved alerts (with their emails) and ended mutes past TALLY_RETAIN_ALERTS_DAYS."""
+    from alerts.retention import apply
+
+    return apply()

@@ -10,9 +10,11 @@ class TallyAdminSite(admin.AdminSite):
     site_title = "Tally admin"
 
     def get_urls(self):
-        from consumers import admin_groups
+        from consumers import admin_groups, admin_history
 
         own = [
+            path("consumers/history/", self.admin_view(lambda request: admin_history.history(request, self)),
+                 name="history"),
             path("consumers/groups/", self.admin_view(lambda request: admin_groups.group_list(request, self)),
                  name="consumer_groups"),
             path("consumers/groups/reset/", self.admin_view(lambda request: admin_groups.group_reset(request, self)),
@@ -29,6 +31,9 @@ class TallyAdminSite(admin.AdminSite):
                 if app["app_label"] == "consumers":
                     app["models"].append({"name": "Consumer groups (not run by Tally)", "object_name": "ConsumerGroup",
                                           "perms": {"view": True}, "admin_url": reverse("admin:consumer_groups"),
+                                          "add_url": None, "view_only": True})
+                    app["models"].append({"name": "History and retention", "object_name": "History",
+                                          "perms": {"view": True}, "admin_url": reverse("admin:history"),
                                           "add_url": None, "view_only": True})
                     app["models"].sort(key=lambda model: model["name"].lower())
         return apps

@@ -2,6 +2,8 @@
 import os
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from tally.env import (
     env_bool,
     env_bootstrap_servers,
@@ -239,6 +241,29 @@ CELERY_BEAT_SCHEDULE["lag-snapshots"] = {"task": "consumers.take_lag_snapshots",
                                          "options": {"expires": 60}}
 CELERY_BEAT_SCHEDULE["lag-snapshots-downsample"] = {"task": "consumers.downsample_lag_snapshots",
                                                     "schedule": 300, "options": {"expires": 300}}
+
+# --- History: ledger compaction and retention of Tally's own tables (consumers/reconciliation/compaction.py,
+# consumers/operations/retention.py, alerts/retention.py) ------------------------------------------------------
+# Ledger rows of the recent past stay one row per batch (trace and the timeline show each batch there).
+TALLY_LEDGER_KEEP_DAYS = env_int("TALLY_LEDGER_KEEP_DAYS", 7, minimum=0)
+TALLY_COMPACTION_INTERVAL_SECONDS = env_int("TALLY_COMPACTION_INTERVAL_SECONDS", 300, minimum=10)
+# Days each kind of history is kept. The action log is the audit trail: kept longest (checked below).
+TALLY_RETAIN_RUNS_DAYS = env_int("TALLY_RETAIN_RUNS_DAYS", 30, minimum=1)
+TALLY_RETAIN_ALERTS_DAYS = env_int("TALLY_RETAIN_ALERTS_DAYS", 180, minimum=1)
+TALLY_RETAIN_DEAD_LETTERS_DAYS = env_int("TALLY_RETAIN_DEAD_LETTERS_DAYS", 90, minimum=1)
+TALLY_RETAIN_TOPIC_CHECKS_DAYS = env_int("TALLY_RETAIN_TOPIC_CHECKS_DAYS", 90, minimum=1)
+TALLY_RETAIN_ACTION_LOG_DAYS = env_int("TALLY_RETAIN_ACTION_LOG_DAYS", 730, minimum=1)
+if TALLY_RETAIN_ACTION_LOG_DAYS < max(TALLY_RETAIN_RUNS_DAYS, TALLY_RETAIN_ALERTS_DAYS, TALLY_RETAIN_DEAD_LETTERS_DAYS,
+                                      TALLY_RETAIN_TOPIC_CHECKS_DAYS):
+    raise ImproperlyConfigured("TALLY_RETAIN_ACTION_LOG_DAYS must be at least every other TALLY_RETAIN_*_DAYS: "
+                               "the action log is the audit trail of what the others record.")
+CELERY_BEAT_SCHEDULE["ledger-compaction"] = {"task": "consumers.compact_ledger",
+                                             "schedule": TALLY_COMPACTION_INTERVAL_SECONDS,
+                                             "options": {"expires": TALLY_COMPACTION_INTERVAL_SECONDS}}
+CELERY_BEAT_SCHEDULE["retention"] = {"task": "consumers.apply_retention", "schedule": 3600,
+                                     "options": {"expires": 3600}}
+CELERY_BEAT_SCHEDULE["alert-retention"] = {"task": "tally.alerts.apply_retention", "schedule": 3600,
+                                           "options": {"expires": 3600}}
 
 # --- Spark -------------------------------------------------------------------------------------------
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")

@@ -23,6 +23,8 @@ POINTS = (
     "replay-mid-write",     # part of the replayed rows written, transaction open
     "replay-after-write",   # rows, ledger, dead-letter removal and action log entry written, not committed
     "after-replay-commit",  # the replay committed, the caller not yet told
+    # Ledger compaction (consumers/reconciliation/compaction.py):
+    "compaction-mid-step",  # a run merged into its first row, the other rows not yet deleted, transaction open
 )
 
 

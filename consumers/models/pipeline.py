@@ -217,6 +217,9 @@ class LedgerSummary(models.Model):
     partition = models.PositiveIntegerField()
     upto_id = models.BigIntegerField(default=0)
     state = models.JSONField(default=dict)
+    # Where ledger compaction goes on in this partition (consumers/reconciliation/compaction.py): offsets below
+    # it were looked at; a rewind, which deletes the summary, makes it look again from the start.
+    compacted_to = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -159,6 +159,7 @@ def refresh(pipeline_id: int) -> int:
             except OutOfOrder:
                 summary, highest = _sweep(pipeline_id, partition)
             entry.state, entry.upto_id = summary.state(), max(entry.upto_id, highest)
-            entry.save()
+            # Only the summary's own fields: compaction's mark is compaction's.
+            entry.save(update_fields=None if entry.pk is None else ["state", "upto_id", "updated_at"])
             folded += len(rows)
     return folded

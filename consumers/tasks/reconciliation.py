@@ -1,4 +1,5 @@
-"""Reconciliation tasks for Celery beat: verify every pipeline, sample lag, keep the samples bounded.
+"""Reconciliation tasks for Celery beat: verify every pipeline, sample lag, keep the samples bounded, compact the
+ledger and apply the retention of Tally's own tables.
 
 Thin wrappers: the work is in consumers/reconciliation/reconcile.py and
 consumers/reconciliation/snapshots.py. Each returns a small JSON-able summary (visible in the result backend
@@ -34,3 +35,22 @@ def take_lag_snapshots_task() -> dict:
 @shared_task(name="consumers.downsample_lag_snapshots")
 def downsample_lag_snapshots_task() -> dict:
     return snapshots.downsample()
+
+
+# A beat run of compaction stops after this long and goes on at the next one: a worker is never held for
+# long, and a first compaction of months of ledger spreads over several runs.
+COMPACTION_SECONDS_PER_RUN = 60
+
+
+@shared_task(name="consumers.compact_ledger")
+def compact_ledger_task() -> dict:
+    from consumers.reconciliation import compaction
+
+    return compaction.compact_all(max_seconds=COMPACTION_SECONDS_PER_RUN).as_json()
+
+
+@shared_task(name="consumers.apply_retention")
+def apply_retention_task() -> dict:
+    from consumers.operations import retention
+
+    return retention.apply()

@@ -1,0 +1,34 @@
+"""The admin's "History and retention" page: how many rows each kind of Tally's history holds, how many are past
+their retention setting (deleted at beat's next run), and what ledger compaction has done. Read-only: counts of
+the tables, the settings and the ledger's size; nothing here writes."""
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.db import connection
+from django.db.models import Count, Q, Sum
+from django.template.response import TemplateResponse
+
+from consumers.admin_groups import can_view
+from consumers.models import BatchLedger
+from consumers.operations import retention
+
+
+def ledger_facts() -> dict:
+    facts = BatchLedger.objects.aggregate(rows=Count("pk"), compacted=Count("pk", filter=Q(batches__gt=1)),
+                                          batches=Sum("batches"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_total_relation_size('consumers_batchledger')")
+        facts["bytes"] = cursor.fetchone()[0]
+    facts["keep_days"] = settings.TALLY_LEDGER_KEEP_DAYS
+    facts["batches"] = facts["batches"] or 0
+    return facts
+
+
+def history(request, site):
+    if not can_view(request.user):
+        raise PermissionDenied
+    from alerts import retention as alert_retention  # alerts sit above consumers: a door may read both
+
+    kinds = retention.counts() + alert_retention.counts()
+    context = {**site.each_context(request), "title": "History and retention", "kinds": kinds,
+               "ledger": ledger_facts()}
+    return TemplateResponse(request, "admin/consumers/history.html", context)

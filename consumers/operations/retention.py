@@ -1,0 +1,122 @@
+"""Retention of Tally's own tables: what is past its setting goes, in bounded batches, from Celery beat.
+
+    runs            ConsumerRun rows that ended (or last heartbeat) more than TALLY_RETAIN_RUNS_DAYS ago
+    dead letters    replayed ones (their DeadLetterReplay rows: the sink rows now account for the offset) after
+                    TALLY_RETAIN_DEAD_LETTERS_DAYS; discarded ones keep their row -- offset, error and reason, which
+                    reconciliation counts for the offset -- and lose their payload (key and value)
+    topic checks    finished (done or failed) jobs after TALLY_RETAIN_TOPIC_CHECKS_DAYS
+    action log      entries older than TALLY_RETAIN_ACTION_LOG_DAYS: the audit trail, kept longest (settings
+                    refuse a shorter setting than any other)
+Alert history is alerts/retention.py's (alerts sit above this package). Live runs, pending dead letters and
+queued or running jobs are never touched, whatever their age.
+"""
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from consumers.models import (
+    ActionLog,
+    ConsumerRun,
+    DeadLetter,
+    DeadLetterReplay,
+    TopicCheckJob,
+    TopicCheckStatus,
+)
+
+# Rows deleted per transaction: a delete of millions of old rows never holds its locks (or bloats one
+# transaction's WAL) for long, and the beat task goes on with the next batch at once.
+DELETE_BATCH = 5_000
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of history: its label, setting, and the rows past retention at `cutoff`."""
+
+    name: str
+    setting: str
+
+    def days(self) -> int:
+        return getattr(settings, self.setting)
+
+    def cutoff(self, now: datetime) -> datetime:
+        return now - timedelta(days=self.days())
+
+
+RUNS = Kind("runs", "TALLY_RETAIN_RUNS_DAYS")
+DEAD_LETTERS = Kind("replayed or discarded dead letters", "TALLY_RETAIN_DEAD_LETTERS_DAYS")
+TOPIC_CHECKS = Kind("topic-check jobs", "TALLY_RETAIN_TOPIC_CHECKS_DAYS")
+ACTION_LOG = Kind("action log", "TALLY_RETAIN_ACTION_LOG_DAYS")
+
+
+def expired_runs(now: datetime):
+    cutoff = RUNS.cutoff(now)
+    # A run killed without a word keeps its live state: silent for the whole retention period, it is long gone.
+    return ConsumerRun.objects.filter(Q(ended_at__lt=cutoff) | Q(ended_at__isnull=True, heartbeat_at__lt=cutoff))
+
+
+def expired_replays(now: datetime):
+    return DeadLetterReplay.objects.filter(replayed_at__lt=DEAD_LETTERS.cutoff(now))
+
+
+def expired_discarded_payloads(now: datetime):
+    return (DeadLetter.objects.filter(discarded_at__lt=DEAD_LETTERS.cutoff(now))
+            .filter(Q(key__isnull=False) | Q(value__isnull=False)))
+
+
+def expired_topic_checks(now: datetime):
+    return TopicCheckJob.objects.filter(status__in=(TopicCheckStatus.DONE, TopicCheckStatus.FAILED),
+                                        finished_at__lt=TOPIC_CHECKS.cutoff(now))
+
+
+def expired_actions(now: datetime):
+    return ActionLog.objects.filter(created_at__lt=ACTION_LOG.cutoff(now))
+
+
+def delete_in_batches(queryset) -> int:
+    """Delete what `queryset` matches, DELETE_BATCH rows per transaction; returns how many."""
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
+            if not ids:
+                return deleted
+            deleted += queryset.model.objects.filter(pk__in=ids).delete()[1].get(queryset.model._meta.label, 0)
+
+
+def _clear_payloads_in_batches(queryset) -> int:
+    cleared = 0
+    while True:
+        with transaction.atomic():
+            ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
+            if not ids:
+                return cleared
+            cleared += DeadLetter.objects.filter(pk__in=ids).update(key=None, value=None)
+
+
+def apply(now: datetime | None = None) -> dict[str, int]:
+    """Delete what is past its setting; returns the rows deleted (or cleared) per kind."""
+    now = now or timezone.now()
+    return {
+        "runs": delete_in_batches(expired_runs(now)),
+        "dead_letter_replays": delete_in_batches(expired_replays(now)),
+        "discarded_dead_letter_payloads": _clear_payloads_in_batches(expired_discarded_payloads(now)),
+        "topic_checks": delete_in_batches(expired_topic_checks(now)),
+        "action_log": delete_in_batches(expired_actions(now)),
+    }
+
+
+def counts(now: datetime | None = None) -> list[dict]:
+    """For the admin page: per kind, its setting, how many rows are kept and how many are past retention."""
+    now = now or timezone.now()
+    rows = [
+        (RUNS, ConsumerRun.objects.all(), expired_runs(now)),
+        (DEAD_LETTERS, DeadLetterReplay.objects.all(), expired_replays(now)),
+        (TOPIC_CHECKS, TopicCheckJob.objects.all(), expired_topic_checks(now)),
+        (ACTION_LOG, ActionLog.objects.all(), expired_actions(now)),
+    ]
+    return [{"name": kind.name, "setting": kind.setting, "days": kind.days(), "rows": everything.count(),
+             "past_retention": expired.count()} for kind, everything, expired in rows]

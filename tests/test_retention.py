@@ -1,0 +1,153 @@
+"""Retention of Tally's own tables (consumers/operations/retention.py, alerts/retention.py): only what is past its
+setting goes, never the action log of the last TALLY_RETAIN_ACTION_LOG_DAYS, never a live run, a pending dead
+letter, an open alert or an unfinished topic check; the admin page shows the counts. `now` is passed in."""
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from alerts import retention as alert_retention
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from consumers.models import (
+    ActionLog,
+    ConsumerRun,
+    DeadLetter,
+    DeadLetterReplay,
+    Pipeline,
+    RunState,
+    TopicCheckJob,
+    TopicCheckStatus,
+)
+from consumers.operations import retention
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.django_db
+NOW = timezone.now()
+
+
+def ago(days: float):
+    return NOW - timedelta(days=days)
+
+
+@pytest.fixture
+def pipeline():
+    return Pipeline.objects.create(name="kept", topic="t", sink_table="s")
+
+
+def run(pipeline, *, ended_days=None, heartbeat_days, state=RunState.STOPPED):
+    return ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="h", pid=1, state=state,
+                                      heartbeat_at=ago(heartbeat_days),
+                                      ended_at=ago(ended_days) if ended_days is not None else None)
+
+
+def test_runs_go_once_ended_or_silent_past_their_setting_and_live_ones_stay(pipeline, settings):
+    settings.TALLY_RETAIN_RUNS_DAYS = 30
+    old = run(pipeline, ended_days=31, heartbeat_days=31)
+    silent = run(pipeline, heartbeat_days=45, state=RunState.RUNNING)      # SIGKILLed, never declared
+    recent = run(pipeline, ended_days=29, heartbeat_days=29)
+    live = run(pipeline, heartbeat_days=0, state=RunState.RUNNING)
+
+    assert retention.apply(now=NOW)["runs"] == 2
+
+    assert set(ConsumerRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk}
+    assert not ConsumerRun.objects.filter(pk__in=[old.pk, silent.pk]).exists()
+
+
+def test_the_action_log_of_the_last_n_days_is_never_deleted(pipeline, settings):
+    settings.TALLY_RETAIN_ACTION_LOG_DAYS = 730
+    entries = {days: ActionLog.objects.create(pipeline=pipeline, action="restart", actor="cli", created_at=ago(days))
+               for days in (0, 400, 729.9, 730.1, 2000)}
+
+    assert retention.apply(now=NOW)["action_log"] == 2
+
+    assert set(ActionLog.objects.values_list("pk", flat=True)) == {entries[d].pk for d in (0, 400, 729.9)}
+
+
+def test_replayed_dead_letters_go_and_discarded_ones_keep_their_offset_but_lose_their_payload(pipeline, settings):
+    settings.TALLY_RETAIN_DEAD_LETTERS_DAYS = 90
+    old_replay = DeadLetterReplay.objects.create(pipeline=pipeline, dead_letter_id=1, partition=0, offset=1,
+                                                 source="stored", rows_written=1, original_error="e", actor="a",
+                                                 replayed_at=ago(91))
+    new_replay = DeadLetterReplay.objects.create(pipeline=pipeline, dead_letter_id=2, partition=0, offset=2,
+                                                 source="stored", rows_written=1, original_error="e", actor="a",
+                                                 replayed_at=ago(89))
+    discarded = DeadLetter.objects.create(pipeline=pipeline, partition=0, offset=3, value=b"bad", error="e",
+                                          discarded_at=ago(91), discard_reason="junk")
+    pending = DeadLetter.objects.create(pipeline=pipeline, partition=0, offset=4, value=b"bad", error="e",
+                                        created_at=ago(400))
+
+    done = retention.apply(now=NOW)
+
+    assert (done["dead_letter_replays"], done["discarded_dead_letter_payloads"]) == (1, 1)
+    assert list(DeadLetterReplay.objects.values_list("pk", flat=True)) == [new_replay.pk]
+    assert not DeadLetterReplay.objects.filter(pk=old_replay.pk).exists()
+    discarded.refresh_from_db()
+    pending.refresh_from_db()
+    assert (discarded.offset, discarded.discard_reason, discarded.value) == (3, "junk", None)
+    assert bytes(pending.value) == b"bad"
+    assert retention.apply(now=NOW)["discarded_dead_letter_payloads"] == 0   # idempotent
+
+
+def test_finished_topic_checks_go_and_unfinished_ones_stay(pipeline, settings):
+    settings.TALLY_RETAIN_TOPIC_CHECKS_DAYS = 90
+
+    def job(status, finished_days):
+        return TopicCheckJob.objects.create(pipeline=pipeline, topic="t", group_id="g", table="s", key_column="id",
+                                            status=status, created_at=ago(200),
+                                            finished_at=ago(finished_days) if finished_days is not None else None)
+
+    gone = [job(TopicCheckStatus.DONE, 91), job(TopicCheckStatus.FAILED, 100)]
+    kept = [job(TopicCheckStatus.DONE, 10), job(TopicCheckStatus.RUNNING, None), job(TopicCheckStatus.QUEUED, None)]
+
+    assert retention.apply(now=NOW)["topic_checks"] == 2
+
+    assert set(TopicCheckJob.objects.values_list("pk", flat=True)) == {j.pk for j in kept}
+    assert not TopicCheckJob.objects.filter(pk__in=[j.pk for j in gone]).exists()
+
+
+def test_resolved_alerts_and_ended_mutes_go_and_open_alerts_stay_whatever_their_age(pipeline, settings):
+    settings.TALLY_RETAIN_ALERTS_DAYS = 180
+    rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
+
+    def alert(state, started_days, resolved_days=None):
+        return Alert.objects.create(rule=rule, pipeline=pipeline, state=state, summary="s", facts={},
+                                    started_at=ago(started_days), last_seen_at=ago(started_days),
+                                    resolved_at=ago(resolved_days) if resolved_days is not None else None)
+
+    old = alert(AlertState.RESOLVED, 300, 181)
+    recent = alert(AlertState.RESOLVED, 300, 179)
+    firing = alert(AlertState.FIRING, 400)
+    Mute.objects.create(rule=rule, pipeline=pipeline, until=ago(181))
+    kept_mute = Mute.objects.create(rule=rule, pipeline=pipeline, until=ago(-1))
+
+    assert alert_retention.apply(now=NOW) == {"alerts": 1, "mutes": 1}
+
+    assert set(Alert.objects.values_list("pk", flat=True)) == {recent.pk, firing.pk}
+    assert not Alert.objects.filter(pk=old.pk).exists()
+    assert list(Mute.objects.values_list("pk", flat=True)) == [kept_mute.pk]
+
+
+def test_the_admin_page_counts_each_kind_and_what_is_past_retention(pipeline, admin_client, settings):
+    settings.TALLY_RETAIN_RUNS_DAYS = 30
+    run(pipeline, ended_days=31, heartbeat_days=31)
+    run(pipeline, ended_days=1, heartbeat_days=1)
+
+    page = admin_client.get("/admin/consumers/history/")
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    row = html[html.index('data-kind="TALLY_RETAIN_RUNS_DAYS"'):]
+    row = row[:row.index("</tr>")]
+    assert '<td class="rows">2</td>' in row and '<td class="past">1</td>' in row and "30 days" in row
+    assert 'data-kind="TALLY_RETAIN_ALERTS_DAYS"' in html and 'id="ledger-facts"' in html
+    assert "History and retention" in admin_client.get("/admin/").content.decode()
+
+
+def test_settings_refuse_an_action_log_kept_shorter_than_what_it_audits():
+    env = {"TALLY_DEVELOPMENT": "1", "TALLY_RETAIN_ACTION_LOG_DAYS": "10", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = "
+                             "'tally.settings'; django.setup()"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "TALLY_RETAIN_ACTION_LOG_DAYS must be at least" in result.stderr
