@@ -144,6 +144,14 @@ def read(pipeline_id: int) -> dict[int, Summary]:
 def refresh(pipeline_id: int) -> int:
     """Fold the rows committed since each partition's summary (at most REFRESH_ROWS per partition) and store
     it; returns the number of rows folded."""
+    marks = dict(LedgerSummary.objects.filter(pipeline_id=pipeline_id).values_list("partition", "upto_id"))
+    with connection.cursor() as cursor:
+        # The idle case (every reconciliation run): nothing committed since, nothing locked or written.
+        if marks and not _positions(cursor, pipeline_id) - set(marks):
+            cursor.execute("SELECT EXISTS (SELECT 1 FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s)",
+                           [pipeline_id, min(marks.values())])
+            if not cursor.fetchone()[0]:
+                return 0
     folded = 0
     with transaction.atomic(), connection.cursor() as cursor:
         stored = {s.partition: s for s in LedgerSummary.objects.select_for_update().filter(pipeline_id=pipeline_id)}
