@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('consumers', '0008_watches'),
+        ('consumers', '0009_pipeline_cluster'),
     ]
 
     operations = [
