@@ -83,21 +83,26 @@ class FakeKafka:
     def __init__(self, ends):
         self.ends = ends
 
-    def watermarks(self, topic, partitions=None):
+    def watermarks(self, topic, partitions=None, cluster=None):
         from consumers.kafka.admin import Watermarks
         return {p: Watermarks(0, e) for p, e in self.ends.items() if partitions is None or p in partitions}
 
-    def committed_offsets(self, group_id, topic, partitions=None):
+    def committed_offsets(self, group_id, topic, partitions=None, cluster=None):
         return dict(self.ends)
 
-    def record_timestamps(self, topic, offsets):
+    def record_timestamps(self, topic, offsets, cluster=None):
         return {}
 
-    def partitions_for(self, topic):
+    def partitions_for(self, topic, cluster=None):
         return sorted(self.ends)
 
-    def read_record(self, topic, partition, offset):
+    def read_record(self, topic, partition, offset, cluster=None):
         return None
+
+    @property
+    def KafkaAdminError(self):  # noqa: N802 - the admin module's name for it
+        from consumers.kafka.admin import KafkaAdminError
+        return KafkaAdminError
 
 
 def fill(batches: int, partitions: int) -> dict[int, int]:

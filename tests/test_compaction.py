@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from consumers.engine import commit, sinks
-from consumers.kafka.admin import Watermarks
+from consumers.kafka.admin import KafkaAdminError, Watermarks
 from consumers.models import BatchLedger, DeliveryMode, LedgerSummary, PartitionHealth, Pipeline
 from consumers.operations import rewind
 from consumers.operations.offset_specs import PartitionMove
@@ -29,23 +29,25 @@ LATER = timedelta(days=8)   # past TALLY_LEDGER_KEEP_DAYS (7): every row is old 
 class TraceKafka(FakeKafka):
     """Also what trace reads: partitions, watermarks of some partitions, the record at an offset."""
 
+    KafkaAdminError = KafkaAdminError
+
     def __init__(self, held: dict[int, set[int]], **kwargs):
         super().__init__(**kwargs)
         self.held = held
 
-    def watermarks(self, topic, partitions=None):
+    def watermarks(self, topic, partitions=None, cluster=None):
         return {p: Watermarks(self.log_start.get(p, 0), h) for p, h in self.high.items()
                 if partitions is None or p in partitions}
 
-    def partitions_for(self, topic):
+    def partitions_for(self, topic, cluster=None):
         return sorted(self.high)
 
-    def read_record(self, topic, partition, offset):
+    def read_record(self, topic, partition, offset, cluster=None):
         if offset not in self.held.get(partition, ()):
             return None
         return SimpleNamespace(key=None, value=str(offset + 1).encode(), timestamp_ms=0)
 
-    def records_held(self, topic, partition, ranges):
+    def records_held(self, topic, partition, ranges, cluster=None):
         return [[o for o in range(s, e) if o in self.held.get(partition, ())] for s, e in ranges]
 
 
