@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from alerts import outbox
 from alerts.models import OPEN_STATES, Alert, AlertRule, AlertState, Mute, NotificationKind
-from alerts.rules import Finding, PipelineView, check, rules_for
-from consumers.models import ActionLog, ActionResult, Pipeline
+from alerts.rules import Finding, PipelineView, WatchView, check, rules_for, rules_for_watch
+from consumers.models import ActionLog, ActionResult, Pipeline, Watch
 
 logger = logging.getLogger("tally.alerts")
 
@@ -59,11 +59,18 @@ def _next_reminder(rule, after, now):
     return due
 
 
+def _about(subject) -> dict:
+    """The alert's link to what it is about: a pipeline, or a watch (a consumer group Tally does not run)."""
+    return {"watch": subject, "pipeline": None} if isinstance(subject, Watch) else {"pipeline": subject}
+
+
 def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: EvaluationReport) -> None:
+    """`pipeline`: the pipeline or the watch the rule was checked on."""
+    about = _about(pipeline)
     with transaction.atomic():
-        alert = (Alert.objects.select_for_update(of=("self",)).select_related("rule", "pipeline")
-                 .filter(rule=rule, pipeline=pipeline, state__in=OPEN_STATES).first())
-        muted = Mute.active_for(rule, pipeline, now).exists()
+        alert = (Alert.objects.select_for_update(of=("self",)).select_related("rule", "pipeline", "watch")
+                 .filter(rule=rule, **about, state__in=OPEN_STATES).first())
+        muted = Mute.active_for(rule, about["pipeline"], now).exists()
         if finding is None:
             if alert is not None:
                 _resolve(alert, now, muted, report)
@@ -71,7 +78,7 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
         if alert is None:
             try:
                 with transaction.atomic():
-                    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING,
+                    alert = Alert.objects.create(rule=rule, **about, state=AlertState.FIRING,
                                                  summary=finding.summary[:300], facts=finding.facts,
                                                  started_at=now, last_seen_at=now)
             except IntegrityError:
@@ -132,7 +139,7 @@ def evaluate_all(now=None) -> EvaluationReport:
     report = EvaluationReport(now=now.isoformat())
     all_rules = list(AlertRule.objects.select_related("pipeline"))
     # Healthy pipelines without an open alert need no transaction at all: most of them, most of the time.
-    open_pairs = set(Alert.objects.filter(state__in=OPEN_STATES).values_list("rule_id", "pipeline_id"))
+    open_pairs = set(Alert.objects.filter(state__in=OPEN_STATES).values_list("rule_id", "pipeline_id", "watch_id"))
     evaluated = set()
     for pipeline in Pipeline.objects.order_by("name"):
         report.pipelines += 1
@@ -143,23 +150,47 @@ def evaluate_all(now=None) -> EvaluationReport:
             report.errors.append({"pipeline": pipeline.name, "error": str(error)})
             continue
         for rule in rules_for(pipeline, all_rules):
-            evaluated.add((rule.pk, pipeline.pk))
+            evaluated.add((rule.pk, pipeline.pk, None))
             report.checks += 1
             try:
                 finding = check(rule, view)
-                if finding is None and (rule.pk, pipeline.pk) not in open_pairs:
+                if finding is None and (rule.pk, pipeline.pk, None) not in open_pairs:
                     continue
                 apply(rule, pipeline, finding, now, report)
             except Exception as error:  # noqa: BLE001
                 logger.exception("alerts: rule %s on %s failed", rule.name, pipeline.name)
                 report.errors.append({"pipeline": pipeline.name, "rule": rule.name, "error": str(error)})
+    _evaluate_watches(all_rules, open_pairs, evaluated, now, report)
     # Open alerts of rules that no longer apply (disabled, overridden, deleted pipeline rule): resolve them.
-    for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline"):
+    for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline", "watch"):
         if alert.is_gone:  # deleted without the ORM's signals (raw SQL): resolved, never matched by rule and pipeline
             report.resolved += resolve_gone(Alert.objects.filter(pk=alert.pk), "rule or pipeline deleted", now)
-        elif (alert.rule_id, alert.pipeline_id) not in evaluated:
-            apply(alert.rule, alert.pipeline, None, now, report)
+        elif (alert.rule_id, alert.pipeline_id, alert.watch_id) not in evaluated:
+            apply(alert.rule, alert.subject, None, now, report)
     return report
+
+
+def _evaluate_watches(all_rules, open_pairs, evaluated, now, report: EvaluationReport) -> None:
+    """Watches go through the same rules (the global ones of the kinds a watch measures) and the same apply()."""
+    for watch in Watch.objects.order_by("name"):
+        report.pipelines += 1
+        try:
+            view = WatchView.load(watch, now)
+        except Exception as error:  # noqa: BLE001 - one broken watch must not silence the others
+            logger.exception("alerts: cannot load watch %s", watch.name)
+            report.errors.append({"watch": watch.name, "error": str(error)})
+            continue
+        for rule in rules_for_watch(all_rules):
+            evaluated.add((rule.pk, None, watch.pk))
+            report.checks += 1
+            try:
+                finding = check(rule, view)
+                if finding is None and (rule.pk, None, watch.pk) not in open_pairs:
+                    continue
+                apply(rule, watch, finding, now, report)
+            except Exception as error:  # noqa: BLE001
+                logger.exception("alerts: rule %s on watch %s failed", rule.name, watch.name)
+                report.errors.append({"watch": watch.name, "rule": rule.name, "error": str(error)})
 
 
 def acknowledge(alert: Alert, user: str, now=None) -> bool:
@@ -174,6 +205,9 @@ def acknowledge(alert: Alert, user: str, now=None) -> bool:
 def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
     """Mute the alert's rule for its pipeline for `minutes`, in the operators' action log with the actor.
     Raises AlertGone for an alert whose rule or pipeline was deleted (an empty link would mute everything)."""
+    if alert.watch_id is not None:  # a mute names a pipeline or every pipeline: one for a watch would be global
+        raise AlertGone(f"Alert {alert.pk} is about watch {alert.pipeline_label}: mutes are per pipeline; "
+                        f"acknowledge it, or disable or tune the rule {alert.rule_label!r}.")
     if alert.is_gone:
         raise AlertGone(f"Alert {alert.pk} is history: its {'pipeline' if alert.pipeline_id is None else 'rule'} "
                         f"was deleted, so there is nothing to mute.")

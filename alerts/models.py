@@ -82,7 +82,10 @@ class Alert(models.Model):
     rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="alerts")
-    # What rule and pipeline the alert was about, kept when they are deleted.
+    # Or the watch it is about (a consumer group Tally does not run); pipeline_name then keeps the watch's name.
+    watch = models.ForeignKey("consumers.Watch", null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="alerts")
+    # What rule and pipeline (or watch) the alert was about, kept when they are deleted.
     rule_name = models.CharField(max_length=100, blank=True, default="")
     rule_kind = models.CharField(max_length=20, blank=True, default="", choices=RuleKind.choices)
     pipeline_name = models.CharField(max_length=100, blank=True, default="")
@@ -103,7 +106,9 @@ class Alert(models.Model):
         db_table = "dashboard_alert"  # created when alerts lived in the dashboard app
         ordering = ["-started_at"]
         constraints = [models.UniqueConstraint(fields=["rule", "pipeline"], condition=Q(state__in=OPEN_STATES),
-                                               name="uniq_open_alert_per_rule_pipeline")]
+                                               name="uniq_open_alert_per_rule_pipeline"),
+                       models.UniqueConstraint(fields=["rule", "watch"], condition=Q(state__in=OPEN_STATES),
+                                               name="uniq_open_alert_per_rule_watch")]
         indexes = [models.Index(fields=["state", "-started_at"], name="alert_state_idx")]
 
     def __str__(self):
@@ -119,10 +124,17 @@ class Alert(models.Model):
             self.rule_name, self.rule_kind = self.rule.name, self.rule.kind
         if self.pipeline_id and self.pipeline:
             self.pipeline_name = self.pipeline.name
+        elif self.watch_id and self.watch:
+            self.pipeline_name = self.watch.name
+
+    @property
+    def subject(self):
+        """What the alert is about: its pipeline or its watch (None once deleted)."""
+        return self.pipeline if self.pipeline_id else (self.watch if self.watch_id else None)
 
     @property
     def pipeline_label(self) -> str:
-        return self.pipeline.name if self.pipeline_id else self.pipeline_name
+        return self.subject.name if self.subject is not None else self.pipeline_name
 
     @property
     def rule_label(self) -> str:
@@ -135,7 +147,7 @@ class Alert(models.Model):
     @property
     def is_gone(self) -> bool:
         """Its rule or its pipeline was deleted: history only, nothing to mute."""
-        return self.rule_id is None or self.pipeline_id is None
+        return self.rule_id is None or (self.pipeline_id is None and self.watch_id is None)
 
     @property
     def is_open(self) -> bool:
@@ -155,7 +167,8 @@ class Alert(models.Model):
     def as_json(self) -> dict:
         return {
             "id": self.pk, "state": self.state, "pipeline": self.pipeline_label, "rule": self.rule_label,
-            "kind": self.kind, "pipeline_deleted": self.pipeline_id is None, "summary": self.summary,
+            "kind": self.kind, "pipeline_deleted": self.pipeline_id is None and self.watch_id is None,
+            "watch": self.pipeline_label if self.watch_id else None, "summary": self.summary,
             "facts": self.facts,
             "started_at": self.started_at.isoformat(), "last_seen_at": self.last_seen_at.isoformat(),
             "acknowledged_at": self.acknowledged_at.isoformat() if self.acknowledged_at else None,

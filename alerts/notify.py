@@ -33,7 +33,14 @@ def alerts_url(alert) -> str:
         path = reverse("alerts:list")
     except NoReverseMatch:
         path = "/alerts/"
-    return absolute_url(f"{path}?pipeline={quote(alert.pipeline.name)}")
+    return absolute_url(f"{path}?pipeline={quote(alert.pipeline_label)}")
+
+
+def subject_url(alert) -> str:
+    """The page of what the alert is about: its pipeline's, or its watch's."""
+    if alert.watch_id:
+        return absolute_url(f"/watches/{quote(alert.pipeline_label)}/")
+    return pipeline_url(alert.pipeline)
 
 
 SUBJECT_PREFIX = {NotificationKind.FIRED: "FIRING", NotificationKind.REMINDER: "STILL FIRING",
@@ -42,13 +49,13 @@ SUBJECT_PREFIX = {NotificationKind.FIRED: "FIRING", NotificationKind.REMINDER: "
 
 def render(alert, kind: str, sequence: int, now) -> dict:
     context = {
-        "alert": alert, "rule": alert.rule, "pipeline": alert.pipeline, "kind": kind, "sequence": sequence,
+        "alert": alert, "rule": alert.rule, "pipeline": alert.subject, "kind": kind, "sequence": sequence,
         "facts": alert.facts, "partitions": sorted((alert.facts.get("partitions") or {}).items(),
                                                    key=lambda item: int(item[0]) if item[0].isdigit() else 0),
-        "now": now, "pipeline_url": pipeline_url(alert.pipeline), "alerts_url": alerts_url(alert),
+        "now": now, "pipeline_url": subject_url(alert), "alerts_url": alerts_url(alert),
         "firing_for": now - alert.started_at,
     }
-    subject = f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline.name}: {alert.summary}"
+    subject = f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline_label}: {alert.summary}"
     return {"subject": subject[:300].replace("\n", " "),
             "body_text": render_to_string("emails/alert.txt", context),
             "body_html": render_to_string("emails/alert.html", context)}

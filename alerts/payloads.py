@@ -4,7 +4,7 @@ when it is queued, so a retry hours later still carries the original times and v
 Its shape is documented, with a JSON schema, in docs/alerts.md; tests validate real payloads against it.
 """
 from alerts.models import NotificationKind, RuleKind
-from alerts.notify import alerts_url, pipeline_url
+from alerts.notify import alerts_url, subject_url
 
 SCHEMA_VERSION = 1
 SEVERITY = {
@@ -33,7 +33,7 @@ def dedup_key(alert) -> str:
 
 
 def build(alert, kind: str, sequence: int, now) -> dict:
-    pipeline, rule = alert.pipeline, alert.rule
+    pipeline, rule = alert.subject, alert.rule   # the pipeline, or the watch (a group Tally does not run)
     facts = alert.facts or {}
     values = {key: facts[key] for key in ("value", "threshold", "count", "status", "interval_seconds")
               if facts.get(key) is not None}
@@ -52,12 +52,12 @@ def build(alert, kind: str, sequence: int, now) -> dict:
         "acknowledged_by": alert.acknowledged_by or None,
         "rule": {"name": alert.rule_label, "kind": alert.kind,
                  "threshold": rule.threshold if rule is not None else None},
-        "target": {"type": "pipeline", "name": pipeline.name, "topic": pipeline.topic,
+        "target": {"type": "watch" if alert.watch_id else "pipeline", "name": pipeline.name, "topic": pipeline.topic,
                    "group": pipeline.group_id or pipeline.name, "cluster": cluster_name(pipeline)},
         "cluster": cluster_name(pipeline),
         "values": values,
         "facts": facts,
-        "links": {"pipeline": pipeline_url(pipeline), "alerts": alerts_url(alert)},
+        "links": {"pipeline": subject_url(alert), "alerts": alerts_url(alert)},
     }
 
 

@@ -58,6 +58,84 @@ class PipelineView:
         return self.rewinds.latest_at is not None and self.now - self.rewinds.latest_at < rewind_grace()
 
 
+class _NoRewinds:
+    """A watch's group is reset by its team, not by Tally: no planned ranges, no replays."""
+
+    latest_at = None
+
+    def planned_ranges(self, partition):
+        return []
+
+    def replay_end(self, partition, position):
+        return None
+
+
+@dataclass
+class _WatchPartition:
+    """A watch partition as the rules read a pipeline's PartitionHealth: its committed offset as the position,
+    its ranges' findings as offset ranges."""
+
+    partition: int
+    next_offset: int | None
+    high_watermark: int | None
+    lag_records: int | None
+    lag_seconds: float | None
+    status: str
+    lost: int
+    duplicated: int
+    phantom: int
+    findings: list
+
+
+@dataclass
+class _WatchSubject:
+    """What check_status reads of a pipeline: a watch is always meant to run (its team runs it)."""
+
+    name: str
+    last_error: str
+    desired_state: str = DesiredState.RUNNING
+
+
+@dataclass
+class WatchView(PipelineView):
+    """The rules' view of a watch: the same checks read it as they read a pipeline."""
+
+    @classmethod
+    def load(cls, watch, now):
+        from consumers.models import WatchRange
+
+        findings: dict[int, list] = {}
+        for r in WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0, phantom=0):
+            for kind in ("lost", "duplicated", "phantom"):
+                if getattr(r, kind):
+                    findings.setdefault(r.partition, []).extend(_watch_findings(r, kind))
+        partitions = [_WatchPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds,
+                                      p.status, p.lost, p.duplicated, p.phantom, findings.get(p.partition, []))
+                      for p in watch.partitions.order_by("partition")]
+        health = watch if watch.checked_at else None
+        return cls(_WatchSubject(watch.name, watch.last_error), health, partitions, _NoRewinds(), now)
+
+
+def _watch_findings(r, kind: str) -> list[dict]:
+    """A range's listed offsets of one kind as runs of consecutive offsets (what an email can name), and what
+    the list left out folded into the rest of the range."""
+    listed = sorted(o[0] if kind == "duplicated" else o for o in getattr(r, f"{kind}_offsets"))
+    extra = {o[0]: o[1] for o in r.duplicated_offsets} if kind == "duplicated" else {}
+    findings = []
+    for offset in listed:
+        if findings and findings[-1]["end"] == offset:
+            findings[-1]["end"] += 1
+        else:
+            findings.append({"kind": kind, "start": offset, "end": offset + 1, "count": 0, "offsets": []})
+        findings[-1]["count"] += extra.get(offset, 1)
+        findings[-1]["offsets"].append(offset)
+    left = getattr(r, kind) - sum(f["count"] for f in findings)
+    if left > 0:
+        start = listed[-1] + 1 if listed else r.start
+        findings.append({"kind": kind, "start": start, "end": r.end, "count": left, "folded": True})
+    return findings
+
+
 def _format_range(start: int, end: int, folded: bool = False) -> str:
     text = str(start) if end - start == 1 else f"{start}-{end - 1}"
     # Reconciliation folds its findings beyond the first few into one covering range.
@@ -270,6 +348,16 @@ CHECKS = {
 
 def check(rule: AlertRule, view: PipelineView) -> Finding | None:
     return CHECKS[rule.kind](rule, view)
+
+
+# What a watch can alert on: the kinds its check measures (no ledger gaps, dead letters or runs of Tally's).
+WATCH_KINDS = {RuleKind.LOST, RuleKind.DUPLICATED, RuleKind.PHANTOM, RuleKind.LAG_RECORDS, RuleKind.LAG_SECONDS,
+               RuleKind.STATUS}
+
+
+def rules_for_watch(all_rules: list[AlertRule]) -> list[AlertRule]:
+    """Global rules of the kinds a watch has; enabled ones only."""
+    return [r for r in all_rules if r.pipeline_id is None and r.kind in WATCH_KINDS and r.enabled]
 
 
 def rules_for(pipeline, all_rules: list[AlertRule]) -> list[AlertRule]:

@@ -6,7 +6,7 @@ from django.dispatch import receiver
 
 from alerts import evaluate
 from alerts.models import Alert, AlertRule
-from consumers.models import Pipeline
+from consumers.models import Pipeline, Watch
 
 
 @receiver(pre_delete, sender=Pipeline, dispatch_uid="alerts-keep-pipeline-history")
@@ -19,3 +19,9 @@ def keep_pipeline_history(sender, instance, **kwargs):
 def keep_rule_history(sender, instance, **kwargs):
     evaluate.resolve_gone(Alert.objects.filter(rule=instance), f"rule {instance.name!r} deleted")
     Alert.objects.filter(rule=instance).update(rule_name=instance.name, rule_kind=instance.kind)
+
+
+@receiver(pre_delete, sender=Watch, dispatch_uid="alerts-keep-watch-history")
+def keep_watch_history(sender, instance, **kwargs):
+    evaluate.resolve_gone(Alert.objects.filter(watch=instance), f"watch {instance.name} deleted")
+    Alert.objects.filter(watch=instance).update(pipeline_name=instance.name)

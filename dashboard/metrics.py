@@ -14,6 +14,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from consumers.models import ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
+from consumers.reconciliation import monitored
 from dashboard import status as dashboard_status
 
 STATUSES = [s.value for s in Status] + ["UNKNOWN"]
@@ -21,13 +22,14 @@ PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode"]
 
 
 class TallyCollector:
-    """Reads the latest reconciliation in three queries (pipelines, partitions, groups) per scrape."""
+    """Reads the latest reconciliation in a few queries (pipelines, partitions, groups, watches) per scrape."""
 
     def collect(self):
         yield from self._pipelines()
         yield from self._consumers()
         yield from self._partitions()
         yield from self._groups()
+        yield from self._watches()
 
     def _pipelines(self):
         gauges = {
@@ -124,6 +126,40 @@ class TallyCollector:
                 seconds.add_metric([group.group_id], float(group.lag_seconds))
         yield lag
         yield seconds
+
+
+    def _watches(self):
+        """Watches (groups Tally does not run, audited against their tables): the same numbers as a pipeline's,
+        under tally_watch_*, per watch and per partition."""
+        labels = ["watch", "group", "topic"]
+        fields = {
+            "lag_records": ("tally_watch_lag_records", "Records behind the log end (the group's committed offset)"),
+            "lag_seconds": ("tally_watch_lag_seconds", "Age of the record at the group's committed offset"),
+            "lost": ("tally_watch_lost_records", "Committed records with no row in the group's table"),
+            "duplicated": ("tally_watch_duplicated_records", "Extra rows: rows beyond the one a record expects"),
+            "phantom": ("tally_watch_phantom_records", "Rows that match no record"),
+        }
+        gauges = {f: GaugeMetricFamily(name, doc, labels=labels) for f, (name, doc) in fields.items()}
+        status = GaugeMetricFamily("tally_watch_status", "1 for the watch's current status, 0 for the others",
+                                   labels=[*labels, "status"])
+        partition_lag = GaugeMetricFamily("tally_watch_partition_lag_records", "Records behind, per partition",
+                                          labels=[*labels, "partition"])
+        partition_status = GaugeMetricFamily("tally_watch_partition_status", "1, labelled with the status",
+                                             labels=[*labels, "partition", "status"])
+        for watch in monitored.watches():
+            values = [watch.name, watch.group_id, watch.topic]
+            for field, gauge in gauges.items():
+                value = getattr(watch, field)
+                if value is not None:
+                    gauge.add_metric(values, float(value))
+            for name in STATUSES:
+                status.add_metric([*values, name], 1.0 if watch.status == name else 0.0)
+            for part in watch.partitions:
+                if part.lag_records is not None:
+                    partition_lag.add_metric([*values, str(part.partition)], float(part.lag_records))
+                partition_status.add_metric([*values, str(part.partition), part.status], 1.0)
+        yield from gauges.values()
+        yield from (status, partition_lag, partition_status)
 
 
 def render_metrics() -> bytes:

@@ -237,6 +237,11 @@ RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1
 RECONCILE_WINDOW_SECONDS = env_int("RECONCILE_WINDOW_SECONDS", 600, minimum=10)
 CELERY_BEAT_SCHEDULE["reconcile-all"] = {"task": "consumers.reconcile_all", "schedule": RECONCILE_INTERVAL_SECONDS,
                                          "options": {"expires": RECONCILE_INTERVAL_SECONDS}}
+# Watches (consumers/reconciliation/watch_audit.py): each check audits what was committed and settled since the
+# last one, so a finding shows within a watch's settle time plus this interval.
+WATCH_CHECK_INTERVAL_SECONDS = env_int("WATCH_CHECK_INTERVAL_SECONDS", 30, minimum=1)
+CELERY_BEAT_SCHEDULE["watches-check"] = {"task": "consumers.check_watches", "schedule": WATCH_CHECK_INTERVAL_SECONDS,
+                                         "options": {"expires": WATCH_CHECK_INTERVAL_SECONDS}}
 CELERY_BEAT_SCHEDULE["lag-snapshots"] = {"task": "consumers.take_lag_snapshots", "schedule": 60,
                                          "options": {"expires": 60}}
 CELERY_BEAT_SCHEDULE["lag-snapshots-downsample"] = {"task": "consumers.downsample_lag_snapshots",

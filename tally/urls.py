@@ -4,7 +4,18 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from dashboard import metrics
-from dashboard.views import actions, dead_letters, demo, groups, pages, pipelines, rewind, topic_checks, trace
+from dashboard.views import (
+    actions,
+    dead_letters,
+    demo,
+    groups,
+    pages,
+    pipelines,
+    rewind,
+    topic_checks,
+    trace,
+    watches,
+)
 
 urlpatterns = [
     path("", pages.overview, name="overview"),
@@ -22,6 +33,9 @@ urlpatterns = [
     path("groups/", groups.group_list, name="groups"),
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),
+    path("watches/", watches.watch_list, name="watches"),
+    path("watches/new/", watches.new_watch, name="new_watch"),
+    path("watches/<slug:name>/", watches.watch_detail, name="watch"),
     path("action-log/", pages.action_log, name="action_log"),
     path("topic-checks/", topic_checks.topic_check_jobs, name="topic_check_jobs"),
     path("topic-checks/request/", topic_checks.request_topic_check, name="request_topic_check"),

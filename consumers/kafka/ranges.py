@@ -21,17 +21,19 @@ POLL_RECORDS = 50_000
 STALL_TIMEOUT_S = 30.0
 
 
-def read_ranges(topic: str, ranges: dict[int, tuple[int, int]],
-                on_records: Callable[[int, list], None], *, stall_timeout_s: float = STALL_TIMEOUT_S) -> dict[int, int]:
+def read_ranges(topic: str, ranges: dict[int, tuple[int, int]], on_records: Callable[[int, list], None], *,
+                cluster=None, stall_timeout_s: float = STALL_TIMEOUT_S) -> dict[int, int]:
     """Call `on_records(partition, records)` with the committed records of each partition's [start, stop),
-    in offset order (kafka-python ConsumerRecords: .offset, .key, .value, .timestamp). Returns where each
+    in offset order (kafka-python ConsumerRecords: .offset, .key, .value, .timestamp), from `cluster` (a name,
+    a Cluster, or None: the default; consumers/kafka/clusters.py builds the consumer). Returns where each
     partition's read ended: `stop`, or the log end when the log ends first."""
     wanted = {p: (s, e) for p, (s, e) in ranges.items() if e > s}
     ended: dict[int, int] = {p: s for p, (s, _) in ranges.items()}
     if not wanted:
         return ended
-    consumer = probe_consumer(isolation_level="read_committed", max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
-                              fetch_max_bytes=64 << 20, fetch_max_wait_ms=50, receive_buffer_bytes=4 << 20)
+    consumer = probe_consumer(cluster, isolation_level="read_committed",
+                              max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES, fetch_max_bytes=64 << 20,
+                              fetch_max_wait_ms=50, receive_buffer_bytes=4 << 20)
     try:
         tps = {p: TopicPartition(topic, p) for p in wanted}
         consumer.assign(list(tps.values()))

@@ -2,7 +2,8 @@
 
 Each door builds a `WatchSpec` and calls `create()` here, so all of them accept and refuse the same things
 with the same messages, every message naming what is wrong and what to do. What a spec must satisfy:
-  1. a free, slug-like name; a group and a topic (the topic exists in Kafka); a known cluster;
+  1. a free, slug-like name; a group and a topic (the topic exists in Kafka); a known cluster
+     (consumers/kafka/clusters.py: "default" or one of TALLY_KAFKA_CLUSTERS);
   2. for an audit, all three of a table, a record id SPEC and the row-id column(s): the table exists and
      the database user may read it, the columns exist and their types can hold the id (integers for
      `offset`: PART_COL,OFFSET_COL);
@@ -21,12 +22,13 @@ from django.utils.dateparse import parse_datetime
 
 from consumers.engine import record_ids, sink_checks
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
 RESERVED_TABLE_PREFIXES = ("consumers_", "dashboard_", "alerts_", "django_", "auth_", "pg_")
-CLUSTERS = ("default",)
 MAX_SETTLE_SECONDS = 7 * 24 * 3600
 MAX_IGNORES = 20
 # Column types a text id (value, key, json:PATH) can be compared with, and the integer types an offset needs.
@@ -104,40 +106,53 @@ def validate(spec: WatchSpec) -> Validated:
             problems["name"] = f"a watch named {spec.name!r} exists already: choose another name or delete it first"
     if "group" not in problems and not spec.group:
         problems["group"] = "required: the consumer group to watch (--group)"
-    if "cluster" not in problems and spec.cluster not in CLUSTERS:
-        problems["cluster"] = f"unknown cluster {spec.cluster!r}: use one of {', '.join(CLUSTERS)}"
+    if "cluster" not in problems:
+        try:
+            clusters.get(spec.cluster or clusters.DEFAULT)
+        except ClusterConfigError as exc:
+            problems["cluster"] = exc.problem if exc.cluster == spec.cluster else str(exc)
     moment = _check_start(spec, problems)
     if "settle_seconds" not in problems and not 0 <= spec.settle_seconds <= MAX_SETTLE_SECONDS:
         problems["settle_seconds"] = f"a whole number of seconds from 0 to {MAX_SETTLE_SECONDS}"
     _check_ignores(spec, problems)
     id_spec = _check_audit(spec, problems)
     partitions = None
-    if "topic" not in problems:
-        partitions = _check_topic(spec.topic, problems)
+    if "topic" not in problems and "cluster" not in problems:
+        partitions = _check_topic(spec.topic, problems, spec.cluster)
     if problems:
         raise Invalid(problems)
-    starts = _start_offsets(spec.topic, partitions, spec.start_from, moment)
+    starts = _start_offsets(spec.topic, partitions, spec.start_from, moment, spec.cluster)
     notes = _commit_notes(spec, partitions)
     if id_spec is not None and spec.keyed:
         notes.append("keyed: for each id, its latest committed record must have its row; a tombstone expects none")
     return Validated(starts, notes)
 
 
+# The longest text each field stores (the model's max_length), checked before anything is written.
+MAX_LENGTHS = {"name": 100, "group": 255, "topic": 249, "cluster": 64, "sink_table": 63, "record_id": 300,
+               "row_id": 200, "start_from": 40}
+
+
 def _check_types(spec: WatchSpec, problems: dict) -> None:
-    for name in ("name", "group", "topic", "cluster", "sink_table", "record_id", "row_id", "start_from"):
-        if not isinstance(getattr(spec, name), str):
-            problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
+    for name, longest in MAX_LENGTHS.items():
+        value = getattr(spec, name)
+        if not isinstance(value, str):
+            problems[name] = f"must be text, got {type(value).__name__}"
+            setattr(spec, name, "")
+        elif len(value) > longest or not value.isprintable():
+            problems[name] = f"at most {longest} printable characters"
             setattr(spec, name, "")
         else:
-            setattr(spec, name, getattr(spec, name).strip())
+            setattr(spec, name, value.strip())
     if isinstance(spec.settle_seconds, bool) or not isinstance(spec.settle_seconds, int):
         problems["settle_seconds"] = f"must be a whole number of seconds, got {spec.settle_seconds!r}"
         spec.settle_seconds = 0
     if not isinstance(spec.keyed, bool):
         problems["keyed"] = "must be true or false"
         spec.keyed = False
-    if not isinstance(spec.ignore, list) or not all(isinstance(i, str) for i in spec.ignore):
-        problems["ignore"] = "must be a list of SPEC=VALUE texts"
+    if not isinstance(spec.ignore, list) or not all(isinstance(i, str) and len(i) <= 300 and i.isprintable()
+                                                    for i in spec.ignore):
+        problems["ignore"] = "must be a list of SPEC=VALUE texts (at most 300 printable characters each)"
         spec.ignore = []
     if "topic" not in problems and not spec.topic:
         problems["topic"] = "required: the topic the group reads (--topic)"
@@ -227,29 +242,29 @@ def _check_audit(spec: WatchSpec, problems: dict):
     return id_spec
 
 
-def _check_topic(topic: str, problems: dict):
+def _check_topic(topic: str, problems: dict, cluster: str):
     try:
-        return kafka_admin.partitions_for(topic)
+        return kafka_admin.partitions_for(topic, cluster=cluster)
     except kafka_admin.KafkaAdminError:
-        problems["topic"] = f"topic {topic!r} does not exist in Kafka: check the name"
+        problems["topic"] = f"topic {topic!r} does not exist in Kafka cluster {cluster!r}: check the name"
     except Exception as exc:  # the broker is down: say so rather than claim the topic is missing
         problems["topic"] = f"cannot reach Kafka to check topic {topic!r}: {type(exc).__name__}"
     return None
 
 
-def _start_offsets(topic: str, partitions: list[int], start_from: str, moment) -> dict[int, int]:
-    marks = kafka_admin.watermarks(topic, partitions)
+def _start_offsets(topic: str, partitions: list[int], start_from: str, moment, cluster: str) -> dict[int, int]:
+    marks = kafka_admin.watermarks(topic, partitions, cluster=cluster)
     if start_from == "earliest":
         return {p: m.log_start for p, m in marks.items()}
     if start_from == "latest":
         return {p: m.high for p, m in marks.items()}
-    found = kafka_admin.offsets_for_time(topic, partitions, int(moment.timestamp() * 1000))
+    found = kafka_admin.offsets_for_time(topic, partitions, int(moment.timestamp() * 1000), cluster=cluster)
     return {p: (found.get(p) if found.get(p) is not None else m.high) for p, m in marks.items()}
 
 
 def _commit_notes(spec: WatchSpec, partitions: list[int]) -> list[str]:
     try:
-        committed = kafka_admin.committed_offsets(spec.group, spec.topic, partitions)
+        committed = kafka_admin.committed_offsets(spec.group, spec.topic, partitions, cluster=spec.cluster)
     except Exception as exc:  # noqa: BLE001 - the note says Kafka could not tell; the watch is still valid
         return [f"could not read the commits of group {spec.group!r}: {type(exc).__name__}"]
     if not any(offset is not None for offset in committed.values()):

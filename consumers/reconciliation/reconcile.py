@@ -25,9 +25,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
@@ -41,16 +40,16 @@ from consumers.models import (
     ConsumerRun,
     DeliveryMode,
     DesiredState,
-    LagSnapshot,
     PartitionHealth,
     Pipeline,
     PipelineHealth,
     ResetPolicy,
     Status,
 )
-from consumers.reconciliation import lag_status, ledger_summary
+from consumers.reconciliation import lag_status, ledger_summary, monitored
 from consumers.reconciliation import rewinds as reconcile_rewinds
 from consumers.reconciliation.coverage import SPAN_OVERLAPS
+from consumers.reconciliation.monitored import status_window
 from consumers.reconciliation.report import (  # noqa: F401  (public names of this module)
     INCIDENT_KINDS,
     PartitionReport,
@@ -65,10 +64,6 @@ log = logging.getLogger("tally.reconcile")
 # Findings of the verified range are kept between runs; "current" ones are recomputed every run.
 VERIFIED, CURRENT = "verified", "current"
 SINK_ERROR_PREFIX = "sink: "
-
-
-def status_window() -> timedelta:
-    return timedelta(seconds=getattr(settings, "RECONCILE_WINDOW_SECONDS", 600))
 
 
 def reconcile_all(*, full: bool = False, kafka=None) -> list[PipelineReport]:
@@ -403,21 +398,15 @@ def _lag_seconds(errors, kafka, topic: str, reports, states, marks, now: datetim
 def _evaluate_status(pipeline, reports, states, rewinds, alive: bool, now: datetime,
                      kafka_failed: bool) -> float | None:
     """Set each partition's status; return the records per second over the window."""
-    window = status_window()
-    history: dict[int, list[lag_status.Sample]] = {}
-    for s in (LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=False, taken_at__gte=now - window)
-              .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
-        history.setdefault(s["partition"], []).append(
-            lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
+    history = monitored.window_samples(pipeline=pipeline, now=now)  # the rules every monitored consumer shares
     rate, rate_known = 0.0, False
     for report in reports:
         state = states[report.partition]
-        samples = history.get(report.partition, []) + [
-            lag_status.Sample(now, state.consumed_end, report.lag_records)]
-        facts = lag_status.PartitionFacts(
-            samples, report.lag_records, state.moved_at or pipeline.created_at, alive,
-            rewinds.recently_rewound(report.partition), report.incident or kafka_failed, now, window)
-        report.status = lag_status.evaluate(facts)
+        report.status = monitored.partition_status(
+            history.get(report.partition, []), position=state.consumed_end, lag=report.lag_records,
+            moved_at=state.moved_at or pipeline.created_at, alive=alive,
+            rewound=rewinds.recently_rewound(report.partition), incident=report.incident or kafka_failed, now=now)
+        samples = history.get(report.partition) or [lag_status.Sample(now, state.consumed_end, report.lag_records)]
         first = samples[0]
         if first.position is not None and now > first.taken_at and state.consumed_end >= first.position:
             rate += (state.consumed_end - first.position) / (now - first.taken_at).total_seconds()

@@ -1,8 +1,9 @@
 """Lag and throughput snapshots for charts and the lag evaluation rules, kept bounded.
 
 `take_snapshots()` (Celery beat, every SNAPSHOT_INTERVAL) stores one LagSnapshot per pipeline partition,
-one pipeline total (partition NULL), and one total per consumer group that Tally does not run
-(pipeline NULL, group_id set). `downsample()` keeps the table bounded:
+one pipeline total (partition NULL), one total per consumer group that Tally does not run
+(pipeline NULL, group_id set), and each watch's partitions and total as its last check measured them.
+`downsample()` keeps the table bounded:
 
     age < 1 hour      raw samples (resolution 0)
     age < 1 day       one sample per minute     (resolution 60)
@@ -20,7 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline
+from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline, Watch
 from consumers.operations import groups
 
 log = logging.getLogger("tally.snapshots")
@@ -49,6 +50,7 @@ def take_snapshots(*, kafka=None, now: datetime | None = None) -> int:
                                     high_watermark=_sum(p.high_watermark for p in report.partitions)))
     except Exception:
         log.exception("snapshot of consumer groups failed")
+    rows += _watch_samples(now)
     _fill_rates(rows)
     LagSnapshot.objects.bulk_create(rows)
     return len(rows)
@@ -84,21 +86,47 @@ def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnaps
     return samples + [total]
 
 
+def _watch_samples(now: datetime) -> list[LagSnapshot]:
+    """Every watch's partitions as its last check measured them (the check reads Kafka; a sample does not
+    read it again), and its total. group_id stays empty: the series is the watch's, not the group's."""
+    rows = []
+    for watch in Watch.objects.prefetch_related("partitions").order_by("name"):
+        parts = [wp for wp in watch.partitions.all() if wp.checked_at is not None]
+        samples = [LagSnapshot(watch=watch, partition=wp.partition, taken_at=now, lag_records=wp.lag_records,
+                               lag_seconds=wp.lag_seconds, position=wp.committed, high_watermark=wp.high_watermark)
+                   for wp in parts]
+        if samples:
+            samples.append(LagSnapshot(
+                watch=watch, partition=None, taken_at=now, lag_records=_sum(s.lag_records for s in samples),
+                lag_seconds=max((s.lag_seconds for s in samples if s.lag_seconds is not None), default=None),
+                position=_sum(s.position for s in samples), high_watermark=_sum(s.high_watermark for s in samples)))
+        rows += samples
+    return rows
+
+
+def _series(row) -> tuple:
+    """A sample's series: its pipeline's or its watch's partition, or an external group's total."""
+    return (row["pipeline_id"], row["watch_id"], row["group_id"] if not (row["pipeline_id"] or row["watch_id"])
+            else "", row["partition"])
+
+
 def _fill_rates(rows: list[LagSnapshot]) -> None:
     """records_per_second of each new sample: position change since the previous sample of its series."""
     if not rows:
         return
     pipeline_ids = {r.pipeline_id for r in rows if r.pipeline_id}
-    group_ids = {r.group_id for r in rows if not r.pipeline_id}
-    previous = {}
-    series = Q(pipeline_id__in=pipeline_ids) | Q(pipeline__isnull=True, group_id__in=group_ids)
-    latest = (LagSnapshot.objects.filter(series).order_by("pipeline_id", "group_id", "partition", "-taken_at")
-              .distinct("pipeline_id", "group_id", "partition")
-              .values("pipeline_id", "group_id", "partition", "taken_at", "position"))
-    for s in latest:
-        previous[(s["pipeline_id"], s["group_id"] if not s["pipeline_id"] else "", s["partition"])] = s
+    watch_ids = {r.watch_id for r in rows if r.watch_id}
+    group_ids = {r.group_id for r in rows if not r.pipeline_id and not r.watch_id}
+    series = (Q(pipeline_id__in=pipeline_ids) | Q(watch_id__in=watch_ids)
+              | Q(pipeline__isnull=True, watch__isnull=True, group_id__in=group_ids))
+    latest = (LagSnapshot.objects.filter(series)
+              .order_by("pipeline_id", "watch_id", "group_id", "partition", "-taken_at")
+              .distinct("pipeline_id", "watch_id", "group_id", "partition")
+              .values("pipeline_id", "watch_id", "group_id", "partition", "taken_at", "position"))
+    previous = {_series(s): s for s in latest}
     for row in rows:
-        before = previous.get((row.pipeline_id, row.group_id if not row.pipeline_id else "", row.partition))
+        before = previous.get(_series({"pipeline_id": row.pipeline_id, "watch_id": row.watch_id,
+                                       "group_id": row.group_id, "partition": row.partition}))
         if before and before["position"] is not None and row.position is not None:
             seconds = (row.taken_at - before["taken_at"]).total_seconds()
             if seconds > 0 and row.position >= before["position"]:
@@ -113,13 +141,13 @@ def downsample(*, now: datetime | None = None) -> dict[str, int]:
         for resolution, keep_finer_for in TIERS:
             cutoff = _floor(now - keep_finer_for, resolution)
             cur.execute(
-                "INSERT INTO consumers_lagsnapshot (pipeline_id, group_id, partition, taken_at, resolution_seconds, "
-                "lag_records, lag_seconds, position, high_watermark, records_per_second) "
-                "SELECT pipeline_id, group_id, partition, "
+                "INSERT INTO consumers_lagsnapshot (pipeline_id, watch_id, group_id, partition, taken_at, "
+                "resolution_seconds, lag_records, lag_seconds, position, high_watermark, records_per_second) "
+                "SELECT pipeline_id, watch_id, group_id, partition, "
                 "to_timestamp(floor(extract(epoch FROM taken_at) / %(r)s) * %(r)s) AS bucket, %(r)s, "
                 "max(lag_records), max(lag_seconds), max(position), max(high_watermark), avg(records_per_second) "
                 "FROM consumers_lagsnapshot WHERE resolution_seconds < %(r)s AND taken_at < %(cutoff)s "
-                "GROUP BY pipeline_id, group_id, partition, bucket",
+                "GROUP BY pipeline_id, watch_id, group_id, partition, bucket",
                 {"r": resolution, "cutoff": cutoff})
             result[f"buckets_{resolution}s"] = cur.rowcount
             cur.execute("DELETE FROM consumers_lagsnapshot WHERE resolution_seconds < %s AND taken_at < %s",

@@ -101,7 +101,7 @@ class WatchReport:
                 "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets}
 
 
-def check_all(*, kafka=kafka_admin) -> list[WatchReport]:
+def check_all(*, kafka=None) -> list[WatchReport]:
     reports = []
     for watch in Watch.objects.order_by("name"):
         try:
@@ -112,8 +112,10 @@ def check_all(*, kafka=kafka_admin) -> list[WatchReport]:
 
 
 def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetime | None = None,
-                kafka=kafka_admin) -> WatchReport:
-    """Audit what was committed and settled since the last check, measure lag and status, store it all."""
+                kafka=None) -> WatchReport:
+    """Audit what was committed and settled since the last check, measure lag and status, store it all.
+    `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests)."""
+    kafka = kafka or kafka_admin.on(watch.cluster)
     now = now or timezone.now()
     settle = watch.settle_seconds if settle_seconds is None else settle_seconds
     try:
@@ -252,7 +254,7 @@ def _audit(watch: Watch, plans: dict, marks: dict) -> list[RangeResult]:
         loader = _Loader(cur, watch, id_type, ends)
         reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
         try:
-            kafka_ranges.read_ranges(watch.topic, reads, loader.add)
+            kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
         except Exception as exc:
             raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
         loader.flush()

@@ -1,12 +1,12 @@
-"""Reconciliation tasks for Celery beat: verify every pipeline, sample lag, keep the samples bounded, compact the
-ledger and apply the retention of Tally's own tables.
+"""Reconciliation tasks for Celery beat: verify every pipeline, check every watch, sample lag, keep the samples
+bounded, compact the ledger and apply the retention of Tally's own tables.
 
 Thin wrappers: the work is in consumers/reconciliation/reconcile.py and
 consumers/reconciliation/snapshots.py. Each returns a small JSON-able summary (visible in the result backend
 and the worker log)."""
 from celery import shared_task
 
-from consumers.reconciliation import reconcile, snapshots
+from consumers.reconciliation import reconcile, snapshots, watch_audit
 
 
 @shared_task(name="consumers.reconcile_all")
@@ -25,6 +25,14 @@ def reconcile_pipeline_task(pipeline_id: int, full: bool = False) -> dict:
         return {"pipeline_id": pipeline_id, "error": "no such pipeline"}
     report = reconcile.reconcile_pipeline(pipeline, full=full)
     return {"pipeline": report.name, "status": report.status, "exact": report.exact}
+
+
+@shared_task(name="consumers.check_watches")
+def check_watches_task() -> dict:
+    """The delivery audit and lag of every watch (consumer groups Tally does not run)."""
+    reports = watch_audit.check_all()
+    return {"watches": len(reports), "statuses": {r.watch: r.status for r in reports},
+            "findings": {r.watch: {"lost": r.lost, "duplicated": r.duplicated} for r in reports if not r.clean}}
 
 
 @shared_task(name="consumers.take_lag_snapshots")

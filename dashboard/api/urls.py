@@ -1,9 +1,9 @@
-"""JSON API under /api/ (pipelines, partitions, reconciliation, dead letters, groups, actions, action log).
+"""JSON API under /api/ (pipelines, partitions, reconciliation, dead letters, groups, watches, actions, action log).
 See README."""
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
-from dashboard.api import docs, views
+from dashboard.api import docs, views, watches
 
 app_name = "api"
 urlpatterns = [
@@ -25,5 +25,8 @@ urlpatterns = [
     path("groups/", views.group_list, name="groups"),
     path("groups/<path:group_id>/reset", views.group_reset_view, name="group_reset"),
     path("groups/<path:group_id>/", views.group_detail, name="group"),
+    path("watches/", watches.watch_list, name="watches"),
+    path("watches/<slug:name>/", watches.watch_detail, name="watch"),
+    path("watches/<slug:name>/check", watches.watch_check, name="watch_check"),
     path("action-log", views.action_log, name="action_log"),
 ]

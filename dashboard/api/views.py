@@ -98,7 +98,8 @@ def api_root(request):
     def url(name, **kwargs):
         return request.build_absolute_uri(reverse(f"api:{name}", kwargs=kwargs))
 
-    return Response({"pipelines": url("pipelines"), "groups": url("groups"), "action_log": url("action_log"),
+    return Response({"pipelines": url("pipelines"), "groups": url("groups"), "watches": url("watches"),
+                     "action_log": url("action_log"),
                      "me": url("me"), "token": url("token"), "schema": url("schema"), "docs": url("docs"),
                      "alerts": request.build_absolute_uri(reverse("alerts_api:list"))})
 

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from consumers.models import ActionLog, Pipeline
+from consumers.reconciliation import monitored
 from dashboard import status, timeline
 from dashboard.roles import can_operate
 from dashboard.views.actions import action_buttons
@@ -18,6 +19,7 @@ ACTION_LOG_PAGE_SIZE = 50
 @login_required
 def overview(request):
     context = {"nav": "overview", "rows": status.pipeline_rows(), "groups": status.external_group_rows(),
+               "watch_rows": monitored.watches(),
                "last_check": status.last_reconciliation()}
     return render_page(request, "overview.html", context, fragment="live")
 

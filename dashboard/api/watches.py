@@ -1,0 +1,102 @@
+"""The JSON API of watches: list, create (operators), detail with partitions and ranges, check now (operators),
+delete (operators). Creation goes through consumers.operations.watch_setup, the validation the command, the
+form and the file share: 400 names each bad field, and nothing is written before it passes."""
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework import status as http
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.response import Response
+
+from consumers.models import Watch, WatchRange
+from consumers.operations import watch_setup
+from consumers.reconciliation import monitored, watch_audit
+from dashboard.api.inputs import StrictBooleanField, StrictIntegerField, StrictSerializer, StrictStringField
+from dashboard.api.views import JSON, OPERATE, _invalid
+from dashboard.refusals import record_refusal
+
+RANGES_SHOWN = 200   # the newest ranges per detail answer; `watch show --json` lists them all
+
+
+class WatchCreateInput(StrictSerializer):
+    name = StrictStringField(max_length=100)
+    group = StrictStringField(max_length=255)
+    topic = StrictStringField(max_length=249)
+    cluster = StrictStringField(max_length=100, required=False, default="default")
+    sink_table = StrictStringField(max_length=63, required=False, default="", allow_blank=True)
+    record_id = StrictStringField(max_length=300, required=False, default="", allow_blank=True)
+    row_id = StrictStringField(max_length=200, required=False, default="", allow_blank=True)
+    start_from = StrictStringField(max_length=40, required=False, default="earliest")
+    settle_seconds = StrictIntegerField(min_value=0, max_value=watch_setup.MAX_SETTLE_SECONDS, required=False,
+                                        default=30)
+    ignore = serializers.ListField(child=StrictStringField(max_length=300), required=False, default=list,
+                                   max_length=watch_setup.MAX_IGNORES)
+    keyed = StrictBooleanField(required=False, default=False)
+
+
+class WatchCheckInput(StrictSerializer):
+    settle_seconds = StrictIntegerField(min_value=0, max_value=watch_setup.MAX_SETTLE_SECONDS, required=False,
+                                        allow_null=True, default=None)
+
+
+def watch_json(watch: Watch) -> dict:
+    return {**monitored.of_watch(watch).as_json(), **watch_setup.describe(watch), "last_error": watch.last_error}
+
+
+def range_json(r: WatchRange) -> dict:
+    return {"partition": r.partition, "start": r.start, "end": r.end, "records": r.records, "ignored": r.ignored,
+            "superseded": r.superseded, "unreadable": r.unreadable, "lost": r.lost, "duplicated": r.duplicated,
+            "phantom": r.phantom, "lost_offsets": r.lost_offsets, "duplicated_offsets": r.duplicated_offsets,
+            "phantom_offsets": r.phantom_offsets, "note": r.note, "checked_at": r.checked_at.isoformat()}
+
+
+@extend_schema(methods=["GET"], responses=JSON, operation_id="watches_list")
+@extend_schema(methods=["POST"], request=WatchCreateInput, responses=JSON, operation_id="watches_create")
+@api_view(["GET", "POST"])
+@permission_classes(OPERATE)
+def watch_list(request):
+    """GET: every watch with its status, lag and findings. POST (operators): create a watch."""
+    if request.method == "GET":
+        return Response({"watches": [watch_json(w) for w in Watch.objects.order_by("name")]})
+    body = WatchCreateInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "create_watch")
+    data = dict(body.validated_data)
+    try:
+        watch, notes = watch_setup.create(watch_setup.WatchSpec(**data), actor=request.user.username)
+    except watch_setup.Invalid as exc:
+        record_refusal(request.user, "create_watch", f"invalid: {exc}", params={"watch": data["name"]})
+        return Response({"errors": {field: [{"message": message, "code": "invalid"}]
+                                    for field, message in exc.problems.items()}}, status=http.HTTP_400_BAD_REQUEST)
+    return Response({**watch_json(watch), "notes": notes}, status=http.HTTP_201_CREATED)
+
+
+@extend_schema(methods=["GET"], responses=JSON, operation_id="watches_detail")
+@extend_schema(methods=["DELETE"], responses=JSON, operation_id="watches_delete")
+@api_view(["GET", "DELETE"])
+@permission_classes(OPERATE)
+def watch_detail(request, name):
+    """GET: the watch, its partitions and its newest ranges with their findings. DELETE (operators)."""
+    watch = get_object_or_404(Watch, name=name)
+    if request.method == "DELETE":
+        watch_setup.delete(name, actor=request.user.username)
+        return Response({"deleted": name})
+    ranges = WatchRange.objects.filter(watch=watch).order_by("-checked_at", "partition")[:RANGES_SHOWN]
+    lost, duplicated = watch_audit.listed_offsets(watch)
+    return Response({**watch_json(watch),
+                     "partitions": [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")],
+                     "lost_offsets": lost, "duplicated_offsets": duplicated,
+                     "ranges": [range_json(r) for r in ranges]})
+
+
+@extend_schema(request=WatchCheckInput, responses=JSON, operation_id="watches_check")
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def watch_check(request, name):
+    """Operators: check now (audit what settled since the last check); the answer is `watch check --json`'s."""
+    watch = get_object_or_404(Watch, name=name)
+    body = WatchCheckInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, "check_watch")
+    report = watch_audit.check_watch(watch, settle_seconds=body.validated_data["settle_seconds"])
+    return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})

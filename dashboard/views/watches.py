@@ -1,0 +1,102 @@
+"""Watches: the list, one watch (partitions, lag history per partition, ranges and their findings) and the form
+that adds one. Thin: the form builds the WatchSpec every door builds (consumers/operations/watch_setup.py)."""
+from datetime import timedelta
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods
+
+from consumers.models import LagSnapshot, Watch, WatchRange
+from consumers.operations import watch_setup
+from consumers.reconciliation import monitored, watch_audit
+from dashboard.roles import can_operate
+from dashboard.views.actions import refuse_viewer
+from dashboard.views.common import render_page
+
+CHART_WINDOW = timedelta(hours=6)
+CHART_MAX_POINTS = 720
+RANGES_SHOWN = 100
+
+
+@require_GET
+@login_required
+def watch_list(request):
+    return render_page(request, "watches.html", {"nav": "watches", "rows": monitored.watches(),
+                                                 "can_operate": can_operate(request.user)}, fragment="live")
+
+
+@require_GET
+@login_required
+def watch_detail(request, name):
+    watch = get_object_or_404(Watch, name=name)
+    partitions = list(watch.partitions.order_by("partition"))
+    lost, duplicated = watch_audit.listed_offsets(watch)
+    ranges = list(WatchRange.objects.filter(watch=watch).order_by("-checked_at", "partition", "-start")[:RANGES_SHOWN])
+    context = {"nav": "watches", "watch": watch, "row": monitored.of_watch(watch, partitions),
+               "partitions": partitions, "ranges": ranges, "lost_offsets": lost, "duplicated_offsets": duplicated,
+               "chart": lag_history(watch, [p.partition for p in partitions])}
+    return render_page(request, "watch.html", context)
+
+
+def lag_history(watch: Watch, partitions: list[int], now=None) -> dict:
+    """Lag per partition over the chart window, in the shape static/charts.js draws (x in Unix seconds,
+    one series `lag_pN` per partition, aligned on the samples' times)."""
+    now = now or timezone.now()
+    samples = list(LagSnapshot.objects.filter(watch=watch, partition__isnull=False, taken_at__gte=now - CHART_WINDOW)
+                   .order_by("-taken_at").values_list("taken_at", "partition", "lag_records")
+                   [: CHART_MAX_POINTS * max(1, len(partitions))])
+    times = sorted({s[0] for s in samples})[-CHART_MAX_POINTS:]
+    index = {t: i for i, t in enumerate(times)}
+    chart = {"t": [round(t.timestamp(), 3) for t in times], "from": round((now - CHART_WINDOW).timestamp(), 3),
+             "to": round(now.timestamp(), 3)}
+    for p in partitions:
+        chart[f"lag_p{p}"] = [None] * len(times)
+    for taken_at, p, lag in samples:
+        if taken_at in index and f"lag_p{p}" in chart:
+            chart[f"lag_p{p}"][index[taken_at]] = lag
+    return chart
+
+
+class WatchForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    group = forms.CharField(max_length=255, help_text="The consumer group to watch.")
+    topic = forms.CharField(max_length=249)
+    sink_table = forms.CharField(max_length=63, required=False, help_text="The table the group writes (optional).")
+    record_id = forms.CharField(max_length=300, required=False, help_text="value, key, json:PATH or offset.")
+    row_id = forms.CharField(max_length=200, required=False, help_text="COLUMN, or PART_COL,OFFSET_COL for offset.")
+    start_from = forms.CharField(max_length=40, initial="earliest", help_text="earliest, latest or an ISO datetime.")
+    settle_seconds = forms.IntegerField(min_value=0, max_value=watch_setup.MAX_SETTLE_SECONDS, initial=30)
+    ignore = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                             help_text="One SPEC=VALUE per line: records the consumer skips on purpose.")
+    keyed = forms.BooleanField(required=False, help_text="An update stream the consumer upserts (one row per id).")
+
+    def spec(self) -> watch_setup.WatchSpec:
+        data = dict(self.cleaned_data)
+        data["ignore"] = [line.strip() for line in data["ignore"].splitlines() if line.strip()]
+        return watch_setup.WatchSpec(**data)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def new_watch(request):
+    operator = can_operate(request.user)
+    if request.method == "POST" and not operator:
+        return refuse_viewer(request, None)
+    form = WatchForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                watch, notes = watch_setup.create(form.spec(), actor=request.user.username)
+            except watch_setup.Invalid as exc:
+                for field, message in exc.problems.items():
+                    form.add_error(field if field in form.fields else None, message)
+            else:
+                messages.success(request, " ".join([f"Watching group {watch.group_id} as {watch.name}.", *notes]))
+                return redirect("watch", name=watch.name)
+        status = 400
+    return render_page(request, "watch_new.html", {"nav": "watches", "form": form, "can_operate": operator},
+                       status=status)
