@@ -73,6 +73,8 @@ def run(run_id: str, records: int, crash_probability: float, seed: int, pipeline
                                        seed=seed, timeout_s=DEMO_TIMEOUT_S, pipelines=pipelines)
         state["pipelines"] = result
         state["reconciliation"] = reconcile_demo_pipelines()
+        if pipelines is None:
+            state["watched"] = watch_plain_consumer(records, seed)
         state["state"] = "done"
     except Exception as exc:  # the page must show why the run failed instead of spinning forever
         state.update(state="failed", error=f"{type(exc).__name__}: {exc}")
@@ -83,6 +85,17 @@ def run(run_id: str, records: int, crash_probability: float, seed: int, pipeline
         if client.get(LOCK_KEY) == run_id.encode():
             client.delete(LOCK_KEY)
     return state
+
+
+def watch_plain_consumer(records: int, seed: int) -> dict:
+    """The consumer Tally does not run (examples/plain_consumer.py) and what its watch found; a failure is
+    reported on the page, it does not fail the demo."""
+    from consumers.demo import watched
+
+    try:
+        return watched.run_watched_consumer(records, seed)
+    except Exception as exc:
+        return {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def reconcile_demo_pipelines() -> dict:
