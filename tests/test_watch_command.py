@@ -59,7 +59,7 @@ def test_refusals_name_the_missing_table_column_and_the_type_that_cannot_match(m
     assert "SPEC=VALUE" in refused(capsys, *base, "--ignore", "heartbeat")
     assert "keyed needs a table" in refused(capsys, *base, "--keyed")
     assert "ISO date" in refused(capsys, *base, "--from", "yesterday")
-    assert "unknown cluster" in refused(capsys, *base, "--cluster", "elsewhere")
+    assert "no such cluster" in refused(capsys, *base, "--cluster", "elsewhere")
     assert ActionLog.objects.filter(action="create_watch").count() == 0
 
 
@@ -139,3 +139,41 @@ def test_usage_errors_exit_2_and_delete_removes_the_watch_only(make_topic, team_
     assert run_command(capsys, "watch", "delete", "gone")[0] == 0
     assert not Watch.objects.exists()
     assert ActionLog.objects.filter(action="delete_watch", params__watch="gone").exists()
+
+
+def test_a_watches_file_is_validated_whole_and_applied_once(make_topic, team_table, capsys, tmp_path):
+    topic = make_topic("nums")
+    good = tmp_path / "watches.toml"
+    good.write_text(f"""
+[watches.orders]
+group = "orders-service"
+topic = "{topic}"
+sink_table = "{team_table}"
+record_id = "value"
+row_id = "id"
+settle_seconds = 10
+ignore = ["json:type=heartbeat"]
+
+[watches.lag-only]
+group = "reporting"
+topic = "{topic}"
+""")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text() + f"""
+[watches.broken]
+group = "g"
+topic = "{topic}"
+sink_table = "{team_table}"
+record_id = "offset"
+row_id = "part,note"
+""")
+    code, _, err = run_command(capsys, "watch", "apply", str(bad))
+    assert code == 1 and "broken.row_id" in err and not Watch.objects.exists()   # nothing of the file applied
+    code, out, _ = run_command(capsys, "watch", "apply", str(good))
+    assert code == 0 and "2 to create" in out
+    assert Watch.objects.get(name="orders").ignore == ["json:type=heartbeat"]
+    code, out, _ = run_command(capsys, "watch", "apply", str(good))
+    assert code == 0 and "0 to create, 2 unchanged" in out
+    good.write_text(good.read_text().replace("settle_seconds = 10", "settle_seconds = 20"))
+    code, _, err = run_command(capsys, "watch", "apply", str(good))
+    assert code == 1 and "settle_seconds 10 -> 20" in err

@@ -1,6 +1,7 @@
-"""`watch create|list|show|delete|check` — watches of consumer groups Tally does not run (docs/watch.md).
+"""`watch create|list|show|delete|apply|check` — watches of consumer groups Tally does not run (docs/watch.md).
 
-A thin shell over consumers/operations/watch_setup.py (adding, deleting: the validation every door shares)
+A thin shell over consumers/operations/watch_setup.py (adding, deleting: the validation every door shares),
+consumers/operations/watch_file.py (watches.toml)
 and consumers/reconciliation/watch_audit.py (the check). Exit codes: 0 done and clean, 1 findings (lost,
 duplicated or phantom records) or a refusal (the reason on stderr), 2 usage error.
 """
@@ -9,7 +10,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from consumers.models import Watch, WatchRange
-from consumers.operations import watch_setup
+from consumers.operations import watch_file, watch_setup
 from consumers.operations.watch_setup import Invalid, WatchSpec
 from consumers.reconciliation import watch_audit
 
@@ -50,6 +51,10 @@ class Command(BaseCommand):
         show.add_argument("--json", action="store_true")
         delete = commands.add_parser("delete", help="Delete a watch (its group and table are not touched).")
         delete.add_argument("name")
+        apply = commands.add_parser("apply", help="Create watches from a TOML file ([watches.NAME] tables); "
+                                                  "idempotent.")
+        apply.add_argument("file")
+        apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
         check = commands.add_parser("check", help="Audit what was committed since the last check; lag, status.")
         check.add_argument("name")
         check.add_argument("--settle-seconds", type=int, default=None,
@@ -118,6 +123,15 @@ class Command(BaseCommand):
         except watch_setup.DeleteRefused as exc:
             raise refused(str(exc)) from None
         self.stdout.write(f"Deleted watch {name}; the group and its table are untouched.")
+
+    def do_apply(self, *, file, dry_run, actor, **options):
+        try:
+            plan = watch_file.apply(file, actor=actor, dry_run=dry_run)
+        except watch_file.FileRefused as exc:
+            raise refused(str(exc)) from None
+        for line in plan.lines():
+            self.stdout.write(line)
+        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
 
     def do_check(self, *, name, settle_seconds, json: bool, **options):
         watch = _watch(name)
