@@ -1,0 +1,188 @@
+"""Benchmark: the delivery audit of a watch on the PostgreSQL path. Not run by CI.
+
+    /path/to/python bench/bench_watch.py [--records 1000000] [--partitions 2] [--lost 1000] [--repeat 5] [--drop]
+
+Uses its own database (default `tally_bench_watch`) and starts the embedded broker on a free port. Fills a
+topic with the values 1..N (round-robin over the partitions), a team table `bench_watch_rows (id bigint)`
+with one row per value (minus `--lost` values, plus as many duplicates), commits the group's offsets at the
+log end, and times:
+  - the first check of a new watch: N newly committed records read from Kafka (read_committed), their ids
+    COPYed into a temporary table and matched against the N-row table in one statement — with the time
+    split into the Kafka read, the load and the match;
+  - an idle check (nothing new committed since), `--repeat` times (median).
+Targets (issue 33): 1,000,000 records < 10 s; idle < 50 ms.
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TABLE = "bench_watch_rows"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--lost", type=int, default=1000, help="Values left out of the table (and as many doubled).")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_watch")
+    parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
+    return parser.parse_args()
+
+
+def admin_connection(url):
+    import psycopg2
+
+    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
+                            dbname="postgres")
+    conn.autocommit = True
+    return conn
+
+
+def setup_django(database_url: str):
+    from psycopg2 import sql
+
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
+    os.environ["DEBUG"] = "0"
+    url = urlparse(database_url)
+    admin = admin_connection(url)
+    with admin.cursor() as cur:
+        name = url.path.lstrip("/")
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    admin.close()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def produce(topic: str, records: int, partitions: int) -> None:
+    from django.conf import settings
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, linger_ms=20,
+                             batch_size=256 * 1024, acks=1)
+    for i in range(records):
+        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
+    producer.flush(timeout=300)
+    producer.close()
+
+
+def fill_table(records: int, lost: int) -> None:
+    """ids 1..N without the first `lost` multiples of 997, plus `lost` other ids twice."""
+    from django.db import connection
+    from psycopg2 import sql
+
+    table = sql.Identifier(TABLE)
+    with connection.cursor() as wrapper:
+        cur = wrapper.cursor
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(table))
+        cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g "
+                            "WHERE NOT (g %% 997 = 0 AND g <= 997 * %s)").format(table), [records, lost])
+        cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g WHERE g %% 991 = 1 LIMIT %s"
+                            ).format(table), [records, lost])
+        cur.execute(sql.SQL("CREATE INDEX ON {} (id)").format(table))
+        cur.execute(sql.SQL("ANALYZE {}").format(table))
+
+
+def timed_check(watch, **kwargs):
+    from consumers.kafka import ranges
+    from consumers.reconciliation import watch_audit
+
+    spent = {"kafka_read": 0.0}
+    original = ranges.read_ranges
+
+    def measured(*args, **kw):  # time the Kafka read inside the check (it calls back into the loader)
+        started = time.perf_counter()
+        inner = kw.get("on_records") or args[2]
+        loading = [0.0]
+
+        def on_records(partition, records):
+            t = time.perf_counter()
+            inner(partition, records)
+            loading[0] += time.perf_counter() - t
+
+        result = original(args[0], args[1], on_records)
+        spent["kafka_read"] += time.perf_counter() - started - loading[0]
+        spent["id_and_copy_buffer"] = loading[0]
+        return result
+
+    ranges.read_ranges = measured
+    try:
+        started = time.perf_counter()
+        report = watch_audit.check_watch(watch, **kwargs)
+        spent["total"] = time.perf_counter() - started
+    finally:
+        ranges.read_ranges = original
+    return report, spent
+
+
+def main():
+    args = parse_args()
+    from consumers.kafka import broker
+
+    port = broker.free_port()
+    process = broker.start_broker(port)
+    os.environ["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{port}"
+    try:
+        setup_django(args.database_url)
+        from consumers.kafka import admin
+        from consumers.operations import watch_setup
+
+        topic = "bench-watch"
+        started = time.perf_counter()
+        produce(topic, args.records, args.partitions)
+        print(f"produced {args.records} records in {time.perf_counter() - started:.1f} s")
+        fill_table(args.records, args.lost)
+        marks = admin.watermarks(topic)
+        admin.commit_offsets("bench-group", topic, {p: m.high for p, m in marks.items()})
+        watch, _ = watch_setup.create(watch_setup.WatchSpec(
+            name="bench", group="bench-group", topic=topic, sink_table=TABLE, record_id="value", row_id="id",
+            settle_seconds=0))
+        report, spent = timed_check(watch)
+        assert report.checked == args.records, report.checked
+        match = spent["total"] - spent["kafka_read"] - spent["id_and_copy_buffer"]
+        print(f"first check: {report.checked} records, lost {report.lost}, duplicated {report.duplicated} "
+              f"in {spent['total']:.2f} s (Kafka read {spent['kafka_read']:.2f} s, ids + COPY buffer "
+              f"{spent['id_and_copy_buffer']:.2f} s, COPY + match + store {match:.2f} s)")
+        idle = []
+        for _ in range(args.repeat):
+            _, spent = timed_check(watch)
+            idle.append(spent["total"] * 1000)
+        print(f"idle check: median {statistics.median(idle):.1f} ms (min {min(idle):.1f}, max {max(idle):.1f}) "
+              f"over {args.repeat}")
+        print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    finally:
+        broker.stop_broker(process)
+        if args.drop:
+            from django.db import connections
+
+            connections.close_all()
+            url = urlparse(args.database_url)
+            from psycopg2 import sql
+
+            admin_conn = admin_connection(url)
+            with admin_conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(url.path.lstrip("/"))))
+            admin_conn.close()
+
+
+if __name__ == "__main__":
+    main()
