@@ -28,10 +28,11 @@ def alert_list(request):
 def alert_detail(request, alert_id):
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
     data = alert.as_json()
-    data["notifications"] = [{"kind": n.kind, "sequence": n.sequence, "attempts": n.attempts,
+    data["notifications"] = [{"channel": n.channel.name if n.channel_id else None, "kind": n.kind,
+                              "sequence": n.sequence, "attempts": n.attempts,
                               "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
                               "last_error": n.last_error or None}
-                             for n in alert.notifications.order_by("created_at")]
+                             for n in alert.notifications.select_related("channel").order_by("created_at", "pk")]
     return Response(data)
 
 

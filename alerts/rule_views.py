@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from alerts.models import AlertRule, Mute
+from alerts.models import AlertRule, Channel, Mute
 from alerts.queries import can_operate, parse_minutes
 from alerts.rule_forms import AlertRuleForm
 from consumers.models import ActionLog, ActionResult
@@ -34,8 +34,12 @@ def rule_list(request):
     muted = {}
     for mute in Mute.objects.filter(until__gt=now, rule__isnull=False):
         muted[mute.rule_id] = max(mute.until, muted.get(mute.rule_id, mute.until))
+    # Where each rule's notifications go besides its recipients: channels routed to it, and unrouted ones.
+    channels = [(c.name, {r.pk for r in c.rules.all()}) for c in Channel.objects.filter(enabled=True)
+                .prefetch_related("rules")]
     for rule in rules:
         rule.muted_until = muted.get(rule.pk)
+        rule.channel_names = [name for name, routed in channels if not routed or rule.pk in routed]
     return render(request, "alerts/rules.html", {"rules": rules, "can_operate": can_operate(request.user),
                                                  "nav": "alerts"})
 

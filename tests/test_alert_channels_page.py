@@ -170,3 +170,14 @@ def test_the_admin_validates_and_never_renders_a_secret(channels):
                                                        "recipients": "team@example.com", "enabled": "on"})
     assert added.status_code == 302 and Channel.objects.get(name="mail").recipient_list() == ["team@example.com"]
     assert ActionLog.objects.filter(action="alert_channel_add", params__name="mail").exists()
+
+
+def test_the_rules_page_names_the_channels_each_rule_reaches(channels):
+    lag = AlertRule.objects.create(name="orders lag", kind="lag_records", threshold=10)
+    other = AlertRule.objects.create(name="orders loss", kind="lost")
+    channel_actions.save(Channel(name="lag-pager", kind="pagerduty", routing_key="k"), "test", [lag])
+    page = client_for(make_viewer()).get("/alerts/rules/").content.decode()
+    lag_row = page.split(f'id="rule-{lag.pk}"')[1].split("</tr>")[0]
+    other_row = page.split(f'id="rule-{other.pk}"')[1].split("</tr>")[0]
+    assert "<td>chat, hooks, lag-pager, pager</td>" in lag_row
+    assert "<td>chat, hooks, pager</td>" in other_row

@@ -65,3 +65,32 @@ def test_concurrent_evaluations_and_senders_deliver_each_state_exactly_once(inbo
     assert Notification.objects.count() == 3
     assert sum(result["sent"] for result in sent) == 3
     assert sorted(m["subject"].split(":")[1].strip() for m in inbox.messages) == ["race-0", "race-1", "race-2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_senders_post_each_channel_message_once_and_in_order(settings):
+    from alerts import channel_actions
+    from alerts.models import Channel
+    from tests.receivers import Receiver
+
+    settings.ALERT_RECIPIENTS = []
+    ensure_default_rules()
+    receiver = Receiver().start()
+    try:
+        channel_actions.save(Channel(name="hooks", kind="webhook", url=receiver.url), "test")
+        pipeline = Pipeline.objects.create(name="race", topic="t", sink_table="race")
+        PartitionHealth.objects.create(pipeline=pipeline, partition=0, lost=1,
+                                       findings=[{"kind": "lost", "start": 9, "end": 10, "count": 1}])
+        PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=1)
+        evaluate_all(NOW)
+        PartitionHealth.objects.filter(pipeline=pipeline).update(lost=0, findings=[])
+        PipelineHealth.objects.filter(pipeline=pipeline).update(lost=0)
+        evaluate_all(NOW + timedelta(seconds=1))  # resolved: a second message queued behind the first
+
+        sent = race(deliver_due, NOW + timedelta(seconds=2))
+        sent += race(deliver_due, NOW + timedelta(seconds=3))
+    finally:
+        receiver.stop()
+
+    assert sum(result["sent"] for result in sent) == 2
+    assert [body["event"] for body in receiver.bodies()] == ["fired", "resolved"]

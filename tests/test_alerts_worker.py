@@ -59,3 +59,29 @@ def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worke
     assert "https://tally.example.com/pipelines/worker-nums/" in smtp_inbox.messages[0]["text"]
     assert Alert.objects.get(pipeline=pipeline).state == AlertState.FIRING
     assert Notification.objects.get().delivered_at is not None
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_the_evaluation_task_in_a_real_worker_delivers_a_channels_outbox(alerts_worker):
+    from alerts import channel_actions
+    from alerts.models import Channel
+    from alerts.tasks import evaluate_alerts_task
+    from tests.receivers import Receiver
+
+    receiver = Receiver().start()
+    try:
+        ensure_default_rules()
+        channel_actions.save(Channel(name="hooks", kind="webhook", url=f"{receiver.url}/in", secret="s"), "test")
+        pipeline = Pipeline.objects.create(name="worker-hooks", topic="nums", sink_table="worker_hooks")
+        PartitionHealth.objects.create(pipeline=pipeline, partition=0, lost=1,
+                                       findings=[{"kind": "lost", "start": 4, "end": 5, "count": 1}])
+        PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=1)
+
+        evaluate_alerts_task.apply_async().get(timeout=patience(60))
+        evaluate_alerts_task.apply_async().get(timeout=patience(60))
+    finally:
+        receiver.stop()
+
+    assert [(b["event"], b["target"]["name"]) for b in receiver.bodies()] == [("fired", "worker-hooks")]
+    assert Notification.objects.get(channel__name="hooks").delivered_at is not None
