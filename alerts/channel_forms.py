@@ -35,8 +35,20 @@ class ChannelForm(forms.ModelForm):
                     self.fields[field].help_text = f"Saved: {saved}. Leave empty to keep it."
 
     def _keep(self, field):
+        """The new value, or the saved one when left empty on an edit of the same kind (a channel that changes
+        kind keeps no secret of its old kind: a webhook's URL must not become a PagerDuty endpoint)."""
         value = self.cleaned_data.get(field, "")
-        return value or (getattr(self.instance, field) if self.instance.pk else "")
+        same_kind = self.instance.pk and self.data.get(self.add_prefix("kind")) == self.instance.kind
+        return value or (getattr(self.instance, field) if same_kind else "")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk and cleaned.get("kind") != self.instance.kind:
+            # Django keeps the saved value of a field left out of the POST: clear the old kind's secrets here.
+            for field in SECRET_FIELDS:
+                if not cleaned.get(field):
+                    setattr(self.instance, field, "")
+        return cleaned
 
     def clean_url(self):
         return self._keep("url")

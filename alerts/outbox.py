@@ -139,7 +139,9 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
             if not _claim(notification_id, now):
                 blocked.add(channel_id)
                 continue
-            notification = Notification.objects.select_related("channel").get(pk=notification_id)
+            notification = Notification.objects.select_related("channel").filter(pk=notification_id).first()
+            if notification is None:
+                continue  # its channel was deleted meanwhile, and its outbox with it
             outcome = _send(notification, session, now)
             counts[outcome] += 1
             if outcome != "sent":

@@ -181,3 +181,11 @@ def test_the_rules_page_names_the_channels_each_rule_reaches(channels):
     other_row = page.split(f'id="rule-{other.pk}"')[1].split("</tr>")[0]
     assert "<td>chat, hooks, lag-pager, pager</td>" in lag_row
     assert "<td>chat, hooks, pager</td>" in other_row
+
+
+def test_a_channel_changing_kind_keeps_no_secret_of_its_old_kind(channels):
+    client = client_for(make_operator())
+    response = client.post("/alerts/channels/hooks/", {"kind": "pagerduty", "routing_key": "NEW-KEY", "enabled": "on"})
+    assert response.status_code == 302, ActionLog.objects.filter(result=ActionResult.REFUSED).first().message
+    channel = Channel.objects.get(name="hooks")
+    assert (channel.kind, channel.url, channel.secret, channel.routing_key) == ("pagerduty", "", "", "NEW-KEY")
