@@ -22,9 +22,8 @@ def _iso(moment):
 
 
 def cluster_name(monitored) -> str:
-    """The Kafka cluster of a pipeline or watch: its `cluster` (a name or a cluster row) when it has one."""
-    cluster = getattr(monitored, "cluster", None)
-    return str(getattr(cluster, "name", cluster) or "default")
+    """The Kafka cluster of a pipeline or watch (both keep its name)."""
+    return monitored.cluster or "default"
 
 
 def dedup_key(alert) -> str:

@@ -288,3 +288,13 @@ def test_check_alerts_evaluates_then_delivers_the_channels_outbox(receiver):
 
     assert json.loads(out.getvalue())["emails"] == {"sent": 1, "failed": 0, "gave_up": 0}
     assert [b["event"] for b in receiver.bodies()] == ["fired"]
+
+
+def test_the_payload_names_the_pipelines_cluster(receiver):
+    add_channel("hooks", "webhook", receiver.url)
+    pipeline = make_pipeline("eu-orders", cluster="eu-west")
+    report_health(pipeline, {0: ([lost(1, 2)], Status.OK)}, Status.ERR)
+    evaluate_all(now=T0)
+    deliver_due(now=T0)
+    payload = receiver.bodies()[0]
+    assert payload["cluster"] == payload["target"]["cluster"] == "eu-west"
