@@ -3,6 +3,7 @@ Validation turns bad input into clear messages before anything is read from Kafk
 (consumers.operations.offset_specs does the parsing)."""
 from django import forms
 
+from consumers.engine import json_map
 from consumers.models import IsolationLevel, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
@@ -99,7 +100,8 @@ class PipelineForm(forms.Form):
     mode = forms.ChoiceField(choices=[(m, m) for m in ("exactly-once", "at-least-once", "at-most-once")],
                              initial="exactly-once")
     transform = forms.CharField(max_length=200, initial="int_value",
-                                help_text="int_value, json_event, csv_ints, or a dotted path to your own Transform.")
+                                help_text="json (the JSON fields onto the table's own columns, by their types), "
+                                          "int_value, json_event, csv_ints, or a dotted path to your own Transform.")
     group = forms.CharField(max_length=255, required=False, help_text="Kafka consumer group id; default: the name.")
     engine = forms.ChoiceField(choices=[("python", "python (kafka-python)"), ("spark", "spark")], initial="python")
     isolation_level = forms.ChoiceField(
@@ -115,6 +117,30 @@ class PipelineForm(forms.Form):
         help_text="Engine processes running the pipeline at once; they split its partitions and are supervised as "
                   "one (python engine). Empty: 1.")
     create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")
+    map = forms.CharField(
+        required=False, label="Mapping (transform json)", max_length=20_000,
+        widget=forms.Textarea(attrs={"rows": 4, "placeholder": "order_id=id\ncustomer=customer.name"}),
+        help_text="One COLUMN=SOURCE per line, for the columns that do not take the top-level field of their name: "
+                  "a dotted path (items.0.sku), @key, @key.PATH, @timestamp, @partition, @offset or @header:NAME. "
+                  "Preview proposes one from the table's columns and the topic's records.")
+    upsert_key = forms.CharField(required=False, max_length=1000, label="Upsert key",
+                                 help_text="COLUMN[,COLUMN]: keep one row per key, updated in place (the table needs "
+                                           "a unique constraint on it). Empty: append every record.")
+    delete_on_tombstone = forms.BooleanField(required=False, label="Delete the key's row on a tombstone (null value)")
+
+    def clean_map(self) -> dict:
+        lines = [line.strip() for line in self.cleaned_data["map"].splitlines() if line.strip()]
+        try:
+            return json_map.parse_map_options(lines)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_upsert_key(self) -> list:
+        return [part.strip() for part in self.cleaned_data["upsert_key"].split(",") if part.strip()]
+
+    @staticmethod
+    def map_text(mapping: dict) -> str:
+        return "\n".join(f"{column}={source}" for column, source in mapping.items())
 
     def clean_runs(self):
         # Only the blank is the form's to decide; the limits are pipeline_setup's, like the command line's.

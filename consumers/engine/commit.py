@@ -21,14 +21,14 @@ The engine commits the same offsets to Kafka only afterwards; that commit is adv
 Fault points `mid-write` and `after-write` sit inside the transaction (see consumers/engine/faults.py).
 """
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg2
 from psycopg2.extras import execute_values
 
-from consumers.engine import poison, sinks
+from consumers.engine import poison, sinks, upsert
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.transforms import SourceRecord, Transform, as_source_records, resolve
+from consumers.engine.transforms import BadRecord, SourceRecord, Transform, as_source_records, for_pipeline
 
 
 class CommitRefused(Exception):
@@ -94,14 +94,17 @@ class Target:
     transform: Transform
     exactly_once: bool
     stop_on_bad_record: bool = False
+    upsert_key: tuple[str, ...] = ()   # one row per key, written in place (consumers/engine/upsert.py)
+    delete_on_tombstone: bool = False  # upsert: a record with a null value deletes its key's row
 
     @classmethod
     def for_pipeline(cls, pipeline) -> "Target":
         from consumers.models import BadRecordPolicy
 
         return cls(pipeline_id=pipeline.pk, topic=pipeline.topic, sink_table=pipeline.sink_table,
-                   transform=resolve(pipeline.transform), exactly_once=pipeline.is_exactly_once,
-                   stop_on_bad_record=pipeline.on_bad_record == BadRecordPolicy.STOP)
+                   transform=for_pipeline(pipeline), exactly_once=pipeline.is_exactly_once,
+                   stop_on_bad_record=pipeline.on_bad_record == BadRecordPolicy.STOP,
+                   upsert_key=tuple(pipeline.upsert_key or ()), delete_on_tombstone=pipeline.delete_on_tombstone)
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,15 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             replaying = any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
             rows, dead = _transform(target, plans, verbatim=not replaying)
+            deletes = [d for plan in plans for d in plan.deletes]
+            if target.upsert_key:  # the last record per key wins (consumers/engine/upsert.py)
+                rows, deletes = upsert.last_per_key(rows, deletes, upsert.key_indexes(target.transform,
+                                                                                     target.upsert_key))
             _write_verbatim(cur, target, plans, rows, dead, faults)
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
+            if deletes:
+                columns = dict(target.transform.columns)
+                upsert.delete_keys(cur, target.sink_table, [(c, columns[c]) for c in target.upsert_key], deletes)
             if dead:
                 execute_values(cur, "INSERT INTO consumers_deadletter (pipeline_id, partition, \"offset\", key, "
                                     "value, error, created_at) VALUES %s ON CONFLICT DO NOTHING",
@@ -234,6 +244,7 @@ class _Plan:
     rows_written: int = 0
     dead_letters: int = 0
     copy_text: bytes | None = None  # the rows as COPY text, when the transform's verbatim path took them
+    deletes: list = field(default_factory=list)  # upsert.Delete of tombstones (--delete-on-tombstone)
 
     def outcome(self) -> PartitionOutcome:
         return PartitionOutcome(self.partition, self.first, self.end, len(self.records), self.rows_written,
@@ -260,6 +271,7 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
     topic, transform = target.topic, target.transform
     func, multi_row = transform.func, transform.multi_row
     verbatim = verbatim and transform.verbatim is not None and not multi_row
+    tombstones_delete = bool(target.upsert_key and target.delete_on_tombstone)
     append = rows.append
     for plan in plans:
         partition = plan.partition
@@ -273,6 +285,9 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
         rows_before, dead_before = len(rows), len(dead)
         for record in as_source_records(plan.records):
             try:
+                if tombstones_delete and record.value is None:
+                    plan.deletes.append(_tombstone(target, topic, record))
+                    continue
                 produced = func(record)
                 if not produced or (not multi_row and len(produced) != 1):
                     produced = transform.rows(record)  # raises BadRecord with the reason
@@ -288,6 +303,12 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
         plan.rows_written = len(rows) - rows_before
         plan.dead_letters = len(dead) - dead_before
     return rows, dead
+
+
+def _tombstone(target: Target, topic: str, record: SourceRecord) -> upsert.Delete:
+    if target.transform.tombstone_key is None:
+        raise BadRecord("a tombstone, and the upsert key does not come from the record's key: it cannot be deleted")
+    return upsert.Delete(target.transform.tombstone_key(record), topic, record.partition, record.offset)
 
 
 def _write_verbatim(cur, target: Target, plans: list[_Plan], rows: list[tuple], dead: list[tuple],
@@ -367,7 +388,14 @@ def _write_rows(cur, target: Target, rows: list[tuple], faults: FaultInjector, r
     if not rows:
         return
     columns = sinks.insert_columns(target.transform)
-    if replaying and target.exactly_once:
+    if target.upsert_key:
+        # In place, on the key: a replay writes the same rows again, so no provenance check is needed.
+        if faults.armed("mid-write") and len(rows) > 1:
+            upsert.write_rows(cur, target.sink_table, columns, target.upsert_key, rows[:len(rows) // 2])
+            faults.maybe_crash("mid-write")
+            rows = rows[len(rows) // 2:]
+        upsert.write_rows(cur, target.sink_table, columns, target.upsert_key, rows)
+    elif replaying and target.exactly_once:
         # After a rewind that kept the sink, these rows may exist already: skip them on the provenance key.
         faults.maybe_crash("mid-write")
         sinks.insert_rows_skipping_existing(cur, target.sink_table, columns, rows,

@@ -16,14 +16,16 @@ def quoted(cursor, table: str) -> str:
 
 
 def table_columns(cursor, table: str) -> dict | None:
-    """{column: {"type": ..., "required": NOT NULL without default}} of a table in the search path, or None."""
+    """{column: {"type": ..., "required": NOT NULL without default, "not_null": ...}} of a table in the search
+    path, or None."""
     cursor.execute("SELECT to_regclass(%s)", [quoted(cursor, table)])
     if cursor.fetchone()[0] is None:
         return None
-    cursor.execute("SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef "
+    cursor.execute("SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef, attnotnull "
                    "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
                    [quoted(cursor, table)])
-    return {name: {"type": pg_type, "required": required} for name, pg_type, required in cursor.fetchall()}
+    return {name: {"type": pg_type, "required": required, "not_null": not_null}
+            for name, pg_type, required, not_null in cursor.fetchall()}
 
 
 def _wanted_columns(transform: Transform) -> list[tuple[str, str]]:
@@ -43,25 +45,32 @@ def missing_column_fixes(cursor, table: str, transform: Transform, columns: dict
     return fixes
 
 
-def has_unique_provenance_key(cursor, table: str, transform: Transform) -> bool:
-    """A unique index (or constraint) on exactly the provenance columns, in any order, without predicate."""
+def has_unique_key(cursor, table: str, columns) -> bool:
+    """A unique index (or constraint) on exactly `columns`, in any order, without predicate or expression:
+    what INSERT ... ON CONFLICT (columns) needs."""
     cursor.execute("SELECT array_agg(a.attname::text) FROM pg_index i "
                    "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
                    "WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indpred IS NULL "
-                   "GROUP BY i.indexrelid", [quoted(cursor, table)])
-    wanted = set(sinks.provenance_columns(transform))
+                   "AND i.indexprs IS NULL GROUP BY i.indexrelid", [quoted(cursor, table)])
+    wanted = set(columns)
     return any(set(row[0]) == wanted for row in cursor.fetchall())
 
 
-def unique_key_sql(cursor, table: str, transform: Transform) -> str:
+def has_unique_provenance_key(cursor, table: str, transform: Transform) -> bool:
+    return has_unique_key(cursor, table, sinks.provenance_columns(transform))
+
+
+def unique_key_sql(cursor, table: str, transform: Transform, columns=None, suffix: str = "provenance_key") -> str:
+    """The statement that adds a unique constraint on `columns` (the provenance columns by default)."""
+    columns = columns or sinks.provenance_columns(transform)
     return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE ({});").format(
-        sql.Identifier(table), sql.Identifier(f"{table}_provenance_key"[:MAX_IDENTIFIER]),
-        sql.SQL(", ").join(sql.Identifier(c) for c in sinks.provenance_columns(transform))).as_string(cursor)
+        sql.Identifier(table), sql.Identifier(f"{table}_{suffix}"[:MAX_IDENTIFIER]),
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns)).as_string(cursor)
 
 
-def grant_sql(cursor, table: str) -> str:
+def grant_sql(cursor, table: str, update: bool = False) -> str:
     cursor.execute("SELECT current_user")
-    return sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {};").format(
+    return sql.SQL("GRANT SELECT, INSERT, DELETE" + (", UPDATE" if update else "") + " ON {} TO {};").format(
         sql.Identifier(table), sql.Identifier(cursor.fetchone()[0])).as_string(cursor)
 
 
@@ -77,22 +86,27 @@ def create_table_sql(cursor, table: str, transform: Transform, exactly_once: boo
     return sql.SQL("CREATE TABLE {} ({});").format(sql.Identifier(table), sql.SQL(", ").join(body)).as_string(cursor)
 
 
-def has_privileges(cursor, table: str) -> bool:
-    cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, 'SELECT,INSERT,DELETE')",
-                   [quoted(cursor, table)])
+def has_privileges(cursor, table: str, update: bool = False) -> bool:
+    """SELECT, INSERT and DELETE (and UPDATE, for an upsert pipeline) for the database user."""
+    cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, %s)",
+                   [quoted(cursor, table), "SELECT,INSERT,DELETE" + (",UPDATE" if update else "")])
     return cursor.fetchone()[0]
 
 
-def problem(cursor, table: str, transform: Transform, exactly_once: bool) -> str:
-    """Why a pipeline cannot write its sink now ("" when it can): missing table, columns, key or privilege."""
+def problem(cursor, table: str, transform: Transform, exactly_once: bool, upsert_key=()) -> str:
+    """Why a pipeline cannot write its sink now ("" when it can): missing table, columns, key or privilege.
+    An upsert pipeline needs a unique key on its upsert key instead of on the provenance."""
     columns = table_columns(cursor, table)
     if columns is None:
         return f"sink table {table!r} does not exist"
     missing = [name for name, _ in _wanted_columns(transform) if name not in columns]
     if missing:
         return f"sink table {table!r} lacks column(s) {', '.join(missing)}"
-    if exactly_once and not has_unique_provenance_key(cursor, table, transform):
+    if upsert_key:
+        if not has_unique_key(cursor, table, upsert_key):
+            return f"sink table {table!r} has no unique key on the upsert key ({', '.join(upsert_key)})"
+    elif exactly_once and not has_unique_provenance_key(cursor, table, transform):
         return f"sink table {table!r} has no unique key on the provenance columns"
-    if not has_privileges(cursor, table):
+    if not has_privileges(cursor, table, update=bool(upsert_key)):
         return f"the database user may not select, insert and delete in sink table {table!r}"
     return ""

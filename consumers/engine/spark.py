@@ -36,11 +36,12 @@ import time
 
 from django.conf import settings
 
-from consumers.engine import caught_up, commit, db, log_bounds, sinks, spark_commit
+from consumers.engine import caught_up, commit, db, json_map, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
+from consumers.engine.transforms import JSON
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import DeliveryMode, Engine, Pipeline, RunState
@@ -80,6 +81,8 @@ class SparkRun:
         self.on_worker_death = on_worker_death
         self.epoch = pipeline.epoch
         self.target = commit.Target.for_pipeline(pipeline)
+        # The executors compile the mapping from this plan, read here once from the sink table's catalog.
+        self.json_plan = json_map.plan_for_pipeline(pipeline) if pipeline.transform == JSON else None
         self.mode = pipeline.delivery_mode
         self.positions: dict[int, int] = {}
         self.ending: RunEnded | None = None   # set by the batch callback: fenced / bad_record / error
@@ -128,9 +131,10 @@ class SparkRun:
         The classic modes resume from Kafka's committed offsets, as the classic consumers do."""
         topic = self.pipeline.topic
         marks = kafka_admin.watermarks(topic, cluster=self.pipeline.cluster)
-        with self.conn.cursor() as cur:
-            sinks.ensure_sink_table(cur, self.pipeline.sink_table, self.target.transform, self.target.exactly_once)
-        self.conn.commit()
+        if self.pipeline.transform != JSON:  # a JSON mapping writes into the user's own table, as it is
+            with self.conn.cursor() as cur:
+                sinks.ensure_sink_table(cur, self.pipeline.sink_table, self.target.transform, self.target.exactly_once)
+            self.conn.commit()
         fallback = {p: self.pipeline.initial_position(m) for p, m in marks.items()}
         if self.target.exactly_once:
             positions = commit.ensure_positions(self.conn, self.pipeline.pk, fallback)
@@ -291,7 +295,9 @@ class SparkRun:
                 cluster=json.dumps(clusters.get(self.pipeline.cluster).spec()),
                 known_partitions=frozenset(self.positions),
                 delay_per_record_s=self.delay_per_record_s,
-                faults=spark_commit.executor_faults(self.faults))
+                faults=spark_commit.executor_faults(self.faults),
+                json_plan=self.json_plan,
+                upsert_key=self.target.upsert_key, delete_on_tombstone=self.target.delete_on_tombstone)
         return self._job
 
     def _count(self, outcomes: list[dict]) -> dict[int, int]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 
 import psycopg2
 
-from consumers.engine import commit
+from consumers.engine import commit, json_map
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.transforms import SourceRecord, resolve
 
@@ -77,11 +77,19 @@ class SliceJob:
     fetches: dict = field(default_factory=dict)
     # --crash-in-worker: the crash point of each attempt of this micro-batch's first task (see crash_points)
     crash_points: tuple = ()
+    # `transform = "json"`: the mapping as the driver planned it from the sink table's catalog (plain values),
+    # compiled on the executor; and an upsert pipeline's key (consumers/engine/upsert.py).
+    json_plan: json_map.JsonPlan | None = None
+    upsert_key: tuple = ()
+    delete_on_tombstone: bool = False
 
     def target(self) -> commit.Target:
+        transform = (json_map.compiled(self.json_plan, self.upsert_key) if self.json_plan is not None
+                     else resolve(self.transform))
         return commit.Target(pipeline_id=self.pipeline_id, topic=self.topic, sink_table=self.sink_table,
-                             transform=resolve(self.transform), exactly_once=self.exactly_once,
-                             stop_on_bad_record=self.stop_on_bad_record)
+                             transform=transform, exactly_once=self.exactly_once,
+                             stop_on_bad_record=self.stop_on_bad_record, upsert_key=self.upsert_key,
+                             delete_on_tombstone=self.delete_on_tombstone)
 
 
 # The fault points between a slice's Kafka commit (at-most-once) and its database commit: the executor's.

@@ -27,6 +27,7 @@ class SourceRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None = None
+    headers: tuple | list = ()  # (name, bytes) pairs, as kafka-python gives them
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Transform:
     # value, as it is, is already the COPY text of the row `func` would return (so the engine writes the values
     # without calling `func` per record). False sends the batch through `func` record by record.
     verbatim: Callable[[list], bool] | None = None
+    # Upsert pipelines that delete on tombstones: the key columns' values of a record without a value (from its
+    # key, partition, ...), in the order of the upsert key. None: the transform cannot key a tombstone.
+    tombstone_key: Callable[[SourceRecord], tuple] | None = None
 
     def rows(self, record: SourceRecord) -> Sequence[tuple]:
         rows = self.func(record)
@@ -55,7 +59,7 @@ def as_source_records(records: list) -> list[SourceRecord]:
     converts them only for a transform that is called per record."""
     if not records or type(records[0]) is SourceRecord:
         return records
-    return [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp) for r in records]
+    return [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp, r.headers) for r in records]
 
 
 def _int_value(record: SourceRecord):
@@ -110,10 +114,25 @@ REGISTRY: dict[str, Transform] = {
 }
 
 
+JSON = "json"  # compiled per pipeline from its sink table's columns: consumers/engine/json_map.py
+
+
+def for_pipeline(pipeline, cursor=None) -> Transform:
+    """The transform a pipeline runs: a registered or dotted one, or `json` compiled once from the sink table's
+    columns (read with `cursor`, a psycopg2 cursor, or Django's connection) and the pipeline's mapping."""
+    if pipeline.transform != JSON:
+        return resolve(pipeline.transform)
+    from consumers.engine import json_map
+
+    return json_map.plan_for_pipeline(pipeline, cursor).transform(tuple(pipeline.upsert_key or ()))
+
+
 def resolve(name: str) -> Transform:
     """A registered name (`int_value`) or a dotted path to a Transform object (`myapp.sinks.orders`)."""
     if name in REGISTRY:
         return REGISTRY[name]
+    if name == JSON:
+        raise LookupError("transform 'json' is compiled from a pipeline's sink table: use for_pipeline()")
     module_name, _, attribute = name.rpartition(".")
     if not module_name:
         raise LookupError(f"Unknown transform {name!r}: use one of {sorted(REGISTRY)} or a dotted path.")

@@ -97,6 +97,12 @@ class Pipeline(models.Model):
                                        default=IsolationLevel.READ_COMMITTED)
     on_log_truncated = models.CharField(max_length=10, choices=LogTruncatedPolicy.choices,
                                         default=LogTruncatedPolicy.STOP)
+    # `--transform json`: {column: source} where a column does not take the top-level field of its name
+    # (consumers/engine/json_map.py). Upsert pipelines keep one row per key: written in place, deleted on a
+    # tombstone when asked.
+    json_map = models.JSONField(default=dict, blank=True)
+    upsert_key = models.JSONField(default=list, blank=True, help_text="Columns of the key: one row per key.")
+    delete_on_tombstone = models.BooleanField(default=False)
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED)
     epoch = models.PositiveBigIntegerField(default=0)
     # Supervision: consecutive automatic restarts, when the next one may happen, and why.
@@ -139,6 +145,11 @@ class Pipeline(models.Model):
             return False
         now = now or timezone.now()
         return now - self.waiting_since >= timedelta(seconds=settings.TALLY_WORKER_WAIT_SECONDS)
+
+    @property
+    def is_upsert(self) -> bool:
+        """One row per key, kept current (`--upsert-key`), instead of one row per record."""
+        return bool(self.upsert_key)
 
     def bump_epoch(self, **changes) -> int:
         """Start a new epoch (fencing every writer of the old one), apply `changes` in the same UPDATE, reload

@@ -35,7 +35,7 @@ from psycopg2 import sql
 
 from consumers.engine import sinks
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.transforms import SourceRecord, Transform, resolve
+from consumers.engine.transforms import SourceRecord, Transform, for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
 from consumers.operations import actions
@@ -123,9 +123,13 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
     params["ids"] = ids
     if source not in SOURCES:
         actions.refuse(pipeline, REPLAY, actor, params, f"Unknown source {source!r}: use one of {', '.join(SOURCES)}.")
+    if pipeline.is_upsert:
+        actions.refuse(pipeline, REPLAY, actor, params,
+                       "Pipeline keeps one row per key (upsert): a replayed old record would overwrite newer rows. "
+                       "Rewind the pipeline instead.")
     try:
-        transform = resolve(pipeline.transform)
-    except LookupError as exc:
+        transform = for_pipeline(pipeline)
+    except (LookupError, ValueError) as exc:
         actions.refuse(pipeline, REPLAY, actor, params, f"The pipeline's transform cannot be loaded: {exc}")
     refuse_unknown(pipeline, REPLAY, actor, params, ids)
     from_kafka = None

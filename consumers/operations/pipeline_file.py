@@ -12,12 +12,16 @@
     runs = 2                               # engine processes sharing the partitions (default 1; python engine)
     create_table = true                    # create the sink table when it is missing
     cluster = "prod"                       # optional: a Kafka cluster from TALLY_KAFKA_CLUSTERS (default)
+    # transform = "json": JSON fields onto the existing table's columns, by its types
+    map = { order_id = "id", customer = "customer.name" }   # where a column does not take the field of its name
+    upsert_key = ["order_id"]              # one row per key, kept current (a unique constraint on it)
+    delete_on_tombstone = true             # a null value deletes its key's row (the key from map = "@key")
 
 Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
 creations and changes commit in one transaction. Applying the same file twice changes nothing. A setting
 left out takes its default, also for an existing pipeline: the file says the whole pipeline. Of an existing
-pipeline only transform, engine, isolation_level, on_log_truncated and runs may change, while it is stopped. Pipelines
-that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
+pipeline only transform, map, engine, isolation_level, on_log_truncated and runs may change, while it is stopped.
+Pipelines that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
 import tomllib
 from dataclasses import dataclass, field

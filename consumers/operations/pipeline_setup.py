@@ -14,7 +14,11 @@ What a spec must satisfy before anything is written:
   3. the topic exists in Kafka;
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
-     the provenance — or `create_table` is set, or the problem comes with the exact SQL that fixes it.
+     the provenance — or `create_table` is set, or the problem comes with the exact SQL that fixes it;
+  5. `transform = "json"`: the table exists and the mapping (`map`, {column: source}) fits its columns
+     (consumers/engine/json_map.py); an upsert key (`upsert_key`) names NOT NULL columns the transform
+     writes, with a unique constraint on exactly them (instead of the provenance key), and
+     `delete_on_tombstone` needs that key to come from the record's key (`@key`), since a tombstone has no value.
 """
 import re
 from dataclasses import dataclass, field, fields
@@ -22,10 +26,11 @@ from dataclasses import dataclass, field, fields
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg2 import sql
 
-from consumers.engine import sink_checks, sinks
+from consumers.engine import json_map, sink_checks, sinks
 from consumers.engine.pipelines import MAX_IDENTIFIER
-from consumers.engine.transforms import Transform, resolve
+from consumers.engine.transforms import JSON, Transform, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
@@ -48,12 +53,12 @@ MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMod
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
 # Fields of an existing pipeline that `apply` may change (while it is stopped); the others define its data and
 # history. Isolation and the truncation policy say how the log is read from the stored positions on.
-MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated", "runs")
+MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated", "runs", "map")
 # Every setting a spec compares, stores and describes (besides the name).
 SETTINGS = ("cluster", "topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level",
-            "on_log_truncated", "runs")
+            "on_log_truncated", "runs", "map", "upsert_key", "delete_on_tombstone")
 # Spec settings stored under another name on Pipeline (`runs` there is the reverse relation to its ConsumerRuns).
-COLUMNS = {"runs": "parallel_runs"}
+COLUMNS = {"runs": "parallel_runs", "map": "json_map"}
 
 
 class Invalid(ValueError):
@@ -78,7 +83,14 @@ class PipelineSpec:
     runs: int = 1
     create_table: bool = False
     cluster: str = "default"   # a Kafka cluster's name (consumers/kafka/clusters.py)
+    map: dict = field(default_factory=dict)       # --transform json: {column: source}
+    upsert_key: list = field(default_factory=list)  # columns of the key: one row per key, kept current
+    delete_on_tombstone: bool = False
     extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
+
+    def __post_init__(self):
+        if isinstance(self.upsert_key, str):  # "a,b" from the command line or a file
+            self.upsert_key = [part.strip() for part in self.upsert_key.split(",") if part.strip()]
 
     @property
     def group_id(self) -> str:
@@ -101,7 +113,9 @@ class PipelineSpec:
         return cls(name=pipeline.name, topic=pipeline.topic, sink_table=pipeline.sink_table,
                    mode=DeliveryMode(pipeline.delivery_mode).label, transform=pipeline.transform,
                    group=pipeline.group_id, engine=pipeline.engine, isolation_level=pipeline.isolation_level,
-                   on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster, runs=pipeline.parallel_runs)
+                   on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster, runs=pipeline.parallel_runs,
+                   map=dict(pipeline.json_map or {}), upsert_key=list(pipeline.upsert_key or []),
+                   delete_on_tombstone=pipeline.delete_on_tombstone)
 
 
 def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
@@ -110,7 +124,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     problems: dict[str, str] = {}
     for key in spec.extra:
         problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine, "
-                         f"isolation_level, on_log_truncated, cluster, runs or create_table")
+                         f"isolation_level, on_log_truncated, cluster, runs, create_table, map, upsert_key or "
+                         f"delete_on_tombstone")
     _check_scalars(spec, problems)
     if not NAME_PATTERN.match(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
@@ -130,16 +145,21 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
         problems["engine"] = f"unknown engine {spec.engine!r}: use one of {', '.join(Engine.values)}"
     _check_reading(spec, problems)
     transform = None
-    try:
-        transform = resolve(spec.transform)
-    except LookupError as exc:
-        problems["transform"] = (f"{exc}. A transform is a consumers.engine.transforms.Transform object; see README "
-                                 "'Add your own pipeline'")
+    if spec.transform != JSON:
+        try:
+            transform = resolve(spec.transform)
+        except LookupError as exc:
+            problems["transform"] = (f"{exc}. A transform is a consumers.engine.transforms.Transform object, or "
+                                     "json to map JSON fields onto the table's columns; see README 'Add your own "
+                                     "pipeline'")
     _check_cluster(spec, problems)
     if "topic" not in problems and "cluster" not in problems:
         _check_topic(spec.topic, problems, spec.cluster)
     if "sink_table" not in problems:
         _check_table_name(spec.sink_table, problems)
+    if spec.transform == JSON and "sink_table" not in problems:
+        transform = _compile_json(spec, problems)
+    _check_keyed(spec, transform, problems)
     if transform is not None and "sink_table" not in problems and spec.delivery_mode:
         _check_sink_table(spec, transform, problems)
     if problems:
@@ -163,6 +183,15 @@ def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
         problems["topic"] = "required: the Kafka topic to consume (--topic)"
     if not spec.sink_table:
         problems["sink_table"] = "required: the PostgreSQL table to write (--sink-table)"
+    if not isinstance(spec.map, dict) or not all(isinstance(v, str) for v in spec.map.values()):
+        problems["map"] = 'must map column names to sources as text, e.g. map = { order_id = "id" }'
+        spec.map = {}
+    if not isinstance(spec.upsert_key, list) or not all(isinstance(c, str) and c for c in spec.upsert_key):
+        problems["upsert_key"] = 'must be column names, e.g. upsert_key = ["order_id"] (--upsert-key order_id)'
+        spec.upsert_key = []
+    if not isinstance(spec.delete_on_tombstone, bool):
+        problems["delete_on_tombstone"] = "must be true or false"
+        spec.delete_on_tombstone = False
 
 
 def _check_reading(spec: PipelineSpec, problems: dict) -> None:
@@ -187,6 +216,54 @@ def _check_reading(spec: PipelineSpec, problems: dict) -> None:
         problems["on_log_truncated"] = (f"unknown policy {spec.on_log_truncated!r} for a log truncated past the "
                                         "stored position: use stop (the default: the run stops and says why) or "
                                         "skip (skip the lost records, note them in the ledger, alert)")
+
+
+def _compile_json(spec: PipelineSpec, problems: dict) -> Transform | None:
+    """`--transform json`: compile the mapping against the table's columns (the same compile the run does)."""
+    if spec.create_table:
+        problems["create_table"] = ("--transform json maps onto the columns of an existing table: create the "
+                                    "table with the types you want, then create the pipeline without --create-table")
+        return None
+    with connection.cursor() as wrapper:
+        try:
+            plan = json_map.plan_for_table(wrapper.cursor, spec.sink_table, spec.map)
+        except json_map.MappingInvalid as exc:
+            field_name = "sink_table" if "does not exist" in str(exc) else "map"
+            problems[field_name] = "; ".join(exc.problems)
+            return None
+    if spec.engine == Engine.SPARK and any(w.source.startswith("@header:") for w in plan.columns):
+        problems["map"] = "the spark engine does not read headers: use the python engine for @header:NAME sources"
+    return plan.transform(tuple(spec.upsert_key))
+
+
+def _check_keyed(spec: PipelineSpec, transform: Transform | None, problems: dict) -> None:
+    """A mapping is for --transform json; an upsert key names written columns; tombstones need a keyed record."""
+    if spec.map and spec.transform != JSON and "map" not in problems:
+        problems["map"] = "a mapping applies to --transform json only"
+    if spec.delete_on_tombstone and not spec.upsert_key and "delete_on_tombstone" not in problems:
+        problems["delete_on_tombstone"] = "deletes on tombstones need an upsert key (--upsert-key COLUMN)"
+    if not spec.upsert_key or transform is None:
+        return
+    if spec.delivery_mode and spec.delivery_mode != DeliveryMode.EXACTLY_ONCE:
+        problems["upsert_key"] = "an upsert pipeline writes in place exactly once: use --mode exactly-once"
+    elif transform.multi_row:
+        problems["upsert_key"] = f"transform {transform.name!r} writes several rows per record: it cannot upsert"
+    elif unknown := [c for c in spec.upsert_key if c not in dict(transform.columns)]:
+        problems["upsert_key"] = (f"column(s) {', '.join(unknown)} are not written by transform {transform.name!r} "
+                                  f"(it writes {', '.join(dict(transform.columns))})")
+    elif spec.delete_on_tombstone and transform.tombstone_key is None:
+        problems["delete_on_tombstone"] = ("a tombstone has no value, so each upsert key column must come from the "
+                                           "record's key: map it with --map COLUMN=@key (or @key.PATH for a JSON key)")
+
+
+def _check_upsert_table(cursor, spec: PipelineSpec, columns: dict) -> list[str]:
+    """What an upsert sink needs: NOT NULL key columns and a unique constraint on exactly the key."""
+    fixes = [sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NOT NULL;").format(
+        sql.Identifier(spec.sink_table), sql.Identifier(c)).as_string(cursor)
+        for c in spec.upsert_key if c in columns and not columns[c]["not_null"]]
+    if not sink_checks.has_unique_key(cursor, spec.sink_table, spec.upsert_key):
+        fixes.append(sink_checks.unique_key_sql(cursor, spec.sink_table, None, spec.upsert_key, "upsert_key"))
+    return fixes
 
 
 def _check_cluster(spec: PipelineSpec, problems: dict) -> None:
@@ -227,7 +304,13 @@ def _check_sink_table(spec: PipelineSpec, transform: Transform, problems: dict) 
                                           f"create_table = true) to create it, or create it with:\n{statement}")
             return
         fixes = sink_checks.missing_column_fixes(cursor, spec.sink_table, transform, columns)
-        if exactly_once and not sink_checks.has_unique_provenance_key(cursor, spec.sink_table, transform):
+        if spec.upsert_key and "upsert_key" not in problems:
+            key_fixes = _check_upsert_table(cursor, spec, columns)
+            if key_fixes:
+                problems["upsert_key"] = (f"table {spec.sink_table!r} has no unique constraint on the upsert key "
+                                          f"({', '.join(spec.upsert_key)}) with NOT NULL columns; run:\n"
+                                          + "\n".join(key_fixes))
+        elif exactly_once and not sink_checks.has_unique_provenance_key(cursor, spec.sink_table, transform):
             fixes.append(sink_checks.unique_key_sql(cursor, spec.sink_table, transform))
         if fixes:
             problems["sink_table"] = (f"table {spec.sink_table!r} lacks what a {spec.mode} pipeline with transform "
@@ -240,9 +323,11 @@ def _check_sink_table(spec: PipelineSpec, transform: Transform, problems: dict) 
                                       f"default and transform {transform.name!r} does not write them: give them a "
                                       "default or drop NOT NULL")
             return
-        if not sink_checks.has_privileges(cursor, spec.sink_table):
-            problems["sink_table"] = (f"the database user may not select, insert and delete in {spec.sink_table!r}: "
-                                      f"{sink_checks.grant_sql(cursor, spec.sink_table)}")
+        upsert = bool(spec.upsert_key)
+        if not sink_checks.has_privileges(cursor, spec.sink_table, update=upsert):
+            problems["sink_table"] = (f"the database user may not select, insert{', update' if upsert else ''} and "
+                                      f"delete in {spec.sink_table!r}: "
+                                      f"{sink_checks.grant_sql(cursor, spec.sink_table, update=upsert)}")
 
 
 def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
@@ -253,7 +338,9 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
             name=spec.name, topic=spec.topic, sink_table=spec.sink_table, transform=spec.transform,
             delivery_mode=spec.delivery_mode, group_id=spec.group_id, engine=spec.engine,
             isolation_level=spec.isolation_level, on_log_truncated=spec.on_log_truncated,
-            cluster=spec.cluster or clusters.DEFAULT, parallel_runs=spec.runs, desired_state=DesiredState.STOPPED)
+            cluster=spec.cluster or clusters.DEFAULT, parallel_runs=spec.runs,
+            json_map=spec.map, upsert_key=spec.upsert_key, delete_on_tombstone=spec.delete_on_tombstone,
+            desired_state=DesiredState.STOPPED)
         if spec.create_table:
             with connection.cursor() as cursor:
                 sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
@@ -333,7 +420,8 @@ def delete(name: str, actor: str = "cli") -> None:
 def describe(spec: PipelineSpec) -> dict:
     return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
             "group": spec.group_id, "engine": spec.engine, "isolation_level": spec.isolation_level,
-            "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster, "runs": spec.runs}
+            "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster, "runs": spec.runs, "map": spec.map,
+            "upsert_key": spec.upsert_key, "delete_on_tombstone": spec.delete_on_tombstone}
 
 
 def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:

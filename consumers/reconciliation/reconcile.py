@@ -33,8 +33,9 @@ from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from consumers.engine import log_bounds, sink_checks
-from consumers.engine.transforms import resolve
+from consumers.engine.transforms import for_pipeline
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import ranges
 from consumers.models import (
     BatchLedger,
     ConsumerRun,
@@ -46,7 +47,7 @@ from consumers.models import (
     ResetPolicy,
     Status,
 )
-from consumers.reconciliation import lag_status, ledger_summary, monitored
+from consumers.reconciliation import lag_status, ledger_summary, monitored, verify_upsert
 from consumers.reconciliation import rewinds as reconcile_rewinds
 from consumers.reconciliation.coverage import SPAN_OVERLAPS
 from consumers.reconciliation.monitored import status_window
@@ -99,7 +100,11 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     with timer.db:
         alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now).not_restarted().exists()
         held = _held_reader(errors, kafka, pipeline.topic, marks)
-        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held)
+        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held,
+                                  records=verify_upsert.records_reader(
+                                      lambda *args, **kwargs: _kafka_call(errors, ranges.read_ranges, None, *args,
+                                                                          **kwargs),
+                                      pipeline.topic, pipeline.cluster))
     reports = []
     for p, state in sorted(states.items()):
         mark = marks.get(p)
@@ -149,11 +154,12 @@ def _sink_error(pipeline: Pipeline) -> str:
     if pipeline.desired_state != DesiredState.RUNNING and not BatchLedger.objects.filter(pipeline=pipeline).exists():
         return ""
     try:
-        transform = resolve(pipeline.transform)
-    except LookupError as exc:
+        transform = for_pipeline(pipeline)
+    except (LookupError, ValueError) as exc:  # ValueError: a JSON mapping the table no longer fits
         return f"transform: {exc}"
     with connection.cursor() as cursor:
-        return sink_checks.problem(cursor.cursor, pipeline.sink_table, transform, pipeline.is_exactly_once)
+        return sink_checks.problem(cursor.cursor, pipeline.sink_table, transform, pipeline.is_exactly_once,
+                                   tuple(pipeline.upsert_key or ()))
 
 
 def _sink_broken(pipeline: Pipeline, sink_error: str, errors: list[str], now: datetime) -> PipelineReport:
@@ -219,8 +225,9 @@ def _held_reader(errors: list[str], kafka, topic: str, marks: dict):
 
 
 def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool,
-                     held=lambda partition: None) -> dict:
-    transform = resolve(pipeline.transform)
+                     held=lambda partition: None, records=None) -> dict:
+    transform = for_pipeline(pipeline)
+    verify = verify_upsert.verifier(pipeline, transform, records) if pipeline.is_upsert and records else verify_range
     with _snapshot_cursor() as cur:
         cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
                     "WHERE pipeline_id = %s", [pipeline.pk])
@@ -238,7 +245,7 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
         for p in sorted(partitions):
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
-                                          newest.get(p), in_flight, held(p))
+                                          newest.get(p), in_flight, held(p), verify)
         if shape is not None:
             _phantoms(cur, shape, states)
     return states
@@ -258,7 +265,8 @@ def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dic
 
 
 def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
-                      mark, health, health_as_read, newest, in_flight: bool, held=None) -> _PartitionState:
+                      mark, health, health_as_read, newest, in_flight: bool, held=None,
+                      verify=verify_range) -> _PartitionState:
     next_offset, replay_until, moved_at = position if position else (None, None, None)
     if health is not None:
         verified, ledger_mark, stored = health
@@ -279,8 +287,8 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
                             new_marks=(next_offset, ledger_mark))
     new_findings, current = [], []
     if shape is not None:
-        result = verify_range(cur, shape, pipeline.pk, p, verified, next_offset,
-                              _ledger(cur, pipeline.pk, p, verified, next_offset), held)
+        result = verify(cur, shape, pipeline.pk, p, verified, next_offset,
+                        _ledger(cur, pipeline.pk, p, verified, next_offset), held)
         report.proven = result.proven
         new_findings = result.findings + _skipped_by_retention(cur, pipeline.pk, p, verified, next_offset)
         # Kafka says consumed, the DB never wrote it: at-most-once lost it if its consumer died; while a
@@ -468,9 +476,9 @@ def _store(pipeline, report: PipelineReport, states) -> None:
 
 # --- small helpers -------------------------------------------------------------------------------------
 
-def _kafka_call(errors: list[str], func, default, *args):
+def _kafka_call(errors: list[str], func, default, *args, **kwargs):
     try:
-        return func(*args)
+        return func(*args, **kwargs)
     except Exception as exc:  # Kafka down must not stop the database verification
         errors.append(f"{func.__name__}: {type(exc).__name__}: {exc}")
         log.warning("reconciliation: %s failed: %s", func.__name__, exc)

@@ -28,6 +28,8 @@ class PartitionReport:
     gap: int = 0
     overlap: int = 0
     skipped: int = 0                  # offsets an operator rewind forward skipped on purpose (not lost)
+    superseded: int = 0               # upsert: records overwritten by a later record of their key (not lost)
+    deleted: int = 0                  # upsert: keys whose last record, a tombstone, deleted their row
     findings: list[dict] = field(default_factory=list)
     status: str = Status.OK
     verified_offset: int | None = None
@@ -44,7 +46,8 @@ class PartitionReport:
                 "lag_records": self.lag_records, "lag_seconds": self.lag_seconds, "lost": self.lost,
                 "duplicated": self.duplicated, "phantom": self.phantom, "dead_lettered": self.dead_lettered,
                 "unrecoverable": self.unrecoverable, "gap": self.gap, "overlap": self.overlap,
-                "skipped_by_rewind": self.skipped, "status": self.status, "verified_offset": self.verified_offset,
+                "skipped_by_rewind": self.skipped, "superseded": self.superseded, "deleted": self.deleted,
+                "status": self.status, "verified_offset": self.verified_offset,
                 "findings": self.findings}
 
 
@@ -109,3 +112,4 @@ def count_findings(report: PartitionReport) -> None:
     report.phantom, report.dead_lettered = totals.get("phantom", 0), totals.get("dead_letter", 0)
     report.unrecoverable, report.gap = totals.get("unrecoverable", 0), totals.get("gap", 0)
     report.overlap = totals.get("overlap", 0)
+    report.superseded, report.deleted = totals.get("superseded", 0), totals.get("deleted", 0)

@@ -15,6 +15,9 @@ Verdicts, in the order they are decided:
                    reports the same offsets as lost)
   no record        the offset holds no data record (a transaction marker, an aborted or compacted record)
   skipped by a rewind  a rewind to a later offset moved the position past it on purpose
+An upsert pipeline (one row per key) adds, for a consumed record without a row of its own:
+  superseded       a later record of its key overwrote the row (the row names that record), or deleted it
+  deleted          it is a tombstone: it deleted its key's row
 """
 from dataclasses import dataclass, field
 
@@ -22,9 +25,11 @@ from django.db import connection
 from psycopg2 import sql
 
 from consumers.engine import sinks
-from consumers.engine.transforms import resolve
+from consumers.engine.transforms import SourceRecord, for_pipeline
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import ranges
 from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from consumers.reconciliation import verify_upsert
 
 PREVIEW_BYTES = 500        # enough of a value to recognise it, not a dump of the payload
 MAX_ROWS = 20              # a record has a few rows; more means something else is wrong, show a sample
@@ -105,7 +110,7 @@ def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
     if letter is not None:
         result.dead_letter = {"error": letter.error, "created_at": letter.created_at.isoformat(),
                               "value": preview(letter.value)}
-    result.verdict, result.explanation = _verdict(pipeline, result, mark, found is not None)
+    result.verdict, result.explanation = _verdict(pipeline, result, mark, found)
     return result
 
 
@@ -141,7 +146,7 @@ def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRec
 
 
 def _sink_rows(pipeline: Pipeline, partition: int, offset: int) -> list[dict]:
-    transform = resolve(pipeline.transform)
+    transform = for_pipeline(pipeline)
     columns = [name for name, _ in transform.columns] + list(sinks.provenance_columns(transform))
     statement = sql.SQL("SELECT {} FROM {} WHERE source_topic = %s AND source_partition = %s AND "
                         "source_offset = %s LIMIT %s").format(
@@ -159,9 +164,12 @@ def _plain(value):
     return value if value is None or isinstance(value, int | float | bool) else str(value)
 
 
-def _verdict(pipeline: Pipeline, result: Trace, mark, in_kafka: bool) -> tuple[str, str]:
-    multi_row = resolve(pipeline.transform).multi_row
+def _verdict(pipeline: Pipeline, result: Trace, mark, found) -> tuple[str, str]:
+    in_kafka = found is not None
+    multi_row = for_pipeline(pipeline).multi_row
     rows = result.rows
+    if rows and pipeline.is_upsert:
+        return "written", f"it wrote the current row of its key in {pipeline.sink_table}"
     if rows:
         row_numbers = [r.get("source_row", 0) for r in rows]
         if len(set(row_numbers)) < len(row_numbers):
@@ -181,10 +189,22 @@ def _verdict(pipeline: Pipeline, result: Trace, mark, in_kafka: bool) -> tuple[s
                              "record): nothing to write, nothing lost")
     if _rewound_past(pipeline, result.partition, result.offset):
         return "skipped by a rewind", "an operator's rewind moved the position past this offset"
+    if pipeline.is_upsert and in_kafka:
+        told = _upsert_fate(pipeline, found, position)
+        if told is not None:
+            return told
     if pipeline.delivery_mode == DeliveryMode.AT_MOST_ONCE:
         return "lost (at-most-once)", ("the position moved past it (Kafka was committed before the write) and no "
                                        "row or dead letter holds it")
     return "lost", "the position moved past it, yet no sink row or dead letter holds it (reconciliation reports it)"
+
+
+def _upsert_fate(pipeline: Pipeline, found, position: int):
+    record = SourceRecord(found.partition, found.offset, found.key, found.value, found.timestamp_ms)
+    with connection.cursor() as cursor:
+        return verify_upsert.fate(cursor.cursor, pipeline.sink_table, pipeline.topic, for_pipeline(pipeline),
+                                  tuple(pipeline.upsert_key), pipeline.delete_on_tombstone, record, position,
+                                  ranges.read_ranges, pipeline.cluster)
 
 
 def _rewound_past(pipeline: Pipeline, partition: int, offset: int) -> bool:

@@ -19,6 +19,7 @@ MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 MAX_DEAD_LETTERS_PER_PAGE = 10_000
 # Kafka's legal topic names: letters, digits, '.', '_' and '-', at most 249 characters.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+MAX_MAPPED_COLUMNS = 1600  # PostgreSQL's limit of columns per table
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -217,3 +218,32 @@ class DeadLetterDiscardInput(_DeadLetterSelection):
     reason = StrictStringField(max_length=dead_letters.MAX_REASON,
                                error_messages={"blank": "Say why these dead letters are discarded.",
                                                "required": "Say why these dead letters are discarded."})
+
+
+class PipelineInput(StrictSerializer):
+    """POST /api/pipelines/ (create) and /api/pipelines/preview: the fields of `pipeline create`, strictly typed.
+    What they must satisfy (topic, table, mapping, key) is consumers.operations.pipeline_setup's to say."""
+
+    name = StrictStringField(max_length=100, required=False, default="", allow_blank=True)
+    topic = StrictStringField(max_length=249)
+    sink_table = StrictStringField(max_length=63)
+    mode = StrictStringField(max_length=20, required=False, default="exactly-once")
+    transform = StrictStringField(max_length=200, required=False, default="int_value")
+    group = StrictStringField(max_length=255, required=False, default="", allow_blank=True)
+    engine = StrictStringField(max_length=10, required=False, default="python")
+    isolation_level = StrictStringField(max_length=20, required=False, default="read_committed")
+    on_log_truncated = StrictStringField(max_length=10, required=False, default="stop")
+    create_table = StrictBooleanField(required=False, default=False)
+    cluster = StrictStringField(max_length=100, required=False, default="default")
+    runs = StrictIntegerField(required=False, default=1, min_value=1, max_value=1000)
+    map = serializers.DictField(child=StrictStringField(max_length=300), required=False, default=dict)
+    upsert_key = serializers.ListField(child=StrictStringField(max_length=63), required=False, default=list,
+                                       max_length=32)
+    delete_on_tombstone = StrictBooleanField(required=False, default=False)
+
+    def validate_map(self, value):
+        if len(value) > MAX_MAPPED_COLUMNS:
+            raise serializers.ValidationError(f"At most {MAX_MAPPED_COLUMNS} columns.")
+        if any(len(column) > 63 for column in value):
+            raise serializers.ValidationError("A column name has at most 63 characters.")
+        return value

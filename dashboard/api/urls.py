@@ -13,6 +13,7 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", docs.api_docs, name="docs"),
     path("pipelines/", views.pipeline_list, name="pipelines"),
+    path("pipelines/preview", views.pipeline_preview, name="pipeline_preview"),
     path("pipelines/<slug:name>/", views.pipeline_detail, name="pipeline"),
     path("pipelines/<slug:name>/reconciliation", views.reconciliation, name="reconciliation"),
     path("pipelines/<slug:name>/trace", views.trace_record, name="trace"),

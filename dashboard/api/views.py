@@ -24,11 +24,13 @@ from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
-from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset
+from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset, pipeline_setup
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
+from consumers.operations import pipeline_preview as pipeline_preview_ops
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
+from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
 from dashboard.api.inputs import (
     ActionLogQuery,
@@ -37,6 +39,7 @@ from dashboard.api.inputs import (
     DeadLetterReplayInput,
     EmptyInput,
     GroupResetInput,
+    PipelineInput,
     ReconcileInput,
     RewindInput,
 )
@@ -112,11 +115,60 @@ def me(request):
                      "can_operate": can_operate(user)})
 
 
-@extend_schema(operation_id="pipelines_list", responses=JSON)
-@api_view(["GET"])
+@extend_schema(operation_id="pipelines_list", responses=JSON, methods=["GET"])
+@extend_schema(operation_id="pipelines_create", responses=JSON, methods=["POST"], request=PipelineInput)
+@api_view(["GET", "POST"])
+@permission_classes(OPERATE)
 def pipeline_list(request):
-    return Response({"pipelines": [row.as_json() for row in status.pipeline_rows()],
-                     "groups": [g.as_json() for g in status.external_group_rows()]})
+    """GET: every pipeline and watched group. POST: create a pipeline (stopped), as `pipeline create`: 201 with
+    the pipeline, 400 naming each field pipeline_setup refuses (the topic, the table, the mapping, the key)."""
+    if request.method == "GET":
+        return Response({"pipelines": [row.as_json() for row in status.pipeline_rows()],
+                         "groups": [g.as_json() for g in status.external_group_rows()]})
+    spec = _pipeline_spec(request, "create")
+    if isinstance(spec, Response):
+        return spec
+    try:
+        pipeline = pipeline_setup.create(spec, actor=request.user.username)
+    except Invalid as exc:
+        return _setup_refused(request, "create", exc)
+    return Response(_pipeline_settings(pipeline), status=http.HTTP_201_CREATED)
+
+
+@extend_schema(operation_id="pipelines_preview", responses=JSON, request=PipelineInput)
+@api_view(["POST"])
+@permission_classes(OPERATE)
+def pipeline_preview(request):
+    """What a `transform: "json"` pipeline would write: the table's columns with their sources (the mapping
+    given plus what is proposed) and the topic's first records, each as its row or its dead letter. Nothing is
+    created or written."""
+    spec = _pipeline_spec(request, "preview")
+    if isinstance(spec, Response):
+        return spec
+    try:
+        return Response(pipeline_preview_ops.preview(spec).as_json())
+    except Invalid as exc:
+        return _setup_refused(request, "preview", exc)
+
+
+def _pipeline_spec(request, action: str):
+    body = PipelineInput(data=request.data)
+    if not body.is_valid():
+        return _invalid(request, body, action)
+    return PipelineSpec(**body.validated_data)
+
+
+def _setup_refused(request, action: str, exc: Invalid) -> Response:
+    record_refusal(request.user, action, "; ".join(f"{f}: {m}" for f, m in exc.problems.items()))
+    return Response({"errors": {f: [{"message": m, "code": "invalid"}] for f, m in exc.problems.items()}},
+                    status=http.HTTP_400_BAD_REQUEST)
+
+
+def _pipeline_settings(pipeline: Pipeline) -> dict:
+    return {"name": pipeline.name, "topic": pipeline.topic, "sink_table": pipeline.sink_table,
+            "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
+            "engine": pipeline.engine, "map": pipeline.json_map, "upsert_key": pipeline.upsert_key,
+            "delete_on_tombstone": pipeline.delete_on_tombstone, "desired_state": pipeline.desired_state}
 
 
 @extend_schema(operation_id="pipelines_detail", responses=JSON)
@@ -129,6 +181,8 @@ def pipeline_detail(request, name):
         transform=pipeline.transform, batch_size=pipeline.batch_size, isolation_level=pipeline.isolation_level,
         on_log_truncated=pipeline.on_log_truncated, parallel_runs=pipeline.parallel_runs,
         waiting_for_worker=pipeline.waiting_for_worker(),
+        map=pipeline.json_map, upsert_key=pipeline.upsert_key,
+        delete_on_tombstone=pipeline.delete_on_tombstone,
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
         runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.state,

@@ -5,6 +5,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.engine import json_map
 from consumers.models import Pipeline
 from consumers.operations import actions, pipeline_file, pipeline_setup
 from consumers.operations.pipeline_setup import MODES, Invalid, PipelineSpec
@@ -33,8 +34,18 @@ class Command(BaseCommand):
                                  "provenance, unless --create-table).")
         create.add_argument("--mode", choices=list(MODES), default="exactly-once")
         create.add_argument("--transform", default="int_value",
-                            help="A registered transform (int_value, json_event, csv_ints) or a dotted path to your "
-                                 "own consumers.engine.transforms.Transform, e.g. myapp.transforms.orders.")
+                            help="json (JSON fields onto the table's own columns, by their types), a registered "
+                                 "transform (int_value, json_event, csv_ints) or a dotted path to your own "
+                                 "consumers.engine.transforms.Transform, e.g. myapp.transforms.orders.")
+        create.add_argument("--map", action="append", default=[], metavar="COLUMN=SOURCE",
+                            help="--transform json: where COLUMN comes from instead of the top-level field of its "
+                                 "name: a dotted path (customer.name, items.0.sku), @key, @key.PATH, @timestamp, "
+                                 "@partition, @offset or @header:NAME. Repeatable.")
+        create.add_argument("--upsert-key", default="", metavar="COLUMN[,COLUMN]",
+                            help="Keep one row per key, inserted or updated in place (the table needs a unique "
+                                 "constraint on these columns).")
+        create.add_argument("--delete-on-tombstone", action="store_true",
+                            help="With --upsert-key: a record with a null value deletes its key's row.")
         create.add_argument("--group", default="", help="Kafka consumer group id (default: the name).")
         create.add_argument("--engine", choices=["python", "spark"], default="python")
         # No argparse choices: a wrong value is refused by pipeline_setup, with the file's and the form's message.
@@ -84,10 +95,15 @@ class Command(BaseCommand):
         getattr(self, f"do_{command}")(actor=actor, **options)
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
-                  on_log_truncated, create_table, cluster, runs, **options):
+                  on_log_truncated, create_table, cluster, runs, map, upsert_key, delete_on_tombstone, **options):
+        try:
+            mapping = json_map.parse_map_options(map)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
                             group=group, engine=engine, isolation_level=isolation_level,
-                            on_log_truncated=on_log_truncated, runs=runs, create_table=create_table, cluster=cluster)
+                            on_log_truncated=on_log_truncated, runs=runs, create_table=create_table, cluster=cluster,
+                            map=mapping, upsert_key=upsert_key, delete_on_tombstone=delete_on_tombstone)
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
@@ -142,6 +158,8 @@ def as_dict(pipeline: Pipeline) -> dict:
             "mode": PipelineSpec.of(pipeline).mode, "transform": pipeline.transform, "group": pipeline.group_id,
             "engine": pipeline.engine, "isolation_level": pipeline.isolation_level,
             "on_log_truncated": pipeline.on_log_truncated, "runs": pipeline.parallel_runs,
+            "map": pipeline.json_map, "upsert_key": pipeline.upsert_key,
+            "delete_on_tombstone": pipeline.delete_on_tombstone,
             "desired_state": pipeline.desired_state, "epoch": pipeline.epoch, "cluster": pipeline.cluster}
 
 

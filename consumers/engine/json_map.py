@@ -1,0 +1,530 @@
+"""`--transform json`: a JSON record onto the sink table's own columns, by the table's own types, without code.
+
+Compiled once per pipeline, never interpreted per record:
+  1. `read_columns` reads the table's columns from PostgreSQL's catalog (type, precision and scale, length,
+     nullability, default);
+  2. `plan` gives each written column its source -- the top-level field of its name, or what `--map
+     COLUMN=SOURCE` says -- and refuses what cannot work (an unknown column or source, a NOT NULL column
+     nothing writes);
+  3. `JsonPlan.transform()` turns the plan into a `Transform`: one small function per column (its getter and
+     its type's converter, chosen here), and a row function that parses the value once and calls them.
+
+A record that cannot be converted raises BadRecord naming the column, its source and the value (cut short);
+the commit protocol makes it a dead letter. Columns with a database default (or identity) take their default
+unless a `--map` names them (COPY cannot ask for a default per row); provenance and generated columns are
+never written by the mapping.
+
+SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` (the key as text),
+`@key.PATH` (a path into a JSON key), `@timestamp` (the record's timestamp), `@partition`, `@offset` or
+`@header:NAME` (a header's value as text).
+"""
+import functools
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+import orjson
+from psycopg2 import sql
+
+from consumers.engine.transforms import BadRecord, SourceRecord, Transform
+
+NAME = "json"
+# Written by the commit protocol, never by a mapping.
+PROVENANCE_COLUMNS = ("source_topic", "source_partition", "source_offset", "source_row")
+RECORD_SOURCES = ("@key", "@timestamp", "@partition", "@offset")
+SHOWN_VALUE_CHARS = 60  # a dead letter's error shows this much of the value that would not convert
+INTEGER_RANGES = {"int2": (-2 ** 15, 2 ** 15 - 1), "int4": (-2 ** 31, 2 ** 31 - 1), "int8": (-2 ** 63, 2 ** 63 - 1)}
+TEXT_TYPES = ("text", "varchar", "bpchar", "name", "citext")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MISSING = object()
+# orjson reads an integer beyond 64 bits as a float (losing digits a numeric column would keep): a value with 19
+# digits in a row goes to json.loads instead. Found by mapping digits to "0" and the rest to " " (bytes.translate
+# runs in C) and looking for 19 zeros: several times faster than a regular expression search.
+_DIGITS_ONLY = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_NINETEEN_DIGITS = b"0" * 19
+# The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
+_PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+                              r"(?:Z|[+-][0-9]{2}:[0-9]{2})")
+
+
+def loads(value):
+    """A record's value parsed as json.loads parses it, by orjson (several times faster) where that gives the same
+    result, else by json.loads (integers beyond 64 bits, NaN, lone surrogates, a byte-order mark)."""
+    if type(value) is bytes and _NINETEEN_DIGITS not in value.translate(_DIGITS_ONLY):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(value)
+
+
+def dumps(value) -> str:
+    """Compact JSON text of a parsed value (orjson; json.dumps for integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class MappingInvalid(ValueError):
+    """The mapping cannot work with this table: `problems` names each column or source and what to do."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Column:
+    """A sink column as the catalog describes it."""
+
+    name: str
+    pg_type: str            # format_type(): "numeric(12,2)", "character varying(20)", ...
+    base: str               # the base type's typname: int8, numeric, varchar, timestamptz, jsonb, ...
+    nullable: bool
+    has_default: bool       # a default or an identity: PostgreSQL fills it when the column is not written
+    generated: bool = False
+    precision: int | None = None
+    scale: int | None = None
+    length: int | None = None
+
+    @property
+    def required(self) -> bool:
+        return not self.nullable and not self.has_default
+
+
+def read_columns(cursor, table: str) -> list[Column] | None:
+    """The table's columns in order (None when there is no such table), from pg_catalog: domains are read as
+    their base type."""
+    cursor.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(cursor)])
+    if cursor.fetchone()[0] is None:
+        return None
+    cursor.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), COALESCE(b.typname, t.typname), "
+        "NOT a.attnotnull AND NOT COALESCE(t.typnotnull, false), a.atthasdef OR a.attidentity <> '', "
+        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        [sql.Identifier(table).as_string(cursor)])
+    columns = []
+    for name, pg_type, base, nullable, has_default, generated, typmod in cursor.fetchall():
+        precision = scale = length = None
+        if base == "numeric" and typmod is not None and typmod >= 4:
+            precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+        elif base in ("varchar", "bpchar") and typmod is not None and typmod >= 4:
+            length = typmod - 4
+        columns.append(Column(name, pg_type, base, nullable, has_default or generated, generated,
+                              precision, scale, length))
+    return columns
+
+
+# --- sources ---------------------------------------------------------------------------------------------
+
+def parse_source(source: str) -> tuple[str, tuple]:
+    """("value", path) | ("key", path) | ("timestamp"|"partition"|"offset", ()) | ("header", (name,)).
+    Raises ValueError with what is wrong."""
+    if not isinstance(source, str) or not source:
+        raise ValueError("a source must be a dotted path or @key, @timestamp, @partition, @offset, @header:NAME")
+    if not source.isprintable():
+        raise ValueError("a source is printable text (no control characters)")
+    if source.startswith("@header:"):
+        if not source[len("@header:"):]:
+            raise ValueError("@header: needs a header name (@header:NAME)")
+        return "header", (source[len("@header:"):],)
+    if source.startswith("@key."):
+        return "key", _path(source[len("@key."):], source)
+    if source.startswith("@"):
+        if source not in RECORD_SOURCES:
+            raise ValueError(f"unknown source {source!r}: use a dotted path, {', '.join(RECORD_SOURCES)} or "
+                             "@header:NAME")
+        return source[1:], ()
+    return "value", _path(source, source)
+
+
+def _path(text: str, source: str) -> tuple:
+    steps = tuple(text.split("."))
+    if any(step == "" for step in steps):
+        raise ValueError(f"{source!r} has an empty step: write a dotted path such as customer.name or items.0.sku")
+    return steps
+
+
+def _walk(node, steps):
+    for step in steps:
+        if type(node) is dict:
+            node = node.get(step, MISSING)
+        elif type(node) is list and step.isdigit() and int(step) < len(node):
+            node = node[int(step)]
+        else:
+            return MISSING
+        if node is MISSING:
+            return MISSING
+    return node
+
+
+def _getter(kind: str, steps: tuple) -> Callable:
+    """(doc, record) -> the raw value, MISSING when absent."""
+    if kind == "value":
+        if len(steps) == 1:
+            field = steps[0]
+            return lambda doc, record: doc.get(field, MISSING)
+        return lambda doc, record: _walk(doc, steps)
+    if kind == "key":
+        if not steps:
+            return lambda doc, record: MISSING if record.key is None else record.key.decode("utf-8", "replace")
+
+        def key_path(doc, record):
+            try:
+                return MISSING if record.key is None else _walk(json.loads(record.key), steps)
+            except ValueError:
+                return MISSING
+        return key_path
+    if kind == "timestamp":
+        return lambda doc, record: MISSING if record.timestamp_ms is None or record.timestamp_ms < 0 \
+            else _Millis(record.timestamp_ms)
+    if kind == "partition":
+        return lambda doc, record: record.partition
+    if kind == "offset":
+        return lambda doc, record: record.offset
+    name = steps[0]
+
+    def header(doc, record):
+        for key, value in record.headers or ():
+            if key == name:
+                return None if value is None else value.decode("utf-8", "replace")
+        return MISSING
+    return header
+
+
+class _Millis(int):
+    """A record timestamp (epoch milliseconds): a timestamptz takes it as an instant, a bigint as its number."""
+
+
+# --- converters: raw JSON value -> the value COPY writes (str/int/None); ValueError says why not ----------
+
+def _shown(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return repr(text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "...")
+
+
+def _integer(column: Column):
+    low, high = INTEGER_RANGES[column.base]
+
+    def convert(value):
+        if type(value) is int or type(value) is _Millis:
+            number = int(value)
+        elif type(value) is float and value.is_integer():
+            number = int(value)
+        elif type(value) is str and value.strip().lstrip("+-").isdigit():
+            number = int(value)
+        else:
+            raise ValueError(f"not an integer for {column.pg_type}")
+        if not low <= number <= high:
+            raise ValueError(f"out of range for {column.pg_type}")
+        return number
+    return convert
+
+
+def _decimal(value) -> Decimal:
+    if type(value) is float:
+        return Decimal(repr(value))  # the shortest text that reads back as this float: 19.99, not 19.989999...
+    if (isinstance(value, int) and type(value) is not bool) or (type(value) is str and value.strip()):
+        try:
+            return Decimal(value.strip() if type(value) is str else int(value))
+        except InvalidOperation:
+            pass
+    raise ValueError("not a number")
+
+
+def _numeric(column: Column):
+    precision, scale = column.precision, column.scale
+    quantum = Decimal(1).scaleb(-scale) if precision else None
+    limit = Decimal(10) ** (precision - scale) if precision else None
+    int_limit = 10 ** (precision - scale) if precision else None
+
+    def convert(value):
+        # Fast paths, the common case: an integer within the precision, or a float whose shortest text already
+        # fits the scale (19.99 into numeric(10,2)); anything else goes through Decimal.
+        kind = type(value)
+        if kind is int and (int_limit is None or -int_limit < value < int_limit):
+            return str(value)
+        if kind is float and quantum is not None:
+            text = repr(value)
+            whole, dot, fraction = text.lstrip("-").partition(".")
+            if whole.isdigit() and len(fraction) <= scale and fraction.isdigit() and int(whole) < int_limit:
+                return text
+        number = _decimal(value)
+        if not number.is_finite():
+            raise ValueError(f"not a finite number for {column.pg_type}")
+        if quantum is not None:
+            number = number.quantize(quantum, rounding=ROUND_HALF_UP)  # as PostgreSQL rounds to the scale
+            if abs(number) >= limit:
+                raise ValueError(f"too many digits for {column.pg_type}")
+        return format(number, "f")
+    return convert
+
+
+def _float(column: Column):
+    def convert(value):
+        if type(value) is float or type(value) is int:
+            return repr(float(value))
+        if type(value) is str:
+            try:
+                return repr(float(value))
+            except ValueError:
+                pass
+        raise ValueError(f"not a number for {column.pg_type}")
+    return convert
+
+
+def _text(column: Column):
+    length = column.length
+
+    def convert(value):
+        if type(value) is not str:
+            value = json.dumps(value, ensure_ascii=False)
+        if "\x00" in value:
+            raise ValueError("contains a NUL character, which PostgreSQL text cannot hold")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("contains a lone surrogate, which is not text") from None
+        if length is not None and len(value) > length:
+            raise ValueError(f"longer than {column.pg_type}")
+        return value
+    return convert
+
+
+def _boolean(column: Column):
+    def convert(value):
+        if value is True or value == "true":
+            return "t"
+        if value is False or value == "false":
+            return "f"
+        raise ValueError("not a boolean (true or false)")
+    return convert
+
+
+def _instant(value) -> datetime:
+    """ISO-8601 text or epoch milliseconds -> an aware datetime (text without an offset is UTC)."""
+    if type(value) is str:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("not an ISO-8601 timestamp") from None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()):
+        try:
+            return EPOCH + timedelta(milliseconds=int(value))
+        except OverflowError:
+            raise ValueError("epoch milliseconds out of range") from None
+    raise ValueError("not an ISO-8601 timestamp or epoch milliseconds")
+
+
+def _timestamptz(column: Column):
+    def convert(value):
+        if type(value) is str and _PLAIN_TIMESTAMP.fullmatch(value):
+            try:
+                datetime.fromisoformat(value)  # the calendar: no 2024-02-30
+            except ValueError:
+                raise ValueError("not an ISO-8601 timestamp") from None
+            return value
+        return _instant(value).isoformat()
+    return convert
+
+
+def _timestamp(column: Column):
+    # Without a time zone: the instant's UTC wall clock.
+    return lambda value: _instant(value).astimezone(UTC).replace(tzinfo=None).isoformat()
+
+
+def _date(column: Column):
+    def convert(value):
+        if type(value) is str and len(value) == 10:
+            try:
+                return date.fromisoformat(value).isoformat()
+            except ValueError:
+                raise ValueError("not an ISO-8601 date") from None
+        return _instant(value).astimezone(UTC).date().isoformat()
+    return convert
+
+
+def _uuid(column: Column):
+    def convert(value):
+        if type(value) is str:
+            try:
+                return str(uuid.UUID(value))
+            except ValueError:
+                pass
+        raise ValueError("not a UUID")
+    return convert
+
+
+def _json(column: Column):
+    def convert(value):
+        text = dumps(value)
+        if "\\u0000" in text:
+            raise ValueError("contains \\u0000, which jsonb cannot hold")
+        return text
+    return convert
+
+
+CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _numeric, "float4": _float,
+              "float8": _float, "bool": _boolean, "timestamptz": _timestamptz, "timestamp": _timestamp,
+              "date": _date, "uuid": _uuid, "jsonb": _json, "json": _json,
+              **{name: _text for name in TEXT_TYPES}}
+
+
+def converter(column: Column) -> Callable:
+    # Any other type: its text goes to PostgreSQL, whose input function decides (a refusal is a dead letter).
+    return CONVERTERS.get(column.base, _text)(column)
+
+
+# --- the plan and its compiled transform -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Written:
+    column: Column
+    source: str           # as the user wrote it (shown in errors), or the column's name by default
+
+
+@dataclass(frozen=True)
+class JsonPlan:
+    """Which columns a pipeline writes and from where: plain values, so it travels to Spark executors, which
+    compile it there (`transform()`)."""
+
+    columns: tuple[Written, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [w.column.name for w in self.columns]
+
+    def key_sources(self, key: tuple[str, ...]) -> list[str]:
+        by_name = {w.column.name: w.source for w in self.columns}
+        return [by_name.get(name, "") for name in key]
+
+    def transform(self, upsert_key: tuple[str, ...] = ()) -> Transform:
+        cells = tuple(_cell(w) for w in self.columns)
+        reads_value = any(parse_source(w.source)[0] == "value" for w in self.columns)
+
+        def row(record: SourceRecord):
+            value = record.value
+            if value is None:
+                raise BadRecord("the value is null (a tombstone), not a JSON object")
+            try:
+                doc = loads(value)
+            except ValueError as exc:
+                raise BadRecord(f"the value is not JSON ({exc}): {_shown(_text_of(value))}") from None
+            if type(doc) is not dict and reads_value:
+                raise BadRecord(f"the value is JSON but not an object: {_shown(_text_of(value))}")
+            return ([cell(doc, record) for cell in cells],)
+
+        tombstone_key = None
+        index = {w.column.name: i for i, w in enumerate(self.columns)}
+        if upsert_key and all(name in index and parse_source(self.columns[index[name]].source)[0] != "value"
+                              for name in upsert_key):
+            key_cells = [cells[index[name]] for name in upsert_key]
+
+            def tombstone_key(record: SourceRecord):
+                return tuple(cell(None, record) for cell in key_cells)
+
+        return Transform(NAME, tuple((w.column.name, w.column.pg_type) for w in self.columns), row,
+                         description="JSON fields onto the table's columns, by the table's types",
+                         tombstone_key=tombstone_key)
+
+
+def _text_of(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
+
+
+def _cell(written: Written) -> Callable:
+    """(doc, record) -> the column's COPY value; BadRecord naming the column, source and value."""
+    column, source = written.column, written.source
+    get, convert = _getter(*parse_source(source)), converter(column)
+    nullable, name = column.nullable, column.name
+    # COPY cannot ask for a default per row: a mapped column's default never applies.
+    default_note = " (its default applies only when no --map names it)" if column.has_default else ""
+
+    def cell(doc, record):
+        value = get(doc, record)
+        if value is None or value is MISSING:
+            if nullable:
+                return None
+            raise BadRecord(f"column {name} (from {source}): {'missing' if value is MISSING else 'null'}, and "
+                            f"the column is NOT NULL{default_note}")
+        try:
+            return convert(value)
+        except ValueError as exc:
+            raise BadRecord(f"column {name} (from {source}): {exc}: {_shown(value)}") from None
+    return cell
+
+
+def plan(columns: list[Column], mapping: dict[str, str]) -> JsonPlan:
+    """The columns to write and their sources; MappingInvalid with every problem."""
+    problems = []
+    by_name = {c.name: c for c in columns}
+    for name, source in mapping.items():
+        column = by_name.get(name)
+        if column is None:
+            problems.append(f"--map {name}={source}: the table has no column {name!r}")
+        elif name in PROVENANCE_COLUMNS or column.generated:
+            problems.append(f"--map {name}={source}: column {name!r} is written by "
+                            f"{'PostgreSQL' if column.generated else 'Tally (provenance)'}, not by the mapping")
+        try:
+            parse_source(source)
+        except ValueError as exc:
+            problems.append(f"--map {name}={source}: {exc}")
+    written = []
+    for column in columns:
+        if column.name in PROVENANCE_COLUMNS or column.generated:
+            continue
+        if column.name in mapping:
+            written.append(Written(column, mapping[column.name]))
+        elif not column.has_default:
+            written.append(Written(column, column.name))
+    if not written and not problems:
+        problems.append("the table has no column the mapping could write")
+    if problems:
+        raise MappingInvalid(problems)
+    return JsonPlan(tuple(written))
+
+
+def plan_for_table(cursor, table: str, mapping: dict[str, str]) -> JsonPlan:
+    columns = read_columns(cursor, table)
+    if columns is None:
+        raise MappingInvalid([f"sink table {table!r} does not exist: --transform json maps onto an existing table"])
+    return plan(columns, mapping)
+
+
+@functools.lru_cache(maxsize=16)
+def compiled(plan: JsonPlan, upsert_key: tuple[str, ...] = ()) -> Transform:
+    """The transform of a plan, compiled once per process (Spark executors get the plan with every task)."""
+    return plan.transform(upsert_key)
+
+
+def plan_for_pipeline(pipeline, cursor=None) -> JsonPlan:
+    """The plan of a pipeline's stored mapping against its sink table as it is now."""
+    if cursor is not None:
+        return plan_for_table(cursor, pipeline.sink_table, dict(pipeline.json_map or {}))
+    from django.db import connection
+
+    with connection.cursor() as wrapper:
+        return plan_for_table(wrapper.cursor, pipeline.sink_table, dict(pipeline.json_map or {}))
+
+
+def parse_map_options(options: list[str]) -> dict[str, str]:
+    """`--map COLUMN=SOURCE` options -> {column: source}; ValueError naming the bad one."""
+    mapping = {}
+    for option in options:
+        column, sep, source = option.partition("=")
+        if not sep or not column.strip() or not source.strip():
+            raise ValueError(f"--map {option!r}: write COLUMN=SOURCE, e.g. --map order_id=id")
+        if column.strip() in mapping:
+            raise ValueError(f"--map {option!r}: column {column.strip()!r} is mapped twice")
+        mapping[column.strip()] = source.strip()
+    return mapping

@@ -1,0 +1,84 @@
+"""Upsert pipelines (`--upsert-key COL[,COL]`): one row per key, kept current, in the batch's transaction.
+
+Called by the commit protocol (consumers/engine/commit.py) inside its one transaction, so a record is applied
+exactly once with the offsets, as in append mode:
+  1. `last_per_key`: within a batch the last record per key wins, tombstones included; the earlier ones are
+     superseded before anything is written (INSERT ... ON CONFLICT cannot touch one row twice in a statement,
+     and writing them would be wasted work).
+  2. `write_rows`: COPY the rows into a transaction-local staging table, then INSERT INTO the sink ... ON
+     CONFLICT (key) DO UPDATE every other column -- the provenance columns too, so the row always says which
+     record wrote it.
+  3. `delete_keys`: the keys whose last record is a tombstone (`--delete-on-tombstone`) lose their row.
+Keys are judged per partition order: a keyed topic keeps each key in one partition, as Kafka's partitioner
+does; a key found in two partitions of one batch takes the record of the higher partition.
+"""
+from typing import NamedTuple
+
+from psycopg2 import sql
+from psycopg2.extras import execute_values
+
+from consumers.engine import sinks
+
+
+class Delete(NamedTuple):
+    """A tombstone that deletes its key's row: the key columns' values and the record's provenance."""
+
+    key: tuple
+    topic: str
+    partition: int
+    offset: int
+
+
+def key_indexes(transform, upsert_key: tuple[str, ...]) -> list[int]:
+    names = [name for name, _ in transform.columns]
+    return [names.index(column) for column in upsert_key]
+
+
+def last_per_key(rows: list[tuple], deletes: list[Delete], indexes: list[int]) -> tuple[list[tuple], list[Delete]]:
+    """The rows and deletes that remain once each key keeps only its last record. Rows end with (topic,
+    partition, offset) and come in (partition, offset) order."""
+    if len(indexes) == 1:
+        i = indexes[0]
+        latest = {row[i]: row for row in rows}
+    else:
+        latest = {tuple(row[i] for i in indexes): row for row in rows}
+    if not deletes and len(latest) == len(rows):
+        return rows, []
+    single = len(indexes) == 1
+    for delete in deletes:
+        key = delete.key[0] if single else delete.key
+        current = latest.get(key)
+        if current is None or (current[-2], current[-1]) < (delete.partition, delete.offset):
+            latest[key] = delete
+    kept = [entry for entry in latest.values() if type(entry) is not Delete]
+    return kept, [entry for entry in latest.values() if type(entry) is Delete]
+
+
+def write_rows(cur, table: str, columns: list[str], upsert_key: tuple[str, ...], rows: list[tuple]) -> None:
+    """Insert or update each row in place, on the sink's unique key on `upsert_key`."""
+    staging = f"upsert_{table}"[:63]
+    cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+                .format(sql.Identifier(staging), sql.Identifier(table)))
+    sinks.copy_rows(cur, staging, columns, rows)
+    column_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    updates = [c for c in columns if c not in upsert_key]
+    cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}").format(
+        sql.Identifier(table), column_list, column_list, sql.Identifier(staging),
+        sql.SQL(", ").join(sql.Identifier(c) for c in upsert_key),
+        sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)))
+    cur.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(staging)))
+
+
+def delete_keys(cur, table: str, key_types: list[tuple[str, str]], deletes: list[Delete]) -> int:
+    """Delete the rows of these keys; `key_types` are the key's (column, PostgreSQL type) from the catalog."""
+    if not deletes:
+        return 0
+    names = [sql.Identifier(name) for name, _ in key_types]
+    template = sql.SQL("({})").format(sql.SQL(", ").join(
+        sql.SQL("%s::{}").format(sql.SQL(pg_type)) for _, pg_type in key_types))  # types read from the catalog
+    statement = sql.SQL("DELETE FROM {} AS s USING (VALUES %s) AS v ({}) WHERE {}").format(
+        sql.Identifier(table), sql.SQL(", ").join(names),
+        sql.SQL(" AND ").join(sql.SQL("s.{0} = v.{0}").format(n) for n in names))
+    execute_values(cur, statement.as_string(cur), [d.key for d in deletes], template=template.as_string(cur),
+                   page_size=1000)
+    return cur.rowcount

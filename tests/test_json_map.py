@@ -1,0 +1,192 @@
+"""`--transform json` against the real PostgreSQL: the table's own types decide each conversion; every bad
+value becomes a dead letter that names its column, source and value, and the good rows land."""
+import json
+
+import pytest
+from django.db import connection
+from psycopg2 import sql
+
+from consumers.engine import commit, db, json_map
+from consumers.engine.transforms import BadRecord, SourceRecord, for_pipeline
+from consumers.models import DeadLetter, Pipeline
+
+TYPES_TABLE = "jm_types"
+TYPES_DDL = """
+CREATE TABLE jm_types (
+    small smallint, regular integer, big bigint, amount numeric(8,2), ratio double precision,
+    label varchar(5), note text, flag boolean, at timestamptz, local_at timestamp, day date, uid uuid,
+    doc jsonb, address inet,
+    must bigint NOT NULL, defaulted text NOT NULL DEFAULT 'd',
+    source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (source_topic, source_partition, source_offset))
+"""
+
+
+def record(value, offset=0, key=None, timestamp_ms=1_700_000_000_000, headers=()):
+    raw = value if isinstance(value, bytes) or value is None else json.dumps(value).encode()
+    return SourceRecord(0, offset, key, raw, timestamp_ms, headers)
+
+
+@pytest.fixture
+def types_table(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute(TYPES_DDL)
+    yield TYPES_TABLE
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS jm_types")
+
+
+def compiled(table, mapping=None):
+    with connection.cursor() as cur:
+        return json_map.plan_for_table(cur.cursor, table, mapping or {}).transform()
+
+
+def test_the_plan_reads_types_precision_and_nullability_from_the_catalog(types_table):
+    with connection.cursor() as cur:
+        columns = {c.name: c for c in json_map.read_columns(cur.cursor, types_table)}
+    assert (columns["amount"].base, columns["amount"].precision, columns["amount"].scale) == ("numeric", 8, 2)
+    assert (columns["label"].base, columns["label"].length) == ("varchar", 5)
+    assert columns["must"].required and not columns["defaulted"].required and columns["note"].nullable
+    plan = json_map.plan(list(columns.values()), {})
+    # Provenance columns are Tally's; defaulted columns keep their default unless a --map names them.
+    assert "source_offset" not in plan.column_names and "defaulted" not in plan.column_names
+    assert "written_at" not in plan.column_names and "must" in plan.column_names
+    assert "defaulted" in json_map.plan(list(columns.values()), {"defaulted": "d"}).column_names
+
+
+GOOD = [
+    ("small", 32767, 32767), ("small", "-12", -12), ("regular", 2 ** 31 - 1, 2 ** 31 - 1),
+    ("big", 2 ** 63 - 1, 2 ** 63 - 1), ("big", 5.0, 5),
+    ("amount", 19.99, "19.99"), ("amount", "123456.785", "123456.79"), ("amount", 7, "7"),
+    ("ratio", 0.5, "0.5"), ("label", "abcde", "abcde"), ("note", 12, "12"), ("note", {"a": 1}, '{"a": 1}'),
+    ("flag", True, "t"), ("flag", "false", "f"),
+    ("at", "2024-05-01T12:30:00+02:00", "2024-05-01T12:30:00+02:00"),
+    ("at", "2024-05-01T10:30:00Z", "2024-05-01T10:30:00Z"),
+    ("at", 1_714_559_400_000, "2024-05-01T10:30:00+00:00"), ("local_at", "2024-05-01T12:30:00+02:00",
+                                                            "2024-05-01T10:30:00"),
+    ("day", "2024-05-01", "2024-05-01"), ("day", 1_714_559_400_000, "2024-05-01"),
+    ("uid", "6F9619FF-8B86-D011-B42D-00C04FC964FF", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
+    ("doc", {"items": [1, 2]}, '{"items":[1,2]}'), ("doc", [1, "x"], '[1,"x"]'),
+    ("address", "10.0.0.1", "10.0.0.1"), ("note", None, None),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "expected"), GOOD)
+def test_a_good_value_converts_to_what_its_column_takes(types_table, column, value, expected):
+    transform = compiled(types_table)
+    row = transform.rows(record({"must": 1, column: value}))[0]
+    assert row[[name for name, _ in transform.columns].index(column)] == expected
+
+
+BAD = [
+    ("small", 32768, "out of range"), ("regular", -2 ** 31 - 1, "out of range"), ("big", 2 ** 63, "out of range"),
+    ("big", 1.5, "not an integer"), ("big", True, "not an integer"), ("big", "12a", "not an integer"),
+    ("amount", 1_000_000, "too many digits"), ("amount", "abc", "not a number"), ("amount", "NaN", "finite"),
+    ("ratio", "fast", "not a number"), ("label", "abcdef", "longer than"), ("note", "a\x00b", "NUL"),
+    ("note", "\ud800", "surrogate"), ("flag", "yes", "not a boolean"), ("flag", 1, "not a boolean"),
+    ("at", "yesterday", "ISO-8601"), ("at", [1], "ISO-8601"), ("at", 10 ** 20, "out of range"),
+    ("day", "2024-13-01", "ISO-8601 date"), ("uid", "not-a-uuid", "not a UUID"), ("uid", 5, "not a UUID"),
+    ("doc", "a\x00", "\\u0000"), ("must", None, "NOT NULL"),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "reason"), BAD)
+def test_a_bad_value_is_a_bad_record_naming_its_column_source_and_value(types_table, column, value, reason):
+    transform = compiled(types_table)
+    fields = {"must": 1, column: value}
+    with pytest.raises(BadRecord) as caught:
+        transform.rows(record(fields))
+    message = str(caught.value)
+    assert message.startswith(f"column {column} (from {column}): ") and reason in message
+    if value is not None:
+        assert repr(value if isinstance(value, str) else json.dumps(value))[:20] in message
+
+
+def test_a_missing_field_for_a_not_null_column_and_a_value_that_is_not_json_are_bad_records(types_table):
+    transform = compiled(types_table)
+    with pytest.raises(BadRecord, match=r"column must \(from must\): missing, and the column is NOT NULL"):
+        transform.rows(record({"note": "x"}))
+    with pytest.raises(BadRecord, match="not JSON"):
+        transform.rows(record(b"{oops"))
+    with pytest.raises(BadRecord, match="not an object"):
+        transform.rows(record([1, 2]))
+    with pytest.raises(BadRecord, match="tombstone"):
+        transform.rows(record(None))
+
+
+def test_a_long_value_is_cut_short_in_the_error(types_table):
+    with pytest.raises(BadRecord) as caught:
+        compiled(types_table).rows(record({"must": 1, "at": "x" * 500}))
+    assert "x" * json_map.SHOWN_VALUE_CHARS + "..." in str(caught.value) and "x" * 100 not in str(caught.value)
+
+
+def test_map_sources_take_paths_array_elements_and_the_records_own_fields(types_table):
+    transform = compiled(types_table, {"note": "customer.name", "label": "items.1.sku", "big": "@offset",
+                                       "small": "@partition", "at": "@timestamp", "regular": "@key",
+                                       "defaulted": "@header:origin", "must": "id"})
+    names = [name for name, _ in transform.columns]
+    row = transform.rows(SourceRecord(3, 41, b"77", json.dumps(
+        {"id": 9, "customer": {"name": "Ada"}, "items": [{"sku": "a"}, {"sku": "b"}], "big": 5}).encode(),
+        1_714_559_400_000, [("origin", b"web")]))[0]
+    got = dict(zip(names, row, strict=True))
+    assert got["note"] == "Ada" and got["label"] == "b" and got["big"] == 41 and got["small"] == 3
+    assert got["at"] == "2024-05-01T10:30:00+00:00" and got["regular"] == 77 and got["defaulted"] == "web"
+    assert got["must"] == 9
+    # A path that reaches past the data is missing: NULL where the column allows it.
+    row = transform.rows(SourceRecord(0, 1, b"1", b'{"id": 1, "items": []}', None, [("origin", b"x")]))[0]
+    assert dict(zip(names, row, strict=True))["label"] is None
+
+
+def test_a_mapping_that_cannot_work_is_refused_with_every_problem(types_table):
+    with connection.cursor() as cur, pytest.raises(json_map.MappingInvalid) as caught:
+        json_map.plan_for_table(cur.cursor, types_table, {"nope": "x", "source_offset": "id", "note": "@when",
+                                                          "label": "a..b"})
+    text = str(caught.value)
+    assert "no column 'nope'" in text and "provenance" in text and "unknown source '@when'" in text
+    assert "empty step" in text
+
+
+def test_parse_map_options_refuses_what_is_not_column_equals_source():
+    assert json_map.parse_map_options(["order_id=id", "name = customer.name"]) == {
+        "order_id": "id", "name": "customer.name"}
+    for bad in (["order_id"], ["=id"], ["a=b", "a=c"]):
+        with pytest.raises(ValueError):
+            json_map.parse_map_options(bad)
+
+
+@pytest.fixture
+def json_pipeline(types_table):
+    pipeline = Pipeline.objects.create(name="jm", topic="orders", sink_table=types_table, transform="json",
+                                       json_map={"must": "id"}, epoch=1)
+    conn = db.connect()
+    yield pipeline, conn
+    conn.close()
+
+
+def test_the_commit_protocol_writes_typed_rows_and_dead_letters_bad_records_in_one_batch(json_pipeline):
+    pipeline, conn = json_pipeline
+    target = commit.Target.for_pipeline(pipeline)
+    commit.ensure_positions(conn, pipeline.pk, {0: 0})
+    batch = [record({"id": 1, "amount": "12.5", "at": "2024-05-01T10:30:00Z", "doc": {"a": [1]}}, 0),
+             record({"id": 2, "small": 99999}, 1),
+             record(b"not json", 2),
+             record({"id": 3, "flag": False, "day": "2024-02-29", "uid": None}, 3)]
+    outcomes = commit.commit_batch(conn, target, 1, {0: batch})
+    assert (outcomes[0].rows_written, outcomes[0].dead_letters) == (2, 2)
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT must, amount::text, at, doc, flag, day::text, defaulted, source_offset FROM {} "
+                            "ORDER BY must").format(sql.Identifier(pipeline.sink_table)))
+        rows = cur.fetchall()
+    assert [(r[0], r[1], r[4], r[5], r[6], r[7]) for r in rows] == [
+        (1, "12.50", None, None, "d", 0), (3, None, False, "2024-02-29", "d", 3)]
+    assert rows[0][2].isoformat() == "2024-05-01T10:30:00+00:00" and rows[0][3] in ({"a": [1]}, '{"a": [1]}')
+    errors = dict(DeadLetter.objects.filter(pipeline=pipeline).values_list("offset", "error"))
+    assert "column small (from small): out of range for smallint: '99999'" in errors[1]
+    assert "not JSON" in errors[2]
+
+
+def test_for_pipeline_compiles_the_stored_mapping_once_from_the_table(json_pipeline):
+    pipeline, _ = json_pipeline
+    transform = for_pipeline(pipeline)
+    assert transform.name == "json" and ("must", "bigint") in transform.columns

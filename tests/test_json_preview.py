@@ -1,0 +1,140 @@
+"""The preview of a `json` pipeline, from the form and the API: the table's columns with a proposed mapping, and
+the topic's first 20 records each as its row or its dead letter -- before anything is created. Then the
+pipeline is created with that mapping and run: it writes exactly what the preview showed."""
+import json
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+from kafka import KafkaProducer
+from psycopg2 import sql
+
+from consumers.engine.python import run_pipeline
+from consumers.models import DeadLetter, Pipeline
+from tests.conftest import drop_sink_tables
+from tests.views_helpers import make_operator
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+GIVEN_MAP = "order_id=id\nordered_at=at\nsku=items.0.sku"
+
+
+def orders():
+    """22 records: good ones, one the database refuses (a CHECK), one not JSON, one with a bad id."""
+    records = [{"id": 1, "customer": {"name": "Ada"}, "amount": "12.5", "at": "2024-05-01T10:30:00Z",
+                "items": [{"sku": "a-1"}], "created_at": 1_714_559_400_000},
+               {"id": 2, "customer": {"name": "Bob"}, "amount": -3, "at": 1_714_559_400_000},
+               b"not json",
+               {"id": "x", "customer": {"name": "Cy"}},
+               {"id": 5, "customer": {"name": "Eve"}, "extra": {"ignored": True}}]
+    records += [{"id": 100 + n, "customer": {"name": f"c{n}"}, "amount": n + 0.25,
+                 "at": f"2024-06-{n + 1:02d}T00:00:00+02:00", "items": [{"sku": f"s{n}"}, {"sku": "second"}]}
+                for n in range(17)]
+    return records
+
+
+@pytest.fixture
+def topic(make_topic):
+    name = make_topic("orders", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for i, record in enumerate(orders()):
+        producer.send(name, record if isinstance(record, bytes) else json.dumps(record).encode(), key=str(i).encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    return name
+
+
+@pytest.fixture
+def table():
+    name = f"orders_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL(
+            "CREATE TABLE {} (order_id bigint NOT NULL, customer_name text, amount numeric(10,2) CHECK (amount >= 0), "
+            "ordered_at timestamptz, sku text, created_at timestamptz NOT NULL DEFAULT now(), "
+            "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, "
+            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(name)))
+    yield name
+    drop_sink_tables([name])
+
+
+@pytest.fixture
+def operator():
+    client = Client()
+    client.force_login(make_operator())
+    return client
+
+
+def form(topic, table, **overrides):
+    return {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "json",
+            "group": "", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "stop",
+            "map": GIVEN_MAP, **overrides}
+
+
+def table_count(table):
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        return cursor.fetchone()[0]
+
+
+def test_the_form_previews_proposes_a_mapping_and_creates_nothing(operator, topic, table):
+    response = operator.post("/pipelines/new/", {**form(topic, table), "preview": "1"})
+    page = response.content.decode()
+    assert response.status_code == 200, page
+    assert 'id="preview-records"' in page and page.count('class="preview-record"') == 20
+    # Proposed: customer_name from customer.name (its path spells it). Not created_at: it has a default, and
+    # mapping it would dead-letter the records that lack it.
+    assert "customer_name=customer.name" in page and "created_at=" not in page
+    assert "dead letter: database refused: 23514" in page and "not JSON" in page
+    assert "column order_id (from id): not an integer for bigint: &#x27;x&#x27;" in page
+    assert not Pipeline.objects.exists() and table_count(table) == 0
+
+
+def test_the_preview_is_what_the_run_then_writes(operator, topic, table):
+    response = operator.post("/api/pipelines/preview", {**form(topic, table), "map": {
+        "order_id": "id", "ordered_at": "at", "sku": "items.0.sku"}}, content_type="application/json")
+    assert response.status_code == 200, response.content
+    preview = response.json()
+    assert preview["proposed"] == {"customer_name": "customer.name"}
+    assert len(preview["records"]) == 20 and [r["offset"] for r in preview["records"]] == list(range(20))
+    assert not Pipeline.objects.exists() and table_count(table) == 0
+
+    created = operator.post("/api/pipelines/", {**form(topic, table), "map": preview["mapping"]},
+                            content_type="application/json")
+    assert created.status_code == 201, created.content
+    assert created.json()["map"] == preview["mapping"]
+    result = run_pipeline("orders", stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up", result.detail
+
+    columns = [c["name"] for c in preview["columns"] if c["source"] is not None]
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("SELECT source_offset, {} FROM {}").format(
+            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns),
+            sql.Identifier(table)))
+        written = {offset: dict(zip(columns, values, strict=True)) for offset, *values in cursor.fetchall()}
+    dead = dict(DeadLetter.objects.filter(pipeline__name="orders").values_list("offset", "error"))
+    rows_seen = letters_seen = 0
+    for record in preview["records"]:
+        if record["row"] is not None:
+            assert written[record["offset"]] == record["row"]
+            rows_seen += 1
+        else:
+            assert dead[record["offset"]] == record["dead_letter"]
+            letters_seen += 1
+    assert (rows_seen, letters_seen) == (17, 3)
+    assert written[0]["ordered_at"] == "2024-05-01 10:30:00+00" and written[0]["customer_name"] == "Ada"
+    assert written[4]["amount"] is None and written[5]["sku"] == "s0"
+
+
+def test_the_api_refuses_bad_input_naming_the_field(operator, topic, table):
+    response = operator.post("/api/pipelines/preview", {**form(topic, table), "map": {"order_id": 5}},
+                             content_type="application/json")
+    assert response.status_code == 400 and "map" in response.json()["errors"]
+    response = operator.post("/api/pipelines/", {**form(topic, table), "map": {"nope": "x"}},
+                             content_type="application/json")
+    assert response.status_code == 400 and "no column 'nope'" in json.dumps(response.json()["errors"]["map"])
+    response = operator.post("/api/pipelines/", {**form(topic, table), "delete_on_tombstone": "yes"},
+                             content_type="application/json")
+    assert response.status_code == 400 and "delete_on_tombstone" in response.json()["errors"]
+    assert not Pipeline.objects.exists()

@@ -1,0 +1,85 @@
+"""Both engines apply the same JSON mapping (and upsert) to the same topic and give the same table: the Spark
+engine compiles the driver's plan on its executors and commits through the same protocol."""
+import json
+import random
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from kafka import KafkaProducer
+from psycopg2 import sql
+
+from consumers.engine import python as python_engine
+from consumers.engine import spark as spark_engine
+from consumers.engine.spark_session import get_spark
+from consumers.models import DeadLetter, Engine, Pipeline
+from tests.conftest import drop_sink_tables
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+COLUMNS = ("order_id", "customer", "amount", "ordered_at", "tags", "active")
+DDL = ("CREATE TABLE {} (order_id bigint NOT NULL {}, customer text, amount numeric(10,2), ordered_at timestamptz, "
+       "tags jsonb, active boolean, source_topic text NOT NULL, source_partition integer NOT NULL, "
+       "source_offset bigint NOT NULL, UNIQUE (source_topic, source_partition, source_offset))")
+MAPPING = {"order_id": "@key", "customer": "customer.name", "tags": "meta.tags"}
+
+
+def produce(topic: str) -> None:
+    rng = random.Random(4)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
+    for n in range(400):
+        key = rng.randrange(40)
+        roll = rng.random()
+        if roll < 0.1:
+            value = None                                  # a tombstone
+        elif roll < 0.15:
+            value = b"{broken"                            # not JSON
+        elif roll < 0.2:
+            value = json.dumps({"amount": "lots"}).encode()  # a numeric that is not a number
+        else:
+            value = json.dumps({"customer": {"name": f"c{n}"}, "amount": round(rng.uniform(0, 999), 3),
+                                "ordered_at": 1_714_559_400_000 + n * 1000, "meta": {"tags": ["a", n]},
+                                "active": rng.random() < 0.5}).encode()
+        producer.send(topic, value, key=str(key).encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+
+
+def table_text(table: str) -> set[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT {}, source_partition, source_offset FROM {}").format(
+            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in COLUMNS),
+            sql.Identifier(table)))
+        return set(cur.fetchall())
+
+
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
+def test_spark_writes_the_same_table_as_the_python_engine(transactional_db, kafka_bootstrap, make_topic, upsert):
+    get_spark()
+    topic = make_topic("json-parity", partitions=2)
+    produce(topic)
+    tables = {}
+    for engine in (Engine.PYTHON, Engine.SPARK):
+        table = f"parity_{engine}_{topic}".replace("-", "_")
+        with connection.cursor() as cur:
+            cur.execute(sql.SQL(DDL.format("{}", "UNIQUE" if upsert else "")).format(sql.Identifier(table)))
+        Pipeline.objects.create(name=f"{engine}-{topic}", topic=topic, sink_table=table, transform="json",
+                                json_map=MAPPING, engine=engine, upsert_key=["order_id"] if upsert else [],
+                                delete_on_tombstone=upsert, group_id=f"{engine}-{topic}")
+        tables[engine] = table
+    try:
+        python = python_engine.run_pipeline(f"python-{topic}", stop_when_caught_up=True, max_seconds=60)
+        spark = spark_engine.run_pipeline(f"spark-{topic}", batch_size=150, stop_when_caught_up=True,
+                                          max_seconds=180)
+        assert (python.reason, spark.reason) == ("caught_up", "caught_up"), (python.detail, spark.detail)
+        written = table_text(tables[Engine.PYTHON])
+        assert written == table_text(tables[Engine.SPARK])
+        # Upsert keeps one row per key (tombstoned keys have none); append has a row per good record.
+        assert 0 < len(written) <= 40 if upsert else len(written) > 250
+        letters = {engine: set(DeadLetter.objects.filter(pipeline__engine=engine).values_list(
+            "partition", "offset", "error")) for engine in (Engine.PYTHON, Engine.SPARK)}
+        assert letters[Engine.PYTHON] == letters[Engine.SPARK] and len(letters[Engine.PYTHON]) >= 20
+        expected = 0 if upsert else 1  # append: a tombstone is not JSON; upsert deletes with it
+        assert any("tombstone" in e for _, _, e in letters[Engine.PYTHON]) == bool(expected)
+    finally:
+        drop_sink_tables(list(tables.values()))

@@ -1,0 +1,96 @@
+"""Upsert pipelines through the commit protocol against the real PostgreSQL: one row per key, the last record of
+a batch wins, a tombstone deletes the key's row, the row's provenance names the record that wrote it, and it
+all commits with the offsets or not at all."""
+import json
+
+import pytest
+from django.db import connection
+
+from consumers.engine import commit, db, upsert
+from consumers.engine.faults import FaultInjector
+from consumers.engine.transforms import SourceRecord
+from consumers.models import DeadLetter, PartitionOffset, Pipeline
+
+TABLE = "upsert_orders"
+
+
+def rec(offset, key, value, partition=0):
+    raw = None if value is None else json.dumps(value).encode()
+    return SourceRecord(partition, offset, None if key is None else str(key).encode(), raw, 1_700_000_000_000)
+
+
+@pytest.fixture
+def keyed(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE {TABLE} (order_id bigint PRIMARY KEY, status text NOT NULL, amount numeric(8,2), "
+                    "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="keyed", topic="orders", sink_table=TABLE, transform="json",
+                                       json_map={"order_id": "@key"}, upsert_key=["order_id"],
+                                       delete_on_tombstone=True, epoch=1)
+    conn = db.connect()
+    commit.ensure_positions(conn, pipeline.pk, {0: 0, 1: 0})
+    yield pipeline, commit.Target.for_pipeline(pipeline), conn
+    conn.close()
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+
+
+def table_rows():
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT order_id, status, source_partition, source_offset FROM {TABLE} ORDER BY order_id")
+        return cur.fetchall()
+
+
+def test_the_last_record_per_key_of_a_batch_wins_and_a_tombstone_deletes(keyed):
+    pipeline, target, conn = keyed
+    batch = [rec(0, 1, {"status": "new"}), rec(1, 2, {"status": "new"}), rec(2, 1, {"status": "paid"}),
+             rec(3, 3, {"status": "new"}), rec(4, 2, None), rec(5, 3, None), rec(6, 3, {"status": "back"})]
+    outcome = commit.commit_batch(conn, target, 1, {0: batch})[0]
+    assert (outcome.records, outcome.dead_letters, outcome.end_offset) == (7, 0, 7)
+    assert table_rows() == [(1, "paid", 0, 2), (3, "back", 0, 6)]
+
+
+def test_later_batches_update_rows_in_place_and_delete_them_with_the_offsets(keyed):
+    pipeline, target, conn = keyed
+    commit.commit_batch(conn, target, 1, {0: [rec(0, 1, {"status": "new"}), rec(1, 2, {"status": "new"})]})
+    commit.commit_batch(conn, target, 1, {0: [rec(2, 1, {"status": "shipped", "amount": 3.5}), rec(3, 2, None)]})
+    assert table_rows() == [(1, "shipped", 0, 2)]
+    assert PartitionOffset.objects.get(pipeline=pipeline, partition=0).next_offset == 4
+    # A replay of what is committed changes nothing (exactly once: skipped below next_offset).
+    outcome = commit.commit_batch(conn, target, 1, {0: [rec(0, 1, {"status": "new"}), rec(1, 2, {"status": "x"})]})
+    assert outcome[0].skipped == 2 and table_rows() == [(1, "shipped", 0, 2)]
+
+
+def test_a_bad_record_is_a_dead_letter_and_the_keys_previous_record_stands(keyed):
+    pipeline, target, conn = keyed
+    commit.commit_batch(conn, target, 1, {0: [rec(0, 1, {"status": "new"})]})
+    commit.commit_batch(conn, target, 1, {0: [rec(1, 1, {"status": None}), rec(2, 5, {"status": "ok", "amount": "x"})]})
+    assert table_rows() == [(1, "new", 0, 0)]
+    errors = dict(DeadLetter.objects.filter(pipeline=pipeline).values_list("offset", "error"))
+    assert "column status" in errors[1] and "column amount" in errors[2]
+
+
+def test_a_crash_mid_write_leaves_the_table_and_positions_as_they_were(keyed, monkeypatch):
+    pipeline, target, conn = keyed
+    commit.commit_batch(conn, target, 1, {0: [rec(0, 1, {"status": "new"})]})
+
+    class Crash(Exception):
+        pass
+
+    faults = FaultInjector(at_pass={"mid-write": {1}})
+    monkeypatch.setattr(faults, "maybe_crash", lambda point: (_ for _ in ()).throw(Crash()) if point == "mid-write"
+                        else None)
+    monkeypatch.setattr(faults, "armed", lambda point: point == "mid-write")
+    with pytest.raises(Crash):
+        commit.commit_batch(conn, target, 1, {0: [rec(1, 1, {"status": "paid"}), rec(2, 2, {"status": "new"}),
+                                                  rec(3, 3, {"status": "new"})]}, faults)
+    assert table_rows() == [(1, "new", 0, 0)]
+    assert PartitionOffset.objects.get(pipeline=pipeline, partition=0).next_offset == 1
+
+
+def test_last_per_key_keeps_record_order_including_deletes():
+    rows = [(1, "a", "t", 0, 0), (2, "b", "t", 0, 1), (1, "c", "t", 0, 3)]
+    deletes = [upsert.Delete((1,), "t", 0, 2), upsert.Delete((2,), "t", 0, 4)]
+    kept, gone = upsert.last_per_key(rows, deletes, [0])
+    assert kept == [(1, "c", "t", 0, 3)] and gone == [upsert.Delete((2,), "t", 0, 4)]
+    assert upsert.last_per_key(rows[:2], [], [0]) == (rows[:2], [])

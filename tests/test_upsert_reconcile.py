@@ -1,0 +1,75 @@
+"""Reconciliation of an upsert pipeline: records overwritten by a later record of their key are superseded, not
+lost; a key whose row does not hold its latest record, or a deleted key that has a row again, is lost; the trace
+says which record wrote the current row."""
+import json
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from kafka import KafkaProducer
+
+from consumers.engine.python import run_pipeline
+from consumers.models import Pipeline
+from consumers.reconciliation.reconcile import reconcile_pipeline
+from consumers.reconciliation.trace import trace
+from tests.conftest import drop_sink_tables
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+# key, value (None: a tombstone); offsets 0..7 in one partition
+RECORDS = [(1, "new"), (2, "new"), (1, "paid"), (3, "new"), (2, None), (1, "sent"), (4, "new"), (3, "paid")]
+
+
+@pytest.fixture
+def keyed(make_topic):
+    topic = make_topic("keyed", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for key, status in RECORDS:
+        producer.send(topic, None if status is None else json.dumps({"status": status}).encode(),
+                      key=str(key).encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    table = f"state_{topic}".replace("-", "_")
+    with connection.cursor() as cur:
+        cur.execute(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, status text NOT NULL, source_topic text '
+                    "NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    Pipeline.objects.create(name=topic, topic=topic, sink_table=table, transform="json", json_map={"id": "@key"},
+                            upsert_key=["id"], delete_on_tombstone=True)
+    result = run_pipeline(topic, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up", result.detail
+    yield Pipeline.objects.get(name=topic)
+    drop_sink_tables([table])
+
+
+def execute(statement):
+    with connection.cursor() as cur:
+        cur.execute(statement)
+
+
+def test_superseded_records_are_not_lost_and_the_table_holds_each_keys_last_record(keyed):
+    report = reconcile_pipeline(keyed)
+    part = report.partitions[0]
+    assert report.exact and part.lost == 0, report.as_json()
+    # 8 records: 3 keys hold their last record (1 at 5, 3 at 7, 4 at 6), key 2 was deleted (4), 4 superseded.
+    assert (part.superseded, part.deleted) == (4, 1)
+    with connection.cursor() as cur:
+        cur.execute(f'SELECT id, status, source_offset FROM "{keyed.sink_table}" ORDER BY id')
+        assert cur.fetchall() == [(1, "sent", 5), (3, "paid", 7), (4, "new", 6)]
+
+
+def test_a_row_that_lost_its_last_record_or_a_deleted_key_back_is_reported_lost(keyed):
+    execute(f'UPDATE "{keyed.sink_table}" SET status = \'paid\', source_offset = 2 WHERE id = 1')
+    execute(f'INSERT INTO "{keyed.sink_table}" VALUES (2, \'new\', \'{keyed.topic}\', 0, 1)')
+    execute(f'DELETE FROM "{keyed.sink_table}" WHERE id = 4')
+    report = reconcile_pipeline(keyed, full=True)
+    lost = sorted(f["start"] for f in report.partitions[0].findings if f["kind"] == "lost")
+    assert report.lost == 3 and lost == [4, 5, 6] and not report.exact
+
+
+def test_the_trace_says_which_record_wrote_the_current_row_and_what_superseded_an_older_one(keyed):
+    current = trace(keyed, 0, 5)
+    assert current.verdict == "written" and current.rows[0]["source_offset"] == 5
+    older = trace(keyed, 0, 2)
+    assert older.verdict == "superseded" and "offset 5" in older.explanation
+    deleted = trace(keyed, 0, 1)
+    assert deleted.verdict == "superseded" and "deleted" in deleted.explanation and "offset 4" in deleted.explanation
