@@ -152,7 +152,7 @@ def fresh_table(table: str, unique_key: bool, fill_keys: int = 0) -> None:
                            .format(sql.Identifier(table)))
         if fill_keys:
             cursor.execute(sql.SQL(
-                "INSERT INTO {} SELECT k, 'customer ' || k, k % 1000, now(), '{{\"n\": 1}}', 'web', 'seed', 0, k "
+                "INSERT INTO {} SELECT k, 'customer ' || k, k %% 1000, now(), '{{\"n\": 1}}', 'web', 'seed', 0, k "
                 "FROM generate_series(0, %s - 1) AS k").format(sql.Identifier(table)), [fill_keys])
             cursor.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
     conn.commit()

@@ -20,6 +20,7 @@ from consumers.engine import json_map, poison, sinks
 from consumers.engine.transforms import SourceRecord
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
+from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 
 PREVIEW_RECORDS = 20
@@ -65,6 +66,10 @@ class Preview:
 def preview(spec: PipelineSpec) -> Preview:
     """The preview of `spec` (topic, sink_table, map, upsert_key, delete_on_tombstone are read); Invalid naming
     the field when the topic or the table cannot be read or the mapping does not fit."""
+    problems: dict[str, str] = {}
+    pipeline_setup.check_table_name(spec.sink_table or "", problems)  # never a table of Tally, Django or PostgreSQL
+    if problems:
+        raise Invalid(problems)
     with connection.cursor() as wrapper:
         columns = json_map.read_columns(wrapper.cursor, spec.sink_table) if spec.sink_table else None
     if columns is None:

@@ -156,7 +156,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     if "topic" not in problems and "cluster" not in problems:
         _check_topic(spec.topic, problems, spec.cluster)
     if "sink_table" not in problems:
-        _check_table_name(spec.sink_table, problems)
+        check_table_name(spec.sink_table, problems)
     if spec.transform == JSON and "sink_table" not in problems:
         transform = _compile_json(spec, problems)
     _check_keyed(spec, transform, problems)
@@ -285,7 +285,7 @@ def _check_topic(topic: str, problems: dict, cluster=None) -> None:
         problems["topic"] = f"cannot reach Kafka to check topic {topic!r}: {type(exc).__name__}: {exc}"
 
 
-def _check_table_name(table: str, problems: dict) -> None:
+def check_table_name(table: str, problems: dict) -> None:
     if len(table) > MAX_IDENTIFIER:
         problems["sink_table"] = f"at most {MAX_IDENTIFIER} characters (PostgreSQL's limit), got {len(table)}"
     elif table.startswith(RESERVED_TABLE_PREFIXES) or table.startswith("pg_"):
