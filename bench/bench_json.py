@@ -226,6 +226,8 @@ def keyed_part(args) -> dict:
 
     def run(table, upsert):
         def mode(number):
+            if not upsert:  # each round appends the same records again: the previous round's copies go first
+                sql_execute(f"DELETE FROM {table} WHERE source_topic = %s", topic)  # the bench's own table
             name = f"{topic}-r{number}-{'upsert' if upsert else 'append'}"
             return args.keyed_records / json_pipeline(name, topic, table, args.keyed_records, args.batch_size, upsert)
         return mode
