@@ -11,8 +11,8 @@ from django.utils.http import urlencode
 from alerts import channel_actions, evaluate
 from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
-from alerts.queries import can_operate, parse_minutes
-from consumers.models import ActionLog, ActionResult
+from alerts.queries import parse_minutes
+from consumers.access import can_operate, record_refusal
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
 
@@ -55,9 +55,9 @@ def mute_alerts(modeladmin, request, queryset):
     if minutes is None:
         modeladmin.message_user(request, "Mute for 1 minute to 30 days: nothing was muted.", messages.ERROR)
         for alert in queryset.select_related("pipeline"):
-            ActionLog.objects.create(pipeline=alert.pipeline, action="mute_alert", actor=request.user.get_username(),
-                                     params={"alert": alert.pk, "minutes": request.POST.get("minutes", "")},
-                                     result=ActionResult.REFUSED, message="Mute for 1 minute to 30 days.")
+            record_refusal(request.user, "mute_alert", "bad input: Mute for 1 minute to 30 days.",
+                           pipeline=alert.pipeline,
+                           params={"alert": alert.pk, "minutes": request.POST.get("minutes", ""), "via": "admin"})
         return
     for alert in queryset.select_related("rule", "pipeline"):
         try:
@@ -95,9 +95,8 @@ class AlertAdmin(admin.ModelAdmin):
             ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isdigit()]
             message = f"{request.user.get_username()} is not an operator: only operators can acknowledge or mute."
             for alert in Alert.objects.filter(pk__in=ids).select_related("pipeline"):
-                ActionLog.objects.create(pipeline=alert.pipeline, action=action.removesuffix("s"),
-                                         actor=request.user.get_username(), params={"alert": alert.pk, "via": "admin"},
-                                         result=ActionResult.REFUSED, message=message)
+                record_refusal(request.user, action.removesuffix("s"), message, pipeline=alert.pipeline,
+                               params={"alert": alert.pk, "via": "admin"})
             raise PermissionDenied(message)
         return super().changelist_view(request, extra_context)
 

@@ -10,10 +10,24 @@ from rest_framework.response import Response
 
 from alerts import evaluate
 from alerts.models import Alert
-from alerts.queries import PAGE_SIZE, filtered_alerts, parse_minutes
+from alerts.queries import MAX_MUTE_MINUTES, MAX_MUTE_REASON, PAGE_SIZE, filtered_alerts
+from dashboard.api.inputs import (
+    EmptyInput,
+    StrictIntegerField,
+    StrictSerializer,
+    StrictStringField,
+    refuse_invalid,
+)
 from dashboard.api.permissions import OperatorForWrites
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
+
+
+class MuteInput(StrictSerializer):
+    """Body of a mute: {"minutes": 1..43200 (default 60), "reason": "why"}; strict JSON types."""
+
+    minutes = StrictIntegerField(required=False, default=60, min_value=1, max_value=MAX_MUTE_MINUTES)
+    reason = StrictStringField(required=False, default="", allow_blank=True, max_length=MAX_MUTE_REASON)
 
 
 @extend_schema(operation_id="alerts_list", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
@@ -36,28 +50,31 @@ def alert_detail(request, alert_id):
     return Response(data)
 
 
-@extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+@extend_schema(request=EmptyInput, responses=OpenApiTypes.OBJECT)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_acknowledge(request, alert_id):
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    body = EmptyInput(data=request.data)
+    if not body.is_valid():
+        return refuse_invalid(request, body, "acknowledge_alert", alert.pipeline)
     if not evaluate.acknowledge(alert, request.user.get_username()):
         return Response({"error": f"The alert is {alert.state}, not firing.", "alert": alert.as_json()},
                         status=http.HTTP_409_CONFLICT)
     return Response({"alert": alert.as_json()})
 
 
-@extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+@extend_schema(request=MuteInput, responses=OpenApiTypes.OBJECT)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_mute(request, alert_id):
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
-    minutes = parse_minutes(request.data.get("minutes"))
-    if minutes is None:
-        return Response({"error": "minutes must be an integer from 1 to 43200 (30 days)."},
-                        status=http.HTTP_400_BAD_REQUEST)
+    body = MuteInput(data=request.data)
+    if not body.is_valid():
+        return refuse_invalid(request, body, "mute_alert", alert.pipeline)
     try:
-        mute = evaluate.mute(alert, minutes, request.user.get_username(), str(request.data.get("reason", "")))
+        mute = evaluate.mute(alert, body.validated_data["minutes"], request.user.get_username(),
+                             body.validated_data["reason"])
     except evaluate.AlertGone as exc:
         return Response({"error": str(exc), "alert": alert.as_json()}, status=http.HTTP_409_CONFLICT)
     return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,

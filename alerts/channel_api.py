@@ -12,9 +12,9 @@ from rest_framework.response import Response
 from alerts import channel_actions
 from alerts.channels import KINDS
 from alerts.models import Channel
+from consumers.access import record_refusal
 from dashboard.api.inputs import StrictBooleanField, StrictSerializer, StrictStringField
 from dashboard.api.permissions import OperatorForWrites
-from dashboard.refusals import record_refusal
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
 

@@ -8,8 +8,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from alerts import channel_actions
 from alerts.channel_forms import ChannelForm
 from alerts.models import Channel
-from alerts.queries import can_operate
-from dashboard.refusals import form_errors, record_refusal
+from consumers.access import can_operate, form_errors, record_refusal
 
 VIEWER_REFUSAL = "You are a viewer: only operators can add, change, test or delete alert channels."
 

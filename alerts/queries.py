@@ -1,11 +1,13 @@
 """Listing alerts with the page's and the API's filters (one place, so both agree)."""
 from django.db.models import Q
 
-from alerts.models import OPEN_STATES, Alert, AlertState
+from alerts.models import OPEN_STATES, Alert, AlertState, Mute
 
 # The page shows this many alerts: the newest matter; older ones are in the admin.
 PAGE_SIZE = 200
 STATE_FILTERS = ("open", *AlertState.values, "all")
+MAX_MUTE_REASON = Mute._meta.get_field("reason").max_length
+MAX_MUTE_MINUTES = 30 * 24 * 60
 
 
 def filtered_alerts(state: str = "open", pipeline: str = ""):
@@ -20,14 +22,10 @@ def filtered_alerts(state: str = "open", pipeline: str = ""):
     return alerts
 
 
-def can_operate(user) -> bool:
-    return user.is_authenticated and user.has_perm("consumers.operate_pipeline")
-
-
 def parse_minutes(value, default=60) -> int | None:
     """Mute length in minutes: 1 minute to 30 days, else None (invalid)."""
     try:
         minutes = int(value if value not in (None, "") else default)
     except (TypeError, ValueError):
         return None
-    return minutes if 1 <= minutes <= 30 * 24 * 60 else None
+    return minutes if 1 <= minutes <= MAX_MUTE_MINUTES else None

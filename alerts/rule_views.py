@@ -10,8 +10,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from alerts.models import AlertRule, Channel, Mute
-from alerts.queries import can_operate, parse_minutes
+from alerts.queries import parse_minutes
 from alerts.rule_forms import AlertRuleForm
+from consumers.access import can_operate, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
 
 
@@ -21,9 +22,11 @@ def _log_action(request, rule, action: str, message: str, params: dict | None = 
                              message=message, finished_at=timezone.now())
 
 
-def _operator_only(request) -> None:
+def _operator_only(request, action: str = "alert_rule") -> None:
     if not can_operate(request.user):
-        raise PermissionDenied("Only operators can change alert rules.")
+        message = "Only operators can change alert rules."
+        record_refusal(request.user, action, f"{role_of(request.user)} role: {message}", params={"path": request.path})
+        raise PermissionDenied(message)
 
 
 @require_GET
@@ -65,7 +68,7 @@ def rule_edit(request, rule_id=None):
 @require_POST
 @login_required
 def rule_mute(request, rule_id):
-    _operator_only(request)
+    _operator_only(request, "alert_mute")
     rule = get_object_or_404(AlertRule, pk=rule_id)
     minutes = parse_minutes(request.POST.get("minutes"))
     if minutes is None:
@@ -83,7 +86,7 @@ def rule_mute(request, rule_id):
 @login_required
 def rule_test(request, rule_id):
     """A test email to the rule's recipients, so an operator knows the address and the mail server work."""
-    _operator_only(request)
+    _operator_only(request, "alert_test")
     rule = get_object_or_404(AlertRule, pk=rule_id)
     recipients = rule.recipient_list()
     if not recipients:

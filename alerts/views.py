@@ -15,7 +15,8 @@ from django.views.decorators.vary import vary_on_headers
 
 from alerts import evaluate
 from alerts.models import Alert, Mute
-from alerts.queries import PAGE_SIZE, STATE_FILTERS, can_operate, filtered_alerts, parse_minutes
+from alerts.queries import MAX_MUTE_REASON, PAGE_SIZE, STATE_FILTERS, filtered_alerts, parse_minutes
+from consumers.access import can_operate, record_refusal, role_of
 from consumers.models import Pipeline
 
 
@@ -49,12 +50,19 @@ def _back(request):
     return redirect(reverse("alerts:list"))
 
 
+def _operator_only(request, alert, action: str, message: str) -> None:
+    """Viewers are refused, and the refusal is audited like on every other door."""
+    if not can_operate(request.user):
+        record_refusal(request.user, action, f"{role_of(request.user)} role: {message}", pipeline=alert.pipeline,
+                       params={"alert": alert.pk, "path": request.path})
+        raise PermissionDenied(message)
+
+
 @require_POST
 @login_required
 def alert_acknowledge(request, alert_id):
-    if not can_operate(request.user):
-        raise PermissionDenied("Only operators can acknowledge alerts.")
     alert = get_object_or_404(Alert, pk=alert_id)
+    _operator_only(request, alert, "acknowledge_alert", "Only operators can acknowledge alerts.")
     if evaluate.acknowledge(alert, request.user.get_username()):
         messages.success(request, f"Acknowledged: {alert.pipeline_label}: {alert.summary}")
     else:
@@ -65,15 +73,19 @@ def alert_acknowledge(request, alert_id):
 @require_POST
 @login_required
 def alert_mute(request, alert_id):
-    if not can_operate(request.user):
-        raise PermissionDenied("Only operators can mute alerts.")
     alert = get_object_or_404(Alert, pk=alert_id)
+    _operator_only(request, alert, "mute_alert", "Only operators can mute alerts.")
     minutes = parse_minutes(request.POST.get("minutes"))
-    if minutes is None:
-        messages.error(request, "Mute for 1 minute to 30 days.")
+    reason = request.POST.get("reason", "")
+    problem = "Mute for 1 minute to 30 days." if minutes is None else \
+        f"The reason is longer than {MAX_MUTE_REASON} characters." if len(reason) > MAX_MUTE_REASON else ""
+    if problem:
+        record_refusal(request.user, "mute_alert", f"bad input: {problem}", pipeline=alert.pipeline,
+                       params={"alert": alert.pk, "minutes": request.POST.get("minutes", "")})
+        messages.error(request, problem)
         return _back(request)
     try:
-        mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+        mute = evaluate.mute(alert, minutes, request.user.get_username(), reason)
     except evaluate.AlertGone as exc:
         messages.error(request, str(exc))
         return _back(request)

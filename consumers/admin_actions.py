@@ -2,7 +2,7 @@
 (consumers.operations: actions, rewind, dead_letters), so the same validation, refusals, fencing
 and action log entries. The admin only gathers the selection and the form, and reports per pipeline.
 
-Only operators (dashboard.roles.can_operate) see these actions; a request from anyone else that names one
+Only operators (consumers.access.can_operate) see these actions; a request from anyone else that names one
 is refused with 403, and the refusal is written to the action log with the actor.
 """
 from django.contrib import admin, messages
@@ -12,12 +12,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
-from dashboard.roles import can_operate
 
 
 def actor_of(request) -> str:
@@ -48,11 +48,8 @@ class OperatorActionsMixin:
         """One refused ActionLog row per pipeline concerned (the refusal names the actor)."""
         message = f"{actor_of(request)} is not an operator: only operators can {action.replace('_', ' ')}."
         for pipeline in self.pipelines_of(selected_ids) or [None]:
-            try:
-                actions.refuse(pipeline, action, actor_of(request), {"via": "admin", "selected": selected_ids[:100]},
-                               message)
-            except Refused:
-                pass
+            record_refusal(request.user, action, message, pipeline=pipeline,
+                           params={"via": "admin", "selected": selected_ids[:100]})
 
     def pipelines_of(self, selected_ids: list[str]):
         return []
@@ -132,14 +129,10 @@ def rewind(modeladmin, request, queryset):
 
 def log_invalid_form(pipelines, action: str, actor: str, form, *, dry_run: bool) -> None:
     """Bad input is a refusal like any other: one action log row per pipeline, with the form's errors."""
-    errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
-                       for field, problems in form.errors.items())
     params = {"via": "admin", **{k: form.data.get(k, "") for k in ("mode", "value", "partitions")}}
     for pipeline in pipelines:
-        try:
-            actions.refuse(pipeline, action, actor, params, f"Bad input: {errors}", dry_run=dry_run)
-        except Refused:
-            pass
+        record_refusal(actor, action, f"Bad input: {form_errors(form)}", pipeline=pipeline, params=params,
+                       dry_run=dry_run)
 
 
 def intermediate_page(modeladmin, request, queryset, template: str, action: str, title: str, context: dict):

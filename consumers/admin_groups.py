@@ -7,16 +7,11 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 
-from consumers.models import ActionLog, ActionResult
+from consumers.access import can_operate, can_view, form_errors, record_refusal
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import GroupResetForm
-from dashboard.roles import can_operate
-
-
-def can_view(user) -> bool:
-    return can_operate(user) or user.has_perm("consumers.view_pipeline")
 
 
 def _context(site, request, title: str, **extra) -> dict:
@@ -38,8 +33,7 @@ def group_list(request, site):
 def _refuse_viewer(request, group_ids: list[str]) -> None:
     message = f"{request.user.get_username()} is not an operator: only operators can reset consumer groups."
     for group_id in group_ids or [""]:
-        ActionLog.objects.create(group_id=group_id, action=group_resets.ACTION, actor=request.user.get_username(),
-                                 params={"via": "admin"}, result=ActionResult.REFUSED, message=message)
+        record_refusal(request.user, group_resets.ACTION, message, group_id=group_id, params={"via": "admin"})
     raise PermissionDenied(message)
 
 
@@ -85,13 +79,10 @@ def group_reset(request, site):
 
 
 def _log_invalid(request, group_ids, form, *, dry_run: bool) -> None:
-    errors = "; ".join(f"{field}: {' '.join(problems)}" if field != "__all__" else " ".join(problems)
-                       for field, problems in form.errors.items())
     params = {"via": "admin", **{k: form.data.get(k, "") for k in ("topic", "mode", "value", "partitions")}}
     for group_id in group_ids:
-        ActionLog.objects.create(group_id=group_id, action=group_resets.ACTION, actor=request.user.get_username(),
-                                 params=params, dry_run=dry_run, result=ActionResult.REFUSED,
-                                 message=f"Bad input: {errors}")
+        record_refusal(request.user, group_resets.ACTION, f"Bad input: {form_errors(form)}", group_id=group_id,
+                       params=params, dry_run=dry_run)
 
 
 

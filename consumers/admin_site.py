@@ -23,7 +23,7 @@ class TallyAdminSite(admin.AdminSite):
         return own + super().get_urls()
 
     def get_app_list(self, request, app_label=None):
-        from consumers.admin_groups import can_view
+        from consumers.access import can_view
 
         apps = super().get_app_list(request, app_label)
         if can_view(request.user):

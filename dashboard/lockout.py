@@ -1,7 +1,10 @@
 """What a locked-out client sees (django-axes calls this after too many failed logins): a 429 with the
 reason, as JSON for the API's token endpoint and as text elsewhere. Nothing about the account is told."""
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
+
+from consumers.models.text import fit
 
 
 def locked_out(request, credentials=None, *args, **kwargs):
@@ -10,3 +13,15 @@ def locked_out(request, credentials=None, *args, **kwargs):
     if request.path.startswith("/api/"):
         return JsonResponse({"error": message}, status=429)
     return HttpResponse(message, status=429, content_type="text/plain")
+
+
+def client_username(request, credentials=None) -> str | None:
+    """The user name django-axes records (AXES_USERNAME_CALLABLE): as given, made storable and cut to its
+    column. A longer name than any account's can only fail, so the cut merges nothing that could log in."""
+    field = settings.AXES_USERNAME_FORM_FIELD
+    if credentials:
+        name = credentials.get(field)
+    else:
+        data = getattr(request, "data", None)
+        name = data.get(field) if isinstance(data, dict) else request.POST.get(field)
+    return None if name is None else fit(AccessAttempt, "username", name)

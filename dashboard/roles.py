@@ -1,21 +1,16 @@
 """The two roles of the dashboard, as Django groups: viewers see everything, operators may also act.
 
-Acting needs the `consumers.operate_pipeline` permission (superusers have every permission), so a role
-can also be granted to a single user without the group.
+Who may do what is decided in consumers/access.py (`can_view`, `can_operate`), for every door; this
+module only creates the groups with their permissions.
 """
 from django.contrib.auth.models import Group, Permission
 
 VIEWERS = "viewers"
 OPERATORS = "operators"
-OPERATE_PERMISSION = "consumers.operate_pipeline"
 
 # Viewers read every model the dashboard shows; the "view_*" permissions also open the read-only admin.
 VIEW_MODELS = ("pipeline", "partitionoffset", "batchledger", "deadletter", "deadletterreplay", "consumerrun",
                "actionlog", "partitionhealth", "pipelinehealth", "lagsnapshot", "topiccheckjob")
-
-
-def can_operate(user) -> bool:
-    return bool(user and user.is_authenticated and user.has_perm(OPERATE_PERMISSION))
 
 
 def setup_roles() -> dict[str, int]:

@@ -116,9 +116,14 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "dashboard.lockout.locked_out"
 # Behind a proxy, the client address comes from X-Forwarded-For (set AXES_IPWARE_PROXY_COUNT to the
 # number of proxies); by default the socket's address.
+# The API's throttles read the same count (REST_FRAMEWORK["NUM_PROXIES"] below): with 0, X-Forwarded-For is
+# ignored everywhere, so a made-up header changes neither a lockout nor a throttle.
 AXES_IPWARE_PROXY_COUNT = env_int("AXES_IPWARE_PROXY_COUNT", 0, minimum=0)
 if AXES_IPWARE_PROXY_COUNT:
     AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+# The user name axes stores (its column holds 255 characters): cut and made storable, so a long or odd
+# name is a failed login like any other, never a database error.
+AXES_USERNAME_CALLABLE = "dashboard.lockout.client_username"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -139,6 +144,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
+    # Bodies are bounded in size and depth, and strings PostgreSQL cannot store are refused (a 4xx, not a 500).
+    "DEFAULT_PARSER_CLASSES": ["dashboard.api.parsers.BoundedJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
+    # Throttles key on the client's address: X-Forwarded-For counts only behind that many trusted proxies.
+    "NUM_PROXIES": AXES_IPWARE_PROXY_COUNT,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Requests per user (signed in) or per address (anonymous): a leaked token or a script gone wrong
     # cannot hammer Kafka and the database; the token endpoint has its own stricter scope.
@@ -148,6 +158,8 @@ REST_FRAMEWORK = {
                                "user": env_str("API_THROTTLE_USER", "600/min"),
                                "token": env_str("API_THROTTLE_TOKEN", "10/min")},
 }
+# The largest JSON body the API reads (the largest real one, 1,000 dead-letter ids, is about 20 KB).
+TALLY_MAX_BODY_BYTES = env_int("TALLY_MAX_BODY_BYTES", 1_048_576, minimum=1024)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tally API",
     "DESCRIPTION": "Pipelines, reconciliation, consumer groups and operator actions. Session or token auth; "

@@ -138,8 +138,9 @@ def resolve(name: str) -> Transform:
         raise LookupError(f"Unknown transform {name!r}: use one of {sorted(REGISTRY)} or a dotted path.")
     try:
         candidate = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise LookupError(f"Cannot import transform {name!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 -- importing runs the module's code: a relative name is a
+        # TypeError, an unconfigured optional app ImproperlyConfigured; each is a refusal, never a crash
+        raise LookupError(f"Cannot import transform {name!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(candidate, Transform):
         raise LookupError(f"{name!r} is not a consumers.engine.transforms.Transform")
     return candidate

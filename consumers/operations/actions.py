@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from consumers.access import record_refusal
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
 from consumers.operations.offset_specs import Refused
 
@@ -193,17 +194,9 @@ def claim(pipeline: Pipeline, action: str, actor: str, params: dict) -> ActionLo
 
 def refuse(pipeline: Pipeline | None, action: str, actor: str, params: dict, message: str, *,
            dry_run: bool = False, entry: ActionLog | None = None):
-    """Record a refusal (a new row, or `entry` if the action was already logged) and raise Refused."""
-    now = timezone.now()
-    if entry is None:
-        entry = ActionLog.objects.create(pipeline=pipeline, action=action, actor=actor, params=params,
-                                         dry_run=dry_run, result=ActionResult.REFUSED, message=message,
-                                         finished_at=now)
-    else:
-        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.REFUSED, message=message, finished_at=now)
-        entry.refresh_from_db()
-    log.info("%s %s by %s refused: %s", action, pipeline.name if pipeline else params.get("pipeline"), actor,
-             message)
+    """Record a refusal (consumers.access.record_refusal: a new row, or `entry` if the action was already
+    logged) and raise Refused, for the domain's callers that answer a refusal by an exception."""
+    entry = record_refusal(actor, action, message, pipeline=pipeline, params=params, dry_run=dry_run, entry=entry)
     error = Refused(message)
     error.action_log = entry
     raise error

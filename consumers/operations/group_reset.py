@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
+from consumers.access import record_refusal
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, Pipeline
+from consumers.models.text import unstorable
 from consumers.operations.offset_specs import (
     OffsetSpec,
     PartitionMove,
@@ -26,6 +28,7 @@ from consumers.operations.offset_specs import resolve_offsets as resolve
 log = logging.getLogger("tally.groups")
 
 ACTION = "reset_group"
+MAX_GROUP_ID = ActionLog._meta.get_field("group_id").max_length
 
 
 @dataclass
@@ -53,12 +56,16 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
               "partitions": partitions or "all"}
 
     def refused(message):
-        entry = ActionLog.objects.create(group_id=group_id, action=ACTION, actor=actor, params=params,
-                                         dry_run=not execute, result=ActionResult.REFUSED, message=message,
-                                         finished_at=timezone.now())
         error = Refused(message)
-        error.action_log = entry
+        error.action_log = record_refusal(actor, ACTION, message, group_id=group_id, params=params,
+                                          dry_run=not execute)
         return error
+
+    if len(group_id) > MAX_GROUP_ID:  # the action log's column; Kafka sets no limit, Tally stores the name
+        raise refused(f"A group id of at most {MAX_GROUP_ID} characters, not {len(group_id)}.")
+    problem = unstorable(group_id) or unstorable(topic)
+    if problem:
+        raise refused(f"The group id or topic {problem}.")
 
     owner = Pipeline.objects.filter(group_id=group_id).first()
     if owner is not None:

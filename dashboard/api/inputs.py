@@ -10,7 +10,10 @@ import re
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework import status as http
+from rest_framework.response import Response
 
+from consumers.access import record_refusal
 from consumers.operations import dead_letter_queries, dead_letters
 from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
 
@@ -247,3 +250,27 @@ class PipelineInput(StrictSerializer):
         if any(len(column) > 63 for column in value):
             raise serializers.ValidationError("A column name has at most 63 characters.")
         return value
+
+
+def field_errors(errors) -> dict[str, list[dict]]:
+    """DRF's errors as {"field": [{"message", "code"}]} (the shape Django forms give), nested list items
+    flattened into their field ("partitions": "item 1: Must be a JSON integer.")."""
+    def flatten(problems, prefix=""):
+        if isinstance(problems, dict):
+            return [item for key, value in problems.items() for item in flatten(value, f"{prefix}item {key}: ")]
+        if isinstance(problems, list):
+            return [item for value in problems for item in flatten(value, prefix)]
+        return [{"message": prefix + str(problems), "code": getattr(problems, "code", "invalid")}]
+
+    if not isinstance(errors, dict):
+        errors = {"non_field_errors": errors}
+    return {field: flatten(problems) for field, problems in errors.items()}
+
+
+def refuse_invalid(request, serializer, action: str, pipeline=None, group_id: str = "") -> Response:
+    """400 naming each bad field; the refusal goes to the action log like every other."""
+    errors = field_errors(serializer.errors)
+    record_refusal(request.user, action, "bad input: " + "; ".join(
+        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()),
+        pipeline=pipeline, group_id=group_id)
+    return Response({"errors": errors}, status=http.HTTP_400_BAD_REQUEST)

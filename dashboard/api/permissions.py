@@ -1,7 +1,7 @@
 """API permissions: every endpoint needs a signed-in user (session or token); actions need operators."""
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from dashboard.roles import can_operate
+from consumers.access import can_operate, record_refusal
 
 
 class OperatorForWrites(BasePermission):
@@ -13,7 +13,6 @@ class OperatorForWrites(BasePermission):
             return True
         if request.user and request.user.is_authenticated:
             from consumers.models import Pipeline
-            from dashboard.refusals import record_refusal
 
             kwargs = getattr(request, "parser_context", {}).get("kwargs", {}) or {}
             action = kwargs.get("action") or getattr(request.resolver_match, "url_name", "") or "api"

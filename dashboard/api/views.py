@@ -2,9 +2,9 @@
 
 Reads go through dashboard.status (the pages' numbers); actions through consumers.operations.actions,
 consumers.operations.rewind, consumers.operations.group_reset and consumers.operations.dead_letters (which write
-the action log). Input is validated by the serializers in dashboard/api/inputs.py (strict JSON
-types; the offset specs are consumers.operations.offset_specs, which the pages share): 400 for bad input,
-409 when the action is refused (wrong state, another action running, target outside the log), 403 for viewers.
+the action log). Bodies are parsed by dashboard.api.parsers (size, depth, storable strings) and checked by the
+strict serializers of dashboard.api.inputs before the domain's own checks: 400 for bad input, 409 when the
+action is refused (wrong state, another action running, target outside the log), 403 for viewers.
 """
 from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
@@ -20,8 +20,10 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
+from consumers.access import can_operate, record_refusal
 from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset, pipeline_setup
@@ -42,39 +44,15 @@ from dashboard.api.inputs import (
     PipelineInput,
     ReconcileInput,
     RewindInput,
+    field_errors,
+    refuse_invalid,
 )
 from dashboard.api.permissions import OperatorForWrites
 from dashboard.lockout import locked_out
-from dashboard.refusals import record_refusal
-from dashboard.roles import can_operate
 
 TOPIC_CHECKS_SHOWN = 20
 JSON = OpenApiTypes.OBJECT  # responses are documented in the README; the schema types the input
 OPERATE = [IsAuthenticated, OperatorForWrites]
-
-
-def field_errors(errors) -> dict[str, list[dict]]:
-    """DRF's errors as {"field": [{"message", "code"}]} (the shape Django forms give), nested list items
-    flattened into their field ("partitions": "item 1: Must be a JSON integer.")."""
-    def flatten(problems, prefix=""):
-        if isinstance(problems, dict):
-            return [item for key, value in problems.items() for item in flatten(value, f"{prefix}item {key}: ")]
-        if isinstance(problems, list):
-            return [item for value in problems for item in flatten(value, prefix)]
-        return [{"message": prefix + str(problems), "code": getattr(problems, "code", "invalid")}]
-
-    if not isinstance(errors, dict):
-        errors = {"non_field_errors": errors}
-    return {field: flatten(problems) for field, problems in errors.items()}
-
-
-def _invalid(request, serializer, action: str, pipeline=None, group_id: str = "") -> Response:
-    """400 naming each bad field; the refusal goes to the action log like every other."""
-    errors = field_errors(serializer.errors)
-    record_refusal(request.user, action, "bad input: " + "; ".join(
-        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()),
-        pipeline=pipeline, group_id=group_id)
-    return Response({"errors": errors}, status=http.HTTP_400_BAD_REQUEST)
 
 
 def _refused(exc: Refused) -> Response:
@@ -154,7 +132,7 @@ def pipeline_preview(request):
 def _pipeline_spec(request, action: str):
     body = PipelineInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, action)
+        return refuse_invalid(request, body, action)
     return PipelineSpec(**body.validated_data)
 
 
@@ -208,7 +186,7 @@ def reconciliation(request, name):
         return Response(status.stored_reconciliation(pipeline))
     body = ReconcileInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "reconcile", pipeline)
+        return refuse_invalid(request, body, "reconcile", pipeline)
     report = reconcile_pipeline(pipeline, full=body.validated_data["full"])
     return Response(report_json([report]))
 
@@ -245,7 +223,7 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     pipeline = get_object_or_404(Pipeline, name=name)
     body = serializer_class(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, action, pipeline)
+        return refuse_invalid(request, body, action, pipeline)
     data = body.validated_data
     try:
         if "filter" in data:   # "all matching": any number, in audited batches of 1,000
@@ -322,7 +300,7 @@ def pipeline_action(request, name, action):
                         status=http.HTTP_404_NOT_FOUND)
     body = EmptyInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, action, pipeline)
+        return refuse_invalid(request, body, action, pipeline)
     try:
         entry = actions.perform(action, pipeline, actor=request.user.username)
     except Refused as exc:
@@ -339,7 +317,7 @@ def pipeline_rewind(request, name):
     pipeline = get_object_or_404(Pipeline, name=name)
     body = RewindInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "rewind", pipeline)
+        return refuse_invalid(request, body, "rewind", pipeline)
     data = body.validated_data
     try:
         result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"],
@@ -375,7 +353,7 @@ def group_reset_view(request, group_id):
     """Body: {"topic", "mode", "value", "partitions": [..], "execute": bool (default false: a dry run)}."""
     body = GroupResetInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "reset_group", group_id=group_id)
+        return refuse_invalid(request, body, "reset_group", group_id=group_id)
     data = body.validated_data
     try:
         result = group_reset.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
@@ -430,7 +408,7 @@ def pipeline_topic_checks(request, name):
         return Response({"topic_checks": [_topic_check_json(job) for job in jobs[:TOPIC_CHECKS_SHOWN]]})
     body = EmptyInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "topic_check", pipeline)
+        return refuse_invalid(request, body, "topic_check", pipeline)
     try:
         with transaction.atomic():
             job = request_topic_check(pipeline, requested_by=request.user.username)
@@ -449,6 +427,7 @@ class ObtainToken(ObtainAuthToken):
 
     throttle_classes = [AnonRateThrottle, ScopedRateThrottle]
     throttle_scope = "token"
+    parser_classes = api_settings.DEFAULT_PARSER_CLASSES  # the bounded JSON parser, as every other endpoint
 
     def post(self, request, *args, **kwargs):
         try:

@@ -6,10 +6,9 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from consumers.access import can_operate, record_refusal
 from consumers.models import ActionResult, Pipeline
 from consumers.operations import actions
-from dashboard.refusals import record_refusal
-from dashboard.roles import can_operate
 from dashboard.views.common import render_page
 
 ACTION_BUTTONS = [("start", "Start"), ("pause", "Pause"), ("resume", "Resume"), ("restart", "Restart"),

@@ -10,14 +10,13 @@ from django.shortcuts import get_object_or_404
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import DeadLetterAllMatchingForm, DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
-from dashboard.refusals import form_errors, record_refusal
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
@@ -99,11 +98,12 @@ def _act(request, name, action: str, form_class, call):
     if request.POST.get("all_matching"):
         return _act_on_matching(request, pipeline, action, filters)
     form = form_class(request.POST)
-    if not form.is_valid():
-        reason = form_errors(form)
-        record_refusal(request.user, action, f"bad input: {reason}", pipeline=pipeline,
+    # Every field is checked before anything is done, the carried filters included: a 422 changes nothing.
+    if not form.is_valid() or not filters.is_valid():
+        bad = form if not form.is_valid() else filters
+        record_refusal(request.user, action, f"bad input: {form_errors(bad)}", pipeline=pipeline,
                        params={"ids": request.POST.getlist("ids")[:20]})
-        return _render(request, pipeline, filters, error=_plain(form), status=422)
+        return _render(request, pipeline, filters, error=_plain(bad), status=422)
     try:
         result = call(pipeline, form.cleaned_data, request.user.username)
     except Refused as exc:  # audited by the domain; nothing was changed

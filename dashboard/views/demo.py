@@ -4,11 +4,11 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
+from consumers.access import can_operate
 from consumers.demo import runs as demo_runs
 from consumers.demo.classic import DEMO_PIPELINES, new_seed, sink_counts, summarize_counts
 from consumers.demo.schedule import MAX_SEED
 from consumers.models import DeliveryMode, Pipeline
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 

@@ -6,14 +6,13 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
 from consumers.operations.offset_specs import Refused
 from dashboard import status
 from dashboard.forms import GroupResetForm
-from dashboard.refusals import form_errors, record_refusal
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 from dashboard.views.topic_checks import topic_check_context

@@ -4,10 +4,10 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
+from consumers.access import can_operate
 from consumers.models import ActionLog, Pipeline
 from consumers.reconciliation import monitored
 from dashboard import status, timeline
-from dashboard.roles import can_operate
 from dashboard.views.actions import action_buttons
 from dashboard.views.common import render_page
 from dashboard.views.topic_checks import topic_check_context

@@ -6,11 +6,11 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
+from consumers.access import can_operate
 from consumers.engine.transforms import JSON
 from consumers.operations import pipeline_preview, pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard.forms import PipelineForm
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 

@@ -7,12 +7,11 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
 from consumers.operations import rewind as rewinds
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
-from dashboard.refusals import form_errors, record_refusal
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 

@@ -9,10 +9,9 @@ from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from consumers.access import can_operate, record_refusal
 from consumers.models import Pipeline, TopicCheckJob, TopicCheckStatus
 from dashboard.forms import TopicCheckRequestForm
-from dashboard.refusals import record_refusal
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
