@@ -15,7 +15,6 @@ from consumers.models import (
     DesiredState,
     PartitionHealth,
     PipelineHealth,
-    RunState,
 )
 from consumers.reconciliation.report import INCIDENT_KINDS
 from consumers.reconciliation.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
@@ -319,9 +318,9 @@ def check_no_consumer(rule, view):
     if view.pipeline.desired_state != DesiredState.RUNNING:
         return None
     runs = ConsumerRun.objects.filter(pipeline=view.pipeline)
-    if runs.alive(view.now).exists():
+    if runs.serving(view.now).exists():
         return None
-    last = runs.order_by("-heartbeat_at").first()
+    last = runs.order_by("-started_at", "-pk").first()
     facts = {"desired_state": view.pipeline.desired_state,
              "last_heartbeat_at": last.heartbeat_at.isoformat() if last else None,
              "last_run_state": last.state if last else None,
@@ -331,9 +330,10 @@ def check_no_consumer(rule, view):
         facts["runs_waiting"] = view.pipeline.runs_waiting
         return Finding(f"should run but is waiting for a worker: {view.pipeline.runs_waiting} run task(s) queued "
                        f"since {view.pipeline.waiting_since:%Y-%m-%d %H:%M:%S} UTC; add a worker", facts)
-    if last is not None and last.state == RunState.FAILED:
+    halted = view.pipeline.halted_run()
+    if halted is not None:
         # Halted on a bad record or a database error: say why, the supervisor will not restart it.
-        return Finding(f"should run but halted: {last.end_reason[:270]}", facts)
+        return Finding(f"should run but halted: {halted.end_reason[:270]}", facts)
     when = f"last heartbeat {last.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC" if last else "never started"
     return Finding(f"should run but has no live consumer ({when})", facts)
 

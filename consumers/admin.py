@@ -2,6 +2,8 @@
 reconciliation results are read-only here: editing them would break the invariants of the commit
 protocol (DESIGN.md) — positions move only through commits and audited rewinds.
 
+Pipelines are added, changed (the reading settings, while stopped) and deleted through
+consumers.operations.pipeline_setup, validated and audited like every other door (consumers/admin_pipelines.py).
 Operators act from here too (consumers/admin_actions.py): pipelines start, stop, pause, resume, restart
 and rewind; dead letters are replayed or discarded — through the same functions as the dashboard."""
 from django.contrib import admin
@@ -9,6 +11,7 @@ from django.urls import reverse
 
 from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
+from consumers.admin_pipelines import PipelineAdminMixin
 from consumers.models import (
     ActionLog,
     BatchLedger,
@@ -47,7 +50,7 @@ class PipelineLinkMixin:
 
 
 @admin.register(Pipeline)
-class PipelineAdmin(OperatorActionsMixin, PipelineLinkMixin, admin.ModelAdmin):
+class PipelineAdmin(PipelineAdminMixin, OperatorActionsMixin, PipelineLinkMixin, admin.ModelAdmin):
     list_display = ("name", "topic", "sink_table", "delivery_mode", "engine", "desired_state", "epoch", "dashboard")
     list_filter = ("delivery_mode", "engine", "desired_state")
     search_fields = ("name", "topic", "sink_table", "group_id")

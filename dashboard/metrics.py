@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from consumers.access import can_view, record_refusal
 from consumers.models import ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
 from consumers.reconciliation import monitored
 from dashboard import status as dashboard_status
@@ -71,7 +72,7 @@ class TallyCollector:
         """Is a consumer serving the pipeline, and how many dead letters wait for replay or discard: two grouped
         queries, so Alertmanager can page on "should run but is down" and on a dead-letter backlog."""
         now = timezone.now()
-        alive = set(ConsumerRun.objects.alive(now).values_list("pipeline_id", flat=True).distinct())
+        alive = set(ConsumerRun.objects.serving(now).values_list("pipeline_id", flat=True).distinct())
         pending = dict(DeadLetter.objects.filter(discarded_at__isnull=True).values("pipeline_id")
                        .annotate(n=Count("pk")).values_list("pipeline_id", "n"))
         up = GaugeMetricFamily("tally_pipeline_consumer_up", "1 when a live consumer run (heartbeat within the "
@@ -168,21 +169,28 @@ def render_metrics() -> bytes:
     return generate_latest(registry)
 
 
-def _authenticated(request) -> bool:
+def _user(request):
+    """Who asks, by session or token; None when neither signs anyone in."""
     if request.user.is_authenticated:
-        return True
+        return request.user
     try:
-        return TokenAuthentication().authenticate(request) is not None
+        found = TokenAuthentication().authenticate(request)
     except AuthenticationFailed:
-        return False
+        return None
+    return found[0] if found else None
 
 
 def metrics_view(request):
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET"})
-    if not _authenticated(request):
+    user = _user(request)
+    if user is None:
         return HttpResponse("Authentication required: log in, or send 'Authorization: Token <key>'.\n",
                             status=401, content_type="text/plain", headers={"WWW-Authenticate": "Token"})
+    if not can_view(user):
+        record_refusal(user, "view", "no role: /metrics is for viewers and operators", params={"path": request.path})
+        return HttpResponse("Your account has no role: ask an administrator for the viewers or operators role.\n",
+                            status=403, content_type="text/plain")
     return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,10 +1,13 @@
-"""Request hygiene before any view runs.
+"""Request hygiene before any view runs: NUL characters refused, and users without a role stopped.
 
 NUL characters (`%00`) cannot be stored in or compared with PostgreSQL text: a query such as
 `?pipeline=%00` made the database driver raise and the page answer 500. No legitimate input holds them,
 so a request carrying one in its path, query string or form fields is refused with a 400 here.
 """
 from django.http import HttpResponseBadRequest, JsonResponse
+from django.shortcuts import render
+
+from consumers.access import can_view, record_refusal
 
 MESSAGE = "The request holds a NUL character (%00), which no field accepts."
 
@@ -33,4 +36,29 @@ class RejectNulCharactersMiddleware:
             if request.path.startswith("/api/"):
                 return JsonResponse({"errors": {field: [MESSAGE]}}, status=400)
             return HttpResponseBadRequest(f"{MESSAGE} ({field})", content_type="text/plain")
+        return self.get_response(request)
+
+
+# Open to a signed-in user without a role: signing out and changing one's password, static files and the admin
+# (which checks its own permissions). The API's permission classes check token users too (HasRole).
+ROLE_FREE_PREFIXES = ("/accounts/", "/static/", "/favicon.ico", "/admin/")
+NO_ROLE = "Your account has no role: ask an administrator for the viewers or operators role."
+
+
+class RequireRoleMiddleware:
+    """A signed-in user in neither role (viewers, operators) sees only a page saying so, with a 403; every
+    such refusal is audited. Anonymous users go on to the login page as before."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated and not request.path.startswith(ROLE_FREE_PREFIXES) \
+                and not can_view(user):
+            record_refusal(user, "view", "no role: the account is neither a viewer nor an operator",
+                           params={"path": request.path, "method": request.method})
+            if request.path.startswith("/api/"):
+                return JsonResponse({"detail": NO_ROLE}, status=403)
+            return render(request, "no_role.html", status=403)
         return self.get_response(request)

@@ -176,8 +176,10 @@ def recent_actions(pipeline: Pipeline | None = None, limit: int = RECENT_ROWS):
     return list(actions.order_by("-created_at")[:limit])
 
 
-def recent_runs(pipeline: Pipeline, limit: int = 10):
-    return list(ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at")[:limit])
+def recent_runs(pipeline: Pipeline, limit: int = 10, now=None):
+    """The newest runs, each with its `liveness` by the one rule (a killed run reads dead, never running)."""
+    runs = ConsumerRun.objects.filter(pipeline=pipeline).with_liveness(now or timezone.now())
+    return list(runs.order_by("-started_at")[:limit])
 
 
 @dataclass
@@ -197,11 +199,11 @@ class PipelineSummary:
 
 def pipeline_summary(pipeline: Pipeline, runs, now=None) -> PipelineSummary:
     last = max((r.heartbeat_at for r in runs), default=None)
-    alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now or timezone.now()).count()
+    serving = ConsumerRun.objects.filter(pipeline=pipeline).serving(now or timezone.now()).count()
     letters = DeadLetter.objects.filter(pipeline=pipeline).aggregate(
         total=Count("pk"), pending=Count("pk", filter=Q(discarded_at=None)))
     return PipelineSummary(dead_letters=letters["total"], pending_dead_letters=letters["pending"],
-                           live_runs=alive, last_heartbeat=last)
+                           live_runs=serving, last_heartbeat=last)
 
 
 def last_reconciliation():

@@ -75,6 +75,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "dashboard.middleware.RequireRoleMiddleware",  # a signed-in user without a role sees only a page saying so
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -141,7 +142,7 @@ USE_TZ = True
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
                                        "rest_framework.authentication.TokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "dashboard.api.permissions.HasRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
     # Bodies are bounded in size and depth, and strings PostgreSQL cannot store are refused (a 4xx, not a 500).
@@ -166,7 +167,7 @@ SPECTACULAR_SETTINGS = {
                    "viewers read, operators act.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated", "dashboard.api.permissions.HasRole"],
 }
 
 
@@ -219,6 +220,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 
 # --- Operating layer: runs, supervisor (consumers/operations/supervisor.py) ---------------------------------------
+# Sink tables live in this schema, by plain name; one resolving elsewhere is refused (consumers/engine/sink_names.py).
+TALLY_SINK_SCHEMA = env_str("TALLY_SINK_SCHEMA", "public")
 # A run whose heartbeat (written about every second) is older than the lease is considered dead.
 TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
 TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)

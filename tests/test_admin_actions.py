@@ -206,7 +206,7 @@ def test_the_desired_state_is_not_editable_in_the_change_form():
     user = get_user_model().objects.get(username="otto")
     user.user_permissions.add(Permission.objects.get(codename="change_pipeline"))
     page = client.get(f"/admin/consumers/pipeline/{orders.pk}/change/").content.decode()
-    assert 'name="desired_state"' not in page and 'name="topic"' in page
+    assert 'name="desired_state"' not in page and 'name="transform"' in page
 
 
 def test_the_admin_index_lists_consumer_groups_beside_the_models_for_viewers_and_operators():

@@ -19,7 +19,9 @@ def operator(db):
 
 @pytest.fixture
 def viewer(db):
-    return User.objects.create_user("victor", password="pw-victor-123")
+    user = User.objects.create_user("victor", password="pw-victor-123")
+    user.user_permissions.add(Permission.objects.get(codename="view_pipeline"))
+    return user
 
 
 def client_for(user, **kwargs):

@@ -87,7 +87,8 @@ def test_nested_and_unstorable_bodies_are_400s_on_every_write_endpoint(operator_
     alert = make_alert(pipeline)
     response = operator_api.post(url.replace("ALERT", str(alert.pk)), body, content_type="application/json")
     assert response.status_code == 400, (url, response.content[:300])
-    assert "detail" in response.json()
+    answer = response.json()
+    assert "deeper than 32 levels" in answer.get("detail", "") or "cannot be stored" in str(answer["errors"])
     assert_nothing_changed(pipeline, offsets)
     assert not Mute.objects.exists()
     assert Alert.objects.get().state == AlertState.FIRING
@@ -175,8 +176,9 @@ def test_a_group_id_longer_than_its_column_is_refused_in_the_admin(db):
 @pytest.mark.parametrize("transform", ["django.contrib.gis.gdal.x", "..x", ".x", "consumers..x"])
 def test_a_transform_that_fails_to_import_is_a_form_error(operator_api, db, transform):
     response = operator_api.post("/pipelines/new/", {"name": "p1", "topic": "t1", "sink_table": "sink_p1",
-                                                     "transform": transform, "mode": "exactly-once", "isolation_level": "read_committed",
-                                                     "engine": "python", "on_log_truncated": "stop"})
+                                                     "transform": transform, "mode": "exactly-once",
+                                                     "isolation_level": "read_committed", "engine": "python",
+                                                     "on_log_truncated": "stop"})
     assert response.status_code == 400, response.content[:300]
     assert "Cannot import transform" in response.content.decode() or "Unknown transform" in response.content.decode()
     assert not Pipeline.objects.exists()

@@ -82,3 +82,65 @@ def test_only_a_run_that_has_not_ended_can_be_declared_crashed(pipeline):
     stopped.refresh_from_db()
     assert (live.state, live.ended_at, live.end_reason) == (RunState.CRASHED, NOW, "lease expired")
     assert stopped.state == RunState.STOPPED
+
+
+def test_serving_is_alive_and_not_restarted(pipeline):
+    killed = run(pipeline, heartbeat_age=5, started_age=60)
+    restart = run(pipeline, heartbeat_age=1, started_age=3)
+    runs = ConsumerRun.objects.filter(pipeline=pipeline)
+    assert set(runs.serving(NOW)) == {restart}
+    assert set(runs.restarted()) == {killed}
+
+
+def liveness(pipeline, run_row, now=NOW):
+    return ConsumerRun.objects.with_liveness(now).get(pk=run_row.pk).liveness
+
+
+def test_a_killed_run_reads_dead_since_its_last_heartbeat_never_running(pipeline):
+    killed = run(pipeline, heartbeat_age=120)
+    shown = liveness(pipeline, killed)
+    assert (shown.kind, shown.label) == ("dead", "dead")
+    assert shown.since == NOW - timedelta(seconds=120) and "15 s lease" in shown.reason
+    assert shown.as_json()["live"] is False
+
+
+def test_a_run_replaced_by_its_restart_reads_dead_with_that_reason(pipeline):
+    killed = run(pipeline, heartbeat_age=5, started_age=60)
+    restart = run(pipeline, heartbeat_age=1, started_age=3)
+    assert liveness(pipeline, killed).reason == "a later run replaced it (a restart)"
+    assert (liveness(pipeline, restart).kind, liveness(pipeline, restart).label) == ("live", "running")
+
+
+def test_an_ended_run_reads_how_it_ended(pipeline):
+    ended = run(pipeline, state=RunState.FAILED, heartbeat_age=1)
+    ConsumerRun.objects.filter(pk=ended.pk).update(end_reason="bad_record: offset 7", ended_at=NOW)
+    shown = liveness(pipeline, ended)
+    assert (shown.kind, shown.label, shown.reason) == ("ended", "failed", "bad_record: offset 7")
+
+
+def test_the_halted_run_is_the_latest_run_failed_in_the_current_epoch(pipeline):
+    assert pipeline.halted_run() is None
+    failed = run(pipeline, state=RunState.FAILED, started_age=30)
+    Pipeline.objects.filter(pk=pipeline.pk).update(epoch=1)
+    pipeline.refresh_from_db()
+    assert pipeline.halted_run() == failed
+    assert set(ConsumerRun.objects.halted()) == {failed}
+    pipeline.bump_epoch()  # an operator's restart: the old halt no longer holds the pipeline
+    assert pipeline.halted_run() is None
+    Pipeline.objects.filter(pk=pipeline.pk).update(epoch=1)
+    pipeline.refresh_from_db()
+    run(pipeline, started_age=10)  # a later run that is not failed
+    assert pipeline.halted_run() is None
+
+
+def test_the_pipeline_page_and_api_show_a_killed_run_dead(pipeline, client, django_user_model):
+    from tests.views_helpers import make_viewer
+
+    run(pipeline, heartbeat_age=120)
+    client.force_login(make_viewer())
+    page = client.get("/pipelines/nums/").content.decode()
+    table = page[page.index('id="runs"'):]
+    table = table[:table.index("</table>")]
+    assert 'data-liveness="dead"' in table and ">running<" not in table
+    runs = client.get("/api/pipelines/nums/").json()["runs"]
+    assert [(r["state"], r["stored_state"], r["live"]) for r in runs] == [("dead", "running", False)]

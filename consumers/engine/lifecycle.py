@@ -45,7 +45,8 @@ CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
 RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
              "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "sink_error": RunState.FAILED,
              "error": RunState.CRASHED}
-HALT_REASONS = ("bad_record", "sink_error")
+# The one reading of "halted": the reasons that end a run FAILED (ConsumerRun.objects.halted(), Pipeline.halted_run).
+HALT_REASONS = tuple(reason for reason, state in RUN_STATE.items() if state == RunState.FAILED)
 
 
 class UnknownPipeline(LookupError):

@@ -2,10 +2,9 @@
 from django.db import connection, transaction
 
 from consumers.engine import sinks
+from consumers.engine.sink_names import MAX_IDENTIFIER
 from consumers.engine.transforms import resolve
 from consumers.models import DeliveryMode, Engine, Pipeline
-
-MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers silently; refuse them instead
 
 
 def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "int_value",

@@ -118,7 +118,7 @@ def _after_run(pipeline: Pipeline, result) -> None:
     if result.reason in HALT_REASONS:
         # A bad record under the "stop" policy, or a database error that is not about data: restarting
         # would fail the same way. The pipeline stays wanted-running without a consumer, so the supervisor
-        # leaves it (consumers.supervisor.halted_run) and the no-consumer alert fires at its next evaluation.
+        # leaves it (Pipeline.halted_run) and the no-consumer alert fires at its next evaluation.
         from consumers.models import ActionLog, ActionResult
 
         ActionLog.objects.create(pipeline=pipeline, action="halt", actor="engine", params={"reason": result.reason},

@@ -6,9 +6,8 @@ problem) and by reconciliation, which turns a sink broken later (table dropped, 
 from psycopg2 import sql
 
 from consumers.engine import sinks
+from consumers.engine.sink_names import MAX_IDENTIFIER
 from consumers.engine.transforms import Transform
-
-MAX_IDENTIFIER = 63
 
 
 def quoted(cursor, table: str) -> str:

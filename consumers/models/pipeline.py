@@ -4,6 +4,7 @@ Invariants (docs/architecture.md): a batch's sink rows, dead letters, ledger row
 transaction (consumers/engine/commit.py); every start/restart/rewind bumps `Pipeline.epoch`; writes from an
 older epoch are refused.
 """
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -150,6 +151,11 @@ class Pipeline(models.Model):
     def is_upsert(self) -> bool:
         """One row per key, kept current (`--upsert-key`), instead of one row per record."""
         return bool(self.upsert_key)
+    def halted_run(self) -> "ConsumerRun | None":
+        """The run that halted this pipeline: its latest run, if that one halted in the current epoch. An
+        operator's start or restart begins a new epoch, so an older halt no longer holds the pipeline."""
+        last = self.runs.order_by("-started_at", "-pk").first()
+        return last if last is not None and last.state == RunState.FAILED and last.epoch == self.epoch else None
 
     def bump_epoch(self, **changes) -> int:
         """Start a new epoch (fencing every writer of the old one), apply `changes` in the same UPDATE, reload
@@ -307,25 +313,51 @@ def run_lease() -> timedelta:
     return timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
 
 
-class ConsumerRunQuerySet(models.QuerySet):
-    """The one definition of "a run is alive", and one method per run state transition."""
+def _replacements():
+    """Runs of the outer run's pipeline started after its last heartbeat, other than itself."""
+    return ConsumerRun.objects.filter(pipeline=OuterRef("pipeline"), started_at__gt=OuterRef("heartbeat_at")).exclude(
+        pk=OuterRef("pk"))
 
-    def live(self):
-        """Runs that have not ended (by their own account: a killed run never says so)."""
+
+class ConsumerRunQuerySet(models.QuerySet):
+    """The runs' vocabulary, one definition each: unended, alive, restarted, serving, halted; and one method
+    per run state transition."""
+
+    def unended(self):
+        """Runs that have not ended by their own account (a killed run never says so: see alive)."""
         return self.filter(state__in=LIVE_RUN_STATES)
 
     def alive(self, now: datetime):
         """Runs that have not ended and heartbeat within the lease."""
-        return self.live().filter(heartbeat_at__gte=now - run_lease())
+        return self.unended().filter(heartbeat_at__gte=now - run_lease())
+
+    def serving(self, now: datetime):
+        """Runs that consume for their pipeline now: alive and not replaced by a restart. What the pages, the
+        API and reconciliation call live."""
+        return self.alive(now).not_restarted()
+
+    def halted(self):
+        """Runs that stopped on something a restart cannot cure (lifecycle.HALT_REASONS end a run FAILED):
+        the supervisor leaves their pipeline to an operator."""
+        return self.filter(state=RunState.FAILED)
+
+    def with_liveness(self, now: datetime):
+        """Each run annotated for `ConsumerRun.liveness`: whether it is serving (the rule above, per row) and
+        whether a restart replaced it."""
+        return self.annotate(
+            is_serving=Exists(ConsumerRun.objects.filter(pk=OuterRef("pk")).serving(now)),
+            is_restarted=Exists(ConsumerRun.objects.filter(pk=OuterRef("pk")).restarted()))
+
+    def restarted(self):
+        """Runs that a later run of their pipeline replaced (see not_restarted)."""
+        return self.filter(Exists(_replacements()))
 
     def not_restarted(self):
         """Drop runs that a later run of their pipeline replaced: a SIGKILLed run keeps "running" and a recent
         heartbeat until its lease expires, but a run started after that heartbeat (its restart) proves it gone.
         A run is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
         Only for "does a consumer serve this pipeline": a waiter for older runs to leave must not use it."""
-        restarted_after = ConsumerRun.objects.filter(
-            pipeline=OuterRef("pipeline"), started_at__gt=OuterRef("heartbeat_at")).exclude(pk=OuterRef("pk"))
-        return self.filter(~Exists(restarted_after))
+        return self.filter(~Exists(_replacements()))
 
     def heartbeat(self, now: datetime, **progress) -> int:
         """A run is still here: its heartbeat and progress (records_processed, assigned_partitions)."""
@@ -340,7 +372,7 @@ class ConsumerRunQuerySet(models.QuerySet):
 
     def declare_crashed(self, reason: str, now: datetime) -> int:
         """Someone else found the run dead (its lease expired or its process is gone)."""
-        return self.live().update(state=RunState.CRASHED, ended_at=now, end_reason=reason[:2000])
+        return self.unended().update(state=RunState.CRASHED, ended_at=now, end_reason=reason[:2000])
 
 
 class ConsumerRun(models.Model):
@@ -365,3 +397,28 @@ class ConsumerRun(models.Model):
     class Meta:
         indexes = [models.Index(fields=["pipeline", "state"], name="run_state_idx")]
         ordering = ["-started_at"]
+
+    @property
+    def liveness(self) -> "Liveness":
+        """What the runs table and the API show (needs `with_liveness(now)`): live while serving; a run that
+        never said it ended but is not serving is dead since its last heartbeat, killed or lost; else how it
+        ended. A killed run never reads "running"."""
+        if self.is_serving:
+            return Liveness("live", self.state, None, "")
+        if self.state in LIVE_RUN_STATES:
+            reason = ("a later run replaced it (a restart)" if self.is_restarted
+                      else f"no heartbeat within the {settings.TALLY_RUN_LEASE_SECONDS} s lease (killed or lost)")
+            return Liveness("dead", "dead", self.heartbeat_at, reason)
+        return Liveness("ended", self.state, self.ended_at, self.end_reason)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    kind: str                 # "live", "dead" (never said it ended) or "ended"
+    label: str                # what a table shows: the live run's state, "dead", or how it ended
+    since: datetime | None    # dead: its last heartbeat; ended: when
+    reason: str
+
+    def as_json(self) -> dict:
+        return {"live": self.kind == "live", "liveness": self.label,
+                "since": self.since.isoformat() if self.since else None, "reason": self.reason or None}

@@ -28,8 +28,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
-from consumers.engine import json_map, sink_checks, sinks
-from consumers.engine.pipelines import MAX_IDENTIFIER
+from consumers.engine import json_map, sink_checks, sink_names, sinks
 from consumers.engine.transforms import JSON, Transform, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
@@ -46,8 +45,6 @@ from consumers.models import (
 )
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
-# Tables Tally and Django own: a pipeline must never write into them.
-RESERVED_TABLE_PREFIXES = ("consumers_", "dashboard_", "alerts_", "django_", "auth_")
 RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
 MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
@@ -286,10 +283,12 @@ def _check_topic(topic: str, problems: dict, cluster=None) -> None:
 
 
 def check_table_name(table: str, problems: dict) -> None:
-    if len(table) > MAX_IDENTIFIER:
-        problems["sink_table"] = f"at most {MAX_IDENTIFIER} characters (PostgreSQL's limit), got {len(table)}"
-    elif table.startswith(RESERVED_TABLE_PREFIXES) or table.startswith("pg_"):
-        problems["sink_table"] = f"{table!r} looks like a table of Tally, Django or PostgreSQL: choose another name"
+    problem = sink_names.name_problem(table)
+    if problem is None:
+        with connection.cursor() as cursor:
+            problem = sink_names.schema_problem(cursor, table)
+    if problem:
+        problems["sink_table"] = problem
 
 
 def _check_sink_table(spec: PipelineSpec, transform: Transform, problems: dict) -> None:
@@ -403,7 +402,7 @@ def delete(name: str, actor: str = "cli") -> None:
         pipeline = Pipeline.objects.select_for_update().filter(name=name).first()
         if pipeline is None:
             raise DeleteRefused(f"No pipeline named {name!r}.")
-        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.live().exists():
+        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.unended().exists():
             raise DeleteRefused(f"Pipeline {name!r} is {pipeline.desired_state} or has live runs: "
                                 f"`pipeline stop {name}` first.")
         # The entries lose their link with the row: keep the name in their parameters.

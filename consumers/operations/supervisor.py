@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline
 from consumers.operations import actions
 
 log = logging.getLogger("tally.supervisor")
@@ -87,7 +87,7 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
         return Decision(pipeline.name, "ok", f"{len(runs)} live run(s)")
     if pipeline.restart_after and pipeline.restart_after > now:
         return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
-    halted = halted_run(pipeline)
+    halted = pipeline.halted_run()
     if halted is not None:
         # A bad record under the "stop" policy or a database error that is not about data: a restart
         # would fail the same way. The no-consumer alert fires instead; an operator restarts it.
@@ -118,14 +118,6 @@ def _settled(runs: list[ConsumerRun], now) -> bool:
     return min(run.started_at for run in runs) <= now - settle
 
 
-def halted_run(pipeline: Pipeline) -> ConsumerRun | None:
-    """The pipeline's last run, if it ended FAILED in the current epoch (lifecycle.HALT_REASONS: a halt)."""
-    last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
-    if last is not None and last.state == RunState.FAILED and last.epoch == pipeline.epoch:
-        return last
-    return None
-
-
 def _why_not_running(pipeline: Pipeline, now) -> str:
     last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
     if last is None:
@@ -144,7 +136,7 @@ def _mark_dead_runs(pipeline: Pipeline, reason: str, now) -> None:
     """Runs still marked running whose heartbeat expired or whose process is gone crashed: say so, so that
     the dashboard shows it and the new run does not wait for them to leave."""
     alive = set(ConsumerRun.objects.filter(pipeline=pipeline).alive(now).values_list("pk", flat=True))
-    for run in ConsumerRun.objects.filter(pipeline=pipeline).live():
+    for run in ConsumerRun.objects.filter(pipeline=pipeline).unended():
         if run.pk not in alive or _died_on_this_host(run):
             ConsumerRun.objects.filter(pk=run.pk).declare_crashed(f"declared dead by the supervisor: {reason}", now)
 

@@ -98,7 +98,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     # The sink can be written again: the reason it could not goes away.
     Pipeline.objects.filter(pk=pipeline.pk, last_error__startswith=SINK_ERROR_PREFIX).update(last_error="")
     with timer.db:
-        alive = ConsumerRun.objects.filter(pipeline=pipeline).alive(now).not_restarted().exists()
+        alive = ConsumerRun.objects.filter(pipeline=pipeline).serving(now).exists()
         held = _held_reader(errors, kafka, pipeline.topic, marks)
         states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held,
                                   records=verify_upsert.records_reader(

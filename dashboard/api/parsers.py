@@ -24,28 +24,39 @@ class BodyTooLarge(APIException):
     default_code = "too_large"
 
 
-def body_problem(value, max_depth: int = MAX_DEPTH) -> str | None:
-    """Why a parsed JSON body is refused (nested deeper than `max_depth`, or a string, key or value, that
-    PostgreSQL cannot store), naming where; None if it is fine. Iterative: no recursion, whatever the input."""
+class UnstorableField(APIException):
+    """A string PostgreSQL cannot store: a 400 naming the field, in the shape of the serializers' errors."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "unstorable"
+
+    def __init__(self, where: str, problem: str):
+        field = where.removeprefix("body.").split(".")[0].split("[")[0] if where.startswith("body.") else ""
+        super().__init__({"errors": {field or "non_field_errors": [
+            {"message": f"{where} {problem}.", "code": self.default_code}]}})
+
+
+def check_body(value, max_depth: int = MAX_DEPTH) -> None:
+    """Refuse a parsed JSON body nested deeper than `max_depth` (ParseError), or holding a string, key or value,
+    that PostgreSQL cannot store (UnstorableField, naming where). Iterative: no recursion, whatever the input."""
     stack = [(value, "body", 0)]
     while stack:
         item, where, depth = stack.pop()
         if isinstance(item, str):
             problem = unstorable(item)
             if problem:
-                return f"{where} {problem}"
+                raise UnstorableField(where, problem)
         elif isinstance(item, dict | list):
             if depth >= max_depth:
-                return f"the body nests deeper than {max_depth} levels"
+                raise ParseError(f"The body nests deeper than {max_depth} levels.")
             if isinstance(item, dict):
                 for key, child in item.items():
                     problem = unstorable(key)
                     if problem:
-                        return f"a field name in {where} {problem}"
+                        raise UnstorableField(where, f"has a field name that {problem}")
                     stack.append((child, f"{where}.{key}", depth + 1))
             else:
                 stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
-    return None
 
 
 def _refuse_constant(name: str):
@@ -54,18 +65,34 @@ def _refuse_constant(name: str):
 
 class BoundedJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return self._parse(stream, parser_context or {})
+        except APIException as exc:  # refused like any bad input: audited, then answered
+            request = (parser_context or {}).get("request")
+            if request is not None:
+                from dashboard.api.permissions import refuse
+
+                refuse(request, f"bad input: {_text_of(exc.detail)}", (parser_context or {}).get("kwargs") or {})
+            raise
+
+    def _parse(self, stream, parser_context: dict):
         limit = settings.TALLY_MAX_BODY_BYTES
         body = stream.read(limit + 1) if stream is not None else b""
         if len(body) > limit:
             raise BodyTooLarge(f"The body is larger than {limit} bytes.")
-        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         try:
             data = json.loads(codecs.decode(body, encoding), parse_constant=_refuse_constant)
         except RecursionError:  # the C scanner stops at the interpreter's recursion limit, cleanly
             raise ParseError(f"The body nests deeper than {MAX_DEPTH} levels.") from None
         except (ValueError, LookupError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
-        problem = body_problem(data)
-        if problem:
-            raise ParseError(f"Refused: {problem[0].upper()}{problem[1:]}.")
+        check_body(data)
         return data
+
+
+def _text_of(detail) -> str:
+    if isinstance(detail, dict):
+        errors = detail.get("errors", detail)
+        return "; ".join(f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items())
+    return str(detail)

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
-from consumers.access import can_operate, record_refusal
+from consumers.access import can_operate, record_refusal, role_of
 from consumers.kafka.admin import KafkaAdminError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset, pipeline_setup
@@ -89,8 +89,7 @@ def api_root(request):
 @api_view(["GET"])
 def me(request):
     user = request.user
-    return Response({"username": user.username, "role": "operator" if can_operate(user) else "viewer",
-                     "can_operate": can_operate(user)})
+    return Response({"username": user.username, "role": role_of(user), "can_operate": can_operate(user)})
 
 
 @extend_schema(operation_id="pipelines_list", responses=JSON, methods=["GET"])
@@ -163,7 +162,8 @@ def pipeline_detail(request, name):
         delete_on_tombstone=pipeline.delete_on_tombstone,
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
-        runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.state,
+        runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.liveness.label,
+               "stored_state": r.state, **r.liveness.as_json(),
                "assigned_partitions": r.assigned_partitions, "records_processed": r.records_processed,
                "started_at": r.started_at.isoformat(), "heartbeat_at": r.heartbeat_at.isoformat(),
                "ended_at": r.ended_at.isoformat() if r.ended_at else None, "end_reason": r.end_reason}

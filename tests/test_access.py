@@ -1,0 +1,146 @@
+"""Who may do what (consumers/access.py) and the record of every refusal: one module behind every door.
+A user without a role sees only a page saying so (the API and /metrics included); viewers are refused on the
+alert pages like everywhere else, audited; refusals are stored whatever they hold; API tokens never show in
+the admin's list."""
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from consumers.access import can_operate, can_view, record_refusal, role_of
+from consumers.models import ActionLog, ActionResult, Pipeline
+from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def nobody(db):
+    """Signed in, in no group, with no permission."""
+    return User.objects.create_user("nadia", password=PASSWORD)
+
+
+def test_roles_are_decided_in_one_place(db, nobody):
+    viewer, operator = make_viewer(), make_operator()
+    assert [role_of(u) for u in (nobody, viewer, operator)] == ["none", "viewer", "operator"]
+    assert (can_view(nobody), can_view(viewer), can_operate(viewer), can_operate(operator)) == (False, True, False,
+                                                                                                 True)
+    staff = User.objects.create_user("sam", password=PASSWORD, is_staff=True)
+    assert role_of(staff) == "none"  # being staff gives no role: the permissions do
+
+
+def test_a_refusal_is_stored_cleaned_and_cut_to_its_columns_and_never_raises(db):
+    pipeline = make_pipeline(with_history=False)
+    entry = record_refusal("a\x00" * 200, "act\ud800" * 20, "why\x00 \udfff" + "x" * 5000, pipeline=pipeline,
+                           group_id="g\x00" * 300, params={"k\ud800": "v\x00" * 500, "n": [1, "\ud800"]})
+    entry.refresh_from_db()
+    assert entry.result == ActionResult.REFUSED and entry.finished_at is not None
+    assert len(entry.actor) == 150 and entry.actor.startswith("a\\x00")
+    assert len(entry.action) == 30 and entry.action.startswith("act\\ud800")
+    assert len(entry.group_id) == 255 and "\x00" not in entry.group_id
+    assert entry.message.startswith("why\\x00 \\udfff") and len(entry.message) > 2000  # a TextField: not cut
+    assert entry.params == {"k\\ud800": ("v\\x00" * 500)[:200], "n": [1, "\\ud800"]}
+
+
+def test_a_refusal_that_cannot_be_written_is_logged_not_raised(db, monkeypatch, caplog):
+    from django.db import DatabaseError
+
+    def broken(*args, **kwargs):
+        raise DatabaseError("disk full")
+
+    monkeypatch.setattr(ActionLog.objects, "create", broken)
+    assert record_refusal("otto", "start", "no") is None
+    assert "could not record the refusal of start by otto" in caplog.text
+
+
+@pytest.mark.parametrize("url", ["/", "/pipelines/orders/", "/action-log/", "/groups/", "/alerts/", "/alerts/rules/",
+                                 "/topic-checks/", "/demo/", "/metrics", "/api/docs/"])
+def test_a_user_without_a_role_sees_only_a_page_saying_so(nobody, url):
+    make_pipeline(with_history=False)
+    response = signed_in(nobody).get(url)
+    assert response.status_code == 403, (url, response.status_code)
+    body = response.content.decode()
+    assert "no role" in body.lower() and "orders" not in body
+    refusal = ActionLog.objects.get()
+    assert (refusal.actor, refusal.action, refusal.result) == ("nadia", "view", ActionResult.REFUSED)
+
+
+@pytest.mark.parametrize("url", ["/api/", "/api/pipelines/", "/api/pipelines/orders/", "/api/action-log",
+                                 "/api/alerts/", "/api/me", "/api/schema/"])
+def test_the_api_refuses_a_user_without_a_role_by_session_and_by_token(nobody, url):
+    make_pipeline(with_history=False)
+    token = Token.objects.create(user=nobody)
+    by_session = signed_in(nobody).get(url)
+    by_token = Client().get(url, headers={"Authorization": f"Token {token.key}"})
+    for response in (by_session, by_token):
+        assert response.status_code == 403, (url, response.content[:200])
+        assert b"orders" not in response.content
+    assert ActionLog.objects.filter(actor="nadia", action="view", result=ActionResult.REFUSED).count() == 2
+
+
+def test_metrics_by_token_needs_a_role_too(nobody):
+    token = Token.objects.create(user=nobody)
+    response = Client().get("/metrics", headers={"Authorization": f"Token {token.key}"})
+    assert response.status_code == 403 and b"tally_" not in response.content
+    viewer_token = Token.objects.create(user=make_viewer())
+    assert Client().get("/metrics", headers={"Authorization": f"Token {viewer_token.key}"}).status_code == 200
+
+
+def test_a_user_without_a_role_can_still_sign_out(nobody):
+    client = signed_in(nobody)
+    assert client.post("/accounts/logout/").status_code == 302
+    assert "_auth_user_id" not in client.session
+
+
+def test_a_viewer_still_reads_everything(db):
+    make_pipeline(with_history=False)
+    client = signed_in(make_viewer())
+    for url in ("/", "/pipelines/orders/", "/alerts/", "/metrics", "/api/pipelines/"):
+        assert client.get(url).status_code == 200, url
+    assert not ActionLog.objects.exists()
+
+
+def firing_alert() -> Alert:
+    pipeline = Pipeline.objects.get_or_create(name="orders", defaults={"topic": "t", "sink_table": "sink_orders"})[0]
+    rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
+    now = timezone.now()
+    return Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
+                                started_at=now, last_seen_at=now)
+
+
+@pytest.mark.parametrize("path,action", [("/alerts/{alert}/acknowledge/", "acknowledge_alert"),
+                                         ("/alerts/{alert}/mute/", "mute_alert"),
+                                         ("/alerts/rules/{rule}/mute/", "alert_mute"),
+                                         ("/alerts/rules/{rule}/test/", "alert_test"),
+                                         ("/alerts/rules/{rule}/", "alert_rule"),
+                                         ("/alerts/rules/new/", "alert_rule")])
+def test_a_viewers_refusal_on_the_alert_pages_is_audited(db, path, action):
+    alert = firing_alert()
+    response = signed_in(make_viewer()).post(path.format(alert=alert.pk, rule=alert.rule_id),
+                                             {"minutes": "10", "name": "x", "kind": "lost"})
+    assert response.status_code == 403
+    refusal = ActionLog.objects.get()
+    assert (refusal.actor, refusal.action, refusal.result) == ("vera", action, ActionResult.REFUSED)
+    assert not Mute.objects.exists() and Alert.objects.get().acknowledged_at is None
+
+
+def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
+    admin = User.objects.create_superuser("root", password=PASSWORD)
+    operator = make_operator()
+    token = Token.objects.create(user=operator)
+    client = signed_in(admin)
+    listing = client.get("/admin/authtoken/tokenproxy/").content.decode()
+    assert token.key not in listing and f"{token.key[:4]}…" in listing
+    for page in ("change", "delete"):
+        detail = client.get(f"/admin/authtoken/tokenproxy/{operator.pk}/{page}/")
+        assert token.key.encode() not in detail.content
+    made = client.post("/admin/authtoken/tokenproxy/add/", {"user": admin.pk}, follow=True).content.decode()
+    new_key = Token.objects.get(user=admin).key
+    assert new_key in made and "not shown again" in made
+    assert new_key not in client.get("/admin/authtoken/tokenproxy/").content.decode()

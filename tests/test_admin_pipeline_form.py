@@ -1,0 +1,100 @@
+"""The Django admin's pipeline forms validate like every other door (consumers.operations.pipeline_setup) and
+every change made there is in the action log; a refused form changes nothing."""
+import uuid
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+
+from consumers.engine import sinks
+from consumers.engine.transforms import resolve
+from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
+from tests.conftest import drop_sink_tables
+from tests.views_helpers import PASSWORD, make_pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+ADD = "/admin/consumers/pipeline/add/"
+
+
+@pytest.fixture
+def admin_client():
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password=PASSWORD))
+    return client
+
+
+@pytest.fixture
+def table():
+    name = f"admin_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_sink_tables([name])
+
+
+def add_form(topic, table, **overrides):
+    return {"name": "orders", "topic": topic, "sink_table": table, "delivery_mode": "exactly_once",
+            "transform": "int_value", "group_id": "", "engine": "python", "isolation_level": "read_committed",
+            "on_log_truncated": "stop", "create_table": "on", **overrides}
+
+
+@pytest.mark.parametrize("overrides,field", [({"sink_table": "auth_user"}, "sink_table"),
+                                             ({"sink_table": "public.auth_user"}, "sink_table"),
+                                             ({"sink_table": "authtoken_token"}, "sink_table"),
+                                             ({"topic": "absent-topic"}, "topic"),
+                                             ({"sink_table": "axes_anything"}, "sink_table"),
+                                             ({"transform": "..x"}, "transform"),
+                                             ({"name": "new"}, "name")])
+def test_the_add_form_refuses_what_the_other_doors_refuse(admin_client, make_topic, table, overrides, field):
+    response = admin_client.post(ADD, {**add_form(make_topic("adm"), table), **overrides})
+    assert response.status_code == 200 and response.context["adminform"].form.errors.get(field), \
+        response.context["adminform"].form.errors
+    assert not Pipeline.objects.exists() and not ActionLog.objects.exists()
+
+
+def test_a_pipeline_added_in_the_admin_is_created_stopped_and_audited(admin_client, make_topic, table):
+    topic = make_topic("adm")
+    response = admin_client.post(ADD, add_form(topic, table))
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else ""
+    pipeline = Pipeline.objects.get()
+    assert (pipeline.name, pipeline.topic, pipeline.sink_table, pipeline.group_id, pipeline.desired_state) == (
+        "orders", topic, table, "orders", DesiredState.STOPPED)
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result) == ("create", "root", ActionResult.DONE)
+
+
+def test_the_change_form_edits_only_the_reading_settings_and_audits_them(admin_client, make_topic, table):
+    pipeline = make_pipeline("orders", topic=make_topic("adm"), with_history=False)
+    Pipeline.objects.filter(pk=pipeline.pk).update(sink_table=table)
+    with connection.cursor() as cursor:
+        sinks.ensure_sink_table(cursor, table, resolve("int_value"), True)
+    change = f"/admin/consumers/pipeline/{pipeline.pk}/change/"
+    page = admin_client.get(change).content.decode()
+    assert 'name="transform"' in page and 'name="sink_table"' not in page and 'name="topic"' not in page
+    refused = admin_client.post(change, {"transform": "..x", "engine": "python", "isolation_level": "read_committed",
+                                         "on_log_truncated": "stop", "sink_table": "auth_user"})
+    assert refused.status_code == 200 and refused.context["adminform"].form.errors.get("transform")
+    assert Pipeline.objects.get().transform == "int_value" and not ActionLog.objects.exists()
+    done = admin_client.post(change, {"transform": "int_value", "engine": "python", "isolation_level": "read_committed",
+                                      "on_log_truncated": "skip", "sink_table": "auth_user"})
+    assert done.status_code == 302
+    pipeline = Pipeline.objects.get()
+    assert (pipeline.on_log_truncated, pipeline.sink_table) == ("skip", table)  # sink_table is not a field here
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor) == ("update", "root") and "on_log_truncated stop -> skip" in entry.message
+
+
+def test_a_running_pipeline_cannot_be_changed_in_the_admin(admin_client, make_topic):
+    pipeline = make_pipeline("orders", topic=make_topic("adm"), with_history=False)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    response = admin_client.post(f"/admin/consumers/pipeline/{pipeline.pk}/change/", {
+        "transform": "int_value", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "skip"})
+    assert response.status_code == 200 and "stop it before changing it" in response.content.decode()
+    assert Pipeline.objects.get().on_log_truncated == "stop" and not ActionLog.objects.exists()
+
+
+def test_deleting_in_the_admin_goes_through_the_audited_delete(admin_client):
+    pipeline = make_pipeline("orders", with_history=False)
+    response = admin_client.post(f"/admin/consumers/pipeline/{pipeline.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and not Pipeline.objects.exists()
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.params["pipeline"]) == ("delete", "root", "orders")
