@@ -130,7 +130,10 @@ class Command(BaseCommand):
             time.sleep(0.5)
 
     def stop_all(self):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+        # A second Ctrl-C, or the SIGTERM of a `kill -- -PGID` arriving after a child died, must not interrupt
+        # the clean-up and leave children running.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for process in self.children.values():
             if process.poll() is None:
                 try:
