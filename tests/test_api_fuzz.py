@@ -1,4 +1,5 @@
-"""The API fuzzed from its own OpenAPI schema (schemathesis), once per role: anonymous, viewer, operator.
+"""The API fuzzed from its own OpenAPI schema (schemathesis), once per role: anonymous, viewer, operator; the
+alerts API on a real alert.
 Whatever the generated paths, queries and bodies: never a 500, never a 2xx where the role must be refused,
 and never a moved offset (the fuzzer cannot reach Kafka, so no write may get past validation either)."""
 import json
@@ -11,6 +12,7 @@ from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from consumers.models import PartitionOffset, Pipeline
 from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
@@ -62,6 +64,10 @@ def test_no_role_gets_a_500_or_more_than_its_role_allows(db, unthrottled, role, 
     client = client_for(role)
     pipeline = Pipeline.objects.filter(name="orders").first() or make_pipeline("orders", with_history=False)
     before = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    if "alert_id" in (case.path_parameters or {}):
+        # The alerts API: on a real alert, else every generated id is a 404 and nothing behind it is reached.
+        case.path_parameters["alert_id"] = firing_alert(pipeline).pk
+    muted_before = Mute.objects.count()
     response = send(client, case)
     # 503 is an outage said plainly (a JSON error); 500 is a crash.
     assert response.status_code < 500 or response.status_code == 503 and b'"error"' in response.content, (
@@ -71,3 +77,14 @@ def test_no_role_gets_a_500_or_more_than_its_role_allows(db, unthrottled, role, 
         assert not 200 <= response.status_code < 300, (role, case.method, case.formatted_path, response.status_code)
     after = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
     assert after == before
+    if not 200 <= response.status_code < 300:  # a refused request changes nothing, on the alerts API too
+        assert Mute.objects.count() == muted_before
+
+
+def firing_alert(pipeline) -> Alert:
+    from django.utils import timezone
+
+    rule = AlertRule.objects.get_or_create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)[0]
+    now = timezone.now()
+    return Alert.objects.filter(rule=rule).first() or Alert.objects.create(
+        rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost", started_at=now, last_seen_at=now)
