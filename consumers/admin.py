@@ -8,6 +8,7 @@ Operators act from here too (consumers/admin_actions.py): pipelines start, stop,
 and rewind; dead letters are replayed or discarded — through the same functions as the dashboard."""
 from django.contrib import admin
 from django.urls import reverse
+from django.utils import timezone
 
 from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
@@ -103,8 +104,18 @@ class DeadLetterReplayAdmin(PipelineLinkMixin, ReadOnlyAdmin):
 
 @admin.register(ConsumerRun)
 class ConsumerRunAdmin(ReadOnlyAdmin):
-    list_display = ("pipeline", "epoch", "host", "pid", "state", "records_processed", "heartbeat_at", "ended_at")
+    list_display = ("pipeline", "epoch", "host", "pid", "liveness", "state", "records_processed", "heartbeat_at",
+                    "ended_at")
     list_filter = ("state", "pipeline")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_liveness(timezone.now())
+
+    @admin.display(description="liveness")
+    def liveness(self, obj):
+        """By the one rule (ConsumerRun.liveness): a killed run reads dead, whatever its stored state says."""
+        shown = obj.liveness
+        return f"{shown.label}: {shown.reason}" if shown.kind == "dead" else shown.label
 
 
 @admin.register(ActionLog)

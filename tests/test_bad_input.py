@@ -173,15 +173,18 @@ def test_a_group_id_longer_than_its_column_is_refused_in_the_admin(db):
     assert ActionLog.objects.get().result == ActionResult.REFUSED
 
 
+@pytest.mark.kafka  # the form checks the topic too: a real one, so the transform is the only problem
 @pytest.mark.parametrize("transform", ["django.contrib.gis.gdal.x", "..x", ".x", "consumers..x"])
-def test_a_transform_that_fails_to_import_is_a_form_error(operator_api, db, transform):
-    response = operator_api.post("/pipelines/new/", {"name": "p1", "topic": "t1", "sink_table": "sink_p1",
+def test_a_transform_that_fails_to_import_is_a_form_error(operator_api, make_topic, transform):
+    response = operator_api.post("/pipelines/new/", {"name": "p1", "topic": make_topic("tr"), "sink_table": "sink_p1",
                                                      "transform": transform, "mode": "exactly-once",
                                                      "isolation_level": "read_committed", "engine": "python",
                                                      "on_log_truncated": "stop"})
     assert response.status_code == 400, response.content[:300]
     assert "Cannot import transform" in response.content.decode() or "Unknown transform" in response.content.decode()
     assert not Pipeline.objects.exists()
+    refusal = ActionLog.objects.get()
+    assert (refusal.action, refusal.result, refusal.params) == ("create", ActionResult.REFUSED, {"pipeline": "p1"})
 
 
 @pytest.mark.parametrize("action,fields", [

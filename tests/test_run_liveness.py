@@ -144,3 +144,10 @@ def test_the_pipeline_page_and_api_show_a_killed_run_dead(pipeline, client, djan
     assert 'data-liveness="dead"' in table and ">running<" not in table
     runs = client.get("/api/pipelines/nums/").json()["runs"]
     assert [(r["state"], r["stored_state"], r["live"]) for r in runs] == [("dead", "running", False)]
+
+
+def test_the_admins_runs_list_shows_liveness_by_the_same_rule(pipeline, client, django_user_model):
+    run(pipeline, heartbeat_age=120)
+    client.force_login(django_user_model.objects.create_superuser("root", password="pw-root-123"))
+    page = client.get("/admin/consumers/consumerrun/").content.decode()
+    assert "dead: no heartbeat within the 15 s lease" in page

@@ -57,7 +57,7 @@ bad_values = st.one_of(
     bad_strings,
     st.integers(33, 200).map(nested),                                       # deeper than any body may be
     st.integers(1, 4).map(nested),                                          # the wrong type, shallow
-    st.sampled_from([2**63, -(2**63) - 1, 10**30, -1, 1.5, True, None]),   # out of range or of type
+    st.sampled_from([2**63, -(2**63) - 1, 10**30, -1, 1.5, True]),   # out of range or of type (null is valid)
 )
 
 

@@ -6,7 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods
 
-from consumers.access import can_operate
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.engine.transforms import JSON
 from consumers.operations import pipeline_preview, pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
@@ -36,6 +36,8 @@ def new_pipeline(request):
                 messages.success(request, f"Created pipeline {pipeline.name} (stopped): start it when ready.")
                 return redirect("pipeline", name=pipeline.name)
         status = 400
+        record_refusal(request.user, "create", f"bad input: {form_errors(form)}",
+                       params={"pipeline": request.POST.get("name", "")})
     return render_page(request, "pipeline_new.html", {"nav": "overview", "form": form, "can_operate": operator,
                                                       "preview": preview}, status=status)
 
