@@ -72,7 +72,7 @@ def test_kafka_broker_whose_broker_dies_says_so_and_exits_1(env):
     for child in children_of(command):
         child.kill()
     output, _ = command.communicate(timeout=patience(STOP_WITHIN_S))
-    assert command.returncode == 1 and "The broker exited with code" in output
+    assert command.returncode == 1 and "broker exited with code" in output  # at start-up or after
 
 
 @pytest.fixture
