@@ -10,8 +10,8 @@ from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import MUTABLE_FIELDS, Invalid, PipelineSpec
 
 # Fields of the add form, as pipeline_setup's spec names them (the model's names on the left).
-ADD_FIELDS = ("name", "topic", "sink_table", "delivery_mode", "transform", "group_id", "engine", "isolation_level",
-              "on_log_truncated")
+ADD_FIELDS = ("name", "cluster", "topic", "sink_table", "delivery_mode", "transform", "group_id", "engine",
+              "isolation_level", "on_log_truncated")
 # pipeline_setup names two fields differently from the model.
 SPEC_TO_MODEL = {"mode": "delivery_mode", "group": "group_id"}
 
@@ -35,7 +35,7 @@ class PipelineAdminForm(forms.ModelForm):
                             mode=DeliveryMode(data["delivery_mode"]).label, transform=data["transform"],
                             group=data.get("group_id") or "", engine=data["engine"],
                             isolation_level=data["isolation_level"], on_log_truncated=data["on_log_truncated"],
-                            create_table=bool(data.get("create_table")))
+                            cluster=data["cluster"], create_table=bool(data.get("create_table")))
 
     def clean(self):
         cleaned = super().clean()

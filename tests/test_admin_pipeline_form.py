@@ -32,7 +32,7 @@ def table():
 
 
 def add_form(topic, table, **overrides):
-    return {"name": "orders", "topic": topic, "sink_table": table, "delivery_mode": "exactly_once",
+    return {"name": "orders", "cluster": "default", "topic": topic, "sink_table": table, "delivery_mode": "exactly_once",
             "transform": "int_value", "group_id": "", "engine": "python", "isolation_level": "read_committed",
             "on_log_truncated": "stop", "create_table": "on", **overrides}
 
@@ -43,7 +43,8 @@ def add_form(topic, table, **overrides):
                                              ({"topic": "absent-topic"}, "topic"),
                                              ({"sink_table": "axes_anything"}, "sink_table"),
                                              ({"transform": "..x"}, "transform"),
-                                             ({"name": "new"}, "name")])
+                                             ({"name": "new"}, "name"),
+                                             ({"cluster": "nowhere"}, "cluster")])
 def test_the_add_form_refuses_what_the_other_doors_refuse(admin_client, make_topic, table, overrides, field):
     response = admin_client.post(ADD, {**add_form(make_topic("adm"), table), **overrides})
     assert response.status_code == 200 and response.context["adminform"].form.errors.get(field), \
