@@ -32,9 +32,9 @@ def table():
 
 
 def add_form(topic, table, **overrides):
-    return {"name": "orders", "cluster": "default", "topic": topic, "sink_table": table, "delivery_mode": "exactly_once",
-            "transform": "int_value", "group_id": "", "engine": "python", "isolation_level": "read_committed",
-            "on_log_truncated": "stop", "create_table": "on", **overrides}
+    return {"name": "orders", "cluster": "default", "topic": topic, "sink_table": table,
+            "delivery_mode": "exactly_once", "transform": "int_value", "group_id": "", "engine": "python",
+            "isolation_level": "read_committed", "on_log_truncated": "stop", "create_table": "on", **overrides}
 
 
 @pytest.mark.parametrize("overrides,field", [({"sink_table": "auth_user"}, "sink_table"),
