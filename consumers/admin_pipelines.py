@@ -7,13 +7,15 @@ from django.contrib import messages
 
 from consumers.models import DeliveryMode, Pipeline
 from consumers.operations import pipeline_setup
-from consumers.operations.pipeline_setup import MUTABLE_FIELDS, Invalid, PipelineSpec
+from consumers.operations.pipeline_setup import COLUMNS, MUTABLE_FIELDS, Invalid, PipelineSpec
 
-# Fields of the add form, as pipeline_setup's spec names them (the model's names on the left).
+# Fields of the add form (the model's names).
 ADD_FIELDS = ("name", "cluster", "topic", "sink_table", "delivery_mode", "transform", "group_id", "engine",
-              "isolation_level", "on_log_truncated")
-# pipeline_setup names two fields differently from the model.
-SPEC_TO_MODEL = {"mode": "delivery_mode", "group": "group_id"}
+              "isolation_level", "on_log_truncated", "parallel_runs")
+# pipeline_setup names some fields differently from the model.
+SPEC_TO_MODEL = {"mode": "delivery_mode", "group": "group_id", **COLUMNS}
+# What a change may edit (pipeline_setup's rule), by the model's names.
+CHANGE_FIELDS = tuple(SPEC_TO_MODEL.get(f, f) for f in MUTABLE_FIELDS)
 
 
 class PipelineAdminForm(forms.ModelForm):
@@ -35,7 +37,8 @@ class PipelineAdminForm(forms.ModelForm):
                             mode=DeliveryMode(data["delivery_mode"]).label, transform=data["transform"],
                             group=data.get("group_id") or "", engine=data["engine"],
                             isolation_level=data["isolation_level"], on_log_truncated=data["on_log_truncated"],
-                            cluster=data["cluster"], create_table=bool(data.get("create_table")))
+                            cluster=data["cluster"], runs=data["parallel_runs"],
+                            create_table=bool(data.get("create_table")))
 
     def clean(self):
         cleaned = super().clean()
@@ -60,7 +63,7 @@ class PipelineAdminMixin:
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is not None:  # a change: only the reading settings, the others are shown read-only
-            kwargs["fields"] = MUTABLE_FIELDS
+            kwargs["fields"] = CHANGE_FIELDS
         form = super().get_form(request, obj, change=change, **kwargs)
         actor = request.user.get_username()
 
@@ -74,7 +77,7 @@ class PipelineAdminMixin:
         base = tuple(super().get_readonly_fields(request, obj))
         if obj is None:
             return base
-        fixed = tuple(f for f in ADD_FIELDS if f not in MUTABLE_FIELDS)
+        fixed = tuple(f for f in ADD_FIELDS if f not in CHANGE_FIELDS)
         return fixed + tuple(f for f in base if f not in fixed)
 
     def get_fields(self, request, obj=None):

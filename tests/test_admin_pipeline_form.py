@@ -34,7 +34,8 @@ def table():
 def add_form(topic, table, **overrides):
     return {"name": "orders", "cluster": "default", "topic": topic, "sink_table": table,
             "delivery_mode": "exactly_once", "transform": "int_value", "group_id": "", "engine": "python",
-            "isolation_level": "read_committed", "on_log_truncated": "stop", "create_table": "on", **overrides}
+            "isolation_level": "read_committed", "on_log_truncated": "stop", "parallel_runs": "1", "create_table": "on",
+            **overrides}
 
 
 @pytest.mark.parametrize("overrides,field", [({"sink_table": "auth_user"}, "sink_table"),
@@ -72,11 +73,11 @@ def test_the_change_form_edits_only_the_reading_settings_and_audits_them(admin_c
     page = admin_client.get(change).content.decode()
     assert 'name="transform"' in page and 'name="sink_table"' not in page and 'name="topic"' not in page
     refused = admin_client.post(change, {"transform": "..x", "engine": "python", "isolation_level": "read_committed",
-                                         "on_log_truncated": "stop", "sink_table": "auth_user"})
+                                         "on_log_truncated": "stop", "sink_table": "auth_user", "parallel_runs": "1"})
     assert refused.status_code == 200 and refused.context["adminform"].form.errors.get("transform")
     assert Pipeline.objects.get().transform == "int_value" and not ActionLog.objects.exists()
     done = admin_client.post(change, {"transform": "int_value", "engine": "python", "isolation_level": "read_committed",
-                                      "on_log_truncated": "skip", "sink_table": "auth_user"})
+                                      "on_log_truncated": "skip", "sink_table": "auth_user", "parallel_runs": "1"})
     assert done.status_code == 302
     pipeline = Pipeline.objects.get()
     assert (pipeline.on_log_truncated, pipeline.sink_table) == ("skip", table)  # sink_table is not a field here
@@ -88,7 +89,8 @@ def test_a_running_pipeline_cannot_be_changed_in_the_admin(admin_client, make_to
     pipeline = make_pipeline("orders", topic=make_topic("adm"), with_history=False)
     Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
     response = admin_client.post(f"/admin/consumers/pipeline/{pipeline.pk}/change/", {
-        "transform": "int_value", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "skip"})
+        "transform": "int_value", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "skip",
+        "parallel_runs": "1"})
     assert response.status_code == 200 and "stop it before changing it" in response.content.decode()
     assert Pipeline.objects.get().on_log_truncated == "stop" and not ActionLog.objects.exists()
 
