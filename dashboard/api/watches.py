@@ -8,12 +8,18 @@ from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
+from consumers.access import record_refusal
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit
-from dashboard.api.inputs import StrictBooleanField, StrictIntegerField, StrictSerializer, StrictStringField
-from dashboard.api.views import JSON, OPERATE, _invalid
-from dashboard.refusals import record_refusal
+from dashboard.api.inputs import (
+    StrictBooleanField,
+    StrictIntegerField,
+    StrictSerializer,
+    StrictStringField,
+    refuse_invalid,
+)
+from dashboard.api.views import JSON, OPERATE
 
 RANGES_SHOWN = 200   # the newest ranges per detail answer; `watch show --json` lists them all
 
@@ -60,7 +66,7 @@ def watch_list(request):
         return Response({"watches": [watch_json(w) for w in Watch.objects.order_by("name")]})
     body = WatchCreateInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "create_watch")
+        return refuse_invalid(request, body, "create_watch")
     data = dict(body.validated_data)
     try:
         watch, notes = watch_setup.create(watch_setup.WatchSpec(**data), actor=request.user.username)
@@ -97,6 +103,6 @@ def watch_check(request, name):
     watch = get_object_or_404(Watch, name=name)
     body = WatchCheckInput(data=request.data)
     if not body.is_valid():
-        return _invalid(request, body, "check_watch")
+        return refuse_invalid(request, body, "check_watch")
     report = watch_audit.check_watch(watch, settle_seconds=body.validated_data["settle_seconds"])
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})

@@ -9,10 +9,10 @@ from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
+from consumers.access import can_operate
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit
-from dashboard.roles import can_operate
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
