@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from kafka import KafkaProducer
@@ -30,7 +31,7 @@ def read_records(topic, partition, start, end):
     """The topic's real records [start, end) of one partition, as the engine would hand them over."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=kafka_admin.settings.KAFKA_BOOTSTRAP_SERVERS,
+    consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS,
                              enable_auto_commit=False, consumer_timeout_ms=2000)
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
