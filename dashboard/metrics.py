@@ -19,7 +19,7 @@ from consumers.reconciliation import monitored
 from dashboard import status as dashboard_status
 
 STATUSES = [s.value for s in Status] + ["UNKNOWN"]
-PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode"]
+PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode", "cluster"]
 
 
 class TallyCollector:
@@ -55,7 +55,7 @@ class TallyCollector:
         checked = GaugeMetricFamily("tally_pipeline_last_reconciliation_timestamp_seconds",
                                     "When reconciliation last checked the pipeline", labels=PIPELINE_LABELS)
         for row in dashboard_status.pipeline_rows():
-            labels = [row.name, row.pipeline.topic, row.pipeline.delivery_mode]
+            labels = [row.name, row.pipeline.topic, row.pipeline.delivery_mode, row.pipeline.cluster]
             for field, gauge in gauges.items():
                 value = getattr(row, field)
                 if value is not None:
@@ -80,14 +80,14 @@ class TallyCollector:
         letters = GaugeMetricFamily("tally_pipeline_dead_letters_pending",
                                     "Dead letters neither replayed nor discarded", labels=PIPELINE_LABELS)
         for pipeline in Pipeline.objects.order_by("name"):
-            labels = [pipeline.name, pipeline.topic, pipeline.delivery_mode]
+            labels = [pipeline.name, pipeline.topic, pipeline.delivery_mode, pipeline.cluster]
             up.add_metric([*labels, pipeline.desired_state], 1.0 if pipeline.pk in alive else 0.0)
             letters.add_metric(labels, float(pending.get(pipeline.pk, 0)))
         yield up
         yield letters
 
     def _partitions(self):
-        labels = ["pipeline", "topic", "partition"]
+        labels = ["pipeline", "topic", "partition", "cluster"]
         fields = {
             "lag_records": ("tally_partition_lag_records", "Records behind the high watermark"),
             "lag_seconds": ("tally_partition_lag_seconds", "Age of the record at the position"),
@@ -106,7 +106,7 @@ class TallyCollector:
                                    labels=[*labels, "status"])
         rows = PartitionHealth.objects.select_related("pipeline").order_by("pipeline__name", "partition")
         for health in rows:
-            values = [health.pipeline.name, health.pipeline.topic, str(health.partition)]
+            values = [health.pipeline.name, health.pipeline.topic, str(health.partition), health.pipeline.cluster]
             for field, gauge in gauges.items():
                 value = getattr(health, field)
                 if value is not None:
@@ -117,14 +117,14 @@ class TallyCollector:
 
     def _groups(self):
         lag = GaugeMetricFamily("tally_group_lag_records", "Lag of consumer groups Tally does not run",
-                                labels=["group"])
+                                labels=["group", "cluster"])
         seconds = GaugeMetricFamily("tally_group_lag_seconds", "Lag in seconds of consumer groups Tally does not run",
-                                    labels=["group"])
+                                    labels=["group", "cluster"])
         for group in dashboard_status.external_group_rows():
             if group.lag_records is not None:
-                lag.add_metric([group.group_id], float(group.lag_records))
+                lag.add_metric([group.group_id, group.cluster], float(group.lag_records))
             if group.lag_seconds is not None:
-                seconds.add_metric([group.group_id], float(group.lag_seconds))
+                seconds.add_metric([group.group_id, group.cluster], float(group.lag_seconds))
         yield lag
         yield seconds
 

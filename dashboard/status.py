@@ -48,7 +48,8 @@ class PipelineRow:
 
     def as_json(self) -> dict:
         p = self.pipeline
-        return {"name": p.name, "topic": p.topic, "group_id": p.group_id, "sink_table": p.sink_table,
+        return {"name": p.name, "topic": p.topic, "cluster": p.cluster, "group_id": p.group_id,
+                "sink_table": p.sink_table,
                 "delivery_mode": p.delivery_mode, "engine": p.engine, "desired_state": p.desired_state,
                 "epoch": p.epoch, "status": self.status, "lag_records": self.lag_records,
                 "lag_seconds": self.lag_seconds, "records_per_second": self.records_per_second,
@@ -84,9 +85,11 @@ class GroupRow:
     lag_seconds: float | None
     records_per_second: float | None
     taken_at: object
+    cluster: str = "default"
 
     def as_json(self) -> dict:
-        return {"group_id": self.group_id, "lag_records": self.lag_records, "lag_seconds": self.lag_seconds,
+        return {"group_id": self.group_id, "cluster": self.cluster, "lag_records": self.lag_records,
+                "lag_seconds": self.lag_seconds,
                 "records_per_second": self.records_per_second,
                 "sampled_at": self.taken_at.isoformat() if self.taken_at else None}
 
@@ -94,8 +97,9 @@ class GroupRow:
 def external_group_rows() -> list[GroupRow]:
     """The latest whole-group sample of every group that is not a pipeline's: one query (DISTINCT ON)."""
     latest = (LagSnapshot.objects.filter(pipeline__isnull=True, partition__isnull=True).exclude(group_id="")
-              .order_by("group_id", "-taken_at").distinct("group_id"))
-    return [GroupRow(s.group_id, s.lag_records, s.lag_seconds, s.records_per_second, s.taken_at) for s in latest]
+              .order_by("cluster", "group_id", "-taken_at").distinct("cluster", "group_id"))
+    return [GroupRow(s.group_id, s.lag_records, s.lag_seconds, s.records_per_second, s.taken_at, s.cluster)
+            for s in latest]
 
 
 @dataclass

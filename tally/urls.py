@@ -6,6 +6,7 @@ from django.views.generic import RedirectView
 from dashboard import metrics
 from dashboard.views import (
     actions,
+    clusters,
     dead_letters,
     demo,
     groups,
@@ -30,6 +31,7 @@ urlpatterns = [
     path("pipelines/<slug:name>/dead-letters/replay/", dead_letters.replay_dead_letters, name="replay_dead_letters"),
     path("pipelines/<slug:name>/dead-letters/discard/", dead_letters.discard_dead_letters,
          name="discard_dead_letters"),
+    path("clusters/", clusters.cluster_list, name="clusters"),
     path("groups/", groups.group_list, name="groups"),
     path("groups/<path:group_id>/reset/", groups.group_reset, name="group_reset"),
     path("groups/<path:group_id>/", groups.group_detail, name="group"),

@@ -10,7 +10,7 @@ from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
-from consumers.models import ConsumerRun
+from consumers.models import ActionLog, ClusterStatus, ConsumerRun
 from consumers.operations import groups
 from tests.chaos import sink_counts
 from tests.commands import run_command
@@ -94,8 +94,8 @@ bootstrap_servers = "localhost:1"
     return path
 
 
-def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism(clusters_file, secure_broker,
-                                                                                 capsys):
+def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism(transactional_db, clusters_file,
+                                                                                 secure_broker, capsys):
     code, out, err = run_command(capsys, "kafka", "check", "secure")
     assert (code, err) == (0, "")
     for step in ("settings", "resolve", "connect", "tls", "authenticate", "metadata"):
@@ -114,16 +114,20 @@ def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism
     ("no-client-cert", "tls", "TLS verification", "may require a client certificate"),
     ("unreachable", "connect", "unreachable", "no broker accepts connections at localhost:1"),
 ])
-def test_kafka_check_says_which_step_failed_and_why_and_exits_1(clusters_file, capsys, cluster, step, cause, detail):
+def test_kafka_check_says_which_step_failed_and_why_and_exits_1(transactional_db, clusters_file, capsys, cluster,
+                                                               step, cause, detail):
     code, out, err = run_command(capsys, "kafka", "check", cluster)
     assert code == 1
     assert err.startswith(f"CommandError: Kafka cluster {cluster!r}: {cause} ({step} failed): ")
     assert detail in err
     assert f"  {step:<13}FAILED: {cause}: " in out
     assert PASSWORD not in out + err and WRONG not in out + err
+    remembered = ClusterStatus.objects.get(name=cluster)   # for the Clusters page
+    assert not remembered.reachable and detail in remembered.last_error
 
 
-def test_plain_and_mutual_tls_with_an_encrypted_client_key_pass_the_check(clusters_file, capsys, secure_broker):
+def test_plain_and_mutual_tls_with_an_encrypted_client_key_pass_the_check(transactional_db, clusters_file, capsys,
+                                                                           secure_broker):
     assert run_command(capsys, "kafka", "check", "plain")[0] == 0
     assert ("tally", "PLAIN") in secure_broker.forwarder.authenticated
     code, out, _ = run_command(capsys, "kafka", "check", "mtls")
@@ -193,3 +197,44 @@ def test_groups_on_a_secure_cluster_are_described_with_their_lag(db, secure_topi
     assert report.errors == []
     assert report.cluster == "secure"
     assert {p.partition: p.lag_records for p in report.partitions} == {0: 15, 1: 0}
+
+
+def test_after_failures_no_password_is_in_logs_pages_the_api_or_the_action_log(clusters_file, made_pipelines,
+                                                                              secure_topic, caplog, capsys):
+    """Every door, after a wrong password, a wrong mechanism and a wrong CA: the secrets appear nowhere."""
+    from django.core.management import CommandError, call_command
+    from django.test import Client
+
+    from tests.views_helpers import make_operator
+
+    # A run that cannot authenticate; pipeline creation, a group reset and checks through the doors.
+    pipeline = create_pipeline("leak-" + secure_topic, secure_topic, f"sink_l_{secure_topic}".replace("-", "_"),
+                               cluster="wrong-password")
+    made_pipelines.append(pipeline.sink_table)
+    assert run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60).reason == "error"
+    for name in ("wrong-password", "wrong-mechanism", "wrong-ca", "secure"):
+        run_command(capsys, "kafka", "check", name)
+    run_command(capsys, "kafka", "clusters", "--json")
+    with pytest.raises(CommandError) as refused:
+        call_command("pipeline", "create", "leak-two", "--topic", secure_topic, "--sink-table", "leak_two",
+                     "--cluster", "wrong-password")
+    assert "cannot use Kafka to check topic" in str(refused.value) and "authentication" in str(refused.value)
+    client = Client()
+    client.force_login(make_operator())
+    seen = [client.get(url) for url in ("/clusters/", "/api/clusters/", "/groups/", "/api/groups/",
+                                        f"/pipelines/{pipeline.name}/", f"/api/pipelines/{pipeline.name}/",
+                                        "/groups/billing/?cluster=wrong-password",
+                                        "/api/groups/billing/?cluster=wrong-password", "/action-log/",
+                                        "/api/action-log", "/metrics")]
+    seen.append(client.post("/api/groups/billing/reset?cluster=wrong-password",
+                            {"topic": secure_topic, "mode": "to-earliest", "execute": True},
+                            content_type="application/json"))
+    assert all(response.status_code < 500 for response in seen), [r.status_code for r in seen]
+    clusters_page = seen[0].content.decode()
+    assert "wrong-password" in clusters_page and "authentication (authenticate failed)" in clusters_page
+    out, err = capsys.readouterr()
+    texts = [caplog.text, out, err] + [response.content.decode() for response in seen]
+    texts += [repr(list(model.objects.values())) for model in (ActionLog, ClusterStatus, ConsumerRun)]
+    for text in texts:
+        for secret in (PASSWORD, WRONG, KEY_PASSWORD):
+            assert secret not in text

@@ -24,7 +24,8 @@ def test_metrics_report_every_pipeline_and_partition_from_reconciliation(client)
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     found = samples(response.content.decode())
-    payments = (("delivery_mode", "exactly_once"), ("pipeline", "payments"), ("topic", "orders-topic"))
+    payments = (("cluster", "default"), ("delivery_mode", "exactly_once"), ("pipeline", "payments"),
+                ("topic", "orders-topic"))
     assert found[("tally_pipeline_lost_records", payments)] == 3
     assert found[("tally_pipeline_duplicated_records", payments)] == 2
     assert found[("tally_pipeline_lag_records", payments)] == 40
@@ -32,7 +33,7 @@ def test_metrics_report_every_pipeline_and_partition_from_reconciliation(client)
     assert found[("tally_pipeline_throughput_records_per_second", payments)] == 42
     assert found[("tally_pipeline_status", tuple(sorted((*payments, ("status", "ERR")))))] == 1
     assert found[("tally_pipeline_status", tuple(sorted((*payments, ("status", "OK")))))] == 0
-    partition = (("partition", "0"), ("pipeline", "payments"), ("topic", "orders-topic"))
+    partition = (("cluster", "default"), ("partition", "0"), ("pipeline", "payments"), ("topic", "orders-topic"))
     assert found[("tally_partition_lost_records", partition)] == 3
     assert found[("tally_partition_high_watermark", partition)] == 120
     assert found[("tally_partition_db_offset", partition)] == 100
@@ -46,4 +47,5 @@ def test_metrics_accept_a_token_and_refuse_anonymous_scrapes(client):
     assert client.get("/metrics", HTTP_AUTHORIZATION="Token wrong").status_code == 401
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Token {token.key}")
     assert response.status_code == 200
-    assert b'tally_pipeline_lag_records{delivery_mode="exactly_once",pipeline="orders"' in response.content
+    assert b'tally_pipeline_lag_records{cluster="default",delivery_mode="exactly_once",pipeline="orders"' in (
+        response.content)

@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from consumers.engine import commit
 from consumers.kafka import clusters
-from consumers.models import ConsumerRun, DeliveryMode, Pipeline, RunState
+from consumers.models import ClusterStatus, ConsumerRun, DeliveryMode, Pipeline, RunState
 
 log = logging.getLogger("tally.engine")
 
@@ -89,6 +89,15 @@ class RunEnded(Exception):
         if refusal in REASONS:
             return cls(refusal, detail)
         return cls("error", f"Gap: {detail}" if refusal == commit.Gap.reason else detail)
+
+
+def cluster_unusable(pipeline: Pipeline, exc: Exception) -> tuple[str, str]:
+    """A run that cannot use its Kafka cluster (TLS, authentication, unreachable, settings): the reason it ends
+    with, logged once without a traceback (the message says what to fix) and kept as the cluster's last error
+    for the Clusters page. The supervisor restarts the run with backoff."""
+    log.error("%s: %s", pipeline.name, exc)
+    ClusterStatus.objects.record_failure(pipeline.cluster, str(exc))
+    return "error", f"{type(exc).__name__}: {exc}"
 
 
 def load_pipeline(name: str) -> Pipeline:

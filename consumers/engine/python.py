@@ -38,9 +38,10 @@ from kafka import TopicPartition
 from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import fetches_of_poll, make_consumer, records_by_partition
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
+from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
+from consumers.kafka.errors import KafkaUnreachable
 from consumers.models import DeliveryMode, Engine, Pipeline
 
 log = logging.getLogger("tally.engine")
@@ -105,6 +106,8 @@ class _Engine:
             reason = self._loop()
         except RunEnded as ended:
             reason, detail = ended.reason, ended.detail
+        except KafkaUnreachable as exc:
+            reason, detail = cluster_unusable(self.pipeline, exc)
         except Exception as exc:
             log.exception("%s: run %s failed", self.pipeline.name, self.lifecycle.row.pk)
             reason, detail = "error", f"{type(exc).__name__}: {exc}"

@@ -38,12 +38,13 @@ from django.conf import settings
 
 from consumers.engine import caught_up, commit, db, json_map, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, load_pipeline
+from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.engine.transforms import JSON
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
+from consumers.kafka.errors import KafkaUnreachable
 from consumers.models import DeliveryMode, Engine, Pipeline, RunState
 
 log = logging.getLogger("tally.spark.engine")
@@ -111,6 +112,8 @@ class SparkRun:
             reason, detail = self._supervise(query)
         except RunEnded as ended:
             reason, detail = ended.reason, ended.detail
+        except KafkaUnreachable as exc:
+            reason, detail = cluster_unusable(self.pipeline, exc)
         except Exception as exc:
             log.exception("Spark run of %s failed", self.pipeline.name)
             reason, detail = "error", f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,5 @@
 """Models by area: pipelines and their positions; operator actions; reconciliation; topic checks; watches."""
+from consumers.models.cluster import ClusterStatus
 from consumers.models.operations import ActionLog, ActionResult
 from consumers.models.pipeline import (
     LIVE_RUN_STATES,
@@ -23,7 +24,8 @@ from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 from consumers.models.watch import OFFSETS_LISTED, Watch, WatchPartition, WatchRange
 
 __all__ = [
-    "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ConsumerRun", "DeadLetter",
+    "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
+    "DeadLetter",
     "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot", "LedgerSummary",
     "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth", "ResetPolicy",
     "RunState", "Status", "TopicCheckJob", "TopicCheckStatus", "OFFSETS_LISTED", "Watch", "WatchPartition",

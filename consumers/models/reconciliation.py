@@ -67,6 +67,8 @@ class LagSnapshot(models.Model):
     watch = models.ForeignKey("consumers.Watch", null=True, blank=True, on_delete=models.CASCADE,
                               related_name="snapshots")
     group_id = models.CharField(max_length=255, blank=True, default="")
+    # The Kafka cluster of the group: two clusters can each have a group of one name.
+    cluster = models.CharField(max_length=64, default="default")
     partition = models.IntegerField(null=True, blank=True)
     taken_at = models.DateTimeField(default=timezone.now)
     resolution_seconds = models.PositiveIntegerField(default=0)

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from consumers.access import record_refusal
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
 from consumers.operations.offset_specs import (
@@ -49,10 +50,11 @@ class GroupResetResult:
 
 
 def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions: list[int] | None = None,
-                execute: bool = False, actor: str = "cli") -> GroupResetResult:
+                execute: bool = False, actor: str = "cli", cluster: str | None = None) -> GroupResetResult:
     """Plan (and with execute=True, apply) a reset of `group_id`'s committed offsets on `topic`.
     Raises Refused (recorded in the action log) on bad input or while the group has active members."""
-    params = {"topic": topic, "mode": mode, "value": None if value is None else str(value),
+    cluster = cluster or clusters.DEFAULT
+    params = {"cluster": cluster, "topic": topic, "mode": mode, "value": None if value is None else str(value),
               "partitions": partitions or "all"}
 
     def refused(message):
@@ -67,16 +69,16 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
     if problem:
         raise refused(f"The group id or topic {problem}.")
 
-    owner = Pipeline.objects.filter(group_id=group_id).first()
+    owner = Pipeline.objects.filter(group_id=group_id, cluster=cluster).first()
     if owner is not None:
         raise refused(f"Group {group_id!r} is run by Tally pipeline {owner.name!r}: its position is kept in "
                       f"the database, so move it with `rewind {owner.name}`.")
     try:
         spec = parse_spec(mode, value)
-        chosen = choose_partitions(topic, partitions)
-        marks = kafka_admin.watermarks(topic, chosen)
-        current = kafka_admin.committed_offsets(group_id, topic, chosen)
-        moves = resolve(spec, topic, chosen, current, marks)
+        chosen = choose_partitions(topic, partitions, cluster=cluster)
+        marks = kafka_admin.watermarks(topic, chosen, cluster=cluster)
+        current = kafka_admin.committed_offsets(group_id, topic, chosen, cluster=cluster)
+        moves = resolve(spec, topic, chosen, current, marks, cluster=cluster)
     except Refused as exc:
         raise refused(str(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
@@ -91,16 +93,16 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
     with transaction.atomic():
         # One reset of a group at a time: a transaction-scoped advisory lock on the group's name.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{group_id}"])
+            cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{cluster}:{group_id}"])
             locked = cursor.fetchone()[0]
-        described = kafka_admin.describe_group(group_id) if locked else None
+        described = kafka_admin.describe_group(group_id, cluster=cluster) if locked else None
         if not locked:
             problem = f"Another reset of group {group_id!r} is running. Try again when it has finished."
         elif described.has_active_members:
             problem = (f"Group {group_id!r} has {len(described.members) or 'some'} active member(s) "
                        f"(state {described.state}): stop its consumers first. Nothing was changed.")
         else:
-            kafka_admin.commit_offsets(group_id, topic, {m.partition: m.new for m in moves})
+            kafka_admin.commit_offsets(group_id, topic, {m.partition: m.new for m in moves}, cluster=cluster)
             message = (f"{summary}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
                        f"{sum(m.skip for m in moves)} to skip")
             entry = ActionLog.objects.create(

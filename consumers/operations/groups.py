@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import Pipeline
 
 
@@ -71,6 +72,23 @@ def list_groups(*, include_pipelines: bool = False, kafka=None, cluster=None) ->
         return groups
     own = set(Pipeline.objects.filter(cluster=cluster).values_list("group_id", flat=True))
     return [g for g in groups if g not in own]
+
+
+def groups_of_every_cluster(include_pipelines: bool = True) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(cluster, group id) of every configured cluster's groups, and {cluster: error} for those that did not
+    answer: one cluster down does not hide the others' groups."""
+    found, errors = [], {}
+    try:
+        names = clusters.names()
+    except ClusterConfigError as exc:
+        names, errors["*"] = [clusters.DEFAULT], str(exc)
+    for cluster in names:
+        try:
+            found += [(cluster, group) for group in list_groups(include_pipelines=include_pipelines, cluster=cluster)]
+        except Exception as exc:  # this cluster down or refusing: say so, go on with the others
+            errors[cluster] = str(exc) if isinstance(exc, kafka_admin.KafkaAdminError) else (
+                f"Kafka cluster {cluster!r} did not answer: {type(exc).__name__}: {exc}")
+    return found, errors
 
 
 def describe(group_id: str, *, kafka=None, cluster=None, now_ms: float | None = None) -> GroupReport:

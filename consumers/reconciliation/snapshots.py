@@ -21,6 +21,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import DeliveryMode, LagSnapshot, PartitionOffset, Pipeline, Watch
 from consumers.operations import groups
 
@@ -41,19 +43,38 @@ def take_snapshots(*, kafka=None, now: datetime | None = None) -> int:
             rows += _pipeline_samples(pipeline, kafka or kafka_admin.on(pipeline.cluster), now)
         except Exception:  # one unreachable topic must not cost the others their sample
             log.exception("snapshot of pipeline %s failed", pipeline.name)
-    try:
-        for group_id in groups.list_groups(kafka=kafka or kafka_admin.on()):
-            report = groups.describe(group_id, kafka=kafka or kafka_admin.on(), now_ms=now.timestamp() * 1000)
-            positions = [p.committed for p in report.partitions if p.committed is not None]
-            rows.append(LagSnapshot(group_id=group_id, partition=None, taken_at=now, lag_records=report.lag_records,
-                                    lag_seconds=report.lag_seconds, position=sum(positions) if positions else None,
-                                    high_watermark=_sum(p.high_watermark for p in report.partitions)))
-    except Exception:
-        log.exception("snapshot of consumer groups failed")
+    for cluster in _cluster_names(kafka):
+        try:
+            rows += _group_samples(cluster, kafka or kafka_admin.on(cluster), now)
+        except Exception:  # one cluster down must not cost the others their samples
+            log.exception("snapshot of consumer groups of cluster %s failed", cluster)
     rows += _watch_samples(now)
     _fill_rates(rows)
     LagSnapshot.objects.bulk_create(rows)
     return len(rows)
+
+
+def _cluster_names(kafka) -> list[str]:
+    """Every configured cluster (only "default" with a stand-in `kafka`, or when the clusters file is broken)."""
+    if kafka is not None:
+        return [clusters.DEFAULT]
+    try:
+        return clusters.names()
+    except ClusterConfigError as exc:
+        log.error("%s", exc)
+        return [clusters.DEFAULT]
+
+
+def _group_samples(cluster: str, kafka, now: datetime) -> list[LagSnapshot]:
+    rows = []
+    for group_id in groups.list_groups(kafka=kafka, cluster=cluster):
+        report = groups.describe(group_id, kafka=kafka, cluster=cluster, now_ms=now.timestamp() * 1000)
+        positions = [p.committed for p in report.partitions if p.committed is not None]
+        rows.append(LagSnapshot(group_id=group_id, cluster=cluster, partition=None, taken_at=now,
+                                lag_records=report.lag_records, lag_seconds=report.lag_seconds,
+                                position=sum(positions) if positions else None,
+                                high_watermark=_sum(p.high_watermark for p in report.partitions)))
+    return rows
 
 
 def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnapshot]:
@@ -68,7 +89,8 @@ def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnaps
     for p, mark in sorted(marks.items()):
         position = positions.get(p, pipeline.initial_position(mark))
         lag = max(0, mark.high - position)
-        samples.append(LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, partition=p, taken_at=now,
+        samples.append(LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, cluster=pipeline.cluster,
+                                   partition=p, taken_at=now,
                                    lag_records=lag, lag_seconds=0.0 if lag == 0 else None, position=position,
                                    high_watermark=mark.high))
         if lag:
@@ -78,7 +100,8 @@ def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnaps
         for sample in samples:
             if stamps.get(sample.partition) is not None:
                 sample.lag_seconds = max(0.0, now.timestamp() - stamps[sample.partition] / 1000)
-    total = LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, partition=None, taken_at=now,
+    total = LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, cluster=pipeline.cluster, partition=None,
+                        taken_at=now,
                         lag_records=_sum(s.lag_records for s in samples),
                         lag_seconds=max((s.lag_seconds for s in samples if s.lag_seconds is not None), default=None),
                         position=_sum(s.position for s in samples),
@@ -92,12 +115,14 @@ def _watch_samples(now: datetime) -> list[LagSnapshot]:
     rows = []
     for watch in Watch.objects.prefetch_related("partitions").order_by("name"):
         parts = [wp for wp in watch.partitions.all() if wp.checked_at is not None]
-        samples = [LagSnapshot(watch=watch, partition=wp.partition, taken_at=now, lag_records=wp.lag_records,
+        samples = [LagSnapshot(watch=watch, cluster=watch.cluster, partition=wp.partition, taken_at=now,
+                               lag_records=wp.lag_records,
                                lag_seconds=wp.lag_seconds, position=wp.committed, high_watermark=wp.high_watermark)
                    for wp in parts]
         if samples:
             samples.append(LagSnapshot(
-                watch=watch, partition=None, taken_at=now, lag_records=_sum(s.lag_records for s in samples),
+                watch=watch, cluster=watch.cluster, partition=None, taken_at=now,
+                lag_records=_sum(s.lag_records for s in samples),
                 lag_seconds=max((s.lag_seconds for s in samples if s.lag_seconds is not None), default=None),
                 position=_sum(s.position for s in samples), high_watermark=_sum(s.high_watermark for s in samples)))
         rows += samples
@@ -105,9 +130,10 @@ def _watch_samples(now: datetime) -> list[LagSnapshot]:
 
 
 def _series(row) -> tuple:
-    """A sample's series: its pipeline's or its watch's partition, or an external group's total."""
-    return (row["pipeline_id"], row["watch_id"], row["group_id"] if not (row["pipeline_id"] or row["watch_id"])
-            else "", row["partition"])
+    """A sample's series: its pipeline's or its watch's partition, or an external group's total on its cluster."""
+    external = not (row["pipeline_id"] or row["watch_id"])
+    return (row["pipeline_id"], row["watch_id"], (row["cluster"], row["group_id"]) if external else "",
+            row["partition"])
 
 
 def _fill_rates(rows: list[LagSnapshot]) -> None:
@@ -120,13 +146,14 @@ def _fill_rates(rows: list[LagSnapshot]) -> None:
     series = (Q(pipeline_id__in=pipeline_ids) | Q(watch_id__in=watch_ids)
               | Q(pipeline__isnull=True, watch__isnull=True, group_id__in=group_ids))
     latest = (LagSnapshot.objects.filter(series)
-              .order_by("pipeline_id", "watch_id", "group_id", "partition", "-taken_at")
-              .distinct("pipeline_id", "watch_id", "group_id", "partition")
-              .values("pipeline_id", "watch_id", "group_id", "partition", "taken_at", "position"))
+              .order_by("pipeline_id", "watch_id", "cluster", "group_id", "partition", "-taken_at")
+              .distinct("pipeline_id", "watch_id", "cluster", "group_id", "partition")
+              .values("pipeline_id", "watch_id", "cluster", "group_id", "partition", "taken_at", "position"))
     previous = {_series(s): s for s in latest}
     for row in rows:
         before = previous.get(_series({"pipeline_id": row.pipeline_id, "watch_id": row.watch_id,
-                                       "group_id": row.group_id, "partition": row.partition}))
+                                       "cluster": row.cluster, "group_id": row.group_id,
+                                       "partition": row.partition}))
         if before and before["position"] is not None and row.position is not None:
             seconds = (row.taken_at - before["taken_at"]).total_seconds()
             if seconds > 0 and row.position >= before["position"]:
@@ -141,13 +168,13 @@ def downsample(*, now: datetime | None = None) -> dict[str, int]:
         for resolution, keep_finer_for in TIERS:
             cutoff = _floor(now - keep_finer_for, resolution)
             cur.execute(
-                "INSERT INTO consumers_lagsnapshot (pipeline_id, watch_id, group_id, partition, taken_at, "
+                "INSERT INTO consumers_lagsnapshot (pipeline_id, watch_id, group_id, cluster, partition, taken_at, "
                 "resolution_seconds, lag_records, lag_seconds, position, high_watermark, records_per_second) "
-                "SELECT pipeline_id, watch_id, group_id, partition, "
+                "SELECT pipeline_id, watch_id, group_id, cluster, partition, "
                 "to_timestamp(floor(extract(epoch FROM taken_at) / %(r)s) * %(r)s) AS bucket, %(r)s, "
                 "max(lag_records), max(lag_seconds), max(position), max(high_watermark), avg(records_per_second) "
                 "FROM consumers_lagsnapshot WHERE resolution_seconds < %(r)s AND taken_at < %(cutoff)s "
-                "GROUP BY pipeline_id, watch_id, group_id, partition, bucket",
+                "GROUP BY pipeline_id, watch_id, group_id, cluster, partition, bucket",
                 {"r": resolution, "cutoff": cutoff})
             result[f"buckets_{resolution}s"] = cur.rowcount
             cur.execute("DELETE FROM consumers_lagsnapshot WHERE resolution_seconds < %s AND taken_at < %s",

@@ -23,6 +23,7 @@ urlpatterns = [
     path("pipelines/<slug:name>/actions/<slug:action>", views.pipeline_action, name="action"),
     path("pipelines/<slug:name>/rewind", views.pipeline_rewind, name="rewind"),
     path("pipelines/<slug:name>/topic-checks", views.pipeline_topic_checks, name="topic_checks"),
+    path("clusters/", views.cluster_list, name="clusters"),
     path("groups/", views.group_list, name="groups"),
     path("groups/<path:group_id>/reset", views.group_reset_view, name="group_reset"),
     path("groups/<path:group_id>/", views.group_detail, name="group"),

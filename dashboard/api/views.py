@@ -24,9 +24,18 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.access import can_operate, record_refusal, role_of
+from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
-from consumers.operations import actions, dead_letter_batches, dead_letter_queries, group_reset, pipeline_setup
+from consumers.operations import (
+    actions,
+    cluster_status,
+    dead_letter_batches,
+    dead_letter_queries,
+    group_reset,
+    pipeline_setup,
+)
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import pipeline_preview as pipeline_preview_ops
@@ -80,6 +89,7 @@ def api_root(request):
         return request.build_absolute_uri(reverse(f"api:{name}", kwargs=kwargs))
 
     return Response({"pipelines": url("pipelines"), "groups": url("groups"), "watches": url("watches"),
+                     "clusters": url("clusters"),
                      "action_log": url("action_log"),
                      "me": url("me"), "token": url("token"), "schema": url("schema"), "docs": url("docs"),
                      "alerts": request.build_absolute_uri(reverse("alerts_api:list"))})
@@ -328,25 +338,53 @@ def pipeline_rewind(request, name):
     return Response(result.as_dict())
 
 
+CLUSTER_PARAMETER = OpenApiParameter("cluster", str, description="A Kafka cluster's name (default: default)")
+
+
+def _cluster_param(request) -> str:
+    """?cluster=NAME, validated: a 400 naming the field for a cluster that is not configured."""
+    name = request.query_params.get("cluster") or clusters.DEFAULT
+    try:
+        clusters.get(name)
+    except ClusterConfigError as exc:
+        raise ValidationError({"cluster": [exc.problem]}) from None
+    return name
+
+
+@extend_schema(operation_id="clusters_list", responses=JSON)
+@api_view(["GET"])
+def cluster_list(request):
+    """Every configured cluster, checked now: settings without secrets, reachable, the failed step and why."""
+    states, error = cluster_status.cluster_states()
+    return Response({"clusters": [s.as_json() for s in states], "error": error or None})
+
+
 @extend_schema(operation_id="groups_list", responses=JSON)
 @api_view(["GET"])
 def group_list(request):
+    """Every configured cluster's groups; a 503 with the reasons when no cluster answered, never a 500."""
+    found, errors = kafka_groups.groups_of_every_cluster(include_pipelines=True)
+    if errors and not found and _every_cluster_failed(errors):
+        return Response({"error": "; ".join(errors.values())}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+    owners = {(c, g): n for c, g, n in Pipeline.objects.values_list("cluster", "group_id", "name")}
+    return Response({"groups": [{"group_id": g, "cluster": c, "pipeline": owners.get((c, g))} for c, g in found],
+                     "errors": errors})
+
+
+def _every_cluster_failed(errors: dict[str, str]) -> bool:
     try:
-        names = kafka_groups.list_groups(include_pipelines=True)
-    except Exception as exc:  # Kafka down, or a broker without ListGroups: a 503 with the reason, never a 500
-        reason = str(exc) if isinstance(exc, KafkaAdminError) else f"Kafka did not answer: {type(exc).__name__}: {exc}"
-        return Response({"error": reason}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
-    owners = dict(Pipeline.objects.values_list("group_id", "name"))
-    return Response({"groups": [{"group_id": n, "pipeline": owners.get(n)} for n in names]})
+        return set(clusters.names()) <= set(errors)
+    except ClusterConfigError:   # the file is broken: only the default cluster was asked
+        return clusters.DEFAULT in errors
 
 
-@extend_schema(operation_id="groups_detail", responses=JSON)
+@extend_schema(operation_id="groups_detail", responses=JSON, parameters=[CLUSTER_PARAMETER])
 @api_view(["GET"])
 def group_detail(request, group_id):
-    return Response(kafka_groups.describe(group_id).as_json())
+    return Response(kafka_groups.describe(group_id, cluster=_cluster_param(request)).as_json())
 
 
-@extend_schema(responses=JSON, request=GroupResetInput)
+@extend_schema(responses=JSON, request=GroupResetInput, parameters=[CLUSTER_PARAMETER])
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def group_reset_view(request, group_id):
@@ -358,7 +396,7 @@ def group_reset_view(request, group_id):
     try:
         result = group_reset.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"], execute=data["execute"],
-                                         actor=request.user.username)
+                                         actor=request.user.username, cluster=_cluster_param(request))
     except Refused as exc:
         return _refused(exc)
     except (KafkaAdminError, KafkaError) as exc:  # the broker refused a request or is down: nothing was changed

@@ -3,10 +3,15 @@ consumers.operations.groups) and the offset reset form (dry run first, then conf
 consumers.operations.group_reset)."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from consumers.access import can_operate, form_errors, record_refusal
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import Pipeline
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
@@ -18,36 +23,51 @@ from dashboard.views.common import render_page
 from dashboard.views.topic_checks import topic_check_context
 
 
-def _pipeline_groups() -> dict[str, str]:
-    return dict(Pipeline.objects.values_list("group_id", "name"))
+def _pipeline_groups() -> dict[tuple[str, str], str]:
+    rows = Pipeline.objects.values_list("cluster", "group_id", "name")
+    return {(cluster, group): name for cluster, group, name in rows}
+
+
+def _cluster(request) -> str:
+    """The cluster a group page is about (?cluster=NAME, "default" when absent); Http404 for an unknown one."""
+    name = request.GET.get("cluster") or clusters.DEFAULT
+    try:
+        clusters.get(name)
+    except ClusterConfigError:
+        raise Http404("No such Kafka cluster.") from None
+    return name
 
 
 @require_GET
 @login_required
 def group_list(request):
-    error = ""
-    try:
-        names = kafka_groups.list_groups(include_pipelines=True)
-    except Exception as exc:  # Kafka down: show the page with the reason, not a 500
-        names, error = [], f"Kafka did not answer: {exc}"
+    # Every cluster's groups; a cluster down shows its reason, the others still list theirs (never a 500).
+    found, errors = kafka_groups.groups_of_every_cluster(include_pipelines=True)
     pipelines = _pipeline_groups()
     # A pipeline's group shows the pipeline's lag (from reconciliation); other groups their last sample.
-    sampled = {g.group_id: g for g in status.external_group_rows()}
-    sampled.update({row.pipeline.group_id: row for row in status.pipeline_rows()})
-    groups = [{"group_id": n, "pipeline": pipelines.get(n), "sample": sampled.get(n)} for n in names]
-    return render_page(request, "groups.html", {"nav": "groups", "groups": groups, "error": error})
+    sampled = {(g.cluster, g.group_id): g for g in status.external_group_rows()}
+    sampled.update({(row.pipeline.cluster, row.pipeline.group_id): row for row in status.pipeline_rows()})
+    groups = [{"group_id": g, "cluster": c, "pipeline": pipelines.get((c, g)), "sample": sampled.get((c, g))}
+              for c, g in found]
+    error = "; ".join(errors.values())
+    return render_page(request, "groups.html", {"nav": "groups", "groups": groups, "error": error,
+                                                "several_clusters": len({c for c, _ in found} | set(errors)) > 1})
 
 
 def _detail_context(request, group_id, form=None, preview=None, carry=None):
-    context = {"nav": "groups", "group_id": group_id, "pipeline": Pipeline.objects.filter(group_id=group_id).first(),
+    cluster = _cluster(request)
+    context = {"nav": "groups", "group_id": group_id, "cluster": cluster,
+               "cluster_query": _cluster_query(cluster),
+               "pipeline": Pipeline.objects.filter(group_id=group_id, cluster=cluster).first(),
                "can_operate": can_operate(request.user), "preview": preview, "carry": carry, "error": ""}
-    report = kafka_groups.describe(group_id)
+    report = kafka_groups.describe(group_id, cluster=cluster)
     context.update(description=report, partitions=report.partitions, error="; ".join(report.errors))
     topics = sorted({p.topic for p in context["partitions"]})
     context["topics"] = topics
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
     context["actions"] = list(status.recent_actions(None, limit=200))
-    context["actions"] = [a for a in context["actions"] if a.group_id == group_id][:20]
+    context["actions"] = [a for a in context["actions"] if a.group_id == group_id
+                          and (a.params or {}).get("cluster", clusters.DEFAULT) == cluster][:20]
     context.update(topic_check_context(context["pipeline"]))  # only a pipeline's group can be checked
     return context
 
@@ -73,13 +93,17 @@ def group_reset(request, group_id):
     try:
         result = group_resets.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"] or None, execute=execute,
-                                         actor=request.user.username)
+                                         actor=request.user.username, cluster=_cluster(request))
     except Refused as exc:
         form.add_error(None, str(exc))
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",
                            status=422)
     if execute:
         messages.success(request, f"Offsets of group {group_id} reset: {result.message}")
-        return redirect("group", group_id=group_id)
+        return redirect(reverse("group", kwargs={"group_id": group_id}) + _cluster_query(_cluster(request)))
     return render_page(request, "group.html", _detail_context(request, group_id, form=form, preview=result.as_dict(),
                                                               carry=form.hidden_copy()), fragment="panel")
+
+
+def _cluster_query(cluster: str) -> str:
+    return "" if cluster == clusters.DEFAULT else f"?{urlencode({'cluster': cluster})}"

@@ -31,21 +31,24 @@ class Command(BaseCommand):
         reset.add_argument("--execute", action="store_true", help="Apply the plan (default: dry run).")
         reset.add_argument("--json", action="store_true")
         reset.add_argument("--actor", default="cli", help="Who asks (for the action log).")
+        for sub in (listing, describe, reset):
+            sub.add_argument("--cluster", default="default",
+                             help="The Kafka cluster (default, or a name from the TALLY_KAFKA_CLUSTERS file).")
 
     def handle(self, *args, command, **options):
         if command == "list":
             try:
-                names = groups.list_groups(include_pipelines=options["all"])
+                names = groups.list_groups(include_pipelines=options["all"], cluster=options["cluster"])
             except KafkaAdminError as exc:
                 raise CommandError(str(exc), returncode=1) from None
             self.stdout.write(json.dumps(names) if options["json"] else "\n".join(names))
         elif command == "describe":
-            self._describe(options["group"], options["json"])
+            self._describe(options["group"], options["json"], options["cluster"])
         else:
             self._reset(options)
 
-    def _describe(self, group_id: str, as_json: bool) -> None:
-        report = groups.describe(group_id)
+    def _describe(self, group_id: str, as_json: bool, cluster: str) -> None:
+        report = groups.describe(group_id, cluster=cluster)
         if report.errors and not report.known:
             raise CommandError(f"Failed: Kafka: {'; '.join(report.errors)}", returncode=1)
         if not report.known:
@@ -55,7 +58,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report.as_json(), indent=2, default=str))
             return
         owner = f" (Tally pipeline {report.pipeline})" if report.pipeline else ""
-        self.stdout.write(f"group {report.group_id}{owner}: state {report.state}, {len(report.members)} member(s)")
+        self.stdout.write(f"group {report.group_id} on cluster {report.cluster}{owner}: state {report.state}, "
+                          f"{len(report.members)} member(s)")
         for member in report.members:
             self.stdout.write(f"  member {member.get('member_id')} {member.get('client_id')} {member.get('host')}")
         self.stdout.write(f"{'topic':>20} {'partition':>9} {'committed':>10} {'end':>10} {'lag':>8}")
@@ -69,7 +73,7 @@ class Command(BaseCommand):
         mode, value = chosen_mode(options)
         try:
             result = reset_group(options["group"], options["topic"], mode, value, partitions=options["partitions"],
-                                 execute=options["execute"], actor=options["actor"])
+                                 execute=options["execute"], actor=options["actor"], cluster=options["cluster"])
         except Refused as exc:
             raise CommandError(f"Refused: {exc}", returncode=1) from None
         except (KafkaAdminError, KafkaError) as exc:

@@ -8,10 +8,12 @@ on stderr), 2 usage error."""
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from consumers.kafka import clusters
 from consumers.kafka.check import check_cluster
 from consumers.kafka.errors import ClusterConfigError
+from consumers.models import ClusterStatus
 
 STEPS = ("settings", "resolve", "connect", "tls", "authenticate", "metadata")
 
@@ -34,7 +36,7 @@ class Command(BaseCommand):
             names = [options["cluster"]] if options["cluster"] else clusters.names()
         except ClusterConfigError as exc:
             raise CommandError(str(exc), returncode=1) from None
-        results = [check_cluster(name) for name in names]
+        results = [self.check_and_record(name) for name in names]
         if options["json"]:
             self.stdout.write(json.dumps([r.as_dict() for r in results] if not options["cluster"]
                                          else results[0].as_dict()))
@@ -44,6 +46,17 @@ class Command(BaseCommand):
         failed = [r for r in results if not r.ok]
         if failed:
             raise CommandError("\n".join(r.error for r in failed), returncode=1)
+
+    def check_and_record(self, name: str):
+        """The check, remembered for the Clusters page when the database is there (a check of Kafka must
+        work without it)."""
+        result = check_cluster(name)
+        try:
+            ClusterStatus.objects.record(result.cluster, reachable=result.ok, error=result.error,
+                                         brokers=result.brokers, topics=result.topics)
+        except DatabaseError as exc:
+            self.stderr.write(f"warning: the result was not recorded: {type(exc).__name__}")
+        return result
 
     def print_result(self, result) -> None:
         self.stdout.write(f"Cluster {result.cluster}: {result.bootstrap_servers or '?'} "

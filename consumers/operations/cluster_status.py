@@ -1,0 +1,82 @@
+"""Every configured Kafka cluster, checked now, with what Tally last saw of it: the Clusters page, its API
+and `kafka check` share this. Checks run in parallel, so a page with an unreachable cluster still answers
+within one check's time limit (consumers/kafka/check.py)."""
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+
+from consumers.kafka import clusters
+from consumers.kafka.check import CheckResult, check_cluster
+from consumers.kafka.errors import ClusterConfigError
+from consumers.models import ClusterStatus, Pipeline, Watch
+
+# Clusters checked at once: each check mostly waits on the network.
+CHECK_THREADS = 8
+
+
+@dataclass
+class ClusterState:
+    settings: dict            # clusters.describe(): no secret, only where each secret is read from
+    check: CheckResult
+    status: ClusterStatus
+    pipelines: list[str]
+    watches: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.settings["name"]
+
+    def as_json(self) -> dict:
+        return {**self.settings, "reachable": self.check.ok, "check": self.check.as_dict(),
+                "last_error": self.status.last_error or None,
+                "last_error_at": self.status.last_error_at.isoformat() if self.status.last_error_at else None,
+                "pipelines": self.pipelines, "watches": self.watches}
+
+
+def configured() -> tuple[list[clusters.Cluster], str]:
+    """The clusters whose settings load, and the error of the clusters file (or of the default cluster's
+    settings) when they do not: a broken file must not hide the default cluster."""
+    try:
+        return clusters.all_clusters(), ""
+    except ClusterConfigError as exc:
+        try:
+            return [clusters.default_cluster()], str(exc)
+        except ClusterConfigError as default_error:
+            return [], f"{default_error}; {exc}" if str(exc) != str(default_error) else str(exc)
+
+
+def check_and_record(cluster) -> CheckResult:
+    result = check_cluster(cluster)
+    ClusterStatus.objects.record(result.cluster, reachable=result.ok, error=result.error, brokers=result.brokers,
+                                 topics=result.topics)
+    return result
+
+
+def _check_in_thread(cluster) -> CheckResult:
+    try:
+        return check_and_record(cluster)
+    finally:
+        close_old_connections()
+
+
+def cluster_states(names: list[str] | None = None) -> tuple[list[ClusterState], str]:
+    """Check the clusters (all configured ones unless `names`); returns their states and the settings error."""
+    found, error = configured()
+    if names is not None:
+        found = [c for c in found if c.name in names]
+    with ThreadPoolExecutor(max_workers=max(1, min(CHECK_THREADS, len(found)))) as pool:
+        results = list(pool.map(_check_in_thread, found))
+    statuses = {s.name: s for s in ClusterStatus.objects.filter(name__in=[c.name for c in found])}
+    pipelines, watches = _names_by_cluster(Pipeline), _names_by_cluster(Watch)
+    states = [ClusterState(clusters.describe(c), r, statuses.get(c.name) or ClusterStatus(name=c.name),
+                           pipelines.get(c.name, []), watches.get(c.name, []))
+              for c, r in zip(found, results, strict=True)]
+    return states, error
+
+
+def _names_by_cluster(model) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, cluster in model.objects.order_by("name").values_list("name", "cluster"):
+        found.setdefault(cluster, []).append(name)
+    return found
