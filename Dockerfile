@@ -1,13 +1,19 @@
+# One Dockerfile, two images (docs/deploy.md):
+#   docker build -t tally:spark .                              workers: a JRE, PySpark and the JDBC jar
+#   docker build -t tally:web --build-arg WITH_SPARK=false .   web and beat: no JRE, no PySpark
 FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
-    && rm -rf /var/lib/apt/lists/*
+ARG WITH_SPARK=true
+RUN if [ "$WITH_SPARK" = "true" ]; then \
+        apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY tally tally
 COPY dashboard dashboard
 COPY alerts alerts
 COPY consumers consumers
-RUN pip install --no-cache-dir ".[spark]"
+RUN if [ "$WITH_SPARK" = "true" ]; then pip install --no-cache-dir ".[spark]"; else pip install --no-cache-dir .; fi
 COPY . .
 # Static files are collected at build time and served by WhiteNoise from gunicorn (DEBUG stays off).
 # The build's throwaway key signs nothing; the running containers need SECRET_KEY (docker-compose.yml).

@@ -37,3 +37,58 @@ def test_compose_app_services_use_only_variables_that_settings_read():
 def test_compose_volumes_keep_the_data():
     compose = load_compose()
     assert {"kafka-data", "postgres-data"} <= set(compose["volumes"])
+
+
+def load_external():
+    return yaml.safe_load((ROOT / "docker-compose.external.yml").read_text())
+
+
+def test_the_external_compose_starts_tally_only_against_your_own_services():
+    services = load_external()["services"]
+    assert set(services) == {"web", "worker", "beat"}
+    for name, service in services.items():
+        assert set(service.get("depends_on", {})) <= {"web"}, name
+        env = service["environment"]
+        # Your PostgreSQL, Redis and Kafka: required, no default pointing at a bundled service.
+        for variable in ("DATABASE_URL", "REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS", "SECRET_KEY"):
+            assert re.fullmatch(r"\$\{" + variable + r":\?[^}]+\}", env[variable]), (name, variable)
+        # Secrets pass through from the environment when set, and are never written in the file.
+        for variable in ("KAFKA_SASL_PASSWORD", "KAFKA_SSL_PASSWORD", "EMAIL_URL"):
+            assert variable in env and env[variable] is None, (name, variable)
+        assert any(volume.endswith(":/etc/tally/kafka:ro") for volume in service["volumes"]), name
+
+
+def test_the_external_compose_uses_only_variables_that_settings_read_including_every_kafka_setting():
+    read_by_settings = set(re.findall(r'env_\w+\("([A-Z_]+)"', SETTINGS_ENV.read_text()))
+    secrets_read_when_a_client_is_built = {"KAFKA_SASL_PASSWORD", "KAFKA_SSL_PASSWORD"}
+    kafka_settings = {name for name in read_by_settings if name.startswith("KAFKA_")} | {"TALLY_KAFKA_CLUSTERS"}
+    for name, service in load_external()["services"].items():
+        env = set(service["environment"])
+        assert env <= read_by_settings | secrets_read_when_a_client_is_built, env - read_by_settings
+        missing = kafka_settings - env - {"KAFKA_SESSION_TIMEOUT_MS", "KAFKA_REQUEST_TIMEOUT_MS"}
+        assert not missing, (name, missing)
+
+
+def test_web_and_beat_use_the_image_without_java_and_workers_the_spark_one():
+    for compose in (load_compose(), load_external()):
+        services = compose["services"]
+        for name in ("web", "beat"):
+            assert services[name]["build"]["args"]["WITH_SPARK"] == "false", name
+            assert services[name]["image"] == "tally:web"
+        assert services["worker"]["build"]["args"]["WITH_SPARK"] == "true"
+        assert services["worker"]["image"] == "tally:spark"
+
+
+def test_the_dockerfile_installs_java_and_spark_only_with_the_build_argument():
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    assert "ARG WITH_SPARK=true" in lines
+    argument_at = lines.index("ARG WITH_SPARK=true")
+    runs = [line for line in lines if line.startswith("RUN ")]
+    java = next(i for i, line in enumerate(lines) if "openjdk" in line)
+    # The JRE is installed only inside the RUN that tests the argument, which comes after it.
+    java_run = max(i for i, line in enumerate(lines[:java + 1]) if line.startswith("RUN "))
+    assert argument_at < java_run and lines[java_run] == 'RUN if [ "$WITH_SPARK" = "true" ]; then \\'
+    assert sum("openjdk" in line for line in lines) == 1
+    install = next(line for line in runs if "pip install" in line)
+    assert install == ('RUN if [ "$WITH_SPARK" = "true" ]; then pip install --no-cache-dir ".[spark]"; '
+                       'else pip install --no-cache-dir .; fi')

@@ -1,0 +1,103 @@
+"""Two Kafka clusters at once: two brokers, a topic of one name on each with different records, a pipeline on
+each, and a group of one name on each: the groups page, its API, the snapshots and the metrics keep them apart."""
+import uuid
+
+import pytest
+from django.test import Client
+from kafka.admin import NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from consumers.engine.pipelines import create_pipeline
+from consumers.engine.python import run_pipeline
+from consumers.kafka import admin as kafka_admin
+from consumers.kafka import broker, clusters
+from consumers.reconciliation.reconcile import reconcile_pipeline
+from consumers.reconciliation.snapshots import take_snapshots
+from tests.chaos import sink_counts
+from tests.conftest import drop_sink_tables
+from tests.views_helpers import make_viewer
+
+pytestmark = [pytest.mark.kafka]
+
+
+@pytest.fixture(scope="module")
+def second_broker():
+    port = broker.free_port()
+    process = broker.start_broker(port)
+    yield f"127.0.0.1:{port}"
+    broker.stop_broker(process)
+
+
+@pytest.fixture
+def two_clusters(transactional_db, kafka_bootstrap, second_broker, settings, tmp_path):
+    path = tmp_path / "clusters.toml"
+    path.write_text(f'[clusters.second]\nbootstrap_servers = "{second_broker}"\n')
+    settings.TALLY_KAFKA_CLUSTERS = str(path)
+    tables = []
+    yield tables
+    drop_sink_tables(tables)
+
+
+def fill(cluster: str, topic: str, values) -> None:
+    with kafka_admin.admin_session(cluster) as admin:
+        admin.create_topics([NewTopic(topic, 2, 1)])
+    producer = clusters.producer(cluster, acks="all")
+    for value in values:
+        producer.send(topic, str(value).encode(), partition=value % 2)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+
+
+def metric_samples(body: str) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def test_a_pipeline_on_each_of_two_clusters_reads_its_own_topic_and_groups_stay_apart(two_clusters):
+    topic = f"orders-{uuid.uuid4().hex[:8]}"   # one name, on both clusters
+    fill("default", topic, range(1, 11))
+    fill("second", topic, range(101, 131))
+    pipelines = {}
+    for cluster in ("default", "second"):
+        name = f"{topic}-{cluster}"
+        pipelines[cluster] = create_pipeline(name, topic, f"sink_{name}".replace("-", "_"), cluster=cluster)
+        two_clusters.append(pipelines[cluster].sink_table)
+        result = run_pipeline(name, stop_when_caught_up=True, max_seconds=60)
+        assert result.reason == "caught_up", result.detail
+    assert sink_counts(pipelines["default"].sink_table) == {v: 1 for v in range(1, 11)}
+    assert sink_counts(pipelines["second"].sink_table) == {v: 1 for v in range(101, 131)}
+    for cluster, pipeline in pipelines.items():
+        report = reconcile_pipeline(pipeline)
+        assert (report.lost, report.duplicated, report.lag_records, report.status) == (0, 0, 0, "OK"), cluster
+
+    # A group of one name on each cluster, at different positions.
+    group = f"billing-{uuid.uuid4().hex[:6]}"
+    kafka_admin.commit_offsets(group, topic, {0: 5, 1: 5}, cluster="default")     # 10 records: lag 0
+    kafka_admin.commit_offsets(group, topic, {0: 5, 1: 5}, cluster="second")      # 30 records: lag 20
+    take_snapshots()
+
+    client = Client()
+    client.force_login(make_viewer())
+    listed = client.get("/api/groups/").json()
+    assert {(g["cluster"], g["pipeline"]) for g in listed["groups"] if g["group_id"] == group} == {
+        ("default", None), ("second", None)}
+    assert {"cluster": "second", "group_id": pipelines["second"].group_id,
+            "pipeline": pipelines["second"].name} in listed["groups"]
+    page = client.get("/groups/").content.decode()
+    assert f'href="/groups/{group}/?cluster=second"' in page and f'href="/groups/{group}/"' in page
+    detail = client.get(f"/api/groups/{group}/?cluster=second").json()
+    assert detail["cluster"] == "second" and detail["lag_records"] == 20
+    assert client.get(f"/api/groups/{group}/").json()["lag_records"] == 0
+    assert client.get(f"/api/groups/{group}/?cluster=nowhere").status_code == 400
+
+    found = metric_samples(client.get("/metrics").content.decode())
+    assert found[("tally_group_lag_records", (("cluster", "second"), ("group", group)))] == 20
+    assert found[("tally_group_lag_records", (("cluster", "default"), ("group", group)))] == 0
+    for cluster, pipeline in pipelines.items():
+        labels = (("cluster", cluster), ("delivery_mode", "exactly_once"), ("pipeline", pipeline.name),
+                  ("topic", topic))
+        assert found[("tally_pipeline_lag_records", labels)] == 0
+
+    clusters_page = client.get("/api/clusters/").json()["clusters"]
+    assert [(c["name"], c["reachable"], c["pipelines"]) for c in clusters_page] == [
+        ("default", True, [pipelines["default"].name]), ("second", True, [pipelines["second"].name])]
