@@ -17,6 +17,7 @@ import time_machine
 from django.conf import settings
 
 from consumers.kafka import broker
+from tests.kafka_forwarders import pki, secure_broker  # noqa: F401 (fixtures: TLS + SASL in front of a broker)
 from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
 from tests.waiting import patience
 

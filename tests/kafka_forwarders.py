@@ -23,6 +23,7 @@ import struct
 import threading
 from pathlib import Path
 
+import pytest
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -32,6 +33,7 @@ from kafka.protocol.sasl import (
 from scramp import ScramException, ScramMechanism
 
 from consumers.kafka import broker
+from tests.pki import make_pki
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 UNSUPPORTED_SASL_MECHANISM, SASL_AUTHENTICATION_FAILED = 33, 58
@@ -230,3 +232,21 @@ class ForwardedBroker:
         broker.stop_broker(self.process)
         if self.log is not None:
             self.log.close()
+
+
+PASSWORD = "correct-horse-battery-staple-7"
+KEY_PASSWORD = "client-key-unlock-3"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Certificates for "localhost"; the client key is encrypted with KEY_PASSWORD."""
+    return make_pki(tmp_path_factory.mktemp("pki"), client_key_password=KEY_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def secure_broker(pki):
+    """TLS + SASL (SCRAM-SHA-256 and PLAIN offered, user "tally" with PASSWORD), as Confluent Cloud or MSK."""
+    with ForwardedBroker(tls=server_tls(pki), users={"tally": PASSWORD},
+                         mechanisms=("SCRAM-SHA-256", "PLAIN")) as forwarded:
+        yield forwarded

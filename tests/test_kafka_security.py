@@ -15,27 +15,11 @@ from consumers.operations import groups
 from tests.chaos import sink_counts
 from tests.commands import run_command
 from tests.conftest import drop_sink_tables
-from tests.kafka_forwarders import ForwardedBroker, server_tls
-from tests.pki import make_pki
+from tests.kafka_forwarders import KEY_PASSWORD, PASSWORD, ForwardedBroker, server_tls
 
 pytestmark = [pytest.mark.kafka]
 
-PASSWORD = "correct-horse-battery-staple-7"
 WRONG = "wrong-horse-battery-staple-9"
-KEY_PASSWORD = "client-key-unlock-3"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"), client_key_password=KEY_PASSWORD)
-
-
-@pytest.fixture(scope="module")
-def secure_broker(pki, tmp_path_factory):
-    """TLS + SASL (SCRAM-SHA-256 and PLAIN offered), as Confluent Cloud or MSK."""
-    with ForwardedBroker(tls=server_tls(pki), users={"tally": PASSWORD},
-                         mechanisms=("SCRAM-SHA-256", "PLAIN")) as forwarded:
-        yield forwarded
 
 
 @pytest.fixture(scope="module")
