@@ -45,7 +45,7 @@ def load_external():
 
 def test_the_external_compose_starts_tally_only_against_your_own_services():
     services = load_external()["services"]
-    assert set(services) == {"web", "worker", "beat"}
+    assert set(services) == {"web", "worker", "tasks", "beat"}
     for name, service in services.items():
         assert set(service.get("depends_on", {})) <= {"web"}, name
         env = service["environment"]
@@ -75,8 +75,12 @@ def test_web_and_beat_use_the_image_without_java_and_workers_the_spark_one():
         for name in ("web", "beat"):
             assert services[name]["build"]["args"]["WITH_SPARK"] == "false", name
             assert services[name]["image"] == "tally:web"
-        assert services["worker"]["build"]["args"]["WITH_SPARK"] == "true"
-        assert services["worker"]["image"] == "tally:spark"
+        for name in ("worker", "tasks"):   # Spark pipelines; topic checks
+            assert services[name]["build"]["args"]["WITH_SPARK"] == "true", name
+            assert services[name]["image"] == "tally:spark"
+        # The same queues as the bundled stack.
+        assert services["worker"]["command"].split()[4:6] == ["-Q", "pipelines"]
+        assert services["tasks"]["command"].split()[4:6] == ["-Q", "celery"]
 
 
 def test_the_dockerfile_installs_java_and_spark_only_with_the_build_argument():
