@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('consumers', '0009_pipeline_cluster'),
+        ('consumers', '0010_pipeline_runs_and_waiting'),
     ]
 
     operations = [
