@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('consumers', '0010_pipeline_runs_and_waiting'),
+        ('consumers', '0011_ledger_compaction_mark'),
     ]
 
     operations = [
