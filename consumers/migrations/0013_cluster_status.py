@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('consumers', '0011_ledger_compaction_mark'),
+        ('consumers', '0012_json_map_and_upsert'),
     ]
 
     operations = [
