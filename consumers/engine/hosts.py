@@ -96,7 +96,7 @@ class Host:
 
 
 class HostPool:
-    """The worker's engine hosts, started on first use, up to `size`."""
+    """The worker's `size` engine hosts, started at its first kafka-python run."""
 
     def __init__(self, size: int):
         self.size = size
@@ -132,10 +132,10 @@ class HostPool:
 
     def _choose(self, pipeline_id: int) -> Host:
         """The host with the fewest runs, preferring one that holds no run of this pipeline (a pipeline's runs
-        then spread over processes). A new host is started while there are fewer than `size` and every
-        host has a run, so the first runs of a worker land in separate processes. Called under the lock."""
+        then spread over processes). Missing hosts (at the first run, or after one died) are all started at
+        once: they load Django side by side, so runs sent together start together. Called under the lock."""
         self.hosts = [host for host in self.hosts if host.alive]
-        if len(self.hosts) < self.size and all(host.load() for host in self.hosts):
+        while len(self.hosts) < self.size:
             self._numbers += 1
             self.hosts.append(Host(self._numbers))
         return min(self.hosts, key=lambda host: (host.holds(pipeline_id), host.load(), host.number))

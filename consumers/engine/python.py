@@ -47,6 +47,9 @@ from consumers.models import DeliveryMode, Engine, Pipeline
 log = logging.getLogger("tally.engine")
 
 POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbeat and deadline often
+# After an empty poll: one poll per heartbeat interval. A record that arrives still returns at once (the fetch
+# answers as soon as it has data); an idle run then costs a fifth of the wake-ups (hundreds idle in one worker).
+IDLE_POLL_TIMEOUT_MS = 1000
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
 CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
 PEERS_WAIT_S = 30.0          # runs started together wait at most this long for each other
@@ -83,6 +86,7 @@ class _Engine:
         self.next_caught_up_check = 0.0
         self.gaps = 0
         self.next_balance = 0.0
+        self.poll_timeout_ms = POLL_TIMEOUT_MS
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -130,9 +134,11 @@ class _Engine:
                 if self.stop_when_caught_up and self._caught_up():
                     return "caught_up"
                 continue
-            polled = self.consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=self.batch_size)
+            polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
             batches = records_by_partition(polled)
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
+            busy = batches or fetches or self.stop_when_caught_up
+            self.poll_timeout_ms = POLL_TIMEOUT_MS if busy else IDLE_POLL_TIMEOUT_MS
             if not batches and fetches:
                 # Only holes were crossed (markers, aborted records): the stored position moves past them.
                 self._write_behind(batches, fetches)
