@@ -11,14 +11,14 @@ from rest_framework.response import Response
 from alerts import evaluate
 from alerts.models import Alert
 from alerts.queries import MAX_MUTE_MINUTES, MAX_MUTE_REASON, PAGE_SIZE, filtered_alerts
-from dashboard.api.inputs import (
+from consumers.api_base import (
     EmptyInput,
+    OperatorForWrites,
     StrictIntegerField,
     StrictSerializer,
     StrictStringField,
     refuse_invalid,
 )
-from dashboard.api.permissions import OperatorForWrites
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
 

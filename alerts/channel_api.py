@@ -13,8 +13,7 @@ from alerts import channel_actions
 from alerts.channels import KINDS
 from alerts.models import Channel
 from consumers.access import record_refusal
-from dashboard.api.inputs import StrictBooleanField, StrictSerializer, StrictStringField
-from dashboard.api.permissions import OperatorForWrites
+from consumers.api_base import OperatorForWrites, StrictBooleanField, StrictSerializer, StrictStringField
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
 

@@ -239,7 +239,8 @@ def idle(args) -> dict:
             actions.start(pipeline.name)
         wait(lambda: all(caught_up(p) for p in pipelines), 600, "every idle pipeline to start and catch up")
         start_s = time.monotonic() - started
-        wait(lambda: ConsumerRun.objects.filter(pipeline__in=pipelines, ended_at__isnull=True).count() == len(pipelines),
+        live = ConsumerRun.objects.filter(pipeline__in=pipelines, ended_at__isnull=True)
+        wait(lambda: live.count() == len(pipelines),
              60, "one live run per pipeline")
         time.sleep(5)   # let start-up settle before measuring the idle cost
         cpu_before, wall_before = worker.cpu_seconds(), time.monotonic()

@@ -142,7 +142,7 @@ USE_TZ = True
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
                                        "rest_framework.authentication.TokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "dashboard.api.permissions.HasRole"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "consumers.api_base.HasRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
     # Bodies are bounded in size and depth, and strings PostgreSQL cannot store are refused (a 4xx, not a 500).
@@ -167,7 +167,7 @@ SPECTACULAR_SETTINGS = {
                    "viewers read, operators act.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated", "dashboard.api.permissions.HasRole"],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated", "consumers.api_base.HasRole"],
 }
 
 

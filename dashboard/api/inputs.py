@@ -10,10 +10,16 @@ import re
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework import status as http
-from rest_framework.response import Response
 
-from consumers.access import record_refusal
+from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and refuse_invalid are re-exported
+    EmptyInput,
+    StrictBooleanField,
+    StrictIntegerField,
+    StrictSerializer,
+    StrictStringField,
+    field_errors,
+    refuse_invalid,
+)
 from consumers.operations import dead_letter_queries, dead_letters
 from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
 
@@ -23,33 +29,6 @@ MAX_DEAD_LETTERS_PER_PAGE = 10_000
 # Kafka's legal topic names: letters, digits, '.', '_' and '-', at most 249 characters.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_MAPPED_COLUMNS = 1600  # PostgreSQL's limit of columns per table
-
-
-class StrictBooleanField(serializers.BooleanField):
-    default_error_messages = {"invalid": "Must be a JSON boolean: true or false."}
-
-    def to_internal_value(self, data):
-        if type(data) is not bool:
-            self.fail("invalid")
-        return data
-
-
-class StrictIntegerField(serializers.IntegerField):
-    default_error_messages = {"invalid": "Must be a JSON integer."}
-
-    def to_internal_value(self, data):
-        if type(data) is not int:
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictStringField(serializers.CharField):
-    default_error_messages = {"invalid": "Must be a JSON string."}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
 
 
 @extend_schema_field({"oneOf": [{"type": "string", "maxLength": 64}, {"type": "integer"}], "nullable": True})
@@ -64,17 +43,6 @@ class SpecValueField(serializers.Field):
         if isinstance(data, str) and len(data) <= 64:
             return data.strip()
         self.fail("invalid")
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, so a misspelt `dryrun` is an error, not a silent default."""
-
-    def validate(self, attrs):
-        data = getattr(self, "initial_data", None)  # a nested serializer has none: it checks in to_internal_value
-        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, dict) else []
-        if unknown:
-            raise serializers.ValidationError({name: "Unknown field." for name in unknown})
-        return attrs
 
 
 class OffsetMoveInput(StrictSerializer):
@@ -107,10 +75,6 @@ class GroupResetInput(OffsetMoveInput):
         if not TOPIC_NAME.match(value):
             raise serializers.ValidationError("A Kafka topic name: letters, digits, '.', '_' and '-', at most 249.")
         return value
-
-
-class EmptyInput(StrictSerializer):
-    """Actions (start, stop, ...) take no body: an empty object or nothing."""
 
 
 class ReconcileInput(StrictSerializer):
@@ -252,25 +216,3 @@ class PipelineInput(StrictSerializer):
         return value
 
 
-def field_errors(errors) -> dict[str, list[dict]]:
-    """DRF's errors as {"field": [{"message", "code"}]} (the shape Django forms give), nested list items
-    flattened into their field ("partitions": "item 1: Must be a JSON integer.")."""
-    def flatten(problems, prefix=""):
-        if isinstance(problems, dict):
-            return [item for key, value in problems.items() for item in flatten(value, f"{prefix}item {key}: ")]
-        if isinstance(problems, list):
-            return [item for value in problems for item in flatten(value, prefix)]
-        return [{"message": prefix + str(problems), "code": getattr(problems, "code", "invalid")}]
-
-    if not isinstance(errors, dict):
-        errors = {"non_field_errors": errors}
-    return {field: flatten(problems) for field, problems in errors.items()}
-
-
-def refuse_invalid(request, serializer, action: str, pipeline=None, group_id: str = "") -> Response:
-    """400 naming each bad field; the refusal goes to the action log like every other."""
-    errors = field_errors(serializer.errors)
-    record_refusal(request.user, action, "bad input: " + "; ".join(
-        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()),
-        pipeline=pipeline, group_id=group_id)
-    return Response({"errors": errors}, status=http.HTTP_400_BAD_REQUEST)

@@ -70,7 +70,7 @@ class BoundedJSONParser(JSONParser):
         except APIException as exc:  # refused like any bad input: audited, then answered
             request = (parser_context or {}).get("request")
             if request is not None:
-                from dashboard.api.permissions import refuse
+                from consumers.api_base import refuse
 
                 refuse(request, f"bad input: {_text_of(exc.detail)}", (parser_context or {}).get("kwargs") or {})
             raise

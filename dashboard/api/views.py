@@ -24,6 +24,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.access import can_operate, record_refusal, role_of
+from consumers.api_base import OperatorForWrites
 from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
 from consumers.kafka.errors import ClusterConfigError
@@ -56,7 +57,6 @@ from dashboard.api.inputs import (
     field_errors,
     refuse_invalid,
 )
-from dashboard.api.permissions import OperatorForWrites
 from dashboard.lockout import locked_out
 
 TOPIC_CHECKS_SHOWN = 20
