@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from psycopg2 import sql
 
 from consumers.engine import db
 from consumers.models import DesiredState, Pipeline
@@ -58,7 +59,7 @@ def table_state(table: str) -> dict[int, tuple[str, int]]:
     conn = db.connect("tally-tests")
     try:
         with conn.cursor() as cur:
-            cur.execute(f'SELECT order_id, status, n FROM "{table}"')  # test-only: the test's own table name
+            cur.execute(sql.SQL("SELECT order_id, status, n FROM {}").format(sql.Identifier(table)))
             return {key: (status, n) for key, status, n in cur.fetchall()}
     finally:
         conn.close()
@@ -69,8 +70,9 @@ def upsert_pipeline(transactional_db, kafka_bootstrap, make_topic, subprocess_en
     topic = make_topic("keyed", partitions=PARTITIONS)
     table = f"current_{topic}".replace("-", "_")
     with connection.cursor() as cur:
-        cur.execute(f'CREATE TABLE "{table}" (order_id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL, '
-                    "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+        cur.execute(sql.SQL("CREATE TABLE {} (order_id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL, "
+                            "source_topic text NOT NULL, source_partition integer NOT NULL, "
+                            "source_offset bigint NOT NULL)").format(sql.Identifier(table)).as_string(cur.cursor))
     produce_keyed(topic, seed=29)
     pipeline = pipeline_setup.create(PipelineSpec(
         name=topic, topic=topic, sink_table=table, transform="json", map={"order_id": "@key"},

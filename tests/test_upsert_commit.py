@@ -5,6 +5,7 @@ import json
 
 import pytest
 from django.db import connection
+from psycopg2 import sql
 
 from consumers.engine import commit, db, upsert
 from consumers.engine.faults import FaultInjector
@@ -22,8 +23,9 @@ def rec(offset, key, value, partition=0):
 @pytest.fixture
 def keyed(transactional_db):
     with connection.cursor() as cur:
-        cur.execute(f"CREATE TABLE {TABLE} (order_id bigint PRIMARY KEY, status text NOT NULL, amount numeric(8,2), "
-                    "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+        cur.execute(sql.SQL("CREATE TABLE {} (order_id bigint PRIMARY KEY, status text NOT NULL, amount numeric(8,2), "
+                            "source_topic text NOT NULL, source_partition integer NOT NULL, "
+                            "source_offset bigint NOT NULL)").format(sql.Identifier(TABLE)).as_string(cur.cursor))
     pipeline = Pipeline.objects.create(name="keyed", topic="orders", sink_table=TABLE, transform="json",
                                        json_map={"order_id": "@key"}, upsert_key=["order_id"],
                                        delete_on_tombstone=True, epoch=1)
@@ -32,12 +34,13 @@ def keyed(transactional_db):
     yield pipeline, commit.Target.for_pipeline(pipeline), conn
     conn.close()
     with connection.cursor() as cur:
-        cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)).as_string(cur.cursor))
 
 
 def table_rows():
     with connection.cursor() as cur:
-        cur.execute(f"SELECT order_id, status, source_partition, source_offset FROM {TABLE} ORDER BY order_id")
+        cur.execute(sql.SQL("SELECT order_id, status, source_partition, source_offset FROM {} ORDER BY order_id")
+                    .format(sql.Identifier(TABLE)).as_string(cur.cursor))
         return cur.fetchall()
 
 

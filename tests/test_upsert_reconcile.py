@@ -7,6 +7,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 from kafka import KafkaProducer
+from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
 from consumers.models import Pipeline
@@ -31,8 +32,9 @@ def keyed(make_topic):
     producer.close(timeout=5)
     table = f"state_{topic}".replace("-", "_")
     with connection.cursor() as cur:
-        cur.execute(f'CREATE TABLE "{table}" (id bigint PRIMARY KEY, status text NOT NULL, source_topic text '
-                    "NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+        cur.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL, source_topic text "
+                            "NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+                    .format(sql.Identifier(table)).as_string(cur.cursor))
     Pipeline.objects.create(name=topic, topic=topic, sink_table=table, transform="json", json_map={"id": "@key"},
                             upsert_key=["id"], delete_on_tombstone=True)
     result = run_pipeline(topic, stop_when_caught_up=True, max_seconds=60)
@@ -41,9 +43,10 @@ def keyed(make_topic):
     drop_sink_tables([table])
 
 
-def execute(statement):
+def execute(statement: str, table: str, params=()):
+    """`statement` with `{}` for the sink table, quoted by psycopg2.sql."""
     with connection.cursor() as cur:
-        cur.execute(statement)
+        cur.execute(sql.SQL(statement).format(sql.Identifier(table)).as_string(cur.cursor), params)
 
 
 def test_superseded_records_are_not_lost_and_the_table_holds_each_keys_last_record(keyed):
@@ -53,14 +56,15 @@ def test_superseded_records_are_not_lost_and_the_table_holds_each_keys_last_reco
     # 8 records: 3 keys hold their last record (1 at 5, 3 at 7, 4 at 6), key 2 was deleted (4), 4 superseded.
     assert (part.superseded, part.deleted) == (4, 1)
     with connection.cursor() as cur:
-        cur.execute(f'SELECT id, status, source_offset FROM "{keyed.sink_table}" ORDER BY id')
+        cur.execute(sql.SQL("SELECT id, status, source_offset FROM {} ORDER BY id")
+                    .format(sql.Identifier(keyed.sink_table)).as_string(cur.cursor))
         assert cur.fetchall() == [(1, "sent", 5), (3, "paid", 7), (4, "new", 6)]
 
 
 def test_a_row_that_lost_its_last_record_or_a_deleted_key_back_is_reported_lost(keyed):
-    execute(f'UPDATE "{keyed.sink_table}" SET status = \'paid\', source_offset = 2 WHERE id = 1')
-    execute(f'INSERT INTO "{keyed.sink_table}" VALUES (2, \'new\', \'{keyed.topic}\', 0, 1)')
-    execute(f'DELETE FROM "{keyed.sink_table}" WHERE id = 4')
+    execute("UPDATE {} SET status = 'paid', source_offset = 2 WHERE id = 1", keyed.sink_table)
+    execute("INSERT INTO {} VALUES (2, 'new', %s, 0, 1)", keyed.sink_table, [keyed.topic])
+    execute("DELETE FROM {} WHERE id = 4", keyed.sink_table)
     report = reconcile_pipeline(keyed, full=True)
     lost = sorted(f["start"] for f in report.partitions[0].findings if f["kind"] == "lost")
     assert report.lost == 3 and lost == [4, 5, 6] and not report.exact
