@@ -222,3 +222,72 @@ def test_after_failures_no_password_is_in_logs_pages_the_api_or_the_action_log(c
     for text in texts:
         for secret in (PASSWORD, WRONG, KEY_PASSWORD):
             assert secret not in text
+
+
+def test_a_watch_on_a_tls_and_scram_cluster_finds_what_a_foreign_consumer_lost(transactional_db, clusters_file,
+                                                                                secure_topic, capsys, secure_broker):
+    """A team's group on the secure cluster (its offsets committed there) and the table it wrote: the watch
+    reads the committed offsets and the records through TLS + SCRAM and names the lost and duplicated ones."""
+    import json
+
+    from django.db import connection
+    from psycopg2 import sql
+
+    table = f"team_{uuid.uuid4().hex[:8]}"
+    ident = sql.Identifier(table)
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(ident).as_string(cur.cursor))
+        # Values 1..40: v went to partition v % 2 at offset (v - 1) // 2. Lost 6 (p0 @2), wrote 7 (p1 @3) twice.
+        written = [v for v in range(1, 41) if v != 6] + [7]
+        cur.execute(sql.SQL("INSERT INTO {} (id) SELECT unnest(%s::bigint[])").format(ident).as_string(cur.cursor),
+                    [written])
+    try:
+        kafka_admin.commit_offsets("team-loader", secure_topic, {0: 20, 1: 20}, cluster="secure")
+        assert run_command(capsys, "watch", "create", "secure-watch", "--group", "team-loader", "--topic",
+                           secure_topic, "--cluster", "secure", "--sink-table", table, "--record-id", "value",
+                           "--row-id", "id", "--settle-seconds", "0")[0] == 0
+        # The forwarder fronts the same broker as the default cluster: only its log of authentications shows
+        # that the check itself went through TLS + SCRAM.
+        before = len(secure_broker.forwarder.authenticated)
+        code, out, err = run_command(capsys, "watch", "check", "secure-watch", "--json")
+        report = json.loads(out)
+        assert code == 1, err
+        assert (report["checked"], report["lost"], report["duplicated"]) == (40, 1, 1)
+        assert report["lost_offsets"] == [{"partition": 0, "offset": 2}]
+        assert report["duplicated_offsets"] == [{"partition": 1, "offset": 3}]
+        assert len(secure_broker.forwarder.authenticated) > before
+        assert PASSWORD not in out + err
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident).as_string(cur.cursor))
+
+
+def test_a_dead_letter_replay_from_kafka_rereads_through_tls_and_scram(clusters_file, made_pipelines, secure_broker):
+    """Replay from Kafka re-reads the dead letters' offsets on the pipeline's own (secure) cluster."""
+    from consumers.models import DeadLetter, DeadLetterReplay, Pipeline
+    from consumers.operations import dead_letters
+
+    topic = f"secure-dl-{uuid.uuid4().hex[:8]}"
+    with kafka_admin.admin_session("secure") as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    producer = clusters.producer("secure", acks="all")
+    for value in ("1", "2", "x3", "4", "5?", "6"):
+        producer.send(topic, value.encode(), partition=0)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), cluster="secure", batch_size=10)
+    made_pipelines.append(pipeline.sink_table)
+    assert run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60).reason == "caught_up"
+    assert sorted(DeadLetter.objects.filter(pipeline=pipeline).values_list("offset", flat=True)) == [2, 4]
+    DeadLetter.objects.filter(pipeline=pipeline).update(value=b"junk")   # a Kafka replay must not use these
+    Pipeline.objects.filter(pk=pipeline.pk).update(transform="tests.replay_transforms.lenient_int")
+    pipeline.refresh_from_db()
+    before = len(secure_broker.forwarder.authenticated)
+
+    result = dead_letters.replay(pipeline, list(DeadLetter.objects.filter(pipeline=pipeline).values_list(
+        "pk", flat=True)), actor="otto", source="kafka")
+
+    assert result.counts == {"replayed": 2}
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 7)}
+    assert set(DeadLetterReplay.objects.values_list("source", flat=True)) == {"kafka"}
+    assert len(secure_broker.forwarder.authenticated) > before

@@ -5,7 +5,9 @@ import json
 import uuid
 
 import pytest
+from django.db import connection
 from kafka.admin import NewTopic
+from psycopg2 import sql
 
 from consumers.engine.pipelines import create_pipeline
 from consumers.engine.spark import run_pipeline
@@ -14,6 +16,7 @@ from consumers.engine.spark_source import cluster_options
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import Engine
+from consumers.reconciliation import topic_check
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.kafka_forwarders import PASSWORD
@@ -65,3 +68,17 @@ def test_a_spark_pipeline_on_a_tls_and_scram_cluster_writes_every_record_once(se
     options = cluster_options(clusters.get("secure"))
     assert PASSWORD not in json.dumps(options)
     assert json.loads(options["tally.cluster"])["sasl_password"]["file"].endswith("/password")
+
+    # The topic check of a group Tally does not run, on the same cluster: its committed offsets come from the
+    # secure cluster's coordinator and Spark reads the range through TLS + SCRAM. The group claims every record;
+    # the table lost 2 and 4 and holds 3 twice.
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("DELETE FROM {} WHERE id IN (2, 4)").format(sql.Identifier(pipeline.sink_table))
+                    .as_string(cur.cursor))
+        cur.execute(sql.SQL("INSERT INTO {0} (id, source_topic, source_partition, source_offset) SELECT id, "
+                            "source_topic, source_partition, source_offset + 1000 FROM {0} WHERE id = 3").format(
+            sql.Identifier(pipeline.sink_table)).as_string(cur.cursor))
+    kafka_admin.commit_offsets("team-loader", topic, {0: 150, 1: 150}, cluster="secure")
+    report = topic_check.check_topic(topic, "team-loader", pipeline.sink_table, "id", "int_value", cluster="secure")
+    assert report["offsets_source"] == "kafka" and report["records_in_range"] == 300
+    assert (report["missing"], report["duplicated"], report["unexpected"]) == ([2, 4], {"3": 2}, [])

@@ -15,7 +15,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
-from tests.views_helpers import make_viewer
+from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka]
 
@@ -101,3 +101,18 @@ def test_a_pipeline_on_each_of_two_clusters_reads_its_own_topic_and_groups_stay_
     clusters_page = client.get("/api/clusters/").json()["clusters"]
     assert [(c["name"], c["reachable"], c["pipelines"]) for c in clusters_page] == [
         ("default", True, [pipelines["default"].name]), ("second", True, [pipelines["second"].name])]
+
+    # A reset of the group on the second cluster: the action log names that cluster and links there.
+    operator = Client()
+    operator.force_login(make_operator())
+    reset = operator.post(f"/api/groups/{group}/reset?cluster=second",
+                          {"topic": topic, "mode": "to-earliest", "execute": True}, content_type="application/json")
+    assert reset.status_code == 200, reset.content
+    assert kafka_admin.committed_offsets(group, topic, cluster="second") == {0: 0, 1: 0}
+    assert kafka_admin.committed_offsets(group, topic, cluster="default") == {0: 5, 1: 5}
+    logged = [entry for entry in client.get("/api/action-log").json()["actions"] if entry["group"] == group]
+    assert [(entry["action"], entry["cluster"]) for entry in logged] == [("reset_group", "second")]
+    page = client.get("/action-log/").content.decode()
+    assert f'href="/groups/{group}/?cluster=second">{group}</a> <span class="tag" title="Kafka cluster">second' in page
+    run_logged = client.get(f"/api/pipelines/{pipelines['second'].name}/").json()
+    assert run_logged["cluster"] == "second"

@@ -31,6 +31,15 @@ class ActionLog(models.Model):
         indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx")]
 
     @property
+    def cluster(self) -> str:
+        """The Kafka cluster the entry is about: its pipeline's, else the one its parameters name (group resets
+        and watches keep it there), else "" for actions that touch no cluster."""
+        if self.pipeline_id:
+            return self.pipeline.cluster
+        params = self.params if isinstance(self.params, dict) else {}
+        return str(params.get("cluster") or "")
+
+    @property
     def is_rewind(self) -> bool:
         # Rewinds are planned: monitoring must not treat the rewound range as an incident.
         return self.action in ("rewind", "reset_group")

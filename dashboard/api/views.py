@@ -77,7 +77,7 @@ def _status_of(entry: ActionLog) -> int:
 def _action_json(entry: ActionLog) -> dict:
     return {"id": entry.pk, "created_at": entry.created_at.isoformat(), "actor": entry.actor, "action": entry.action,
             "pipeline": entry.pipeline.name if entry.pipeline_id else None, "group": entry.group_id or None,
-            "dry_run": entry.dry_run, "result": entry.result, "params": entry.params,
+            "cluster": entry.cluster or None, "dry_run": entry.dry_run, "result": entry.result, "params": entry.params,
             "offsets_before": entry.offsets_before, "offsets_after": entry.offsets_after, "message": entry.message,
             "finished_at": entry.finished_at.isoformat() if entry.finished_at else None}
 
