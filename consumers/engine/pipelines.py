@@ -1,8 +1,7 @@
 """Creating pipelines: the Pipeline row and its sink table, together."""
 from django.db import connection, transaction
 
-from consumers.engine import sinks
-from consumers.engine.sink_names import MAX_IDENTIFIER
+from consumers.engine import sink_names, sinks
 from consumers.engine.transforms import resolve
 from consumers.models import DeliveryMode, Engine, Pipeline
 
@@ -16,8 +15,14 @@ def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "in
     returned unchanged (its sink table is created if missing)."""
     if delivery_mode not in DeliveryMode.values:
         raise ValueError(f"Unknown delivery mode {delivery_mode!r}: use one of {', '.join(DeliveryMode.values)}.")
-    if not sink_table or len(sink_table) > MAX_IDENTIFIER:
-        raise ValueError(f"Sink table name must have 1 to {MAX_IDENTIFIER} characters: {sink_table!r}.")
+    # The same rule on sink tables as every other door (sink_names): a plain name of the allowed schema that
+    # belongs to no app, refused before anything is written.
+    problem = sink_names.name_problem(sink_table) if sink_table else "required"
+    if problem is None:
+        with connection.cursor() as cursor:
+            problem = sink_names.schema_problem(cursor, sink_table)
+    if problem:
+        raise ValueError(f"Sink table {sink_table!r}: {problem}.")
     resolved = resolve(transform)
     with transaction.atomic():
         existing = Pipeline.objects.select_for_update().filter(name=name).first()

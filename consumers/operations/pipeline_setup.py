@@ -11,7 +11,7 @@ What a spec must satisfy before anything is written:
      policy for a log truncated past the stored position (stop, the default, or skip);
      a number of runs (processes sharing the partitions) from 1 to TALLY_MAX_RUNS_PER_PIPELINE, python engine
      only for more than one;
-  3. the topic exists in Kafka;
+  3. the topic exists in Kafka (asked last, and only when nothing else is wrong: Kafka may be slow to answer);
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
      the provenance — or `create_table` is set, or the problem comes with the exact SQL that fixes it;
@@ -45,6 +45,7 @@ from consumers.models import (
 )
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
 MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
@@ -150,8 +151,9 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
                                      "json to map JSON fields onto the table's columns; see README 'Add your own "
                                      "pipeline'")
     _check_cluster(spec, problems)
-    if "topic" not in problems and "cluster" not in problems:
-        _check_topic(spec.topic, problems, spec.cluster)
+    if "topic" not in problems and not TOPIC_PATTERN.match(spec.topic):
+        problems["topic"] = ("a Kafka topic name has 1 to 249 letters, digits, '.', '_' or '-' "
+                             f"(got {spec.topic[:300]!r})")
     if "sink_table" not in problems:
         check_table_name(spec.sink_table, problems)
     if spec.transform == JSON and "sink_table" not in problems:
@@ -159,6 +161,10 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     _check_keyed(spec, transform, problems)
     if transform is not None and "sink_table" not in problems and spec.delivery_mode:
         _check_sink_table(spec, transform, problems)
+    # Kafka last, and only for an otherwise valid spec: its metadata may take the client's whole timeout, and
+    # a request already refused for a cheap reason must not wait for it.
+    if not problems:
+        _check_topic(spec.topic, problems, spec.cluster)
     if problems:
         raise Invalid(problems)
     return transform

@@ -117,7 +117,7 @@ def validate(spec: WatchSpec) -> Validated:
     _check_ignores(spec, problems)
     id_spec = _check_audit(spec, problems)
     partitions = None
-    if "topic" not in problems and "cluster" not in problems:
+    if not problems:  # Kafka last: a spec refused for a cheap reason does not wait on its metadata
         partitions = _check_topic(spec.topic, problems, spec.cluster)
     if problems:
         raise Invalid(problems)
