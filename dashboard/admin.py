@@ -1,9 +1,19 @@
 """API tokens in the admin: listed masked, never in clear. A token made here is shown once, in the message
 that confirms it; after that only its first characters identify it. A token has no page of its own here (its
-name is its key, which Django's object pages print in their titles)."""
+name is its key, which Django's object pages print in their titles, Django's delete page included), so it is
+revoked on a page of ours that names it masked. Making and revoking a token are in the action log."""
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
 from rest_framework.authtoken.admin import TokenAdmin
-from rest_framework.authtoken.models import TokenProxy
+from rest_framework.authtoken.models import Token, TokenProxy
+
+from consumers.access import actor_of, record_refusal
+from consumers.models import ActionLog, ActionResult
 
 SHOWN_CHARS = 4
 
@@ -17,7 +27,7 @@ admin.site.unregister(TokenProxy)
 
 @admin.register(TokenProxy)
 class MaskedTokenAdmin(TokenAdmin):
-    list_display = ("masked_key", "user", "created")
+    list_display = ("masked_key", "user", "created", "revoke_link")
     fields = ("user",)
     search_fields = ("user__username",)
     ordering = ("-created",)
@@ -35,7 +45,48 @@ class MaskedTokenAdmin(TokenAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # Django's confirmation page names the object: its key
 
+    @admin.display(description="revoke")
+    def revoke_link(self, obj):
+        url = reverse("admin:authtoken_tokenproxy_revoke", args=[obj.user_id])
+        return format_html('<a href="{}" class="tally-revoke">Revoke…</a>', url)
+
+    def get_urls(self):
+        revoke = path("<int:user_id>/revoke/", self.admin_site.admin_view(self.revoke_view),
+                      name="authtoken_tokenproxy_revoke")
+        return [revoke, *super().get_urls()]
+
+    def can_revoke(self, request) -> bool:
+        # Django's own delete permission on tokens (superusers have it); the delete page itself stays closed.
+        return super().has_delete_permission(request)
+
+    def revoke_view(self, request, user_id: int):
+        """GET: which token would be revoked (masked); POST: revoke it (delete it: it stops working at once)."""
+        token = Token.objects.select_related("user").filter(user_id=user_id).first()
+        if not self.can_revoke(request):
+            record_refusal(request.user, "revoke_token", f"{actor_of(request.user)} may not revoke API tokens",
+                           params={"via": "admin", "user_id": user_id})
+            raise PermissionDenied
+        if token is None:
+            self.message_user(request, "That user has no API token (revoked already?).", messages.WARNING)
+            return redirect("admin:authtoken_tokenproxy_changelist")
+        if request.method == "POST":
+            owner, key = token.user.get_username(), masked(token.key)
+            token.delete()
+            ActionLog.objects.create(action="revoke_token", actor=actor_of(request.user), result=ActionResult.DONE,
+                                     params={"via": "admin", "user": owner, "key": key},
+                                     message=f"revoked the API token {key} of {owner}", finished_at=timezone.now())
+            self.message_user(request, f"Revoked the API token {key} of {owner}: it no longer authenticates.",
+                              messages.SUCCESS)
+            return redirect("admin:authtoken_tokenproxy_changelist")
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Revoke an API token",
+                   "owner": token.user, "key": masked(token.key), "created": token.created}
+        return TemplateResponse(request, "admin/authtoken/revoke_token.html", context)
+
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
+        ActionLog.objects.create(action="make_token", actor=actor_of(request.user), result=ActionResult.DONE,
+                                 params={"via": "admin", "user": obj.user.get_username(), "key": masked(obj.key)},
+                                 message=f"made the API token {masked(obj.key)} of {obj.user.get_username()}",
+                                 finished_at=timezone.now())
         self.message_user(request, f"Token for {obj.user}: {obj.key} — copy it now: it is not shown again.",
                           messages.WARNING)

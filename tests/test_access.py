@@ -144,3 +144,42 @@ def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
     new_key = Token.objects.get(user=admin).key
     assert new_key in made and "not shown again" in made
     assert new_key not in client.get("/admin/authtoken/tokenproxy/").content.decode()
+
+
+def test_an_api_token_is_revoked_from_the_admin_audited_without_its_key_in_clear(db):
+    admin = User.objects.create_superuser("root", password=PASSWORD)
+    operator = make_operator()
+    token = Token.objects.create(user=operator)
+    client = signed_in(admin)
+    listing = client.get("/admin/authtoken/tokenproxy/").content.decode()
+    page = f"/admin/authtoken/tokenproxy/{operator.pk}/revoke/"
+    assert page in listing
+    confirm = client.get(page)
+    assert confirm.status_code == 200 and token.key not in confirm.content.decode()
+    assert f"{token.key[:4]}…" in confirm.content.decode() and Token.objects.filter(pk=token.pk).exists()
+    done = client.post(page, follow=True).content.decode()
+    assert "Revoked the API token" in done and token.key not in done
+    assert not Token.objects.filter(user=operator).exists()
+    refused = Client().get("/api/me", HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert refused.status_code in (401, 403) and "Invalid token" in refused.content.decode()
+    entry = ActionLog.objects.get(action="revoke_token")
+    assert (entry.actor, entry.result, entry.params["user"]) == ("root", ActionResult.DONE, "otto")
+    assert token.key not in str(entry.params) + entry.message
+
+
+def test_staff_without_the_permission_cannot_revoke_a_token_and_the_refusal_is_audited(db):
+    operator = make_operator()
+    token = Token.objects.create(user=operator)
+    staff = User.objects.create_user("sam", password=PASSWORD, is_staff=True)
+    response = signed_in(staff).post(f"/admin/authtoken/tokenproxy/{operator.pk}/revoke/")
+    assert response.status_code == 403 and Token.objects.filter(pk=token.pk).exists()
+    refusal = ActionLog.objects.get()
+    assert (refusal.actor, refusal.action, refusal.result) == ("sam", "revoke_token", ActionResult.REFUSED)
+
+
+def test_a_token_made_in_the_admin_is_audited_masked(db):
+    admin = User.objects.create_superuser("root", password=PASSWORD)
+    signed_in(admin).post("/admin/authtoken/tokenproxy/add/", {"user": admin.pk})
+    key = Token.objects.get(user=admin).key
+    entry = ActionLog.objects.get(action="make_token")
+    assert entry.actor == "root" and key not in str(entry.params) + entry.message
