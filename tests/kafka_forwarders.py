@@ -161,6 +161,17 @@ def _exchange(mechanism: str, users: dict[str, str]):
             user, password = parts[1].decode(), parts[2].decode()
             return (b"", True, user) if users.get(user) == password else (None, True, user)
         return plain
+    if mechanism == "OAUTHBEARER":
+        # RFC 7628's client message: "n,,\x01auth=Bearer TOKEN\x01\x01". A token is accepted when it equals a
+        # user's password (a stand-in for validating a signed token; the client side is what is under test).
+        by_token = {password: user for user, password in users.items()}
+
+        def oauthbearer(message: bytes):
+            fields = dict(part.split("=", 1) for part in message.decode(errors="replace").split("\x01")[1:] if "=" in part)
+            token = fields.get("auth", "").removeprefix("Bearer ")
+            user = by_token.get(token)
+            return (b"", True, user) if user else (None, True, "")
+        return oauthbearer
 
     scram = ScramMechanism(mechanism)
     credentials = {user: scram.make_auth_info(password, iteration_count=4096) for user, password in users.items()}
@@ -246,7 +257,8 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secure_broker(pki):
-    """TLS + SASL (SCRAM-SHA-256 and PLAIN offered, user "tally" with PASSWORD), as Confluent Cloud or MSK."""
+    """TLS + SASL (SCRAM-SHA-256, PLAIN and OAUTHBEARER offered, user "tally" with PASSWORD, which is also its
+    bearer token), as Confluent Cloud or MSK."""
     with ForwardedBroker(tls=server_tls(pki), users={"tally": PASSWORD},
-                         mechanisms=("SCRAM-SHA-256", "PLAIN")) as forwarded:
+                         mechanisms=("SCRAM-SHA-256", "PLAIN", "OAUTHBEARER")) as forwarded:
         yield forwarded

@@ -35,6 +35,8 @@ def clusters_file(tmp_path, settings, monkeypatch, pki, secure_broker, mtls_brok
     monkeypatch.setenv("SECURE_PASSWORD", PASSWORD)
     monkeypatch.setenv("WRONG_PASSWORD", WRONG)
     (tmp_path / "key-password").write_text(KEY_PASSWORD + "\n")
+    (tmp_path / "token").write_text(PASSWORD + "\n")
+    (tmp_path / "wrong-token").write_text(WRONG)
     scram = f'''
 bootstrap_servers = "{secure_broker.bootstrap}"
 security_protocol = "SASL_SSL"
@@ -53,6 +55,12 @@ sasl_password_env = "SECURE_PASSWORD"
 
 [clusters.plain]{scram}sasl_mechanism = "PLAIN"
 sasl_password_env = "SECURE_PASSWORD"
+
+[clusters.oauth]{scram}sasl_mechanism = "OAUTHBEARER"
+sasl_oauth_token_file = "token"
+
+[clusters.wrong-token]{scram}sasl_mechanism = "OAUTHBEARER"
+sasl_oauth_token_file = "wrong-token"
 
 [clusters.wrong-password]{scram}sasl_mechanism = "SCRAM-SHA-256"
 sasl_password_env = "WRONG_PASSWORD"
@@ -92,7 +100,7 @@ def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism
 @pytest.mark.parametrize(("cluster", "step", "cause", "detail"), [
     ("wrong-password", "authenticate", "authentication", "the broker refused user 'tally' with SCRAM-SHA-256"),
     ("wrong-mechanism", "authenticate", "authentication",
-     "the broker does not offer SASL SCRAM-SHA-512 (it offers SCRAM-SHA-256, PLAIN)"),
+     "the broker does not offer SASL SCRAM-SHA-512 (it offers SCRAM-SHA-256, PLAIN, OAUTHBEARER)"),
     ("wrong-ca", "tls", "TLS verification", "the broker's certificate is not trusted by ssl_cafile"),
     ("wrong-host", "tls", "TLS verification", "the broker's certificate does not name '127.0.0.1'"),
     ("no-client-cert", "tls", "TLS verification", "may require a client certificate"),
@@ -108,6 +116,18 @@ def test_kafka_check_says_which_step_failed_and_why_and_exits_1(transactional_db
     assert PASSWORD not in out + err and WRONG not in out + err
     remembered = ClusterStatus.objects.get(name=cluster)   # for the Clusters page
     assert not remembered.reachable and detail in remembered.last_error
+
+
+def test_an_oauthbearer_token_from_its_file_authenticates_and_a_wrong_one_is_refused(transactional_db,
+                                                                                   clusters_file, capsys,
+                                                                                   secure_broker):
+    code, out, err = run_command(capsys, "kafka", "check", "oauth")
+    assert (code, err) == (0, ""), out
+    assert "mechanism    SASL OAUTHBEARER" in out
+    assert ("tally", "OAUTHBEARER") in secure_broker.forwarder.authenticated
+    code, out, err = run_command(capsys, "kafka", "check", "wrong-token")
+    assert code == 1 and "authentication (authenticate failed)" in err
+    assert PASSWORD not in out + err and WRONG not in out + err
 
 
 def test_plain_and_mutual_tls_with_an_encrypted_client_key_pass_the_check(transactional_db, clusters_file, capsys,
