@@ -167,7 +167,8 @@ def _exchange(mechanism: str, users: dict[str, str]):
         by_token = {password: user for user, password in users.items()}
 
         def oauthbearer(message: bytes):
-            fields = dict(part.split("=", 1) for part in message.decode(errors="replace").split("\x01")[1:] if "=" in part)
+            parts = message.decode(errors="replace").split("\x01")[1:]
+            fields = dict(part.split("=", 1) for part in parts if "=" in part)
             token = fields.get("auth", "").removeprefix("Bearer ")
             user = by_token.get(token)
             return (b"", True, user) if user else (None, True, "")
