@@ -221,11 +221,18 @@ def test_after_failures_no_password_is_in_logs_pages_the_api_or_the_action_log(c
     run_command(capsys, "kafka", "clusters", "--json")
     with pytest.raises(CommandError) as refused:
         call_command("pipeline", "create", "leak-two", "--topic", secure_topic, "--sink-table", "leak_two",
-                     "--cluster", "wrong-password")
+                     "--cluster", "wrong-password", "--create-table")
     assert "cannot use Kafka to check topic" in str(refused.value) and "authentication" in str(refused.value)
+    code, _, err = run_command(capsys, "watch", "create", "leak-watch", "--group", "billing", "--topic", secure_topic,
+                               "--cluster", "wrong-password")
+    assert code == 1 and "authentication (authenticate failed)" in err
     client = Client()
     client.force_login(make_operator())
-    seen = [client.get(url) for url in ("/clusters/", "/api/clusters/", "/groups/", "/api/groups/",
+    created = client.post("/api/pipelines/", {"name": "leak-three", "topic": secure_topic, "cluster": "wrong-password",
+                                              "sink_table": "leak_three", "create_table": True},
+                          content_type="application/json")
+    assert created.status_code in (400, 422, 503) and "authentication" in created.content.decode(), created.content
+    seen = [created] + [client.get(url) for url in ("/clusters/", "/api/clusters/", "/groups/", "/api/groups/",
                                         f"/pipelines/{pipeline.name}/", f"/api/pipelines/{pipeline.name}/",
                                         "/groups/billing/?cluster=wrong-password",
                                         "/api/groups/billing/?cluster=wrong-password", "/action-log/",

@@ -56,6 +56,21 @@ def partitions_for(topic: str, cluster=None) -> list[int]:
     return sorted(partitions)
 
 
+def topic_partitions_or_problem(topic: str, cluster=None) -> tuple[list[int] | None, str | None]:
+    """The topic's partitions, or why they cannot be had, in words a person can act on: the one wording for
+    every door that creates a pipeline or a watch."""
+    on = "" if (cluster or clusters.DEFAULT) == clusters.DEFAULT else f" cluster {cluster!r}"
+    try:
+        return partitions_for(topic, cluster=cluster), None
+    except KafkaUnreachable as exc:   # TLS, authentication, unreachable: not "the topic is missing"
+        return None, f"cannot use Kafka to check topic {topic!r}: {exc}"
+    except KafkaAdminError:
+        return None, (f"topic {topic!r} does not exist in Kafka{on}: create it first (e.g. kafka-topics.sh "
+                      f"--create --topic {topic}) or check the name")
+    except Exception as exc:  # the broker is down: say so rather than claim the topic is missing
+        return None, f"cannot reach Kafka{on} to check topic {topic!r}: {type(exc).__name__}: {exc}"
+
+
 @dataclass(frozen=True)
 class Watermarks:
     log_start: int

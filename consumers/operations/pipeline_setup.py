@@ -32,7 +32,7 @@ from consumers.engine import json_map, sink_checks, sink_names, sinks
 from consumers.engine.transforms import JSON, Transform, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
-from consumers.kafka.errors import ClusterConfigError, KafkaUnreachable
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -279,15 +279,9 @@ def _check_cluster(spec: PipelineSpec, problems: dict) -> None:
 
 
 def _check_topic(topic: str, problems: dict, cluster=None) -> None:
-    try:
-        kafka_admin.partitions_for(topic, cluster=cluster)
-    except KafkaUnreachable as exc:   # TLS, authentication, unreachable: not "the topic is missing"
-        problems["topic"] = f"cannot use Kafka to check topic {topic!r}: {exc}"
-    except kafka_admin.KafkaAdminError:
-        problems["topic"] = (f"topic {topic!r} does not exist in Kafka: create it first (e.g. kafka-topics.sh "
-                             f"--create --topic {topic}) or check the name")
-    except Exception as exc:  # the broker is down: say so rather than claim the topic is missing
-        problems["topic"] = f"cannot reach Kafka to check topic {topic!r}: {type(exc).__name__}: {exc}"
+    problem = kafka_admin.topic_partitions_or_problem(topic, cluster)[1]
+    if problem:
+        problems["topic"] = problem
 
 
 def check_table_name(table: str, problems: dict) -> None:

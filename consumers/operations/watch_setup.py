@@ -243,13 +243,10 @@ def _check_audit(spec: WatchSpec, problems: dict):
 
 
 def _check_topic(topic: str, problems: dict, cluster: str):
-    try:
-        return kafka_admin.partitions_for(topic, cluster=cluster)
-    except kafka_admin.KafkaAdminError:
-        problems["topic"] = f"topic {topic!r} does not exist in Kafka cluster {cluster!r}: check the name"
-    except Exception as exc:  # the broker is down: say so rather than claim the topic is missing
-        problems["topic"] = f"cannot reach Kafka to check topic {topic!r}: {type(exc).__name__}"
-    return None
+    partitions, problem = kafka_admin.topic_partitions_or_problem(topic, cluster)
+    if problem:
+        problems["topic"] = problem
+    return partitions
 
 
 def _start_offsets(topic: str, partitions: list[int], start_from: str, moment, cluster: str) -> dict[int, int]:
