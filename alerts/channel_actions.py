@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from alerts.channels import DeliveryFailed, Session, kind_of, redact
 from alerts.models import AlertRule, Channel
-from consumers.models import ActionLog, ActionResult
+from consumers.models import ActionLog, ActionResult, error_text
 
 SETTINGS = ("kind", "url", "recipients", "routing_key", "secret", "enabled")
 
@@ -42,7 +42,7 @@ def log(action: str, actor: str, channel: Channel | None, message: str, result=A
     shown = {key: shown[key] for key in ("name", "kind", "url", "to", "routing_key", "signed", "rules", "enabled")
              if key in shown}
     return ActionLog.objects.create(action=action, actor=(actor or "cli")[:150], params={**shown, **(params or {})},
-                                    result=result, message=message[:2000], created_at=now, finished_at=now)
+                                    result=result, message=error_text(message), created_at=now, finished_at=now)
 
 
 def save(channel: Channel, actor: str, rules: list[AlertRule] | None = None) -> Channel:

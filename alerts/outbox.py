@@ -29,6 +29,7 @@ from alerts import notify, payloads
 from alerts.channels import DeliveryFailed, Session, kind_of, redact
 from alerts.channels.base import short
 from alerts.models import Channel, ChannelKind, Notification, NotificationKind
+from consumers.models import error_text
 
 logger = logging.getLogger("tally.alerts")
 
@@ -156,7 +157,7 @@ def _send(notification: Notification, session: Session, now) -> str:
         answer = kind_of(channel).send(channel, notification, session)
     except Exception as error:  # noqa: BLE001 - any failure is recorded and retried; the run goes on
         reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"
-        reason = redact(reason, secrets)[:2000]
+        reason = error_text(redact(reason, secrets))
         give_up = _gives_up(notification, now)
         Notification.objects.filter(pk=notification.pk).update(
             last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification),

@@ -110,7 +110,7 @@ def test_it_gives_up_after_the_bounded_number_of_attempts_and_stops_the_pipeline
     assert decision().action == "gave_up"
     running.refresh_from_db()
     assert running.desired_state == DesiredState.STOPPED and running.epoch == 6
-    assert "gave up after 3 restart attempts" in running.last_error
+    assert "gave up: after 3 restart attempts" in running.last_error
     assert ActionLog.objects.get().result == ActionResult.FAILED and enqueued == []
 
 

@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from consumers.engine import commit
 from consumers.kafka import clusters
-from consumers.models import ClusterStatus, ConsumerRun, DeliveryMode, Pipeline, RunState
+from consumers.models import ClusterStatus, ConsumerRun, DeliveryMode, Pipeline, PipelineError, RunState
 
 log = logging.getLogger("tally.engine")
 
@@ -110,8 +110,8 @@ def load_pipeline(name: str) -> Pipeline:
 def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:
     """A run that halted (HALT_REASONS) leaves its reason on the pipeline, where the page shows it."""
     if reason in HALT_REASONS:
-        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(
-            last_error=f"halted ({reason}): {detail}"[:2000], updated_at=timezone.now())
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).set_error(PipelineError.HALTED, detail, reason,
+                                                                       updated_at=timezone.now())
 
 
 class Run:

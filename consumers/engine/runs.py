@@ -19,7 +19,7 @@ from django.utils import timezone
 from consumers.engine import hosts
 from consumers.engine.lifecycle import HALT_REASONS
 from consumers.engine.pipelines import engine_runner
-from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline
+from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, PipelineError
 
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
 OLDER_RUNS_WAIT_S = 20.0
@@ -122,10 +122,10 @@ def _after_run(pipeline: Pipeline, result) -> None:
         from consumers.models import ActionLog, ActionResult
 
         ActionLog.objects.create(pipeline=pipeline, action="halt", actor="engine", params={"reason": result.reason},
-                                 result=ActionResult.FAILED, message=f"halted ({result.reason}): {detail}"[:2000],
+                                 result=ActionResult.FAILED, message=PipelineError.HALTED.text(detail, result.reason),
                                  finished_at=timezone.now())
     elif result.reason == "error":
-        Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"run failed: {detail}"[:2000])
+        Pipeline.objects.filter(pk=pipeline.pk).set_error(PipelineError.RUN_FAILED, detail)
 
 
 def stop_all_runs(reason: str = "worker shutting down") -> int:

@@ -16,10 +16,12 @@ from consumers.models.pipeline import (
     LogTruncatedPolicy,
     PartitionOffset,
     Pipeline,
+    PipelineError,
     ResetPolicy,
     RunState,
 )
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
+from consumers.models.text import error_text
 from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 from consumers.models.watch import OFFSETS_LISTED, Watch, WatchPartition, WatchRange
 
@@ -27,7 +29,7 @@ __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
     "DeadLetter",
     "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot", "LedgerSummary",
-    "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineHealth", "ResetPolicy",
-    "RunState", "Status", "TopicCheckJob", "TopicCheckStatus", "OFFSETS_LISTED", "Watch", "WatchPartition",
-    "WatchRange",
+    "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineError", "PipelineHealth",
+    "ResetPolicy", "RunState", "Status", "TopicCheckJob", "TopicCheckStatus", "OFFSETS_LISTED", "Watch",
+    "WatchPartition", "WatchRange", "error_text",
 ]

@@ -6,22 +6,24 @@ only what a check found, written by consumers/operations/cluster_status.py. Mess
 from django.db import models
 from django.utils import timezone
 
+from consumers.models.text import error_text
+
 
 class ClusterStatusQuerySet(models.QuerySet):
     def record(self, name: str, *, reachable: bool, error: str = "", brokers=(), topics=None) -> "ClusterStatus":
         """A check's outcome; a failure is also kept as the last error."""
         now = timezone.now()
-        values = {"checked_at": now, "reachable": reachable, "error": error[:2000], "brokers": list(brokers),
+        values = {"checked_at": now, "reachable": reachable, "error": error_text(error), "brokers": list(brokers),
                   "topics": topics}
         if not reachable:
-            values.update(last_error=error[:2000], last_error_at=now)
+            values.update(last_error=error_text(error), last_error_at=now)
         status, _ = self.update_or_create(name=name[:64], defaults=values)
         return status
 
     def record_failure(self, name: str, error: str) -> None:
         """A failure seen outside a check (a run that could not connect): the last error, nothing else."""
         now = timezone.now()
-        self.update_or_create(name=name[:64], defaults={"last_error": error[:2000], "last_error_at": now})
+        self.update_or_create(name=name[:64], defaults={"last_error": error_text(error), "last_error_at": now})
 
 
 class ClusterStatus(models.Model):

@@ -14,6 +14,8 @@ from django.db import models
 from django.db.models import Case, Exists, F, OuterRef, When
 from django.utils import timezone
 
+from consumers.models.text import error_text
+
 # A Kafka cluster's name, as consumers/kafka/clusters.py accepts it.
 validate_cluster_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
                                        "A cluster name is 1-64 letters, digits, '.', '_' or '-'.")
@@ -58,7 +60,30 @@ class LogTruncatedPolicy(models.TextChoices):
     SKIP = "skip", "skip them, record it in the ledger and alert"
 
 
+class PipelineError(models.TextChoices):
+    """Who wrote `Pipeline.last_error`. The stored text starts with the kind, so one writer clears its own
+    error without wiping another's (reconciliation clears a sink error it no longer sees, never a run's)."""
+    RUN_FAILED = "run failed", "a run failed"
+    HALTED = "halted", "a run halted on a record or the sink"
+    SINK = "sink", "reconciliation cannot read the sink"
+    NOT_ENQUEUED = "run not enqueued", "the task broker did not take the run"
+    RESTARTED = "restarted", "the supervisor restarted the pipeline"
+    GAVE_UP = "gave up", "the supervisor stopped the pipeline"
+
+    def text(self, detail: str, qualifier: str = "") -> str:
+        """The stored text: "KIND (QUALIFIER): DETAIL", e.g. "halted (bad_record): offset 7: not a number"."""
+        return error_text(f"{self.value}{f' ({qualifier})' if qualifier else ''}: {detail}")
+
+
 class PipelineQuerySet(models.QuerySet):
+    def set_error(self, kind: PipelineError, detail: str, qualifier: str = "", **changes) -> int:
+        """Leave `kind`'s error on these pipelines (with `changes` to other fields in the same UPDATE)."""
+        return self.update(last_error=kind.text(detail, qualifier), **changes)
+
+    def clear_error(self, kind: PipelineError) -> int:
+        """Clear the error of these pipelines if `kind` wrote it; another writer's error stays."""
+        return self.filter(last_error__startswith=f"{kind.value}").update(last_error="")
+
     def bump_epoch(self, **changes) -> int:
         """Start a new epoch for these pipelines, fencing every writer of the old one, with `changes` to other
         fields in the same UPDATE. Filter on what you expect (epoch, desired state) to make it a compare-and-set;
@@ -368,11 +393,11 @@ class ConsumerRunQuerySet(models.QuerySet):
 
     def end(self, state: str, reason: str, now: datetime, **progress) -> int:
         """A run ended on its own: stopped, fenced, crashed or failed, and why."""
-        return self.update(state=state, end_reason=reason[:2000], ended_at=now, heartbeat_at=now, **progress)
+        return self.update(state=state, end_reason=error_text(reason), ended_at=now, heartbeat_at=now, **progress)
 
     def declare_crashed(self, reason: str, now: datetime) -> int:
         """Someone else found the run dead (its lease expired or its process is gone)."""
-        return self.unended().update(state=RunState.CRASHED, ended_at=now, end_reason=reason[:2000])
+        return self.unended().update(state=RunState.CRASHED, ended_at=now, end_reason=error_text(reason))
 
 
 class ConsumerRun(models.Model):

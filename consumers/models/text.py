@@ -24,6 +24,15 @@ def storable(value) -> str:
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+ERROR_TEXT_MAX = 2000  # characters of an error kept on a row: the cause and its context, never a whole dump
+
+
+def error_text(text) -> str:
+    """An error as a row keeps it (a run's end reason, a pipeline's last error, an action's message): storable
+    and cut to ERROR_TEXT_MAX."""
+    return storable(text)[:ERROR_TEXT_MAX]
+
+
 def fit(model, field: str, value) -> str:
     """`value` made storable and cut to the `max_length` of `model.field` (unlimited for a TextField)."""
     text = storable(value)

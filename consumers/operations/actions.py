@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from consumers.access import record_refusal
-from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline
+from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline, PipelineError, error_text
 from consumers.operations.offset_specs import Refused
 
 log = logging.getLogger("tally.actions")
@@ -111,7 +111,7 @@ def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -
         # Never "done" without a run enqueued: the action is recorded failed, with the reason.
         message = (f"{entry.message}; but no run was enqueued: {enqueue_failures[0]}. The supervisor starts "
                    f"one when the task broker is back.")
-        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, message=message[:2000])
+        ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, message=error_text(message))
         entry.refresh_from_db()
     log.info("%s %s by %s: %s", action, pipeline.name, actor, entry.message)
     return entry
@@ -145,7 +145,7 @@ def enqueue_or_note(pipeline_id: int, epoch: int, runs: int, failures: list[str]
     except Exception as exc:  # kombu's OperationalError and friends: Redis is down or unreachable
         reason = f"the task broker is unreachable ({type(exc).__name__}: {exc})"
         log.error("pipeline %s epoch %s: %s", pipeline_id, epoch, reason)
-        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).update(last_error=f"run not enqueued: {reason}"[:2000],
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).set_error(PipelineError.NOT_ENQUEUED, reason,
                                                                      runs_waiting=0, waiting_since=None)
         failures.append(reason)
         return []

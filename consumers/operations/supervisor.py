@@ -19,7 +19,15 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from consumers.models import LIVE_RUN_STATES, ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline
+from consumers.models import (
+    LIVE_RUN_STATES,
+    ActionLog,
+    ActionResult,
+    ConsumerRun,
+    DesiredState,
+    Pipeline,
+    PipelineError,
+)
 from consumers.operations import actions
 
 log = logging.getLogger("tally.supervisor")
@@ -158,7 +166,8 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
             desired_state=DesiredState.RUNNING, epoch=pipeline.epoch,
             restart_attempts=pipeline.restart_attempts, runs_waiting=0,
         ).bump_epoch(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
-                     last_error=reason[:2000], updated_at=now, runs_waiting=runs, waiting_since=now)
+                     last_error=PipelineError.RESTARTED.text(reason), updated_at=now, runs_waiting=runs,
+                     waiting_since=now)
         if claimed != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
         epoch = pipeline.epoch + 1
@@ -174,12 +183,12 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
 
 
 def _give_up(pipeline: Pipeline, reason: str) -> Decision:
-    message = (f"gave up after {pipeline.restart_attempts} restart attempts; the pipeline is stopped. "
-               f"Last reason: {reason}")
+    message = PipelineError.GAVE_UP.text(f"after {pipeline.restart_attempts} restart attempts; the pipeline is "
+                                         f"stopped. Last reason: {reason}")
     with transaction.atomic():
         stopped = Pipeline.objects.filter(pk=pipeline.pk, desired_state=DesiredState.RUNNING,
                                           restart_attempts=pipeline.restart_attempts).bump_epoch(
-            desired_state=DesiredState.STOPPED, last_error=message[:2000],
+            desired_state=DesiredState.STOPPED, last_error=message,
             restart_after=None, updated_at=timezone.now())
         if stopped != 1:
             return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")

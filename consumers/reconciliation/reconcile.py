@@ -43,6 +43,7 @@ from consumers.models import (
     DesiredState,
     PartitionHealth,
     Pipeline,
+    PipelineError,
     PipelineHealth,
     ResetPolicy,
     Status,
@@ -64,7 +65,6 @@ log = logging.getLogger("tally.reconcile")
 
 # Findings of the verified range are kept between runs; "current" ones are recomputed every run.
 VERIFIED, CURRENT = "verified", "current"
-SINK_ERROR_PREFIX = "sink: "
 
 
 def reconcile_all(*, full: bool = False, kafka=None) -> list[PipelineReport]:
@@ -96,7 +96,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     if sink_error:
         return _sink_broken(pipeline, sink_error, errors, now)
     # The sink can be written again: the reason it could not goes away.
-    Pipeline.objects.filter(pk=pipeline.pk, last_error__startswith=SINK_ERROR_PREFIX).update(last_error="")
+    Pipeline.objects.filter(pk=pipeline.pk).clear_error(PipelineError.SINK)
     with timer.db:
         alive = ConsumerRun.objects.filter(pipeline=pipeline).serving(now).exists()
         held = _held_reader(errors, kafka, pipeline.topic, marks)
@@ -168,7 +168,7 @@ def _sink_broken(pipeline: Pipeline, sink_error: str, errors: list[str], now: da
     with transaction.atomic():
         PartitionHealth.objects.filter(pipeline=pipeline).update(status=Status.ERR, checked_at=now)
         PipelineHealth.objects.update_or_create(pipeline=pipeline, defaults={"status": Status.ERR, "checked_at": now})
-        Pipeline.objects.filter(pk=pipeline.pk).update(last_error=f"{SINK_ERROR_PREFIX}{sink_error}"[:2000])
+        Pipeline.objects.filter(pk=pipeline.pk).set_error(PipelineError.SINK, sink_error)
     log.warning("%s: %s", pipeline.name, sink_error)
     return PipelineReport(pipeline.name, Status.ERR, pipeline.delivery_mode, [], None, None, None, now,
                           "; ".join(errors), sink_error=sink_error)

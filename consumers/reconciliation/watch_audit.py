@@ -32,7 +32,7 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
-from consumers.models import OFFSETS_LISTED, Status, Watch, WatchPartition, WatchRange
+from consumers.models import OFFSETS_LISTED, Status, Watch, WatchPartition, WatchRange, error_text
 from consumers.reconciliation import monitored, watch_match
 
 log = logging.getLogger("tally.watch")
@@ -459,7 +459,7 @@ def partition_json(wp: WatchPartition) -> dict:
 
 def _failed(watch: Watch, reason: str, now: datetime) -> WatchReport:
     log.warning("watch %s: %s", watch.name, reason)
-    Watch.objects.filter(pk=watch.pk).update(status=Status.ERR, checked_at=now, last_error=reason[:2000])
+    Watch.objects.filter(pk=watch.pk).update(status=Status.ERR, checked_at=now, last_error=error_text(reason))
     WatchPartition.objects.filter(watch=watch).update(status=Status.ERR, checked_at=now)
     watch.refresh_from_db()
     rows = list(WatchPartition.objects.filter(watch=watch).order_by("partition"))
