@@ -16,7 +16,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
-from consumers.kafka import broker
+from consumers.kafka import broker, clusters
 from tests.kafka_forwarders import pki, secure_broker  # noqa: F401 (fixtures: TLS + SASL in front of a broker)
 from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
 from tests.waiting import patience
@@ -131,6 +131,7 @@ def kafka_bootstrap():
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
     yield bootstrap
     settings.KAFKA_BOOTSTRAP_SERVERS = previous
+    clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
     broker.stop_broker(process)
 
 

@@ -6,6 +6,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -85,3 +86,24 @@ def test_delete_groups_forgets_committed_offsets_and_tolerates_unknown_groups(ka
     kafka_admin.commit_offsets("g-delete", topic, {0: 2})
     assert kafka_admin.delete_groups(["g-delete", "g-never-existed"]) == {"g-delete": "OK", "g-never-existed": "OK"}
     assert kafka_admin.committed_offsets("g-delete", topic, [0]) == {0: None}
+
+
+def test_checks_reuse_one_admin_client_per_cluster_and_a_stale_one_is_replaced(kafka_bootstrap, make_topic):
+    topic = make_topic("shared", partitions=2)
+    kafka_admin.commit_offsets("shared-group", topic, {0: 3, 1: 0})
+    clusters.close_shared_admins()
+    assert kafka_admin.committed_offsets("shared-group", topic) == {0: 3, 1: 0}
+    with clusters.shared_admin() as first:
+        pass
+    assert kafka_admin.describe_group("shared-group").has_active_members is False
+    assert kafka_admin.committed_offsets("shared-group", topic) == {0: 3, 1: 0}
+    with clusters.shared_admin(clusters.DEFAULT) as again:
+        assert again is first   # the same client for every call of the process, by name or by default
+    first.close()               # its connections gone (as after a broker restart): the call still answers
+    assert kafka_admin.committed_offsets("shared-group", topic) == {0: 3, 1: 0}
+    with clusters.shared_admin() as replaced:
+        assert replaced is not first
+    with pytest.raises(RuntimeError), clusters.shared_admin() as client:
+        raise RuntimeError("a failed call")
+    with clusters.shared_admin() as after_failure:
+        assert after_failure is not client

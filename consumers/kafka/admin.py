@@ -45,6 +45,22 @@ def admin_session(cluster=None):
         client.close()
 
 
+def shared_read(cluster, call):
+    """`call(admin_client)` on the cluster's shared admin client (clusters.shared_admin), for read-only calls
+    that run on every check. A reused client whose connection went stale (a broker restart) fails once: the
+    call is tried once more on a new client, so only a second failure is reported."""
+    try:
+        with clusters.shared_admin(cluster) as client:
+            return call(client)
+    except KafkaUnreachable:  # a cluster that cannot be used (its preflight says why): no retry
+        raise
+    except Exception as exc:  # noqa: BLE001 - the retry below reports the real failure
+        log.info("shared admin client of %s failed (%s); trying a new one", cluster or clusters.DEFAULT,
+                 type(exc).__name__)
+    with clusters.shared_admin(cluster) as client:
+        return call(client)
+
+
 def partitions_for(topic: str, cluster=None) -> list[int]:
     consumer = probe_consumer(cluster)
     try:
@@ -184,8 +200,7 @@ def high_watermarks(topic: str, partitions: list[int] | None = None, cluster=Non
 def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = None,
                       cluster=None) -> dict[int, int | None]:
     """Kafka's committed offset of a group per partition (None where the group has committed nothing)."""
-    with admin_session(cluster) as admin:
-        result = admin.list_group_offsets({group_id: None}).get(group_id, {})
+    result = shared_read(cluster, lambda admin: admin.list_group_offsets({group_id: None})).get(group_id, {})
     committed = {tp.partition: (meta.offset if meta.offset >= 0 else None)
                  for tp, meta in result.items() if tp.topic == topic}
     if partitions is not None:
@@ -336,8 +351,8 @@ def list_groups(cluster=None) -> list[str]:
 
 def describe_group(group_id: str, cluster=None) -> GroupDescription:
     """State and members of a group (see clusters._AdminClient for the embedded broker's quirk)."""
-    with admin_session(cluster) as admin:
-        described = admin.describe_groups([group_id], include_authorized_operations=False)
+    described = shared_read(cluster, lambda admin: admin.describe_groups([group_id],
+                                                                       include_authorized_operations=False))
     info = described.get(group_id) if isinstance(described, dict) else described[0]
     if info is None:
         return GroupDescription(group_id, "Dead")

@@ -5,6 +5,7 @@
     cluster = clusters.get("prod")        # a Cluster; clusters.get() or get(None) is "default"
     clusters.consumer(cluster, group_id=None, ...)   # kafka-python KafkaConsumer, connection settings applied
     clusters.admin(cluster)                          # KafkaAdminClient (tolerant of the embedded broker)
+    with clusters.shared_admin(cluster) as client:   # the process's one admin client of the cluster, reused
     clusters.producer(cluster, acks="all")           # KafkaProducer
     clusters.client_kwargs(cluster)                  # only the connection keywords, for kafka-python
     clusters.preflight(cluster)                      # resolve, TLS, authenticate, metadata within seconds, or
@@ -28,9 +29,12 @@ Where the settings come from:
 A `Cluster` holds where its secrets are (`Secret`), never their values: its repr, `spec()` (the plain values
 Spark executors receive) and every message are free of secrets. Values are read only when a client is built.
 """
+import contextlib
+import logging
 import os
 import re
 import ssl
+import threading
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -41,6 +45,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
 from consumers.kafka.errors import ClusterConfigError
+
+log = logging.getLogger("tally.kafka")
 
 DEFAULT = "default"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -435,3 +441,47 @@ def preflight(cluster: "Cluster | str | None" = None, timeout_s: float | None = 
     result.raise_for_failure()
     _passed[key] = time.monotonic()
     return cluster
+
+
+# --- one admin client per cluster and process ------------------------------------------------------------
+
+# {(pid, cluster): (lock, [client or None])}. Keyed by process id: a forked worker builds its own client
+# instead of sharing its parent's sockets.
+_shared: dict = {}
+_shared_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def shared_admin(cluster: "Cluster | str | None" = None):
+    """The process's admin client of the cluster, built (after a preflight) at first use and reused by every
+    later call: building one costs a bootstrap and a metadata round trip, which dominated checks that run
+    every few seconds. Calls on one client are serialised. A call that fails drops the client (and the
+    cluster's passed preflight), so the next call starts from a new, checked connection."""
+    cluster = get(cluster)
+    key = (os.getpid(), repr(cluster))
+    with _shared_guard:
+        lock, slot = _shared.setdefault(key, (threading.Lock(), [None]))
+    with lock:
+        if slot[0] is None:
+            slot[0] = admin(preflight(cluster))
+        try:
+            yield slot[0]
+        except Exception:
+            client, slot[0] = slot[0], None
+            _passed.pop(repr(cluster), None)
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
+                log.debug("closing the shared admin client of %s failed", cluster.name, exc_info=True)
+            raise
+
+
+def close_shared_admins() -> None:
+    """Close this process's shared admin clients (tests, shutdown)."""
+    with _shared_guard:
+        entries = [entry for key, entry in _shared.items() if key[0] == os.getpid()]
+    for lock, slot in entries:
+        with lock:
+            client, slot[0] = slot[0], None
+            if client is not None:
+                client.close()
