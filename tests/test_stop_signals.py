@@ -1,5 +1,8 @@
 """Long-running commands stop when their process group gets SIGTERM (or SIGINT), whether their children died
-first or not (`kill -- -PGID` kills a whole stack at once). The deadlines guard against hangs only."""
+first or not (`kill -- -PGID` kills a whole stack at once): kafka_broker, run_pipeline, devstack, the Celery
+worker (with its engine host processes), Celery beat, and an engine host alone (SIGTERM to it, or its worker
+gone). The deadlines guard against hangs only."""
+import json
 import os
 import signal
 import subprocess
@@ -125,7 +128,9 @@ def login_page_up(port) -> bool:
 
 
 @pytest.mark.celery
-def test_devstack_stops_everything_when_its_broker_died_first_and_its_group_gets_sigterm(subprocess_env):
+@pytest.mark.parametrize("signum,broker_dies_first", [(signal.SIGTERM, True), (signal.SIGINT, False)],
+                         ids=["sigterm-after-its-broker-died", "sigint"])
+def test_devstack_stops_everything_on_a_signal_to_its_group(subprocess_env, signum, broker_dies_first):
     web_port, kafka_port = free_port(), free_port()
     env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
                DJANGO_SUPERUSER_PASSWORD="stack-test-password")
@@ -135,12 +140,125 @@ def test_devstack_stops_everything_when_its_broker_died_first_and_its_group_gets
         children = children_of(stack)
         broker = [c for c in children if "tansu" in " ".join(c.cmdline())]
         assert broker
-        for process in broker:
-            process.kill()
-        stopped(stack, signal.SIGTERM)
+        if broker_dies_first:
+            for process in broker:
+                process.kill()
+        stopped(stack, signum)
     finally:
         if stack.poll() is None:
             os.killpg(stack.pid, signal.SIGKILL)
     assert "All processes stopped." in stack.stdout.read()
     for child in children:
-        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child.cmdline()
+        assert gone(child), child.cmdline()
+
+def live_run_of(pipeline):
+    from consumers.models import ConsumerRun, RunState
+
+    return ConsumerRun.objects.filter(pipeline=pipeline, state=RunState.RUNNING).order_by("-pk").first()
+
+
+def ended_cleanly(run) -> bool:
+    from consumers.models import RunState
+
+    run.refresh_from_db()
+    return run.state == RunState.STOPPED
+
+
+@pytest.fixture
+def worker_with_a_run(running_pipeline, celery_app_for_tests):
+    """A Celery worker (the production one: runs in engine host processes) serving the pipeline."""
+    from consumers.operations import actions
+    from tests.conftest import start_celery_worker, stop_process_group
+
+    pipeline, env = running_pipeline
+    worker = start_celery_worker(dict(env, TALLY_ENGINE_PROCESSES="1"), log_name="stop-worker")
+    try:
+        actions.start(pipeline.name)
+        run = wait_for(lambda: live_run_of(pipeline), 90, "the worker's run")
+        yield worker, run
+    finally:
+        stop_process_group(worker)
+        celery_app_for_tests.control.purge()
+
+
+def engine_hosts(worker) -> list[psutil.Process]:
+    return [c for c in children_of(worker) if "engine_host" in " ".join(c.cmdline())]
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_celery_worker_stops_its_runs_and_exits_on_a_signal_to_its_group(worker_with_a_run, signum):
+    worker, run = worker_with_a_run
+    hosts = engine_hosts(worker)
+    assert hosts, "the run is hosted in an engine host process"
+    # Celery's own convention: a warm shutdown exits 0 on SIGTERM and 1 (interrupted) on SIGINT.
+    assert stopped(worker, signum) == (1 if signum == signal.SIGINT else 0)
+    assert ended_cleanly(run), run.state
+    # A host ignores SIGINT (its worker decides) and leaves when its worker is gone and its stdin closes.
+    wait_for(lambda: all(gone(host) for host in hosts), STOP_WITHIN_S, "the engine hosts to exit")
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_whose_engine_host_died_first_exits_on_sigterm(worker_with_a_run):
+    worker, _ = worker_with_a_run
+    for host in engine_hosts(worker):
+        host.kill()
+    stopped(worker, signal.SIGTERM)
+
+
+def hosting(pipeline, env):
+    """`manage.py engine_host` as a worker starts it (commands on its stdin), hosting one run of the pipeline."""
+    from consumers.models import DesiredState, Pipeline
+
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    host = subprocess.Popen([sys.executable, "manage.py", "engine_host"], cwd=ROOT, env=env, start_new_session=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    host.stdin.write(json.dumps({"op": "run", "key": "k1", "pipeline_id": pipeline.pk, "epoch": pipeline.epoch}) + "\n")
+    host.stdin.flush()
+    return host, wait_for(lambda: live_run_of(pipeline), 60, "the hosted run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_host_alone_stops_its_runs_and_exits_on_sigterm_while_its_worker_lives(running_pipeline):
+    """SIGTERM to the host only (`kill PID`): its stdin is still open, as its worker lives on."""
+    host, run = hosting(*running_pipeline)
+    try:
+        assert stopped(host, signal.SIGTERM) == 0
+    finally:
+        host.stdin.close()
+    result = json.loads(host.stdout.readline())
+    assert result["key"] == "k1" and result["result"]["reason"] == "stopped", result
+    assert ended_cleanly(run), run.state
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_host_whose_worker_died_first_stops_its_runs_and_exits(running_pipeline):
+    """The worker SIGKILLed: the host's stdin closes, and that is its signal."""
+    host, run = hosting(*running_pipeline)
+    host.stdin.close()
+    try:
+        assert host.wait(timeout=patience(STOP_WITHIN_S)) == 0
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+    assert ended_cleanly(run), run.state
+
+
+@pytest.mark.celery
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_celery_beat_exits_on_a_signal_to_its_group(subprocess_env, tmp_path, signum):
+    beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tally", "beat", "-s", str(tmp_path / "schedule"),
+                             "--loglevel", "INFO"], cwd=ROOT, env=subprocess_env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    wait_for(lambda: lines.append(beat.stdout.readline()) or "beat: Starting" in "".join(lines), 60, "beat to start")
+    assert stopped(beat, signum) == 0

@@ -4,8 +4,9 @@ Celery worker that started it (consumers/engine/hosts.py has the worker's side a
 Commands arrive as JSON lines on stdin: `{"op": "run", "key", "pipeline_id", "epoch", "task_id", "settled_peers"}`
 starts a run, `{"op": "stop", "key"}` asks one run (or every run, key "*") to stop cleanly. Each run's result goes
 back as one JSON line `{"key", "result"}` on the process's original stdout; everything else printed goes to
-stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone) or on SIGTERM, every
-run is asked to stop, and the process exits once they have ended.
+stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone) or on SIGTERM (even
+while the worker lives on), every run is asked to stop, and the process exits once they have ended: commands are
+read on a thread of their own, so the main thread is never stuck in a read of stdin when the signal comes.
 """
 import json
 import logging
@@ -27,9 +28,32 @@ class HostProcess:
     def __init__(self, results):
         self.results = results
         self._write_lock = threading.Lock()
+        self._lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.closing = threading.Event()   # stdin closed or SIGTERM: no new run, every run asked to stop
+        self.reason = ""
+        # Closing wakes the main thread through a pipe: a write is safe in a signal handler, where taking a lock
+        # the interrupted main thread may hold (an Event's) is not.
+        self._wake_read, self._wake_write = os.pipe()
 
     def serve(self, commands) -> None:
+        threading.Thread(target=self._read, args=(commands,), name="tally-engine-host-commands", daemon=True).start()
+        os.read(self._wake_read, 1)
+        with self._lock:
+            self.closing.set()
+            threads = list(self.threads)
+        # A run that was starting as the stop came may not have been listening for it yet: ask until all ended.
+        while any(thread.is_alive() for thread in threads):
+            runs.stop_all_runs(self.reason)
+            for thread in threads:
+                thread.join(timeout=1)
+
+    def close(self, reason: str) -> None:
+        """Stop taking runs and end the ones held (from the command reader at EOF, or the SIGTERM handler)."""
+        self.reason = self.reason or reason
+        os.write(self._wake_write, b"x")
+
+    def _read(self, commands) -> None:
         for line in commands:
             try:
                 command = json.loads(line)
@@ -40,15 +64,17 @@ class HostProcess:
                 self._start(command)
             elif command.get("op") == "stop":
                 self._stop(command.get("key"), command.get("reason") or "asked by the worker")
-        runs.stop_all_runs("the worker is gone")
-        for thread in self.threads:
-            thread.join()
+        self.close("the worker is gone")
 
     def _start(self, command: dict) -> None:
-        thread = threading.Thread(target=self._run, args=(command,), daemon=True,
-                                  name=f"tally-run-{command['pipeline_id']}-{command['epoch']}")
-        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-        thread.start()
+        with self._lock:
+            if not self.closing.is_set():
+                thread = threading.Thread(target=self._run, args=(command,), daemon=True,
+                                          name=f"tally-run-{command['pipeline_id']}-{command['epoch']}")
+                self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+                thread.start()
+                return
+        self._write(command["key"], {"reason": "error", "records": 0, "detail": "its engine host was stopping"})
 
     def _run(self, command: dict) -> None:
         try:
@@ -59,8 +85,11 @@ class HostProcess:
             result = {"reason": "error", "detail": f"{type(exc).__name__}: {exc}", "records": 0}
         finally:
             connection.close()  # this thread's Django connection: a host outlives many runs
+        self._write(command["key"], result)
+
+    def _write(self, key: str, result: dict) -> None:
         with self._write_lock:
-            self.results.write(json.dumps({"key": command["key"], "result": result}, default=str) + "\n")
+            self.results.write(json.dumps({"key": key, "result": result}, default=str) + "\n")
             self.results.flush()
 
     def _stop(self, key: str | None, reason: str) -> None:
@@ -76,6 +105,8 @@ def main() -> None:
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    signal.signal(signal.SIGTERM, lambda signum, frame: runs.stop_all_runs("engine host got SIGTERM"))
+    host = HostProcess(results)
+    # The handler only sets an event: the main thread, waiting for it, stops the runs and waits for their end.
+    signal.signal(signal.SIGTERM, lambda signum, frame: host.close("engine host got SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the worker's terminal: the worker decides
-    HostProcess(results).serve(sys.stdin)
+    host.serve(sys.stdin)

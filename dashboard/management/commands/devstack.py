@@ -45,6 +45,7 @@ def _interrupt(signum, frame):
 
 
 PASSWORD_FILE = os.path.join("var", "admin-password")
+CHILDREN_GRACE_S = 8  # then SIGKILL: the stack as a whole stops within 10 s of a signal
 
 
 class Command(BaseCommand):
@@ -140,7 +141,8 @@ class Command(BaseCommand):
                     os.killpg(process.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 10
+        # Children get most of the 10 s a stack has to stop in (docs: every long-running command), then SIGKILL.
+        deadline = time.monotonic() + CHILDREN_GRACE_S
         for process in self.children.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
