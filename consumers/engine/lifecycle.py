@@ -14,8 +14,9 @@ An engine differs only in how it fetches records and where it calls `commit.comm
 
 Epochs (docs/architecture.md "Epochs and runs"): a run joins the pipeline's current epoch when it starts. It
 ends when its heartbeat sees a newer epoch or a deleted pipeline (`RunEnded("fenced")`), or when the commit
-protocol refuses a write of an older epoch inside its transaction (commit.Fenced). A run ends with one of
-REASONS; RUN_STATE says which ConsumerRun state that is, and HALT_REASONS leave their reason on the pipeline.
+protocol refuses a write of an older epoch inside its transaction (commit.Fenced). A run ends with an
+EndReason (consumers/models); RUN_STATE says which ConsumerRun state that is, and HALT_REASONS leave their
+reason on the pipeline.
 """
 import logging
 import os
@@ -31,20 +32,28 @@ from kafka.structs import OffsetAndMetadata
 
 from consumers.engine import commit
 from consumers.kafka import clusters
-from consumers.models import ClusterStatus, ConsumerRun, DeliveryMode, Pipeline, PipelineError, RunState
+from consumers.models import (
+    ClusterStatus,
+    ConsumerRun,
+    DeliveryMode,
+    EndReason,
+    Pipeline,
+    PipelineError,
+    RunState,
+)
 
 log = logging.getLogger("tally.engine")
 
 HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
 
-REASONS = ("caught_up", "stopped", "fenced", "max_seconds", "bad_record", "sink_error", "error")
-CLEAN_REASONS = ("caught_up", "stopped", "max_seconds")
+CLEAN_REASONS = (EndReason.CAUGHT_UP, EndReason.STOPPED, EndReason.MAX_SECONDS)
 # FAILED runs halted on something a restart cannot cure (a bad record under the "stop" policy, a database
 # error that is not about data): the supervisor leaves them for an operator and the alert says why.
 # CRASHED runs (anything else, e.g. a lost connection) are restarted with backoff.
-RUN_STATE = {"caught_up": RunState.STOPPED, "stopped": RunState.STOPPED, "max_seconds": RunState.STOPPED,
-             "fenced": RunState.FENCED, "bad_record": RunState.FAILED, "sink_error": RunState.FAILED,
-             "error": RunState.CRASHED}
+RUN_STATE = {EndReason.CAUGHT_UP: RunState.STOPPED, EndReason.STOPPED: RunState.STOPPED,
+             EndReason.MAX_SECONDS: RunState.STOPPED, EndReason.FENCED: RunState.FENCED,
+             EndReason.BAD_RECORD: RunState.FAILED, EndReason.SINK_ERROR: RunState.FAILED,
+             EndReason.ERROR: RunState.CRASHED}
 # The one reading of "halted": the reasons that end a run FAILED (ConsumerRun.objects.halted(), Pipeline.halted_run).
 HALT_REASONS = tuple(reason for reason, state in RUN_STATE.items() if state == RunState.FAILED)
 
@@ -56,7 +65,7 @@ class UnknownPipeline(LookupError):
 @dataclass
 class RunResult:
     pipeline: str
-    reason: str                 # one of REASONS
+    reason: EndReason
     records: int = 0            # records committed by this run (rows + dead letters, replays excluded)
     batches: int = 0            # committed batches that held records
     rows_written: int = 0
@@ -76,19 +85,19 @@ class RunResult:
 
 
 class RunEnded(Exception):
-    """Ends a run with one of REASONS (fenced by a newer epoch, a refused batch, a bad start)."""
+    """Ends a run with an EndReason (fenced by a newer epoch, a refused batch, a bad start)."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: EndReason | str, detail: str = ""):
         super().__init__(detail)
-        self.reason, self.detail = reason, detail
+        self.reason, self.detail = EndReason(reason), detail
 
     @classmethod
     def refused(cls, refusal: str, detail: str) -> "RunEnded":
         """A batch the commit protocol refused (`commit.CommitRefused.reason`): fenced, bad record and sink
         error end the run as such; a gap, or any other refusal, is an error."""
-        if refusal in REASONS:
+        if refusal in EndReason.values:
             return cls(refusal, detail)
-        return cls("error", f"Gap: {detail}" if refusal == commit.Gap.reason else detail)
+        return cls(EndReason.ERROR, f"Gap: {detail}" if refusal == commit.Gap.reason else detail)
 
 
 def cluster_unusable(pipeline: Pipeline, exc: Exception) -> tuple[str, str]:
@@ -122,7 +131,7 @@ class Run:
         self.row = ConsumerRun.objects.create(
             pipeline=pipeline, epoch=self.epoch, host=socket.gethostname(), pid=os.getpid(), task_id=task_id,
             engine=engine, state=state)
-        self.result = RunResult(pipeline.name, reason="error", epoch=self.epoch, run_id=self.row.pk)
+        self.result = RunResult(pipeline.name, reason=EndReason.ERROR, epoch=self.epoch, run_id=self.row.pk)
         self.started = time.monotonic()
         self.next_heartbeat = 0.0
         self.first_record_at: float | None = None

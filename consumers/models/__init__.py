@@ -10,6 +10,7 @@ from consumers.models.pipeline import (
     DeadLetterReplay,
     DeliveryMode,
     DesiredState,
+    EndReason,
     Engine,
     IsolationLevel,
     LedgerSummary,
@@ -27,9 +28,8 @@ from consumers.models.watch import OFFSETS_LISTED, Watch, WatchPartition, WatchR
 
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
-    "DeadLetter",
-    "DeadLetterReplay", "DeliveryMode", "DesiredState", "Engine", "IsolationLevel", "LagSnapshot", "LedgerSummary",
-    "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline", "PipelineError", "PipelineHealth",
-    "ResetPolicy", "RunState", "Status", "TopicCheckJob", "TopicCheckStatus", "OFFSETS_LISTED", "Watch",
-    "WatchPartition", "WatchRange", "error_text",
+    "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
+    "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline",
+    "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "Status", "TopicCheckJob", "TopicCheckStatus",
+    "OFFSETS_LISTED", "Watch", "WatchPartition", "WatchRange", "error_text",
 ]

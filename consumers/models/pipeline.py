@@ -333,6 +333,17 @@ class RunState(models.TextChoices):
 LIVE_RUN_STATES = (RunState.STARTING, RunState.RUNNING)
 
 
+class EndReason(models.TextChoices):
+    """Why a run ended (an engine's RunResult.reason); engine/lifecycle.RUN_STATE gives the run's final state."""
+    CAUGHT_UP = "caught_up", "caught up with the log"
+    STOPPED = "stopped", "stopped on request"
+    MAX_SECONDS = "max_seconds", "reached its time limit"
+    FENCED = "fenced", "fenced by a newer epoch"
+    BAD_RECORD = "bad_record", "halted on a bad record"
+    SINK_ERROR = "sink_error", "halted on a sink error"
+    ERROR = "error", "crashed"
+
+
 def run_lease() -> timedelta:
     """How long a run stays alive after its last heartbeat. Runs heartbeat about every second."""
     return timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)

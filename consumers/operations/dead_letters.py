@@ -29,7 +29,7 @@ make each step's crash reproducible.
 import logging
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
@@ -51,6 +51,17 @@ MAX_PER_CALL = 1000
 MAX_REASON = 500
 
 
+class LetterOutcome(models.TextChoices):
+    """What happened to one dead letter; the label is how a summary says it."""
+    REPLAYED = "replayed", "replayed into the sink"
+    ALREADY_IN_SINK = "already_in_sink", "already in the sink (dead letter removed)"
+    STILL_BAD = "still_bad", "still bad (kept with the new error)"
+    GONE = "gone", "not found (already replayed?)"
+    DISCARDED = "discarded", "discarded (not replayed)"
+    NOT_YET_CONSUMED = "not_yet_consumed", "not yet consumed (left to the pipeline)"
+    ALREADY_DISCARDED = "already_discarded", "already discarded"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one dead letter."""
@@ -58,7 +69,7 @@ class Outcome:
     dead_letter_id: int
     partition: int | None
     offset: int | None
-    result: str          # replayed | still_bad | already_in_sink | gone | discarded | not_yet_consumed
+    result: LetterOutcome
     rows: int = 0
     error: str = ""
 
@@ -180,15 +191,16 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
         letters = cur.fetchall()
         outcomes, rows, replayed, still_bad = [], [], [], []
         seen = {row[0] for row in letters}
-        outcomes += [Outcome(i, None, None, "gone", error="no such dead letter (already replayed?)")
+        outcomes += [Outcome(i, None, None, LetterOutcome.GONE, error="no such dead letter (already replayed?)")
                      for i in ids if i not in seen]
         in_sink = _offsets_in_sink(cur, pipeline, [(p, o) for _, p, o, *_ in letters])
         for letter_id, partition, offset, key, value, error, discarded_at in letters:
             if discarded_at is not None:
-                outcomes.append(Outcome(letter_id, partition, offset, "discarded", error="discarded: not replayed"))
+                outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.DISCARDED,
+                                        error="discarded: not replayed"))
                 continue
             if offset >= positions.get(partition, 0):
-                outcomes.append(Outcome(letter_id, partition, offset, "not_yet_consumed",
+                outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.NOT_YET_CONSUMED,
                                         error=f"at or beyond the pipeline's position {positions.get(partition)}: "
                                               f"the pipeline will read it again"))
                 continue
@@ -202,14 +214,14 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
             except Exception as exc:  # any failure of user code is the record's fault, as in the commit protocol
                 message = f"{type(exc).__name__}: {exc}"
                 still_bad.append((letter_id, message))
-                outcomes.append(Outcome(letter_id, partition, offset, "still_bad", error=message))
+                outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.STILL_BAD, error=message))
                 continue
             if (partition, offset) in in_sink:
-                outcomes.append(Outcome(letter_id, partition, offset, "already_in_sink"))
+                outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.ALREADY_IN_SINK))
                 replayed.append((letter_id, partition, offset, 0, error))
                 continue
             rows += produced
-            outcomes.append(Outcome(letter_id, partition, offset, "replayed", rows=len(produced)))
+            outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.REPLAYED, rows=len(produced)))
             replayed.append((letter_id, partition, offset, len(produced), error))
         _write_rows(cur, pipeline, transform, rows, faults)
         now = timezone.now()
@@ -281,15 +293,12 @@ def _write_rows(cur, pipeline: Pipeline, transform: Transform, rows: list[tuple]
 def _count(outcomes: list[Outcome]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for outcome in outcomes:
-        counts[outcome.result] = counts.get(outcome.result, 0) + 1
+        counts[str(outcome.result)] = counts.get(str(outcome.result), 0) + 1
     return counts
 
 
 def _summary(counts: dict[str, int]) -> str:
-    labels = {"replayed": "replayed into the sink", "already_in_sink": "already in the sink (dead letter removed)",
-              "still_bad": "still bad (kept with the new error)", "gone": "not found (already replayed?)",
-              "discarded": "discarded (not replayed)", "not_yet_consumed": "not yet consumed (left to the pipeline)"}
-    return "; ".join(f"{counts[k]} {label}" for k, label in labels.items() if counts.get(k)) or "nothing to do"
+    return "; ".join(f"{counts[kind]} {kind.label}" for kind in LetterOutcome if counts.get(kind)) or "nothing to do"
 
 
 def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadLetterResult:
@@ -309,10 +318,11 @@ def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadL
     with transaction.atomic():
         letters = list(DeadLetter.objects.select_for_update().filter(pipeline=pipeline, pk__in=ids)
                        .order_by("partition", "offset"))
-        outcomes = [Outcome(i, None, None, "gone", error="no such dead letter")
+        outcomes = [Outcome(i, None, None, LetterOutcome.GONE, error="no such dead letter")
                     for i in ids if i not in {d.pk for d in letters}]
         fresh = [d for d in letters if d.discarded_at is None]
-        outcomes += [Outcome(d.pk, d.partition, d.offset, "discarded" if d in fresh else "already_discarded")
+        outcomes += [Outcome(d.pk, d.partition, d.offset,
+                             LetterOutcome.DISCARDED if d in fresh else LetterOutcome.ALREADY_DISCARDED)
                      for d in letters]
         DeadLetter.objects.filter(pk__in=[d.pk for d in fresh]).update(
             discarded_at=now, discarded_by=actor[:150], discard_reason=reason)

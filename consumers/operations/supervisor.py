@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -35,10 +35,21 @@ log = logging.getLogger("tally.supervisor")
 ACTOR = "supervisor"
 
 
+class Verdict(models.TextChoices):
+    """What one supervisor pass decided for a pipeline that should run."""
+    OK = "ok", "its runs are live"
+    WAITING = "waiting", "waiting out its restart backoff"
+    WAITING_FOR_WORKER = "waiting_for_worker", "its runs wait in the queue for a worker"
+    HALTED = "halted", "a run halted on something a restart cannot cure: left for an operator"
+    RESTARTED = "restarted", "restarted"
+    GAVE_UP = "gave_up", "stopped after too many restarts"
+    SKIPPED = "skipped", "left alone this pass"
+
+
 @dataclass
 class Decision:
     pipeline: str
-    action: str        # "ok", "waiting", "waiting_for_worker", "halted", "restarted", "gave_up", "skipped"
+    action: Verdict
     detail: str = ""
 
 
@@ -51,7 +62,7 @@ def supervise(now=None) -> list[Decision]:
             decisions.append(_supervise_one(pipeline, now))
         except Exception as exc:  # one broken pipeline must not stop the supervision of the others
             log.exception("supervising %s failed", pipeline.name)
-            decisions.append(Decision(pipeline.name, "skipped", f"{type(exc).__name__}: {exc}"))
+            decisions.append(Decision(pipeline.name, Verdict.SKIPPED, f"{type(exc).__name__}: {exc}"))
     return decisions
 
 
@@ -79,7 +90,7 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
     if pipeline.runs_waiting and len(runs) < pipeline.parallel_runs:
         # Its run tasks are still in the queue: enqueueing more would only pile duplicates behind them.
         # Past TALLY_WORKER_WAIT_SECONDS the page and the no-consumer alert say it waits for a worker.
-        return Decision(pipeline.name, "waiting_for_worker",
+        return Decision(pipeline.name, Verdict.WAITING_FOR_WORKER,
                         f"{pipeline.runs_waiting} run task(s) queued since {pipeline.waiting_since:%H:%M:%S}, "
                         f"not yet taken by a worker")
     if runs and len(runs) < pipeline.parallel_runs and (_one_died(pipeline, runs) or _settled(runs, now)):
@@ -92,20 +103,20 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
             # Running steadily again: the next failure starts a fresh series of attempts.
             Pipeline.objects.filter(pk=pipeline.pk, restart_attempts=pipeline.restart_attempts).update(
                 restart_attempts=0, restart_after=None)
-        return Decision(pipeline.name, "ok", f"{len(runs)} live run(s)")
+        return Decision(pipeline.name, Verdict.OK, f"{len(runs)} live run(s)")
     if pipeline.restart_after and pipeline.restart_after > now:
-        return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
+        return Decision(pipeline.name, Verdict.WAITING, f"next attempt after {pipeline.restart_after:%H:%M:%S}")
     halted = pipeline.halted_run()
     if halted is not None:
         # A bad record under the "stop" policy or a database error that is not about data: a restart
         # would fail the same way. The no-consumer alert fires instead; an operator restarts it.
-        return Decision(pipeline.name, "halted", f"run {halted.pk} halted: {halted.end_reason}")
+        return Decision(pipeline.name, Verdict.HALTED, f"run {halted.pk} halted: {halted.end_reason}")
     return _restart_or_give_up(pipeline, _why_not_running(pipeline, now), now)
 
 
 def _restart_or_give_up(pipeline: Pipeline, reason: str, now) -> Decision:
     if pipeline.restart_after and pipeline.restart_after > now:
-        return Decision(pipeline.name, "waiting", f"next attempt after {pipeline.restart_after:%H:%M:%S}")
+        return Decision(pipeline.name, Verdict.WAITING, f"next attempt after {pipeline.restart_after:%H:%M:%S}")
     if pipeline.restart_attempts >= settings.TALLY_SUPERVISOR_MAX_ATTEMPTS:
         return _give_up(pipeline, reason)
     return _restart(pipeline, reason, now)
@@ -169,7 +180,7 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
                      last_error=PipelineError.RESTARTED.text(reason), updated_at=now, runs_waiting=runs,
                      waiting_since=now)
         if claimed != 1:
-            return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
+            return Decision(pipeline.name, Verdict.SKIPPED, "another supervisor or an operator acted first")
         epoch = pipeline.epoch + 1
         _mark_dead_runs(pipeline, reason, now)
         offsets = actions.positions(pipeline)
@@ -179,7 +190,7 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
                                  message=f"attempt {attempt}: {reason}", finished_at=now)
         transaction.on_commit(lambda: actions.enqueue_or_note(pipeline.pk, epoch, runs, []))
     log.warning("%s: restarting (attempt %d): %s", pipeline.name, attempt, reason)
-    return Decision(pipeline.name, "restarted", f"attempt {attempt}: {reason}")
+    return Decision(pipeline.name, Verdict.RESTARTED, f"attempt {attempt}: {reason}")
 
 
 def _give_up(pipeline: Pipeline, reason: str) -> Decision:
@@ -191,9 +202,9 @@ def _give_up(pipeline: Pipeline, reason: str) -> Decision:
             desired_state=DesiredState.STOPPED, last_error=message,
             restart_after=None, updated_at=timezone.now())
         if stopped != 1:
-            return Decision(pipeline.name, "skipped", "another supervisor or an operator acted first")
+            return Decision(pipeline.name, Verdict.SKIPPED, "another supervisor or an operator acted first")
         ActionLog.objects.create(pipeline=pipeline, action="stop", actor=ACTOR,
                                  params={"attempts": pipeline.restart_attempts}, result=ActionResult.FAILED,
                                  message=message, finished_at=timezone.now())
     log.error("%s: %s", pipeline.name, message)
-    return Decision(pipeline.name, "gave_up", message)
+    return Decision(pipeline.name, Verdict.GAVE_UP, message)

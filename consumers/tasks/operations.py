@@ -20,10 +20,10 @@ def run_pipeline_task(self, pipeline_id: int, epoch: int, settled_peers: int = 0
 
 @shared_task(name="consumers.supervise", ignore_result=True)
 def supervise_task():
-    from consumers.operations.supervisor import supervise
+    from consumers.operations.supervisor import Verdict, supervise
 
     decisions = supervise()
-    return [d.__dict__ for d in decisions if d.action != "ok"]
+    return [d.__dict__ for d in decisions if d.action != Verdict.OK]
 
 
 @worker_shutting_down.connect
