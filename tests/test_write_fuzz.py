@@ -1,8 +1,11 @@
-"""Every write endpoint of the API (and the dead-letter and alert forms) fuzzed with the inputs that once
-answered 500: deep nesting, NUL, lone surrogates, over-long strings, out-of-range numbers, unknown fields.
-Each example starts from a valid body and breaks one value, so every answer must be a 4xx, never a 5xx,
-and nothing may change but refusals in the action log. Bounded in examples: it runs in `make test-fast`."""
+"""Every write endpoint of the API and every HTML form door fuzzed with the inputs that once answered 500:
+deep nesting, NUL, lone surrogates, over-long strings, out-of-range numbers, unknown fields. Each example starts
+from a valid body and breaks one value, so every answer must be a 4xx (forms: a 4xx, or a redirect with an
+error message), never a 5xx, and nothing may change but refusals in the action log. Kafka is not there: a body
+that passed every other check would be refused at its topic check. Bounded in examples: it runs in `make test`
+and `make test-fast`."""
 import json
+from urllib.parse import urlencode
 
 import pytest
 from django.core.cache import cache
@@ -11,14 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
-from consumers.models import ActionLog, ActionResult, DeadLetter, PartitionOffset, Pipeline, TopicCheckJob
+from alerts.models import Alert, AlertRule, AlertState, Channel, Mute, RuleKind
+from consumers.models import ActionLog, ActionResult, DeadLetter, PartitionOffset, Pipeline, TopicCheckJob, Watch
 from tests.views_helpers import make_operator, make_pipeline
 
 EXAMPLES = 12  # per endpoint: enough to meet each kind of bad value a few times, cheap enough for every run
 
 # A valid body per write endpoint; each example breaks one value of it.
 API_WRITES = {
+    "/api/pipelines/": {"name": "fresh", "topic": "orders-topic", "sink_table": "sink_fresh", "create_table": True},
+    "/api/pipelines/preview": {"name": "fresh", "topic": "orders-topic", "sink_table": "sink_fresh",
+                               "transform": "json"},
     "/api/pipelines/orders/rewind": {"mode": "to-offset", "value": "5", "partitions": [0], "rollback_sink": False,
                                      "dry_run": True},
     "/api/pipelines/orders/actions/start": {},
@@ -30,13 +36,39 @@ API_WRITES = {
     "/api/pipelines/orders/dead-letters/discard": {"ids": [1], "reason": "probe"},
     "/api/pipelines/orders/dead-letters/discard#filter": {"filter": {"error": "x", "partition": 0}, "count": 1,
                                                           "reason": "probe"},
+    "/api/watches/": {"name": "fresh-watch", "group": "fresh-group", "topic": "orders-topic"},
     "/api/alerts/ALERT/acknowledge/": {},
     "/api/alerts/ALERT/mute/": {"minutes": 10, "reason": "deploy"},
+    "/api/alerts/channels/": {"name": "ops", "kind": "webhook", "url": "https://hooks.example.com/tally"},
 }
+# Keys whose broken values include valid ones (`enabled: true` is a fine channel): not broken.
+VALID_ANYWAY = {"/api/alerts/channels/": {"enabled"}}
+# The form doors: a valid form and the fields broken one at a time (a checkbox takes any value as "on", and a
+# form ignores unknown fields, so those are not bad input). The rewind and group reset forms ask to execute.
 FORM_WRITES = {
-    "/pipelines/orders/dead-letters/discard/": {"ids": "1", "reason": "probe", "offset_from": "0"},
-    "/pipelines/orders/dead-letters/replay/": {"ids": "1", "partition": "1"},
-    "/alerts/ALERT/mute/": {"minutes": "10", "reason": "deploy"},
+    "/pipelines/new/": ({"name": "fresh", "topic": "orders-topic", "sink_table": "sink_fresh",
+                         "mode": "exactly-once", "transform": "int_value", "group": "", "engine": "python",
+                         "isolation_level": "read_committed", "on_log_truncated": "stop", "runs": "1",
+                         "create_table": "on", "map": "", "upsert_key": ""},
+                        ("name", "topic", "sink_table", "mode", "transform", "group", "engine", "isolation_level",
+                         "on_log_truncated", "runs", "map", "upsert_key")),
+    "/pipelines/orders/rewind/": ({"mode": "to-offset", "value": "5", "partitions": "0", "step": "execute"},
+                                  ("mode", "value", "partitions")),
+    "/groups/billing/reset/": ({"topic": "billing-topic", "mode": "to-offset", "value": "5", "partitions": "0",
+                                "step": "execute"}, ("topic", "mode", "value", "partitions")),
+    "/pipelines/orders/dead-letters/discard/": ({"ids": "1", "reason": "probe", "offset_from": "0"},
+                                                ("ids", "reason", "offset_from")),
+    "/pipelines/orders/dead-letters/replay/": ({"ids": "1", "partition": "1"}, ("ids", "partition")),
+    "/alerts/ALERT/mute/": ({"minutes": "10", "reason": "deploy"}, ("minutes", "reason")),
+    "/topic-checks/request/": ({"pipeline": "orders"}, ("pipeline",)),
+    "/watches/new/": ({"name": "fresh-watch", "group": "fresh-group", "topic": "orders-topic", "sink_table": "",
+                       "record_id": "", "row_id": "", "start_from": "earliest", "settle_seconds": "30", "ignore": ""},
+                      ("name", "group", "topic", "sink_table", "record_id", "row_id", "start_from", "settle_seconds",
+                       "ignore")),
+    "/alerts/rules/new/": ({"name": "fresh rule", "kind": "lost", "threshold": "1", "interval_seconds": "60",
+                            "statuses": "", "recipients": "ops@example.com", "reminder_seconds": "3600"},
+                           ("name", "kind", "threshold", "interval_seconds", "statuses", "recipients",
+                            "reminder_seconds")),
 }
 
 
@@ -74,8 +106,9 @@ deep_texts = st.integers(1_000, 100_000).flatmap(lambda n: st.sampled_from([
     Raw("[" * n + "]" * n), Raw('{"a":' * n + "1" + "}" * n), Raw('{"mode": ' + "[" * n + "]" * n + "}")]))
 
 
-def broken_body(base: dict):
-    keys = st.sampled_from([*base, "extra", "\ud800", "a\x00b"]) if base else st.sampled_from(["extra", "\ud800"])
+def broken_body(base: dict, keep=frozenset()):
+    breakable = [key for key in base if key not in keep]
+    keys = st.sampled_from([*breakable, "extra", "\ud800", "a\x00b"])
     return st.one_of(
         st.builds(lambda key, value: {**base, key: value}, keys, bad_values),
         bad_values.filter(lambda value: not isinstance(value, dict)),     # the whole body is not an object
@@ -83,10 +116,16 @@ def broken_body(base: dict):
     )
 
 
-def broken_form(base: dict):
-    """Forms: a known field gets a NUL or an over-long value (unknown fields are ignored by forms)."""
-    form_bad = st.one_of(st.builds(lambda a: f"{a}\x00", text), st.integers(2_001, 20_000).map(lambda n: "9" * n))
-    return st.builds(lambda key, value: {**base, key: value}, st.sampled_from(list(base)), form_bad)
+def broken_form(base: dict, fields):
+    """Forms: a field gets a NUL, an over-long value, or a lone surrogate sent as the bytes a careless client
+    sends (not UTF-8). Django reads those bytes as U+FFFD: that value may be valid, so it must only never 5xx."""
+    form_bad = st.one_of(st.builds(lambda a: f"{a}\x00", text), st.integers(2_001, 20_000).map(lambda n: "9" * n),
+                         st.builds(lambda a: f"{a}\ud800", text))
+    return st.builds(lambda key, value: {**base, key: value}, st.sampled_from(list(fields)), form_bad)
+
+
+def surrogate_in(fields: dict) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for value in fields.values() for c in value)
 
 
 def snapshot(pipeline, alert) -> dict:
@@ -97,6 +136,8 @@ def snapshot(pipeline, alert) -> dict:
         "offsets": sorted(PartitionOffset.objects.values_list("pipeline_id", "partition", "next_offset",
                                                               "replay_until")),
         "pipeline": (pipeline.desired_state, pipeline.epoch, pipeline.transform, pipeline.last_error),
+        "pipelines": Pipeline.objects.count(), "watches": Watch.objects.count(),
+        "rules": AlertRule.objects.count(), "channels": Channel.objects.count(),
         "dead_letters": sorted(DeadLetter.objects.values_list("pk", "discarded_at", "replay_attempts")),
         "alert": (alert.state, alert.acknowledged_at), "mutes": Mute.objects.count(),
         "topic_checks": TopicCheckJob.objects.count(), "tokens": Token.objects.count(),
@@ -105,8 +146,9 @@ def snapshot(pipeline, alert) -> dict:
 
 
 @pytest.fixture
-def world(db):
+def world(db, monkeypatch):
     cache.clear()  # throttles count per user: the fuzzer must not meet them
+    no_kafka(monkeypatch)
     pipeline = make_pipeline()
     rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
     now = timezone.now()
@@ -117,6 +159,21 @@ def world(db):
     client = Client()
     client.force_login(make_operator())
     return client, pipeline, alert
+
+
+def no_kafka(monkeypatch) -> None:
+    """Kafka answers at once that it cannot be reached (no broker's timeout per example); a group's page shows
+    an empty group."""
+    from consumers.kafka.errors import KafkaUnreachable
+    from consumers.operations.groups import GroupReport
+
+    def unreachable(*args, **kwargs):
+        raise KafkaUnreachable("no broker in the fuzz test")
+
+    for name in ("partitions_for", "watermarks", "high_watermarks"):
+        monkeypatch.setattr(f"consumers.kafka.admin.{name}", unreachable)
+    monkeypatch.setattr("consumers.operations.groups.describe",
+                        lambda group_id, **kwargs: GroupReport(group_id, "Empty"))
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -132,7 +189,7 @@ def test_no_broken_json_body_gets_a_5xx_or_changes_anything(world, monkeypatch, 
     before = snapshot(pipeline, alert)
 
     @FUZZ
-    @given(body=broken_body(API_WRITES[endpoint]))
+    @given(body=broken_body(API_WRITES[endpoint], VALID_ANYWAY.get(endpoint, frozenset())))
     def check(body):
         response = client.post(url, encoded(body), content_type="application/json")
         shown = body if len(repr(body)) < 300 else "(long)"
@@ -146,14 +203,19 @@ def test_no_broken_json_body_gets_a_5xx_or_changes_anything(world, monkeypatch, 
 def test_no_broken_form_gets_a_5xx_or_changes_anything(world, endpoint):
     client, pipeline, alert = world
     url = endpoint.replace("ALERT", str(alert.pk))
-    before = snapshot(pipeline, alert)
 
     @FUZZ
-    @given(fields=broken_form(FORM_WRITES[endpoint]))
+    @given(fields=broken_form(*FORM_WRITES[endpoint]))
     def check(fields):
-        response = client.post(url, fields)
+        # Encoded by hand: a lone surrogate goes as the bytes a careless client sends (not valid UTF-8).
+        body = urlencode(fields, encoding="utf-8", errors="surrogatepass")
+        before = snapshot(pipeline, alert)  # per example: one read as U+FFFD may have acted
+        response = client.post(url, body, content_type="application/x-www-form-urlencoded")
+        assert response.status_code < 500, (url, response.status_code)
+        if surrogate_in(fields):
+            return  # read as U+FFFD: possibly a valid form, which may act
         # The alert forms answer with a redirect and a message (no JavaScript needed); the others with a 4xx.
-        assert response.status_code < 500 and not 200 <= response.status_code < 300, (url, response.status_code)
+        assert not 200 <= response.status_code < 300, (url, response.status_code)
         assert snapshot(pipeline, alert) == before
 
     check()
@@ -173,3 +235,48 @@ def test_the_token_endpoint_takes_any_broken_body_without_a_5xx(db):
         assert not Token.objects.exists()
 
     check()
+
+
+def test_the_acknowledge_form_takes_any_broken_next_without_a_5xx_or_leaving_the_site(world):
+    """The acknowledge form has no input but where to go back to: broken, it is ignored. Acknowledging is the
+    form's one change (the first time); nothing else changes."""
+    client, pipeline, alert = world
+    url = f"/alerts/{alert.pk}/acknowledge/"
+    targets = st.one_of(st.builds(lambda a: f"/{a}\x00", text), st.integers(2_001, 20_000).map(lambda n: "/" * n),
+                        st.builds(lambda a: f"https://evil.example/{a}\ud800", text), st.just("//evil.example/"))
+
+    @FUZZ
+    @given(target=targets)
+    def check(target):
+        before = snapshot(pipeline, alert)
+        body = urlencode({"next": target}, encoding="utf-8", errors="surrogatepass")
+        response = client.post(url, body, content_type="application/x-www-form-urlencoded")
+        after = snapshot(pipeline, alert)
+        assert response.status_code < 500, response.status_code
+        if response.status_code >= 400:  # refused whole (a NUL anywhere in the request): nothing changed
+            assert after == before
+            return
+        assert response.status_code == 302, response.status_code
+        assert response["Location"].startswith("/") and not response["Location"].startswith("//")
+        assert Alert.objects.get(pk=alert.pk).acknowledged_at is not None
+        assert {k: v for k, v in after.items() if k not in ("alert", "actions")} == \
+            {k: v for k, v in before.items() if k not in ("alert", "actions")}
+
+    check()
+
+
+def test_the_schemathesis_run_reaches_every_api_url_the_alerts_api_included():
+    """tests/test_api_fuzz.py fuzzes what the OpenAPI schema lists: every API route must be in it."""
+    import re
+
+    from drf_spectacular.generators import SchemaGenerator
+
+    from alerts import api_urls as alerts_urls
+    from dashboard.api import urls as api_urls
+
+    listed = set(SchemaGenerator().get_schema(request=None, public=True)["paths"])
+    routes = [("/api/", p) for p in api_urls.urlpatterns] + [("/api/alerts/", p) for p in alerts_urls.urlpatterns]
+    wanted = {prefix + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(p.pattern)) for prefix, p in routes}
+    wanted -= {"/api/schema/", "/api/docs/"}  # the schema and its page, not operations
+    assert wanted - listed == set()
+    assert {"/api/alerts/{alert_id}/mute/", "/api/alerts/{alert_id}/acknowledge/"} <= listed
