@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations import rewind as rewinds
+from consumers.operations import rewind as rewind_ops
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
 
@@ -98,7 +98,7 @@ def rewind(modeladmin, request, queryset):
     form = RewindForm(request.POST if step else None)
     context = {"pipelines": pipelines, "form": form, "step": "form"}
     if step and not form.is_valid():
-        log_invalid_form(pipelines, rewinds.ACTION, actor_of(request), form, dry_run=step != "execute")
+        log_invalid_form(pipelines, rewind_ops.ACTION, actor_of(request), form, dry_run=step != "execute")
     if step and form.is_valid():
         data = form.cleaned_data
         arguments = {"partitions": data["partitions"] or None, "rollback_sink": data["rollback_sink"],
@@ -106,7 +106,7 @@ def rewind(modeladmin, request, queryset):
         if step == "execute":
             for pipeline in pipelines:
                 try:
-                    result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, **arguments)
+                    result = rewind_ops.rewind(pipeline, data["mode"], data["value"] or None, **arguments)
                 except Refused as exc:
                     report(modeladmin, request, pipeline.name, f"rewind refused: {exc}", ok=False)
                 else:
@@ -116,7 +116,7 @@ def rewind(modeladmin, request, queryset):
         previews = []
         for pipeline in pipelines:
             try:
-                previews.append({"pipeline": pipeline, "preview": rewinds.rewind(
+                previews.append({"pipeline": pipeline, "preview": rewind_ops.rewind(
                     pipeline, data["mode"], data["value"] or None, dry_run=True, **arguments).as_dict()})
             except Refused as exc:
                 previews.append({"pipeline": pipeline, "refused": str(exc)})

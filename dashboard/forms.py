@@ -7,7 +7,7 @@ from consumers.engine import json_map
 from consumers.models import IsolationLevel, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
+from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, Refused, parse_spec
 
 MODE_HELP = {
     "to-earliest": "the log start (re-read everything still in Kafka)",
@@ -18,7 +18,7 @@ MODE_HELP = {
     "by-duration": "a duration back from now, e.g. PT15M or P1D",
     "shift-by": "relative to now: -100 re-reads 100 records, +100 skips 100",
 }
-MODE_CHOICES = [(mode, f"{mode} — {MODE_HELP[mode]}") for mode in MODES]
+MODE_CHOICES = [(mode, f"{mode} — {MODE_HELP[mode]}") for mode in OFFSET_MODES]
 
 
 def parse_partitions(text: str) -> list[int]:

@@ -23,8 +23,8 @@ from consumers.operations.offset_specs import (
     choose_partitions,
     offsets_of,
     parse_spec,
+    resolve_offsets,
 )
-from consumers.operations.offset_specs import resolve_offsets as resolve
 
 log = logging.getLogger("tally.groups")
 
@@ -78,7 +78,7 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
         chosen = choose_partitions(topic, partitions, cluster=cluster)
         marks = kafka_admin.watermarks(topic, chosen, cluster=cluster)
         current = kafka_admin.committed_offsets(group_id, topic, chosen, cluster=cluster)
-        moves = resolve(spec, topic, chosen, current, marks, cluster=cluster)
+        moves = resolve_offsets(spec, topic, chosen, current, marks, cluster=cluster)
     except Refused as exc:
         raise refused(str(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)

@@ -21,7 +21,7 @@ from consumers.kafka import admin as kafka_admin
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_OFFSET = 2**63 - 1   # Kafka offsets and the database's next_offset are signed 64-bit integers
 
-MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
+OFFSET_MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
 MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")
 
 
@@ -46,8 +46,8 @@ class OffsetSpec:
 def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec:
     """Parse a mode and its value; raise Refused with a clear message on bad input."""
     now = now or timezone.now()
-    if mode not in MODES:
-        raise Refused(f"Unknown mode {mode!r}: use one of {', '.join(MODES)}.")
+    if mode not in OFFSET_MODES:
+        raise Refused(f"Unknown mode {mode!r}: use one of {', '.join(OFFSET_MODES)}.")
     raw = "" if value is None else str(value).strip()
     if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in raw):
         # NUL and lone surrogates cannot be stored in the action log (PostgreSQL refuses them): refuse here.

@@ -47,7 +47,7 @@ from consumers.models import (
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
-MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
+DELIVERY_MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
 # Fields of an existing pipeline that `apply` may change (while it is stopped); the others define its data and
 # history. Isolation and the truncation policy say how the log is read from the stored positions on.
@@ -96,7 +96,7 @@ class PipelineSpec:
 
     @property
     def delivery_mode(self) -> str:
-        return MODES.get(self.mode, self.mode if self.mode in DeliveryMode.values else "")
+        return DELIVERY_MODES.get(self.mode, self.mode if self.mode in DeliveryMode.values else "")
 
     @classmethod
     def from_mapping(cls, name: str, values: dict) -> "PipelineSpec":
@@ -138,7 +138,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
         problems["group"] = (f"consumer group {spec.group_id!r} is used by pipeline {owner.name!r}: two pipelines in "
                              "one group would take each other's partitions; pass another --group")
     if not spec.delivery_mode:
-        problems["mode"] = f"unknown delivery mode {spec.mode!r}: use one of {', '.join(MODES)}"
+        problems["mode"] = f"unknown delivery mode {spec.mode!r}: use one of {', '.join(DELIVERY_MODES)}"
     if spec.engine not in Engine.values:
         problems["engine"] = f"unknown engine {spec.engine!r}: use one of {', '.join(Engine.values)}"
     _check_reading(spec, problems)

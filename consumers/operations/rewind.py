@@ -38,8 +38,8 @@ from consumers.operations.offset_specs import (
     choose_partitions,
     offsets_of,
     parse_spec,
+    resolve_offsets,
 )
-from consumers.operations.offset_specs import resolve_offsets as resolve
 
 log = logging.getLogger("tally.rewind")
 
@@ -97,7 +97,7 @@ def plan(pipeline: Pipeline, spec: OffsetSpec, partitions: list[int] | None = No
     """Per partition: the current position, the new one, and how many records are re-read or skipped."""
     chosen = choose_partitions(pipeline.topic, partitions, cluster=pipeline.cluster)
     marks = kafka_admin.watermarks(pipeline.topic, chosen, cluster=pipeline.cluster)
-    return resolve(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks,
+    return resolve_offsets(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks,
                    cluster=pipeline.cluster)
 
 

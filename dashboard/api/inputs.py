@@ -21,7 +21,7 @@ from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and re
     refuse_invalid,
 )
 from consumers.operations import dead_letter_queries, dead_letters
-from consumers.operations.offset_specs import MODES, MODES_WITH_VALUE, Refused, parse_spec
+from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, Refused, parse_spec
 
 MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
@@ -46,7 +46,7 @@ class SpecValueField(serializers.Field):
 
 
 class OffsetMoveInput(StrictSerializer):
-    mode = serializers.ChoiceField(choices=MODES)
+    mode = serializers.ChoiceField(choices=OFFSET_MODES)
     value = SpecValueField(required=False, allow_null=True, default=None)
     partitions = serializers.ListField(child=StrictIntegerField(min_value=0, max_value=MAX_PARTITION),
                                        required=False, allow_null=True, default=None, max_length=10_000)

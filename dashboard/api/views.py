@@ -40,7 +40,7 @@ from consumers.operations import (
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import pipeline_preview as pipeline_preview_ops
-from consumers.operations import rewind as rewinds
+from consumers.operations import rewind as rewind_ops
 from consumers.operations.offset_specs import Refused
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
@@ -330,7 +330,7 @@ def pipeline_rewind(request, name):
         return refuse_invalid(request, body, "rewind", pipeline)
     data = body.validated_data
     try:
-        result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"],
+        result = rewind_ops.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"],
                                 rollback_sink=data["rollback_sink"], dry_run=data["dry_run"],
                                 actor=request.user.username)
     except Refused as exc:

@@ -9,7 +9,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
-from consumers.operations import rewind as rewinds
+from consumers.operations import rewind as rewind_ops
 from consumers.operations.offset_specs import Refused
 from dashboard.forms import RewindForm
 from dashboard.views.actions import refuse_viewer
@@ -33,7 +33,7 @@ def rewind(request, name):
     data = form.cleaned_data
     execute = request.POST.get("step") == "execute"
     try:
-        result = rewinds.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"] or None,
+        result = rewind_ops.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"] or None,
                                 rollback_sink=data["rollback_sink"], dry_run=not execute,
                                 actor=request.user.username)
     except Refused as exc:

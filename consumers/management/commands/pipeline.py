@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from consumers.engine import json_map
 from consumers.models import Pipeline
 from consumers.operations import actions, pipeline_file, pipeline_setup
-from consumers.operations.pipeline_setup import MODES, Invalid, PipelineSpec
+from consumers.operations.pipeline_setup import DELIVERY_MODES, Invalid, PipelineSpec
 
 
 def refused(message: str) -> CommandError:
@@ -32,7 +32,7 @@ class Command(BaseCommand):
         create.add_argument("--sink-table", required=True,
                             help="The PostgreSQL table to write (must exist with the transform's columns and "
                                  "provenance, unless --create-table).")
-        create.add_argument("--mode", choices=list(MODES), default="exactly-once")
+        create.add_argument("--mode", choices=list(DELIVERY_MODES), default="exactly-once")
         create.add_argument("--transform", default="int_value",
                             help="json (JSON fields onto the table's own columns, by their types), a registered "
                                  "transform (int_value, json_event, csv_ints) or a dotted path to your own "
