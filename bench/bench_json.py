@@ -66,6 +66,10 @@ def main() -> None:
         settings.KAFKA_BOOTSTRAP_SERVERS = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         call_command("ensure_database", verbosity=0)
         call_command("migrate", verbosity=0, interactive=False)
+        # As `engine_host` and `run_pipeline` tune theirs; the bare loop runs in this process too, so it has the
+        # same collector.
+        from consumers.engine import gc_tuning
+        gc_tuning.tune_for_engine()
         results = {}
         if args.only in (None, "mapping"):
             results["mapping"] = mapping_part(args)
@@ -127,7 +131,7 @@ def bare_json(topic: str, records: int, batch_size: int) -> float:
     return seconds
 
 
-def sql_execute(statement: str, *params) -> None:
+def sql_execute(statement, *params) -> None:
     from consumers.engine import db
 
     conn = db.connect("tally-bench")
@@ -216,6 +220,8 @@ def mapping_part(args) -> dict:
 
 
 def keyed_part(args) -> dict:
+    from psycopg2 import sql
+
     topic = f"bench-keyed-{int(time.time())}"
     rng = random.Random(29)
     keys = [rng.randrange(args.keys) for _ in range(args.keyed_records)]
@@ -227,7 +233,7 @@ def keyed_part(args) -> dict:
     def run(table, upsert):
         def mode(number):
             if not upsert:  # each round appends the same records again: the previous round's copies go first
-                sql_execute(f"DELETE FROM {table} WHERE source_topic = %s", topic)  # the bench's own table
+                sql_execute(sql.SQL("DELETE FROM {} WHERE source_topic = %s").format(sql.Identifier(table)), topic)
             name = f"{topic}-r{number}-{'upsert' if upsert else 'append'}"
             return args.keyed_records / json_pipeline(name, topic, table, args.keyed_records, args.batch_size, upsert)
         return mode

@@ -283,7 +283,7 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
                 plan.rows_written, plan.dead_letters = len(values), 0
                 continue
         rows_before, dead_before = len(rows), len(dead)
-        for record in as_source_records(plan.records):
+        for record in (plan.records if transform.takes_polled_records else as_source_records(plan.records)):
             try:
                 if tombstones_delete and record.value is None:
                     plan.deletes.append(_tombstone(target, topic, record))

@@ -6,8 +6,9 @@ Compiled once per pipeline, never interpreted per record:
   2. `plan` gives each written column its source -- the top-level field of its name, or what `--map
      COLUMN=SOURCE` says -- and refuses what cannot work (an unknown column or source, a NOT NULL column
      nothing writes);
-  3. `JsonPlan.transform()` turns the plan into a `Transform`: one small function per column (its getter and
-     its type's converter, chosen here), and a row function that parses the value once and calls them.
+  3. `JsonPlan.transform()` turns the plan into a `Transform`: per column its getter and its type's converter
+     (chosen here), and a row function generated as straight-line code that parses the value once, inlines each
+     column's common case and calls the converter for the rest (consumers/engine/json_rows.py).
 
 A record that cannot be converted raises BadRecord naming the column, its source and the value (cut short);
 the commit protocol makes it a dead letter. Columns with a database default (or identity) take their default
@@ -30,6 +31,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 import orjson
 from psycopg2 import sql
 
+from consumers.engine import json_rows
 from consumers.engine.transforms import BadRecord, SourceRecord, Transform
 
 NAME = "json"
@@ -184,8 +186,8 @@ def _getter(kind: str, steps: tuple) -> Callable:
                 return MISSING
         return key_path
     if kind == "timestamp":
-        return lambda doc, record: MISSING if record.timestamp_ms is None or record.timestamp_ms < 0 \
-            else _Millis(record.timestamp_ms)
+        return lambda doc, record: MISSING if record.timestamp is None or record.timestamp < 0 \
+            else _Millis(record.timestamp)
     if kind == "partition":
         return lambda doc, record: record.partition
     if kind == "offset":
@@ -326,13 +328,20 @@ def _instant(value) -> datetime:
     raise ValueError("not an ISO-8601 timestamp or epoch milliseconds")
 
 
+def _valid_timestamp(text: str) -> bool:
+    """Plain ISO-8601 text (_PLAIN_TIMESTAMP) names a real date and time: no 2024-02-30."""
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _timestamptz(column: Column):
     def convert(value):
         if type(value) is str and _PLAIN_TIMESTAMP.fullmatch(value):
-            try:
-                datetime.fromisoformat(value)  # the calendar: no 2024-02-30
-            except ValueError:
-                raise ValueError("not an ISO-8601 timestamp") from None
+            if not _valid_timestamp(value):
+                raise ValueError("not an ISO-8601 timestamp")
             return value
         return _instant(value).isoformat()
     return convert
@@ -409,49 +418,60 @@ class JsonPlan:
         return [by_name.get(name, "") for name in key]
 
     def transform(self, upsert_key: tuple[str, ...] = ()) -> Transform:
-        cells = tuple(_cell(w) for w in self.columns)
-        reads_value = any(parse_source(w.source)[0] == "value" for w in self.columns)
-
-        def row(record: SourceRecord):
-            value = record.value
-            if value is None:
-                raise BadRecord("the value is null (a tombstone), not a JSON object")
-            try:
-                doc = loads(value)
-            except ValueError as exc:
-                raise BadRecord(f"the value is not JSON ({exc}): {_shown(_text_of(value))}") from None
-            if type(doc) is not dict and reads_value:
-                raise BadRecord(f"the value is JSON but not an object: {_shown(_text_of(value))}")
-            return ([cell(doc, record) for cell in cells],)
+        sources = [parse_source(w.source) for w in self.columns]
+        getters = [_getter(*source) for source in sources]
+        finishes = [_finish(w) for w in self.columns]
+        reads_value = any(kind == "value" for kind, _ in sources)
+        row = json_rows.generate([(*source, w.column, get, finish) for source, w, get, finish
+                                  in zip(sources, self.columns, getters, finishes, strict=True)],
+                                 _parse, _not_object, reads_value,
+                                 {"MISSING": MISSING, "INTEGER_RANGES": INTEGER_RANGES, "DIGITS_ONLY": _DIGITS_ONLY,
+                                  "NINETEEN_DIGITS": _NINETEEN_DIGITS,
+                                  "PLAIN_TIMESTAMP": _PLAIN_TIMESTAMP.fullmatch,
+                                  "VALID_TIMESTAMP": _valid_timestamp}, upsert_key)
 
         tombstone_key = None
         index = {w.column.name: i for i, w in enumerate(self.columns)}
-        if upsert_key and all(name in index and parse_source(self.columns[index[name]].source)[0] != "value"
-                              for name in upsert_key):
-            key_cells = [cells[index[name]] for name in upsert_key]
+        if upsert_key and all(name in index and sources[index[name]][0] != "value" for name in upsert_key):
+            key_cells = [(getters[index[name]], finishes[index[name]]) for name in upsert_key]
 
             def tombstone_key(record: SourceRecord):
-                return tuple(cell(None, record) for cell in key_cells)
+                return tuple(finish(get(None, record)) for get, finish in key_cells)
 
         return Transform(NAME, tuple((w.column.name, w.column.pg_type) for w in self.columns), row,
                          description="JSON fields onto the table's columns, by the table's types",
-                         tombstone_key=tombstone_key)
+                         tombstone_key=tombstone_key, takes_polled_records=True)
+
+
+def _parse(record: SourceRecord):
+    """The record's value parsed; BadRecord for a tombstone or a value that is not JSON."""
+    value = record.value
+    if value is None:
+        raise BadRecord("the value is null (a tombstone), not a JSON object")
+    try:
+        return loads(value)
+    except ValueError as exc:
+        raise BadRecord(f"the value is not JSON ({exc}): {_shown(_text_of(value))}") from None
+
+
+def _not_object(record: SourceRecord):
+    raise BadRecord(f"the value is JSON but not an object: {_shown(_text_of(record.value))}")
 
 
 def _text_of(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
 
 
-def _cell(written: Written) -> Callable:
-    """(doc, record) -> the column's COPY value; BadRecord naming the column, source and value."""
+def _finish(written: Written) -> Callable:
+    """raw value -> the column's COPY value (None for a missing or null value where the column allows it);
+    BadRecord naming the column, source and value."""
     column, source = written.column, written.source
-    get, convert = _getter(*parse_source(source)), converter(column)
+    convert = converter(column)
     nullable, name = column.nullable, column.name
     # COPY cannot ask for a default per row: a mapped column's default never applies.
     default_note = " (its default applies only when no --map names it)" if column.has_default else ""
 
-    def cell(doc, record):
-        value = get(doc, record)
+    def finish(value):
         if value is None or value is MISSING:
             if nullable:
                 return None
@@ -461,7 +481,7 @@ def _cell(written: Written) -> Callable:
             return convert(value)
         except ValueError as exc:
             raise BadRecord(f"column {name} (from {source}): {exc}: {_shown(value)}") from None
-    return cell
+    return finish
 
 
 def plan(columns: list[Column], mapping: dict[str, str]) -> JsonPlan:

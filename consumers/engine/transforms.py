@@ -29,6 +29,11 @@ class SourceRecord(NamedTuple):
     timestamp_ms: int | None = None
     headers: tuple | list = ()  # (name, bytes) pairs, as kafka-python gives them
 
+    @property
+    def timestamp(self) -> int | None:
+        """kafka-python's name for it: code that reads `timestamp` takes either kind of record."""
+        return self.timestamp_ms
+
 
 @dataclass(frozen=True)
 class Transform:
@@ -44,6 +49,9 @@ class Transform:
     # Upsert pipelines that delete on tombstones: the key columns' values of a record without a value (from its
     # key, partition, ...), in the order of the upsert key. None: the transform cannot key a tombstone.
     tombstone_key: Callable[[SourceRecord], tuple] | None = None
+    # True when `func` reads only what kafka-python's records and SourceRecords share (partition, offset, key,
+    # value, timestamp, headers): the Python engine then passes its records as polled, without a copy each.
+    takes_polled_records: bool = False
 
     def rows(self, record: SourceRecord) -> Sequence[tuple]:
         rows = self.func(record)

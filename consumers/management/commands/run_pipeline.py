@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.engine import gc_tuning
 from consumers.engine.faults import POINTS, FaultInjector
 from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.pipelines import engine_runner
@@ -42,6 +43,11 @@ class Command(BaseCommand):
                             help="Python engine: run the pipeline in this many processes at once, which split its "
                                  "partitions (one core each; see docs/benchmarks.md). Exits 1 if any of them fails.")
         parser.add_argument("--peers", type=int, default=0, help=argparse.SUPPRESS)  # set by --processes
+
+    def run_from_argv(self, argv):
+        # A process of its own (not call_command inside another program): its collector is tuned for runs.
+        gc_tuning.tune_for_engine()
+        super().run_from_argv(argv)
 
     def handle(self, *args, name, batch_size, delay_ms, stop_when_caught_up, max_seconds, crash_at, **options):
         if batch_size is not None and batch_size < 1:
