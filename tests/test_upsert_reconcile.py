@@ -10,9 +10,10 @@ from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
-from consumers.models import Pipeline
+from consumers.models import ActionLog, ActionResult, PartitionOffset, Pipeline
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.trace import trace
+from tests.commands import run_command
 from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -77,3 +78,42 @@ def test_the_trace_says_which_record_wrote_the_current_row_and_what_superseded_a
     assert older.verdict == "superseded" and "offset 5" in older.explanation
     deleted = trace(keyed, 0, 1)
     assert deleted.verdict == "superseded" and "deleted" in deleted.explanation and "offset 4" in deleted.explanation
+
+
+def state(pipeline):
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT id, status, source_offset FROM {} ORDER BY id")
+                    .format(sql.Identifier(pipeline.sink_table)).as_string(cur.cursor))
+        rows = cur.fetchall()
+    positions = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+    return rows, positions, Pipeline.objects.get(pk=pipeline.pk).epoch
+
+
+def test_a_rewind_that_rolls_back_an_upsert_sink_is_refused_at_every_door_and_changes_nothing(
+        keyed, capsys, operator_api):
+    before = state(keyed)
+    for arguments in (["--execute"], []):  # the run and its preview
+        code, _, err = run_command(capsys, "rewind", keyed.name, "--to-offset", "2", "--rollback-sink", *arguments)
+        assert code == 1 and "roll back sink is refused for an upsert pipeline" in err
+        assert "Rewind without roll back sink" in err
+    response = operator_api.post(f"/api/pipelines/{keyed.name}/rewind", {"mode": "to-offset", "value": "2",
+                                 "rollback_sink": True, "dry_run": False}, content_type="application/json")
+    assert response.status_code == 409 and "upsert pipeline" in response.json()["error"]
+    page = operator_api.post(f"/pipelines/{keyed.name}/rewind/", {"mode": "to-offset", "value": "2",
+                             "rollback_sink": "on", "step": "execute"})
+    assert page.status_code == 422 and "roll back sink is refused for an upsert pipeline" in page.content.decode()
+    assert state(keyed) == before
+    refusals = ActionLog.objects.filter(pipeline=keyed, action="rewind", result=ActionResult.REFUSED)
+    assert refusals.count() == 4
+
+
+def test_a_rewind_that_keeps_an_upsert_sink_applies_the_records_again_and_ends_exact(keyed, capsys):
+    code, _, err = run_command(capsys, "rewind", keyed.name, "--to-offset", "2", "--execute")
+    assert code == 0, err
+    assert state(keyed)[1] == {0: 2}
+    result = run_pipeline(keyed.name, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up" and result.records == 6, result
+    rows, positions, _ = state(keyed)
+    assert rows == [(1, "sent", 5), (3, "paid", 7), (4, "new", 6)] and positions == {0: 8}
+    report = reconcile_pipeline(Pipeline.objects.get(pk=keyed.pk), full=True)
+    assert report.exact and report.lost == 0, report.as_json()

@@ -44,6 +44,16 @@ from consumers.operations.offset_specs import (
 log = logging.getLogger("tally.rewind")
 
 ACTION = "rewind"
+# Rolling back an append sink deletes the rows written from the new offset on, which leaves the table as it was
+# at that offset. An upsert table keeps one row per key, overwritten in place and deleted by tombstones: the
+# values a key held before are gone, so no delete can bring the table back to an earlier offset. A rewind that
+# keeps the sink is what works there (replayed records are written in place again, in order).
+UPSERT_ROLLBACK_REFUSED = (
+    "roll back sink is refused for an upsert pipeline: its table holds one row per key, updated in place and "
+    "deleted by tombstones, so the rows it held at an earlier offset no longer exist and deleting rows cannot "
+    "bring them back. Rewind without roll back sink: the records from the new offset are applied again, in order, "
+    "and each key's row ends at its latest record. To rebuild the table from the start, empty it and rewind to "
+    "the earliest offset.")
 
 
 @dataclass
@@ -76,6 +86,8 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
     params = {"mode": mode, "value": None if value is None else str(value), "partitions": partitions or "all",
               "rollback_sink": rollback_sink}
     pipeline = actions.lookup(name, ACTION, actor, params)
+    if rollback_sink and pipeline.is_upsert:
+        actions.refuse(pipeline, ACTION, actor, params, UPSERT_ROLLBACK_REFUSED, dry_run=dry_run)
     try:
         spec = parse_spec(mode, value)
     except Refused as exc:
