@@ -117,3 +117,40 @@ def test_a_rewind_that_keeps_an_upsert_sink_applies_the_records_again_and_ends_e
     assert rows == [(1, "sent", 5), (3, "paid", 7), (4, "new", 6)] and positions == {0: 8}
     report = reconcile_pipeline(Pipeline.objects.get(pk=keyed.pk), full=True)
     assert report.exact and report.lost == 0, report.as_json()
+
+
+def sink_reads(table: str) -> int:
+    """Scans of the table (sequential and index) so far, this backend's included: its pending statistics are
+    flushed first (this backend is the one reconciliation used)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cur:  # a statement later: the flush has happened at the end of the previous one
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0) FROM pg_stat_user_tables "
+                    "WHERE relid = %s::regclass", [sql.Identifier(table).as_string(cur.cursor)])
+        return cur.fetchone()[0]
+
+
+def test_an_idle_pass_does_not_read_the_upsert_table_and_a_moved_position_is_checked_again(keyed):
+    assert reconcile_pipeline(keyed).exact
+    before = sink_reads(keyed.sink_table)
+    idle = reconcile_pipeline(keyed)
+    assert idle.exact and sink_reads(keyed.sink_table) == before
+    # A row Tally did not write, beyond the stored position: an idle pass keeps what the last look found ...
+    execute("INSERT INTO {} VALUES (9, 'ghost', %s, 0, 20)", keyed.sink_table, [keyed.topic])
+    assert reconcile_pipeline(keyed).phantom == 0
+    # ... and the pass after new records looks again, and still tells superseded from lost.
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for key, status in [(1, "closed"), (4, None), (1, "reopened")]:
+        producer.send(keyed.topic, None if status is None else json.dumps({"status": status}).encode(),
+                      key=str(key).encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    assert run_pipeline(keyed.name, stop_when_caught_up=True, max_seconds=60).reason == "caught_up"
+    busy = reconcile_pipeline(keyed)
+    part = busy.partitions[0]
+    # Counts add up over passes: 4 superseded and 1 deleted before, 1 and 1 more now (offsets 8 and 9).
+    assert (part.phantom, part.lost, part.superseded, part.deleted) == (1, 0, 5, 2), busy.as_json()
+    assert reconcile_pipeline(keyed, full=True).phantom == 1
+    execute("DELETE FROM {} WHERE id = 9", keyed.sink_table)
+    assert reconcile_pipeline(keyed, full=True).exact

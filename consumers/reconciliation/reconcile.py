@@ -245,7 +245,8 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
         for p in sorted(partitions):
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
-                                          newest.get(p), in_flight, held(p), verify)
+                                          newest.get(p), in_flight, held(p), verify,
+                                          phantoms_when_idle=full or not pipeline.is_upsert)
         if shape is not None:
             _phantoms(cur, shape, states)
     return states
@@ -266,7 +267,11 @@ def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dic
 
 def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
                       mark, health, health_as_read, newest, in_flight: bool, held=None,
-                      verify=verify_range) -> _PartitionState:
+                      verify=verify_range, phantoms_when_idle: bool = True) -> _PartitionState:
+    """`phantoms_when_idle` False (an upsert pipeline's incremental pass): a partition with nothing new keeps
+    the phantom findings of the pass that last looked, instead of looking again. An upsert table needs no index
+    on the provenance columns (its unique key is the upsert key), so looking is a scan of the whole table; the
+    rows Tally writes only change when the position moves, and then the next pass looks."""
     next_offset, replay_until, moved_at = position if position else (None, None, None)
     if health is not None:
         verified, ledger_mark, stored = health
@@ -296,7 +301,11 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
         if consumed_end > next_offset and not in_flight:
             current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
                                     _ledger(cur, pipeline.pk, p, next_offset, consumed_end), held).findings
-        state.phantom_from = max(consumed_end, replay_until or 0)
+        idle = verified >= next_offset and consumed_end <= next_offset
+        if idle and not phantoms_when_idle and health is not None:
+            current += [f for f in health[2] or [] if f.get("kind") == "phantom" and f.get("scope") == CURRENT]
+        else:
+            state.phantom_from = max(consumed_end, replay_until or 0)
     resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
     if mark is not None and resume_at < mark.log_start:
         current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
