@@ -1,10 +1,13 @@
 """Admin for alert rules, alerts, mutes, channels and the outbox. Operators acknowledge and mute alerts from
-the alert list, through the same functions as the alerts page (alerts.evaluate)."""
+the alert list, through the same functions as the alerts page (alerts.evaluate). Rules are edited with the
+page's form (the same checks) and every change is in the action log; alerts, mutes and the outbox are
+read-only here (their changes are the actions, audited), a mute may be lifted (audited)."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -12,16 +15,41 @@ from alerts import channel_actions, evaluate
 from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import parse_minutes
+from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, record_refusal
+from consumers.models import ActionLog, ActionResult
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
 
 
+def audit(request, action: str, pipeline, params: dict, message: str) -> None:
+    ActionLog.objects.create(pipeline=pipeline, action=action, actor=request.user.get_username(),
+                             params={**params, "via": "admin"}, result=ActionResult.DONE, message=message,
+                             finished_at=timezone.now())
+
+
 @admin.register(AlertRule)
 class AlertRuleAdmin(admin.ModelAdmin):
+    form = AlertRuleForm  # the rules page's form: the same checks on recipients and statuses
     list_display = ("name", "kind", "pipeline", "threshold", "interval_seconds", "reminder_seconds", "enabled")
     list_filter = ("kind", "enabled", "pipeline")
     search_fields = ("name", "recipients")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        verb = "changed" if change else "created"
+        audit(request, "alert_rule", obj.pipeline, {"rule": obj.name, "kind": obj.kind,
+                                                     "changed": sorted(form.changed_data)},
+              f"alert rule {obj.name!r} {verb} in the admin")
+
+    def delete_model(self, request, obj):
+        audit(request, "alert_rule", obj.pipeline, {"rule": obj.name, "kind": obj.kind, "deleted": True},
+              f"alert rule {obj.name!r} deleted in the admin")
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for rule in queryset.select_related("pipeline"):
+            self.delete_model(request, rule)
 
 
 class NotificationInline(admin.TabularInline):
@@ -82,6 +110,16 @@ class AlertAdmin(admin.ModelAdmin):
     def has_operate_permission(self, request) -> bool:
         return can_operate(request.user)
 
+    # An alert changes through the evaluator and the audited actions only, never by editing its row.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     def has_view_permission(self, request, obj=None):
         # Whoever reads pipelines reads their alerts (viewers and operators), as on the alerts page.
         return super().has_view_permission(request, obj) or request.user.has_perm("consumers.view_pipeline")
@@ -108,11 +146,31 @@ class AlertAdmin(admin.ModelAdmin):
 
 @admin.register(Mute)
 class MuteAdmin(admin.ModelAdmin):
+    """Mutes are made by the mute actions (bounded, audited); here they are read, or lifted (audited)."""
+
     list_display = ("rule", "pipeline", "until", "created_by", "reason")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        audit(request, "alert_unmute", obj.pipeline, {"mute": obj.pk, "rule": obj.rule.name if obj.rule else ""},
+              f"{obj} lifted in the admin")
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for mute in queryset.select_related("rule", "pipeline"):
+            self.delete_model(request, mute)
 
 
 @admin.register(Notification)
 class NotificationAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False  # the outbox is written by the evaluator only
+
     list_display = ("alert", "channel", "kind", "sequence", "attempts", "next_attempt_at", "delivered_at", "failed_at")
     list_filter = ("kind", "channel")
     readonly_fields = ("alert", "channel", "kind", "sequence", "recipients", "subject", "body_text", "body_html",

@@ -60,7 +60,9 @@ def test_a_refusal_that_cannot_be_written_is_logged_not_raised(db, monkeypatch, 
 
 
 @pytest.mark.parametrize("url", ["/", "/pipelines/orders/", "/action-log/", "/groups/", "/alerts/", "/alerts/rules/",
-                                 "/topic-checks/", "/demo/", "/metrics", "/api/docs/"])
+                                 "/topic-checks/", "/demo/", "/metrics", "/api/docs/", "/watches/", "/clusters/",
+                                 "/pipelines/new/", "/watches/new/", "/alerts/channels/", "/groups/orders/",
+                                 "/pipelines/orders/dead-letters/", "/pipelines/orders/rewind/"])
 def test_a_user_without_a_role_sees_only_a_page_saying_so(nobody, url):
     make_pipeline(with_history=False)
     response = signed_in(nobody).get(url)
@@ -90,6 +92,19 @@ def test_metrics_by_token_needs_a_role_too(nobody):
     assert response.status_code == 403 and b"tally_" not in response.content
     viewer_token = Token.objects.create(user=make_viewer())
     assert Client().get("/metrics", headers={"Authorization": f"Token {viewer_token.key}"}).status_code == 200
+
+
+@pytest.mark.parametrize("url,data", [("/pipelines/orders/actions/start/", {}),
+                                      ("/pipelines/new/", {"name": "x", "topic": "t", "sink_table": "s"}),
+                                      ("/api/pipelines/orders/actions/start", {}),
+                                      ("/alerts/rules/new/", {"name": "x", "kind": "lost"})])
+def test_a_user_without_a_role_is_refused_every_write_and_nothing_changes(nobody, url, data):
+    pipeline = make_pipeline(with_history=False)
+    response = signed_in(nobody).post(url, data)
+    assert response.status_code == 403, (url, response.status_code)
+    assert Pipeline.objects.get().desired_state == pipeline.desired_state and Pipeline.objects.count() == 1
+    assert not ActionLog.objects.exclude(result=ActionResult.REFUSED).exists()
+    assert ActionLog.objects.filter(actor="nadia", result=ActionResult.REFUSED).count() == 1
 
 
 def test_a_user_without_a_role_can_still_sign_out(nobody):

@@ -1,0 +1,70 @@
+"""The alerts' admin: a rule is edited with the rules page's form (the same checks) and every change there
+is in the action log; alerts and mutes change through the audited actions only (read-only rows), and lifting
+a mute is audited."""
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from consumers.models import ActionLog, ActionResult
+from tests.views_helpers import PASSWORD, make_pipeline
+
+pytestmark = pytest.mark.django_db
+RULES = "/admin/alerts/alertrule/"
+
+
+@pytest.fixture
+def root():
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password=PASSWORD))
+    return client
+
+
+def rule_form(**overrides):
+    return {"name": "admin-made loss", "kind": RuleKind.LOST, "pipeline": "", "threshold": "1",
+            "interval_seconds": "60", "statuses": "", "recipients": "ops@example.com", "reminder_seconds": "3600",
+            "enabled": "on",
+            **overrides}
+
+
+@pytest.mark.parametrize("overrides", [{"recipients": "not an address"}, {"statuses": "PURPLE"}])
+def test_the_admin_refuses_a_rule_the_rules_page_refuses(root, overrides):
+    response = root.post(f"{RULES}add/", rule_form(**overrides))
+    assert response.status_code == 200 and response.context["adminform"].form.errors
+    assert not AlertRule.objects.filter(name="admin-made loss").exists() and not ActionLog.objects.exists()
+
+
+def test_adding_changing_and_deleting_a_rule_in_the_admin_is_audited(root):
+    assert root.post(f"{RULES}add/", rule_form()).status_code == 302
+    rule = AlertRule.objects.get(name="admin-made loss")
+    assert root.post(f"{RULES}{rule.pk}/change/", rule_form(threshold="5")).status_code == 302
+    assert root.post(f"{RULES}{rule.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not AlertRule.objects.filter(name="admin-made loss").exists()
+    entries = list(ActionLog.objects.order_by("pk").values_list("action", "actor", "result", "message"))
+    assert [(a, actor, r) for a, actor, r, _ in entries] == [("alert_rule", "root", ActionResult.DONE)] * 3
+    assert ["created" in entries[0][3], "changed" in entries[1][3], "deleted" in entries[2][3]] == [True] * 3
+    assert ActionLog.objects.order_by("pk")[1].params["changed"] == ["threshold"]
+
+
+def test_alerts_are_read_only_in_the_admin(root):
+    pipeline = make_pipeline(with_history=False)
+    rule = AlertRule.objects.create(name="admin-made loss", kind=RuleKind.LOST, pipeline=pipeline)
+    now = timezone.now()
+    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
+                                 started_at=now, last_seen_at=now)
+    root.post(f"/admin/alerts/alert/{alert.pk}/change/", {"state": AlertState.RESOLVED, "summary": "fine"})
+    assert root.post(f"/admin/alerts/alert/{alert.pk}/delete/", {"post": "yes"}).status_code == 403
+    alert.refresh_from_db()
+    assert (alert.state, alert.summary) == (AlertState.FIRING, "3 lost")
+    assert root.get("/admin/alerts/alert/add/").status_code == 403
+    assert root.get("/admin/alerts/mute/add/").status_code == 403
+
+
+def test_lifting_a_mute_in_the_admin_is_audited(root):
+    pipeline = make_pipeline(with_history=False)
+    mute = Mute.objects.create(pipeline=pipeline, until=timezone.now() + timezone.timedelta(hours=1), reason="deploy")
+    assert root.post(f"/admin/alerts/mute/{mute.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Mute.objects.exists()
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.pipeline) == ("alert_unmute", "root", pipeline)
