@@ -156,18 +156,15 @@ def _by_pipeline(queryset):
 def _act_on_letters(modeladmin, request, pipeline, action: str, ids, **kwargs):
     """Any number of a pipeline's dead letters (the admin's "select all" too), in audited batches of 1,000
     (consumers/operations/dead_letter_batches.py). Returns the outcome, or None after reporting why not."""
-    try:
-        outcome = dead_letter_batches.act_on_ids(pipeline, action, ids, actor=actor_of(request), **kwargs)
-    except Refused as exc:
-        report(modeladmin, request, pipeline.name, f"{action} refused: {exc}", ok=False)
-    except dead_letter_batches.BatchesFailed as exc:  # the batches before the failed one stay done
-        report(modeladmin, request, pipeline.name, f"{action} stopped: {exc.outcome.message()}", ok=False)
-    except Exception as exc:  # rolled back and audited as failed; the other pipelines still go on
-        report(modeladmin, request, pipeline.name, f"{action} failed, nothing changed: {type(exc).__name__}: {exc}",
-               ok=False)
-    else:
-        return outcome
-    return None
+    ended = dead_letter_batches.attempt(action, lambda: dead_letter_batches.act_on_ids(
+        pipeline, action, ids, actor=actor_of(request), **kwargs))
+    if ended.refusal:
+        report(modeladmin, request, pipeline.name, f"{action} refused: {ended.refusal}", ok=False)
+    elif ended.stopped:
+        report(modeladmin, request, pipeline.name, f"{action} stopped: {ended.stopped.message()}", ok=False)
+    elif ended.failed:   # the other pipelines still go on
+        report(modeladmin, request, pipeline.name, ended.failed, ok=False)
+    return ended.result
 
 
 def _message(outcome) -> str:

@@ -162,9 +162,9 @@ class DeadLetterFilterForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        low, high = cleaned.get("offset_from"), cleaned.get("offset_to")
-        if low is not None and high is not None and low > high:
-            self.add_error("offset_to", f"The range ends before it starts ({low} > {high}).")
+        problem = queries.range_problem(cleaned.get("offset_from"), cleaned.get("offset_to"))
+        if problem:
+            self.add_error("offset_to", problem)
         cleaned["state"] = cleaned.get("state") or queries.PENDING
         return cleaned
 

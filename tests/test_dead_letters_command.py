@@ -104,7 +104,7 @@ def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, le
     (["orders", "discard", "--partition", "1", "--reason", "r"],
      "(add --all-matching to act on every dead letter these filters match)"),
     (["orders", "replay", "--ids", "1", "--all-matching"], "replay: give --ids or --all-matching, not both."),
-    (["orders", "list", "--offset-from", "9", "--offset-to", "3"], "--offset-from is above --offset-to"),
+    (["orders", "list", "--offset-from", "9", "--offset-to", "3"], "The range ends before it starts (9 > 3)"),
     (["orders", "export", "--partition", "-1"], "--partition is 0 or more"),
 ])
 def test_usage_errors_exit_2_and_change_nothing(capsys, letters, argv, message):  # noqa: F811

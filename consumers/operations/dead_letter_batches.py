@@ -115,6 +115,30 @@ class BatchesFailed(Exception):
         self.outcome = outcome
 
 
+@dataclass
+class Attempt:
+    """How a dead-letter action ended, read once for every door (page, API, admin, command): done (`result`),
+    refused before anything changed (`refusal`, the audited Refused), stopped after some batches that stay done
+    (`stopped`), or failed and rolled back, audited as failed (`failed`)."""
+    result: object = None
+    refusal: Refused | None = None
+    stopped: BatchesResult | None = None
+    failed: str = ""
+
+
+def attempt(action: str, call: Callable[[], object]) -> Attempt:
+    """Run `call` (a replay or discard of one call or of batches) and say how it ended."""
+    try:
+        return Attempt(result=call())
+    except Refused as exc:   # unknown ids, an empty reason, a count that moved ...: audited, nothing changed
+        return Attempt(refusal=exc)
+    except BatchesFailed as exc:   # the batches before the failed one stay done
+        return Attempt(stopped=exc.outcome)
+    except Exception as exc:   # rolled back and audited as failed (a transform that no longer fits the sink)
+        return Attempt(failed=f"The {action.replace('_', ' ')} failed and changed nothing: "
+                              f"{type(exc).__name__}: {exc}")
+
+
 def _call(pipeline, action, ids, *, actor, reason, source):
     if action == "replay":
         return dead_letter_ops.replay(pipeline, ids, actor=actor, source=source)

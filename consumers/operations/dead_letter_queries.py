@@ -39,6 +39,13 @@ class Filters:
             raise ValueError(f"Unknown state {self.state!r}: use one of {', '.join(STATES)}.")
 
 
+def range_problem(offset_from: int | None, offset_to: int | None) -> str | None:
+    """The one check of an offset range across doors (form, serializer, command): both ends are inclusive."""
+    if offset_from is not None and offset_to is not None and offset_from > offset_to:
+        return f"The range ends before it starts ({offset_from} > {offset_to})."
+    return None
+
+
 def _narrow(queryset, filters: Filters, error_field: str, id_field: str):
     if filters.error:
         queryset = queryset.filter(**{f"{error_field}__icontains": filters.error})

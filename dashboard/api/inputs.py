@@ -108,9 +108,9 @@ class DeadLetterQuery(serializers.Serializer):
     page = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1, default=1)
 
     def validate(self, attrs):
-        low, high = attrs.get("offset_from"), attrs.get("offset_to")
-        if low is not None and high is not None and low > high:
-            raise serializers.ValidationError({"offset_to": f"The range ends before it starts ({low} > {high})."})
+        problem = dead_letter_queries.range_problem(attrs.get("offset_from"), attrs.get("offset_to"))
+        if problem:
+            raise serializers.ValidationError({"offset_to": problem})
         return attrs
 
     def filters(self) -> dead_letter_queries.Filters:
@@ -149,9 +149,9 @@ class DeadLetterFilterInput(StrictSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        low, high = attrs.get("offset_from"), attrs.get("offset_to")
-        if low is not None and high is not None and low > high:
-            raise serializers.ValidationError({"offset_to": f"The range ends before it starts ({low} > {high})."})
+        problem = dead_letter_queries.range_problem(attrs.get("offset_from"), attrs.get("offset_to"))
+        if problem:
+            raise serializers.ValidationError({"offset_to": problem})
         return attrs
 
 

@@ -235,22 +235,20 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     if not body.is_valid():
         return refuse_invalid(request, body, action, pipeline)
     data = body.validated_data
-    try:
-        if "filter" in data:   # "all matching": any number, in audited batches of 1,000
-            kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
-            result = dead_letter_batches.act_on_matching(pipeline, kind, body.filters(), data["count"],
-                                                         actor=request.user.username, reason=data.get("reason", ""),
-                                                         source=data.get("source", "stored"))
-        else:
-            result = call(pipeline, data, request.user.username)
-    except Refused as exc:  # unknown ids, an empty reason, a count that moved ...: audited, nothing changed
-        return _refused(exc)
-    except dead_letter_batches.BatchesFailed as exc:  # the batches before the failed one stay done
-        return Response({"error": exc.outcome.message(), **exc.outcome.as_dict()}, status=http.HTTP_409_CONFLICT)
-    except Exception as exc:  # rolled back and audited as failed (a transform that no longer fits the sink)
-        return Response({"error": f"The {action.replace('_', ' ')} failed and changed nothing: "
-                                  f"{type(exc).__name__}: {exc}"}, status=http.HTTP_409_CONFLICT)
-    return Response(result.as_dict())
+    if "filter" in data:   # "all matching": any number, in audited batches of 1,000
+        kind = "replay" if action == dead_letter_ops.REPLAY else "discard"
+        ended = dead_letter_batches.attempt(action, lambda: dead_letter_batches.act_on_matching(
+            pipeline, kind, body.filters(), data["count"], actor=request.user.username,
+            reason=data.get("reason", ""), source=data.get("source", "stored")))
+    else:
+        ended = dead_letter_batches.attempt(action, lambda: call(pipeline, data, request.user.username))
+    if ended.refusal:
+        return _refused(ended.refusal)
+    if ended.stopped:
+        return Response({"error": ended.stopped.message(), **ended.stopped.as_dict()}, status=http.HTTP_409_CONFLICT)
+    if ended.failed:
+        return Response({"error": ended.failed}, status=http.HTTP_409_CONFLICT)
+    return Response(ended.result.as_dict())
 
 
 @extend_schema(responses=JSON, request=DeadLetterReplayInput)

@@ -135,18 +135,17 @@ def _act_on_matching(request, pipeline, action: str, filters: DeadLetterFilterFo
     if not data["confirmed"]:
         return _render(request, pipeline, filters, confirm={"action": kind, "count": data["expected"],
                                                             "reason": data.get("reason", "")})
-    try:
-        outcome = batches.act_on_matching(pipeline, kind, filters.filters(), data["expected"],
-                                          actor=request.user.username, reason=data.get("reason", ""))
-    except Refused as exc:  # audited by the domain; nothing was changed
-        return _render(request, pipeline, filters, error=str(exc), status=409)
-    except batches.BatchesFailed as exc:  # the batches before the failed one stay done
-        return _render(request, pipeline, filters, error=exc.outcome.message(), batches_outcome=exc.outcome,
+    ended = batches.attempt(kind, lambda: batches.act_on_matching(
+        pipeline, kind, filters.filters(), data["expected"], actor=request.user.username,
+        reason=data.get("reason", "")))
+    if ended.refusal:
+        return _render(request, pipeline, filters, error=str(ended.refusal), status=409)
+    if ended.stopped:
+        return _render(request, pipeline, filters, error=ended.stopped.message(), batches_outcome=ended.stopped,
                        status=422)
-    except Exception as exc:  # the first batch rolled back and was audited as failed
-        return _render(request, pipeline, filters, status=422,
-                       error=f"The {kind} failed and changed nothing: {type(exc).__name__}: {exc}")
-    return _render(request, pipeline, filters, batches_outcome=outcome)
+    if ended.failed:
+        return _render(request, pipeline, filters, status=422, error=ended.failed)
+    return _render(request, pipeline, filters, batches_outcome=ended.result)
 
 
 FILTER_KEYS = ("error", "partition", "offset_from", "offset_to", "state")

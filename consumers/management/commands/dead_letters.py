@@ -22,7 +22,6 @@ from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import Refused
 
 ACTIONS = ("list", "export", "discard", "replay")
 LIST_LIMIT = 50
@@ -80,9 +79,9 @@ class Command(BaseCommand):
     def handle(self, *args, pipeline, action, **options):
         if options["partition"] is not None and options["partition"] < 0:
             raise CommandError("--partition is 0 or more.", returncode=2)
-        if (options["offset_from"] is not None and options["offset_to"] is not None
-                and options["offset_from"] > options["offset_to"]):
-            raise CommandError("--offset-from is above --offset-to.", returncode=2)
+        problem = queries.range_problem(options["offset_from"], options["offset_to"])
+        if problem:
+            raise CommandError(f"--offset-from and --offset-to: {problem}", returncode=2)
         if action in ("list", "export"):
             found = Pipeline.objects.filter(name=pipeline).first()
             if found is None:
@@ -136,19 +135,18 @@ class Command(BaseCommand):
         kwargs = {"actor": options["actor"], "reason": options["reason"],
                   "source": "kafka" if options["from_kafka"] else "stored",
                   "on_batch": None if options["json"] else self._progress(name, action)}
-        try:
-            if ids is None and found is not None:
-                outcome = batches.act_on_matching(found, action, self._filters(options, options["state"]),
-                                                  options["expect"], **kwargs)
-            else:  # ids, or an unknown pipeline: the domain refuses that name, audited
-                outcome = batches.act_on_ids(found or name, action, ids or [], **kwargs)
-        except Refused as exc:
-            raise CommandError(f"Refused: {exc}", returncode=1) from None
-        except batches.BatchesFailed as exc:
-            self._failed(name, action, exc.outcome, options)
-        except Exception as exc:  # the only call was rolled back and audited as failed
-            raise CommandError(f"Refused: the {action} failed and changed nothing: {type(exc).__name__}: {exc}",
-                               returncode=1) from None
+        if ids is None and found is not None:
+            ended = batches.attempt(action, lambda: batches.act_on_matching(
+                found, action, self._filters(options, options["state"]), options["expect"], **kwargs))
+        else:  # ids, or an unknown pipeline: the domain refuses that name, audited
+            ended = batches.attempt(action, lambda: batches.act_on_ids(found or name, action, ids or [], **kwargs))
+        if ended.refusal:
+            raise CommandError(f"Refused: {ended.refusal}", returncode=1)
+        if ended.stopped:
+            self._failed(name, action, ended.stopped, options)
+        if ended.failed:
+            raise CommandError(f"Refused: {ended.failed[0].lower()}{ended.failed[1:]}", returncode=1)
+        outcome = ended.result
         if len(outcome.done) == 1:
             return self._print_one(name, action, outcome.done[0], options)
         if options["json"]:
