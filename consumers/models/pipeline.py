@@ -215,7 +215,8 @@ class BatchLedger(models.Model):
     (consumers/reconciliation/compaction.py) merges old, verified, contiguous rows of one epoch into one row that
     keeps the first row's id and sums the counts; `batches` says how many committed batches a row stands for."""
 
-    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="ledger")
+    # No index of its own: ledger_commit_idx (and ledger_range_idx) lead with the pipeline.
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="ledger", db_index=False)
     partition = models.PositiveIntegerField()
     first_offset = models.BigIntegerField()
     end_offset = models.BigIntegerField(help_text="Exclusive: the next offset after this batch.")
@@ -238,6 +239,9 @@ class BatchLedger(models.Model):
     class Meta:
         indexes = [models.Index(fields=["pipeline", "partition", "first_offset"], name="ledger_range_idx"),
                    models.Index(fields=["pipeline", "committed_at"], name="ledger_time_idx"),
+                   # "This pipeline's rows committed since row N" (the ledger summary's fold, reconciliation's new
+                   # rows): without it the walk up the primary key reads every other pipeline's rows since N too.
+                   models.Index(fields=["pipeline", "id"], name="ledger_commit_idx"),
                    # "Which rows reach into [start, end)" (trace, verification of a range) without reading every
                    # row below it: a range index. Closed ranges, so a zero-width row is found too; queries add the
                    # exact bounds (consumers/reconciliation/coverage.py SPAN_OVERLAPS).
