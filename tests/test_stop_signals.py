@@ -1,7 +1,7 @@
 """Long-running commands stop when their process group gets SIGTERM (or SIGINT), whether their children died
-first or not (`kill -- -PGID` kills a whole stack at once): kafka_broker, run_pipeline, devstack, the Celery
-worker (with its engine host processes), Celery beat, and an engine host alone (SIGTERM to it, or its worker
-gone). The deadlines guard against hangs only."""
+first or not (`kill -- -PGID` kills a whole stack at once): kafka_broker, run_pipeline, run_spark_pipeline
+(its JVM dead first too), devstack, the Celery worker (with its engine host processes), Celery beat, and an
+engine host alone (SIGTERM to it, or its worker gone). The deadlines guard against hangs only."""
 import json
 import os
 import signal
@@ -262,3 +262,35 @@ def test_celery_beat_exits_on_a_signal_to_its_group(subprocess_env, tmp_path, si
     lines = []
     wait_for(lambda: lines.append(beat.stdout.readline()) or "beat: Starting" in "".join(lines), 60, "beat to start")
     assert stopped(beat, signum) == 0
+
+
+@pytest.fixture
+def spark_pipeline_env(subprocess_env, make_topic):
+    from consumers.engine.pipelines import create_pipeline
+    from consumers.models import Engine
+
+    topic = make_topic("sstop", partitions=2)
+    pipeline = create_pipeline(f"sstop-{topic[-8:]}".lower(), topic, f"sstop_{topic[-8:]}".lower(), engine=Engine.SPARK)
+    yield pipeline, subprocess_env
+    from tests.conftest import drop_sink_tables
+
+    drop_sink_tables([pipeline.sink_table])
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("jvm_dies_first", [False, True], ids=["sigterm", "sigterm-after-its-jvm-died"])
+def test_run_spark_pipeline_exits_on_sigterm_to_its_group(spark_pipeline_env, jvm_dies_first):
+    pipeline, env = spark_pipeline_env
+    command = start(["run_spark_pipeline", pipeline.name], env)
+    try:
+        wait_for(lambda: serving_runs(pipeline) == 1, 120, "the Spark run to start")
+        if jvm_dies_first:
+            jvms = [child for child in children_of(command) if "java" in child.name()]
+            assert jvms, "the driver's JVM is a child of the command"
+            for jvm in jvms:
+                jvm.kill()
+        stopped(command, signal.SIGTERM)
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
