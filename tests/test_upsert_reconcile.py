@@ -78,6 +78,21 @@ def test_the_trace_says_which_record_wrote_the_current_row_and_what_superseded_a
     assert older.verdict == "superseded" and "offset 5" in older.explanation
     deleted = trace(keyed, 0, 1)
     assert deleted.verdict == "superseded" and "deleted" in deleted.explanation and "offset 4" in deleted.explanation
+    # The ledger says which record wrote the current row: the batch that committed offset 5, and the row itself.
+    writer = older.current_row
+    assert (writer["partition"], writer["offset"], writer["row"]["status"]) == (0, 5, "sent")
+    assert [(b["first_offset"] <= 5 < b["end_offset"]) for b in writer["batches"]] == [True]
+    assert current.current_row is None and deleted.current_row is None
+
+
+def test_every_trace_door_names_the_record_and_ledger_batch_that_wrote_the_current_row(keyed, capsys, operator_api):
+    code, out, _ = run_command(capsys, "trace", keyed.name, "--partition", "0", "--offset", "2")
+    assert code == 0 and "SUPERSEDED" in out and "current row of its key: written by partition 0 offset 5, in " \
+        "ledger batch" in out
+    api = operator_api.get(f"/api/pipelines/{keyed.name}/trace", {"partition": 0, "offset": 2}).json()
+    assert api["current_row"]["offset"] == 5 and api["current_row"]["batches"][0]["first_offset"] <= 5
+    page = operator_api.get(f"/pipelines/{keyed.name}/trace/", {"partition": 0, "offset": 2}).content.decode()
+    assert "Current row of its key" in page and "written by partition 0, offset 5" in page
 
 
 def state(pipeline):

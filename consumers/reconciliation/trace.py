@@ -72,6 +72,9 @@ class Trace:
     batches: list[dict] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     dead_letter: dict | None = None
+    # An upsert pipeline: the record that wrote its key's current row, that row and the ledger batch that
+    # committed it ({"partition", "offset", "row", "batches"}), when the traced record is not that record.
+    current_row: dict | None = None
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -192,7 +195,10 @@ def _verdict(pipeline: Pipeline, result: Trace, mark, found) -> tuple[str, str]:
     if pipeline.is_upsert and in_kafka:
         told = _upsert_fate(pipeline, found, position)
         if told is not None:
-            return told
+            verdict, explanation, writer = told
+            if writer is not None:
+                result.current_row = _current_row(pipeline, *writer)
+            return verdict, explanation
     if pipeline.delivery_mode == DeliveryMode.AT_MOST_ONCE:
         return "lost (at-most-once)", ("the position moved past it (Kafka was committed before the write) and no "
                                        "row or dead letter holds it")
@@ -205,6 +211,13 @@ def _upsert_fate(pipeline: Pipeline, found, position: int):
         return verify_upsert.fate(cursor.cursor, pipeline.sink_table, pipeline.topic, for_pipeline(pipeline),
                                   tuple(pipeline.upsert_key), pipeline.delete_on_tombstone, record, position,
                                   ranges.read_ranges, pipeline.cluster)
+
+
+def _current_row(pipeline: Pipeline, partition: int, offset: int) -> dict:
+    """The record that wrote a key's current row: its row (by provenance) and the ledger batch that committed it."""
+    rows = _sink_rows(pipeline, partition, offset)
+    return {"partition": partition, "offset": offset, "row": rows[0] if rows else None,
+            "batches": [_batch(b, offset) for b in _covering_batches(pipeline, partition, offset)]}
 
 
 def _rewound_past(pipeline: Pipeline, partition: int, offset: int) -> bool:

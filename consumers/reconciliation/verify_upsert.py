@@ -142,15 +142,18 @@ def _rows_of_keys(cur, shape: SinkShape, transform: Transform, upsert_key: tuple
 
 
 def fate(cur, table: str, topic: str, transform: Transform, upsert_key: tuple[str, ...], delete_on_tombstone: bool,
-         record: SourceRecord, position: int, read_ranges, cluster=None) -> tuple[str, str] | None:
-    """Why a consumed record of an upsert pipeline has no row of its own: (verdict, explanation), or None when
-    nothing explains it (then it is lost). A tombstone deleted its key's row; any other record was superseded
-    by a later record of its key -- the row's record, or the tombstone that deleted the row."""
+         record: SourceRecord, position: int, read_ranges, cluster=None) -> tuple[str, str, tuple | None] | None:
+    """Why a consumed record of an upsert pipeline has no row of its own: (verdict, explanation, the (partition,
+    offset) of the record that wrote its key's current row, if the key has one), or None when nothing explains
+    it (then it is lost). A tombstone deleted its key's row; any other record was superseded by a later record of
+    its key -- the row's record, or the tombstone that deleted the row."""
     key_text = None
     try:
         if record.value is None and delete_on_tombstone and transform.tombstone_key is not None:
             key = tuple(transform.tombstone_key(record))
-            return "deleted", f"a tombstone: it deleted the row of {_shown_key(upsert_key, key)}"
+            current = _rows_of_keys(cur, SinkShape(table, topic, False, True), transform, upsert_key, [key]).get(key)
+            return ("deleted", f"a tombstone: it deleted the row of {_shown_key(upsert_key, key)}",
+                    None if current is None or current[0] != topic else current[1:])
         row = transform.rows(record)[0]
     except Exception:
         return None
@@ -160,7 +163,7 @@ def fate(cur, table: str, topic: str, transform: Transform, upsert_key: tuple[st
     current = _rows_of_keys(cur, SinkShape(table, topic, False, True), transform, upsert_key, [key]).get(key)
     if current is not None and (current[1], current[2]) > (record.partition, record.offset):
         return "superseded", (f"a later record of its key ({key_text}) overwrote it: the row now holds partition "
-                              f"{current[1]} offset {current[2]}")
+                              f"{current[1]} offset {current[2]}"), (current[1], current[2])
     if current is not None:
         return None
     later: list = []
@@ -171,7 +174,7 @@ def fate(cur, table: str, topic: str, transform: Transform, upsert_key: tuple[st
         transform, upsert_key, delete_on_tombstone)
     offset, deleted = latest.get(key, (None, False))
     if deleted:
-        return "superseded", f"its key's row ({key_text}) was deleted by the tombstone at offset {offset}"
+        return "superseded", f"its key's row ({key_text}) was deleted by the tombstone at offset {offset}", None
     return None
 
 

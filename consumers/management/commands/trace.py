@@ -67,4 +67,10 @@ def describe(t: tracing.Trace) -> str:
         lines.append(f"  sink row: {row}")
     if t.dead_letter:
         lines.append(f"  dead letter: {t.dead_letter['error']}")
+    if t.current_row:
+        writer = t.current_row
+        batches = ", ".join(f"ledger batch {b['id']} (offsets {b['first_offset']}..{b['end_offset'] - 1}, epoch "
+                            f"{b['epoch']}, committed {b['committed_at']})" for b in writer["batches"])
+        lines.append(f"  current row of its key: written by partition {writer['partition']} offset "
+                     f"{writer['offset']}, in {batches or 'no ledger batch'}: {writer['row']}")
     return "\n".join(lines)
