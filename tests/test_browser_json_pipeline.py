@@ -58,11 +58,11 @@ def table():
     drop_sink_tables([name])
 
 
-def shown_preview(page) -> tuple[list[str], dict[int, list[str] | str]]:
+def shown_preview(browser_page) -> tuple[list[str], dict[int, list[str] | str]]:
     """(written columns, {offset: the row's cells as shown, or the dead letter's text})."""
-    columns = page.locator("#preview-records thead th code").all_inner_texts()
+    columns = browser_page.locator("#preview-records thead th code").all_inner_texts()
     shown = {}
-    for row in page.locator("#preview-records tbody tr.preview-record").all():
+    for row in browser_page.locator("#preview-records tbody tr.preview-record").all():
         offset = int(row.get_attribute("data-offset"))
         dead = row.locator(".dead-letter")
         cells = row.locator("td").all_inner_texts()[3:]
