@@ -24,12 +24,12 @@ from consumers.models.pipeline import (
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
 from consumers.models.text import error_text
 from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
-from consumers.models.watch import OFFSETS_LISTED, Watch, WatchPartition, WatchRange
+from consumers.models.watch import OFFSETS_LISTED, Watch, WatchFinding, WatchPartition, WatchRange
 
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
     "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
     "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline",
     "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "Status", "TopicCheckJob", "TopicCheckStatus",
-    "OFFSETS_LISTED", "Watch", "WatchPartition", "WatchRange", "error_text",
+    "OFFSETS_LISTED", "Watch", "WatchFinding", "WatchPartition", "WatchRange", "error_text",
 ]

@@ -4,7 +4,8 @@ A watch names a group, a topic and a cluster; optionally the table the group wri
 to a row (`record_id`: value, key, json:PATH or offset; `row_id`: the table's columns). Its delivery audit
 (consumers/reconciliation/watch_audit.py) settles each partition range by range: `WatchPartition` keeps
 where the audit stands and what lag and status were measured, `WatchRange` one row per settled range with
-what it found (offsets of the first findings included).
+what it found (offsets of the first findings included), `WatchFinding` every finding, one row each (for the
+export and the trace).
 """
 from django.db import models
 from django.utils import timezone
@@ -129,3 +130,25 @@ class WatchRange(models.Model):
     @property
     def findings(self) -> bool:
         return bool(self.lost or self.duplicated or self.phantom)
+
+
+class WatchFinding(models.Model):
+    """One finding of a watch's audit: a record lost or duplicated, or a phantom row's position. WatchRange
+    lists the first OFFSETS_LISTED of each kind per range; these rows are all of them (the CSV export, the
+    trace). Written by the audit in one INSERT ... SELECT from its findings statement."""
+
+    LOST, DUPLICATED, PHANTOM = "lost", "duplicated", "phantom"
+
+    watch = models.ForeignKey(Watch, on_delete=models.CASCADE, related_name="finding_rows")
+    partition = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    kind = models.CharField(max_length=10)
+    extra = models.BigIntegerField(default=0, help_text="duplicated: the rows beyond those expected.")
+    checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["watch", "partition", "offset"]
+        indexes = [models.Index(fields=["watch", "partition", "offset"], name="watch_finding_idx")]
+
+    def __str__(self):
+        return f"{self.watch_id}[{self.partition}]@{self.offset} {self.kind}"

@@ -10,7 +10,8 @@ One check (`check_watch`), per partition:
      log end, only to know which ids a later record replaces.
   3. Each record's id goes into a temporary table (COPY), and one set-based statement matches them with the
      team's table (consumers/reconciliation/watch_match.py, the one definition of the matching).
-  4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind) and the mark moves:
+  4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind; `WatchFinding`, all
+     of them) and the mark moves:
      the next check reads only what was committed and settled since.
   5. Lag in records and seconds, and the status by the rules every monitored consumer shares
      (consumers/reconciliation/lag_status.py).
@@ -32,15 +33,18 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
-from consumers.models import OFFSETS_LISTED, Status, Watch, WatchPartition, WatchRange, error_text
+from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
 from consumers.reconciliation import monitored, watch_match
 
 log = logging.getLogger("tally.watch")
 
 RECORDS, WRITTEN, RANGES = "tally_watch_records", "tally_watch_written", "tally_watch_ranges"
+FOUND = "tally_watch_found"
+TEMPORARY = (RECORDS, WRITTEN, RANGES, FOUND)
 RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
              "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
-             "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES)}
+             "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES),
+             "found": sql.SQL("pg_temp.") + sql.Identifier(FOUND)}
 # Lines of COPY buffered before they are sent: bounded memory for a range of millions of records.
 COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
@@ -148,7 +152,7 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
         if watch.audits:
             plans = _plans(parts, marks, now - timedelta(seconds=settle))
             if plans:
-                new_ranges = _audit(watch, plans, marks)
+                new_ranges = _audit(watch, plans, marks, now)
         _store_ranges(watch, parts, new_ranges, now)
         _measure(watch, parts, marks, kafka, now, notes)
         _evaluate(watch, parts, alive, rewound, now)
@@ -209,7 +213,7 @@ class _Loader:
         self.by_offset = id_type is None
         self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
         self.ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
-        self.normalise = _normaliser(id_type)
+        self.normalise = normaliser(id_type)
         self.counts: dict[int, dict[str, int]] = {}
         self.buffer, self.lines = io.StringIO(), 0
 
@@ -242,7 +246,7 @@ class _Loader:
             self.buffer, self.lines = io.StringIO(), 0
 
 
-def _audit(watch: Watch, plans: dict, marks: dict) -> list[RangeResult]:
+def _audit(watch: Watch, plans: dict, marks: dict, now: datetime) -> list[RangeResult]:
     by_offset = watch.record_id == record_ids.OFFSET
     columns = watch.row_columns
     with connection.cursor() as wrapper:
@@ -270,16 +274,21 @@ def _audit(watch: Watch, plans: dict, marks: dict) -> list[RangeResult]:
                 sql.Identifier(WRITTEN), watch_match.written_sql(watch.sink_table, columns, by_offset, RELATIONS)))
             cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
         findings = watch_match.findings_sql(watch.sink_table, columns, by_offset, watch.keyed, RELATIONS)
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(sql.Identifier(FOUND), findings))
+        # Every finding is kept (the export, the trace); the range lists the first of each kind.
+        cur.execute(sql.SQL('INSERT INTO {} (watch_id, partition, "offset", kind, extra, checked_at) '
+                            'SELECT %s, partition, "offset", kind, extra, %s FROM {}').format(
+            sql.Identifier(WatchFinding._meta.db_table), RELATIONS["found"]), [watch.pk, now])
         cur.execute(sql.SQL("SELECT partition, kind, count(*), sum(extra), "
                             "(array_agg(\"offset\" ORDER BY \"offset\"))[1:%s], "
-                            "(array_agg(extra ORDER BY \"offset\"))[1:%s] FROM ({}) AS f GROUP BY partition, kind"
-                            ).format(findings), [OFFSETS_LISTED, OFFSETS_LISTED])
+                            "(array_agg(extra ORDER BY \"offset\"))[1:%s] FROM {} GROUP BY partition, kind"
+                            ).format(RELATIONS["found"]), [OFFSETS_LISTED, OFFSETS_LISTED])
         found = cur.fetchall()
         superseded = {}
         if watch.keyed:
             cur.execute(watch_match.superseded_sql(RELATIONS))
             superseded = dict(cur.fetchall())
-        for name in (RECORDS, WRITTEN, RANGES):
+        for name in TEMPORARY:
             cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
     results = {}
     for p, (_, first, end) in sorted(plans.items()):
@@ -305,7 +314,7 @@ def _audit(watch: Watch, plans: dict, marks: dict) -> list[RangeResult]:
 
 
 def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
-    for name in (RECORDS, WRITTEN, RANGES):  # a caller's open transaction may hold a previous check's
+    for name in TEMPORARY:  # a caller's open transaction may hold a previous check's
         cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
     rid_type = sql.SQL(_column_type(id_type)) if id_type else sql.SQL("text")
     cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer NOT NULL, "offset" bigint NOT NULL, rid {}, '
@@ -330,7 +339,7 @@ def _column_type(pg_type: str) -> str:
     return "text"
 
 
-def _normaliser(id_type: str | None):
+def normaliser(id_type: str | None):
     """record id text -> the value the row-id column can hold, or None: no row of that column can name it."""
     kind = _column_type(id_type) if id_type else "text"
 

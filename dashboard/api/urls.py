@@ -30,5 +30,7 @@ urlpatterns = [
     path("watches/", watches.watch_list, name="watches"),
     path("watches/<slug:name>/", watches.watch_detail, name="watch"),
     path("watches/<slug:name>/check", watches.watch_check, name="watch_check"),
+    path("watches/<slug:name>/trace", watches.watch_trace_record, name="watch_trace"),
+    path("watches/<slug:name>/findings.csv", watches.watch_findings_csv, name="watch_findings_csv"),
     path("action-log", views.action_log, name="action_log"),
 ]

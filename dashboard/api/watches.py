@@ -1,8 +1,9 @@
 """The JSON API of watches: list, create (operators), detail with partitions and ranges, check now (operators),
 delete (operators). Creation goes through consumers.operations.watch_setup, the validation the command, the
 form and the file share: 400 names each bad field, and nothing is written before it passes."""
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
@@ -11,7 +12,7 @@ from rest_framework.response import Response
 from consumers.access import record_refusal
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import monitored, watch_audit
+from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard.api.inputs import (
     StrictBooleanField,
     StrictIntegerField,
@@ -106,3 +107,29 @@ def watch_check(request, name):
         return refuse_invalid(request, body, "check_watch")
     report = watch_audit.check_watch(watch, settle_seconds=body.validated_data["settle_seconds"])
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
+
+
+@extend_schema(responses=JSON, parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int)],
+               operation_id="watches_trace")
+@api_view(["GET"])
+@permission_classes(OPERATE)
+def watch_trace_record(request, name):
+    """One record of the watch's topic: `?partition=P&offset=N` -> its value, the row id it names, the rows of the
+    table with that id now, and what the audit found there."""
+    watch = get_object_or_404(Watch, name=name)
+    try:
+        partition, offset, _ = watch_trace.parse_request({k: v for k, v in request.query_params.items() if k != "key"})
+        return Response(watch_trace.trace(watch, partition, offset).as_json())
+    except watch_trace.TraceRefused as exc:
+        return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
+
+
+@extend_schema(responses={(200, "text/csv"): str}, operation_id="watches_findings_csv")
+@api_view(["GET"])
+@permission_classes(OPERATE)
+def watch_findings_csv(request, name):
+    """Every finding of the watch as CSV: partition, offset, kind, extra_rows, checked_at."""
+    watch = get_object_or_404(Watch, name=name)
+    response = StreamingHttpResponse(watch_trace.findings_csv(watch), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{watch.name}-findings.csv"'
+    return response

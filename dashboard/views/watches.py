@@ -5,6 +5,7 @@ from datetime import timedelta
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
@@ -12,7 +13,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from consumers.access import can_operate
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import monitored, watch_audit
+from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
@@ -39,6 +40,37 @@ def watch_detail(request, name):
                "partitions": partitions, "ranges": ranges, "lost_offsets": lost, "duplicated_offsets": duplicated,
                "chart": lag_history(watch, [p.partition for p in partitions])}
     return render_page(request, "watch.html", context)
+
+
+@require_GET
+@login_required
+def trace_finding(request, name):
+    """offset -> value -> expected row id -> rows found, for one record of the watch's topic."""
+    watch = get_object_or_404(Watch, name=name)
+    context = {"nav": "watches", "watch": watch, "t": None, "error": "",
+               "query": {k: request.GET.get(k, "") for k in ("partition", "offset")}}
+    status = 200
+    if any(context["query"].values()):
+        try:
+            partition, offset, _ = watch_trace.parse_request({k: v for k, v in request.GET.items() if k != "key"})
+            context["t"] = watch_trace.trace(watch, partition, offset)
+        except watch_trace.TraceRefused as exc:
+            context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
+    return render_page(request, "watch_trace.html", context, fragment="result", status=status)
+
+
+@require_GET
+@login_required
+def export_findings(request, name):
+    """Every finding of the watch as CSV (the page lists the first 1,000), streamed."""
+    watch = get_object_or_404(Watch, name=name)
+    return findings_response(watch)
+
+
+def findings_response(watch: Watch) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(watch_trace.findings_csv(watch), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{watch.name}-findings.csv"'
+    return response
 
 
 def lag_history(watch: Watch, partitions: list[int], now=None) -> dict:

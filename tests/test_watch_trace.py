@@ -1,0 +1,124 @@
+"""Each finding of a watch traced (offset -> value -> expected row id -> rows found) and all findings exported
+as CSV, through the real API and pages, after a real run: a plain consumer SIGKILLed after its commit."""
+import csv
+import io
+import uuid
+
+import pytest
+from django.db import connection
+from django.test import Client
+from psycopg2 import sql
+
+from consumers.kafka import admin
+from consumers.models import WatchFinding
+from tests.views_helpers import make_operator, make_viewer
+from tests.watch_helpers import as_offsets, drop_tables, id_counts, produce, read_topic, run_plain_consumer
+
+pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def table_name():
+    name = f"team_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_tables(name)
+
+
+def client_of(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def execute(statement: sql.Composable, params=()) -> None:
+    with connection.cursor() as cur:
+        cur.execute(statement.as_string(cur.cursor), params)
+
+
+def csv_rows(response) -> list[dict]:
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    return list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+
+
+@pytest.mark.chaos
+def test_each_finding_traces_to_its_value_id_and_rows_on_the_api_and_the_page(make_topic, subprocess_env,
+                                                                             table_name):
+    topic = make_topic("nums", partitions=2)
+    produce(topic, [(None, str(v).encode()) for v in range(1, 61)], partitions=2)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    assert run_plain_consumer(subprocess_env, topic, group, table_name, "commit-then-write", die_at_batch=2) == -9
+    assert run_plain_consumer(subprocess_env, topic, group, table_name, "commit-then-write") == 0
+    records = read_topic(topic)
+    written = id_counts(table_name)
+    lost = {at for at, (_, value, _) in records.items() if int(value) not in written}
+    delivered = sorted(at for at in records if at not in lost)
+    doubled = delivered[0]   # the team's table also holds one row twice
+    execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table_name)),
+            [int(records[doubled][1])])
+    operator, viewer = client_of(make_operator()), client_of(make_viewer())
+    created = operator.post("/api/watches/", {"name": "traced", "group": group, "topic": topic,
+                                              "sink_table": table_name, "record_id": "value", "row_id": "id",
+                                              "settle_seconds": 0}, content_type="application/json")
+    assert created.status_code == 201, created.content
+    checked = operator.post("/api/watches/traced/check", {}, content_type="application/json").json()
+    assert lost and as_offsets(checked["lost_offsets"]) == lost
+    assert as_offsets(checked["duplicated_offsets"]) == {doubled}
+
+    for partition, offset in sorted(lost):
+        value = records[(partition, offset)][1].decode()
+        t = viewer.get(f"/api/watches/traced/trace?partition={partition}&offset={offset}").json()
+        assert (t["verdict"], t["record"]["value"], t["expected_id"], t["rows_found"], t["rows"]) == \
+            ("lost", value, [value], 0, []), t
+        assert t["finding"]["kind"] == "lost" and t["row_columns"] == ["id"]
+    t = viewer.get(f"/api/watches/traced/trace?partition={doubled[0]}&offset={doubled[1]}").json()
+    value = records[doubled][1].decode()
+    assert (t["verdict"], t["expected_id"], t["rows_found"], t["finding"]["extra"]) == ("duplicated", [value], 2, 1)
+    assert [row["id"] for row in t["rows"]] == [int(value), int(value)]
+    fine = delivered[-1]
+    t = viewer.get(f"/api/watches/traced/trace?partition={fine[0]}&offset={fine[1]}").json()
+    assert (t["verdict"], t["finding"], t["rows_found"]) == ("delivered", None, 1)
+    beyond = max(o for p, o in records if p == 0) + 5
+    t = viewer.get(f"/api/watches/traced/trace?partition=0&offset={beyond}").json()
+    assert t["verdict"] == "not audited" and t["record"] is None
+    bad = viewer.get("/api/watches/traced/trace?partition=x&offset=1")
+    assert bad.status_code == 400 and bad.json()["field"] == "partition"
+    assert viewer.get("/api/watches/traced/trace?partition=7&offset=1").json()["field"] == "partition"
+
+    page = viewer.get("/watches/traced/").content.decode()
+    partition, offset = sorted(lost)[0]
+    assert f'href="/watches/traced/trace/?partition={partition}&amp;offset={offset}"' in page
+    assert 'href="/watches/traced/findings.csv"' in page
+    traced = viewer.get(f"/watches/traced/trace/?partition={partition}&offset={offset}").content.decode()
+    value = records[(partition, offset)][1].decode()
+    assert 'data-verdict="lost"' in traced and f"<code>id</code> = <code>{value}</code>" in traced
+    assert '<b data-field="rows_found">0</b>' in traced and f'<pre class="record">{value}</pre>' in traced
+    refused = viewer.get("/watches/traced/trace/?partition=0&offset=-1")
+    assert refused.status_code == 422 and 'id="trace-error"' in refused.content.decode()
+
+    expected = [{"partition": str(p), "offset": str(o), "kind": "lost", "extra_rows": "0"} for p, o in lost]
+    expected.append({"partition": str(doubled[0]), "offset": str(doubled[1]), "kind": "duplicated", "extra_rows": "1"})
+    for response in (viewer.get("/watches/traced/findings.csv"), viewer.get("/api/watches/traced/findings.csv")):
+        rows = csv_rows(response)
+        assert [{k: r[k] for k in ("partition", "offset", "kind", "extra_rows")} for r in rows] == \
+            sorted(expected, key=lambda r: (int(r["partition"]), int(r["offset"])))
+        assert all(r["checked_at"] for r in rows)
+
+
+def test_the_csv_export_holds_every_finding_beyond_the_thousand_listed(make_topic, table_name):
+    topic = make_topic("many")
+    produce(topic, [(None, str(v).encode()) for v in range(1, 2501)])
+    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, 2500) g WHERE g %% 25 = 0").format(
+        sql.Identifier(table_name)))   # 100 delivered, 2,400 lost
+    admin.commit_offsets("many-group", topic, {0: 2500})
+    operator = client_of(make_operator())
+    assert operator.post("/api/watches/", {"name": "many", "group": "many-group", "topic": topic,
+                                           "sink_table": table_name, "record_id": "value", "row_id": "id",
+                                           "settle_seconds": 0}, content_type="application/json").status_code == 201
+    checked = operator.post("/api/watches/many/check", {}, content_type="application/json").json()
+    assert checked["lost"] == 2400 and len(checked["lost_offsets"]) == 1000
+    rows = csv_rows(operator.get("/api/watches/many/findings.csv"))
+    assert [int(r["offset"]) for r in rows] == [o for o in range(2500) if (o + 1) % 25 != 0]
+    assert {r["kind"] for r in rows} == {"lost"} and WatchFinding.objects.count() == 2400
+    page = operator.get("/watches/many/").content.decode()
+    assert "Lost (1000, the first 1,000)" in page
