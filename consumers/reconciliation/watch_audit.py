@@ -15,7 +15,8 @@ One check (`check_watch`), per partition:
      the next check reads only what was committed and settled since.
   5. Lag in records and seconds, and the status by the rules every monitored consumer shares
      (consumers/reconciliation/lag_status.py).
-The partitions' rows are locked for the check, so two checks at once never audit a range twice.
+The partitions' rows are locked for the check, so two checks at once never audit a range twice. A group reset
+behind the settled mark reopens the ranges from the new committed offset on: they are audited again.
 """
 import io
 import logging
@@ -150,6 +151,8 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
         keep = max(settle, watch.settle_seconds)
         rewound = {p for p, wp in parts.items() if _observe(wp, committed.get(p), now, keep)}
         if watch.audits:
+            for p in rewound:
+                _reopen(watch, parts[p], now)
             plans = _plans(parts, marks, now - timedelta(seconds=settle))
             if plans:
                 new_ranges = _audit(watch, plans, marks, now)
@@ -179,6 +182,29 @@ def _observe(wp: WatchPartition, committed: int | None, now: datetime, keep_seco
         seen.pop(0)
     wp.commits_seen = seen
     return went_back
+
+
+def _reopen(watch: Watch, wp: WatchPartition, now: datetime) -> None:
+    """The group's offsets went back behind what was settled: the consumer reads those records again (and may
+    write them again), so the settled ranges from the one holding the new committed offset on are dropped,
+    with their findings and counts, and audited afresh once the reset commit has settled."""
+    if wp.committed is None or wp.committed >= wp.settled_offset:
+        return
+    ranges = WatchRange.objects.filter(watch=watch, partition=wp.partition)
+    holding = ranges.filter(end__gt=wp.committed).order_by("start").first()
+    restart = max(wp.start_offset, holding.start if holding is not None else wp.committed)
+    dropped = list(ranges.filter(start__gte=restart))
+    for r in dropped:
+        wp.checked -= r.records
+        wp.lost -= r.lost
+        wp.duplicated -= r.duplicated
+        wp.phantom -= r.phantom
+    WatchRange.objects.filter(pk__in=[r.pk for r in dropped]).delete()
+    WatchFinding.objects.filter(watch=watch, partition=wp.partition, offset__gte=restart).delete()
+    wp.settled_offset = restart
+    wp.commits_seen = [[wp.committed, now.isoformat()]]   # the re-read range settles from the reset on
+    log.info("watch %s partition %s: offsets reset to %s; re-auditing from %s", watch.name, wp.partition,
+             wp.committed, restart)
 
 
 def _settled_end(wp: WatchPartition, cutoff: datetime) -> int | None:
