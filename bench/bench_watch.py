@@ -136,6 +136,7 @@ def timed_check(watch, **kwargs):
 
 def main():
     args = parse_args()
+    load_at_start = os.getloadavg()   # other work shares the machine: say how busy it was
     from consumers.kafka import broker
 
     port = broker.free_port()
@@ -169,7 +170,12 @@ def main():
         print(f"idle check: median {statistics.median(idle):.1f} ms (min {min(idle):.1f}, max {max(idle):.1f}) "
               f"over {args.repeat}")
         print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
+        print("load average (1, 5, 15 min) at the start: {:.2f} {:.2f} {:.2f}; at the end: {:.2f} {:.2f} {:.2f}".format(
+            *load_at_start, *os.getloadavg()))
     finally:
+        from consumers.kafka import clusters
+
+        clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
         broker.stop_broker(process)
         if args.drop:
             from django.db import connections
