@@ -259,3 +259,21 @@ def test_a_compaction_killed_inside_a_step_leaves_the_ledger_as_it_was(made, con
     assert ledger_rows(pipeline) == [(0, 60, 60, 10, 1)]
     assert PartitionHealth.objects.get(pipeline=pipeline).verified_offset == 60
     assert reconcile.reconcile_pipeline(pipeline, full=True, kafka=kafka).exact
+
+
+@pytest.mark.celery
+def test_the_beat_task_compacts_on_a_real_worker(made, conn, celery_worker):
+    from consumers.tasks.reconciliation import compact_ledger_task
+
+    pipeline, _ = made()
+    for first in range(0, 30, 5):
+        write(conn, pipeline, 0, list(range(first, first + 5)))
+    BatchLedger.objects.filter(pipeline=pipeline).update(committed_at=timezone.now() - LATER)   # past the window
+    kafka = TraceKafka({0: set(range(30))}, high={0: 30}, committed={0: 30})
+    reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+
+    done = compact_ledger_task.delay().get(timeout=60)
+
+    assert (done["rows_merged"], done["runs"], done["unfinished"]) == (5, 1, False)   # six rows, one kept
+    assert ledger_rows(pipeline) == [(0, 30, 30, 6, 1)]
+    assert reconcile.reconcile_pipeline(pipeline, full=True, kafka=kafka).exact

@@ -11,12 +11,13 @@ from consumers.models import LagSnapshot, PipelineHealth
 from consumers.tasks.reconciliation import reconcile_all_task, take_lag_snapshots_task
 
 
-def test_the_beat_schedule_runs_reconciliation_snapshots_and_downsampling():
+def test_the_beat_schedule_runs_reconciliation_snapshots_downsampling_compaction_and_retention():
     from tally.celery import app
 
     app.loader.import_default_modules()
     tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert {"consumers.reconcile_all", "consumers.take_lag_snapshots", "consumers.downsample_lag_snapshots"} <= tasks
+    assert {"consumers.reconcile_all", "consumers.take_lag_snapshots", "consumers.downsample_lag_snapshots",
+            "consumers.compact_ledger", "consumers.apply_retention", "tally.alerts.apply_retention"} <= tasks
     assert tasks <= set(app.tasks)
 
 
