@@ -32,7 +32,7 @@ from kafka.protocol.sasl import (
 )
 from scramp import ScramException, ScramMechanism
 
-from consumers.kafka import broker
+from consumers.kafka import broker, clusters
 from tests.pki import make_pki
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
@@ -240,6 +240,7 @@ class ForwardedBroker:
         return self
 
     def __exit__(self, *exc) -> None:
+        clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
         self.forwarder.stop()
         broker.stop_broker(self.process)
         if self.log is not None:

@@ -25,6 +25,7 @@ def second_broker():
     port = broker.free_port()
     process = broker.start_broker(port)
     yield f"127.0.0.1:{port}"
+    clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
     broker.stop_broker(process)
 
 
