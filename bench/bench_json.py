@@ -9,6 +9,8 @@
   Part 2, keyed tables: M records with random keys out of 1,000,000 into tables that already hold 1,000,000 rows
     append          the json pipeline appending (one row per record)
     upsert          the same records with --upsert-key order_id (INSERT ... ON CONFLICT DO UPDATE), every key present
+    then the upsert pipeline's reconciliation: its first pass, an idle pass, and the phantom scan an idle pass
+    no longer makes
 
 Usage (from the project root; starts its own embedded broker, uses database tally_bench_json):
   .venv/bin/python bench/bench_json.py [--records 200000] [--keyed-records 200000] [--keys 1000000]
@@ -238,8 +240,58 @@ def keyed_part(args) -> dict:
             return args.keyed_records / json_pipeline(name, topic, table, args.keyed_records, args.batch_size, upsert)
         return mode
 
-    return {"base": "append", "rounds": rounds_of(args, {"append": run("bench_keyed_append", False),
-                                                         "upsert": run("bench_keyed_upsert", True)})}
+    result = {"base": "append", "rounds": rounds_of(args, {"append": run("bench_keyed_append", False),
+                                                           "upsert": run("bench_keyed_upsert", True)})}
+    result["reconcile"] = idle_reconcile(f"{topic}-r{args.repeat - 1}-upsert", "bench_keyed_upsert")
+    print(f"reconcile of the upsert pipeline: {result['reconcile']}", flush=True)
+    return result
+
+
+def idle_reconcile(name: str, table: str) -> dict:
+    """An upsert pipeline's reconciliation: the first pass (the new range read from Kafka, its keys looked up),
+    then an idle pass, beside what each idle pass cost before it skipped the phantom query (a scan of the table,
+    which has no provenance index)."""
+    from psycopg2 import sql
+
+    from consumers.engine import db
+    from consumers.models import Pipeline
+    from consumers.reconciliation.reconcile import reconcile_pipeline
+
+    pipeline = Pipeline.objects.get(name=name)
+    started = time.perf_counter()
+    first = reconcile_pipeline(pipeline)
+    first_ms = (time.perf_counter() - started) * 1000
+    idle_ms = []
+    for _ in range(5):
+        started = time.perf_counter()
+        idle = reconcile_pipeline(pipeline)
+        idle_ms.append((time.perf_counter() - started) * 1000)
+    conn = db.connect("tally-bench")
+    scan_ms = []
+    with conn.cursor() as cursor:
+        for _ in range(5):
+            started = time.perf_counter()
+            cursor.execute(sql.SQL("SELECT count(*) FROM {} WHERE source_topic = %s AND source_partition = 0 "
+                                   "AND source_offset >= %s").format(sql.Identifier(table)), [pipeline.topic, 1 << 40])
+            cursor.fetchone()
+            scan_ms.append((time.perf_counter() - started) * 1000)
+    conn.close()
+    assert first.lost == 0 and idle.lost == 0, (first.as_json(), idle.as_json())
+    return {"first_pass_ms": round(first_ms, 1), "idle_pass_ms": round(statistics.median(idle_ms), 1),
+            "phantom_scan_ms": round(statistics.median(scan_ms), 1), "table_rows": table_rows(table)}
+
+
+def table_rows(table: str) -> int:
+    from psycopg2 import sql
+
+    from consumers.engine import db
+
+    conn = db.connect("tally-bench")
+    with conn.cursor() as cursor:
+        cursor.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table)))
+        count = cursor.fetchone()[0]
+    conn.close()
+    return count
 
 
 def report(args, results: dict) -> None:
