@@ -204,6 +204,9 @@ KAFKA_SASL_PASSWORD_FILE = env_str("KAFKA_SASL_PASSWORD_FILE", "")
 KAFKA_SASL_OAUTH_TOKEN_FILE = env_str("KAFKA_SASL_OAUTH_TOKEN_FILE", "")
 # More clusters: a TOML file with one [clusters.NAME] table each (docs/deploy.md).
 TALLY_KAFKA_CLUSTERS = env_str("TALLY_KAFKA_CLUSTERS", "")
+# The Python engine's Kafka client for pipelines that leave it to the worker (Pipeline.kafka_client empty):
+# kafka-python (the design's), or librdkafka (confluent-kafka, the extra tally[rdkafka]: decodes outside the GIL).
+TALLY_KAFKA_CLIENT = env_choice("TALLY_KAFKA_CLIENT", "kafka-python", ("kafka-python", "librdkafka"))
 
 # --- Redis / Celery ----------------------------------------------------------------------------------
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))

@@ -160,10 +160,28 @@ def database_url() -> str:
     return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
+KAFKA_CLIENTS = ["kafka-python", "librdkafka"]
+
+
+@pytest.fixture(params=KAFKA_CLIENTS)
+def kafka_client(request, monkeypatch):
+    """The engine's test matrix runs against both Kafka clients (consumers/engine/consumer.py): the worker's
+    default client (TALLY_KAFKA_CLIENT) is set here and in `subprocess_env`, so engines started in this process
+    and in child processes read with it."""
+    if request.param == "librdkafka":
+        pytest.importorskip("confluent_kafka", reason="the librdkafka client is the extra tally[rdkafka]")
+    monkeypatch.setattr(settings, "TALLY_KAFKA_CLIENT", request.param)
+    monkeypatch.setenv("TALLY_KAFKA_CLIENT", request.param)
+    return request.param
+
+
 @pytest.fixture
-def subprocess_env(db):
+def subprocess_env(db, request):
     """Environment for child processes (engines, workers) so they use this test's database and broker."""
+    if "kafka_client" in request.fixturenames:
+        request.getfixturevalue("kafka_client")   # set first: its client reaches the children too
     env = dict(os.environ)
+    env["TALLY_KAFKA_CLIENT"] = settings.TALLY_KAFKA_CLIENT
     env["DATABASE_URL"] = database_url()
     env["REDIS_URL"] = TEST_REDIS_URL
     env["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS

@@ -11,7 +11,7 @@ from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_the_engine_reads_with_the_pipelines_isolation_level_read_committed_by_d
 
     def recording(*args, **kwargs):
         consumer = real(*args, **kwargs)
-        levels.append(consumer.config["isolation_level"])
+        levels.append(consumer.isolation_level)
         return consumer
 
     monkeypatch.setattr(engine, "make_consumer", recording)

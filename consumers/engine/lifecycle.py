@@ -25,12 +25,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.utils import timezone
-from kafka import KafkaConsumer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 
 from consumers.engine import commit
+from consumers.engine.consumer import EngineConsumer, KafkaPythonConsumer
 from consumers.kafka import clusters
 from consumers.models import (
     ClusterStatus,
@@ -207,12 +205,13 @@ class KafkaPositions:
     asynchronously when the run's own consumer (polled by the run) commits. At-most-once: the position
     itself, committed before the write (the classic loss), so the batch is never written without it.
 
-    `consumer` is the run's own consumer, polled by the run so asynchronous commits complete; it joins no
-    group and commits as the group's simple consumer. An engine without one (Spark's driver) passes None and
-    a consumer is opened on first use.
+    `consumer` is the run's own consumer (either client: consumers/engine/consumer.py `EngineConsumer`),
+    polled by the run so asynchronous commits complete; it joins no group and commits as the group's simple
+    consumer. An engine without one (Spark's driver) passes None and a kafka-python consumer is opened on
+    first use.
     """
 
-    def __init__(self, pipeline: Pipeline, consumer: KafkaConsumer | None = None, *, client_id: str = ""):
+    def __init__(self, pipeline: Pipeline, consumer: EngineConsumer | None = None, *, client_id: str = ""):
         self.topic, self.group_id, self.cluster = pipeline.topic, pipeline.group_id, pipeline.cluster
         self.client_id = client_id or f"tally-{pipeline.name}"
         self.mode = pipeline.delivery_mode
@@ -255,25 +254,17 @@ class KafkaPositions:
         """True when the commit is known to have succeeded (or was sent); a failure is logged."""
         if not ends:
             return True
-        offsets = {TopicPartition(self.topic, p): OffsetAndMetadata(end, "", -1) for p, end in ends.items()}
         try:
             consumer = self._group_less() if self._consumer is None else self._consumer
-            if wait:
-                consumer.commit(offsets, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
-            else:
-                consumer.commit_async(offsets, callback=_log_async_commit_failure)
+            consumer.commit(ends, wait=wait)
         except Exception as exc:  # the caller decides whether a failed commit matters (before_write)
             log.warning("%s: Kafka offset commit %s failed: %s", self.group_id, ends, exc)
             return False
         return True
 
-    def _group_less(self) -> KafkaConsumer:
-        self._consumer = clusters.consumer(self.cluster, group_id=self.group_id, enable_auto_commit=False,
-                                           client_id=self.client_id, allow_auto_create_topics=False)
+    def _group_less(self) -> EngineConsumer:
+        self._consumer = KafkaPythonConsumer(
+            clusters.consumer(self.cluster, group_id=self.group_id, enable_auto_commit=False,
+                              client_id=self.client_id, allow_auto_create_topics=False), self.topic)
         return self._consumer
 
-
-def _log_async_commit_failure(offsets, response):
-    if isinstance(response, Exception):
-        log.warning("Kafka offset commit %s failed: %s",
-                    {tp.partition: meta.offset for tp, meta in offsets.items()}, response)

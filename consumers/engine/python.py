@@ -31,12 +31,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from django.conf import settings
 from django.utils import timezone
-from kafka import TopicPartition
 
 from consumers.engine import caught_up, commit, db, log_bounds, shares
-from consumers.engine.consumer import fetches_of_poll, make_consumer, records_by_partition
+from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
 from consumers.kafka import admin as kafka_admin
@@ -82,7 +80,7 @@ class _Engine:
         self.stop_when_caught_up, self.max_seconds = stop_when_caught_up, max_seconds
         self.faults, self.task_id = faults, task_id
         self.in_flight: Future | None = None
-        self.fetched: dict = {}  # TopicPartition -> the position the next poll's records come from
+        self.fetched: dict[int, int] = {}  # partition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0
         self.gaps = 0
         self.next_balance = 0.0
@@ -102,10 +100,12 @@ class _Engine:
             # A cluster that cannot be used ends the run within seconds, its reason naming the cluster and
             # the cause (TLS, authentication, unreachable), instead of a consumer retrying for minutes.
             cluster = clusters.preflight(self.pipeline.cluster)
-            self.consumer = make_consumer(self.pipeline.group_id, client_id=f"tally-{self.pipeline.name}",
+            self.consumer = make_consumer(self.pipeline.group_id, topic=self.target.topic,
+                                          client_id=f"tally-{self.pipeline.name}",
                                           reset_policy=self.pipeline.reset_policy,
                                           isolation_level=self.pipeline.isolation_level,
-                                          max_poll_records=self.batch_size, cluster=cluster)
+                                          max_poll_records=self.batch_size, cluster=cluster,
+                                          client=client_for(self.pipeline))
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             reason = self._loop()
         except RunEnded as ended:
@@ -134,8 +134,7 @@ class _Engine:
                 if self.stop_when_caught_up and self._caught_up():
                     return "caught_up"
                 continue
-            polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
-            batches = records_by_partition(polled)
+            batches = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
             busy = batches or fetches or self.stop_when_caught_up
             self.poll_timeout_ms = POLL_TIMEOUT_MS if busy else IDLE_POLL_TIMEOUT_MS
@@ -172,8 +171,7 @@ class _Engine:
             if self.kafka is not None:
                 self.kafka.finish(reason)
             try:
-                # close() does not call on_partitions_revoked; nothing is pending here, so nothing is lost.
-                self.consumer.close(autocommit=False, timeout_ms=5000)
+                self.consumer.close()
             except Exception as exc:
                 log.warning("%s: closing the Kafka consumer failed: %s", self.pipeline.name, exc)
         self.conn.close()
@@ -255,8 +253,8 @@ class _Engine:
                 self.stop.wait(POLL_TIMEOUT_MS / 1000)
                 return False
             self.next_balance = now + shares.BALANCE_INTERVAL_S
-            self._hold(shares.to_hold(self.consumer.partitions_for_topic(self.target.topic), members,
-                                      self.lifecycle.row.pk, {tp.partition for tp in self.consumer.assignment()}))
+            self._hold(shares.to_hold(self.consumer.partitions(), members, self.lifecycle.row.pk,
+                                      self.consumer.assignment()))
         if self.consumer.assignment():
             return True
         self.stop.wait(POLL_TIMEOUT_MS / 1000)
@@ -272,53 +270,53 @@ class _Engine:
         return True
 
     def _hold(self, partitions: set[int]) -> None:
-        held = {tp.partition for tp in self.consumer.assignment()}
+        held = self.consumer.assignment()
         if partitions == held:
             return
         self._drain()   # the batch in flight belongs to the old assignment: settle it first
         self.kafka.forget(held - partitions)   # its next holder commits it to Kafka from now on
-        new = [TopicPartition(self.target.topic, p) for p in sorted(partitions - held)]
-        self.consumer.assign([TopicPartition(self.target.topic, p) for p in sorted(partitions)])
+        new = sorted(partitions - held)
+        self.consumer.assign(partitions)
         if self.positions_from_db:
             self._seek_to_database(new)
         else:
             self._resume_from_kafka(new)
         log.info("%s: run %s holds %s (gave up %s)", self.pipeline.name, self.lifecycle.row.pk,
-                 {tp.partition: self.consumer.position(tp, timeout_ms=1000) for tp in new} or "nothing new",
+                 {p: self.consumer.position(p) for p in new} or "nothing new",
                  sorted(held - partitions) or "nothing")
         self._heartbeat(force=True)  # peers see the new holding at their next balance
 
-    def _resume_from_kafka(self, tps) -> None:
+    def _resume_from_kafka(self, partitions) -> None:
         """The classic modes: a partition this run takes resumes from the group's committed offset, which is
         also where the ledger goes on (it may sit on a marker, so the first record's offset would leave a hole
         outside the ledger). Without one, the consumer's reset policy decides, and the ledger starts at the
         first record read -- except for a partition added to the topic since the pipeline started (it has read
         others, never this one): its records were all produced since, so it is read from its start."""
         stored = None
-        for tp in tps:
-            self.fetched.pop(tp, None)
+        for p in partitions:
+            self.fetched.pop(p, None)
             try:
-                committed = self.consumer.committed(tp, timeout_ms=settings.KAFKA_REQUEST_TIMEOUT_MS)
+                committed = self.consumer.committed(p)
             except Exception as exc:
-                # kafka-python looks the committed offset up again before its first fetch; only the ledger's
+                # Both clients look the committed offset up again before their first fetch; only the ledger's
                 # start is then the first record read.
-                log.info("%s: committed offset of %s unknown: %s", self.pipeline.name, tp, exc)
+                log.info("%s: committed offset of partition %s unknown: %s", self.pipeline.name, p, exc)
                 continue
             if committed is not None:
-                self.consumer.seek(tp, committed)
-                self.fetched[tp] = committed
+                self.consumer.seek(p, committed)
+                self.fetched[p] = committed
                 continue
             if stored is None:
                 stored = commit.stored_positions(self.conn, self.pipeline.pk)
-            if stored and tp.partition not in stored:
-                self.consumer.seek_to_beginning(tp)
+            if stored and p not in stored:
+                self.consumer.seek_to_beginning(p)
 
-    def _seek_to_database(self, tps) -> None:
-        tps = [tp for tp in tps if tp in self.consumer.assignment()]
-        if not tps:
+    def _seek_to_database(self, partitions) -> None:
+        held = self.consumer.assignment()
+        partitions = sorted(p for p in partitions if p in held)
+        if not partitions:
             return
         stored = commit.stored_positions(self.conn, self.pipeline.pk)
-        partitions = sorted(tp.partition for tp in tps)
         marks = kafka_admin.watermarks(self.target.topic, None if not stored else partitions,
                                       cluster=self.pipeline.cluster)
         if not stored:
@@ -330,7 +328,7 @@ class _Engine:
         if missing:
             # Added while the pipeline ran: its records were produced since, so it is read from its start.
             stored = commit.ensure_positions(self.conn, self.pipeline.pk, {p: marks[p].log_start for p in missing})
-        wanted = {tp.partition: stored[tp.partition] for tp in tps}
+        wanted = {p: stored[p] for p in partitions}
         try:
             for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, wanted, marks):
                 log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
@@ -339,9 +337,9 @@ class _Engine:
         except commit.Fenced as exc:
             raise RunEnded("fenced", str(exc)) from None
         stored.update(wanted)
-        for tp in tps:
-            self.consumer.seek(tp, stored[tp.partition])
-            self.fetched[tp] = stored[tp.partition]
+        for p in partitions:
+            self.consumer.seek(p, stored[p])
+            self.fetched[p] = stored[p]
 
     def _caught_up(self) -> bool:
         """Every partition of the topic -- also those other (or dead) members hold -- has its stored
@@ -358,5 +356,4 @@ class _Engine:
 
     # --- heartbeat and fencing (consumers/engine/lifecycle.py) ----------------------------------------
     def _heartbeat(self, force: bool = False) -> None:
-        assignment = self.consumer.assignment() if self.consumer else ()
-        self.lifecycle.heartbeat((tp.partition for tp in assignment), force=force)
+        self.lifecycle.heartbeat(self.consumer.assignment() if self.consumer else (), force=force)

@@ -8,6 +8,8 @@
     with clusters.shared_admin(cluster) as client:   # the process's one admin client of the cluster, reused
     clusters.producer(cluster, acks="all")           # KafkaProducer
     clusters.client_kwargs(cluster)                  # only the connection keywords, for kafka-python
+    clusters.rdkafka_consumer(cluster, config)       # confluent-kafka Consumer (the rdkafka extra)
+    clusters.librdkafka_config(cluster)              # only the connection keys, for librdkafka
     clusters.preflight(cluster)                      # resolve, TLS, authenticate, metadata within seconds, or
                                                      # raise ClusterUnavailable naming the cluster, step and cause
     clusters.names() / clusters.all_clusters()       # "default" first, then the file's, by name
@@ -418,6 +420,60 @@ def admin(cluster: "Cluster | str | None" = None, **kwargs) -> KafkaAdminClient:
 
 def producer(cluster: "Cluster | str | None" = None, **kwargs) -> KafkaProducer:
     return KafkaProducer(**_config(cluster, {"client_id": "tally-producer"}, kwargs))
+
+
+# --- librdkafka (confluent-kafka, the optional extra `tally[rdkafka]`) -----------------------------------
+
+def librdkafka_config(cluster: "Cluster | str | None" = None) -> dict:
+    """librdkafka's connection keys for the cluster, the same settings as `client_kwargs`. They hold
+    secrets: never log or show them. OAUTHBEARER reads the token file at each refresh (`oauth_cb`)."""
+    cluster = get(cluster)
+    config = {"bootstrap.servers": ",".join(f"{host}:{port}" for host, port in cluster.servers),
+              "security.protocol": cluster.security_protocol.lower()}
+    if cluster.uses_tls:
+        # "probe": the system's CAs, as kafka-python's load_default_certs() (the wheel's OpenSSL has none).
+        config["ssl.ca.location"] = cluster.ssl_cafile or "probe"
+        config["ssl.endpoint.identification.algorithm"] = "https" if cluster.ssl_check_hostname else "none"
+        if cluster.ssl_certfile:
+            config["ssl.certificate.location"] = cluster.ssl_certfile
+            config["ssl.key.location"] = cluster.ssl_keyfile or cluster.ssl_certfile
+            if cluster.ssl_password:
+                config["ssl.key.password"] = cluster.ssl_password.reveal(cluster.name, "the ssl password")
+    if cluster.uses_sasl:
+        config["sasl.mechanisms"] = cluster.sasl_mechanism
+        if cluster.sasl_mechanism == "OAUTHBEARER":
+            config["oauth_cb"] = OAuthTokenCallback(cluster)
+        else:
+            config["sasl.username"] = cluster.sasl_username
+            config["sasl.password"] = cluster.sasl_password.reveal(cluster.name, "the SASL password")
+    return config
+
+
+class OAuthTokenCallback:
+    """librdkafka's oauth_cb: the token read from the cluster's file at each refresh (a sidecar rotates it).
+    The token's lifetime is not known from the file, so librdkafka is told TOKEN_REFRESH_S and refreshes at 80 %
+    of it; its repr names the file, never the token."""
+
+    TOKEN_REFRESH_S = 60
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def __repr__(self):
+        return f"<OAuthTokenCallback {self.cluster.name}: token from file {self.cluster.sasl_oauth_token_file}>"
+
+    def __call__(self, _oauthbearer_config):
+        token = FileTokenProvider(self.cluster).token()
+        # librdkafka wants a principal name; the broker takes the principal from the token.
+        return token, time.time() + self.TOKEN_REFRESH_S, "tally"
+
+
+def rdkafka_consumer(cluster: "Cluster | str | None", config: dict):
+    """A confluent-kafka Consumer with the cluster's connection settings; `config` holds librdkafka's other
+    keys and overrides none of the connection's."""
+    from confluent_kafka import Consumer
+
+    return Consumer({"socket.timeout.ms": _request_timeout_ms(), **config, **librdkafka_config(cluster)})
 
 
 # --- fast, clear failures -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from consumers.models.pipeline import (
     EndReason,
     Engine,
     IsolationLevel,
+    KafkaClient,
     LedgerSummary,
     LogTruncatedPolicy,
     PartitionOffset,
@@ -29,7 +30,7 @@ from consumers.models.watch import OFFSETS_LISTED, Watch, WatchFinding, WatchPar
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
     "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
-    "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset", "Pipeline",
-    "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "Status", "TopicCheckJob", "TopicCheckStatus",
-    "OFFSETS_LISTED", "Watch", "WatchFinding", "WatchPartition", "WatchRange", "error_text",
+    "KafkaClient", "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
+    "Pipeline", "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "Status", "TopicCheckJob",
+    "TopicCheckStatus", "OFFSETS_LISTED", "Watch", "WatchFinding", "WatchPartition", "WatchRange", "error_text",
 ]

@@ -75,6 +75,13 @@ class PipelineError(models.TextChoices):
         return error_text(f"{self.value}{f' ({qualifier})' if qualifier else ''}: {detail}")
 
 
+class KafkaClient(models.TextChoices):
+    """The Python engine's Kafka client (consumers/engine/consumer.py). Empty: the worker's TALLY_KAFKA_CLIENT."""
+    WORKER_DEFAULT = "", "the worker's default (TALLY_KAFKA_CLIENT)"
+    KAFKA_PYTHON = "kafka-python", "kafka-python"
+    LIBRDKAFKA = "librdkafka", "librdkafka (confluent-kafka)"
+
+
 class PipelineQuerySet(models.QuerySet):
     def set_error(self, kind: PipelineError, detail: str, qualifier: str = "", **changes) -> int:
         """Leave `kind`'s error on these pipelines (with `changes` to other fields in the same UPDATE)."""
@@ -123,6 +130,8 @@ class Pipeline(models.Model):
                                        default=IsolationLevel.READ_COMMITTED)
     on_log_truncated = models.CharField(max_length=10, choices=LogTruncatedPolicy.choices,
                                         default=LogTruncatedPolicy.STOP)
+    kafka_client = models.CharField(max_length=20, choices=KafkaClient.choices, default=KafkaClient.WORKER_DEFAULT,
+                                    blank=True)
     # `--transform json`: {column: source} where a column does not take the top-level field of its name
     # (consumers/engine/json_map.py). Upsert pipelines keep one row per key: written in place, deleted on a
     # tombstone when asked.
