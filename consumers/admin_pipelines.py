@@ -11,7 +11,7 @@ from consumers.operations.pipeline_setup import COLUMNS, MUTABLE_FIELDS, Invalid
 
 # Fields of the add form (the model's names).
 ADD_FIELDS = ("name", "cluster", "topic", "sink_table", "delivery_mode", "transform", "group_id", "engine",
-              "isolation_level", "on_log_truncated", "parallel_runs")
+              "isolation_level", "on_log_truncated", "parallel_runs", "kafka_client")
 # pipeline_setup names some fields differently from the model.
 SPEC_TO_MODEL = {"mode": "delivery_mode", "group": "group_id", **COLUMNS}
 # What a change may edit (pipeline_setup's rule), by the model's names.
@@ -38,6 +38,7 @@ class PipelineAdminForm(forms.ModelForm):
                             group=data.get("group_id") or "", engine=data["engine"],
                             isolation_level=data["isolation_level"], on_log_truncated=data["on_log_truncated"],
                             cluster=data["cluster"], runs=data["parallel_runs"],
+                            kafka_client=data.get("kafka_client") or "",
                             create_table=bool(data.get("create_table")))
 
     def clean(self):

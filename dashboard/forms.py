@@ -4,7 +4,7 @@ Validation turns bad input into clear messages before anything is read from Kafk
 from django import forms
 
 from consumers.engine import json_map
-from consumers.models import IsolationLevel, LogTruncatedPolicy
+from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, Refused, parse_spec
@@ -116,6 +116,10 @@ class PipelineForm(forms.Form):
         initial=1, required=False, label="Runs",
         help_text="Engine processes running the pipeline at once; they split its partitions and are supervised as "
                   "one (python engine). Empty: 1.")
+    kafka_client = forms.ChoiceField(
+        choices=KafkaClient.choices, initial=KafkaClient.WORKER_DEFAULT, required=False, label="Kafka client",
+        help_text="The python engine's Kafka client: librdkafka (confluent-kafka) decodes records outside Python's "
+                  "lock, so one pipeline reads faster; kafka-python is the default.")
     create_table = forms.BooleanField(required=False, label="Create the sink table if it is missing")
     map = forms.CharField(
         required=False, label="Mapping (transform json)", max_length=20_000,

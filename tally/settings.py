@@ -206,7 +206,7 @@ KAFKA_SASL_OAUTH_TOKEN_FILE = env_str("KAFKA_SASL_OAUTH_TOKEN_FILE", "")
 TALLY_KAFKA_CLUSTERS = env_str("TALLY_KAFKA_CLUSTERS", "")
 # The Python engine's Kafka client for pipelines that leave it to the worker (Pipeline.kafka_client empty):
 # kafka-python (the design's), or librdkafka (confluent-kafka, the extra tally[rdkafka]: decodes outside the GIL).
-TALLY_KAFKA_CLIENT = env_choice("TALLY_KAFKA_CLIENT", "kafka-python", ("kafka-python", "librdkafka"))
+TALLY_KAFKA_CLIENT = env_choice("TALLY_KAFKA_CLIENT", "KAFKA-PYTHON", ("KAFKA-PYTHON", "LIBRDKAFKA")).lower()
 
 # --- Redis / Celery ----------------------------------------------------------------------------------
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))

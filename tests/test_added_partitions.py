@@ -13,7 +13,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
 
 def test_a_partition_added_since_the_pipeline_started_is_read_from_its_start(transactional_db, kafka_bootstrap,

@@ -23,7 +23,7 @@ from tests.chaos import (
 from tests.conftest import drop_sink_tables
 from tests.waiting import patience
 
-pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.usefixtures("kafka_client")]
 
 BATCH = ["--batch-size", "10"]
 UNTIL_CAUGHT_UP = [*BATCH, "--stop-when-caught-up", "--max-seconds", "120"]

@@ -21,7 +21,7 @@ from tests.chaos import produce_values, sink_counts, wait_for
 from tests.conftest import ROOT, drop_sink_tables
 from tests.waiting import patience
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
 
 @pytest.fixture

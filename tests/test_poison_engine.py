@@ -17,7 +17,7 @@ from tests.chaos import produce_values, sink_counts
 from tests.conftest import drop_sink_tables
 from tests.views_helpers import make_viewer
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
 OVERFLOW = "99999999999999999999"
 

@@ -13,7 +13,7 @@ from tests.chaos import EngineProcess, ledger_batches, run_killed_at, run_until_
 from tests.conftest import drop_sink_tables
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
-pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.usefixtures("kafka_client")]
 
 UNTIL_CAUGHT_UP = ["--batch-size", "7", "--stop-when-caught-up", "--max-seconds", "120"]
 

@@ -10,6 +10,7 @@
     isolation_level = "read_committed"     # the default; or read_uncommitted (python engine only)
     on_log_truncated = "stop"              # the default; or skip (records deleted before they were read)
     runs = 2                               # engine processes sharing the partitions (default 1; python engine)
+    kafka_client = "librdkafka"            # or kafka-python; left out: the worker's TALLY_KAFKA_CLIENT
     create_table = true                    # create the sink table when it is missing
     cluster = "prod"                       # optional: a Kafka cluster from TALLY_KAFKA_CLUSTERS (default)
     # transform = "json": JSON fields onto the existing table's columns, by its types
@@ -20,7 +21,8 @@
 Every pipeline of the file is validated (consumers/operations/pipeline_setup.py) before anything changes; then all
 creations and changes commit in one transaction. Applying the same file twice changes nothing. A setting
 left out takes its default, also for an existing pipeline: the file says the whole pipeline. Of an existing
-pipeline only transform, map, engine, isolation_level, on_log_truncated and runs may change, while it is stopped.
+pipeline only transform, map, engine, isolation_level, on_log_truncated, runs and kafka_client may change, while it
+is stopped.
 Pipelines that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
 import tomllib
@@ -59,7 +61,8 @@ class Plan:
 def _settings(spec: PipelineSpec) -> str:
     """Mode and transform, and the reading settings that are not the defaults."""
     defaults = PipelineSpec(name="", topic="", sink_table="")
-    extra = [f"{name} {getattr(spec, name)}" for name in ("isolation_level", "on_log_truncated", "runs")
+    extra = [f"{name} {getattr(spec, name)}" for name in ("isolation_level", "on_log_truncated", "runs",
+                                                                  "kafka_client")
              if getattr(spec, name) != getattr(defaults, name)]
     return ", ".join([spec.mode, f"transform {spec.transform}", *extra])
 

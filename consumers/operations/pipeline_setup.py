@@ -10,7 +10,8 @@ What a spec must satisfy before anything is written:
      a known isolation level (read_committed, the default, or read_uncommitted: python engine only) and
      policy for a log truncated past the stored position (stop, the default, or skip);
      a number of runs (processes sharing the partitions) from 1 to TALLY_MAX_RUNS_PER_PIPELINE, python engine
-     only for more than one;
+     only for more than one; a known Kafka client (empty: the worker's TALLY_KAFKA_CLIENT; kafka-python; or
+     librdkafka: python engine only, and the extra tally[rdkafka] installed);
   3. the topic exists in Kafka (asked last, and only when nothing else is wrong: Kafka may be slow to answer);
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
@@ -40,6 +41,7 @@ from consumers.models import (
     DesiredState,
     Engine,
     IsolationLevel,
+    KafkaClient,
     LogTruncatedPolicy,
     Pipeline,
 )
@@ -51,10 +53,10 @@ DELIVERY_MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": De
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
 # Fields of an existing pipeline that `apply` may change (while it is stopped); the others define its data and
 # history. Isolation and the truncation policy say how the log is read from the stored positions on.
-MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated", "runs", "map")
+MUTABLE_FIELDS = ("transform", "engine", "isolation_level", "on_log_truncated", "runs", "map", "kafka_client")
 # Every setting a spec compares, stores and describes (besides the name).
 SETTINGS = ("cluster", "topic", "sink_table", "mode", "transform", "group_id", "engine", "isolation_level",
-            "on_log_truncated", "runs", "map", "upsert_key", "delete_on_tombstone")
+            "on_log_truncated", "runs", "map", "upsert_key", "delete_on_tombstone", "kafka_client")
 # Spec settings stored under another name on Pipeline (`runs` there is the reverse relation to its ConsumerRuns).
 COLUMNS = {"runs": "parallel_runs", "map": "json_map"}
 
@@ -84,6 +86,7 @@ class PipelineSpec:
     map: dict = field(default_factory=dict)       # --transform json: {column: source}
     upsert_key: list = field(default_factory=list)  # columns of the key: one row per key, kept current
     delete_on_tombstone: bool = False
+    kafka_client: str = KafkaClient.WORKER_DEFAULT   # the python engine's client; empty: TALLY_KAFKA_CLIENT
     extra: dict = field(default_factory=dict)   # unknown keys (from a file): refused by validate()
 
     def __post_init__(self):
@@ -113,7 +116,7 @@ class PipelineSpec:
                    group=pipeline.group_id, engine=pipeline.engine, isolation_level=pipeline.isolation_level,
                    on_log_truncated=pipeline.on_log_truncated, cluster=pipeline.cluster, runs=pipeline.parallel_runs,
                    map=dict(pipeline.json_map or {}), upsert_key=list(pipeline.upsert_key or []),
-                   delete_on_tombstone=pipeline.delete_on_tombstone)
+                   delete_on_tombstone=pipeline.delete_on_tombstone, kafka_client=pipeline.kafka_client)
 
 
 def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transform:
@@ -122,8 +125,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     problems: dict[str, str] = {}
     for key in spec.extra:
         problems[key] = (f"unknown setting {key!r}: use name, topic, sink_table, mode, transform, group, engine, "
-                         f"isolation_level, on_log_truncated, cluster, runs, create_table, map, upsert_key or "
-                         f"delete_on_tombstone")
+                         f"isolation_level, on_log_truncated, cluster, runs, create_table, map, upsert_key, "
+                         f"delete_on_tombstone or kafka_client")
     _check_scalars(spec, problems)
     if not NAME_PATTERN.match(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
@@ -172,7 +175,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
 
 def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
     for name in ("name", "topic", "sink_table", "mode", "transform", "group", "engine", "isolation_level",
-                 "on_log_truncated", "cluster"):
+                 "on_log_truncated", "cluster", "kafka_client"):
         if not isinstance(getattr(spec, name), str):
             problems[name] = f"must be text, got {type(getattr(spec, name)).__name__}"
             setattr(spec, name, "")
@@ -215,10 +218,29 @@ def _check_reading(spec: PipelineSpec, problems: dict) -> None:
         elif spec.runs > 1 and spec.engine == Engine.SPARK:
             problems["runs"] = ("the spark engine runs one driver per pipeline and spreads the work over its "
                                 "executors: use runs = 1, or the python engine")
+    if "kafka_client" not in problems:
+        problem = _kafka_client_problem(spec)
+        if problem:
+            problems["kafka_client"] = problem
     if "on_log_truncated" not in problems and spec.on_log_truncated not in LogTruncatedPolicy.values:
         problems["on_log_truncated"] = (f"unknown policy {spec.on_log_truncated!r} for a log truncated past the "
                                         "stored position: use stop (the default: the run stops and says why) or "
                                         "skip (skip the lost records, note them in the ledger, alert)")
+
+
+def _kafka_client_problem(spec: PipelineSpec) -> str:
+    if spec.kafka_client not in KafkaClient.values:
+        return (f"unknown Kafka client {spec.kafka_client!r}: use kafka-python, librdkafka, or leave it empty for the "
+                f"worker's default (TALLY_KAFKA_CLIENT, now {settings.TALLY_KAFKA_CLIENT})")
+    if spec.kafka_client != KafkaClient.LIBRDKAFKA:
+        return ""
+    if spec.engine == Engine.SPARK:
+        return "the spark engine reads Kafka with its own source: use the python engine for librdkafka"
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return "librdkafka needs the confluent-kafka package: pip install 'tally[rdkafka]' (or choose kafka-python)"
+    return ""
 
 
 def _compile_json(spec: PipelineSpec, problems: dict) -> Transform | None:
@@ -341,7 +363,7 @@ def create(spec: PipelineSpec, actor: str = "cli") -> Pipeline:
             isolation_level=spec.isolation_level, on_log_truncated=spec.on_log_truncated,
             cluster=spec.cluster or clusters.DEFAULT, parallel_runs=spec.runs,
             json_map=spec.map, upsert_key=spec.upsert_key, delete_on_tombstone=spec.delete_on_tombstone,
-            desired_state=DesiredState.STOPPED)
+            kafka_client=spec.kafka_client, desired_state=DesiredState.STOPPED)
         if spec.create_table:
             with connection.cursor() as cursor:
                 sinks.ensure_sink_table(cursor, spec.sink_table, transform, pipeline.is_exactly_once)
@@ -422,7 +444,8 @@ def describe(spec: PipelineSpec) -> dict:
     return {"topic": spec.topic, "sink_table": spec.sink_table, "mode": spec.mode, "transform": spec.transform,
             "group": spec.group_id, "engine": spec.engine, "isolation_level": spec.isolation_level,
             "on_log_truncated": spec.on_log_truncated, "cluster": spec.cluster, "runs": spec.runs, "map": spec.map,
-            "upsert_key": spec.upsert_key, "delete_on_tombstone": spec.delete_on_tombstone}
+            "upsert_key": spec.upsert_key, "delete_on_tombstone": spec.delete_on_tombstone,
+            "kafka_client": spec.kafka_client}
 
 
 def _log_action(pipeline: Pipeline, action: str, actor: str, params: dict, message: str) -> None:

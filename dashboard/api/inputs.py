@@ -207,6 +207,7 @@ class PipelineInput(StrictSerializer):
     upsert_key = serializers.ListField(child=StrictStringField(max_length=63), required=False, default=list,
                                        max_length=32)
     delete_on_tombstone = StrictBooleanField(required=False, default=False)
+    kafka_client = StrictStringField(max_length=20, required=False, default="", allow_blank=True)
 
     def validate_map(self, value):
         if len(value) > MAX_MAPPED_COLUMNS:

@@ -167,7 +167,7 @@ def pipeline_detail(request, name):
     data.update(
         transform=pipeline.transform, batch_size=pipeline.batch_size, isolation_level=pipeline.isolation_level,
         on_log_truncated=pipeline.on_log_truncated, parallel_runs=pipeline.parallel_runs,
-        waiting_for_worker=pipeline.waiting_for_worker(),
+        kafka_client=pipeline.kafka_client, waiting_for_worker=pipeline.waiting_for_worker(),
         map=pipeline.json_map, upsert_key=pipeline.upsert_key,
         delete_on_tombstone=pipeline.delete_on_tombstone,
         partitions=[p.as_json() for p in partitions],

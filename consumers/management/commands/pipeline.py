@@ -58,6 +58,9 @@ class Command(BaseCommand):
         create.add_argument("--runs", type=int, default=1, metavar="N",
                             help="Run the pipeline in N engine processes at once, which split its partitions and "
                                  "are supervised as one (python engine; default 1).")
+        create.add_argument("--kafka-client", default="", metavar="kafka-python|librdkafka",
+                            help="The python engine's Kafka client: kafka-python, or librdkafka (the extra "
+                                 "tally[rdkafka]: decodes outside the GIL). Default: the worker's TALLY_KAFKA_CLIENT.")
         create.add_argument("--create-table", action="store_true", help="Create the sink table if it is missing.")
         create.add_argument("--cluster", default="default",
                             help="The Kafka cluster of the topic: default (KAFKA_* settings) or a name from the "
@@ -95,7 +98,8 @@ class Command(BaseCommand):
         getattr(self, f"do_{command}")(actor=actor, **options)
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
-                  on_log_truncated, create_table, cluster, runs, map, upsert_key, delete_on_tombstone, **options):
+                  on_log_truncated, create_table, cluster, runs, map, upsert_key, delete_on_tombstone, kafka_client,
+                  **options):
         try:
             mapping = json_map.parse_map_options(map)
         except ValueError as exc:
@@ -103,7 +107,8 @@ class Command(BaseCommand):
         spec = PipelineSpec(name=name, topic=topic, sink_table=sink_table, mode=mode, transform=transform,
                             group=group, engine=engine, isolation_level=isolation_level,
                             on_log_truncated=on_log_truncated, runs=runs, create_table=create_table, cluster=cluster,
-                            map=mapping, upsert_key=upsert_key, delete_on_tombstone=delete_on_tombstone)
+                            map=mapping, upsert_key=upsert_key, delete_on_tombstone=delete_on_tombstone,
+                            kafka_client=kafka_client)
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
@@ -159,7 +164,7 @@ def as_dict(pipeline: Pipeline) -> dict:
             "engine": pipeline.engine, "isolation_level": pipeline.isolation_level,
             "on_log_truncated": pipeline.on_log_truncated, "runs": pipeline.parallel_runs,
             "map": pipeline.json_map, "upsert_key": pipeline.upsert_key,
-            "delete_on_tombstone": pipeline.delete_on_tombstone,
+            "delete_on_tombstone": pipeline.delete_on_tombstone, "kafka_client": pipeline.kafka_client,
             "desired_state": pipeline.desired_state, "epoch": pipeline.epoch, "cluster": pipeline.cluster}
 
 
