@@ -17,6 +17,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from consumers.engine import caught_up
 from consumers.engine import spark as spark_engine
 from consumers.engine.pipelines import create_pipeline
+from consumers.engine.rdkafka import RdKafkaConsumer
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, PartitionOffset, ResetPolicy, RunState
 from consumers.reconciliation.reconcile import reconcile_pipeline
@@ -25,7 +26,7 @@ from tests.conftest import drop_sink_tables
 from tests.test_engine import in_thread
 from tests.waiting import patience, wait_for
 
-pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
+pytestmark = [pytest.mark.kafka]
 
 NEW = 1  # the partition that appears mid-run
 
@@ -46,6 +47,13 @@ def hidden_partition(monkeypatch):
         return marks if revealed.is_set() else {p: m for p, m in marks.items() if p != NEW}
 
     monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", visible_partitions)
+    partitions = RdKafkaConsumer.partitions
+
+    def visible_rdkafka_partitions(self):   # the librdkafka client's view of the topic
+        found = partitions(self)
+        return found if revealed.is_set() or found is None else {p for p in found if p != NEW}
+
+    monkeypatch.setattr(RdKafkaConsumer, "partitions", visible_rdkafka_partitions)
     monkeypatch.setattr(kafka_admin, "watermarks", visible_watermarks)
     return revealed
 
@@ -60,7 +68,8 @@ def produce(bootstrap, topic, values, partition):
 
 @pytest.mark.parametrize("mode", [DeliveryMode.EXACTLY_ONCE, DeliveryMode.AT_LEAST_ONCE, DeliveryMode.AT_MOST_ONCE])
 def test_a_partition_that_appears_while_a_run_reads_is_read_from_its_start(transactional_db, kafka_bootstrap,
-                                                                            make_topic, hidden_partition, mode):
+                                                                            make_topic, hidden_partition, mode,
+                                                                            kafka_client):
     topic = make_topic("grow", partitions=2)
     pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), "int_value", mode,
                                batch_size=10, reset_policy=ResetPolicy.LATEST)

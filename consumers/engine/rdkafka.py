@@ -8,8 +8,9 @@ Same protocol as kafka-python (consumers/engine/consumer.py `EngineConsumer`), w
 - A partition is handed to librdkafka only once the engine has said where it starts: `assign()` notes the
   partitions, `seek()` (the database's next_offset, or Kafka's committed offset) assigns each at its offset
   (`incremental_assign`, since librdkafka refuses a seek on a partition it is not fetching yet). One the engine
-  did not seek starts, at the next poll, from the group's committed offset, else from the reset policy: as
-  kafka-python does.
+  did not seek starts from the group's committed offset, else from the reset policy, resolved when its position
+  is first asked or at the next poll, whichever is first: as kafka-python does (a position resolved later, by
+  librdkafka itself, would make "latest" skip records produced in between).
 - `position()` is librdkafka's: past transaction markers and aborted records even when the poll returned none
   of them; invalid (None here) right after a seek, until the partition is fetched again.
 - `consume()` returns at `max_records` or at the timeout, whichever comes first.
@@ -50,7 +51,7 @@ class RdKafkaConsumer:
                  isolation_level: str = "read_committed", cluster=None):
         ck = _import()
         self._ck, self._TP = ck, ck.TopicPartition
-        self.topic, self.isolation_level = topic, isolation_level
+        self.topic, self.isolation_level, self.reset_policy = topic, isolation_level, reset_policy
         self._held: set[int] = set()      # what the engine assign()ed
         self._waiting: set[int] = set()   # assign()ed, not yet given to librdkafka (no seek yet)
         self._last_error_log = 0.0
@@ -105,8 +106,10 @@ class RdKafkaConsumer:
         self.seek(partition, OFFSET_BEGINNING)
 
     def position(self, partition: int) -> int | None:
-        if partition not in self._held or partition in self._waiting:
+        if partition not in self._held:
             return None
+        if partition in self._waiting:
+            return self._start([partition]).get(partition)
         offset = self.consumer.position([self._TP(self.topic, partition)])[0].offset
         return offset if offset >= 0 else None
 
@@ -131,9 +134,7 @@ class RdKafkaConsumer:
     # --- records ------------------------------------------------------------------------------------
     def poll(self, timeout_ms: int, max_records: int) -> dict[int, list]:
         if self._waiting:
-            # Never sought: the group's committed offset, else the reset policy (as kafka-python).
-            self.consumer.incremental_assign([self._TP(self.topic, p, OFFSET_STORED) for p in sorted(self._waiting)])
-            self._waiting.clear()
+            self._start(sorted(self._waiting))
         messages = self.consumer.consume(max_records, timeout_ms / 1000)
         batches: dict[int, list] = {}
         record = SourceRecord
@@ -147,6 +148,23 @@ class RdKafkaConsumer:
                 records = batches[partition] = []
             records.append(record(partition, m.offset(), m.key(), m.value(), m.timestamp()[1], m.headers() or ()))
         return batches
+
+    def _start(self, partitions: list[int]) -> dict[int, int]:
+        """Partitions assigned and never sought: from the group's committed offset, else the reset policy,
+        resolved now. Returns the offsets resolved."""
+        starts = {}
+        for p in partitions:
+            offset = self.committed(p)
+            if offset is None and self.reset_policy in ("earliest", "latest"):
+                low, high = self.consumer.get_watermark_offsets(self._TP(self.topic, p),
+                                                                timeout=settings.KAFKA_REQUEST_TIMEOUT_MS / 1000)
+                offset = low if self.reset_policy == "earliest" else high
+            if offset is not None:
+                starts[p] = offset
+        # "none" without a committed offset: librdkafka's own error at the first fetch ends the run.
+        self.consumer.incremental_assign([self._TP(self.topic, p, starts.get(p, OFFSET_STORED)) for p in partitions])
+        self._waiting.difference_update(partitions)
+        return starts
 
     def _message_error(self, message) -> None:
         error = message.error()
