@@ -13,7 +13,10 @@ Same protocol as kafka-python (consumers/engine/consumer.py `EngineConsumer`), w
   librdkafka itself, would make "latest" skip records produced in between).
 - `position()` is librdkafka's: past transaction markers and aborted records even when the poll returned none
   of them; invalid (None here) right after a seek, until the partition is fetched again.
-- `consume()` returns at `max_records` or at the timeout, whichever comes first.
+- A poll returns as soon as a record is there, as kafka-python's does: librdkafka's `consume(n, timeout)` waits
+  for n records or the whole timeout, so the poll waits for one (`poll`), then takes what is fetched already
+  (`consume(n - 1, 0)`). An idle run still wakes once per timeout; a busy one gets full batches from the
+  prefetched queue.
 """
 import logging
 import time
@@ -135,7 +138,12 @@ class RdKafkaConsumer:
     def poll(self, timeout_ms: int, max_records: int) -> dict[int, list]:
         if self._waiting:
             self._start(sorted(self._waiting))
-        messages = self.consumer.consume(max_records, timeout_ms / 1000)
+        first = self.consumer.poll(timeout_ms / 1000)
+        if first is None:
+            return {}
+        messages = [first]
+        if max_records > 1:
+            messages += self.consumer.consume(max_records - 1, 0)
         batches: dict[int, list] = {}
         record = SourceRecord
         for m in messages:
