@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, verify  # noqa: F401 (fixture)
 from tests.waiting import patience
 
-pytestmark = [pytest.mark.chaos, pytest.mark.usefixtures("kafka_client")]
+pytestmark = [pytest.mark.chaos]
 
 RECORDS = 20
 BAD = {2: "x3", 5: "6!", 6: "?7", 11: "1 2", 15: "junk", 19: "2-0"}   # lenient_int fixes all but "junk"
