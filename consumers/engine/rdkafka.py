@@ -70,6 +70,9 @@ class RdKafkaConsumer:
             # Partitions added to the topic are noticed within this, as with kafka-python.
             "topic.metadata.refresh.interval.ms": 10_000,
             "fetch.wait.max.ms": 1000,
+            # Prefetched records held per consumer: librdkafka's default is 64 MiB; a worker hosts many runs, and a
+            # batch of 20,000 small records is a few MiB.
+            "queued.max.messages.kbytes": 16384,
             "socket.timeout.ms": settings.KAFKA_REQUEST_TIMEOUT_MS,
             "on_commit": self._on_commit, "error_cb": self._on_error,
             "logger": logging.getLogger("tally.rdkafka"),
