@@ -10,7 +10,7 @@ from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
-from consumers.models import ActionLog, ClusterStatus, ConsumerRun
+from consumers.models import ActionLog, ClusterStatus, ConsumerRun, Pipeline
 from consumers.operations import groups
 from tests.chaos import sink_counts
 from tests.commands import run_command
@@ -138,18 +138,23 @@ def test_plain_and_mutual_tls_with_an_encrypted_client_key_pass_the_check(transa
     assert code == 0 and "mechanism    TLS client certificate" in out
 
 
-@pytest.fixture
-def secure_topic(clusters_file):
-    """A topic on the secure cluster holding values 1..40 over two partitions, produced through TLS + SCRAM."""
+def topic_with_values(cluster: str) -> str:
+    """A topic on `cluster` holding values 1..40 over two partitions, produced through its TLS and SASL."""
     topic = f"secure-{uuid.uuid4().hex[:8]}"
-    with kafka_admin.admin_session("secure") as admin:
+    with kafka_admin.admin_session(cluster) as admin:
         admin.create_topics([NewTopic(topic, 2, 1)])
-    producer = clusters.producer("secure", acks="all")
+    producer = clusters.producer(cluster, acks="all")
     for value in range(1, 41):
         producer.send(topic, str(value).encode(), partition=value % 2)
     producer.flush(timeout=30)
     producer.close(timeout=5)
     return topic
+
+
+@pytest.fixture
+def secure_topic(clusters_file):
+    """A topic on the secure cluster holding values 1..40 over two partitions, produced through TLS + SCRAM."""
+    return topic_with_values("secure")
 
 
 @pytest.fixture
@@ -318,3 +323,26 @@ def test_a_dead_letter_replay_from_kafka_rereads_through_tls_and_scram(clusters_
     assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 7)}
     assert set(DeadLetterReplay.objects.values_list("source", flat=True)) == {"kafka"}
     assert len(secure_broker.forwarder.authenticated) > before
+
+
+@pytest.mark.parametrize(("cluster", "mechanism"), [("secure", "SCRAM-SHA-256"), ("oauth", "OAUTHBEARER"),
+                                                    ("mtls", None)])
+def test_a_librdkafka_pipeline_reads_through_tls_scram_oauthbearer_and_mutual_tls(clusters_file, made_pipelines,
+                                                                                  secure_broker, cluster, mechanism,
+                                                                                  caplog):
+    """The librdkafka client takes the same Cluster through clusters.librdkafka_config: the run authenticates
+    with librdkafka's own TLS and SASL (OAUTHBEARER's token from its file), writes each value once, and logs no
+    secret."""
+    pytest.importorskip("confluent_kafka")
+    topic = topic_with_values(cluster)   # the mutual-TLS forwarder fronts a broker of its own
+    pipeline = create_pipeline(f"rdk-{topic}", topic, f"sink_rdk_{topic}".replace("-", "_"), cluster=cluster,
+                               batch_size=7)
+    Pipeline.objects.filter(pk=pipeline.pk).update(kafka_client="librdkafka")
+    made_pipelines.append(pipeline.sink_table)
+    before = list(secure_broker.forwarder.authenticated)
+    result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60)
+    assert result.reason == "caught_up", result.detail
+    assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 41)}
+    if mechanism:
+        assert ("tally", mechanism) in secure_broker.forwarder.authenticated[len(before):]
+    assert PASSWORD not in caplog.text and KEY_PASSWORD not in caplog.text
