@@ -6,6 +6,8 @@
                     [customer.name], amount numeric(12,2), ordered_at timestamptz [at], meta jsonb, channel text
                     [meta.source]): a nested path, a numeric, a timestamptz and a jsonb column
     json_pipeline_2p  the same pipeline in two processes (`run_pipeline --processes 2`), with --processes 2
+    json_pipeline_rdkafka  the same pipeline, one process, with kafka_client = librdkafka (it fetches and decodes in
+                    C threads, outside the GIL), with --rdkafka
   Part 2, keyed tables: M records with random keys out of 1,000,000 into tables that already hold 1,000,000 rows
     append          the json pipeline appending (one row per record)
     upsert          the same records with --upsert-key order_id (INSERT ... ON CONFLICT DO UPDATE), every key present
@@ -14,7 +16,7 @@
 
 Usage (from the project root; starts its own embedded broker, uses database tally_bench_json):
   .venv/bin/python bench/bench_json.py [--records 200000] [--keyed-records 200000] [--keys 1000000]
-        [--partitions 3] [--batch-size 20000] [--repeat 3] [--processes 2] [--json results.json]
+        [--partitions 3] [--batch-size 20000] [--repeat 3] [--processes 2] [--rdkafka] [--json results.json]
 Throughput is records / (first record received -> last record written). Each round runs every mode once, in a
 rotated order; ratios are taken within a round and the median over rounds is reported, with the range.
 """
@@ -50,6 +52,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--processes", type=int, default=0, help="also run the json pipeline in N processes")
+    parser.add_argument("--rdkafka", action="store_true", help="also the json pipeline with the librdkafka client")
     parser.add_argument("--only", choices=["mapping", "keyed"], help="run one part")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -166,12 +169,13 @@ def fresh_table(table: str, unique_key: bool, fill_keys: int = 0) -> None:
 
 
 def json_pipeline(name: str, topic: str, table: str, records: int, batch_size: int, upsert: bool = False,
-                  processes: int = 0) -> float:
+                  processes: int = 0, kafka_client: str = "") -> float:
     from consumers.models import Pipeline
 
     Pipeline.objects.filter(name=name).delete()
     Pipeline.objects.create(name=name, topic=topic, sink_table=table, transform="json", json_map=MAPPING,
-                            batch_size=batch_size, upsert_key=["order_id"] if upsert else [])
+                            batch_size=batch_size, upsert_key=["order_id"] if upsert else [],
+                            **({"kafka_client": kafka_client} if kafka_client else {}))
     if processes > 1:
         import subprocess
 
@@ -209,15 +213,18 @@ def mapping_part(args) -> dict:
     produce(topic, ((None, order(i, i)) for i in range(args.records)), args.partitions)
     table = "bench_json_orders"
 
-    def pipeline(number, processes=0):
+    def pipeline(number, processes=0, kafka_client=""):
         fresh_table(table, unique_key=False)
-        return args.records / json_pipeline(f"{topic}-r{number}-{processes}p", topic, table, args.records,
-                                            args.batch_size, processes=processes)
+        return args.records / json_pipeline(f"{topic}-r{number}-{processes}p{kafka_client[:3]}", topic, table,
+                                            args.records, args.batch_size, processes=processes,
+                                            kafka_client=kafka_client)
 
     modes = {"bare_json": lambda n: args.records / bare_json(topic, args.records, args.batch_size),
              "json_pipeline": pipeline}
     if args.processes > 1:
         modes[f"json_pipeline_{args.processes}p"] = lambda n: pipeline(n, args.processes)
+    if args.rdkafka:
+        modes["json_pipeline_rdkafka"] = lambda n: pipeline(n, kafka_client="librdkafka")
     return {"base": "bare_json", "rounds": rounds_of(args, modes)}
 
 
