@@ -33,6 +33,9 @@ log = logging.getLogger("tally.engine")
 OFFSET_BEGINNING, OFFSET_STORED = -2, -1000
 RESET_POLICIES = {"earliest": "earliest", "latest": "latest", "none": "error"}
 ERROR_LOG_INTERVAL_S = 10.0
+# The topic's partitions are asked of the broker at most this often (a Metadata request each time; kafka-python
+# answers from metadata it refreshes as often): a run balances every second, and a worker hosts hundreds of runs.
+PARTITIONS_MAX_AGE_S = 10.0
 
 
 class RdKafkaError(RuntimeError):
@@ -58,6 +61,7 @@ class RdKafkaConsumer:
         self._held: set[int] = set()      # what the engine assign()ed
         self._waiting: set[int] = set()   # assign()ed, not yet given to librdkafka (no seek yet)
         self._last_error_log = 0.0
+        self._partitions: tuple[float, set[int]] | None = None   # (when asked, the topic's partitions)
         config = {
             "group.id": group_id, "client.id": client_id,
             "enable.auto.commit": False, "enable.auto.offset.store": False,
@@ -131,10 +135,14 @@ class RdKafkaConsumer:
         return high if high >= 0 else None
 
     def partitions(self) -> set[int] | None:
+        now = time.monotonic()
+        if self._partitions is not None and now - self._partitions[0] < PARTITIONS_MAX_AGE_S:
+            return set(self._partitions[1])
         metadata = self.consumer.list_topics(self.topic, timeout=settings.KAFKA_REQUEST_TIMEOUT_MS / 1000)
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             return None
+        self._partitions = (now, set(topic.partitions))
         return set(topic.partitions)
 
     # --- records ------------------------------------------------------------------------------------
