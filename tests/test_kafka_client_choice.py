@@ -36,7 +36,7 @@ def test_the_worker_default_applies_unless_the_pipeline_chooses(settings):
     assert engine_consumer.client_for(Pipeline(kafka_client="kafka-python")) == "kafka-python"
 
 
-def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table):
+def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table, operator_api):
     code, out, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
                                  "--kafka-client", "librdkafka", "--json")
     assert (code, err) == (0, "") and json.loads(out)["kafka_client"] == "librdkafka"
@@ -44,6 +44,9 @@ def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table):
     assert ActionLog.objects.get(action="create").params["kafka_client"] == "librdkafka"
     code, out, _ = run_command(capsys, "show", "orders")
     assert "kafka_client:      librdkafka" in out
+    page = operator_api.get("/pipelines/orders/").content.decode()
+    assert 'Kafka client <b id="kafka-client">librdkafka</b>' in page
+    assert json.loads(operator_api.get("/api/pipelines/orders/").content)["kafka_client"] == "librdkafka"
 
 
 def test_every_door_refuses_an_unknown_client_and_librdkafka_on_spark_with_one_message(capsys, topic, table,
