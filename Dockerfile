@@ -15,8 +15,7 @@ COPY alerts alerts
 COPY consumers consumers
 # rdkafka (confluent-kafka, one wheel) in both images: workers may run librdkafka pipelines, and the web app's doors
 # check that the client a pipeline chooses is installed.
-RUN if [ "$WITH_SPARK" = "true" ]; then pip install --no-cache-dir ".[spark,rdkafka]"; \
-    else pip install --no-cache-dir ".[rdkafka]"; fi
+RUN if [ "$WITH_SPARK" = "true" ]; then pip install --no-cache-dir ".[spark,rdkafka]"; else pip install --no-cache-dir ".[rdkafka]"; fi
 COPY . .
 # Static files are collected at build time and served by WhiteNoise from gunicorn (DEBUG stays off).
 # The build's throwaway key signs nothing; the running containers need SECRET_KEY (docker-compose.yml).
