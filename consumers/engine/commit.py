@@ -276,10 +276,9 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
     for plan in plans:
         partition = plan.partition
         if verbatim and plan.records:
-            values = [record.value for record in plan.records]
+            values, offsets = _values_and_offsets(plan.records)
             if transform.verbatim(values):
-                plan.copy_text = sinks.verbatim_copy_text(values, [record.offset for record in plan.records],
-                                                          topic, partition)
+                plan.copy_text = sinks.verbatim_copy_text(values, offsets, topic, partition)
                 plan.rows_written, plan.dead_letters = len(values), 0
                 continue
         rows_before, dead_before = len(rows), len(dead)
@@ -303,6 +302,15 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
         plan.rows_written = len(rows) - rows_before
         plan.dead_letters = len(dead) - dead_before
     return rows, dead
+
+
+def _values_and_offsets(records) -> tuple[list, list]:
+    """A partition's values and offsets, for the verbatim path. A client's batch may hand them over without a
+    record object each (consumers/engine/rdkafka.py `MessageBatch`); any other list of records is read per record."""
+    columns = getattr(records, "values_and_offsets", None)
+    if columns is not None:
+        return columns()
+    return [record.value for record in records], [record.offset for record in records]
 
 
 def _tombstone(target: Target, topic: str, record: SourceRecord) -> upsert.Delete:

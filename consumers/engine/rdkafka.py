@@ -20,7 +20,7 @@ Same protocol as kafka-python (consumers/engine/consumer.py `EngineConsumer`), w
 """
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 
@@ -48,6 +48,37 @@ def _import():
     except ImportError as exc:  # validated where a pipeline chooses it; a worker without the extra says so
         raise RdKafkaError("the librdkafka client needs the rdkafka extra: pip install 'tally[rdkafka]'") from exc
     return confluent_kafka
+
+
+def _record(message) -> SourceRecord:
+    return SourceRecord(message.partition(), message.offset(), message.key(), message.value(),
+                        message.timestamp()[1], message.headers() or ())
+
+
+class MessageBatch(Sequence):
+    """One partition's messages of a poll, read as Tally's records (`SourceRecord`, built when a record is
+    looked at). The commit protocol's fast path asks only for the values and offsets (`values_and_offsets`):
+    a SourceRecord per message would cost it more than librdkafka's whole fetch (docs/benchmarks.md)."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, messages: list):
+        self.messages = messages
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [_record(m) for m in self.messages[index]]
+        return _record(self.messages[index])
+
+    def __iter__(self):
+        return map(_record, self.messages)
+
+    def values_and_offsets(self) -> tuple[list, list]:
+        messages = self.messages
+        return [m.value() for m in messages], [m.offset() for m in messages]
 
 
 class RdKafkaConsumer:
@@ -155,18 +186,18 @@ class RdKafkaConsumer:
         messages = [first]
         if max_records > 1:
             messages += self.consumer.consume(max_records - 1, 0)
-        batches: dict[int, list] = {}
-        record = SourceRecord
+        by_partition: dict[int, list] = {}
         for m in messages:
             if m.error() is not None:
                 self._message_error(m)
                 continue
             partition = m.partition()
-            records = batches.get(partition)
-            if records is None:
-                records = batches[partition] = []
-            records.append(record(partition, m.offset(), m.key(), m.value(), m.timestamp()[1], m.headers() or ()))
-        return batches
+            found = by_partition.get(partition)
+            if found is None:
+                by_partition[partition] = [m]
+            else:
+                found.append(m)
+        return {partition: MessageBatch(found) for partition, found in by_partition.items()}
 
     def _start(self, partitions: list[int]) -> dict[int, int]:
         """Partitions assigned and never sought: from the group's committed offset, else the reset policy,
