@@ -91,7 +91,7 @@ def test_the_form_previews_proposes_a_mapping_and_creates_nothing(operator, topi
     assert not Pipeline.objects.exists() and table_count(table) == 0
 
 
-def test_the_preview_is_what_the_run_then_writes(operator, topic, table):
+def test_the_preview_is_what_the_run_then_writes(operator, topic, table, kafka_client):
     response = operator.post("/api/pipelines/preview", {**form(topic, table), "map": {
         "order_id": "id", "ordered_at": "at", "sku": "items.0.sku"}}, content_type="application/json")
     assert response.status_code == 200, response.content

@@ -50,7 +50,8 @@ def execute(statement: str, table: str, params=()):
         cur.execute(sql.SQL(statement).format(sql.Identifier(table)).as_string(cur.cursor), params)
 
 
-def test_superseded_records_are_not_lost_and_the_table_holds_each_keys_last_record(keyed):
+@pytest.mark.parametrize("kafka_client", ["kafka-python", "librdkafka"], indirect=True)
+def test_superseded_records_are_not_lost_and_the_table_holds_each_keys_last_record(kafka_client, keyed):
     report = reconcile_pipeline(keyed)
     part = report.partitions[0]
     assert report.exact and part.lost == 0, report.as_json()
