@@ -36,10 +36,11 @@ FETCH_MAX_WAIT_MS = 1000
 class EngineConsumer(Protocol):
     """What the engine asks of a Kafka consumer of one topic.
 
-    `poll` returns {partition: records in offset order}; a record has `.partition`, `.offset`, `.key`,
-    `.value`, `.timestamp` and `.headers` as Tally's `SourceRecord` (consumers/engine/transforms.py) does:
-    librdkafka's messages become SourceRecords, kafka-python's records are kept as polled (they have those
-    fields already, and a copy per record is the hot path's cost). `position` is the offset the next record
+    `poll` returns {partition: a sequence of records in offset order}; a record has `.partition`, `.offset`,
+    `.key`, `.value`, `.timestamp` and `.headers` as Tally's `SourceRecord` (consumers/engine/transforms.py)
+    does. kafka-python's records are kept as polled (they have those fields already); librdkafka's messages stay
+    in a `MessageBatch` that builds a SourceRecord only for a record looked at (a copy per record is the hot
+    path's cost). `position` is the offset the next record
     comes from, past any hole the client crossed (transaction markers, aborted or compacted records)."""
 
     topic: str
