@@ -1,7 +1,6 @@
 """Alerts in the JSON API (Django REST framework, like the rest of /api/): session or token auth; list and
 detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
@@ -9,6 +8,13 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from alerts import evaluate
+from alerts.api_schemas import (
+    AlertAnswerSerializer,
+    AlertDetailSerializer,
+    AlertListSerializer,
+    AlertRefusedSerializer,
+    MutedSerializer,
+)
 from alerts.models import Alert
 from alerts.queries import MAX_MUTE_MINUTES, MAX_MUTE_REASON, PAGE_SIZE, filtered_alerts
 from consumers.api_base import (
@@ -17,6 +23,7 @@ from consumers.api_base import (
     StrictIntegerField,
     StrictSerializer,
     StrictStringField,
+    answers,
     refuse_invalid,
 )
 
@@ -30,14 +37,14 @@ class MuteInput(StrictSerializer):
     reason = StrictStringField(required=False, default="", allow_blank=True, max_length=MAX_MUTE_REASON)
 
 
-@extend_schema(operation_id="alerts_list", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+@extend_schema(operation_id="alerts_list", responses=answers(AlertListSerializer))
 @api_view(["GET"])
 def alert_list(request):
     alerts = filtered_alerts(request.query_params.get("state", "open"), request.query_params.get("pipeline", ""))
     return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
 
 
-@extend_schema(operation_id="alerts_detail", request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+@extend_schema(operation_id="alerts_detail", responses=answers(AlertDetailSerializer))
 @api_view(["GET"])
 def alert_detail(request, alert_id):
     alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
@@ -50,7 +57,7 @@ def alert_detail(request, alert_id):
     return Response(data)
 
 
-@extend_schema(request=EmptyInput, responses=OpenApiTypes.OBJECT)
+@extend_schema(request=EmptyInput, responses=answers(AlertAnswerSerializer, extra={409: AlertRefusedSerializer}))
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_acknowledge(request, alert_id):
@@ -64,7 +71,7 @@ def alert_acknowledge(request, alert_id):
     return Response({"alert": alert.as_json()})
 
 
-@extend_schema(request=MuteInput, responses=OpenApiTypes.OBJECT)
+@extend_schema(request=MuteInput, responses=answers(MutedSerializer, extra={409: AlertRefusedSerializer}))
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_mute(request, alert_id):

@@ -1,7 +1,6 @@
 """Alert channels in the JSON API: list and detail for everyone signed in (masked: no secret is ever
 answered), add, delete and test for operators (viewers get 403, audited). Strict JSON input."""
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework import status as http
@@ -10,10 +9,19 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from alerts import channel_actions
+from alerts.api_schemas import ChannelAnswerSerializer, ChannelListSerializer, ChannelTestSerializer
 from alerts.channels import KINDS
 from alerts.models import Channel
 from consumers.access import record_refusal
-from consumers.api_base import OperatorForWrites, StrictBooleanField, StrictSerializer, StrictStringField
+from consumers.api_base import (
+    BAD_INPUT,
+    OperatorForWrites,
+    StrictBooleanField,
+    StrictSerializer,
+    StrictStringField,
+    answers,
+    field_errors,
+)
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
@@ -31,16 +39,15 @@ class ChannelInput(StrictSerializer):
 
 
 def _refused(request, problems: dict, status=http.HTTP_400_BAD_REQUEST) -> Response:
-    errors = {field: [str(m) for m in (messages if isinstance(messages, list) else [messages])]
-              for field, messages in problems.items()}
+    errors = field_errors(problems)
     record_refusal(request.user, "alert_channel_add", "bad input: " + "; ".join(
-        f"{field}: {' '.join(messages)}" for field, messages in errors.items()))
+        f"{field}: {' '.join(e['message'] for e in messages)}" for field, messages in errors.items()))
     return Response({"errors": errors}, status=status)
 
 
-@extend_schema(methods=["GET"], operation_id="alert_channels_list", responses=OpenApiTypes.OBJECT)
+@extend_schema(methods=["GET"], operation_id="alert_channels_list", responses=answers(ChannelListSerializer))
 @extend_schema(methods=["POST"], operation_id="alert_channels_create", request=ChannelInput,
-               responses=OpenApiTypes.OBJECT)
+               responses=answers(ChannelAnswerSerializer, status=201, extra={409: BAD_INPUT}))
 @api_view(["GET", "POST"])
 @permission_classes(OPERATE)
 def channel_list(request):
@@ -62,8 +69,8 @@ def channel_list(request):
     return Response({"channel": channel.as_json()}, status=http.HTTP_201_CREATED)
 
 
-@extend_schema(methods=["GET"], operation_id="alert_channels_detail", responses=OpenApiTypes.OBJECT)
-@extend_schema(methods=["DELETE"], operation_id="alert_channels_delete", responses=None)
+@extend_schema(methods=["GET"], operation_id="alert_channels_detail", responses=answers(ChannelAnswerSerializer))
+@extend_schema(methods=["DELETE"], operation_id="alert_channels_delete", responses=answers(None, status=204))
 @api_view(["GET", "DELETE"])
 @permission_classes(OPERATE)
 def channel_detail(request, name):
@@ -74,7 +81,8 @@ def channel_detail(request, name):
     return Response({"channel": channel.as_json()})
 
 
-@extend_schema(operation_id="alert_channel_test", request=None, responses=OpenApiTypes.OBJECT)
+@extend_schema(operation_id="alert_channel_test", request=None,
+               responses=answers(ChannelTestSerializer, extra={502: ChannelTestSerializer}))
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def channel_test(request, name):

@@ -2,6 +2,7 @@
 (each field one JSON type, unknown fields refused, a 400 naming each bad field, audited) and the role checks
 (viewers read, operators act; a user in neither role is refused). Both apps use these, so neither imports the
 other."""
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework import status as http
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -50,6 +51,49 @@ class StrictSerializer(serializers.Serializer):
 
 class EmptyInput(StrictSerializer):
     """Actions (start, stop, ...) take no body: an empty object or nothing."""
+
+
+class FieldErrorSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    code = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """A refusal, for the OpenAPI schema: `error` in Tally's words, or `detail` in Django REST framework's
+    (authentication, a body that is not JSON, an unknown id)."""
+    error = serializers.CharField(required=False)
+    detail = serializers.CharField(required=False)
+
+
+class FieldErrorsSerializer(ErrorSerializer):
+    """A 400: each bad field and its problems (field_errors)."""
+    errors = serializers.DictField(child=FieldErrorSerializer(many=True), required=False)
+
+
+class RefusalSerializer(ErrorSerializer):
+    """An audited refusal: nothing changed, and the action log holds why."""
+    action_id = serializers.IntegerField(allow_null=True, required=False)
+
+
+# The refusals an operation may answer, for its OpenAPI responses (answers()).
+BAD_INPUT = OpenApiResponse(FieldErrorsSerializer, description="Bad input: each field and what is wrong; nothing "
+                                                                "changed")
+FORBIDDEN = OpenApiResponse(ErrorSerializer, description="Not signed in, or a role that may not do this; audited")
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such pipeline, watch, group, alert or channel")
+REFUSED = OpenApiResponse(RefusalSerializer, description="Refused (wrong state, another action running, outside "
+                                                         "the log); audited, nothing changed")
+UNAVAILABLE = OpenApiResponse(ErrorSerializer, description="Kafka or the task broker did not answer; nothing "
+                                                           "changed")
+THROTTLED = OpenApiResponse(ErrorSerializer, description="Too many requests; try again later")
+WRONG_METHOD = OpenApiResponse(ErrorSerializer, description="A method or body type this path does not take")
+REFUSALS = {400: BAD_INPUT, 401: FORBIDDEN, 403: FORBIDDEN, 404: NOT_FOUND, 405: WRONG_METHOD, 413: BAD_INPUT,
+            415: WRONG_METHOD, 429: THROTTLED}
+
+
+def answers(ok, status: int = 200, extra: dict | None = None) -> dict:
+    """An operation's OpenAPI responses: `ok` at `status`, the refusals every door may answer, and `extra`
+    ({409: REFUSED, ...})."""
+    return {status: ok, **REFUSALS, **(extra or {})}
 
 
 def field_errors(errors) -> dict[str, list[dict]]:

@@ -34,7 +34,7 @@ class RejectNulCharactersMiddleware:
                 field = _has_nul(request.POST)
         if field is not None:
             if request.path.startswith("/api/"):
-                return JsonResponse({"errors": {field: [MESSAGE]}}, status=400)
+                return JsonResponse({"errors": {field: [{"message": MESSAGE, "code": "null_characters"}]}}, status=400)
             return HttpResponseBadRequest(f"{MESSAGE} ({field})", content_type="text/plain")
         return self.get_response(request)
 

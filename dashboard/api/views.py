@@ -11,8 +11,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from kafka.errors import KafkaError
 from rest_framework import status as http
 from rest_framework.authtoken.views import ObtainAuthToken
@@ -24,7 +23,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.access import can_operate, record_refusal, role_of
-from consumers.api_base import OperatorForWrites
+from consumers.api_base import REFUSED, UNAVAILABLE, OperatorForWrites, RefusalSerializer, answers
 from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
 from consumers.kafka.errors import ClusterConfigError
@@ -44,6 +43,7 @@ from consumers.operations import rewind as rewind_ops
 from consumers.operations.offset_specs import Refused
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
+from dashboard.api import schemas
 from dashboard.api.inputs import (
     ActionLogQuery,
     DeadLetterDiscardInput,
@@ -60,7 +60,10 @@ from dashboard.api.inputs import (
 from dashboard.lockout import locked_out
 
 TOPIC_CHECKS_SHOWN = 20
-JSON = OpenApiTypes.OBJECT  # responses are documented in the README; the schema types the input
+# replay and discard: one call, or "all matching" in batches; a batch after the first that fails stops there (409).
+DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
+                              extra={409: PolymorphicProxySerializer("DeadLetterRefusal", [
+                                  schemas.DeadLetterStoppedSerializer, RefusalSerializer], None)})
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
@@ -82,7 +85,7 @@ def _action_json(entry: ActionLog) -> dict:
             "finished_at": entry.finished_at.isoformat() if entry.finished_at else None}
 
 
-@extend_schema(responses=JSON)
+@extend_schema(responses=answers(schemas.ApiRootSerializer))
 @api_view(["GET"])
 def api_root(request):
     def url(name, **kwargs):
@@ -95,15 +98,16 @@ def api_root(request):
                      "alerts": request.build_absolute_uri(reverse("alerts_api:list"))})
 
 
-@extend_schema(responses=JSON)
+@extend_schema(responses=answers(schemas.MeSerializer))
 @api_view(["GET"])
 def me(request):
     user = request.user
     return Response({"username": user.username, "role": role_of(user), "can_operate": can_operate(user)})
 
 
-@extend_schema(operation_id="pipelines_list", responses=JSON, methods=["GET"])
-@extend_schema(operation_id="pipelines_create", responses=JSON, methods=["POST"], request=PipelineInput)
+@extend_schema(operation_id="pipelines_list", responses=answers(schemas.PipelineListSerializer), methods=["GET"])
+@extend_schema(operation_id="pipelines_create", responses=answers(schemas.PipelineSettingsSerializer, status=201),
+               methods=["POST"], request=PipelineInput)
 @api_view(["GET", "POST"])
 @permission_classes(OPERATE)
 def pipeline_list(request):
@@ -122,7 +126,7 @@ def pipeline_list(request):
     return Response(_pipeline_settings(pipeline), status=http.HTTP_201_CREATED)
 
 
-@extend_schema(operation_id="pipelines_preview", responses=JSON, request=PipelineInput)
+@extend_schema(operation_id="pipelines_preview", responses=answers(schemas.PreviewSerializer), request=PipelineInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_preview(request):
@@ -158,7 +162,7 @@ def _pipeline_settings(pipeline: Pipeline) -> dict:
             "delete_on_tombstone": pipeline.delete_on_tombstone, "desired_state": pipeline.desired_state}
 
 
-@extend_schema(operation_id="pipelines_detail", responses=JSON)
+@extend_schema(operation_id="pipelines_detail", responses=answers(schemas.PipelineDetailSerializer))
 @api_view(["GET"])
 def pipeline_detail(request, name):
     pipeline = get_object_or_404(Pipeline.objects.select_related("health"), name=name)
@@ -182,8 +186,8 @@ def pipeline_detail(request, name):
     return Response(data)
 
 
-@extend_schema(methods=["GET"], responses=JSON)
-@extend_schema(responses=JSON, methods=["POST"], request=ReconcileInput)
+@extend_schema(methods=["GET"], responses=answers(schemas.ReconciliationSerializer))
+@extend_schema(responses=answers(schemas.ReconciliationSerializer), methods=["POST"], request=ReconcileInput)
 @api_view(["GET", "POST"])
 @permission_classes(OPERATE)
 def reconciliation(request, name):
@@ -201,7 +205,7 @@ def reconciliation(request, name):
     return Response(report_json([report]))
 
 
-@extend_schema(responses=JSON, parameters=[DeadLetterQuery])
+@extend_schema(responses=answers(schemas.DeadLetterPageSerializer), parameters=[DeadLetterQuery])
 @api_view(["GET"])
 def dead_letters(request, name):
     """The pipeline's dead letters in (partition, offset) order, filtered like the dead-letter page:
@@ -251,7 +255,7 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     return Response(ended.result.as_dict())
 
 
-@extend_schema(responses=JSON, request=DeadLetterReplayInput)
+@extend_schema(responses=DEAD_LETTER_ANSWERS, request=DeadLetterReplayInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def replay_dead_letters(request, name):
@@ -266,7 +270,7 @@ def replay_dead_letters(request, name):
                                                                                     source=data["source"]))
 
 
-@extend_schema(responses=JSON, request=DeadLetterDiscardInput)
+@extend_schema(responses=DEAD_LETTER_ANSWERS, request=DeadLetterDiscardInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def discard_dead_letters(request, name):
@@ -278,7 +282,10 @@ def discard_dead_letters(request, name):
                                                                                      data["reason"], actor=actor))
 
 
-@extend_schema(responses=JSON, parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),
+@extend_schema(responses=answers(PolymorphicProxySerializer("TraceAnswer", [schemas.TraceSerializer,
+                                                                             schemas.KeyTraceSerializer], None),
+                                 extra={400: schemas.TraceErrorSerializer}),
+               parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),
                                             OpenApiParameter("key", str)])
 @api_view(["GET"])
 def trace_record(request, name):
@@ -297,7 +304,8 @@ def trace_record(request, name):
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
 
 
-@extend_schema(responses=JSON, request=EmptyInput, parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH,
+@extend_schema(responses=answers(schemas.ActionSerializer, extra={409: REFUSED, 503: schemas.ActionSerializer}),
+               request=EmptyInput, parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH,
                                                                  enum=list(actions.ACTIONS))])
 @api_view(["POST"])
 @permission_classes(OPERATE)
@@ -316,7 +324,7 @@ def pipeline_action(request, name, action):
     return Response(_action_json(entry), status=_status_of(entry))
 
 
-@extend_schema(responses=JSON, request=RewindInput)
+@extend_schema(responses=answers(schemas.RewindSerializer, extra={409: REFUSED}), request=RewindInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_rewind(request, name):
@@ -349,7 +357,7 @@ def _cluster_param(request) -> str:
     return name
 
 
-@extend_schema(operation_id="clusters_list", responses=JSON)
+@extend_schema(operation_id="clusters_list", responses=answers(schemas.ClusterListSerializer))
 @api_view(["GET"])
 def cluster_list(request):
     """Every configured cluster, checked now: settings without secrets, reachable, the failed step and why."""
@@ -357,7 +365,7 @@ def cluster_list(request):
     return Response({"clusters": [s.as_json() for s in states], "error": error or None})
 
 
-@extend_schema(operation_id="groups_list", responses=JSON)
+@extend_schema(operation_id="groups_list", responses=answers(schemas.GroupListSerializer, extra={503: UNAVAILABLE}))
 @api_view(["GET"])
 def group_list(request):
     """Every configured cluster's groups; a 503 with the reasons when no cluster answered, never a 500."""
@@ -376,13 +384,15 @@ def _every_cluster_failed(errors: dict[str, str]) -> bool:
         return clusters.DEFAULT in errors
 
 
-@extend_schema(operation_id="groups_detail", responses=JSON, parameters=[CLUSTER_PARAMETER])
+@extend_schema(operation_id="groups_detail", responses=answers(schemas.GroupDetailSerializer),
+               parameters=[CLUSTER_PARAMETER])
 @api_view(["GET"])
 def group_detail(request, group_id):
     return Response(kafka_groups.describe(group_id, cluster=_cluster_param(request)).as_json())
 
 
-@extend_schema(responses=JSON, request=GroupResetInput, parameters=[CLUSTER_PARAMETER])
+@extend_schema(responses=answers(schemas.GroupResetSerializer, extra={409: REFUSED, 503: UNAVAILABLE}),
+               request=GroupResetInput, parameters=[CLUSTER_PARAMETER])
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def group_reset_view(request, group_id):
@@ -403,7 +413,7 @@ def group_reset_view(request, group_id):
     return Response(result.as_dict())
 
 
-@extend_schema(responses=JSON, parameters=[ActionLogQuery])
+@extend_schema(responses=answers(schemas.ActionLogSerializer), parameters=[ActionLogQuery])
 @api_view(["GET"])
 def action_log(request):
     """?pipeline=NAME, ?group=ID, ?action=rewind, ?limit=N (1..500)."""
@@ -429,8 +439,10 @@ def _topic_check_json(job: TopicCheckJob) -> dict:
             "finished_at": job.finished_at.isoformat() if job.finished_at else None}
 
 
-@extend_schema(methods=["GET"], responses=JSON)
-@extend_schema(responses=JSON, methods=["POST"], request=EmptyInput)
+@extend_schema(methods=["GET"], responses=answers(schemas.TopicCheckListSerializer))
+@extend_schema(responses=answers(schemas.TopicCheckSerializer, status=202,
+                                 extra={409: REFUSED, 503: schemas.TopicCheckSerializer}),
+               methods=["POST"], request=EmptyInput)
 @api_view(["GET", "POST"])
 @permission_classes(OPERATE)
 def pipeline_topic_checks(request, name):
@@ -465,6 +477,7 @@ class ObtainToken(ObtainAuthToken):
     throttle_scope = "token"
     parser_classes = api_settings.DEFAULT_PARSER_CLASSES  # the bounded JSON parser, as every other endpoint
 
+    @extend_schema(responses=answers(schemas.TokenSerializer))
     def post(self, request, *args, **kwargs):
         try:
             return super().post(request, *args, **kwargs)

@@ -10,9 +10,11 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
 from consumers.access import record_refusal
+from consumers.api_base import REFUSALS, answers
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit, watch_trace
+from dashboard.api import schemas
 from dashboard.api.inputs import (
     StrictBooleanField,
     StrictIntegerField,
@@ -20,7 +22,7 @@ from dashboard.api.inputs import (
     StrictStringField,
     refuse_invalid,
 )
-from dashboard.api.views import JSON, OPERATE
+from dashboard.api.views import OPERATE
 
 RANGES_SHOWN = 200   # the newest ranges per detail answer; `watch show --json` lists them all
 
@@ -57,8 +59,9 @@ def range_json(r: WatchRange) -> dict:
             "phantom_offsets": r.phantom_offsets, "note": r.note, "checked_at": r.checked_at.isoformat()}
 
 
-@extend_schema(methods=["GET"], responses=JSON, operation_id="watches_list")
-@extend_schema(methods=["POST"], request=WatchCreateInput, responses=JSON, operation_id="watches_create")
+@extend_schema(methods=["GET"], responses=answers(schemas.WatchListSerializer), operation_id="watches_list")
+@extend_schema(methods=["POST"], request=WatchCreateInput, operation_id="watches_create",
+               responses=answers(schemas.WatchCreatedSerializer, status=201))
 @api_view(["GET", "POST"])
 @permission_classes(OPERATE)
 def watch_list(request):
@@ -78,8 +81,8 @@ def watch_list(request):
     return Response({**watch_json(watch), "notes": notes}, status=http.HTTP_201_CREATED)
 
 
-@extend_schema(methods=["GET"], responses=JSON, operation_id="watches_detail")
-@extend_schema(methods=["DELETE"], responses=JSON, operation_id="watches_delete")
+@extend_schema(methods=["GET"], responses=answers(schemas.WatchDetailSerializer), operation_id="watches_detail")
+@extend_schema(methods=["DELETE"], responses=answers(schemas.WatchDeletedSerializer), operation_id="watches_delete")
 @api_view(["GET", "DELETE"])
 @permission_classes(OPERATE)
 def watch_detail(request, name):
@@ -96,7 +99,7 @@ def watch_detail(request, name):
                      "ranges": [range_json(r) for r in ranges]})
 
 
-@extend_schema(request=WatchCheckInput, responses=JSON, operation_id="watches_check")
+@extend_schema(request=WatchCheckInput, responses=answers(schemas.WatchCheckSerializer), operation_id="watches_check")
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def watch_check(request, name):
@@ -109,7 +112,8 @@ def watch_check(request, name):
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
 
 
-@extend_schema(responses=JSON, parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int)],
+@extend_schema(responses=answers(schemas.WatchTraceSerializer, extra={400: schemas.TraceErrorSerializer}),
+               parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int)],
                operation_id="watches_trace")
 @api_view(["GET"])
 @permission_classes(OPERATE)
@@ -124,7 +128,7 @@ def watch_trace_record(request, name):
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
 
 
-@extend_schema(responses={(200, "text/csv"): str}, operation_id="watches_findings_csv")
+@extend_schema(responses={(200, "text/csv"): str, **REFUSALS}, operation_id="watches_findings_csv")
 @api_view(["GET"])
 @permission_classes(OPERATE)
 def watch_findings_csv(request, name):
