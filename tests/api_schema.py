@@ -20,10 +20,11 @@ def operation(method: str, template: str):
 def assert_documented(op, response, method: str, path: str) -> None:
     """Fails unless the schema lists `response`'s status for `op` and its body matches that answer's schema."""
     status = response.status_code
+    content = b"".join(response.streaming_content) if response.streaming else response.content
     assert op.responses.find_by_status_code(status) is not None, (
-        f"{method} {path}: status {status} is not in the schema", response.content[:300])
+        f"{method} {path}: status {status} is not in the schema", content[:300])
     request = requests.Request(method.upper(), f"http://testserver{path}").prepare()
     headers = {name.lower(): [value] for name, value in response.headers.items()}
-    op.validate_response(Response(status_code=status, headers=headers, content=response.content, request=request,
+    op.validate_response(Response(status_code=status, headers=headers, content=content, request=request,
                                   elapsed=0.0, verify=True, message=response.reason_phrase, http_version="1.1",
                                   encoding="utf-8"))
