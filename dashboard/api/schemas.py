@@ -182,6 +182,8 @@ class PipelineDetailSerializer(PipelineRowSerializer):
     isolation_level = serializers.CharField()
     on_log_truncated = serializers.CharField()
     parallel_runs = serializers.IntegerField()
+    kafka_client = serializers.CharField(allow_blank=True, help_text="kafka-python, librdkafka, or empty: the "
+                                                                     "worker's TALLY_KAFKA_CLIENT")
     waiting_for_worker = serializers.BooleanField()
     map = OBJECT()
     upsert_key = serializers.ListField(child=serializers.CharField())
