@@ -16,7 +16,7 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import rewind as rewind_ops
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from dashboard.forms import RewindForm
 
 

@@ -10,7 +10,7 @@ from django.template.response import TemplateResponse
 from consumers.access import can_operate, can_view, form_errors, record_refusal
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from dashboard.forms import GroupResetForm
 
 

@@ -7,7 +7,8 @@ from consumers.engine import json_map
 from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, Refused, parse_spec
+from consumers.operations.errors import Refused
+from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, parse_spec
 
 MODE_HELP = {
     "to-earliest": "the log start (re-read everything still in Kafka)",

@@ -10,7 +10,7 @@ from consumers.engine.pipelines import create_pipeline
 from consumers.engine.transforms import SourceRecord
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, DeliveryMode, Pipeline
 from consumers.operations import dead_letters
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from consumers.reconciliation import verify as reconcile_verify
 
 BAD = {3: "x3", 7: "7?", 8: "junk"}   # int_value rejects these; lenient_int accepts "x3" and "7?", never "junk"

@@ -10,7 +10,7 @@ from django.utils import timezone
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import URL, letters, snapshot  # noqa: F401 (fixture)
 

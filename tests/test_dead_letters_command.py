@@ -9,7 +9,7 @@ import pytest
 
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from tests.commands import run_command
 from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)

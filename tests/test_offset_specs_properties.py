@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.operations.offset_specs import EPOCH, MAX_OFFSET, OFFSET_MODES, Refused, parse_spec
+from consumers.operations.errors import Refused
+from consumers.operations.offset_specs import EPOCH, MAX_OFFSET, OFFSET_MODES, parse_spec
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from consumers.access import record_refusal
 from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline, PipelineError, error_text
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 
 log = logging.getLogger("tally.actions")
 

@@ -13,7 +13,7 @@ from consumers.models import Pipeline
 from consumers.operations import actions
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 
 ACTIONS = {"replay": dead_letter_ops.REPLAY, "discard": dead_letter_ops.DISCARD}
 

@@ -16,10 +16,10 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
+from consumers.operations.errors import Refused
 from consumers.operations.offset_specs import (
     OffsetSpec,
     PartitionMove,
-    Refused,
     choose_partitions,
     offsets_of,
     parse_spec,

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
 
 from consumers.kafka import admin as kafka_admin
+from consumers.operations.errors import Refused
 
 # Kafka timestamps are milliseconds since 1970: earlier moments would become its special values -1/-2
 # ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
@@ -23,10 +24,6 @@ MAX_OFFSET = 2**63 - 1   # Kafka offsets and the database's next_offset are sign
 
 OFFSET_MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
 MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")
-
-
-class Refused(Exception):
-    """Bad input or an unsafe moment: nothing was changed. The message says why, for the operator."""
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from consumers.models import (
     Pipeline,
 )
 from consumers.operations import actions
+from consumers.operations.errors import Refused
 from consumers.operations.offset_specs import (
     OffsetSpec,
     PartitionMove,
-    Refused,
     choose_partitions,
     offsets_of,
     parse_spec,

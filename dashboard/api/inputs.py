@@ -21,7 +21,8 @@ from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and re
     refuse_invalid,
 )
 from consumers.operations import dead_letter_queries, dead_letters
-from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, Refused, parse_spec
+from consumers.operations.errors import Refused
+from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, parse_spec
 
 MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.

@@ -40,7 +40,7 @@ from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import pipeline_preview as pipeline_preview_ops
 from consumers.operations import rewind as rewind_ops
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
 from dashboard.api import schemas

@@ -15,7 +15,7 @@ from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from dashboard.forms import DeadLetterAllMatchingForm, DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page

@@ -15,7 +15,7 @@ from consumers.kafka.errors import ClusterConfigError
 from consumers.models import Pipeline
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from dashboard import status
 from dashboard.forms import GroupResetForm
 from dashboard.views.actions import refuse_viewer

@@ -9,8 +9,8 @@ from kafka.errors import KafkaError
 from consumers.kafka.admin import KafkaAdminError
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
 from consumers.operations import groups
+from consumers.operations.errors import Refused
 from consumers.operations.group_reset import reset_group
-from consumers.operations.offset_specs import Refused
 
 
 class Command(BaseCommand):

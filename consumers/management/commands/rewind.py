@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from kafka.errors import KafkaError
 
 from consumers.kafka.admin import KafkaAdminError
-from consumers.operations.offset_specs import Refused
+from consumers.operations.errors import Refused
 from consumers.operations.rewind import rewind
 
 MODE_OPTIONS = (
