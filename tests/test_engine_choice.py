@@ -6,14 +6,18 @@ import pytest
 
 from consumers.engine import python as python_engine
 from consumers.engine import spark as spark_engine
-from consumers.engine.pipelines import engine_runner
+from consumers.engine.options import RunOptions, engine_for
 from tests.commands import run_command
 from tests.conftest import ROOT
 
 
-def test_each_engine_name_maps_to_its_run_pipeline():
-    assert engine_runner("python") is python_engine.run_pipeline
-    assert engine_runner("spark") is spark_engine.run_pipeline
+def test_each_engine_name_maps_to_its_engine_and_keywords_build_the_same_options(monkeypatch):
+    assert engine_for("python") is python_engine.run
+    assert engine_for("spark") is spark_engine.run
+    seen = []
+    monkeypatch.setattr(python_engine, "run", lambda name, options: seen.append((name, options)))
+    python_engine.run_pipeline("orders", batch_size=7, stop_when_caught_up=True)
+    assert seen == [("orders", RunOptions(batch_size=7, stop_when_caught_up=True))]
 
 
 @pytest.mark.django_db

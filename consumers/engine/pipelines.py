@@ -3,7 +3,7 @@ from django.db import connection, transaction
 
 from consumers.engine import sink_names, sinks
 from consumers.engine.transforms import resolve
-from consumers.models import DeliveryMode, Engine, Pipeline
+from consumers.models import DeliveryMode, Pipeline
 
 
 def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "int_value",
@@ -35,13 +35,3 @@ def create_pipeline(name: str, topic: str, sink_table: str, transform: str = "in
             sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve(pipeline.transform) if existing else resolved,
                                     pipeline.is_exactly_once)
     return pipeline
-
-
-def engine_runner(engine: str):
-    """The `run_pipeline(name, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds, faults,
-    task_id)` of an engine. Imported lazily: Spark (and its JVM) loads only where a Spark pipeline runs."""
-    if engine == Engine.SPARK:
-        from consumers.engine.spark import run_pipeline
-    else:
-        from consumers.engine.python import run_pipeline
-    return run_pipeline

@@ -35,8 +35,8 @@ from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
-from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
+from consumers.engine.options import PEERS_WAIT_S, RunOptions
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import KafkaUnreachable
@@ -50,20 +50,24 @@ POLL_TIMEOUT_MS = 200        # short, so the loop checks the stop flag, heartbea
 IDLE_POLL_TIMEOUT_MS = 1000
 MAX_CONSECUTIVE_GAPS = 5     # a gap that re-seeking does not cure (e.g. records deleted by retention)
 CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at most once a second
-PEERS_WAIT_S = 30.0          # runs started together wait at most this long for each other
 
-def run_pipeline(name: str, *, stop: threading.Event | None = None, batch_size: int | None = None,
-                 delay_ms: int = 0, stop_when_caught_up: bool = False, max_seconds: float | None = None,
-                 faults: FaultInjector = NO_FAULTS, task_id: str = "", peers: int = 0) -> RunResult:
-    """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time.
-    `peers`: this run is one of that many started together (`run_pipeline --processes`); it takes partitions
-    once they are all members (at most PEERS_WAIT_S), so each takes its share at once instead of all of
-    them first and handing most over a second later."""
+
+def run(name: str, options: RunOptions) -> RunResult:
+    """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time (the
+    Engine interface). `options.peers`: this run is one of that many started together (`run_pipeline
+    --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S), so each takes its
+    share at once instead of all of them first and handing most over a second later."""
     pipeline = load_pipeline(name)
-    engine = _Engine(pipeline, stop=stop or threading.Event(), batch_size=batch_size or pipeline.batch_size,
-                     delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
-                     faults=faults, task_id=task_id, peers=peers)
+    engine = _Engine(pipeline, stop=options.stop or threading.Event(),
+                     batch_size=options.batch_size or pipeline.batch_size, delay_ms=options.delay_ms,
+                     stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
+                     faults=options.faults, task_id=options.task_id, peers=options.peers)
     return engine.run()
+
+
+def run_pipeline(name: str, **options) -> RunResult:
+    """`run` with the options as keywords (RunOptions' fields)."""
+    return run(name, RunOptions(**options))
 
 
 class _Engine:

@@ -18,12 +18,11 @@ from django.utils import timezone
 
 from consumers.engine import hosts
 from consumers.engine.lifecycle import HALT_REASONS
-from consumers.engine.pipelines import engine_runner
+from consumers.engine.options import PEERS_WAIT_S, RunOptions, engine_for
 from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, PipelineError
 
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
 OLDER_RUNS_WAIT_S = 20.0
-PEERS_WAIT_S = 30.0
 
 log = logging.getLogger("tally.runs")
 
@@ -74,13 +73,13 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
     pipeline.refresh_from_db()
     if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
-    run_pipeline = engine_runner(pipeline.engine)
+    engine = engine_for(pipeline.engine)
     stop = threading.Event()
     key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
     with _lock:
         _stop_events[key] = stop
     try:
-        result = run_pipeline(pipeline.name, stop=stop, task_id=task_id)
+        result = engine(pipeline.name, RunOptions(stop=stop, task_id=task_id))
     finally:
         with _lock:
             _stop_events.pop(key, None)

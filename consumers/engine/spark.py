@@ -37,8 +37,9 @@ import time
 from django.conf import settings
 
 from consumers.engine import caught_up, commit, db, json_map, log_bounds, sinks, spark_commit
-from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.faults import NO_FAULTS
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
+from consumers.engine.options import RunOptions
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.engine.transforms import JSON
@@ -59,13 +60,19 @@ MIN_RECORDS_PER_TRIGGER = 100_000
 TRIGGER_INTERVAL = "250 milliseconds"
 
 
-def run_pipeline(name, *, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
-                 faults: FaultInjector = NO_FAULTS, task_id="", on_worker_death=None) -> RunResult:
-    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time.
-    `on_worker_death()` is called once per Python worker that died committing (see --crash-in-worker)."""
-    return SparkRun(load_pipeline(name), stop=stop, batch_size=batch_size, delay_ms=delay_ms,
-                    stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds, faults=faults,
-                    task_id=task_id, on_worker_death=on_worker_death).run()
+def run(name: str, options: RunOptions) -> RunResult:
+    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time (the Engine
+    interface). `options.on_worker_death()` is called once per Python worker that died committing (see
+    --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
+    return SparkRun(load_pipeline(name), stop=options.stop, batch_size=options.batch_size,
+                    delay_ms=options.delay_ms, stop_when_caught_up=options.stop_when_caught_up,
+                    max_seconds=options.max_seconds, faults=options.faults, task_id=options.task_id,
+                    on_worker_death=options.on_worker_death).run()
+
+
+def run_pipeline(name: str, **options) -> RunResult:
+    """`run` with the options as keywords (RunOptions' fields)."""
+    return run(name, RunOptions(**options))
 
 
 class SparkRun:

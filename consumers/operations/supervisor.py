@@ -131,7 +131,7 @@ def _one_died(pipeline: Pipeline, runs: list[ConsumerRun]) -> bool:
 def _settled(runs: list[ConsumerRun], now) -> bool:
     """The runs started together have had time to join (each waits up to PEERS_WAIT_S for its peers): fewer
     live ones than the pipeline asks for now means one died."""
-    from consumers.engine.runs import PEERS_WAIT_S
+    from consumers.engine.options import PEERS_WAIT_S
 
     settle = timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS + PEERS_WAIT_S)
     return min(run.started_at for run in runs) <= now - settle

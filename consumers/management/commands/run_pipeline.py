@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from consumers.engine import gc_tuning
 from consumers.engine.faults import POINTS, FaultInjector
 from consumers.engine.lifecycle import UnknownPipeline
-from consumers.engine.pipelines import engine_runner
+from consumers.engine.options import RunOptions, engine_for
 from consumers.engine.processes import combined_busy_seconds, run_in_processes
 from consumers.models import Engine, Pipeline
 
@@ -74,7 +74,6 @@ class Command(BaseCommand):
             return self._run_in_processes(name, processes, batch_size=batch_size, delay_ms=delay_ms,
                                           stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
                                           crash_at=crash_at, as_json=options["json"])
-        extra = {"peers": peers} if peers else {}
         stop = threading.Event()
 
         def request_stop(signum, frame):
@@ -83,9 +82,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         try:
-            result = engine_runner(engine)(name, stop=stop, batch_size=batch_size, delay_ms=delay_ms,
-                                           stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
-                                           faults=faults, **extra)
+            result = engine_for(engine)(name, RunOptions(
+                stop=stop, batch_size=batch_size, delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up,
+                max_seconds=max_seconds, faults=faults, peers=peers or 0))
         except UnknownPipeline as exc:
             raise CommandError(str(exc)) from exc
         if options["json"]:

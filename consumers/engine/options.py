@@ -1,0 +1,45 @@
+"""What a run is asked to do, and the one interface both engines (consumers/engine/python.py, spark.py) offer.
+
+`RunOptions` is the one spelling of a run's options; `Engine` is what `engine_for(engine)` returns: a callable
+taking the pipeline's name and its options. Each engine's `run_pipeline(name, **options)` builds the options
+from keywords, for callers that name only a few of them.
+"""
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.lifecycle import RunResult
+
+PEERS_WAIT_S = 30.0   # runs started together wait at most this long for each other (python engine, run tasks)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    stop: threading.Event | None = None       # set it to end the run cleanly after the batch in hand
+    batch_size: int | None = None             # records per batch (per trigger on Spark); None: the pipeline's
+    delay_ms: int = 0                         # simulated work per record, to watch a run go (the demo's pace)
+    stop_when_caught_up: bool = False         # end once every partition's position reaches its log end
+    max_seconds: float | None = None          # end after this long, whatever is left
+    faults: FaultInjector = NO_FAULTS         # crash points, for the chaos tests
+    task_id: str = ""                         # the Celery task that runs it, kept on the run's row
+    peers: int = 0                            # python: one of this many runs started together (--processes)
+    on_worker_death: Callable[[], None] | None = None   # spark: called once per Python worker that died committing
+
+
+class Engine(Protocol):
+    def __call__(self, name: str, options: RunOptions) -> RunResult:
+        """Run pipeline `name` until stopped, fenced, caught up (if asked) or out of time."""
+
+
+def engine_for(engine: str) -> Engine:
+    """The engine of a pipeline's `engine` field. Imported lazily: Spark (and its JVM) loads only where a Spark
+    pipeline runs."""
+    from consumers.models import Engine as EngineChoice
+
+    if engine == EngineChoice.SPARK:
+        from consumers.engine.spark import run
+    else:
+        from consumers.engine.python import run
+    return run
