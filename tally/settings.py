@@ -257,6 +257,9 @@ CELERY_BEAT_SCHEDULE["reconcile-all"] = {"task": "consumers.reconcile_all", "sch
                                          "options": {"expires": RECONCILE_INTERVAL_SECONDS}}
 # Watches (consumers/reconciliation/watch_audit.py): each check audits what was committed and settled since the
 # last one, so a finding shows within a watch's settle time plus this interval.
+# A watch check whose settled ranges hold at least this many records matches them on Spark executors
+# (consumers/reconciliation/watch_spark.py) instead of inside PostgreSQL; 0: never on Spark.
+WATCH_SPARK_THRESHOLD = env_int("TALLY_WATCH_SPARK_THRESHOLD", 5_000_000, minimum=0)
 WATCH_CHECK_INTERVAL_SECONDS = env_int("WATCH_CHECK_INTERVAL_SECONDS", 30, minimum=1)
 CELERY_BEAT_SCHEDULE["watches-check"] = {"task": "consumers.check_watches", "schedule": WATCH_CHECK_INTERVAL_SECONDS,
                                          "options": {"expires": WATCH_CHECK_INTERVAL_SECONDS}}

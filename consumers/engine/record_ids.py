@@ -13,10 +13,14 @@ A record whose id cannot be derived (no value, not UTF-8, not JSON, no such fiel
 at PATH) gives None: no row can name it, so it is counted as unreadable, never as lost.
 """
 import json
+import re
+import uuid
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 OFFSET = "offset"
 KINDS = ("value", "key", "json", OFFSET)
+INTEGER = re.compile(r"^-?[0-9]{1,19}$")
 
 
 class SpecError(ValueError):
@@ -82,6 +86,17 @@ def parse_ignore(text: str) -> IgnoreSpec:
     return IgnoreSpec(spec, expected)
 
 
+def derive(spec: RecordIdSpec | None, ignores, normalise, key: bytes | None, value: bytes | None
+           ) -> tuple[str | None, bool]:
+    """(the record's id as the row-id column holds it, whether an ignore spec names it): what the audit
+    expects of one record, on PostgreSQL's path and on Spark's executors alike. `spec` None: offset ids (the
+    id is the position). An ignored record names no row."""
+    ignored = any(i.matches(key, value) for i in ignores) if ignores else False
+    if spec is None or ignored:
+        return None, ignored
+    return normalise(spec.extract(key, value)), False
+
+
 def _text(data: bytes | None) -> str | None:
     if data is None:
         return None
@@ -105,3 +120,45 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
     if found is None or isinstance(found, dict | list):
         return None
     return found if isinstance(found, str) else json.dumps(found)
+
+
+def column_type(pg_type: str) -> str:
+    """The temporary id column's type: the row-id column's own where it is a number or a uuid (so the join
+    can use the table's index), text for the text types."""
+    base = pg_type.split("(")[0]
+    if base in ("smallint", "integer", "bigint"):
+        return "bigint"
+    if base == "numeric":
+        return "numeric"
+    if base == "uuid":
+        return "uuid"
+    return "text"
+
+
+def normaliser(id_type: str | None):
+    """record id text -> the value the row-id column can hold, or None: no row of that column can name it."""
+    kind = column_type(id_type) if id_type else "text"
+
+    def as_bigint(text):
+        if text is None or not INTEGER.match(text):
+            return None
+        number = int(text)
+        return str(number) if -2**63 <= number < 2**63 else None
+
+    def as_numeric(text):
+        try:
+            number = Decimal(text) if text is not None else None
+        except InvalidOperation:
+            return None
+        return str(number) if number is not None and number.is_finite() else None
+
+    def as_uuid(text):
+        try:
+            return str(uuid.UUID(text)) if text is not None else None
+        except ValueError:
+            return None
+
+    def as_text(text):
+        return None if text is None or "\x00" in text else text
+
+    return {"bigint": as_bigint, "numeric": as_numeric, "uuid": as_uuid}.get(kind, as_text)

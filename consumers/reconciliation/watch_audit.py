@@ -9,7 +9,9 @@ One check (`check_watch`), per partition:
      committed offset are lag, never read as settled. Keyed watches also read the unsettled tail up to the
      log end, only to know which ids a later record replaces.
   3. Each record's id goes into a temporary table (COPY), and one set-based statement matches them with the
-     team's table (consumers/reconciliation/watch_match.py, the one definition of the matching).
+     team's table (consumers/reconciliation/watch_match.py, the one definition of the matching). A check of
+     at least WATCH_SPARK_THRESHOLD records runs the same statements on Spark executors instead
+     (consumers/reconciliation/watch_spark.py), ids derived by the same function (record_ids.derive).
   4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind; `WatchFinding`, all
      of them) and the mark moves:
      the next check reads only what was committed and settled since.
@@ -20,12 +22,10 @@ behind the settled mark reopens the ranges from the new committed offset on: the
 """
 import io
 import logging
-import re
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -50,8 +50,9 @@ RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
 COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
 MATCH_WORK_MEM = "256MB"
-INTEGER = re.compile(r"^-?[0-9]{1,19}$")
 RETENTION_NOTE = "removed by retention before the audit read them: not audited"
+# The id normaliser lives beside the record ids: the Spark executors derive ids with it too.
+normaliser = record_ids.normaliser
 
 
 class WatchCheckError(RuntimeError):
@@ -119,9 +120,10 @@ def check_all(*, kafka=None) -> list[WatchReport]:
 
 
 def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetime | None = None,
-                kafka=None) -> WatchReport:
+                kafka=None, spark_threshold: int | None = None) -> WatchReport:
     """Audit what was committed and settled since the last check, measure lag and status, store it all.
-    `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests)."""
+    `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests).
+    `spark_threshold`: records from which the check matches on Spark (default: WATCH_SPARK_THRESHOLD)."""
     kafka = kafka or kafka_admin.on(watch.cluster)
     now = now or timezone.now()
     settle = watch.settle_seconds if settle_seconds is None else settle_seconds
@@ -133,13 +135,13 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
     notes: list[str] = []
     alive = _group_alive(kafka, watch.group_id, notes)
     try:
-        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka)
+        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold)
     except WatchCheckError as exc:  # the transaction rolled back: nothing settled, the reason is stored
         return _failed(watch, str(exc), now)
 
 
 def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settle: int, notes: list,
-                  now: datetime, kafka) -> WatchReport:
+                  now: datetime, kafka, spark_threshold: int | None = None) -> WatchReport:
     new_ranges: list[RangeResult] = []
     with transaction.atomic():
         Watch.objects.select_for_update().filter(pk=watch.pk).first()
@@ -155,7 +157,7 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                 _reopen(watch, parts[p], now)
             plans = _plans(parts, marks, now - timedelta(seconds=settle))
             if plans:
-                new_ranges = _audit(watch, plans, marks, now)
+                new_ranges = _audit(watch, plans, marks, now, spark_threshold)
         _store_ranges(watch, parts, new_ranges, now)
         _measure(watch, parts, marks, kafka, now, notes)
         _evaluate(watch, parts, alive, rewound, now)
@@ -272,10 +274,7 @@ class _Loader:
     def _add_any(self, partition: int, records, counts: dict, end: int, write) -> None:
         for r in records:
             tail = r.offset >= end
-            ignored = any(i.matches(r.key, r.value) for i in self.ignores) if self.ignores else False
-            rid = None
-            if not self.by_offset and not ignored:
-                rid = self.normalise(self.spec.extract(r.key, r.value))
+            rid, ignored = record_ids.derive(self.spec, self.ignores, self.normalise, r.key, r.value)
             if not tail:
                 counts["records"] += 1
                 if ignored:
@@ -294,7 +293,8 @@ class _Loader:
             self.buffer, self.lines = io.StringIO(), 0
 
 
-def _audit(watch: Watch, plans: dict, marks: dict, now: datetime) -> list[RangeResult]:
+def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None
+           ) -> list[RangeResult]:
     by_offset = watch.record_id == record_ids.OFFSET
     columns = watch.row_columns
     with connection.cursor() as wrapper:
@@ -304,25 +304,10 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime) -> list[RangeR
             raise WatchCheckError(f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist")
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
-        ends = {p: end for p, (_, _, end) in plans.items()}
-        loader = _Loader(cur, watch, id_type, ends)
-        reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
-        try:
-            kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
-        except Exception as exc:
-            raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
-        loader.flush()
-        # The match hashes whole ranges: memory for them rather than spills to disk, and no JIT compilation
-        # (a fixed 0.1-0.3 s on statements that are all scans and hashes). SET LOCAL: this check only.
-        cur.execute("SET LOCAL work_mem = %s", [MATCH_WORK_MEM])
-        cur.execute("SET LOCAL jit = off")
-        cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["records"]))
-        if watch_match.needs_written(by_offset, watch.keyed):
-            cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
-                sql.Identifier(WRITTEN), watch_match.written_sql(watch.sink_table, columns, by_offset, RELATIONS)))
-            cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
-        findings = watch_match.findings_sql(watch.sink_table, columns, by_offset, watch.keyed, RELATIONS)
-        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(sql.Identifier(FOUND), findings))
+        if _on_spark(plans, spark_threshold):
+            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type)
+        else:
+            counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns)
         # Every finding is kept (the export, the trace); the range lists the first of each kind.
         cur.execute(sql.SQL('INSERT INTO {} (watch_id, partition, "offset", kind, extra, checked_at) '
                             'SELECT %s, partition, "offset", kind, extra, %s FROM {}').format(
@@ -332,15 +317,11 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime) -> list[RangeR
                             "(array_agg(extra ORDER BY \"offset\"))[1:%s] FROM {} GROUP BY partition, kind"
                             ).format(RELATIONS["found"]), [OFFSETS_LISTED, OFFSETS_LISTED])
         found = cur.fetchall()
-        superseded = {}
-        if watch.keyed:
-            cur.execute(watch_match.superseded_sql(RELATIONS))
-            superseded = dict(cur.fetchall())
         for name in TEMPORARY:
             cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
     results = {}
     for p, (_, first, end) in sorted(plans.items()):
-        counts = loader.counts.get(p, {})
+        counts = counts_of.get(p, {})
         results[p] = RangeResult(p, first, end, counts.get("records", 0), counts.get("ignored", 0),
                                  superseded.get(p, 0), counts.get("unreadable", 0))
     for p, kind, count, extra, offsets, extras in found:
@@ -361,10 +342,64 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime) -> list[RangeR
     return ranges
 
 
+def _on_spark(plans: dict, threshold: int | None) -> bool:
+    """Whether this check's settled ranges, together, hold at least `threshold` records (the setting
+    WATCH_SPARK_THRESHOLD unless a check names its own; 0: never)."""
+    threshold = settings.WATCH_SPARK_THRESHOLD if threshold is None else threshold
+    return threshold > 0 and sum(end - first for _, first, end in plans.values()) >= threshold
+
+
+def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, by_offset: bool,
+                         columns: list[str]) -> tuple[dict, dict]:
+    """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
+    ends = {p: end for p, (_, _, end) in plans.items()}
+    loader = _Loader(cur, watch, id_type, ends)
+    reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
+    try:
+        kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
+    except Exception as exc:
+        raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
+    loader.flush()
+    # The match hashes whole ranges: memory for them rather than spills to disk, and no JIT compilation
+    # (a fixed 0.1-0.3 s on statements that are all scans and hashes). SET LOCAL: this check only.
+    cur.execute("SET LOCAL work_mem = %s", [MATCH_WORK_MEM])
+    cur.execute("SET LOCAL jit = off")
+    cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["records"]))
+    if watch_match.needs_written(by_offset, watch.keyed):
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
+            sql.Identifier(WRITTEN), watch_match.written_sql(watch.sink_table, columns, by_offset, RELATIONS)))
+        cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
+    findings = watch_match.findings_sql(watch.sink_table, columns, by_offset, watch.keyed, RELATIONS)
+    cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(sql.Identifier(FOUND), findings))
+    superseded = {}
+    if watch.keyed:
+        cur.execute(watch_match.superseded_sql(RELATIONS))
+        superseded = dict(cur.fetchall())
+    return loader.counts, superseded
+
+
+def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None) -> tuple[dict, dict]:
+    """The same match on Spark executors (consumers/reconciliation/watch_spark.py); the findings in `found`."""
+    from consumers.reconciliation import watch_spark
+
+    cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer, "offset" bigint, kind text, extra bigint) '
+                        "ON COMMIT DROP").format(sql.Identifier(FOUND)))
+    log.info("watch %s: matching %s records on Spark", watch.name,
+             sum(end - first for _, first, end in plans.values()))
+    try:
+        return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"])
+    except WatchCheckError:
+        raise
+    except Exception as exc:  # Spark, JDBC or Kafka: the check fails with the reason's kind, nothing settles
+        log.exception("watch %s: the audit on Spark failed", watch.name)
+        raise WatchCheckError(f"Spark: the audit of {watch.topic} failed ({type(exc).__name__}); "
+                              "the details are in the log") from exc
+
+
 def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
     for name in TEMPORARY:  # a caller's open transaction may hold a previous check's
         cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
-    rid_type = sql.SQL(_column_type(id_type)) if id_type else sql.SQL("text")
+    rid_type = sql.SQL(record_ids.column_type(id_type)) if id_type else sql.SQL("text")
     cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer NOT NULL, "offset" bigint NOT NULL, rid {}, '
                         "expected boolean NOT NULL, tomb boolean NOT NULL, ts bigint, tail boolean NOT NULL) "
                         "ON COMMIT DROP").format(sql.Identifier(RECORDS), rid_type))
@@ -372,48 +407,6 @@ def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
         sql.Identifier(RANGES)))
     values = [(p, first, end) for p, (_, first, end) in plans.items()]
     cur.executemany(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(RELATIONS["ranges"]), values)
-
-
-def _column_type(pg_type: str) -> str:
-    """The temporary id column's type: the row-id column's own where it is a number or a uuid (so the join
-    can use the table's index), text for the text types."""
-    base = pg_type.split("(")[0]
-    if base in ("smallint", "integer", "bigint"):
-        return "bigint"
-    if base == "numeric":
-        return "numeric"
-    if base == "uuid":
-        return "uuid"
-    return "text"
-
-
-def normaliser(id_type: str | None):
-    """record id text -> the value the row-id column can hold, or None: no row of that column can name it."""
-    kind = _column_type(id_type) if id_type else "text"
-
-    def as_bigint(text):
-        if text is None or not INTEGER.match(text):
-            return None
-        number = int(text)
-        return str(number) if -2**63 <= number < 2**63 else None
-
-    def as_numeric(text):
-        try:
-            number = Decimal(text) if text is not None else None
-        except InvalidOperation:
-            return None
-        return str(number) if number is not None and number.is_finite() else None
-
-    def as_uuid(text):
-        try:
-            return str(uuid.UUID(text)) if text is not None else None
-        except ValueError:
-            return None
-
-    def as_text(text):
-        return None if text is None or "\x00" in text else text
-
-    return {"bigint": as_bigint, "numeric": as_numeric, "uuid": as_uuid}.get(kind, as_text)
 
 
 def _copy_text(value: str | None) -> str:

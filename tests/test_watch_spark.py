@@ -1,0 +1,156 @@
+"""The watch audit on Spark gives the PostgreSQL audit's answer on the same data: the same topic and table
+audited by two watches, one matched inside PostgreSQL, one forced onto Spark executors (spark_threshold=1).
+Each case holds lost and duplicated records, ignored and unreadable ones; offset ids add transaction markers
+and a phantom row at a marker's position; keyed ids add superseded records and a lost delete."""
+import json
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from psycopg2 import sql
+
+from consumers.engine.spark_session import get_spark
+from consumers.kafka import admin
+from consumers.models import WatchFinding, WatchRange
+from consumers.operations import watch_setup
+from consumers.reconciliation import watch_audit, watch_spark
+from tests.transactional_log import mixed_transactions, produce_transactions
+from tests.watch_helpers import as_offsets, drop_tables, produce, read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def spark():
+    return get_spark()
+
+
+@pytest.fixture
+def table_name():
+    name = f"team_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_tables(name)
+
+
+@pytest.fixture
+def spark_matches(monkeypatch):
+    """The Spark match's calls: proof that the forced check ran on Spark (and the other did not)."""
+    calls = []
+    real = watch_spark.match
+
+    def counted(watch, *args, **kwargs):
+        calls.append(watch.name)
+        return real(watch, *args, **kwargs)
+
+    monkeypatch.setattr(watch_spark, "match", counted)
+    return calls
+
+
+def execute(statement: sql.Composable, rows=((),)) -> None:
+    with connection.cursor() as cur:
+        for params in rows:
+            cur.execute(statement.as_string(cur.cursor), params)
+
+
+def commit_all(group: str, topic: str) -> None:
+    admin.commit_offsets(group, topic, {p: mark.high for p, mark in admin.watermarks(topic).items()})
+
+
+def audit_both(spark_matches, **spec):
+    """Two watches of the same group, topic and table; one checked on PostgreSQL, one on Spark. Returns
+    both reports and what each stored (ranges, findings)."""
+    results = []
+    for engine, threshold in (("pg", 0), ("spark", 1)):
+        watch, _ = watch_setup.create(watch_setup.WatchSpec(name=f"{engine}-{uuid.uuid4().hex[:6]}",
+                                                            settle_seconds=0, **spec))
+        report = watch_audit.check_watch(watch, now=timezone.now(), spark_threshold=threshold)
+        assert not report.error, report.error
+        ranges = sorted((r.partition, r.start, r.end, r.records, r.ignored, r.superseded, r.unreadable, r.lost,
+                         r.duplicated, r.phantom, r.lost_offsets, r.duplicated_offsets, r.phantom_offsets, r.note)
+                        for r in WatchRange.objects.filter(watch=watch))
+        findings = sorted(WatchFinding.objects.filter(watch=watch).values_list("partition", "offset", "kind", "extra"))
+        results.append((watch.name, report, ranges, findings))
+    (pg_name, pg, pg_ranges, pg_findings), (spark_name, on_spark, spark_ranges, spark_findings) = results
+    assert spark_matches == [spark_name]   # only the forced check matched on Spark
+    assert on_spark.as_json() | {"lag": None} == pg.as_json() | {"lag": None}
+    assert (on_spark.checked, on_spark.phantom) == (pg.checked, pg.phantom)
+    assert spark_ranges == pg_ranges and spark_findings == pg_findings
+    return pg, pg_ranges, pg_findings
+
+
+def test_plain_ids_with_ignored_unreadable_repeated_lost_and_duplicated_records(spark, make_topic, table_name,
+                                                                               spark_matches):
+    topic = make_topic("orders", partitions=2)
+    values = [json.dumps({"id": n}).encode() for n in range(1, 41)]
+    values += [json.dumps({"type": "heartbeat"}).encode()] * 3 + [b"not json", json.dumps({"id": 5}).encode()]
+    values.append(json.dumps({"id": "7"}).encode())   # a string id names the same bigint row as a number
+    produce(topic, [(None, v) for v in values], partitions=2)
+    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
+    rows = [n for n in range(1, 41) if n not in (3, 17)] + [8, 20, 20, 7]   # 3, 17 lost; 8 twice, 20 three times
+    execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table_name)), [[n] for n in rows])
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit_all(group, topic)
+
+    pg, ranges, findings = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name,
+                                      record_id="json:id", row_id="id", ignore=["json:type=heartbeat"])
+
+    records = read_topic(topic)
+    where = {json.loads(v).get("id") if v != b"not json" else None: at for at, (_, v, _) in sorted(records.items())
+             if v not in (b"not json",)}
+    five = sorted(at for at, (_, v, _) in records.items() if v == json.dumps({"id": 5}).encode())
+    assert pg.checked == len(values) == sum(r[3] for r in ranges)
+    assert sum(r[4] for r in ranges) == 3 and sum(r[6] for r in ranges) == 1   # heartbeats ignored, one unreadable
+    # 3 and 17 have no row; id 5 has two records and one row: its second record is lost
+    assert as_offsets(pg.lost_offsets) == {where[3], where[17], five[1]}
+    assert pg.duplicated == 1 + 2   # 8: one extra row, 20: two extra rows (7: two records, two rows: fine)
+    assert as_offsets(pg.duplicated_offsets) == {where[8], where[20]}
+    assert len(findings) == 5
+
+
+def test_offset_ids_with_transaction_markers_a_phantom_and_an_ignored_record(spark, make_topic, table_name,
+                                                                            spark_matches):
+    topic = make_topic("tx", partitions=1)
+    produce_transactions(topic, mixed_transactions(3, size=5))
+    records = sorted(read_topic(topic))
+    end = admin.watermarks(topic)[0].high
+    holes = sorted(set(range(end)) - {o for _, o in records})
+    assert holes   # the markers' positions hold no record
+    execute(sql.SQL("CREATE TABLE {} (part integer, off bigint)").format(sql.Identifier(table_name)))
+    lost, doubled, ignored = records[1], records[4], records[6]
+    value_of_ignored = read_topic(topic)[ignored][1].decode()
+    rows = [at for at in records if at not in (lost, ignored)] + [doubled, (0, holes[0])]
+    execute(sql.SQL("INSERT INTO {} (part, off) VALUES (%s, %s)").format(sql.Identifier(table_name)), rows)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit_all(group, topic)
+
+    pg, ranges, findings = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name,
+                                      record_id="offset", row_id="part,off", ignore=[f"value={value_of_ignored}"])
+
+    assert pg.checked == len(records) and sum(r[4] for r in ranges) == 1
+    assert as_offsets(pg.lost_offsets) == {lost} and as_offsets(pg.duplicated_offsets) == {doubled}
+    assert pg.phantom == 1 and [r[12] for r in ranges] == [[holes[0]]]
+
+
+def test_keyed_updates_with_superseded_records_a_lost_delete_and_a_lost_latest(spark, make_topic, table_name,
+                                                                              spark_matches):
+    topic = make_topic("updates", partitions=2)
+    updates = [(f"k{n}".encode(), f"v{n}-{version}".encode()) for version in range(2) for n in range(1, 11)]
+    updates += [(b"k2", None)]   # a delete whose row is still there: the delete was lost
+    produce(topic, updates, partitions=2)
+    execute(sql.SQL("CREATE TABLE {} (id text)").format(sql.Identifier(table_name)))
+    rows = [f"k{n}" for n in range(1, 11) if n != 3] + ["k4"]   # k3's latest has no row; k4 has two
+    execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table_name)), [[k] for k in rows])
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit_all(group, topic)
+
+    pg, ranges, findings = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name,
+                                      record_id="key", row_id="id", keyed=True)
+
+    records = read_topic(topic)
+    latest = {}
+    for at, (key, _, _) in sorted(records.items(), key=lambda item: (item[1][2], item[0][1])):
+        latest[key] = at
+    assert pg.checked == len(updates) and sum(r[5] for r in ranges) == len(updates) - 10
+    assert as_offsets(pg.lost_offsets) == {latest[b"k2"], latest[b"k3"]}
+    assert as_offsets(pg.duplicated_offsets) == {latest[b"k4"]} and pg.duplicated == 1
