@@ -267,8 +267,8 @@ def naive_loop(topic: str, records: int, transform_name: str) -> float:
 
 def _fresh_pipeline(topic: str, transform: str, mode, batch_size: int, name: str, kafka_client: str = "") -> str:
     from consumers.engine import db, sinks
-    from consumers.engine.pipelines import create_pipeline
     from consumers.models import Pipeline
+    from tests.pipelines import create_pipeline
 
     table = f"bench_{name.rsplit('-', 1)[-1]}".replace("-", "_")
     conn = db.connect("tally-bench")

@@ -76,8 +76,8 @@ def main() -> None:
 
 def one_round(partitions: int, mode: str) -> dict[str, float]:
     from consumers.engine import db, sinks
-    from consumers.engine.pipelines import create_pipeline
     from consumers.models import DeliveryMode
+    from tests.pipelines import create_pipeline
 
     name = f"restart-{uuid.uuid4().hex[:8]}"
     table = name.replace("-", "_")

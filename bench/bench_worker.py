@@ -124,7 +124,7 @@ class Worker:
 
 def fresh_pipeline(topic: str, batch_size: int):
     from consumers.engine import db, sinks
-    from consumers.engine.pipelines import create_pipeline
+    from tests.pipelines import create_pipeline
 
     table = f"bench_{topic}".replace("-", "_")[:63]
     conn = db.connect("tally-bench")

@@ -6,12 +6,12 @@ import pytest
 from kafka import KafkaProducer
 
 from consumers.engine import caught_up, commit, db
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.models import DeliveryMode, PartitionOffset, ResetPolicy
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 

@@ -102,9 +102,9 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
 
 
 def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstrap, make_topic):
-    from consumers.engine.pipelines import create_pipeline
     from consumers.engine.python import run_pipeline
     from consumers.models import DeadLetter, Pipeline
+    from tests.pipelines import create_pipeline
 
     topic = make_topic("adm-replay")
     produce(kafka_bootstrap, topic, ["1", "x2", "3", "4!"])

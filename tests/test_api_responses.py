@@ -9,13 +9,13 @@ from django.test import Client
 from django.utils import timezone
 
 from alerts.models import Alert, AlertRule, AlertState, RuleKind
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import DeadLetter
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
 from tests.api_schema import RAW_SCHEMA, assert_documented, operation
+from tests.pipelines import create_pipeline
 from tests.views_helpers import drop_sink, make_operator, make_viewer, produce
 
 pytestmark = [pytest.mark.kafka]

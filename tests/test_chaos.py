@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
 from tests.chaos import (
@@ -21,6 +20,7 @@ from tests.chaos import (
     wait_for,
 )
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.usefixtures("kafka_client")]

@@ -6,12 +6,12 @@ from django.db import connection
 from psycopg2 import sql
 
 from consumers.engine import commit, db
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.transforms import SourceRecord
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, DeliveryMode, Pipeline
 from consumers.operations import dead_letters
 from consumers.operations.errors import Refused
 from consumers.reconciliation import verify as reconcile_verify
+from tests.pipelines import create_pipeline
 
 BAD = {3: "x3", 7: "7?", 8: "junk"}   # int_value rejects these; lenient_int accepts "x3" and "7?", never "junk"
 

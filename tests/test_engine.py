@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from consumers.engine import commit, db
 from consumers.engine.lifecycle import UnknownPipeline
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from tests.chaos import produce_values, sink_counts, wait_for
 from tests.conftest import ROOT, drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]

@@ -6,7 +6,6 @@ import uuid
 import pytest
 from kafka.admin import NewTopic
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
@@ -16,6 +15,7 @@ from tests.chaos import sink_counts
 from tests.commands import run_command
 from tests.conftest import drop_sink_tables
 from tests.kafka_forwarders import KEY_PASSWORD, PASSWORD, ForwardedBroker, server_tls
+from tests.pipelines import create_pipeline
 
 pytestmark = [pytest.mark.kafka]
 

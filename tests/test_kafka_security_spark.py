@@ -9,7 +9,6 @@ from django.db import connection
 from kafka.admin import NewTopic
 from psycopg2 import sql
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.spark import run_pipeline
 from consumers.engine.spark_session import get_spark
 from consumers.engine.spark_source import cluster_options
@@ -20,6 +19,7 @@ from consumers.reconciliation import topic_check
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.kafka_forwarders import PASSWORD
+from tests.pipelines import create_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -16,13 +16,13 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from consumers.engine import caught_up
 from consumers.engine import spark as spark_engine
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.rdkafka import RdKafkaConsumer
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, Engine, PartitionOffset, ResetPolicy, RunState
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.test_engine import in_thread
 from tests.waiting import patience, wait_for
 

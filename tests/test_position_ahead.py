@@ -9,12 +9,12 @@ from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert
 from consumers.engine import commit, db
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.models import DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import produce_values
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]

@@ -6,7 +6,6 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.operations import pipeline_file
 from tests.commands import pipeline_command
@@ -40,12 +39,6 @@ def tables() -> list:
         cursor.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                        "WHERE c.relkind = 'r' ORDER BY 1, 2")
         return cursor.fetchall()
-
-
-@pytest.mark.parametrize("table", TABLES)
-def test_create_pipeline_refuses_it(world, table):
-    with pytest.raises(ValueError, match="Sink table"):
-        create_pipeline("orders", "orders-topic", table)
 
 
 @pytest.mark.django_db(transaction=True)  # the command closes its connection

@@ -80,7 +80,7 @@ def test_kafka_broker_whose_broker_dies_says_so_and_exits_1(env):
 
 @pytest.fixture
 def running_pipeline(subprocess_env, make_topic):
-    from consumers.engine.pipelines import create_pipeline
+    from tests.pipelines import create_pipeline
 
     topic = make_topic("stop", partitions=2)
     pipeline = create_pipeline(f"stop-{topic[-8:]}".lower(), topic, f"stop_{topic[-8:]}".lower())
@@ -266,8 +266,8 @@ def test_celery_beat_exits_on_a_signal_to_its_group(subprocess_env, tmp_path, si
 
 @pytest.fixture
 def spark_pipeline_env(subprocess_env, make_topic):
-    from consumers.engine.pipelines import create_pipeline
     from consumers.models import Engine
+    from tests.pipelines import create_pipeline
 
     topic = make_topic("sstop", partitions=2)
     pipeline = create_pipeline(f"sstop-{topic[-8:]}".lower(), topic, f"sstop_{topic[-8:]}".lower(), engine=Engine.SPARK)

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import EngineProcess, ledger_batches, run_killed_at, run_until_clean_exit, sink_counts, wait_for
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.usefixtures("kafka_client")]

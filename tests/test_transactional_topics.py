@@ -2,13 +2,13 @@
 records never reach a sink, and every mode (both engines elsewhere) ends caught up with lag 0."""
 import pytest
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]

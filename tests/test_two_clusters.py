@@ -7,7 +7,6 @@ from django.test import Client
 from kafka.admin import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import broker, clusters
@@ -15,6 +14,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka]

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from django.db.models import Max, Min
 
-from consumers.engine.pipelines import create_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, ConsumerRun, Pipeline
 from consumers.operations import actions
 from tests.chaos import produce_values, sink_counts, wait_for
 from tests.conftest import ROOT, drop_sink_tables, stop_process_group
+from tests.pipelines import create_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 

@@ -90,8 +90,8 @@ def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
 def consumed_pipeline(bootstrap: str, topic: str, name: str, records: int):
     """A real exactly-once pipeline over `topic` that has consumed "1".."records" with the engine.
     Needs a transactional test (the engine writes through its own connection)."""
-    from consumers.engine.pipelines import create_pipeline
     from consumers.engine.python import run_pipeline
+    from tests.pipelines import create_pipeline
 
     produce(bootstrap, topic, range(1, records + 1))
     pipeline = create_pipeline(name, topic, f"sink_{name}".replace("-", "_"), "int_value", batch_size=10)

@@ -29,7 +29,7 @@ from psycopg2 import sql
 from consumers.demo.runner import DemoRunner
 from consumers.demo.schedule import MAX_SEED, crash_schedule
 from consumers.engine import db, sinks
-from consumers.engine.pipelines import create_pipeline
+from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import (
@@ -46,6 +46,7 @@ from consumers.models import (
     PipelineHealth,
     RunState,
 )
+from consumers.operations import pipeline_setup
 
 log = logging.getLogger("tally.demo")
 
@@ -108,11 +109,26 @@ def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> d
     else:
         produced = _ensure_topic(records, partitions)
     notes += _rewind_kept_groups(kept_groups)
-    pipelines = [create_pipeline(demo.name, DEMO_TOPIC, demo.sink_table, "int_value", demo.delivery_mode,
-                                 exist_ok=True, group_id=demo.name, batch_size=DEMO_BATCH_SIZE, engine=demo.engine)
-                 for demo in DEMO_PIPELINES]
+    pipelines = [_ensure_pipeline(demo) for demo in DEMO_PIPELINES]
     return {"topic": DEMO_TOPIC, "records": records, "partitions": partitions, "produced": produced,
             "pipelines": [p.name for p in pipelines], "notes": notes}
+
+
+def _ensure_pipeline(demo: DemoPipeline) -> Pipeline:
+    """The demo pipeline, created the way every pipeline is (validated, audited as the "demo" actor) the first
+    time, at the blog post's batch size; later, its sink table made again if it was dropped."""
+    pipeline = Pipeline.objects.filter(name=demo.name).first()
+    if pipeline is None:
+        spec = pipeline_setup.PipelineSpec(
+            name=demo.name, topic=DEMO_TOPIC, sink_table=demo.sink_table, mode=DeliveryMode(demo.delivery_mode).label,
+            transform="int_value", group=demo.name, engine=demo.engine, create_table=True)
+        pipeline = pipeline_setup.create(spec, actor="demo")
+        Pipeline.objects.filter(pk=pipeline.pk).update(batch_size=DEMO_BATCH_SIZE)
+        pipeline.refresh_from_db()
+        return pipeline
+    with connection.cursor() as cursor:
+        sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve(pipeline.transform), pipeline.is_exactly_once)
+    return pipeline
 
 
 def _reset() -> tuple[list[str], dict[str, str]]:

@@ -1,4 +1,7 @@
-"""Creating pipelines: the Pipeline row and its sink table, together."""
+"""Tests' and benches' arrangement: a pipeline row and its sink table, made directly, with any fields a test
+needs (an epoch, a batch size) and without Kafka. The product creates pipelines through
+consumers.operations.pipeline_setup only (validated, audited); this keeps only its sink-name rule, so that no
+test writes into a table of an installed app."""
 from django.db import connection, transaction
 
 from consumers.engine import sink_names, sinks
