@@ -11,7 +11,10 @@ log end, and times:
     split into the Kafka read, the load and the match;
   - an idle check (nothing new committed since), `--repeat` times (median), with the process's shared admin
     client, then again with a new admin client and preflight each time (as before it was shared).
-Targets (issue 33): 1,000,000 records < 10 s; idle < 50 ms.
+With `--spark`, the same data is then audited by a second watch forced onto Spark executors
+(`spark_threshold=1`, consumers/reconciliation/watch_spark.py): the Spark session is started first (its
+start-up timed apart), the two answers must be equal, and the Spark check's time is printed beside.
+Targets (issue 33): 1,000,000 records < 10 s; idle < 50 ms; 10,000,000 on Spark local[2] < 3 min.
 """
 import argparse
 import os
@@ -35,6 +38,7 @@ def parse_args():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_watch")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
+    parser.add_argument("--spark", action="store_true", help="Also audit the same data on Spark and compare.")
     return parser.parse_args()
 
 
@@ -135,6 +139,29 @@ def timed_check(watch, **kwargs):
     return report, spent
 
 
+def spark_check(pg_report, topic: str) -> None:
+    """The same audit on Spark executors, by a second watch of the same group, topic and table."""
+    from consumers.engine.spark_session import get_spark
+    from consumers.operations import watch_setup
+    from consumers.reconciliation import watch_audit
+
+    started = time.perf_counter()
+    spark = get_spark()
+    print(f"Spark session ({spark.sparkContext.master}) started in {time.perf_counter() - started:.1f} s")
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(
+        name="bench-spark", group="bench-group", topic=topic, sink_table=TABLE,
+        record_id="value", row_id="id", settle_seconds=0))
+    started = time.perf_counter()
+    report = watch_audit.check_watch(watch, spark_threshold=1)
+    took = time.perf_counter() - started
+    assert not report.error, report.error
+    same = (report.checked, report.lost, report.duplicated, report.lost_offsets, report.duplicated_offsets) == (
+        pg_report.checked, pg_report.lost, pg_report.duplicated, pg_report.lost_offsets, pg_report.duplicated_offsets)
+    assert same, "the Spark audit's answer differs from PostgreSQL's"
+    print(f"first check on Spark: {report.checked} records, lost {report.lost}, duplicated {report.duplicated} "
+          f"in {took:.2f} s (the same answer as PostgreSQL's path)")
+
+
 def main():
     args = parse_args()
     load_at_start = os.getloadavg()   # other work shares the machine: say how busy it was
@@ -180,6 +207,8 @@ def main():
             fresh.append(spent["total"] * 1000)
         print(f"idle check with a new admin client and preflight each time: median {statistics.median(fresh):.1f} ms "
               f"(min {min(fresh):.1f}, max {max(fresh):.1f}) over {args.repeat}")
+        if args.spark:
+            spark_check(report, topic)
         print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
         print("load average (1, 5, 15 min) at the start: {:.2f} {:.2f} {:.2f}; at the end: {:.2f} {:.2f} {:.2f}".format(
             *load_at_start, *os.getloadavg()))
