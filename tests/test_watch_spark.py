@@ -154,3 +154,21 @@ def test_keyed_updates_with_superseded_records_a_lost_delete_and_a_lost_latest(s
     assert pg.checked == len(updates) and sum(r[5] for r in ranges) == len(updates) - 10
     assert as_offsets(pg.lost_offsets) == {latest[b"k2"], latest[b"k3"]}
     assert as_offsets(pg.duplicated_offsets) == {latest[b"k4"]} and pg.duplicated == 1
+
+
+def test_a_partition_with_nothing_to_settle_is_not_read(spark, make_topic, table_name, spark_matches):
+    topic = make_topic("half", partitions=2)
+    produce(topic, [(None, str(v).encode()) for v in range(1, 11)], partitions=2)
+    records = read_topic(topic)
+    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
+    first = sorted(at for at in records if at[0] == 0)
+    rows = [int(records[at][1]) for at in first[1:]]   # partition 0's first record lost; partition 1 unwritten
+    execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table_name)), [[n] for n in rows])
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    admin.commit_offsets(group, topic, {0: admin.watermarks(topic)[0].high, 1: 0})   # partition 1: all lag
+
+    pg, ranges, _ = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name, record_id="value",
+                               row_id="id")
+
+    assert pg.checked == len(first) and as_offsets(pg.lost_offsets) == {first[0]}
+    assert [r[0] for r in ranges] == [0]

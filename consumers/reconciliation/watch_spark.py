@@ -74,7 +74,8 @@ def spark_sql(statement: sql.Composable, cur) -> str:
     return QUOTED.sub(lambda m: "`" + m.group(1).replace('""', '"').replace("`", "``") + "`", statement.as_string(cur))
 
 
-def read_records(spark, watch, reads: dict[int, tuple[int, int]], id_type: str | None, ends: dict[int, int]):
+def read_records(spark, watch, reads: dict[int, tuple[int, int]], marks: dict, id_type: str | None,
+                 ends: dict[int, int]):
     """The relation `records` of the ranges `reads` ({partition: (first, end)}), derived on the executors."""
     from pyspark.sql import functions as F
 
@@ -83,9 +84,13 @@ def read_records(spark, watch, reads: dict[int, tuple[int, int]], id_type: str |
 
     cluster = clusters.get(watch.cluster)
     fmt = kafka_format(spark, cluster)
+    # Every partition of the topic is named: one left out would be read from its start to its end. Those
+    # without a range to settle get an empty one.
+    idle = {p: (mark.high, mark.high) for p, mark in marks.items() if p not in reads}
+    ranges = {**idle, **reads}
     reader = (spark.read.format(fmt).options(**cluster_options(cluster)).option("subscribe", watch.topic)
-              .option("startingOffsets", offsets_json(watch.topic, {p: first for p, (first, _) in reads.items()}))
-              .option("endingOffsets", offsets_json(watch.topic, {p: end for p, (_, end) in reads.items()})))
+              .option("startingOffsets", offsets_json(watch.topic, {p: first for p, (first, _) in ranges.items()}))
+              .option("endingOffsets", offsets_json(watch.topic, {p: end for p, (_, end) in ranges.items()})))
     if fmt == "kafka":  # Tally's source always reads read_committed; Spark's own reads uncommitted by default
         reader = reader.option("kafka.isolation.level", "read_committed")
     kafka = reader.load().select("key", "value", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
@@ -131,7 +136,7 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
     names = view_names()
     views = {name: sql.Identifier(view) for name, view in names.items()}
     team = read_team(spark, cur, watch.sink_table, watch.row_columns, by_offset)
-    records = read_records(spark, watch, reads, id_type, ends)
+    records = read_records(spark, watch, reads, marks, id_type, ends)
     if not by_offset:  # the id in the row-id column's type, as PostgreSQL's temporary table holds it
         records = records.withColumn("rid", F.col("rid").try_cast(team.schema[TEAM_COLUMNS[0]].dataType))
     records = records.persist(StorageLevel.MEMORY_AND_DISK)   # read once: the counts and the match reuse it
