@@ -331,34 +331,30 @@ class RewindMoveSerializer(MoveSerializer):
     rows_to_delete = serializers.IntegerField()
 
 
-class RewindSerializer(serializers.Serializer):
-    pipeline = serializers.CharField()
+class OffsetMovePlanSerializer(serializers.Serializer):
+    """What a rewind and a group reset share: the move asked for, planned (dry run) or done, and its audit entry."""
     mode = serializers.CharField()
     value = serializers.CharField(allow_null=True)
     dry_run = serializers.BooleanField()
+    action_id = serializers.IntegerField()
+    result = serializers.CharField()
+    message = serializers.CharField(allow_blank=True)
+    reprocess = serializers.IntegerField(help_text="Records that will be read again")
+    skip = serializers.IntegerField(help_text="Records that will never be read")
+
+
+class RewindSerializer(OffsetMovePlanSerializer):
+    pipeline = serializers.CharField()
     rollback_sink = serializers.BooleanField()
     resumed = serializers.BooleanField()
-    action_id = serializers.IntegerField()
-    result = serializers.CharField()
-    message = serializers.CharField(allow_blank=True)
     partitions = RewindMoveSerializer(many=True)
     rows_to_delete = serializers.IntegerField()
-    reprocess = serializers.IntegerField()
-    skip = serializers.IntegerField()
 
 
-class GroupResetSerializer(serializers.Serializer):
+class GroupResetSerializer(OffsetMovePlanSerializer):
     group = serializers.CharField()
     topic = serializers.CharField()
-    mode = serializers.CharField()
-    value = serializers.CharField(allow_null=True)
-    dry_run = serializers.BooleanField()
-    action_id = serializers.IntegerField()
-    result = serializers.CharField()
-    message = serializers.CharField(allow_blank=True)
     partitions = MoveSerializer(many=True)
-    reprocess = serializers.IntegerField()
-    skip = serializers.IntegerField()
 
 
 class ClusterSerializer(serializers.Serializer):
