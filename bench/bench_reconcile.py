@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from psycopg2 import sql
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BATCH = 500          # the engine's default batch size: one ledger row per 500 records
@@ -85,12 +87,18 @@ def timed(func, *args, **kwargs):
     return result, (time.perf_counter() - start) * 1000
 
 
+def named(cur, template: str, table: str) -> str:
+    """`template` with {t} the sink table and {key}/{idx} its provenance indexes, quoted by psycopg2.sql."""
+    return sql.SQL(template).format(t=sql.Identifier(table), key=sql.Identifier(f"{table}_provenance_key"),
+                                    idx=sql.Identifier(f"{table}_provenance_idx")).as_string(cur.cursor)
+
+
 def load(cur, table, partitions, start, end):
     """Rows [start, end) of every partition, and their ledger rows, as the commit protocol writes them."""
     for p in range(partitions):
-        cur.execute(f"INSERT INTO {table} (id, source_topic, source_partition, source_offset) "  # fixed names
-                    "SELECT o + 1, %s, %s, o FROM generate_series(%s::bigint, %s::bigint - 1) AS o",
-                    [TOPIC, p, start, end])
+        cur.execute(named(cur, "INSERT INTO {t} (id, source_topic, source_partition, source_offset) "
+                                "SELECT o + 1, %s, %s, o FROM generate_series(%s::bigint, %s::bigint - 1) AS o",
+                          table), [TOPIC, p, start, end])
         cur.execute("INSERT INTO consumers_batchledger (pipeline_id, partition, first_offset, end_offset, records, "
                     "rows_written, dead_letters, epoch, committed_at) SELECT %s, %s, f, LEAST(f + %s, %s), "
                     "LEAST(f + %s, %s) - f, LEAST(f + %s, %s) - f, 0, 1, now() "
@@ -122,7 +130,7 @@ def main():
     from consumers.engine.transforms import resolve
     from consumers.kafka import admin as kafka_admin
     from consumers.kafka import broker
-    from consumers.models import Pipeline
+    from consumers.models import DeliveryMode, Pipeline
     from consumers.reconciliation import reconcile
 
     per_partition = args.rows // args.partitions
@@ -135,14 +143,14 @@ def main():
     with connection.cursor() as cur:
         sinks.drop_sink_table(cur, table)
         sinks.ensure_sink_table(cur, table, resolve("int_value"), exactly_once=True)
-        cur.execute(f"DROP INDEX {table}_provenance_key")  # load first, index after: much faster
+        cur.execute(named(cur, "DROP INDEX {key}", table))  # load first, index after: much faster
         for p in range(args.partitions):
             cur.execute("INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, updated_at) "
                         "VALUES (%s, %s, 0, now())", [pipeline.pk, p])
         load(cur, table, args.partitions, 0, per_partition)
-        cur.execute(f"CREATE UNIQUE INDEX {table}_provenance_key ON {table} "
-                    "(source_topic, source_partition, source_offset)")
-        cur.execute(f"VACUUM ANALYZE {table}")  # what autovacuum does after a bulk load: index-only scans
+        cur.execute(named(cur, "CREATE UNIQUE INDEX {key} ON {t} (source_topic, source_partition, source_offset)",
+                          table))
+        cur.execute(named(cur, "VACUUM ANALYZE {t}", table))  # what autovacuum does after a bulk load
         cur.execute("ANALYZE consumers_batchledger")
     kafka = StandInKafka({p: per_partition for p in range(args.partitions)})
     results = {}
@@ -152,18 +160,19 @@ def main():
     results["full re-verification, exactly-once sink (cheap check proves every partition)"] = ms
 
     with connection.cursor() as cur:
-        cur.execute(f"DELETE FROM {table} WHERE source_partition = 0 AND source_offset = %s", [per_partition // 2])
+        cur.execute(named(cur, "DELETE FROM {t} WHERE source_partition = 0 AND source_offset = %s", table),
+                    [per_partition // 2])
     report, ms = timed(reconcile.reconcile_pipeline, pipeline, full=True, kafka=kafka)
     assert report.lost == 1, report.as_json()
     results["full re-verification with one lost row (findings located in one partition)"] = ms
     with connection.cursor() as cur:
-        cur.execute(f"INSERT INTO {table} (id, source_topic, source_partition, source_offset) VALUES (0, %s, 0, %s)",
-                    [TOPIC, per_partition // 2])
+        cur.execute(named(cur, "INSERT INTO {t} (id, source_topic, source_partition, source_offset) "
+                                "VALUES (0, %s, 0, %s)", table), [TOPIC, per_partition // 2])
     reconcile.reconcile_pipeline(pipeline, full=True, kafka=kafka)
 
     with connection.cursor() as cur:
         load(cur, table, args.partitions, per_partition, per_partition + new_per_partition)
-        cur.execute(f"VACUUM ANALYZE {table}")
+        cur.execute(named(cur, "VACUUM ANALYZE {t}", table))
     kafka.positions = {p: per_partition + new_per_partition for p in range(args.partitions)}
     report, ms = timed(reconcile.reconcile_pipeline, pipeline, kafka=kafka)
     assert report.exact and report.partitions[0].checked_from == per_partition, report.as_json()
@@ -196,9 +205,12 @@ def main():
         broker.stop_broker(process)
 
     with connection.cursor() as cur:
-        cur.execute(f"DROP INDEX {table}_provenance_key")
-        cur.execute(f"CREATE INDEX {table}_provenance_idx ON {table} (source_topic, source_partition, source_offset)")
-        cur.execute(f"VACUUM ANALYZE {table}")
+        cur.execute(named(cur, "DROP INDEX {key}", table))
+        cur.execute(named(cur, "CREATE INDEX {idx} ON {t} (source_topic, source_partition, source_offset)", table))
+        cur.execute(named(cur, "VACUUM ANALYZE {t}", table))
+    # The same rows read as an at-least-once pipeline's (an exactly-once sink without its unique key is an error).
+    Pipeline.objects.filter(pk=pipeline.pk).update(delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    pipeline.refresh_from_db()
     kafka.positions = {p: per_partition + new_per_partition for p in range(args.partitions)}
     report, ms = timed(reconcile.reconcile_pipeline, pipeline, full=True, kafka=kafka)
     assert report.exact, report.as_json()
