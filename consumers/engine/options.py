@@ -1,8 +1,9 @@
 """What a run is asked to do, and the one interface both engines (consumers/engine/python.py, spark.py) offer.
 
-`RunOptions` is the one spelling of a run's options; `Engine` is what `engine_for(engine)` returns: a callable
-taking the pipeline's name and its options. Each engine's `run_pipeline(name, **options)` builds the options
-from keywords, for callers that name only a few of them.
+`RunOptions` is the one spelling of a run's options; `PipelineEngine` is what `engine_for(engine)` returns: a
+callable taking the pipeline's name and its options (not `Engine`: that name is the pipeline field's choices).
+Each engine's `run_pipeline(name, **options)` builds the options from keywords, for callers that name only a few
+of them.
 """
 import threading
 from collections.abc import Callable
@@ -28,17 +29,17 @@ class RunOptions:
     on_worker_death: Callable[[], None] | None = None   # spark: called once per Python worker that died committing
 
 
-class Engine(Protocol):
+class PipelineEngine(Protocol):
     def __call__(self, name: str, options: RunOptions) -> RunResult:
         """Run pipeline `name` until stopped, fenced, caught up (if asked) or out of time."""
 
 
-def engine_for(engine: str) -> Engine:
+def engine_for(engine: str) -> PipelineEngine:
     """The engine of a pipeline's `engine` field. Imported lazily: Spark (and its JVM) loads only where a Spark
     pipeline runs."""
-    from consumers.models import Engine as EngineChoice
+    from consumers.models import Engine
 
-    if engine == EngineChoice.SPARK:
+    if engine == Engine.SPARK:
         from consumers.engine.spark import run
     else:
         from consumers.engine.python import run

@@ -54,7 +54,7 @@ CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at m
 
 def run(name: str, options: RunOptions) -> RunResult:
     """Run pipeline `name` in this thread until stopped, fenced, caught up (if asked) or out of time (the
-    Engine interface). `options.peers`: this run is one of that many started together (`run_pipeline
+    PipelineEngine interface). `options.peers`: this run is one of that many started together (`run_pipeline
     --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S), so each takes its
     share at once instead of all of them first and handing most over a second later."""
     pipeline = load_pipeline(name)
