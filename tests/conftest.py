@@ -20,6 +20,7 @@ from consumers.kafka import broker, clusters
 from tests.kafka_forwarders import pki, secure_broker  # noqa: F401 (fixtures: TLS + SASL in front of a broker)
 from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
 from tests.waiting import patience
+from tests.watch_helpers import table_name  # noqa: F401 (fixture: a team's table name, dropped after)
 
 ROOT = Path(__file__).resolve().parent.parent
 

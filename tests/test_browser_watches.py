@@ -18,16 +18,9 @@ from consumers.reconciliation import snapshots, watch_audit
 from tests.conftest import screenshot_dir
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator, make_pipeline
-from tests.watch_helpers import drop_tables, id_counts, produce, read_topic, run_plain_consumer
+from tests.watch_helpers import id_counts, produce, read_topic, run_plain_consumer
 
 pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def table_name():
-    name = f"team_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_tables(name)
 
 
 def test_an_operator_watches_a_plain_consumer_that_lost_records_and_traces_one(page, live_server, make_topic,  # noqa: F811

@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.utils import timezone
 from psycopg2 import sql
 
@@ -17,23 +16,10 @@ from consumers.kafka import admin
 from consumers.models import ActionLog, ActionResult, LagSnapshot, Watch
 from consumers.operations import watch_setup
 from consumers.reconciliation import snapshots, watch_audit
-from tests.views_helpers import make_operator, make_viewer
-from tests.watch_helpers import as_offsets, drop_tables, id_counts, produce, read_topic, run_plain_consumer
+from tests.views_helpers import client_of, make_operator, make_viewer
+from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def table_name():
-    name = f"team_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_tables(name)
-
-
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.mark.chaos

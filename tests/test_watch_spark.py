@@ -16,7 +16,7 @@ from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_spark
 from tests.transactional_log import mixed_transactions, produce_transactions
-from tests.watch_helpers import as_offsets, drop_tables, produce, read_topic
+from tests.watch_helpers import as_offsets, produce, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -24,13 +24,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transa
 @pytest.fixture
 def spark():
     return get_spark()
-
-
-@pytest.fixture
-def table_name():
-    name = f"team_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_tables(name)
 
 
 @pytest.fixture

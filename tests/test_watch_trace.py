@@ -6,28 +6,14 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.test import Client
 from psycopg2 import sql
 
 from consumers.kafka import admin
 from consumers.models import WatchFinding
-from tests.views_helpers import make_operator, make_viewer
-from tests.watch_helpers import as_offsets, drop_tables, id_counts, produce, read_topic, run_plain_consumer
+from tests.views_helpers import client_of, make_operator, make_viewer
+from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def table_name():
-    name = f"team_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_tables(name)
-
-
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def execute(statement: sql.Composable, params=()) -> None:

@@ -31,6 +31,15 @@ def make_user(username: str, role: str):
     return user
 
 
+def client_of(user):
+    """A test client signed in as `user`."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
 def make_viewer(username="vera"):
     return make_user(username, VIEWERS)
 

@@ -5,15 +5,18 @@ import json
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
+import pytest
 from django.conf import settings
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from psycopg2 import sql
 
 from consumers.engine import db
-from tests.conftest import ROOT
 from tests.waiting import patience
 
+ROOT = Path(__file__).resolve().parent.parent   # (not from conftest: conftest imports this module's fixture)
 CONSUMER = ROOT / "examples" / "plain_consumer.py"
 
 
@@ -99,3 +102,11 @@ def as_offsets(listed: list[dict]) -> set[tuple[int, int]]:
 
 def json_value(**fields) -> bytes:
     return json.dumps(fields).encode()
+
+
+@pytest.fixture
+def table_name():
+    """A name for the team's table of a test; the table (if the test made it) is dropped afterwards."""
+    name = f"team_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_tables(name)
