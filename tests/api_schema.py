@@ -17,10 +17,15 @@ def operation(method: str, template: str):
     return SCHEMA[template][method.upper()]
 
 
+def body(response) -> bytes:
+    """A test-client response's body, streamed or not."""
+    return b"".join(response.streaming_content) if response.streaming else response.content
+
+
 def assert_documented(op, response, method: str, path: str) -> None:
     """Fails unless the schema lists `response`'s status for `op` and its body matches that answer's schema."""
     status = response.status_code
-    content = b"".join(response.streaming_content) if response.streaming else response.content
+    content = body(response)
     assert op.responses.find_by_status_code(status) is not None, (
         f"{method} {path}: status {status} is not in the schema", content[:300])
     request = requests.Request(method.upper(), f"http://testserver{path}").prepare()

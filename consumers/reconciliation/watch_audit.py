@@ -51,8 +51,6 @@ COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
 MATCH_WORK_MEM = "256MB"
 RETENTION_NOTE = "removed by retention before the audit read them: not audited"
-# The id normaliser lives beside the record ids: the Spark executors derive ids with it too.
-normaliser = record_ids.normaliser
 
 
 class WatchCheckError(RuntimeError):
@@ -241,7 +239,7 @@ class _Loader:
         self.by_offset = id_type is None
         self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
         self.ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
-        self.normalise = normaliser(id_type)
+        self.normalise = record_ids.normaliser(id_type)
         self.counts: dict[int, dict[str, int]] = {}
         self.buffer, self.lines = io.StringIO(), 0
 

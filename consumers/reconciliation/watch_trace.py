@@ -15,7 +15,6 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
-from consumers.reconciliation import watch_audit
 from consumers.reconciliation.trace import MAX_ROWS, TraceRefused, parse_request, preview
 
 __all__ = ["TraceRefused", "WatchTrace", "findings_csv", "parse_request", "trace"]
@@ -83,7 +82,7 @@ def _expected_id(watch: Watch, result: WatchTrace, found, types: dict) -> str:
     for spec in (record_ids.parse_ignore(text) for text in watch.ignore):
         if spec.matches(found.key, found.value):
             return str(spec)
-    normalise = watch_audit.normaliser(types[watch.row_columns[0]]["type"])
+    normalise = record_ids.normaliser(types[watch.row_columns[0]]["type"])
     rid = normalise(record_ids.parse_spec(watch.record_id).extract(found.key, found.value))
     result.expected_id = None if rid is None else [rid]
     return ""
