@@ -7,6 +7,7 @@ from django.db import connection
 from django.template.response import TemplateResponse
 
 from consumers.admin_groups import can_view
+from consumers.models import BatchLedger
 from consumers.operations import retention
 
 
@@ -14,8 +15,9 @@ def ledger_facts() -> dict:
     """The ledger's size and row count as PostgreSQL's statistics know them: counting millions of rows exactly
     would make this page the slow one."""
     with connection.cursor() as cursor:
+        # The table's name as a value: PostgreSQL's regclass cast looks it up.
         cursor.execute("SELECT greatest(reltuples, 0)::bigint, pg_total_relation_size(oid) FROM pg_class "
-                       "WHERE oid = 'consumers_batchledger'::regclass")
+                       "WHERE oid = %s::regclass", [BatchLedger._meta.db_table])
         rows, size = cursor.fetchone()
     return {"rows": rows, "bytes": size, "keep_days": settings.TALLY_LEDGER_KEEP_DAYS}
 

@@ -24,11 +24,33 @@ import io
 from dataclasses import dataclass, field
 
 import psycopg2
+from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from consumers.engine import poison, sinks, upsert
 from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.tables import BATCH_LEDGER, DEAD_LETTER, PARTITION_OFFSET, PIPELINE
 from consumers.engine.transforms import BadRecord, SourceRecord, Transform, as_source_records, for_pipeline
+
+# The protocol's statements, composed once: a batch only renders them.
+_CREATE_POSITIONS = sql.SQL("INSERT INTO {} (pipeline_id, partition, next_offset, updated_at) VALUES %s "
+                            "ON CONFLICT (pipeline_id, partition) DO NOTHING").format(PARTITION_OFFSET)
+_READ_POSITIONS = sql.SQL("SELECT partition, next_offset FROM {} WHERE pipeline_id = %s").format(PARTITION_OFFSET)
+_LOCK_POSITIONS = sql.SQL("SELECT partition, next_offset, replay_until FROM {} "
+                          "WHERE pipeline_id = %s AND partition = ANY(%s) ORDER BY partition FOR UPDATE"
+                          ).format(PARTITION_OFFSET)
+_SHARE_PIPELINE = sql.SQL("SELECT epoch FROM {} WHERE id = %s FOR SHARE").format(PIPELINE)
+_INSERT_DEAD_LETTERS = sql.SQL('INSERT INTO {} (pipeline_id, partition, "offset", key, value, error, created_at) '
+                               "VALUES %s ON CONFLICT DO NOTHING").format(DEAD_LETTER)
+_INSERT_LEDGER = sql.SQL("INSERT INTO {} (pipeline_id, partition, first_offset, end_offset, records, rows_written, "
+                         "dead_letters, epoch, committed_at) VALUES %s").format(BATCH_LEDGER)
+# GREATEST: the classic modes may replay below the DB position; the position never moves back here.
+_ADVANCE_POSITIONS = sql.SQL("UPDATE {} AS o SET next_offset = GREATEST(o.next_offset, v.end_offset), "
+                             "replay_until = CASE WHEN o.replay_until <= v.end_offset THEN NULL "
+                             "ELSE o.replay_until END, updated_at = now() "
+                             "FROM (VALUES %s) AS v(pipeline_id, partition, end_offset) "
+                             "WHERE o.pipeline_id = v.pipeline_id AND o.partition = v.partition"
+                             ).format(PARTITION_OFFSET)
 
 
 class CommitRefused(Exception):
@@ -123,11 +145,9 @@ def ensure_positions(conn, pipeline_id: int, initial: dict[int, int]) -> dict[in
     stored next_offset. Committed in its own short transaction."""
     with conn.cursor() as cur:
         if initial:
-            execute_values(cur, "INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, "
-                                "updated_at) VALUES %s ON CONFLICT (pipeline_id, partition) DO NOTHING",
+            execute_values(cur, _CREATE_POSITIONS,
                            [(pipeline_id, p, o) for p, o in initial.items()], template="(%s, %s, %s, now())")
-        cur.execute("SELECT partition, next_offset FROM consumers_partitionoffset WHERE pipeline_id = %s",
-                    [pipeline_id])
+        cur.execute(_READ_POSITIONS, [pipeline_id])
         positions = dict(cur.fetchall())
     conn.commit()
     return positions
@@ -135,8 +155,7 @@ def ensure_positions(conn, pipeline_id: int, initial: dict[int, int]) -> dict[in
 
 def stored_positions(conn, pipeline_id: int) -> dict[int, int]:
     with conn.cursor() as cur:
-        cur.execute("SELECT partition, next_offset FROM consumers_partitionoffset WHERE pipeline_id = %s",
-                    [pipeline_id])
+        cur.execute(_READ_POSITIONS, [pipeline_id])
         positions = dict(cur.fetchall())
     conn.rollback()
     return positions
@@ -178,9 +197,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
                 columns = dict(target.transform.columns)
                 upsert.delete_keys(cur, target.sink_table, [(c, columns[c]) for c in target.upsert_key], deletes)
             if dead:
-                execute_values(cur, "INSERT INTO consumers_deadletter (pipeline_id, partition, \"offset\", key, "
-                                    "value, error, created_at) VALUES %s ON CONFLICT DO NOTHING",
-                               [(target.pipeline_id, *d) for d in dead],
+                execute_values(cur, _INSERT_DEAD_LETTERS, [(target.pipeline_id, *d) for d in dead],
                                template="(%s, %s, %s, %s, %s, %s, now())")
             outcomes = [plan.outcome() for plan in plans]
             _write_ledger_and_positions(cur, target, epoch, outcomes)
@@ -205,7 +222,7 @@ def check_epoch(cur, pipeline_id: int, epoch: int) -> None:
     FOR SHARE until the transaction ends)."""
     # FOR SHARE: concurrent batches proceed together; a restart's epoch bump waits for them, and a batch
     # that starts after the bump sees the new epoch. So no write of an old epoch lands after a bump.
-    cur.execute("SELECT epoch FROM consumers_pipeline WHERE id = %s FOR SHARE", [pipeline_id])
+    cur.execute(_SHARE_PIPELINE, [pipeline_id])
     row = cur.fetchone()
     if row is None:
         raise Fenced(f"pipeline {pipeline_id} no longer exists")
@@ -217,13 +234,9 @@ def _lock_positions(cur, target: Target, partitions: list[int], fetches: dict[in
     """Lock and return ({partition: next_offset}, {partition: replay_until})."""
     if not target.exactly_once:
         # The classic modes resume from Kafka; the DB row only records how far they wrote.
-        execute_values(cur, "INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, "
-                            "updated_at) VALUES %s ON CONFLICT (pipeline_id, partition) DO NOTHING",
-                       [(target.pipeline_id, p, fetches[p].start) for p in partitions],
+        execute_values(cur, _CREATE_POSITIONS, [(target.pipeline_id, p, fetches[p].start) for p in partitions],
                        template="(%s, %s, %s, now())")
-    cur.execute("SELECT partition, next_offset, replay_until FROM consumers_partitionoffset "
-                "WHERE pipeline_id = %s AND partition = ANY(%s) ORDER BY partition FOR UPDATE",
-                [target.pipeline_id, partitions])
+    cur.execute(_LOCK_POSITIONS, [target.pipeline_id, partitions])
     locked = cur.fetchall()
     positions = {p: next_offset for p, next_offset, _ in locked}
     replay_until = {p: until for p, _, until in locked}
@@ -420,16 +433,9 @@ def _write_rows(cur, target: Target, rows: list[tuple], faults: FaultInjector, r
 def _write_ledger_and_positions(cur, target: Target, epoch: int, outcomes: list[PartitionOutcome]) -> None:
     if not outcomes:
         return
-    execute_values(cur, "INSERT INTO consumers_batchledger (pipeline_id, partition, first_offset, end_offset, "
-                        "records, rows_written, dead_letters, epoch, committed_at) VALUES %s",
+    execute_values(cur, _INSERT_LEDGER,
                    [(target.pipeline_id, o.partition, o.first_offset, o.end_offset, o.records, o.rows_written,
                      o.dead_letters, epoch) for o in outcomes],
                    template="(%s, %s, %s, %s, %s, %s, %s, %s, now())")
-    # GREATEST: the classic modes may replay below the DB position; the position never moves back here.
-    execute_values(cur, "UPDATE consumers_partitionoffset AS o SET next_offset = GREATEST(o.next_offset, "
-                        "v.end_offset), replay_until = CASE WHEN o.replay_until <= v.end_offset THEN NULL "
-                        "ELSE o.replay_until END, updated_at = now() "
-                        "FROM (VALUES %s) AS v(pipeline_id, partition, end_offset) "
-                        "WHERE o.pipeline_id = v.pipeline_id AND o.partition = v.partition",
-                   [(target.pipeline_id, o.partition, o.end_offset) for o in outcomes],
+    execute_values(cur, _ADVANCE_POSITIONS, [(target.pipeline_id, o.partition, o.end_offset) for o in outcomes],
                    template="(%s::bigint, %s::integer, %s::bigint)")

@@ -14,10 +14,12 @@ and log end (`kafka_admin.watermarks`, or any object with the same `watermarks(t
 """
 from dataclasses import dataclass
 
+from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from consumers.engine import commit
-from consumers.models import LogTruncatedPolicy
+from consumers.engine.tables import table
+from consumers.models import BatchLedger, LogTruncatedPolicy, PartitionOffset
 
 AHEAD = "position ahead of log end"
 SKIPPED_NOTE = "skipped by retention: offsets {start}..{last}"
@@ -73,17 +75,19 @@ def skip_truncated(conn, target: commit.Target, epoch: int, skip: Skipped) -> No
     try:
         with conn.cursor() as cur:
             commit.check_epoch(cur, target.pipeline_id, epoch)
-            cur.execute("SELECT next_offset FROM consumers_partitionoffset WHERE pipeline_id = %s AND partition = %s "
-                        "FOR UPDATE", [target.pipeline_id, skip.partition])
+            cur.execute(sql.SQL("SELECT next_offset FROM {} WHERE pipeline_id = %s AND partition = %s FOR UPDATE")
+                        .format(table(PartitionOffset)), [target.pipeline_id, skip.partition])
             row = cur.fetchone()
             if row is None or row[0] != skip.start:
                 raise commit.CommitRefused(f"partition {skip.partition} moved meanwhile; not skipping")
-            execute_values(cur, "INSERT INTO consumers_batchledger (pipeline_id, partition, first_offset, end_offset, "
-                                "records, rows_written, dead_letters, epoch, committed_at, note) VALUES %s",
+            execute_values(cur, sql.SQL("INSERT INTO {} (pipeline_id, partition, first_offset, end_offset, records, "
+                                        "rows_written, dead_letters, epoch, committed_at, note) VALUES %s")
+                           .format(table(BatchLedger)),
                            [(target.pipeline_id, skip.partition, skip.start, skip.end, 0, 0, 0, epoch, skip.note)],
                            template="(%s, %s, %s, %s, %s, %s, %s, %s, now(), %s)")
-            cur.execute("UPDATE consumers_partitionoffset SET next_offset = %s, updated_at = now() "
-                        "WHERE pipeline_id = %s AND partition = %s", [skip.end, target.pipeline_id, skip.partition])
+            cur.execute(sql.SQL("UPDATE {} SET next_offset = %s, updated_at = now() "
+                                "WHERE pipeline_id = %s AND partition = %s").format(table(PartitionOffset)),
+                        [skip.end, target.pipeline_id, skip.partition])
         conn.commit()
     except BaseException:
         conn.rollback()

@@ -35,9 +35,18 @@ from psycopg2 import sql
 
 from consumers.engine import sinks
 from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.tables import table
 from consumers.engine.transforms import SourceRecord, Transform, for_pipeline
 from consumers.kafka import admin as kafka_admin
-from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    DeadLetter,
+    DeadLetterReplay,
+    PartitionHealth,
+    PartitionOffset,
+    Pipeline,
+)
 from consumers.operations import actions
 
 log = logging.getLogger("tally.dead_letters")
@@ -177,17 +186,19 @@ def _read_from_kafka(pipeline, ids, actor, params) -> dict[tuple[int, int], tupl
 
 def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, source, actor, params,
                    faults) -> DeadLetterResult:
+    letters_table = table(DeadLetter)
     with connection.cursor() as cur:
-        cur.execute("SELECT 1 FROM consumers_pipeline WHERE id = %s FOR SHARE", [pipeline.pk])
-        cur.execute('SELECT DISTINCT partition FROM consumers_deadletter WHERE pipeline_id = %s AND id = ANY(%s)',
-                    [pipeline.pk, ids])
+        cur.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR SHARE").format(table(Pipeline)), [pipeline.pk])
+        cur.execute(sql.SQL("SELECT DISTINCT partition FROM {} WHERE pipeline_id = %s AND id = ANY(%s)")
+                    .format(letters_table), [pipeline.pk, ids])
         partitions = sorted(p for (p,) in cur.fetchall())
-        cur.execute("SELECT partition, next_offset FROM consumers_partitionoffset WHERE pipeline_id = %s "
-                    "AND partition = ANY(%s) ORDER BY partition FOR UPDATE", [pipeline.pk, partitions])
+        cur.execute(sql.SQL("SELECT partition, next_offset FROM {} WHERE pipeline_id = %s "
+                            "AND partition = ANY(%s) ORDER BY partition FOR UPDATE").format(table(PartitionOffset)),
+                    [pipeline.pk, partitions])
         positions = dict(cur.fetchall())
-        cur.execute('SELECT id, partition, "offset", key, value, error, discarded_at FROM consumers_deadletter '
-                    'WHERE pipeline_id = %s AND id = ANY(%s) ORDER BY partition, "offset" FOR UPDATE',
-                    [pipeline.pk, ids])
+        cur.execute(sql.SQL('SELECT id, partition, "offset", key, value, error, discarded_at FROM {} '
+                            'WHERE pipeline_id = %s AND id = ANY(%s) ORDER BY partition, "offset" FOR UPDATE')
+                    .format(letters_table), [pipeline.pk, ids])
         letters = cur.fetchall()
         outcomes, rows, replayed, still_bad = [], [], [], []
         seen = {row[0] for row in letters}
@@ -227,8 +238,9 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
         now = timezone.now()
         if still_bad:
             for letter_id, message in still_bad:
-                cur.execute("UPDATE consumers_deadletter SET error = %s, replay_attempts = replay_attempts + 1, "
-                            "last_replay_at = %s WHERE id = %s", [message, now, letter_id])
+                cur.execute(sql.SQL("UPDATE {} SET error = %s, replay_attempts = replay_attempts + 1, "
+                                    "last_replay_at = %s WHERE id = %s").format(letters_table),
+                            [message, now, letter_id])
         counts = _count(outcomes)
         message = _summary(counts)
         entry = ActionLog.objects.create(
@@ -236,7 +248,7 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
             result=ActionResult.DONE, message=message, finished_at=now,
             offsets_after={f"{o.partition}@{o.offset}": o.result for o in outcomes if o.partition is not None})
         if replayed:
-            cur.execute("DELETE FROM consumers_deadletter WHERE id = ANY(%s)", [[r[0] for r in replayed]])
+            cur.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(letters_table), [[r[0] for r in replayed]])
             DeadLetterReplay.objects.bulk_create([
                 DeadLetterReplay(pipeline=pipeline, dead_letter_id=letter_id, partition=partition, offset=offset,
                                  source=source, rows_written=written, original_error=error, actor=actor,
@@ -248,8 +260,9 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
             for _, partition, offset, _, _ in replayed:
                 firsts[partition] = min(offset, firsts.get(partition, offset))
             for partition, offset in firsts.items():
-                cur.execute("UPDATE consumers_partitionhealth SET verified_offset = LEAST(verified_offset, %s) "
-                            "WHERE pipeline_id = %s AND partition = %s", [offset, pipeline.pk, partition])
+                cur.execute(sql.SQL("UPDATE {} SET verified_offset = LEAST(verified_offset, %s) "
+                                    "WHERE pipeline_id = %s AND partition = %s").format(table(PartitionHealth)),
+                            [offset, pipeline.pk, partition])
         faults.maybe_crash("replay-after-write")
     log.info("dead letters of %s replayed by %s: %s", pipeline.name, actor, message)
     return DeadLetterResult(pipeline.name, REPLAY, outcomes, entry, message, counts)

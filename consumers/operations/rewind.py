@@ -18,15 +18,19 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg2 import sql
 
 from consumers.engine import sinks
+from consumers.engine.tables import table
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
     ActionLog,
     ActionResult,
+    BatchLedger,
     ConsumerRun,
     DesiredState,
     LedgerSummary,
+    PartitionHealth,
     PartitionOffset,
     Pipeline,
 )
@@ -219,16 +223,19 @@ def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_unt
         # Rows up to the old position may exist: replays below it are inserted idempotently.
         replay_until = max(x for x in (old, old_until, move.new) if x is not None)
         replay_until = replay_until if replay_until > move.new else None
-    cursor.execute("INSERT INTO consumers_partitionoffset (pipeline_id, partition, next_offset, replay_until, "
-                   "updated_at) VALUES (%s, %s, %s, %s, now()) ON CONFLICT (pipeline_id, partition) DO UPDATE "
-                   "SET next_offset = EXCLUDED.next_offset, replay_until = EXCLUDED.replay_until, "
-                   "updated_at = now()", [pipeline.pk, move.partition, move.new, replay_until])
+    cursor.execute(sql.SQL("INSERT INTO {} (pipeline_id, partition, next_offset, replay_until, updated_at) "
+                           "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (pipeline_id, partition) DO UPDATE "
+                           "SET next_offset = EXCLUDED.next_offset, replay_until = EXCLUDED.replay_until, "
+                           "updated_at = now()").format(table(PartitionOffset)),
+                   [pipeline.pk, move.partition, move.new, replay_until])
     # Ledger rows reaching past the new offset now cover only [first_offset, new offset).
-    cursor.execute("UPDATE consumers_batchledger SET superseded_from = LEAST(COALESCE(superseded_from, end_offset), "
-                   "%s) WHERE pipeline_id = %s AND partition = %s AND end_offset > %s",
+    cursor.execute(sql.SQL("UPDATE {} SET superseded_from = LEAST(COALESCE(superseded_from, end_offset), %s) "
+                           "WHERE pipeline_id = %s AND partition = %s AND end_offset > %s"
+                           ).format(table(BatchLedger)),
                    [move.new, pipeline.pk, move.partition, move.new])
-    cursor.execute("UPDATE consumers_partitionhealth SET verified_offset = LEAST(verified_offset, %s) "
-                   "WHERE pipeline_id = %s AND partition = %s", [move.new, pipeline.pk, move.partition])
+    cursor.execute(sql.SQL("UPDATE {} SET verified_offset = LEAST(verified_offset, %s) "
+                           "WHERE pipeline_id = %s AND partition = %s").format(table(PartitionHealth)),
+                   [move.new, pipeline.pk, move.partition])
     # The rows it trimmed were folded into the pages' ledger summary: it is folded again from the ledger.
     LedgerSummary.objects.filter(pipeline=pipeline, partition=move.partition).delete()
 

@@ -28,9 +28,11 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg2 import sql
 
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.models import LedgerSummary, PartitionHealth, Pipeline
+from consumers.engine.tables import table
+from consumers.models import BatchLedger, LedgerSummary, PartitionHealth, Pipeline
 
 log = logging.getLogger("tally.compaction")
 
@@ -39,10 +41,15 @@ log = logging.getLogger("tally.compaction")
 # rows still compacts at about 100,000 rows a second.
 STEP_ROWS = 5_000
 
-_ROWS_SQL = ("SELECT id, first_offset, end_offset, records, rows_written, dead_letters, epoch, committed_at, "
-             "superseded_from, note, batches, first_committed_at FROM consumers_batchledger "
-             "WHERE pipeline_id = %s AND partition = %s AND first_offset >= %s "
-             "ORDER BY first_offset, end_offset, id LIMIT %s FOR UPDATE")
+_ROWS_SQL = sql.SQL("SELECT id, first_offset, end_offset, records, rows_written, dead_letters, epoch, committed_at, "
+                    "superseded_from, note, batches, first_committed_at FROM {} "
+                    "WHERE pipeline_id = %s AND partition = %s AND first_offset >= %s "
+                    "ORDER BY first_offset, end_offset, id LIMIT %s FOR UPDATE").format(table(BatchLedger))
+_MERGE_SQL = sql.SQL("UPDATE {} SET end_offset = %s, records = %s, rows_written = %s, batches = %s, "
+                     "first_committed_at = %s, committed_at = %s WHERE id = %s").format(table(BatchLedger))
+_DELETE_SQL = sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(table(BatchLedger))
+_RESUME_SQL = sql.SQL("UPDATE {} SET compacted_to = %s WHERE pipeline_id = %s AND partition = %s"
+                      ).format(table(LedgerSummary))
 
 
 def keep_whole_for() -> timedelta:
@@ -117,8 +124,7 @@ def compact_step(pipeline_id: int, partition: int, *, now: datetime | None = Non
             result.rows_merged += len(run.rows) - 1
         # Go on from the run that may still grow (or the first row not settled yet).
         if resume_at is not None and resume_at > start:
-            cursor.execute("UPDATE consumers_ledgersummary SET compacted_to = %s WHERE pipeline_id = %s "
-                           "AND partition = %s", [resume_at, pipeline_id, partition])
+            cursor.execute(_RESUME_SQL, [resume_at, pipeline_id, partition])
         moved = result.runs > 0 or (resume_at is not None and resume_at > start)
         result.done = stopped or len(rows) < STEP_ROWS or not moved
     return result
@@ -164,13 +170,12 @@ def _closed(runs: list[_Run], run: _Run) -> list[_Run]:
 def _merge(cursor, run: _Run, faults: FaultInjector) -> None:
     first, last = run.rows[0], run.rows[-1]
     cursor.execute(
-        "UPDATE consumers_batchledger SET end_offset = %s, records = %s, rows_written = %s, batches = %s, "
-        "first_committed_at = %s, committed_at = %s WHERE id = %s",
+        _MERGE_SQL,
         [last.end, sum(r.records for r in run.rows), sum(r.rows_written for r in run.rows),
          sum(r.batches for r in run.rows), first.first_committed_at or first.committed_at, last.committed_at,
          first.id])
     faults.maybe_crash("compaction-mid-step")
-    cursor.execute("DELETE FROM consumers_batchledger WHERE id = ANY(%s)", [[r.id for r in run.rows[1:]]])
+    cursor.execute(_DELETE_SQL, [[r.id for r in run.rows[1:]]])
 
 
 @dataclass

@@ -16,16 +16,21 @@ is new. The whole ledger's coverage is for tests and small ledgers: pages read t
 """
 from dataclasses import dataclass, field
 
+from psycopg2 import sql
+
+from consumers.engine.tables import table
+from consumers.models import BatchLedger
+
 # Rows whose closed range [first_offset, end_offset] meets [%(start)s, %(end)s]: the ledger's range index
 # (ledger_span_idx) answers it; a superset (zero-width rows and rows that only touch are in), so every query that
 # uses it keeps its exact bounds too.
 SPAN_OVERLAPS = ("int8range(first_offset, end_offset, '[]') && int8range(%(start)s::bigint, %(end)s::bigint, '[]')")
 
-_COVERAGE_SQL = """
+_COVERAGE_SQL = sql.SQL("""
 WITH trimmed AS (
     SELECT partition, GREATEST(first_offset, %(start)s) AS f,
            LEAST(end_offset, COALESCE(superseded_from, end_offset), %(end)s) AS e
-    FROM consumers_batchledger
+    FROM {ledger}
     WHERE pipeline_id = %(pipeline)s AND (%(partition)s::int IS NULL OR partition = %(partition)s::int){within}
 ), covered AS (
     SELECT partition, f, e FROM trimmed WHERE e > f
@@ -46,7 +51,10 @@ SELECT CASE WHEN f > covered_to THEN 'gap' ELSE 'overlap' END, partition,
        CASE WHEN f > covered_to THEN f ELSE LEAST(e, covered_to) END, NULL::bigint
 FROM ordered WHERE covered_to IS NOT NULL AND f <> covered_to
 ORDER BY 2, 3
-"""
+""")
+# Composed once each: the whole ledger, and only the rows that reach into a range.
+_WHOLE = _COVERAGE_SQL.format(ledger=table(BatchLedger), within=sql.SQL(""))
+_WITHIN = _COVERAGE_SQL.format(ledger=table(BatchLedger), within=sql.SQL(" AND " + SPAN_OVERLAPS))
 
 
 @dataclass
@@ -69,8 +77,8 @@ def ledger_coverage(cursor, pipeline_id: int, *, partition: int | None = None,
         raise ValueError("a range of positions belongs to one partition")
     if within is not None and end <= start:
         return {partition: Coverage(partition)}
-    statement = _COVERAGE_SQL.format(within=f" AND {SPAN_OVERLAPS}" if within is not None else "")
-    cursor.execute(statement, {"pipeline": pipeline_id, "partition": partition, "start": start, "end": end})
+    cursor.execute(_WITHIN if within is not None else _WHOLE,
+                   {"pipeline": pipeline_id, "partition": partition, "start": start, "end": end})
     result: dict[int, Coverage] = {}
     if within is not None:
         result[partition] = Coverage(partition)

@@ -16,8 +16,10 @@ ledger written out of order) makes the partition fold again from scratch, in swe
 from dataclasses import asdict, dataclass, field
 
 from django.db import connection, transaction
+from psycopg2 import sql
 
-from consumers.models import LedgerSummary
+from consumers.engine.tables import table
+from consumers.models import BatchLedger, LedgerSummary, PartitionOffset
 
 # More anomalies than this per partition are not kept (the drawing would be unreadable anyway); counts stay exact.
 MAX_MARKS = 50
@@ -26,11 +28,18 @@ MAX_MARKS = 50
 REFRESH_ROWS = 200_000
 FETCH_ROWS = 10_000
 
-_ROWS_SQL = ("SELECT id, partition, first_offset, end_offset, superseded_from, records, batches "
-             "FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s{partition} ORDER BY id{limit}")
-_SWEEP_SQL = ("SELECT id, partition, first_offset, end_offset, superseded_from, records, batches "
-              "FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s "
-              "ORDER BY first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)), id")
+_ROWS_SQL = sql.SQL("SELECT id, partition, first_offset, end_offset, superseded_from, records, batches "
+                    "FROM {ledger} WHERE pipeline_id = %s AND id > %s{partition} ORDER BY id{limit}")
+_ROWS_SINCE = _ROWS_SQL.format(ledger=table(BatchLedger), partition=sql.SQL(""), limit=sql.SQL(""))
+_PARTITION_ROWS_SINCE = _ROWS_SQL.format(ledger=table(BatchLedger), partition=sql.SQL(" AND partition = %s"),
+                                         limit=sql.SQL(" LIMIT %s"))
+_SWEEP_SQL = sql.SQL("SELECT id, partition, first_offset, end_offset, superseded_from, records, batches "
+                     "FROM {} WHERE pipeline_id = %s AND partition = %s "
+                     "ORDER BY first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)), id"
+                     ).format(table(BatchLedger))
+_POSITIONS_SQL = sql.SQL("SELECT partition FROM {} WHERE pipeline_id = %s").format(table(PartitionOffset))
+_ROWS_EXIST_SQL = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE pipeline_id = %s AND id > %s)"
+                          ).format(table(BatchLedger))
 
 
 class OutOfOrder(Exception):
@@ -98,7 +107,7 @@ def _fold_rows(summaries: dict[int, Summary], rows) -> int:
     return highest
 
 
-def _chunks(cursor, statement: str, params: list):
+def _chunks(cursor, statement: sql.Composable, params: list):
     """The rows of a statement, FETCH_ROWS at a time (a fold of millions of rows never holds them all)."""
     cursor.execute(statement, params)
     while rows := cursor.fetchmany(FETCH_ROWS):
@@ -114,7 +123,7 @@ def _sweep(pipeline_id: int, partition: int) -> tuple[Summary, int]:
 
 
 def _positions(cursor, pipeline_id: int) -> set[int]:
-    cursor.execute("SELECT partition FROM consumers_partitionoffset WHERE pipeline_id = %s", [pipeline_id])
+    cursor.execute(_POSITIONS_SQL, [pipeline_id])
     return {p for (p,) in cursor.fetchall()}
 
 
@@ -127,8 +136,7 @@ def read(pipeline_id: int) -> dict[int, Summary]:
         floor = 0 if _positions(cursor, pipeline_id) - set(stored) else min((s.upto_id for s in stored.values()),
                                                                                default=0)
         redo = set()
-        for row_id, partition, *row in _chunks(cursor, _ROWS_SQL.format(partition="", limit=""),
-                                               [pipeline_id, floor]):
+        for row_id, partition, *row in _chunks(cursor, _ROWS_SINCE, [pipeline_id, floor]):
             mark = stored[partition].upto_id if partition in stored else 0
             if row_id <= mark or partition in redo:
                 continue
@@ -148,8 +156,7 @@ def refresh(pipeline_id: int) -> int:
     with connection.cursor() as cursor:
         # The idle case (every reconciliation run): nothing committed since, nothing locked or written.
         if marks and not _positions(cursor, pipeline_id) - set(marks):
-            cursor.execute("SELECT EXISTS (SELECT 1 FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s)",
-                           [pipeline_id, min(marks.values())])
+            cursor.execute(_ROWS_EXIST_SQL, [pipeline_id, min(marks.values())])
             if not cursor.fetchone()[0]:
                 return 0
     folded = 0
@@ -158,8 +165,7 @@ def refresh(pipeline_id: int) -> int:
         for partition in sorted(_positions(cursor, pipeline_id) | set(stored)):
             entry = stored.get(partition) or LedgerSummary(pipeline_id=pipeline_id, partition=partition)
             summary = Summary.from_state(partition, entry.state)
-            rows = list(_chunks(cursor, _ROWS_SQL.format(partition=" AND partition = %s", limit=" LIMIT %s"),
-                                [pipeline_id, entry.upto_id, partition, REFRESH_ROWS]))
+            rows = list(_chunks(cursor, _PARTITION_ROWS_SINCE, [pipeline_id, entry.upto_id, partition, REFRESH_ROWS]))
             if not rows and entry.pk is not None:
                 continue
             try:

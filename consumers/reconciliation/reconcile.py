@@ -33,6 +33,7 @@ from psycopg2 import sql
 from psycopg2.extras import execute_values
 
 from consumers.engine import log_bounds, sink_checks
+from consumers.engine.tables import table
 from consumers.engine.transforms import for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
@@ -42,6 +43,7 @@ from consumers.models import (
     DeliveryMode,
     DesiredState,
     PartitionHealth,
+    PartitionOffset,
     Pipeline,
     PipelineError,
     PipelineHealth,
@@ -229,11 +231,11 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
     transform = for_pipeline(pipeline)
     verify = verify_upsert.verifier(pipeline, transform, records) if pipeline.is_upsert and records else verify_range
     with _snapshot_cursor() as cur:
-        cur.execute("SELECT partition, next_offset, replay_until, updated_at FROM consumers_partitionoffset "
-                    "WHERE pipeline_id = %s", [pipeline.pk])
+        cur.execute(sql.SQL("SELECT partition, next_offset, replay_until, updated_at FROM {} WHERE pipeline_id = %s")
+                    .format(table(PartitionOffset)), [pipeline.pk])
         positions = {p: (n, until, at) for p, n, until, at in cur.fetchall()}
-        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings FROM "
-                    "consumers_partitionhealth WHERE pipeline_id = %s", [pipeline.pk])
+        cur.execute(sql.SQL("SELECT partition, verified_offset, verified_ledger_id, findings FROM {} "
+                            "WHERE pipeline_id = %s").format(table(PartitionHealth)), [pipeline.pk])
         # Django's connection hands jsonb over as text (its JSONField decodes it), so decode here.
         health = {p: (v, m, json.loads(f) if isinstance(f, str) else f) for p, v, m, f in cur.fetchall()}
         ledger_marks = {p: (0 if full or p not in health else health[p][1]) for p in set(positions) | set(health)}
@@ -255,8 +257,8 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
 def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dict[int, tuple[int, int]]:
     """{partition: (lowest first_offset, highest id)} of ledger rows newer than each partition's mark."""
     floor = min(ledger_marks.values(), default=0)
-    cur.execute("SELECT partition, id, first_offset FROM consumers_batchledger WHERE pipeline_id = %s AND id > %s",
-                [pipeline_id, floor])
+    cur.execute(sql.SQL("SELECT partition, id, first_offset FROM {} WHERE pipeline_id = %s AND id > %s")
+                .format(table(BatchLedger)), [pipeline_id, floor])
     newest: dict[int, tuple[int, int]] = {}
     for p, row_id, first in cur.fetchall():
         if row_id > ledger_marks.get(p, 0):
@@ -325,9 +327,9 @@ def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -
     Their positions are counted: the records are gone, so how many there were can no longer be told."""
     if end <= start:
         return []
-    cur.execute("SELECT first_offset, end_offset, note FROM consumers_batchledger WHERE pipeline_id = %s "
-                "AND partition = %s AND note <> '' AND first_offset < %s AND end_offset > %s ORDER BY first_offset",
-                [pipeline_id, p, end, start])  # ledger_note_idx: rows with a note only
+    cur.execute(sql.SQL("SELECT first_offset, end_offset, note FROM {} WHERE pipeline_id = %s AND partition = %s "
+                        "AND note <> '' AND first_offset < %s AND end_offset > %s ORDER BY first_offset")
+                .format(table(BatchLedger)), [pipeline_id, p, end, start])  # ledger_note_idx: rows with a note only
     return [{"kind": "unrecoverable", "start": first, "end": last, "count": last - first, "reason": note}
             for first, last, note in cur.fetchall()]
 
@@ -336,8 +338,8 @@ def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_off
     """Where a partition's consumed range starts: its first ledger offset. A classic consumer that started
     from the earliest offset may have lost its first batches before writing any ledger row, so there
     the log start counts too."""
-    cur.execute("SELECT min(first_offset) FROM consumers_batchledger WHERE pipeline_id = %s AND partition = %s",
-                [pipeline.pk, p])
+    cur.execute(sql.SQL("SELECT min(first_offset) FROM {} WHERE pipeline_id = %s AND partition = %s")
+                .format(table(BatchLedger)), [pipeline.pk, p])
     first = cur.fetchone()[0]
     candidates = [o for o in (first, next_offset) if o is not None]
     if classic and pipeline.reset_policy == ResetPolicy.EARLIEST and mark is not None:
@@ -364,12 +366,12 @@ def _ledger(cur, pipeline_id: int, p: int, start: int, end: int) -> list[tuple]:
     the row lies entirely inside and no rewind trimmed it, so its record count applies to the range."""
     if end <= start:
         return []
-    cur.execute("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end, "
-                "records, (first_offset >= %(start)s AND end_offset <= %(end)s AND (superseded_from IS NULL "
-                "OR superseded_from >= end_offset)) AS whole "
-                "FROM consumers_batchledger WHERE pipeline_id = %(pipeline)s AND partition = %(partition)s "
-                "AND first_offset < %(end)s AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %(start)s "
-                f"AND {SPAN_OVERLAPS} ORDER BY first_offset",
+    cur.execute(sql.SQL("SELECT first_offset, LEAST(end_offset, COALESCE(superseded_from, end_offset)) AS covered_end, "
+                        "records, (first_offset >= %(start)s AND end_offset <= %(end)s AND (superseded_from IS NULL "
+                        "OR superseded_from >= end_offset)) AS whole "
+                        "FROM {} WHERE pipeline_id = %(pipeline)s AND partition = %(partition)s AND first_offset < "
+                        "%(end)s AND LEAST(end_offset, COALESCE(superseded_from, end_offset)) > %(start)s "
+                        "AND {} ORDER BY first_offset").format(table(BatchLedger), sql.SQL(SPAN_OVERLAPS)),
                 {"start": start, "end": end, "pipeline": pipeline_id, "partition": p})
     return cur.fetchall()
 
@@ -441,9 +443,9 @@ def _store(pipeline, report: PipelineReport, states) -> None:
     16 columns costs more Python time than the whole idle verification)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cur = cursor.cursor
-        cur.execute("SELECT partition, verified_offset, verified_ledger_id, findings, lost, duplicated, phantom, "
-                    "dead_lettered, unrecoverable FROM consumers_partitionhealth WHERE pipeline_id = %s FOR UPDATE",
-                    [pipeline.pk])
+        cur.execute(sql.SQL("SELECT partition, verified_offset, verified_ledger_id, findings, lost, duplicated, "
+                            "phantom, dead_lettered, unrecoverable FROM {} WHERE pipeline_id = %s FOR UPDATE")
+                    .format(table(PartitionHealth)), [pipeline.pk])
         stored = {row[0]: row[1:] for row in cur.fetchall()}
         rows = []
         for part in report.partitions:
@@ -467,17 +469,19 @@ def _store(pipeline, report: PipelineReport, states) -> None:
             columns = sql.SQL(", ").join(sql.Identifier(c) for c in _HEALTH_COLUMNS)
             updates = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
                                          for c in _HEALTH_COLUMNS)
-            statement = sql.SQL("INSERT INTO consumers_partitionhealth (pipeline_id, partition, {}) VALUES %s "
-                                "ON CONFLICT (pipeline_id, partition) DO UPDATE SET {}").format(columns, updates)
+            statement = sql.SQL("INSERT INTO {} (pipeline_id, partition, {}) VALUES %s "
+                                "ON CONFLICT (pipeline_id, partition) DO UPDATE SET {}"
+                                ).format(table(PartitionHealth), columns, updates)
             execute_values(cur, statement.as_string(cur), rows,
                            template="(" + ", ".join(["%s"] * 4 + ["%s::jsonb"] + ["%s"] * 13) + ")")
-        cur.execute("INSERT INTO consumers_pipelinehealth (pipeline_id, status, lost, duplicated, phantom, "
-                    "dead_lettered, lag_records, lag_seconds, records_per_second, checked_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline_id) DO UPDATE SET "
-                    "status = EXCLUDED.status, lost = EXCLUDED.lost, duplicated = EXCLUDED.duplicated, "
-                    "phantom = EXCLUDED.phantom, dead_lettered = EXCLUDED.dead_lettered, "
-                    "lag_records = EXCLUDED.lag_records, lag_seconds = EXCLUDED.lag_seconds, "
-                    "records_per_second = EXCLUDED.records_per_second, checked_at = EXCLUDED.checked_at",
+        cur.execute(sql.SQL("INSERT INTO {} (pipeline_id, status, lost, duplicated, phantom, "
+                            "dead_lettered, lag_records, lag_seconds, records_per_second, checked_at) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline_id) DO UPDATE SET "
+                            "status = EXCLUDED.status, lost = EXCLUDED.lost, duplicated = EXCLUDED.duplicated, "
+                            "phantom = EXCLUDED.phantom, dead_lettered = EXCLUDED.dead_lettered, "
+                            "lag_records = EXCLUDED.lag_records, lag_seconds = EXCLUDED.lag_seconds, "
+                            "records_per_second = EXCLUDED.records_per_second, checked_at = EXCLUDED.checked_at"
+                            ).format(table(PipelineHealth)),
                     [pipeline.pk, report.status, report.lost, report.duplicated, report.phantom,
                      report.dead_lettered, report.lag_records, report.lag_seconds, report.records_per_second,
                      report.checked_at])

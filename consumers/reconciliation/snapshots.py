@@ -19,7 +19,9 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from psycopg2 import sql
 
+from consumers.engine.tables import table
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
@@ -164,23 +166,24 @@ def downsample(*, now: datetime | None = None) -> dict[str, int]:
     """Merge old samples into coarser buckets and delete what is past retention. Idempotent."""
     now = now or timezone.now()
     result = {}
+    snapshots = table(LagSnapshot)
     with transaction.atomic(), connection.cursor() as cur:
         for resolution, keep_finer_for in TIERS:
             cutoff = _floor(now - keep_finer_for, resolution)
-            cur.execute(
-                "INSERT INTO consumers_lagsnapshot (pipeline_id, watch_id, group_id, cluster, partition, taken_at, "
+            cur.execute(sql.SQL(
+                "INSERT INTO {0} (pipeline_id, watch_id, group_id, cluster, partition, taken_at, "
                 "resolution_seconds, lag_records, lag_seconds, position, high_watermark, records_per_second) "
                 "SELECT pipeline_id, watch_id, group_id, cluster, partition, "
                 "to_timestamp(floor(extract(epoch FROM taken_at) / %(r)s) * %(r)s) AS bucket, %(r)s, "
                 "max(lag_records), max(lag_seconds), max(position), max(high_watermark), avg(records_per_second) "
-                "FROM consumers_lagsnapshot WHERE resolution_seconds < %(r)s AND taken_at < %(cutoff)s "
-                "GROUP BY pipeline_id, watch_id, group_id, cluster, partition, bucket",
+                "FROM {0} WHERE resolution_seconds < %(r)s AND taken_at < %(cutoff)s "
+                "GROUP BY pipeline_id, watch_id, group_id, cluster, partition, bucket").format(snapshots),
                 {"r": resolution, "cutoff": cutoff})
             result[f"buckets_{resolution}s"] = cur.rowcount
-            cur.execute("DELETE FROM consumers_lagsnapshot WHERE resolution_seconds < %s AND taken_at < %s",
+            cur.execute(sql.SQL("DELETE FROM {} WHERE resolution_seconds < %s AND taken_at < %s").format(snapshots),
                         [resolution, cutoff])
             result[f"merged_into_{resolution}s"] = cur.rowcount
-        cur.execute("DELETE FROM consumers_lagsnapshot WHERE taken_at < %s", [now - RETENTION])
+        cur.execute(sql.SQL("DELETE FROM {} WHERE taken_at < %s").format(snapshots), [now - RETENTION])
         result["deleted"] = cur.rowcount
     return result
 

@@ -27,8 +27,12 @@ from dataclasses import dataclass, field
 
 from psycopg2 import sql
 
+from consumers.engine import tables
 from consumers.engine.sinks import PROVENANCE
+from consumers.models import DeadLetter
 from consumers.reconciliation.coverage import ledger_coverage
+
+_DEAD_LETTERS = tables.table(DeadLetter)
 
 # More findings than this per kind are folded: the oldest into one covering finding (counts stay exact), so
 # a partition that dead-letters every other record does not store millions of ranges.
@@ -168,15 +172,16 @@ def _aggregate(cur, shape: SinkShape, pipeline_id: int, partition: int, start: i
             cur.execute(sql.SQL("SELECT count(*) FROM (SELECT source_offset, source_row FROM {} WHERE {} "
                                 "GROUP BY source_offset, source_row) AS r").format(table, where), params)
             distinct_rows = cur.fetchone()[0]
-    cur.execute('SELECT count(*) FROM consumers_deadletter WHERE pipeline_id = %s AND partition = %s '
-                'AND "offset" >= %s AND "offset" < %s', [pipeline_id, partition, start, end])
+    cur.execute(sql.SQL('SELECT count(*) FROM {} WHERE pipeline_id = %s AND partition = %s '
+                        'AND "offset" >= %s AND "offset" < %s').format(_DEAD_LETTERS),
+                [pipeline_id, partition, start, end])
     dead = cur.fetchone()[0]
     collisions = 0
     if dead and rows:
-        cur.execute(sql.SQL('SELECT count(*) FROM consumers_deadletter d WHERE d.pipeline_id = %s '
+        cur.execute(sql.SQL('SELECT count(*) FROM {} d WHERE d.pipeline_id = %s '
                             'AND d.partition = %s AND d."offset" >= %s AND d."offset" < %s AND EXISTS '
                             '(SELECT 1 FROM {} s WHERE s.source_topic = %s AND s.source_partition = %s '
-                            'AND s.source_offset = d."offset")').format(table),
+                            'AND s.source_offset = d."offset")').format(_DEAD_LETTERS, table),
                     [pipeline_id, partition, start, end, shape.topic, partition])
         collisions = cur.fetchone()[0]
     return rows, distinct_offsets, distinct_rows, dead, collisions
@@ -193,11 +198,12 @@ def _absent_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, st
     where, params = _sink_filter(shape, partition, start, end)
     cur.execute(sql.SQL(
         'WITH present AS (SELECT source_offset AS o FROM {} WHERE {} GROUP BY source_offset '
-        '  UNION SELECT "offset" FROM consumers_deadletter WHERE pipeline_id = %s AND partition = %s '
+        '  UNION SELECT "offset" FROM {} WHERE pipeline_id = %s AND partition = %s '
         '  AND "offset" >= %s AND "offset" < %s '
         '  UNION ALL SELECT %s::bigint UNION ALL SELECT %s::bigint), '
         'steps AS (SELECT o, lag(o) OVER (ORDER BY o) AS prev FROM present) '
-        'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where),
+        'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where,
+                                                                               _DEAD_LETTERS),
         params + [pipeline_id, partition, start, end, start - 1, end])
     return [{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()]
 
@@ -217,8 +223,8 @@ def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int
     # A dead-lettered record that also has rows: the transform produced nothing, so every row is extra.
     with_rows = sql.SQL('SELECT d."offset" AS o, (SELECT count(*) FROM {} s WHERE s.source_topic = %s '
                         'AND s.source_partition = %s AND s.source_offset = d."offset") AS extra '
-                        'FROM consumers_deadletter d WHERE d.pipeline_id = %s AND d.partition = %s '
-                        'AND d."offset" >= %s AND d."offset" < %s').format(table)
+                        'FROM {} d WHERE d.pipeline_id = %s AND d.partition = %s '
+                        'AND d."offset" >= %s AND d."offset" < %s').format(table, _DEAD_LETTERS)
     cur.execute(sql.SQL(
         "WITH extra AS ({} UNION ALL SELECT o, extra FROM ({}) AS dl WHERE extra > 0), "
         "islands AS (SELECT o, extra, o - row_number() OVER (ORDER BY o) AS island FROM extra) "
@@ -230,9 +236,10 @@ def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int
 
 
 def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
-    cur.execute('SELECT min("offset"), max("offset") + 1, count(*) FROM (SELECT "offset", "offset" - '
-                'row_number() OVER (ORDER BY "offset") AS island FROM consumers_deadletter WHERE pipeline_id = %s '
-                'AND partition = %s AND "offset" >= %s AND "offset" < %s) AS d GROUP BY island ORDER BY 1',
+    cur.execute(sql.SQL('SELECT min("offset"), max("offset") + 1, count(*) FROM (SELECT "offset", "offset" - '
+                        'row_number() OVER (ORDER BY "offset") AS island FROM {} WHERE pipeline_id = %s '
+                        'AND partition = %s AND "offset" >= %s AND "offset" < %s) AS d GROUP BY island ORDER BY 1'
+                        ).format(_DEAD_LETTERS),
                 [pipeline_id, partition, start, end])
     return fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
 

@@ -15,7 +15,9 @@ gaps and overlaps are checked as in append mode (consumers/reconciliation/verify
 """
 from psycopg2 import sql
 
+from consumers.engine import tables
 from consumers.engine.transforms import SourceRecord, Transform
+from consumers.models import DeadLetter
 from consumers.reconciliation import verify
 from consumers.reconciliation.verify import RangeResult, SinkShape, fold
 
@@ -114,8 +116,9 @@ def last_record_per_key(records, dead: set[int], transform: Transform, upsert_ke
 
 
 def _dead_letter_offsets(cur, pipeline_id: int, partition: int, start: int, end: int) -> set[int]:
-    cur.execute('SELECT "offset" FROM consumers_deadletter WHERE pipeline_id = %s AND partition = %s '
-                'AND "offset" >= %s AND "offset" < %s', [pipeline_id, partition, start, end])
+    cur.execute(sql.SQL('SELECT "offset" FROM {} WHERE pipeline_id = %s AND partition = %s '
+                        'AND "offset" >= %s AND "offset" < %s').format(tables.table(DeadLetter)),
+                [pipeline_id, partition, start, end])
     return {row[0] for row in cur.fetchall()}
 
 
