@@ -142,25 +142,11 @@ def evaluate_all(now=None) -> EvaluationReport:
     open_pairs = set(Alert.objects.filter(state__in=OPEN_STATES).values_list("rule_id", "pipeline_id", "watch_id"))
     evaluated = set()
     for pipeline in Pipeline.objects.order_by("name"):
-        report.pipelines += 1
-        try:
-            view = PipelineView.load(pipeline, now)
-        except Exception as error:  # noqa: BLE001 - one broken pipeline must not silence the others
-            logger.exception("alerts: cannot load %s", pipeline.name)
-            report.errors.append({"pipeline": pipeline.name, "error": str(error)})
-            continue
-        for rule in rules_for(pipeline, all_rules):
-            evaluated.add((rule.pk, pipeline.pk, None))
-            report.checks += 1
-            try:
-                finding = check(rule, view)
-                if finding is None and (rule.pk, pipeline.pk, None) not in open_pairs:
-                    continue
-                apply(rule, pipeline, finding, now, report)
-            except Exception as error:  # noqa: BLE001
-                logger.exception("alerts: rule %s on %s failed", rule.name, pipeline.name)
-                report.errors.append({"pipeline": pipeline.name, "rule": rule.name, "error": str(error)})
-    _evaluate_watches(all_rules, open_pairs, evaluated, now, report)
+        _evaluate_subject(pipeline, PipelineView, rules_for(pipeline, all_rules), open_pairs, evaluated, now, report)
+    # Watches go through the same rules (the global ones of the kinds a watch measures) and the same apply().
+    watch_rules = rules_for_watch(all_rules)
+    for watch in Watch.objects.order_by("name"):
+        _evaluate_subject(watch, WatchView, watch_rules, open_pairs, evaluated, now, report)
     # Open alerts of rules that no longer apply (disabled, overridden, deleted pipeline rule): resolve them.
     for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline", "watch"):
         if alert.is_gone:  # deleted without the ORM's signals (raw SQL): resolved, never matched by rule and pipeline
@@ -170,27 +156,30 @@ def evaluate_all(now=None) -> EvaluationReport:
     return report
 
 
-def _evaluate_watches(all_rules, open_pairs, evaluated, now, report: EvaluationReport) -> None:
-    """Watches go through the same rules (the global ones of the kinds a watch measures) and the same apply()."""
-    for watch in Watch.objects.order_by("name"):
-        report.pipelines += 1
+def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRule], open_pairs, evaluated, now,
+                      report: EvaluationReport) -> None:
+    """One pipeline or watch through its rules. A failing load or check is recorded and skipped, never fatal."""
+    noun = "watch" if isinstance(subject, Watch) else "pipeline"
+    where = f"watch {subject.name}" if noun == "watch" else subject.name
+    key = (None, subject.pk) if noun == "watch" else (subject.pk, None)
+    report.pipelines += 1
+    try:
+        view = view_class.load(subject, now)
+    except Exception as error:  # noqa: BLE001 - one broken pipeline or watch must not silence the others
+        logger.exception("alerts: cannot load %s", where)
+        report.errors.append({noun: subject.name, "error": str(error)})
+        return
+    for rule in rules:
+        evaluated.add((rule.pk, *key))
+        report.checks += 1
         try:
-            view = WatchView.load(watch, now)
-        except Exception as error:  # noqa: BLE001 - one broken watch must not silence the others
-            logger.exception("alerts: cannot load watch %s", watch.name)
-            report.errors.append({"watch": watch.name, "error": str(error)})
-            continue
-        for rule in rules_for_watch(all_rules):
-            evaluated.add((rule.pk, None, watch.pk))
-            report.checks += 1
-            try:
-                finding = check(rule, view)
-                if finding is None and (rule.pk, None, watch.pk) not in open_pairs:
-                    continue
-                apply(rule, watch, finding, now, report)
-            except Exception as error:  # noqa: BLE001
-                logger.exception("alerts: rule %s on watch %s failed", rule.name, watch.name)
-                report.errors.append({"watch": watch.name, "rule": rule.name, "error": str(error)})
+            finding = check(rule, view)
+            if finding is None and (rule.pk, *key) not in open_pairs:
+                continue
+            apply(rule, subject, finding, now, report)
+        except Exception as error:  # noqa: BLE001
+            logger.exception("alerts: rule %s on %s failed", rule.name, where)
+            report.errors.append({noun: subject.name, "rule": rule.name, "error": str(error)})
 
 
 def acknowledge(alert: Alert, user: str, now=None) -> bool:

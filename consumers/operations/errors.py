@@ -5,3 +5,12 @@ that entry (`action_log`), so a door can name it."""
 
 class Refused(Exception):
     """Bad input or an unsafe moment: nothing was changed. The message says why, for the operator."""
+
+
+class Invalid(ValueError):
+    """A spec (of a pipeline, a watch) that cannot be applied: `problems` maps a field to what is wrong and what
+    to do. Every door shows each problem beside its field."""
+
+    def __init__(self, problems: dict[str, str]):
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" for f, m in problems.items()))

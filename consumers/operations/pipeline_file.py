@@ -25,18 +25,12 @@ pipeline only transform, map, engine, isolation_level, on_log_truncated, runs an
 is stopped.
 Pipelines that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
-import tomllib
 from dataclasses import dataclass, field
 
-from django.db import transaction
-
 from consumers.models import Pipeline
-from consumers.operations import pipeline_setup
+from consumers.operations import declared_file, pipeline_setup
+from consumers.operations.declared_file import FileRefused  # noqa: F401 - the doors catch it from here
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
-
-
-class FileRefused(ValueError):
-    pass
 
 
 @dataclass
@@ -68,24 +62,8 @@ def _settings(spec: PipelineSpec) -> str:
 
 
 def load(path: str) -> list[PipelineSpec]:
-    try:
-        with open(path, "rb") as handle:
-            document = tomllib.load(handle)
-    except OSError as exc:
-        raise FileRefused(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FileRefused(f"{path} is not valid TOML: {exc}") from None
-    unknown = set(document) - {"pipelines"}
-    pipelines = document.get("pipelines")
-    if unknown or not isinstance(pipelines, dict) or not pipelines:
-        raise FileRefused(f"{path}: declare each pipeline as a [pipelines.NAME] table (found top-level keys: "
-                          f"{', '.join(sorted(document)) or 'none'})")
-    specs = []
-    for name, values in pipelines.items():
-        if not isinstance(values, dict):
-            raise FileRefused(f"{path}: pipelines.{name} must be a table of settings")
-        specs.append(PipelineSpec.from_mapping(name, values))
-    return specs
+    return [PipelineSpec.from_mapping(name, values)
+            for name, values in declared_file.tables(path, "pipelines", "pipeline").items()]
 
 
 def plan(specs: list[PipelineSpec]) -> Plan:
@@ -109,23 +87,15 @@ def plan(specs: list[PipelineSpec]) -> Plan:
     groups = [s.group_id for s in specs]
     for group in {g for g in groups if groups.count(g) > 1}:
         problems.append(f"  group {group!r} is used by several pipelines of the file: give each its own group")
-    if problems:
-        raise FileRefused("nothing was changed; fix these first:\n" + "\n".join(problems))
+    declared_file.refuse_problems(problems)
     return result
 
 
 def apply(path: str, *, actor: str = "cli", dry_run: bool = False) -> Plan:
-    specs = load(path)
-    if dry_run:
-        return plan(specs)
-    with transaction.atomic():
-        # Plan inside the transaction that applies it; a concurrent create of the same name fails the whole file.
-        result = plan(specs)
-        try:
-            for spec in result.create:
-                pipeline_setup.create(spec, actor)
-            for spec, pipeline, _ in result.update:
-                pipeline_setup.update(spec, pipeline, actor)
-        except Invalid as exc:
-            raise FileRefused(f"nothing was changed: {exc}") from None
-    return result
+    def carry_out(result: Plan) -> None:
+        for spec in result.create:
+            pipeline_setup.create(spec, actor)
+        for spec, pipeline, _ in result.update:
+            pipeline_setup.update(spec, pipeline, actor)
+
+    return declared_file.apply(load(path), plan, carry_out, dry_run=dry_run)

@@ -45,6 +45,7 @@ from consumers.models import (
     LogTruncatedPolicy,
     Pipeline,
 )
+from consumers.operations.errors import Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
@@ -59,14 +60,6 @@ SETTINGS = ("cluster", "topic", "sink_table", "mode", "transform", "group_id", "
             "on_log_truncated", "runs", "map", "upsert_key", "delete_on_tombstone", "kafka_client")
 # Spec settings stored under another name on Pipeline (`runs` there is the reverse relation to its ConsumerRuns).
 COLUMNS = {"runs": "parallel_runs", "map": "json_map"}
-
-
-class Invalid(ValueError):
-    """A spec that cannot be applied: `problems` maps a field to what is wrong and what to do."""
-
-    def __init__(self, problems: dict[str, str]):
-        self.problems = problems
-        super().__init__("; ".join(f"{f}: {m}" for f, m in problems.items()))
 
 
 @dataclass

@@ -16,18 +16,12 @@ API) before anything changes; then all creations commit in one transaction. Appl
 changes nothing. A watch whose settings differ from the file is refused: its settled ranges belong to its
 settings, so change one by deleting it and applying again. Watches not in the file are left alone.
 """
-import tomllib
 from dataclasses import dataclass, field
 
-from django.db import transaction
-
 from consumers.models import Watch
-from consumers.operations import watch_setup
+from consumers.operations import declared_file, watch_setup
+from consumers.operations.declared_file import FileRefused  # noqa: F401 - the doors catch it from here
 from consumers.operations.watch_setup import Invalid, WatchSpec
-
-
-class FileRefused(ValueError):
-    pass
 
 
 @dataclass
@@ -48,23 +42,8 @@ class Plan:
 
 
 def load(path: str) -> list[WatchSpec]:
-    try:
-        with open(path, "rb") as handle:
-            document = tomllib.load(handle)
-    except OSError as exc:
-        raise FileRefused(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FileRefused(f"{path} is not valid TOML: {exc}") from None
-    watches = document.get("watches")
-    if set(document) - {"watches"} or not isinstance(watches, dict) or not watches:
-        raise FileRefused(f"{path}: declare each watch as a [watches.NAME] table (found top-level keys: "
-                          f"{', '.join(sorted(document)) or 'none'})")
-    specs = []
-    for name, values in watches.items():
-        if not isinstance(values, dict):
-            raise FileRefused(f"{path}: watches.{name} must be a table of settings")
-        specs.append(WatchSpec.from_mapping(name, values))
-    return specs
+    return [WatchSpec.from_mapping(name, values)
+            for name, values in declared_file.tables(path, "watches", "watch").items()]
 
 
 def _same(spec: WatchSpec, watch: Watch) -> dict:
@@ -94,20 +73,13 @@ def plan(specs: list[WatchSpec]) -> Plan:
         except Invalid as exc:
             problems += [f"  {spec.name}.{f}: {m}" for f, m in exc.problems.items()]
     result.not_in_file = sorted(set(existing) - {s.name for s in specs})
-    if problems:
-        raise FileRefused("nothing was changed; fix these first:\n" + "\n".join(problems))
+    declared_file.refuse_problems(problems)
     return result
 
 
 def apply(path: str, *, actor: str = "cli", dry_run: bool = False) -> Plan:
-    specs = load(path)
-    if dry_run:
-        return plan(specs)
-    with transaction.atomic():
-        result = plan(specs)
-        try:
-            for spec in result.create:
-                watch_setup.create(spec, actor)
-        except Invalid as exc:
-            raise FileRefused(f"nothing was changed: {exc}") from None
-    return result
+    def carry_out(result: Plan) -> None:
+        for spec in result.create:
+            watch_setup.create(spec, actor)
+
+    return declared_file.apply(load(path), plan, carry_out, dry_run=dry_run)

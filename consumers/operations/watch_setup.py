@@ -25,6 +25,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
+from consumers.operations.errors import Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
@@ -35,14 +36,6 @@ MAX_IGNORES = 20
 TEXT_TYPES = ("text", "character varying", "character", "uuid", "citext")
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 NUMERIC_TYPES = INTEGER_TYPES + ("numeric",)
-
-
-class Invalid(ValueError):
-    """`problems` maps a field to what is wrong and what to do."""
-
-    def __init__(self, problems: dict[str, str]):
-        self.problems = problems
-        super().__init__("; ".join(f"{f}: {m}" for f, m in problems.items()))
 
 
 class DeleteRefused(ValueError):

@@ -4,24 +4,18 @@
 Exit codes: 0 done, 1 refused or the test was not answered with 2xx (the reason on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
-
 from alerts import channel_actions
 from alerts.channel_actions import ChannelInvalid
 from alerts.channels import KINDS
 from alerts.models import Channel
+from consumers.management.cli import SubcommandsCommand, not_valid, refused
 
 
-def refused(message: str) -> CommandError:
-    return CommandError(f"Refused: {message}", returncode=1)
-
-
-class Command(BaseCommand):
+class Command(SubcommandsCommand):
     help = ("Add, list, test and delete alert channels (email, webhook, Slack, PagerDuty). "
             "Exit 0 done, 1 refused or test failed, 2 usage error.")
 
-    def add_arguments(self, parser):
-        commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    def add_subcommands(self, commands):
         add = commands.add_parser("add", help="Add a channel. Validated before anything is written.")
         add.add_argument("name", help="Letters, digits, '-' and '_'.")
         add.add_argument("--kind", required=True, choices=list(KINDS))
@@ -40,16 +34,13 @@ class Command(BaseCommand):
         delete = commands.add_parser("delete", help="Delete a channel and its outbox.")
         delete.add_argument("name")
 
-    def handle(self, *args, **options):
-        return getattr(self, "do_" + options["command"])(options)
-
     def _channel(self, name: str) -> Channel:
         channel = Channel.objects.filter(name=name).first()
         if channel is None:
             raise refused(f"no alert channel named {name!r}.")
         return channel
 
-    def do_add(self, options):
+    def do_add(self, **options):
         if Channel.objects.filter(name=options["name"]).exists():
             raise refused(f"an alert channel named {options['name']!r} exists already.")
         channel = Channel(name=options["name"], kind=options["kind"], url=options["url"], recipients=options["to"],
@@ -58,11 +49,10 @@ class Command(BaseCommand):
             rules = channel_actions.rules_named(options["rule"]) if options["rule"] else []
             channel_actions.save(channel, "cli", rules)
         except ChannelInvalid as exc:
-            lines = "\n".join(f"  {field}: {message}" for field, message in exc.problems.items())
-            raise refused(f"the channel is not valid:\n{lines}") from None
+            raise not_valid("channel", exc.problems) from None
         self.stdout.write(f"Added alert channel {self._line(channel)}")
 
-    def do_list(self, options):
+    def do_list(self, **options):
         channels = list(Channel.objects.prefetch_related("rules"))
         if options["json"]:
             self.stdout.write(json.dumps([c.as_json() for c in channels], indent=2))
@@ -72,14 +62,14 @@ class Command(BaseCommand):
         if not channels:
             self.stdout.write("No alert channels: alerts go to the rules' email recipients only.")
 
-    def do_test(self, options):
+    def do_test(self, **options):
         channel = self._channel(options["name"])
         ok, answer = channel_actions.test(channel, "cli")
         if not ok:
             raise refused(f"the test of {channel.name} failed: {answer}")
         self.stdout.write(f"{channel.name}: {answer}")
 
-    def do_delete(self, options):
+    def do_delete(self, **options):
         channel = self._channel(options["name"])
         channel_actions.delete(channel, "cli")
         self.stdout.write(f"Deleted alert channel {channel.name}.")

@@ -3,21 +3,21 @@ consumer groups that Tally does not run. Reset is a dry run unless --execute, an
 group has active members. Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from kafka.errors import KafkaError
 
 from consumers.kafka.admin import KafkaAdminError
+from consumers.management.cli import SubcommandsCommand, refused
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
 from consumers.operations import groups
 from consumers.operations.errors import Refused
 from consumers.operations.group_reset import reset_group
 
 
-class Command(BaseCommand):
+class Command(SubcommandsCommand):
     help = "List, describe and reset consumer groups Tally does not run. Exit 0 done, 1 refused, 2 usage error."
 
-    def add_arguments(self, parser):
-        commands = parser.add_subparsers(dest="command", required=True)
+    def add_subcommands(self, commands):
         listing = commands.add_parser("list", help="Group ids (not Tally's own pipelines' groups).")
         listing.add_argument("--all", action="store_true", help="Include Tally pipelines' groups.")
         listing.add_argument("--json", action="store_true")
@@ -35,26 +35,22 @@ class Command(BaseCommand):
             sub.add_argument("--cluster", default="default",
                              help="The Kafka cluster (default, or a name from the TALLY_KAFKA_CLUSTERS file).")
 
-    def handle(self, *args, command, **options):
-        if command == "list":
-            try:
-                names = groups.list_groups(include_pipelines=options["all"], cluster=options["cluster"])
-            except KafkaAdminError as exc:
-                raise CommandError(str(exc), returncode=1) from None
-            self.stdout.write(json.dumps(names) if options["json"] else "\n".join(names))
-        elif command == "describe":
-            self._describe(options["group"], options["json"], options["cluster"])
-        else:
-            self._reset(options)
+    def do_list(self, **options) -> None:
+        try:
+            names = groups.list_groups(include_pipelines=options["all"], cluster=options["cluster"])
+        except KafkaAdminError as exc:
+            raise CommandError(str(exc), returncode=1) from None
+        self.stdout.write(json.dumps(names) if options["json"] else "\n".join(names))
 
-    def _describe(self, group_id: str, as_json: bool, cluster: str) -> None:
-        report = groups.describe(group_id, cluster=cluster)
+    def do_describe(self, **options) -> None:
+        group_id = options["group"]
+        report = groups.describe(group_id, cluster=options["cluster"])
         if report.errors and not report.known:
             raise CommandError(f"Failed: Kafka: {'; '.join(report.errors)}", returncode=1)
         if not report.known:
-            raise CommandError(f"Refused: no consumer group {group_id!r}: Kafka has no members or committed offsets "
-                               "for it (`groups list --all` shows the groups)", returncode=1)
-        if as_json:
+            raise refused(f"no consumer group {group_id!r}: Kafka has no members or committed offsets "
+                          "for it (`groups list --all` shows the groups)")
+        if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, default=str))
             return
         owner = f" (Tally pipeline {report.pipeline})" if report.pipeline else ""
@@ -69,13 +65,13 @@ class Command(BaseCommand):
         for error in report.errors:
             self.stderr.write(f"warning: {error}")
 
-    def _reset(self, options) -> None:
+    def do_reset(self, **options) -> None:
         mode, value = chosen_mode(options)
         try:
             result = reset_group(options["group"], options["topic"], mode, value, partitions=options["partitions"],
                                  execute=options["execute"], actor=options["actor"], cluster=options["cluster"])
         except Refused as exc:
-            raise CommandError(f"Refused: {exc}", returncode=1) from None
+            raise refused(str(exc)) from None
         except (KafkaAdminError, KafkaError) as exc:
             raise CommandError(f"Failed: Kafka: {exc}", returncode=1) from None
         data = result.as_dict()

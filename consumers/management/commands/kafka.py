@@ -7,31 +7,32 @@ configured cluster. Exit codes: 0 every cluster checked is usable, 1 one is not 
 on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError
 
 from consumers.kafka import clusters
 from consumers.kafka.check import check_cluster
 from consumers.kafka.errors import ClusterConfigError
+from consumers.management.cli import SubcommandsCommand
 from consumers.models import ClusterStatus
 
 STEPS = ("settings", "resolve", "connect", "tls", "authenticate", "metadata")
 
 
-class Command(BaseCommand):
+class Command(SubcommandsCommand):
     help = "Check a Kafka cluster's connection step by step (kafka check [CLUSTER]); list clusters (kafka clusters)."
 
-    def add_arguments(self, parser):
-        commands = parser.add_subparsers(dest="command", required=True)
+    def add_subcommands(self, commands):
         check = commands.add_parser("check", help="Resolve, connect, TLS, authenticate, read metadata.")
         check.add_argument("cluster", nargs="?", help="A cluster name (default: every configured cluster).")
         check.add_argument("--json", action="store_true")
         listing = commands.add_parser("clusters", help="The configured clusters (secrets never shown).")
         listing.add_argument("--json", action="store_true")
 
-    def handle(self, *args, command, **options):
-        if command == "clusters":
-            return self.list_clusters(options["json"])
+    def do_clusters(self, **options) -> None:
+        self.list_clusters(options["json"])
+
+    def do_check(self, **options) -> None:
         try:
             names = [options["cluster"]] if options["cluster"] else clusters.names()
         except ClusterConfigError as exc:

@@ -3,29 +3,20 @@ consumers.operations.pipeline_setup (adding, changing, deleting) and consumers.o
 Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from consumers.engine import json_map
+from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused
 from consumers.models import Pipeline
 from consumers.operations import actions, pipeline_file, pipeline_setup
 from consumers.operations.pipeline_setup import DELIVERY_MODES, Invalid, PipelineSpec
 
 
-def refused(message: str) -> CommandError:
-    return CommandError(f"Refused: {message}", returncode=1)
-
-
-def invalid(exc: Invalid) -> CommandError:
-    lines = "\n".join(f"  {field}: {message}" for field, message in exc.problems.items())
-    return refused(f"the pipeline is not valid:\n{lines}")
-
-
-class Command(BaseCommand):
+class Command(SubcommandsCommand):
     help = ("Add, list, show, delete, apply (from pipelines.toml) and run pipelines (audited). "
             "Exit 0 done, 1 refused, 2 usage error.")
 
-    def add_arguments(self, parser):
-        commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    def add_subcommands(self, commands):
         create = commands.add_parser("create", help="Add a pipeline (stopped). Validated before anything is written.")
         create.add_argument("name", help="Lower-case letters, digits, '-' and '_'.")
         create.add_argument("--topic", required=True, help="The Kafka topic to consume (must exist).")
@@ -87,15 +78,14 @@ class Command(BaseCommand):
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
-    def handle(self, *args, command, actor, **options):
-        if command in actions.ACTIONS:
-            try:
-                entry = actions.perform(command, options["name"], actor, runs=options["runs"])
-            except actions.ActionRefused as exc:
-                raise refused(str(exc)) from None
-            self.stdout.write(f"{options['name']}: {entry.message}")
-            return
-        getattr(self, f"do_{command}")(actor=actor, **options)
+    def handle(self, *args, command, **options):
+        if command not in actions.ACTIONS:
+            return super().handle(*args, command=command, **options)
+        try:
+            entry = actions.perform(command, options["name"], options["actor"], runs=options["runs"])
+        except actions.ActionRefused as exc:
+            raise refused(str(exc)) from None
+        self.stdout.write(f"{options['name']}: {entry.message}")
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
                   on_log_truncated, create_table, cluster, runs, map, upsert_key, delete_on_tombstone, kafka_client,
@@ -112,7 +102,7 @@ class Command(BaseCommand):
         try:
             pipeline = pipeline_setup.create(spec, actor)
         except Invalid as exc:
-            raise invalid(exc) from None
+            raise not_valid("pipeline", exc.problems) from None
         if options["json"]:
             self.stdout.write(json.dumps(as_dict(pipeline)))
         else:
@@ -122,7 +112,7 @@ class Command(BaseCommand):
     def do_list(self, *, json: bool, **options):
         rows = [as_dict(p) for p in Pipeline.objects.order_by("name")]
         if json:
-            self.stdout.write(_json(rows))
+            self.stdout.write(as_json(rows))
             return
         self.stdout.write(f"{'NAME':<28} {'STATE':<8} {'MODE':<14} {'ENGINE':<7} {'TOPIC':<28} SINK TABLE")
         for row in rows:
@@ -136,7 +126,7 @@ class Command(BaseCommand):
         data = as_dict(pipeline)
         data["positions"] = actions.positions(pipeline)
         if json:
-            self.stdout.write(_json(data))
+            self.stdout.write(as_json(data))
             return
         for key, value in data.items():
             self.stdout.write(f"{key + ':':<18} {value}")
@@ -153,9 +143,7 @@ class Command(BaseCommand):
             plan = pipeline_file.apply(file, actor=actor, dry_run=dry_run)
         except pipeline_file.FileRefused as exc:
             raise refused(str(exc)) from None
-        for line in plan.lines():
-            self.stdout.write(line)
-        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
+        self.print_plan_of_file(plan, dry_run)
 
 
 def as_dict(pipeline: Pipeline) -> dict:
@@ -166,7 +154,3 @@ def as_dict(pipeline: Pipeline) -> dict:
             "map": pipeline.json_map, "upsert_key": pipeline.upsert_key,
             "delete_on_tombstone": pipeline.delete_on_tombstone, "kafka_client": pipeline.kafka_client,
             "desired_state": pipeline.desired_state, "epoch": pipeline.epoch, "cluster": pipeline.cluster}
-
-
-def _json(data) -> str:
-    return json.dumps(data, indent=2)

@@ -5,26 +5,20 @@ consumers/operations/watch_file.py (watches.toml)
 and consumers/reconciliation/watch_audit.py (the check). Exit codes: 0 done and clean, 1 findings (lost,
 duplicated or phantom records) or a refusal (the reason on stderr), 2 usage error.
 """
-import json
+from django.core.management.base import CommandError
 
-from django.core.management.base import BaseCommand, CommandError
-
+from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_file, watch_setup
 from consumers.operations.watch_setup import Invalid, WatchSpec
 from consumers.reconciliation import watch_audit
 
 
-def refused(message: str) -> CommandError:
-    return CommandError(f"Refused: {message}", returncode=1)
-
-
-class Command(BaseCommand):
+class Command(SubcommandsCommand):
     help = ("Watch consumer groups Tally does not run: lag, status, and what they lost or duplicated in their "
             "own tables. Exit 0 clean, 1 findings or refused, 2 usage error.")
 
-    def add_arguments(self, parser):
-        commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    def add_subcommands(self, commands):
         create = commands.add_parser("create", help="Watch a group (and audit the table it writes).")
         create.add_argument("name", help="Lower-case letters, digits, '-' and '_'.")
         create.add_argument("--group", required=True, help="The consumer group to watch.")
@@ -63,9 +57,6 @@ class Command(BaseCommand):
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
-    def handle(self, *args, command, **options):
-        getattr(self, f"do_{command}")(**options)
-
     def do_create(self, *, name, group, topic, cluster, sink_table, record_id, row_id, start_from, settle_seconds,
                   ignore, keyed, actor, json: bool, **options):
         spec = WatchSpec(name=name, group=group, topic=topic, cluster=cluster, sink_table=sink_table,
@@ -74,12 +65,11 @@ class Command(BaseCommand):
         try:
             watch, notes = watch_setup.create(spec, actor)
         except Invalid as exc:
-            lines = "\n".join(f"  {field}: {message}" for field, message in exc.problems.items())
-            raise refused(f"the watch is not valid:\n{lines}") from None
+            raise not_valid("watch", exc.problems) from None
         for note in notes:
             self.stderr.write(f"Note: {note}")
         if json:
-            self.stdout.write(_json(as_dict(watch)))
+            self.stdout.write(as_json(as_dict(watch)))
             return
         audit = f", auditing {watch.sink_table} by {watch.record_id}" if watch.audits else " (lag and status only)"
         self.stdout.write(f"Created watch {name} of group {watch.group_id} on {watch.topic}{audit}. "
@@ -88,7 +78,7 @@ class Command(BaseCommand):
     def do_list(self, *, json: bool, **options):
         rows = [as_dict(w) for w in Watch.objects.order_by("name")]
         if json:
-            self.stdout.write(_json(rows))
+            self.stdout.write(as_json(rows))
             return
         self.stdout.write(f"{'NAME':<24} {'STATUS':<7} {'GROUP':<24} {'TOPIC':<24} {'LAG':>10} TABLE")
         for row in rows:
@@ -102,7 +92,7 @@ class Command(BaseCommand):
         data["partitions"] = [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")]
         data["ranges"] = [range_json(r) for r in WatchRange.objects.filter(watch=watch).order_by("partition", "start")]
         if json:
-            self.stdout.write(_json(data))
+            self.stdout.write(as_json(data))
             return
         for key, value in data.items():
             if key not in ("partitions", "ranges"):
@@ -129,9 +119,7 @@ class Command(BaseCommand):
             plan = watch_file.apply(file, actor=actor, dry_run=dry_run)
         except watch_file.FileRefused as exc:
             raise refused(str(exc)) from None
-        for line in plan.lines():
-            self.stdout.write(line)
-        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
+        self.print_plan_of_file(plan, dry_run)
 
     def do_check(self, *, name, settle_seconds, json: bool, **options):
         watch = _watch(name)
@@ -139,7 +127,7 @@ class Command(BaseCommand):
             raise refused("--settle-seconds must be 0 or more")
         report = watch_audit.check_watch(watch, settle_seconds=settle_seconds)
         if json:
-            self.stdout.write(_json(report.as_json()))
+            self.stdout.write(as_json(report.as_json()))
         else:
             lag = "unknown" if report.lag_records is None else f"{report.lag_records} records"
             if report.lag_seconds is not None:
@@ -177,7 +165,3 @@ def range_json(r: WatchRange) -> dict:
             "superseded": r.superseded, "unreadable": r.unreadable, "lost": r.lost, "duplicated": r.duplicated,
             "phantom": r.phantom, "lost_offsets": r.lost_offsets, "duplicated_offsets": r.duplicated_offsets,
             "phantom_offsets": r.phantom_offsets, "note": r.note, "checked_at": r.checked_at.isoformat()}
-
-
-def _json(data) -> str:
-    return json.dumps(data, indent=2)

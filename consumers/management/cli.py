@@ -1,0 +1,38 @@
+"""What Tally's management commands share: subcommands dispatched to `do_NAME` methods, and one way to say
+no. Exit codes everywhere: 0 done, 1 refused (the reason on stderr, after "Refused: "), 2 usage error."""
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+def refused(message: str) -> CommandError:
+    return CommandError(f"Refused: {message}", returncode=1)
+
+
+def not_valid(noun: str, problems: dict[str, str]) -> CommandError:
+    """A spec's problems, one line a field, as every door shows them."""
+    lines = "\n".join(f"  {field}: {message}" for field, message in problems.items())
+    return refused(f"the {noun} is not valid:\n{lines}")
+
+
+def as_json(data) -> str:
+    return json.dumps(data, indent=2)
+
+
+class SubcommandsCommand(BaseCommand):
+    """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`."""
+
+    def add_arguments(self, parser):
+        self.add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+
+    def add_subcommands(self, commands) -> None:
+        raise NotImplementedError
+
+    def handle(self, *args, command, **options):
+        getattr(self, f"do_{command}")(**options)
+
+    def print_plan_of_file(self, plan, dry_run: bool) -> None:
+        """What `apply FILE` did (or would do, with --dry-run), a line an entry, then the counts."""
+        for line in plan.lines():
+            self.stdout.write(line)
+        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
