@@ -8,16 +8,13 @@ from django.utils import timezone
 from alerts.channels import DeliveryFailed, Session, kind_of, redact
 from alerts.models import AlertRule, Channel
 from consumers.models import ActionLog, ActionResult, error_text
+from consumers.operations.errors import Invalid
 
 SETTINGS = ("kind", "url", "recipients", "routing_key", "secret", "enabled")
 
 
-class ChannelInvalid(ValueError):
+class ChannelInvalid(Invalid):
     """The channel's settings are wrong: `problems` maps each field to its message."""
-
-    def __init__(self, problems: dict):
-        self.problems = problems
-        super().__init__("; ".join(f"{field}: {message}" for field, message in problems.items()))
 
 
 def _problems(error: ValidationError) -> dict:

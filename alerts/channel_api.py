@@ -12,7 +12,6 @@ from alerts import channel_actions
 from alerts.api_schemas import ChannelAnswerSerializer, ChannelListSerializer, ChannelTestSerializer
 from alerts.channels import KINDS
 from alerts.models import Channel
-from consumers.access import record_refusal
 from consumers.api_base import (
     BAD_INPUT,
     OperatorForWrites,
@@ -20,7 +19,7 @@ from consumers.api_base import (
     StrictSerializer,
     StrictStringField,
     answers,
-    field_errors,
+    refuse_fields,
 )
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
@@ -39,10 +38,7 @@ class ChannelInput(StrictSerializer):
 
 
 def _refused(request, problems: dict, status=http.HTTP_400_BAD_REQUEST) -> Response:
-    errors = field_errors(problems)
-    record_refusal(request.user, "alert_channel_add", "bad input: " + "; ".join(
-        f"{field}: {' '.join(e['message'] for e in messages)}" for field, messages in errors.items()))
-    return Response({"errors": errors}, status=status)
+    return refuse_fields(request, problems, "alert_channel_add", status=status)
 
 
 @extend_schema(methods=["GET"], operation_id="alert_channels_list", responses=answers(ChannelListSerializer))

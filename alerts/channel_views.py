@@ -9,6 +9,7 @@ from alerts import channel_actions
 from alerts.channel_forms import ChannelForm
 from alerts.models import Channel
 from consumers.access import can_operate, form_errors, record_refusal
+from consumers.form_errors import add_problems
 
 VIEWER_REFUSAL = "You are a viewer: only operators can add, change, test or delete alert channels."
 
@@ -44,8 +45,7 @@ def channel_edit(request, name=None):
             try:
                 channel_actions.save(saved, request.user.get_username(), list(form.cleaned_data["rules"]))
             except channel_actions.ChannelInvalid as exc:
-                for field, message in exc.problems.items():
-                    form.add_error(field if field in form.fields else None, message)
+                add_problems(form, exc)
             else:
                 messages.success(request, f"Alert channel {saved.name!r} {'added' if channel is None else 'saved'}.")
                 return redirect("alerts:channels")

@@ -5,6 +5,7 @@ log entry for every change. The admin adds no way of its own to write a Pipeline
 from django import forms
 from django.contrib import messages
 
+from consumers.form_errors import add_problems
 from consumers.models import DeliveryMode, Pipeline
 from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import COLUMNS, MUTABLE_FIELDS, Invalid, PipelineSpec
@@ -51,9 +52,7 @@ class PipelineAdminForm(forms.ModelForm):
             else:
                 pipeline_setup.validate(self.spec())
         except Invalid as exc:
-            for field, message in exc.problems.items():
-                field = SPEC_TO_MODEL.get(field, field)
-                self.add_error(field if field in self.fields else None, message)
+            add_problems(self, exc, renamed=SPEC_TO_MODEL)
         return cleaned
 
 

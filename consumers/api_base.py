@@ -112,12 +112,17 @@ def field_errors(errors) -> dict[str, list[dict]]:
 
 
 def refuse_invalid(request, serializer, action: str, pipeline=None, group_id: str = "") -> Response:
-    """400 naming each bad field; the refusal goes to the action log like every other."""
-    errors = field_errors(serializer.errors)
+    """400 naming each bad field of the body; the refusal goes to the action log like every other."""
+    return refuse_fields(request, serializer.errors, action, pipeline=pipeline, group_id=group_id)
+
+
+def refuse_fields(request, errors, action: str, *, status: int = http.HTTP_400_BAD_REQUEST, **audit) -> Response:
+    """400 (or `status`) naming each bad field, of a serializer's errors or of an operation's Invalid.problems:
+    the one way every API door answers bad input, audited (`audit`: record_refusal's pipeline, group_id, params)."""
+    errors = field_errors(errors)
     record_refusal(request.user, action, "bad input: " + "; ".join(
-        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()),
-        pipeline=pipeline, group_id=group_id)
-    return Response({"errors": errors}, status=http.HTTP_400_BAD_REQUEST)
+        f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items()), **audit)
+    return Response({"errors": errors}, status=status)
 
 
 class HasRole(BasePermission):

@@ -1,14 +1,17 @@
 """Forms for operator input: rewinds, consumer-group resets, pipelines, dead-letter filters and actions.
-Validation turns bad input into clear messages before anything is read from Kafka or changed
-(consumers.operations.offset_specs does the parsing)."""
+Validation turns bad input into clear messages before anything is read from Kafka or changed. The rules are
+the operations' (offset_specs.validate, dead_letter_queries.validate_range, pipeline_setup.validate), the same
+the API's serializers and the commands call; a form only places their Invalid beside its field."""
 from django import forms
 
 from consumers.engine import json_map
+from consumers.form_errors import add_problems
 from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
-from consumers.operations.errors import Refused
-from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, parse_spec
+from consumers.operations import offset_specs
+from consumers.operations.errors import Invalid
+from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES
 
 MODE_HELP = {
     "to-earliest": "the log start (re-read everything still in Kafka)",
@@ -52,9 +55,9 @@ class OffsetMoveForm(forms.Form):
         if mode not in MODES_WITH_VALUE:
             value = ""  # a value left in the box from another mode must not make the form fail
         try:
-            cleaned["spec"] = parse_spec(mode, value or None)
-        except Refused as exc:
-            self.add_error("value" if mode in MODES_WITH_VALUE else "mode", str(exc))
+            cleaned["spec"] = offset_specs.validate(mode, value or None)
+        except Invalid as exc:
+            add_problems(self, exc)
         cleaned["value"] = value
         return cleaned
 
@@ -167,9 +170,10 @@ class DeadLetterFilterForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        problem = queries.range_problem(cleaned.get("offset_from"), cleaned.get("offset_to"))
-        if problem:
-            self.add_error("offset_to", problem)
+        try:
+            queries.validate_range(cleaned.get("offset_from"), cleaned.get("offset_to"))
+        except Invalid as exc:
+            add_problems(self, exc)
         cleaned["state"] = cleaned.get("state") or queries.PENDING
         return cleaned
 
@@ -220,10 +224,10 @@ class DeadLetterAllMatchingForm(forms.Form):
         super().__init__(*args, **kwargs)
         if discard:
             self.fields["reason"].required = True
-            self.fields["reason"].error_messages["required"] = "Say why these dead letters are discarded."
+            self.fields["reason"].error_messages["required"] = dead_letter_ops.REASON_PROMPT
 
 
 class DeadLetterDiscardForm(DeadLetterReplayForm):
     reason = forms.CharField(max_length=dead_letter_ops.MAX_REASON, strip=True,
-                             error_messages={"required": "Say why these dead letters are discarded."},
+                             error_messages={"required": dead_letter_ops.REASON_PROMPT},
                              help_text="Why they are dropped (kept with them and in the action log).")

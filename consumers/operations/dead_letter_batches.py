@@ -152,7 +152,7 @@ def _check_all(pipeline, action, ids, *, actor, reason, source) -> None:
     if action == "discard":
         params["reason"] = (reason or "").strip()[:dead_letter_ops.MAX_REASON]
         if not params["reason"]:
-            actions.refuse(pipeline, ACTIONS[action], actor, params, "Discarding dead letters needs a reason.")
+            actions.refuse(pipeline, ACTIONS[action], actor, params, dead_letter_ops.REASON_NEEDED)
     else:
         params["source"] = source
     dead_letter_ops.refuse_unknown(pipeline, ACTIONS[action], actor, params, ids)

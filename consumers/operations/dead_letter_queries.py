@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.db.models import BigIntegerField, BinaryField, Case, CharField, DateTimeField, F, IntegerField, Value, When
 
 from consumers.models import DeadLetter, DeadLetterReplay, Pipeline
+from consumers.operations.errors import Invalid
 
 PENDING, DISCARDED, REPLAYED, ANY = "pending", "discarded", "replayed", "any"
 STATES = (PENDING, DISCARDED, REPLAYED, ANY)
@@ -39,11 +40,11 @@ class Filters:
             raise ValueError(f"Unknown state {self.state!r}: use one of {', '.join(STATES)}.")
 
 
-def range_problem(offset_from: int | None, offset_to: int | None) -> str | None:
-    """The one check of an offset range across doors (form, serializer, command): both ends are inclusive."""
+def validate_range(offset_from: int | None, offset_to: int | None) -> None:
+    """The one check of an offset range across doors (form, serializer, command): both ends are inclusive.
+    Invalid names the field at fault, `offset_to`."""
     if offset_from is not None and offset_to is not None and offset_from > offset_to:
-        return f"The range ends before it starts ({offset_from} > {offset_to})."
-    return None
+        raise Invalid({"offset_to": f"The range ends before it starts ({offset_from} > {offset_to})."})
 
 
 def _narrow(queryset, filters: Filters, error_field: str, id_field: str):

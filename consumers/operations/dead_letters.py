@@ -58,6 +58,9 @@ SOURCES = ("stored", "kafka")
 # pipeline's batches on those partitions wait for it.
 MAX_PER_CALL = 1000
 MAX_REASON = 500
+# A discard needs a reason: the operation's refusal, and the prompt the form and the API show beside the field.
+REASON_NEEDED = "Discarding dead letters needs a reason."
+REASON_PROMPT = "Say why these dead letters are discarded."
 
 
 class LetterOutcome(models.TextChoices):
@@ -323,7 +326,7 @@ def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadL
     ids = _clean_ids(pipeline, DISCARD, actor, params, dead_letter_ids)
     params["ids"] = ids
     if not reason:
-        actions.refuse(pipeline, DISCARD, actor, params, "Discarding dead letters needs a reason.")
+        actions.refuse(pipeline, DISCARD, actor, params, REASON_NEEDED)
     if len(reason) > MAX_REASON:
         actions.refuse(pipeline, DISCARD, actor, params, f"The reason is longer than {MAX_REASON} characters.")
     refuse_unknown(pipeline, DISCARD, actor, params, ids)

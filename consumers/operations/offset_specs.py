@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
 
 from consumers.kafka import admin as kafka_admin
-from consumers.operations.errors import Refused
+from consumers.operations.errors import Invalid, Refused
 
 # Kafka timestamps are milliseconds since 1970: earlier moments would become its special values -1/-2
 # ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
@@ -79,6 +79,15 @@ def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec
     if moment is None or moment < EPOCH:
         raise Refused(f"by-duration {raw} reaches back before 1970-01-01, where Kafka timestamps begin.")
     return OffsetSpec(mode, moment=moment, raw=raw)
+
+
+def validate(mode: str, value=None, now: datetime | None = None) -> OffsetSpec:
+    """The one check of an offset move's input, for every door (page, API, command): the spec, or Invalid
+    naming the field at fault (the value, or the mode when it takes no value)."""
+    try:
+        return parse_spec(mode, value, now)
+    except Refused as exc:
+        raise Invalid({"value" if mode in MODES_WITH_VALUE else "mode": str(exc)}) from None
 
 
 def _refuse_before_epoch(moment: datetime, raw: str) -> None:

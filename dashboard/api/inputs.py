@@ -3,8 +3,9 @@ refused, and a bad field is a 400 that names it — before anything is read from
 
 Strict because loose parsing failed open: `"dry_run": "no"` was truthy and executed a rewind. A boolean
 is `true` or `false`; a partition is a JSON integer; a value is a string or an integer. The semantics
-of a rewind target (dates before 1970, durations that overflow, offsets beyond bigint) are checked by
-consumers.offset_specs, which the pages and the command line share.
+of a rewind target (dates before 1970, durations that overflow, offsets beyond bigint) and of a dead-letter
+offset range are checked by the operations (offset_specs.validate, dead_letter_queries.validate_range), which
+the pages' forms and the command line call too: a serializer only returns their Invalid as its 400.
 """
 import re
 
@@ -20,9 +21,9 @@ from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and re
     field_errors,
     refuse_invalid,
 )
-from consumers.operations import dead_letter_queries, dead_letters
-from consumers.operations.errors import Refused
-from consumers.operations.offset_specs import MODES_WITH_VALUE, OFFSET_MODES, parse_spec
+from consumers.operations import dead_letter_queries, dead_letters, offset_specs
+from consumers.operations.errors import Invalid
+from consumers.operations.offset_specs import OFFSET_MODES
 
 MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
@@ -54,11 +55,10 @@ class OffsetMoveInput(StrictSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        mode, value = attrs["mode"], attrs.get("value") or None
         try:
-            attrs["spec"] = parse_spec(mode, value)
-        except Refused as exc:
-            raise serializers.ValidationError({"value" if mode in MODES_WITH_VALUE else "mode": str(exc)}) from None
+            attrs["spec"] = offset_specs.validate(attrs["mode"], attrs.get("value") or None)
+        except Invalid as exc:
+            raise serializers.ValidationError(exc.problems) from None
         attrs["partitions"] = sorted(set(attrs.get("partitions") or [])) or None
         return attrs
 
@@ -109,9 +109,7 @@ class DeadLetterQuery(serializers.Serializer):
     page = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1, default=1)
 
     def validate(self, attrs):
-        problem = dead_letter_queries.range_problem(attrs.get("offset_from"), attrs.get("offset_to"))
-        if problem:
-            raise serializers.ValidationError({"offset_to": problem})
+        _validate_range(attrs)
         return attrs
 
     def filters(self) -> dead_letter_queries.Filters:
@@ -119,6 +117,13 @@ class DeadLetterQuery(serializers.Serializer):
         return dead_letter_queries.Filters(error=data["error"], partition=data["partition"],
                                            offset_from=data["offset_from"], offset_to=data["offset_to"],
                                            state=data["state"])
+
+
+def _validate_range(attrs) -> None:
+    try:
+        dead_letter_queries.validate_range(attrs.get("offset_from"), attrs.get("offset_to"))
+    except Invalid as exc:
+        raise serializers.ValidationError(exc.problems) from None
 
 
 def _dead_letter_ids(**kwargs):
@@ -150,9 +155,7 @@ class DeadLetterFilterInput(StrictSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        problem = dead_letter_queries.range_problem(attrs.get("offset_from"), attrs.get("offset_to"))
-        if problem:
-            raise serializers.ValidationError({"offset_to": problem})
+        _validate_range(attrs)
         return attrs
 
 
@@ -184,8 +187,8 @@ class DeadLetterReplayInput(_DeadLetterSelection):
 
 class DeadLetterDiscardInput(_DeadLetterSelection):
     reason = StrictStringField(max_length=dead_letters.MAX_REASON,
-                               error_messages={"blank": "Say why these dead letters are discarded.",
-                                               "required": "Say why these dead letters are discarded."})
+                               error_messages={"blank": dead_letters.REASON_PROMPT,
+                                               "required": dead_letters.REASON_PROMPT})
 
 
 class PipelineInput(StrictSerializer):

@@ -23,7 +23,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.access import can_operate, record_refusal, role_of
-from consumers.api_base import REFUSED, UNAVAILABLE, OperatorForWrites, RefusalSerializer, answers
+from consumers.api_base import REFUSED, UNAVAILABLE, OperatorForWrites, RefusalSerializer, answers, refuse_fields
 from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
 from consumers.kafka.errors import ClusterConfigError
@@ -150,9 +150,7 @@ def _pipeline_spec(request, action: str):
 
 
 def _setup_refused(request, action: str, exc: Invalid) -> Response:
-    record_refusal(request.user, action, "; ".join(f"{f}: {m}" for f, m in exc.problems.items()))
-    return Response({"errors": {f: [{"message": m, "code": "invalid"}] for f, m in exc.problems.items()}},
-                    status=http.HTTP_400_BAD_REQUEST)
+    return refuse_fields(request, exc.problems, action)
 
 
 def _pipeline_settings(pipeline: Pipeline) -> dict:

@@ -9,8 +9,7 @@ from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
-from consumers.access import record_refusal
-from consumers.api_base import REFUSALS, answers
+from consumers.api_base import REFUSALS, answers, refuse_fields
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit, watch_trace
@@ -75,9 +74,7 @@ def watch_list(request):
     try:
         watch, notes = watch_setup.create(watch_setup.WatchSpec(**data), actor=request.user.username)
     except watch_setup.Invalid as exc:
-        record_refusal(request.user, "create_watch", f"invalid: {exc}", params={"watch": data["name"]})
-        return Response({"errors": {field: [{"message": message, "code": "invalid"}]
-                                    for field, message in exc.problems.items()}}, status=http.HTTP_400_BAD_REQUEST)
+        return refuse_fields(request, exc.problems, "create_watch", params={"watch": data["name"]})
     return Response({**watch_json(watch), "notes": notes}, status=http.HTTP_201_CREATED)
 
 

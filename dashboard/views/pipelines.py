@@ -8,6 +8,7 @@ from django.views.decorators.http import require_http_methods
 
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.engine.transforms import JSON
+from consumers.form_errors import add_problems
 from consumers.operations import pipeline_preview, pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard.forms import PipelineForm
@@ -31,7 +32,7 @@ def new_pipeline(request):
             try:
                 pipeline = pipeline_setup.create(spec, actor=request.user.username)
             except Invalid as exc:
-                _add_problems(form, exc)
+                add_problems(form, exc)
             else:
                 messages.success(request, f"Created pipeline {pipeline.name} (stopped): start it when ready.")
                 return redirect("pipeline", name=pipeline.name)
@@ -53,15 +54,10 @@ def _preview(request, form):
     try:
         preview = pipeline_preview.preview(spec)
     except Invalid as exc:
-        _add_problems(form, exc)
+        add_problems(form, exc)
         return form, None, 400
     data = request.POST.copy()
     data["map"] = PipelineForm.map_text(preview.mapping)
     form = PipelineForm(data)
     form.is_valid()
     return form, preview, 200
-
-
-def _add_problems(form, exc: Invalid) -> None:
-    for field, message in exc.problems.items():
-        form.add_error(field if field in form.fields else None, message)

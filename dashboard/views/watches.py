@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
 from consumers.access import can_operate
+from consumers.form_errors import add_problems
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit, watch_trace
@@ -124,8 +125,7 @@ def new_watch(request):
             try:
                 watch, notes = watch_setup.create(form.spec(), actor=request.user.username)
             except watch_setup.Invalid as exc:
-                for field, message in exc.problems.items():
-                    form.add_error(field if field in form.fields else None, message)
+                add_problems(form, exc)
             else:
                 messages.success(request, " ".join([f"Watching group {watch.group_id} as {watch.name}.", *notes]))
                 return redirect("watch", name=watch.name)

@@ -22,6 +22,7 @@ from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
+from consumers.operations.errors import Invalid
 
 ACTIONS = ("list", "export", "discard", "replay")
 LIST_LIMIT = 50
@@ -79,9 +80,10 @@ class Command(BaseCommand):
     def handle(self, *args, pipeline, action, **options):
         if options["partition"] is not None and options["partition"] < 0:
             raise CommandError("--partition is 0 or more.", returncode=2)
-        problem = queries.range_problem(options["offset_from"], options["offset_to"])
-        if problem:
-            raise CommandError(f"--offset-from and --offset-to: {problem}", returncode=2)
+        try:
+            queries.validate_range(options["offset_from"], options["offset_to"])
+        except Invalid as exc:
+            raise CommandError(f"--offset-from and --offset-to: {exc.problems['offset_to']}", returncode=2) from None
         if action in ("list", "export"):
             found = Pipeline.objects.filter(name=pipeline).first()
             if found is None:
