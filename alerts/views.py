@@ -50,19 +50,20 @@ def _back(request):
     return redirect(reverse("alerts:list"))
 
 
-def _operator_only(request, alert, action: str, message: str) -> None:
-    """Viewers are refused, and the refusal is audited like on every other door."""
+def _alert_for_operator(request, alert_id, action: str, message: str) -> Alert:
+    """The alert an operator acts on. Viewers are refused, and the refusal is audited like on every other door."""
+    alert = get_object_or_404(Alert, pk=alert_id)
     if not can_operate(request.user):
         record_refusal(request.user, action, f"{role_of(request.user)} role: {message}", pipeline=alert.pipeline,
                        params={"alert": alert.pk, "path": request.path})
         raise PermissionDenied(message)
+    return alert
 
 
 @require_POST
 @login_required
 def alert_acknowledge(request, alert_id):
-    alert = get_object_or_404(Alert, pk=alert_id)
-    _operator_only(request, alert, "acknowledge_alert", "Only operators can acknowledge alerts.")
+    alert = _alert_for_operator(request, alert_id, "acknowledge_alert", "Only operators can acknowledge alerts.")
     if evaluate.acknowledge(alert, request.user.get_username()):
         messages.success(request, f"Acknowledged: {alert.pipeline_label}: {alert.summary}")
     else:
@@ -73,8 +74,7 @@ def alert_acknowledge(request, alert_id):
 @require_POST
 @login_required
 def alert_mute(request, alert_id):
-    alert = get_object_or_404(Alert, pk=alert_id)
-    _operator_only(request, alert, "mute_alert", "Only operators can mute alerts.")
+    alert = _alert_for_operator(request, alert_id, "mute_alert", "Only operators can mute alerts.")
     minutes = parse_minutes(request.POST.get("minutes"))
     reason = request.POST.get("reason", "")
     problem = "Mute for 1 minute to 30 days." if minutes is None else \

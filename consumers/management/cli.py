@@ -4,6 +4,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.operations.declared_file import FileRefused
+
 
 def refused(message: str) -> CommandError:
     return CommandError(f"Refused: {message}", returncode=1)
@@ -31,8 +33,13 @@ class SubcommandsCommand(BaseCommand):
     def handle(self, *args, command, **options):
         getattr(self, f"do_{command}")(**options)
 
-    def print_plan_of_file(self, plan, dry_run: bool) -> None:
-        """What `apply FILE` did (or would do, with --dry-run), a line an entry, then the counts."""
+    def apply_file(self, apply, *, file: str, actor: str, dry_run: bool) -> None:
+        """`apply FILE` (pipelines.toml, watches.toml): what it did, or with --dry-run would do, a line an entry,
+        then the counts."""
+        try:
+            plan = apply(file, actor=actor, dry_run=dry_run)
+        except FileRefused as exc:
+            raise refused(str(exc)) from None
         for line in plan.lines():
             self.stdout.write(line)
         self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from consumers.models import Pipeline
 from consumers.operations import declared_file, pipeline_setup
-from consumers.operations.declared_file import FileRefused  # noqa: F401 - the doors catch it from here
+from consumers.operations.declared_file import FileRefused  # noqa: F401 - what apply() raises, named beside it
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 
 

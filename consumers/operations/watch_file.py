@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from consumers.models import Watch
 from consumers.operations import declared_file, watch_setup
-from consumers.operations.declared_file import FileRefused  # noqa: F401 - the doors catch it from here
+from consumers.operations.declared_file import FileRefused  # noqa: F401 - what apply() raises, named beside it
 from consumers.operations.watch_setup import Invalid, WatchSpec
 
 

@@ -139,11 +139,7 @@ class Command(SubcommandsCommand):
         self.stdout.write(f"Deleted pipeline {name}; its action log and sink table are kept.")
 
     def do_apply(self, *, actor, file, dry_run, **options):
-        try:
-            plan = pipeline_file.apply(file, actor=actor, dry_run=dry_run)
-        except pipeline_file.FileRefused as exc:
-            raise refused(str(exc)) from None
-        self.print_plan_of_file(plan, dry_run)
+        self.apply_file(pipeline_file.apply, file=file, actor=actor, dry_run=dry_run)
 
 
 def as_dict(pipeline: Pipeline) -> dict:

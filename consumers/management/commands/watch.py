@@ -115,11 +115,7 @@ class Command(SubcommandsCommand):
         self.stdout.write(f"Deleted watch {name}; the group and its table are untouched.")
 
     def do_apply(self, *, file, dry_run, actor, **options):
-        try:
-            plan = watch_file.apply(file, actor=actor, dry_run=dry_run)
-        except watch_file.FileRefused as exc:
-            raise refused(str(exc)) from None
-        self.print_plan_of_file(plan, dry_run)
+        self.apply_file(watch_file.apply, file=file, actor=actor, dry_run=dry_run)
 
     def do_check(self, *, name, settle_seconds, json: bool, **options):
         watch = _watch(name)
