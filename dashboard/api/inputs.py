@@ -7,7 +7,6 @@ of a rewind target (dates before 1970, durations that overflow, offsets beyond b
 offset range are checked by the operations (offset_specs.validate, dead_letter_queries.validate_range), which
 the pages' forms and the command line call too: a serializer only returns their Invalid as its 400.
 """
-import re
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -24,12 +23,11 @@ from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and re
 from consumers.operations import dead_letter_queries, dead_letters, offset_specs
 from consumers.operations.errors import Invalid
 from consumers.operations.offset_specs import OFFSET_MODES
+from consumers.operations.pipeline_setup import TOPIC_PATTERN
 
 MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
 MAX_DEAD_LETTERS_PER_PAGE = 10_000
-# Kafka's legal topic names: letters, digits, '.', '_' and '-', at most 249 characters.
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_MAPPED_COLUMNS = 1600  # PostgreSQL's limit of columns per table
 
 
@@ -73,7 +71,7 @@ class GroupResetInput(OffsetMoveInput):
     execute = StrictBooleanField(required=False, default=False)
 
     def validate_topic(self, value):
-        if not TOPIC_NAME.match(value):
+        if not TOPIC_PATTERN.match(value):  # Kafka's legal topic names, as pipeline_setup checks them
             raise serializers.ValidationError("A Kafka topic name: letters, digits, '.', '_' and '-', at most 249.")
         return value
 
