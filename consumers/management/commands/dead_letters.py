@@ -18,6 +18,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.management.cli import refused
 from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
@@ -87,7 +88,7 @@ class Command(BaseCommand):
         if action in ("list", "export"):
             found = Pipeline.objects.filter(name=pipeline).first()
             if found is None:
-                raise CommandError(f"Refused: no pipeline named {pipeline!r}.", returncode=1)
+                raise refused(f"no pipeline named {pipeline!r}.")
             rows = queries.dead_letters(found, self._filters(options, options["state"]))
             return self._list(rows, options) if action == "list" else self._export(rows, options)
         return self._act(pipeline, action, options)
@@ -143,11 +144,11 @@ class Command(BaseCommand):
         else:  # ids, or an unknown pipeline: the domain refuses that name, audited
             ended = batches.attempt(action, lambda: batches.act_on_ids(found or name, action, ids or [], **kwargs))
         if ended.refusal:
-            raise CommandError(f"Refused: {ended.refusal}", returncode=1)
+            raise refused(str(ended.refusal))
         if ended.stopped:
             self._failed(name, action, ended.stopped, options)
         if ended.failed:
-            raise CommandError(f"Refused: {ended.failed[0].lower()}{ended.failed[1:]}", returncode=1)
+            raise refused(f"{ended.failed[0].lower()}{ended.failed[1:]}")
         outcome = ended.result
         if len(outcome.done) == 1:
             return self._print_one(name, action, outcome.done[0], options)
@@ -172,7 +173,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{name}: {action}: stopped after {len(outcome.done)} of {outcome.batches} batch(es); "
                               f"done (committed): {outcome.ids - outcome.untouched} dead letter(s): "
                               f"{outcome.totals_text()}")
-        raise CommandError(f"Refused: {outcome.message()}", returncode=1) from None
+        raise refused(outcome.message()) from None
 
     def _print_one(self, name, action, result, options):
         if options["json"]:

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from kafka.errors import KafkaError
 
 from consumers.kafka.admin import KafkaAdminError
+from consumers.management.cli import refused
 from consumers.operations.errors import Refused
 from consumers.operations.rewind import rewind
 
@@ -77,7 +78,7 @@ class Command(BaseCommand):
             result = rewind(name, mode, value, partitions=partitions, rollback_sink=rollback_sink,
                             dry_run=not execute, actor=actor)
         except Refused as exc:
-            raise CommandError(f"Refused: {exc}", returncode=1) from None
+            raise refused(str(exc)) from None
         except (KafkaAdminError, KafkaError) as exc:
             raise CommandError(f"Failed: Kafka: {exc} (recorded in the action log)", returncode=1) from None
         data = result.as_dict()

@@ -6,6 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.management.cli import refused
 from consumers.models import Pipeline
 from consumers.reconciliation import trace as tracing
 
@@ -28,18 +29,18 @@ class Command(BaseCommand):
             raise CommandError("Give --partition and --offset, or --key.", returncode=2)
         found = Pipeline.objects.filter(name=pipeline).first()
         if found is None:
-            raise CommandError(f"Refused: no pipeline named {pipeline!r}.", returncode=1)
+            raise refused(f"no pipeline named {pipeline!r}.")
         try:
             if key is not None:
                 records, scanned = tracing.find_by_key(found, key)
                 if not records:
-                    raise CommandError(f"Refused: no record with key {key!r} among the {scanned:,} newest records "
-                                       f"of topic {found.topic!r}.", returncode=1)
+                    raise refused(f"no record with key {key!r} among the {scanned:,} newest records "
+                                  f"of topic {found.topic!r}.")
                 traces = [tracing.trace(found, r.partition, r.offset) for r in records[-MAX_KEY_MATCHES:]]
             else:
                 traces = [tracing.trace(found, partition, offset)]
         except tracing.TraceRefused as exc:
-            raise CommandError(f"Refused: {exc}", returncode=1) from None
+            raise refused(str(exc)) from None
         if options["json"]:
             self.stdout.write(json.dumps([t.as_json() for t in traces], indent=2, default=str))
             return
