@@ -66,7 +66,7 @@ def write(conn, pipeline, partition, offsets, *, start=None, end=None, epoch=1, 
 def answers(pipeline, kafka, offsets):
     """Everything compaction must not change: a full reconciliation, the timeline, and traces."""
     report = reconcile.reconcile_pipeline(pipeline, full=True, kafka=kafka)
-    found = sorted((p.partition, f["kind"], f["start"], f["end"], f["count"], bool(f.get("planned")))
+    found = sorted((p.partition, f.kind, f.start, f.end, f.count, bool(f.planned))
                    for p in report.partitions for f in p.findings)
     timelines = [(t.partition, t.covered, t.gaps, t.overlaps, t.rewinds, t.holes, t.batches)
                  for t in ledger_timelines(pipeline)]

@@ -33,7 +33,7 @@ def produce_raw(partition: int, value: bytes) -> None:
 def answers(pipeline, picks):
     """What compaction must not change, all read from the real broker and database."""
     report = reconcile.reconcile_pipeline(pipeline, full=True)
-    found = sorted((p.partition, f["kind"], f["start"], f["end"], f["count"]) for p in report.partitions
+    found = sorted((p.partition, f.kind, f.start, f.end, f.count) for p in report.partitions
                    for f in p.findings)
     timelines = [(t.partition, t.covered, t.gaps, t.overlaps, t.rewinds, t.holes, t.batches)
                  for t in ledger_timelines(pipeline)]

@@ -70,7 +70,7 @@ def run_sql(statement, params=()):
 
 
 def kinds(report, kind):
-    return [(f["start"], f["end"], f["count"]) for p in report.partitions for f in p.findings if f["kind"] == kind]
+    return [(f.start, f.end, f.count) for p in report.partitions for f in p.findings if f.kind == kind]
 
 
 def test_exactly_once_batches_are_proven_exact_with_the_cheap_check(setup):
@@ -266,6 +266,24 @@ def test_report_json_has_the_documented_shape(setup):
     assert (entry["name"], entry["lag_records"], entry["partitions"][0]["next_offset"]) == (pipeline.name, 2, 10)
 
 
+def test_the_stored_and_the_served_findings_have_one_shape_and_read_back_as_they_were(setup):
+    pipeline, write = setup()
+    write(0, range(0, 5))
+    write(0, [5], value="bad")
+    write(0, range(6, 10))
+    run_sql(f"INSERT INTO {pipeline.sink_table} (id, source_topic, source_partition, source_offset) "
+            "VALUES (13, 'nums', 0, 12)")
+    kafka = FakeKafka(high={0: 20}, committed={0: 10})
+    first = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+    served = reconcile.report_json([first])["pipelines"][0]["partitions"][0]["findings"]
+    assert served == [{"kind": "dead_letter", "start": 5, "end": 6, "count": 1, "scope": "verified"},
+                      {"kind": "phantom", "start": 12, "end": 13, "count": 1, "scope": "current"}]
+    assert PartitionHealth.objects.get(pipeline=pipeline, partition=0).findings == served
+    # Nothing new to verify: the next run keeps the stored verified finding, read back as it was.
+    again = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+    assert again.partitions[0].findings == first.partitions[0].findings
+
+
 def test_offsets_a_rewind_forward_skipped_are_planned_not_lost(setup):
     pipeline, write = setup()
     write(0, range(0, 20))
@@ -277,7 +295,7 @@ def test_offsets_a_rewind_forward_skipped_are_planned_not_lost(setup):
     report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 70}, committed={0: 70}))
     assert report.exact and report.status == "REWIND"
     assert (report.lost, report.gap, report.partitions[0].skipped) == (0, 0, 40)
-    assert [(f["kind"], f["start"], f["end"], f.get("planned")) for f in report.partitions[0].findings] == [
+    assert [(f.kind, f.start, f.end, f.planned) for f in report.partitions[0].findings] == [
         ("gap", 20, 60, True), ("lost", 20, 60, True)]
 
 
@@ -379,8 +397,8 @@ def test_findings_stay_bounded_across_runs_with_exact_counts(setup):
             write(0, [offset + 1], value="bad")
         kafka.high = kafka.committed = {0: end}
         report = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
-    letters = [f for f in report.partitions[0].findings if f["kind"] == "dead_letter"]
+    letters = [f for f in report.partitions[0].findings if f.kind == "dead_letter"]
     assert len(letters) == MAX_FINDINGS_PER_KIND and report.dead_lettered == 3 * MAX_FINDINGS_PER_KIND
-    assert letters[0]["folded"] == 2 * MAX_FINDINGS_PER_KIND + 1 and letters[0]["start"] == 1
-    assert (letters[-1]["start"], letters[-1]["end"]) == (6 * MAX_FINDINGS_PER_KIND - 1, 6 * MAX_FINDINGS_PER_KIND)
+    assert letters[0].folded == 2 * MAX_FINDINGS_PER_KIND + 1 and letters[0].start == 1
+    assert (letters[-1].start, letters[-1].end) == (6 * MAX_FINDINGS_PER_KIND - 1, 6 * MAX_FINDINGS_PER_KIND)
     assert report.exact

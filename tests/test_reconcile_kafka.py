@@ -100,8 +100,8 @@ def test_a_kafka_offset_committed_beyond_the_database_is_counted_as_lost(kafka_b
     write(0, 30, 50)  # the consumer resumed from Kafka's offset
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 50})
     later = reconcile.reconcile_pipeline(pipeline)
-    assert later.lost == 20 and [(f["start"], f["end"]) for f in later.partitions[0].findings
-                                 if f["kind"] == "gap"] == [(10, 30)]
+    assert later.lost == 20 and [(f.start, f.end) for f in later.partitions[0].findings
+                                 if f.kind == "gap"] == [(10, 30)]
     assert later.lag_records == 0
 
 

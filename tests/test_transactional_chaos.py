@@ -74,7 +74,7 @@ def test_at_most_once_chaos_on_a_transactional_topic_reconciles_exactly_the_reco
     report = reconcile_pipeline(pipeline)
     # Exactly the records the crashes lost: the markers inside the lost ranges are holes, not losses.
     assert (report.lost, report.duplicated, report.lag_records) == (len(missing), 0, 0), report.partitions
-    assert any(f["kind"] == "hole" for p in report.partitions for f in p.findings)
+    assert any(f.kind == "hole" for p in report.partitions for f in p.findings)
 
 
 def test_at_least_once_chaos_on_a_transactional_topic_reconciles_exactly_its_duplicates(tx_chaos_pipeline,
@@ -88,7 +88,7 @@ def test_at_least_once_chaos_on_a_transactional_topic_reconciles_exactly_its_dup
     report = reconcile_pipeline(pipeline)
     assert (report.lost, report.duplicated, report.lag_records) == (0, extra, 0), report.partitions
     # Resuming from Kafka's offset (which may sit on a marker) leaves no gap in the ledger.
-    assert not any(f["kind"] == "gap" for p in report.partitions for f in p.findings), report.partitions
+    assert not any(f.kind == "gap" for p in report.partitions for f in p.findings), report.partitions
 
 
 def test_a_final_run_is_caught_up_only_when_every_partition_is_even_those_dead_members_held(tx_chaos_pipeline,

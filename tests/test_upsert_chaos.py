@@ -97,6 +97,6 @@ def test_an_upsert_pipeline_killed_at_every_fault_point_holds_the_last_value_of_
     kinds = {}
     for part in report.partitions:
         for finding in part.findings:
-            kinds[finding["kind"]] = kinds.get(finding["kind"], 0) + finding["count"]
+            kinds[finding.kind] = kinds.get(finding.kind, 0) + finding.count
     # Every record is accounted for: the current row of its key, superseded by a later one, or a deletion.
     assert kinds.get("superseded", 0) + kinds.get("deleted", 0) + len(expected) == RECORDS, kinds

@@ -68,7 +68,7 @@ def test_a_row_that_lost_its_last_record_or_a_deleted_key_back_is_reported_lost(
     execute("INSERT INTO {} VALUES (2, 'new', %s, 0, 1)", keyed.sink_table, [keyed.topic])
     execute("DELETE FROM {} WHERE id = 4", keyed.sink_table)
     report = reconcile_pipeline(keyed, full=True)
-    lost = sorted(f["start"] for f in report.partitions[0].findings if f["kind"] == "lost")
+    lost = sorted(f.start for f in report.partitions[0].findings if f.kind == "lost")
     assert report.lost == 3 and lost == [4, 5, 6] and not report.exact
 
 

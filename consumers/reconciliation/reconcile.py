@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -53,6 +53,7 @@ from consumers.models import (
 from consumers.reconciliation import lag_status, ledger_summary, monitored, verify_upsert
 from consumers.reconciliation import rewinds as reconcile_rewinds
 from consumers.reconciliation.coverage import SPAN_OVERLAPS
+from consumers.reconciliation.findings import Finding
 from consumers.reconciliation.monitored import status_window
 from consumers.reconciliation.report import (  # noqa: F401  (public names of this module)
     INCIDENT_KINDS,
@@ -133,7 +134,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
             count_findings(report)
         rate = _evaluate_status(pipeline, reports, states, rewinds, alive, now, kafka_failed=bool(errors))
         for report in reports:
-            if any(f["kind"] == "ahead" for f in report.findings):
+            if any(f.kind == "ahead" for f in report.findings):
                 report.status = Status.ERR  # "position ahead of log end": an error, never OK
         report = PipelineReport(pipeline.name, lag_status.worst(r.status for r in reports) if reports else
                                 (Status.ERR if errors else Status.OK), pipeline.delivery_mode,
@@ -277,7 +278,7 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
     next_offset, replay_until, moved_at = position if position else (None, None, None)
     if health is not None:
         verified, ledger_mark, stored = health
-        kept = [f for f in stored or [] if f.get("scope") == VERIFIED]
+        kept = [f for f in map(Finding.from_json, stored or []) if f.scope == VERIFIED]
     else:
         start = _consumed_start(cur, pipeline, classic, p, next_offset, kafka_offset, mark)
         verified, ledger_mark, kept = start, 0, []
@@ -305,24 +306,23 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
                                     _ledger(cur, pipeline.pk, p, next_offset, consumed_end), held).findings
         idle = verified >= next_offset and consumed_end <= next_offset
         if idle and not phantoms_when_idle and health is not None:
-            current += [f for f in health[2] or [] if f.get("kind") == "phantom" and f.get("scope") == CURRENT]
+            current += [f for f in map(Finding.from_json, health[2] or [])
+                        if f.kind == "phantom" and f.scope == CURRENT]
         else:
             state.phantom_from = max(consumed_end, replay_until or 0)
     resume_at = kafka_offset if classic and kafka_offset is not None else next_offset
     if mark is not None and resume_at < mark.log_start:
-        current.append({"kind": "unrecoverable", "start": resume_at, "end": mark.log_start,
-                        "count": mark.log_start - resume_at})
+        current.append(Finding("unrecoverable", resume_at, mark.log_start, mark.log_start - resume_at))
     if mark is not None and next_offset > mark.high:
         # Topic recreated, broker data loss: waiting would wait for offsets that may never come.
-        current.append({"kind": "ahead", "start": mark.high, "end": next_offset, "count": next_offset - mark.high,
-                        "reason": log_bounds.AHEAD})
-    report.findings = ([dict(f, scope=VERIFIED) for f in fold(kept + new_findings)]
-                       + [dict(f, scope=CURRENT) for f in current])
+        current.append(Finding("ahead", mark.high, next_offset, next_offset - mark.high, reason=log_bounds.AHEAD))
+    report.findings = ([replace(f, scope=VERIFIED) for f in fold(kept + new_findings)]
+                       + [replace(f, scope=CURRENT) for f in current])
     count_findings(report)
     return state
 
 
-def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -> list[dict]:
+def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -> list[Finding]:
     """Ledger rows of a skip-by-retention policy: records deleted before they were read (lost before read).
     Their positions are counted: the records are gone, so how many there were can no longer be told."""
     if end <= start:
@@ -330,8 +330,7 @@ def _skipped_by_retention(cur, pipeline_id: int, p: int, start: int, end: int) -
     cur.execute(sql.SQL("SELECT first_offset, end_offset, note FROM {} WHERE pipeline_id = %s AND partition = %s "
                         "AND note <> '' AND first_offset < %s AND end_offset > %s ORDER BY first_offset")
                 .format(table(BatchLedger)), [pipeline_id, p, end, start])  # ledger_note_idx: rows with a note only
-    return [{"kind": "unrecoverable", "start": first, "end": last, "count": last - first, "reason": note}
-            for first, last, note in cur.fetchall()]
+    return [Finding("unrecoverable", first, last, last - first, reason=note) for first, last, note in cur.fetchall()]
 
 
 def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_offset, mark) -> int:
@@ -349,15 +348,15 @@ def _consumed_start(cur, pipeline, classic: bool, p: int, next_offset, kafka_off
     return kafka_offset if kafka_offset is not None else 0
 
 
-def _reopen_findings(verified: int, kept: list[dict]) -> tuple[int, list[dict]]:
+def _reopen_findings(verified: int, kept: list[Finding]) -> tuple[int, list[Finding]]:
     """Findings that reach the mark are dropped and their range verified again (the mark moves to their
     start), so counts never mix old and new evidence."""
     for _ in range(len(kept) + 1):
-        crossing = [f for f in kept if f["end"] > verified]
+        crossing = [f for f in kept if f.end > verified]
         if not crossing:
             break
-        verified = min(verified, *(f["start"] for f in crossing))
-        kept = [f for f in kept if f["end"] <= verified]
+        verified = min(verified, *(f.start for f in crossing))
+        kept = [f for f in kept if f.end <= verified]
     return verified, kept
 
 
@@ -388,7 +387,7 @@ def _phantoms(cur, shape: SinkShape, states: dict) -> None:
                 [x for limit in limits for x in limit] + [shape.topic])
     for p, count, low, high in cur.fetchall():
         report = states[p].report
-        report.findings.append({"kind": "phantom", "start": low, "end": high + 1, "count": count, "scope": CURRENT})
+        report.findings.append(Finding("phantom", low, high + 1, count, scope=CURRENT))
         count_findings(report)
 
 
@@ -460,7 +459,7 @@ def _store(pipeline, report: PipelineReport, states) -> None:
                 verified, ledger_id, findings, *counts = current
                 findings = findings if isinstance(findings, str) else json.dumps(findings)
             else:
-                (verified, ledger_id), findings = state.new_marks, json.dumps(part.findings)
+                (verified, ledger_id), findings = state.new_marks, json.dumps([f.as_json() for f in part.findings])
                 counts = [part.lost, part.duplicated, part.phantom, part.dead_lettered, part.unrecoverable]
             rows.append((pipeline.pk, part.partition, verified, ledger_id, findings, *counts, part.log_start,
                          part.high_watermark, part.next_offset, part.kafka_committed, part.lag_records,

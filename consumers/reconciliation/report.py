@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from consumers.models import Status
+from consumers.reconciliation.findings import Finding
 
 # Kinds that are incidents (exit code 1, status ERR); dead letters are accounted for, hence exact.
 INCIDENT_KINDS = ("lost", "duplicated", "phantom", "gap", "overlap", "unrecoverable")
@@ -30,7 +31,7 @@ class PartitionReport:
     skipped: int = 0                  # offsets an operator rewind forward skipped on purpose (not lost)
     superseded: int = 0               # upsert: records overwritten by a later record of their key (not lost)
     deleted: int = 0                  # upsert: keys whose last record, a tombstone, deleted their row
-    findings: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     status: str = Status.OK
     verified_offset: int | None = None
     checked_from: int | None = None   # the range read by this run: [checked_from, verified_offset)
@@ -38,7 +39,7 @@ class PartitionReport:
 
     @property
     def incident(self) -> bool:
-        return any(f["kind"] in INCIDENT_KINDS and not f.get("planned") for f in self.findings)
+        return any(f.kind in INCIDENT_KINDS and not f.planned for f in self.findings)
 
     def as_json(self) -> dict:
         return {"partition": self.partition, "log_start": self.log_start, "high_watermark": self.high_watermark,
@@ -48,7 +49,7 @@ class PartitionReport:
                 "unrecoverable": self.unrecoverable, "gap": self.gap, "overlap": self.overlap,
                 "skipped_by_rewind": self.skipped, "superseded": self.superseded, "deleted": self.deleted,
                 "status": self.status, "verified_offset": self.verified_offset,
-                "findings": self.findings}
+                "findings": [f.as_json() for f in self.findings]}
 
 
 @dataclass
@@ -103,10 +104,10 @@ def count_findings(report: PartitionReport) -> None:
     """Set the report's counts from its findings (planned ones are skipped records, not lost)."""
     totals: dict[str, int] = {}
     for finding in report.findings:
-        kind = "skipped" if finding.get("planned") and finding["kind"] == "lost" else finding["kind"]
-        if finding.get("planned") and kind == "gap":
+        kind = "skipped" if finding.planned and finding.kind == "lost" else finding.kind
+        if finding.planned and kind == "gap":
             continue
-        totals[kind] = totals.get(kind, 0) + int(finding["count"])
+        totals[kind] = totals.get(kind, 0) + int(finding.count)
     report.skipped = totals.get("skipped", 0)
     report.lost, report.duplicated = totals.get("lost", 0), totals.get("duplicated", 0)
     report.phantom, report.dead_lettered = totals.get("phantom", 0), totals.get("dead_letter", 0)

@@ -8,10 +8,11 @@ lost and gap; such findings are marked `"planned": true`, are not counted as los
 status ERR. Alerts treat both directions as planned: a rewound range raises no loss, gap or stall alert.
 The action log (ActionLog) holds the offsets before and after as {"partition": offset}.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from consumers.models import ActionLog, ActionResult
+from consumers.reconciliation.findings import Finding
 
 REWIND_ACTIONS = ("rewind", "reset_group")
 PLANNED_KINDS = ("lost", "gap")   # contiguous kinds: count == end - start
@@ -91,22 +92,18 @@ def load(pipeline, since: datetime) -> Rewinds:
     return rewinds
 
 
-def mark_planned(findings: list[dict], skipped: list[tuple[int, int]]) -> list[dict]:
+def mark_planned(findings: list[Finding], skipped: list[tuple[int, int]]) -> list[Finding]:
     """Split lost/gap findings along the skipped ranges; the parts inside are marked planned."""
     if not skipped:
         return findings
     result = []
     for finding in findings:
-        contiguous = finding["kind"] in PLANNED_KINDS and finding["count"] == finding["end"] - finding["start"]
+        contiguous = finding.kind in PLANNED_KINDS and finding.count == finding.end - finding.start
         if not contiguous:
             result.append(finding)
             continue
-        for start, end, planned in _split(finding["start"], finding["end"], skipped):
-            part = dict(finding, start=start, end=end, count=end - start)
-            part.pop("planned", None)
-            if planned:
-                part["planned"] = True
-            result.append(part)
+        for start, end, planned in _split(finding.start, finding.end, skipped):
+            result.append(replace(finding, start=start, end=end, count=end - start, planned=True if planned else None))
     return result
 
 

@@ -21,9 +21,10 @@ what the sink holds, every absent offset is a hole and nothing else is read. Oth
 are checked against the topic itself (`held`, a read_committed read of exactly those ranges): records
 the topic holds there are lost, the rest are holes (docs/reconciliation.md).
 
-Findings are dicts `{"kind", "start", "end" (exclusive), "count", ...}`; counts are numbers of records.
+Findings are `Finding`s (consumers/reconciliation/findings.py): kind, [start, end), count, ...; counts are numbers
+of records.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from psycopg2 import sql
 
@@ -31,6 +32,7 @@ from consumers.engine import tables
 from consumers.engine.sinks import PROVENANCE
 from consumers.models import DeadLetter
 from consumers.reconciliation.coverage import ledger_coverage
+from consumers.reconciliation.findings import Finding
 
 _DEAD_LETTERS = tables.table(DeadLetter)
 
@@ -64,7 +66,7 @@ class RangeResult:
     gap: int = 0
     overlap: int = 0
     proven: bool = True     # the cheap aggregate alone proved the range exact
-    findings: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
 
 def sink_shape(cur, table: str, topic: str, multi_row: bool) -> SinkShape:
@@ -119,7 +121,7 @@ def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start:
         if extra_rows or collisions:
             duplicated = _duplicated_findings(cur, shape, pipeline_id, partition, start, end)
             result.findings += duplicated
-            result.duplicated = sum(f["count"] for f in duplicated)
+            result.duplicated = sum(f.count for f in duplicated)
     return result
 
 
@@ -131,21 +133,21 @@ def _ledger_accounts_for(result: RangeResult, ledger: list[tuple], present: int)
     return sum(row[2] for row in ledger) == present
 
 
-def _split_absent(result: RangeResult, absent: list[dict], held) -> list[dict]:
+def _split_absent(result: RangeResult, absent: list[Finding], held) -> list[Finding]:
     """Ask the topic which absent offsets hold records: islands of those are lost, the rest are holes.
     Returns the lost findings (hole findings go to the result)."""
     lost, holes = [], []
-    for finding, offsets in zip(absent, held([(f["start"], f["end"]) for f in absent]), strict=True):
+    for finding, offsets in zip(absent, held([(f.start, f.end) for f in absent]), strict=True):
         offsets = set(offsets)
-        island_start, island_kind = finding["start"], None
-        for o in range(finding["start"], finding["end"] + 1):
-            kind = None if o == finding["end"] else ("lost" if o in offsets else "hole")
+        island_start, island_kind = finding.start, None
+        for o in range(finding.start, finding.end + 1):
+            kind = None if o == finding.end else ("lost" if o in offsets else "hole")
             if kind != island_kind:
                 if island_kind is not None:
                     (lost if island_kind == "lost" else holes).append(
-                        {"kind": island_kind, "start": island_start, "end": o, "count": o - island_start})
+                        Finding(island_kind, island_start, o, o - island_start))
                 island_start, island_kind = o, kind
-        result.holes += (finding["end"] - finding["start"]) - len(offsets)
+        result.holes += (finding.end - finding.start) - len(offsets)
     result.findings += fold(holes)
     return fold(lost)
 
@@ -187,12 +189,13 @@ def _aggregate(cur, shape: SinkShape, pipeline_id: int, partition: int, start: i
     return rows, distinct_offsets, distinct_rows, dead, collisions
 
 
-def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
+def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
+                   end: int) -> list[Finding]:
     return fold(_absent_findings(cur, shape, pipeline_id, partition, start, end))
 
 
 def _absent_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
-                     end: int) -> list[dict]:
+                     end: int) -> list[Finding]:
     """Ranges of offsets with neither a row nor a dead letter: the spaces between consecutive present
     offsets (sentinels start-1 and end close the range)."""
     where, params = _sink_filter(shape, partition, start, end)
@@ -205,11 +208,11 @@ def _absent_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, st
         'SELECT prev + 1, o FROM steps WHERE o - prev > 1 ORDER BY o').format(sql.Identifier(shape.table), where,
                                                                                _DEAD_LETTERS),
         params + [pipeline_id, partition, start, end, start - 1, end])
-    return [{"kind": "lost", "start": s, "end": e, "count": e - s} for s, e in cur.fetchall()]
+    return [Finding("lost", s, e, e - s) for s, e in cur.fetchall()]
 
 
 def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
-                         end: int) -> list[dict]:
+                         end: int) -> list[Finding]:
     """Offsets with extra copies, as islands of consecutive offsets; count = extra copies of records."""
     table = sql.Identifier(shape.table)
     where, params = _sink_filter(shape, partition, start, end)
@@ -231,17 +234,16 @@ def _duplicated_findings(cur, shape: SinkShape, pipeline_id: int, partition: int
         "SELECT min(o), max(o) + 1, sum(extra)::bigint, (array_agg(o ORDER BY o))[1:%s] "
         "FROM islands GROUP BY island ORDER BY 1").format(per_offset, with_rows),
         params + [shape.topic, partition, pipeline_id, partition, start, end, SAMPLE_OFFSETS])
-    return fold([{"kind": "duplicated", "start": s, "end": e, "count": int(n), "offsets": sample}
-                  for s, e, n, sample in cur.fetchall()])
+    return fold([Finding("duplicated", s, e, int(n), offsets=tuple(sample)) for s, e, n, sample in cur.fetchall()])
 
 
-def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end: int) -> list[dict]:
+def _dead_letter_findings(cur, pipeline_id: int, partition: int, start: int, end: int) -> list[Finding]:
     cur.execute(sql.SQL('SELECT min("offset"), max("offset") + 1, count(*) FROM (SELECT "offset", "offset" - '
                         'row_number() OVER (ORDER BY "offset") AS island FROM {} WHERE pipeline_id = %s '
                         'AND partition = %s AND "offset" >= %s AND "offset" < %s) AS d GROUP BY island ORDER BY 1'
                         ).format(_DEAD_LETTERS),
                 [pipeline_id, partition, start, end])
-    return fold([{"kind": "dead_letter", "start": s, "end": e, "count": n} for s, e, n in cur.fetchall()])
+    return fold([Finding("dead_letter", s, e, n) for s, e, n in cur.fetchall()])
 
 
 def _ledger_findings(cur, result: RangeResult, pipeline_id: int, partition: int) -> None:
@@ -249,25 +251,23 @@ def _ledger_findings(cur, result: RangeResult, pipeline_id: int, partition: int)
     coverage = ledger_coverage(cur, pipeline_id, partition=partition, within=(result.start, result.end))[partition]
     result.gap = sum(e - s for s, e in coverage.gaps)
     result.overlap = sum(e - s for s, e in coverage.overlaps)
-    result.findings += fold([{"kind": "gap", "start": s, "end": e, "count": e - s} for s, e in coverage.gaps])
-    result.findings += fold([{"kind": "overlap", "start": s, "end": e, "count": e - s}
-                             for s, e in sorted(coverage.overlaps)])
+    result.findings += fold([Finding("gap", s, e, e - s) for s, e in coverage.gaps])
+    result.findings += fold([Finding("overlap", s, e, e - s) for s, e in sorted(coverage.overlaps)])
 
 
-def fold(findings: list[dict]) -> list[dict]:
+def fold(findings: list[Finding]) -> list[Finding]:
     """At most MAX_FINDINGS_PER_KIND findings per kind: the oldest (lowest offsets) are folded into one
     covering finding, so the recent ones stay precise and the stored list stays bounded run after run."""
-    by_kind: dict[str, list[dict]] = {}
+    by_kind: dict[str, list[Finding]] = {}
     for finding in findings:
-        by_kind.setdefault(finding["kind"], []).append(finding)
+        by_kind.setdefault(finding.kind, []).append(finding)
     result = []
     for same in by_kind.values():
         if len(same) > MAX_FINDINGS_PER_KIND:
-            same.sort(key=lambda f: f["start"])
+            same.sort(key=lambda f: f.start)
             old, same = same[:len(same) - MAX_FINDINGS_PER_KIND + 1], same[len(same) - MAX_FINDINGS_PER_KIND + 1:]
-            folded = {k: v for k, v in old[0].items() if k not in ("offsets", "end", "count")}
-            folded.update(end=max(f["end"] for f in old), count=sum(f["count"] for f in old),
-                          folded=sum(f.get("folded", 1) for f in old))
+            folded = replace(old[0], offsets=None, end=max(f.end for f in old), count=sum(f.count for f in old),
+                             folded=sum(f.folded or 1 for f in old))
             same.insert(0, folded)
         result += same
     return result

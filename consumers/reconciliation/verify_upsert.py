@@ -19,6 +19,7 @@ from consumers.engine import tables
 from consumers.engine.transforms import SourceRecord, Transform
 from consumers.models import DeadLetter
 from consumers.reconciliation import verify
+from consumers.reconciliation.findings import Finding
 from consumers.reconciliation.verify import RangeResult, SinkShape, fold
 
 ROW_LOOKUP_CHUNK = 1000  # keys per lookup statement: bounded statements for large ranges
@@ -60,7 +61,7 @@ def verify_upsert_range(cur, shape: SinkShape, pipeline_id: int, partition: int,
         result.findings += verify._dead_letter_findings(cur, pipeline_id, partition, start, end)
     if records is None:
         result.lost = result.records - len(dead)
-        result.findings += fold([{"kind": "lost", "start": start, "end": end, "count": result.lost}])
+        result.findings += fold([Finding("lost", start, end, result.lost)])
         result.proven = False
         return result
     result.holes = result.records - len(records)
@@ -85,10 +86,10 @@ def verify_upsert_range(cur, shape: SinkShape, pipeline_id: int, partition: int,
     result.lost = len(lost)
     superseded = len(records) - len([r for r in records if r.offset in dead]) - len(latest) - len(unreadable)
     if superseded:
-        result.findings.append({"kind": "superseded", "start": start, "end": end, "count": superseded})
+        result.findings.append(Finding("superseded", start, end, superseded))
     if deleted:
-        result.findings.append({"kind": "deleted", "start": start, "end": end, "count": deleted})
-    result.findings += fold([{"kind": "lost", "start": o, "end": o + 1, "count": 1} for o in sorted(lost)])
+        result.findings.append(Finding("deleted", start, end, deleted))
+    result.findings += fold([Finding("lost", o, o + 1, 1) for o in sorted(lost)])
     result.proven = not lost and not result.gap and not result.overlap
     return result
 

@@ -54,8 +54,8 @@ def _describe(report) -> str:
                      f"{_fmt(p.high_watermark)}, next offset {_fmt(p.next_offset)}, Kafka committed "
                      f"{_fmt(p.kafka_committed)}, lag {_fmt(p.lag_records)}")
         for f in p.findings:
-            if f["kind"] != "dead_letter":
-                lines.append(f"    {f['kind']}: offsets {f['start']}..{f['end'] - 1} ({f['count']} records)")
+            if f.kind != "dead_letter":
+                lines.append(f"    {f.kind}: offsets {f.start}..{f.end - 1} ({f.count} records)")
     return "\n".join(lines)
 
 
