@@ -236,6 +236,9 @@ TALLY_MAX_RUNS_PER_PIPELINE = env_int("TALLY_MAX_RUNS_PER_PIPELINE", 16, minimum
 # Engine host processes per Celery worker (consumers/engine/hosts.py): kafka-python runs are spread over them, so
 # busy pipelines use every core. 0 runs them in the worker's own threads (one core for all).
 TALLY_ENGINE_PROCESSES = env_int("TALLY_ENGINE_PROCESSES", os.cpu_count() or 1, minimum=0)
+# PostgreSQL connections an engine process lends its runs (consumers/engine/db.py): a run borrows one per batch, so
+# hundreds of runs in a host share these (plus one for the process's heartbeat, consumers/engine/beat.py).
+TALLY_ENGINE_DB_CONNECTIONS = env_int("TALLY_ENGINE_DB_CONNECTIONS", 8, minimum=1)
 # The queue of pipeline run tasks. Production gives it workers of its own (docker-compose.yml): a run holds a
 # worker thread as long as it runs, so sharing threads with the periodic tasks would starve them.
 TALLY_PIPELINE_QUEUE = env_str("TALLY_PIPELINE_QUEUE", "celery")

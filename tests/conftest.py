@@ -103,10 +103,21 @@ def django_db_setup(django_db_setup, django_db_blocker):
     database then cannot be dropped."""
     yield
     with django_db_blocker.unblock():
+        release_engine_connections()
         left = leftover_connections()
     if left:
         warnings.warn(f"Connections still open to the test database at the end of the session: {left}",
                       stacklevel=1)
+
+
+def release_engine_connections() -> None:
+    """The connections runs in this process shared (their beat's, the engine pool's) outlive the runs."""
+    from consumers.engine import beat, db
+
+    process_beat = beat.existing()
+    if process_beat is not None:
+        process_beat.wait_idle(timeout=30)
+    db.close_pool()
 
 
 def leftover_connections() -> list[tuple]:

@@ -36,7 +36,7 @@ def _outcome(partition, end, records):
 
 
 @pytest.fixture
-def pipeline(db):
+def pipeline(transactional_db):   # the process's beat writes heartbeats on a connection of its own
     return Pipeline.objects.create(name="life", topic="nums", sink_table="life_sink", epoch=3)
 
 
@@ -69,8 +69,9 @@ def test_the_heartbeat_records_progress_and_a_newer_epoch_or_a_deleted_pipeline_
     run = Run(pipeline, Engine.PYTHON)
     assert run.heartbeat([2, 0], force=True)
     assert ConsumerRun.objects.get(pk=run.row.pk).assigned_partitions == [0, 2]
-    assert not run.heartbeat([1])      # within the interval: nothing written
-    assert ConsumerRun.objects.get(pk=run.row.pk).assigned_partitions == [0, 2]
+    assert not run.heartbeat([1])      # within the interval: handed to the beat, not waited for
+    run.heartbeat(force=True)          # waits for a beat that carries it
+    assert ConsumerRun.objects.get(pk=run.row.pk).assigned_partitions == [1]
     pipeline.bump_epoch()
     with pytest.raises(RunEnded, match="moved to epoch 4") as ended:
         run.heartbeat(force=True)
@@ -78,6 +79,7 @@ def test_the_heartbeat_records_progress_and_a_newer_epoch_or_a_deleted_pipeline_
     Pipeline.objects.filter(pk=pipeline.pk).delete()
     with pytest.raises(RunEnded, match="deleted"):
         run.heartbeat(force=True)
+    run.finish("fenced", "the pipeline was deleted")   # leaves the process's beat
 
 
 @pytest.mark.parametrize("refused,reason,detail", [

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from consumers.engine import commit
+from consumers.engine import beat, commit
 from consumers.engine.consumer import EngineConsumer, KafkaPythonConsumer
 from consumers.kafka import clusters
 from consumers.models import (
@@ -42,7 +42,7 @@ from consumers.models import (
 
 log = logging.getLogger("tally.engine")
 
-HEARTBEAT_INTERVAL_S = 1.0   # the epoch contract: a run notices a newer epoch within about a second
+HEARTBEAT_INTERVAL_S = beat.INTERVAL_S   # the epoch contract: a run notices a newer epoch within about a second
 
 CLEAN_REASONS = (EndReason.CAUGHT_UP, EndReason.STOPPED, EndReason.MAX_SECONDS)
 # FAILED runs halted on something a restart cannot cure (a bad record under the "stop" policy, a database
@@ -134,29 +134,41 @@ class Run:
         self.next_heartbeat = 0.0
         self.first_record_at: float | None = None
         self.last_commit_at: float | None = None
+        # Heartbeat, fencing check, peers and the session lock: the process's beat, for all its runs at once.
+        self.beat = beat.beat()
+        self.member = self.beat.join(self.row.pk, pipeline.pk, self.epoch)
 
     def mark_running(self) -> None:
         """A run that registered as STARTING (its engine needed time to set up) now consumes."""
         ConsumerRun.objects.filter(pk=self.row.pk).mark_running(timezone.now())
 
     def heartbeat(self, partitions: Iterable[int] | None = None, *, force: bool = False) -> bool:
-        """Liveness and progress on the run row, then the fencing check (raises RunEnded("fenced")). At most
-        once per HEARTBEAT_INTERVAL_S unless forced; returns whether it beat. `partitions`: the run's
-        assignment (None leaves the row's as it is)."""
+        """Hand the beat this run's progress (`partitions`: its assignment; None leaves the row's as it is), then
+        the fencing check (raises RunEnded("fenced")) on what the last beat read. Forced, it waits for a beat
+        that carries this progress. Returns whether a heartbeat interval has passed since it last returned True
+        (an engine's cue for its once-a-second checks)."""
+        self.member.records = self.result.records
+        if partitions is not None:
+            self.member.partitions = sorted(partitions)
+        if force:
+            try:
+                self.beat.now()
+            except TimeoutError as exc:
+                raise RunEnded("error", str(exc)) from None
+        if self.member.failure:
+            raise RunEnded("error", f"heartbeat failed: {self.member.failure}")
+        if self.member.fenced:
+            raise RunEnded("fenced", self.member.fenced)
         now = time.monotonic()
         if not force and now < self.next_heartbeat:
             return False
         self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
-        progress = {"records_processed": self.result.records}
-        if partitions is not None:
-            progress["assigned_partitions"] = sorted(partitions)
-        ConsumerRun.objects.filter(pk=self.row.pk).heartbeat(timezone.now(), **progress)
-        epoch = Pipeline.objects.filter(pk=self.pipeline.pk).values_list("epoch", flat=True).first()
-        if epoch is None:
-            raise RunEnded("fenced", "the pipeline was deleted")
-        if epoch != self.epoch:
-            raise RunEnded("fenced", f"the pipeline moved to epoch {epoch} (this run joined epoch {self.epoch})")
         return True
+
+    def peers(self) -> dict[int, set[int]]:
+        """The members of this run's epoch and the partitions each holds, as the last beat read them
+        (consumers/engine/shares.py)."""
+        return self.member.peers
 
     def records_arrived(self) -> None:
         """The first fetched record starts the busy time."""
@@ -188,6 +200,7 @@ class Run:
         result.seconds = time.monotonic() - self.started
         if self.first_record_at is not None and self.last_commit_at is not None:
             result.busy_seconds = max(0.0, self.last_commit_at - self.first_record_at)
+        self.beat.leave(self.member)   # no beat may overwrite the end written next
         ConsumerRun.objects.filter(pk=self.row.pk).end(
             RUN_STATE.get(reason, RunState.CRASHED), f"{reason}: {detail}" if detail else reason, timezone.now(),
             records_processed=result.records)

@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from django.utils import timezone
+from django.db import connection
 
 from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
@@ -95,12 +95,10 @@ class _Engine:
         self.lifecycle = Run(self.pipeline, Engine.PYTHON, task_id=self.task_id)
         log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.lifecycle.row.pk,
                  self.epoch, self.mode, self.batch_size)
-        self.conn = db.connect(f"tally-engine {self.pipeline.name}"[:63])
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="tally-writer")
         self.consumer = self.kafka = None
         reason, detail = "error", ""
         try:
-            shares.hold_session(self.conn, self.lifecycle.row.pk)
             # A cluster that cannot be used ends the run within seconds, its reason naming the cluster and
             # the cause (TLS, authentication, unreachable), instead of a consumer retrying for minutes.
             cluster = clusters.preflight(self.pipeline.cluster)
@@ -111,6 +109,9 @@ class _Engine:
                                           max_poll_records=self.batch_size, cluster=cluster,
                                           client=client_for(self.pipeline))
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
+            # From here this thread needs no Django connection of its own (the beat and the engine pool serve
+            # it): an idle run in a host holds none.
+            connection.close()
             reason = self._loop()
         except RunEnded as ended:
             reason, detail = ended.reason, ended.detail
@@ -178,7 +179,6 @@ class _Engine:
                 self.consumer.close()
             except Exception as exc:
                 log.warning("%s: closing the Kafka consumer failed: %s", self.pipeline.name, exc)
-        self.conn.close()
 
     # --- batches -----------------------------------------------------------------------------------
     def _write_behind(self, batches, fetches) -> None:
@@ -202,7 +202,8 @@ class _Engine:
 
     def _write(self, batches, fetches):
         """Writer thread: the one DB transaction of a batch (consumers/engine/commit.py)."""
-        outcomes = commit.commit_batch(self.conn, self.target, self.epoch, batches, self.faults, fetches)
+        with db.engine_connection() as conn:
+            outcomes = commit.commit_batch(conn, self.target, self.epoch, batches, self.faults, fetches)
         self.faults.maybe_crash("after-db-commit")
         return outcomes
 
@@ -252,7 +253,7 @@ class _Engine:
         Returns False when this run holds none (it waits a poll's time instead of polling)."""
         now = time.monotonic()
         if now >= self.next_balance:
-            members = shares.members(self.pipeline.pk, self.epoch, timezone.now())
+            members = self.lifecycle.peers()
             if self._waiting_for_peers(members, now):
                 self.stop.wait(POLL_TIMEOUT_MS / 1000)
                 return False
@@ -311,7 +312,8 @@ class _Engine:
                 self.fetched[p] = committed
                 continue
             if stored is None:
-                stored = commit.stored_positions(self.conn, self.pipeline.pk)
+                with db.engine_connection() as conn:
+                    stored = commit.stored_positions(conn, self.pipeline.pk)
             if stored and p not in stored:
                 self.consumer.seek_to_beginning(p)
 
@@ -320,26 +322,28 @@ class _Engine:
         partitions = sorted(p for p in partitions if p in held)
         if not partitions:
             return
-        stored = commit.stored_positions(self.conn, self.pipeline.pk)
+        with db.engine_connection() as conn:
+            stored = commit.stored_positions(conn, self.pipeline.pk)
         marks = kafka_admin.watermarks(self.target.topic, None if not stored else partitions,
                                       cluster=self.pipeline.cluster)
-        if not stored:
-            # The pipeline's first start: every partition of the topic gets its position from the reset
-            # policy now, so a partition without one later was added to the topic since.
-            stored = commit.ensure_positions(self.conn, self.pipeline.pk,
-                                             {p: self.pipeline.initial_position(m) for p, m in marks.items()})
-        missing = [p for p in partitions if p not in stored]
-        if missing:
-            # Added while the pipeline ran: its records were produced since, so it is read from its start.
-            stored = commit.ensure_positions(self.conn, self.pipeline.pk, {p: marks[p].log_start for p in missing})
-        wanted = {p: stored[p] for p in partitions}
-        try:
-            for skip in log_bounds.check(self.conn, self.pipeline, self.target, self.epoch, wanted, marks):
-                log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
-        except log_bounds.LogBoundsError as exc:
-            raise RunEnded("error", str(exc)) from None
-        except commit.Fenced as exc:
-            raise RunEnded("fenced", str(exc)) from None
+        with db.engine_connection() as conn:   # not held across the Kafka call: other runs may need it
+            if not stored:
+                # The pipeline's first start: every partition of the topic gets its position from the reset
+                # policy now, so a partition without one later was added to the topic since.
+                stored = commit.ensure_positions(conn, self.pipeline.pk,
+                                                 {p: self.pipeline.initial_position(m) for p, m in marks.items()})
+            missing = [p for p in partitions if p not in stored]
+            if missing:
+                # Added while the pipeline ran: its records were produced since, so it is read from its start.
+                stored = commit.ensure_positions(conn, self.pipeline.pk, {p: marks[p].log_start for p in missing})
+            wanted = {p: stored[p] for p in partitions}
+            try:
+                for skip in log_bounds.check(conn, self.pipeline, self.target, self.epoch, wanted, marks):
+                    log.warning("%s: %s (the pipeline's policy is to skip)", self.pipeline.name, skip.note)
+            except log_bounds.LogBoundsError as exc:
+                raise RunEnded("error", str(exc)) from None
+            except commit.Fenced as exc:
+                raise RunEnded("fenced", str(exc)) from None
         stored.update(wanted)
         for p in partitions:
             self.consumer.seek(p, stored[p])

@@ -14,6 +14,7 @@ import threading
 import time
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from consumers.engine import hosts
@@ -39,6 +40,9 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
         return skipped
     engine = Pipeline.objects.filter(pk=pipeline_id).values_list("engine", flat=True).first()
     if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
+        # The task waits as long as the run runs: its thread's connection would sit idle all that time (a worker
+        # of hundreds of pipelines would hold hundreds).
+        connection.close()
         return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
     return run_here(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
 

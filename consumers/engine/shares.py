@@ -6,11 +6,13 @@ session expires. Exactly-once does not need the group to be correct: positions c
 the epoch fences older runs, and the commit protocol skips records below the stored position, so two runs
 that read one partition for a while still write each record once. Runs therefore `assign()` partitions.
 
-The rule, applied by every run before a poll, at most once a second (`BALANCE_INTERVAL_S`):
+The rule, applied by every run before a poll, at most once a second (`BALANCE_INTERVAL_S`), on the members
+the process's beat last read (`members_of`, one query for all the runs of a process):
   1. Members: the runs of the pipeline's current epoch that are alive (heartbeat within the lease,
-     `ConsumerRun.objects.alive`) and whose engine connection to PostgreSQL is open. Each run holds a
-     session advisory lock (`hold_session`) on that connection; PostgreSQL releases it the moment the process
-     dies, so a killed run stops counting at once, a frozen one when its lease ends.
+     `ConsumerRun.objects.alive`) and whose process's session with PostgreSQL is open. The process's beat
+     (consumers/engine/beat.py) holds one session advisory lock per run (`hold_session`) on its connection;
+     PostgreSQL releases it the moment the process dies, so a killed run stops counting at once, a frozen one
+     when its lease ends.
   2. Share: members in run-id order; the i-th of n reads the topic's i-th, (i+n)-th, ... partitions.
   3. A run gives up the partitions outside its share at once, and takes one of its share only when no other
      member reports holding it (`ConsumerRun.assigned_partitions`, written at each heartbeat): a partition
@@ -33,16 +35,32 @@ def _lock_key(run_id: int) -> int:
 
 
 def hold_session(conn, run_id: int) -> None:
-    """Mark `conn` as run `run_id`'s session for as long as it stays open (released by close or death)."""
+    """Mark `conn` (a psycopg2 connection) as run `run_id`'s session for as long as it stays open."""
     with conn.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, _lock_key(run_id)])
+        lock_session(cursor, run_id)
     conn.commit()
+
+
+def lock_session(cursor, run_id: int) -> None:
+    """`hold_session` on a cursor's connection; the lock is the session's, whatever its transaction does."""
+    cursor.execute("SELECT pg_advisory_lock(%s, %s)", [RUN_LOCK_NAMESPACE, _lock_key(run_id)])
+
+
+def unlock_session(cursor, run_id: int) -> None:
+    """The run ended: the cursor's connection is no longer its session."""
+    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [RUN_LOCK_NAMESPACE, _lock_key(run_id)])
 
 
 def members(pipeline_id: int, epoch: int, now: datetime) -> dict[int, set[int]]:
     """{run id: partitions it reports holding} for the members of the pipeline's epoch (rule 1)."""
-    runs = dict(ConsumerRun.objects.filter(pipeline_id=pipeline_id, epoch=epoch).alive(now)
-                .values_list("pk", "assigned_partitions"))
+    return members_of({(pipeline_id, epoch)}, now).get((pipeline_id, epoch), {})
+
+
+def members_of(epochs: set[tuple[int, int]], now: datetime) -> dict[tuple[int, int], dict[int, set[int]]]:
+    """`members` of several (pipeline id, epoch) pairs in two queries: {(pipeline id, epoch): {run id: held}}."""
+    runs = (ConsumerRun.objects.filter(pipeline_id__in={pipeline for pipeline, _ in epochs}).alive(now)
+            .values_list("pk", "pipeline_id", "epoch", "assigned_partitions"))
+    runs = [run for run in runs if (run[1], run[2]) in epochs]
     if not runs:
         return {}
     with connection.cursor() as cursor:
@@ -51,7 +69,11 @@ def members(pipeline_id: int, epoch: int, now: datetime) -> dict[int, set[int]]:
                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                        [RUN_LOCK_NAMESPACE])
         open_sessions = {row[0] for row in cursor.fetchall()}
-    return {run: set(held or ()) for run, held in runs.items() if _lock_key(run) in open_sessions}
+    found: dict[tuple[int, int], dict[int, set[int]]] = {}
+    for run, pipeline, epoch, held in runs:
+        if _lock_key(run) in open_sessions:
+            found.setdefault((pipeline, epoch), {})[run] = set(held or ())
+    return found
 
 
 def share(partitions: list[int], member_ids: list[int], me: int) -> set[int]:

@@ -1,0 +1,186 @@
+"""One heartbeat for every run in this process: a thread that, about once a second, writes all their
+heartbeats in one statement and reads their pipelines' epochs and their peers in one query each.
+
+Why: a run used to heartbeat, check its epoch and read its peers on its own (four small queries a second on a
+Django connection of its own, next to its engine connection). An engine host holds hundreds of runs
+(consumers/engine/hosts.py): that was most of an idle run's CPU and two PostgreSQL connections per pipeline.
+Now the process's beat does it for all of them on one connection, and a run reads the outcome from memory.
+
+The beat's connection is also every run's *session* (consumers/engine/shares.py rule 1): it holds one advisory
+lock per run, so PostgreSQL releases them the moment the process dies and peers stop counting its runs at once.
+
+A run (consumers/engine/lifecycle.py `Run`) joins the beat when it starts and leaves it when it ends. Its
+`heartbeat()` hands the beat its progress and raises if the last beat found it fenced; a forced heartbeat waits
+for a beat that started after it was asked (runs that force at once share one). The beat never raises into a
+run; a beat that failed is reported to each run at its next heartbeat, as its own query's failure was.
+"""
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.db import connection
+from django.utils import timezone
+
+from consumers.engine import shares
+from consumers.models import ConsumerRun, Pipeline
+
+log = logging.getLogger("tally.engine")
+
+INTERVAL_S = 1.0          # the epoch contract: a run notices a newer epoch within about a second
+FORCED_WAIT_S = 30.0      # a forced heartbeat that no beat answers in this long: the database is not answering
+
+
+@dataclass(eq=False)
+class Member:
+    """One run's place in the beat. The run writes `records` and `partitions`; the beat writes the rest."""
+    run_id: int
+    pipeline_id: int
+    epoch: int
+    records: int = 0
+    partitions: list[int] | None = None          # None: leave the row's as it is
+    fenced: str = ""                              # why the run must end: a newer epoch, a deleted pipeline
+    peers: dict[int, set[int]] = field(default_factory=dict)   # shares.members of its pipeline's epoch
+    failure: str = ""                             # the last beat's error, until a beat succeeds
+    _written: tuple | None = None                 # the progress the row holds
+
+
+class Beat:
+    """The beat of one process (`beat()`): its thread starts with the first run that joins."""
+
+    def __init__(self):
+        self.members: dict[int, Member] = {}
+        self._locked: set[int] = set()            # run ids whose advisory lock the beat's session holds
+        self._lock = threading.Lock()
+        self._cycle_lock = threading.Lock()       # held for a whole beat: leave() waits out the one running
+        self._cond = threading.Condition(self._lock)
+        self._started = self._finished = 0        # beats started and finished: a forced heartbeat waits on them
+        self._wanted = 0
+        self._thread: threading.Thread | None = None
+
+    # --- a run's side ----------------------------------------------------------------------------------
+    def join(self, run_id: int, pipeline_id: int, epoch: int) -> Member:
+        member = Member(run_id, pipeline_id, epoch)
+        with self._lock:
+            self.members[run_id] = member
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="tally-beat", daemon=True)
+                self._thread.start()
+        self.now()   # the run is a member (its session lock taken) before it reads a partition
+        return member
+
+    def leave(self, member: Member) -> None:
+        """The run ends: after this returns no beat writes its row (its end must not be overwritten); its
+        session lock goes at the next beat."""
+        with self._cycle_lock, self._cond:
+            self.members.pop(member.run_id, None)
+            self._wanted = max(self._wanted, self._started + 1)   # release its session lock soon
+            self._cond.notify_all()
+
+    def now(self) -> None:
+        """Wait for a beat that starts after this call (it carries every member's latest progress)."""
+        with self._cond:
+            target = self._started + 1
+            self._wanted = max(self._wanted, target)
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._finished >= target, timeout=FORCED_WAIT_S):
+                raise TimeoutError(f"no heartbeat reached the database in {FORCED_WAIT_S:.0f} s")
+
+    # --- the beat's thread -----------------------------------------------------------------------------
+    def _serve(self) -> None:
+        next_beat = 0.0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted > self._started or time.monotonic() >= next_beat,
+                                    timeout=max(0.0, next_beat - time.monotonic()))
+                self._started += 1
+            with self._cycle_lock:
+                self._beat_once()
+            next_beat = time.monotonic() + INTERVAL_S
+            with self._cond:
+                self._finished = self._started
+                self._cond.notify_all()
+
+    def _beat_once(self) -> None:
+        with self._lock:
+            members = list(self.members.values())
+            gone = self._locked - set(self.members)
+        try:
+            self._hold_sessions(members, gone)
+            if members:
+                self._write_and_read(members)
+            failure = ""
+        except Exception as exc:   # the runs hear of it at their next heartbeat; the next beat starts afresh
+            log.warning("heartbeat of %d run(s) failed: %s", len(members), exc)
+            failure = f"{type(exc).__name__}: {exc}"
+            self._locked.clear()
+            connection.close()     # a new session takes every lock again
+        for member in members:
+            member.failure = failure
+        if not members and not self._locked:
+            connection.close()     # a process without runs holds no connection
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until the beat holds no run and no connection (a test session's end, before its database goes)."""
+        with self._cond:
+            if self._thread is None:
+                return True
+            target = self._wanted = max(self._wanted, self._started + 1)
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self.members and not self._locked and self._finished >= target,
+                                       timeout=timeout)
+
+    def _hold_sessions(self, members: list[Member], gone: set[int]) -> None:
+        if not gone and all(member.run_id in self._locked for member in members):
+            return
+        with connection.cursor() as cursor:
+            for run_id in gone:
+                shares.unlock_session(cursor, run_id)
+                self._locked.discard(run_id)
+            for member in members:
+                if member.run_id not in self._locked:
+                    shares.lock_session(cursor, member.run_id)
+                    self._locked.add(member.run_id)
+
+    def _write_and_read(self, members: list[Member]) -> None:
+        now = timezone.now()
+        ConsumerRun.objects.filter(pk__in=[m.run_id for m in members]).heartbeat(now)
+        changed = [m for m in members if _progress(m) != m._written]
+        for member in changed:   # busy runs only: an idle run's progress does not move
+            progress = {"records_processed": member.records}
+            if member.partitions is not None:
+                progress["assigned_partitions"] = sorted(member.partitions)
+            ConsumerRun.objects.filter(pk=member.run_id).heartbeat(now, **progress)
+            member._written = _progress(member)
+        epochs = dict(Pipeline.objects.filter(pk__in={m.pipeline_id for m in members}).values_list("pk", "epoch"))
+        peers = shares.members_of({(m.pipeline_id, m.epoch) for m in members}, now)
+        for member in members:
+            epoch = epochs.get(member.pipeline_id)
+            if epoch is None:
+                member.fenced = "the pipeline was deleted"
+            elif epoch != member.epoch:
+                member.fenced = f"the pipeline moved to epoch {epoch} (this run joined epoch {member.epoch})"
+            member.peers = peers.get((member.pipeline_id, member.epoch), {})
+
+
+def _progress(member: Member) -> tuple:
+    return member.records, None if member.partitions is None else tuple(sorted(member.partitions))
+
+
+_beat: Beat | None = None
+_owner_pid = 0
+_beat_lock = threading.Lock()
+
+
+def existing() -> Beat | None:
+    return _beat if _owner_pid == os.getpid() else None
+
+
+def beat() -> Beat:
+    """This process's beat (a forked child gets its own: the parent's thread did not come along)."""
+    global _beat, _owner_pid
+    with _beat_lock:
+        if _beat is None or _owner_pid != os.getpid():
+            _beat, _owner_pid = Beat(), os.getpid()
+        return _beat

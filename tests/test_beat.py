@@ -1,0 +1,124 @@
+"""The process's beat (consumers/engine/beat.py): one heartbeat for every run of a process, whatever their number,
+and what it tells each run (fenced, peers); and the engine's connection pool (consumers/engine/db.py)."""
+import threading
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from consumers.engine import db, shares
+from consumers.engine.beat import Beat, Member
+from consumers.models import ConsumerRun, Engine, Pipeline
+from tests.conftest import leftover_connections
+
+
+def pipeline_with_runs(name: str, runs: int, epoch: int = 1) -> tuple[Pipeline, list[ConsumerRun]]:
+    pipeline = Pipeline.objects.create(name=name, topic=name, sink_table=f"{name}_sink", epoch=epoch)
+    return pipeline, [ConsumerRun.objects.create(pipeline=pipeline, epoch=epoch, engine=Engine.PYTHON, pid=1)
+                      for _ in range(runs)]
+
+
+def beat_of(runs: list[ConsumerRun]) -> Beat:
+    """A beat holding `runs`, driven from the test's thread (its own thread is never started)."""
+    beat = Beat()
+    for run in runs:
+        beat.members[run.pk] = Member(run.pk, run.pipeline_id, run.epoch)
+    return beat
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [2, 20])
+def test_a_beat_costs_the_same_four_queries_for_two_idle_runs_or_twenty(count):
+    _, runs = pipeline_with_runs("many", count)
+    beat = beat_of(runs)
+    beat._beat_once()     # the first beat takes each run's session lock and writes each run's progress once
+    with CaptureQueriesContext(connection) as queries:
+        beat._beat_once()
+    # heartbeats (one UPDATE), epochs, the live runs, the open sessions
+    assert len(queries) == 4, [q["sql"][:80] for q in queries]
+    assert ConsumerRun.objects.filter(heartbeat_at__isnull=False).count() == count
+
+
+@pytest.mark.django_db
+def test_a_busy_run_adds_its_progress_and_the_beat_tells_each_run_its_peers():
+    a, (a1, a2) = pipeline_with_runs("a", 2)
+    b, (b1,) = pipeline_with_runs("b", 1)
+    beat = beat_of([a1, a2, b1])
+    beat.members[a1.pk].partitions, beat.members[a1.pk].records = [1, 0], 12
+    beat._beat_once()
+    a1.refresh_from_db()
+    assert (a1.assigned_partitions, a1.records_processed) == ([0, 1], 12)
+    assert beat.members[a2.pk].peers == {a1.pk: {0, 1}, a2.pk: set()}
+    assert beat.members[b1.pk].peers == {b1.pk: set()}
+    assert not any(member.fenced for member in beat.members.values())
+
+
+@pytest.mark.django_db
+def test_the_beat_fences_the_runs_of_a_pipeline_that_moved_on_or_was_deleted_and_only_those():
+    a, (a1,) = pipeline_with_runs("a", 1)
+    b, (b1,) = pipeline_with_runs("b", 1)
+    c, (c1,) = pipeline_with_runs("c", 1)
+    beat = beat_of([a1, b1, c1])
+    a.bump_epoch()
+    Pipeline.objects.filter(pk=b.pk).delete()
+    beat._beat_once()
+    assert beat.members[a1.pk].fenced == "the pipeline moved to epoch 2 (this run joined epoch 1)"
+    assert beat.members[b1.pk].fenced == "the pipeline was deleted"
+    assert beat.members[c1.pk].fenced == ""
+
+
+@pytest.mark.django_db
+def test_a_run_that_left_stops_counting_as_a_member_and_its_row_is_left_alone():
+    pipeline, (one, two) = pipeline_with_runs("left", 2)
+    beat = beat_of([one, two])
+    beat._beat_once()
+    assert set(shares.members(pipeline.pk, 1, timezone.now())) == {one.pk, two.pk}
+    beat.leave(beat.members[one.pk])
+    ConsumerRun.objects.filter(pk=one.pk).update(records_processed=99)
+    beat._beat_once()    # releases the session lock of the run that left, and writes only the other
+    assert set(shares.members(pipeline.pk, 1, timezone.now())) == {two.pk}
+    assert ConsumerRun.objects.get(pk=one.pk).records_processed == 99
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_forcing_a_heartbeat_together_share_beats_and_the_idle_beat_lets_its_connection_go():
+    _, runs = pipeline_with_runs("forced", 8)
+    beat = Beat()
+    members = [beat.join(run.pk, run.pipeline_id, run.epoch) for run in runs]   # join forces a beat each
+    started = beat._started
+    threads = [threading.Thread(target=beat.now) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert beat._started - started <= 2   # eight forced heartbeats at once: one or two beats, not eight
+    for member in members:
+        beat.leave(member)
+    assert beat.wait_idle(timeout=30)
+    assert leftover_connections() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_engine_pool_lends_at_most_its_size_and_takes_back_a_connection_without_a_transaction():
+    pool = db.ConnectionPool(2, application_name="tally-tests")
+    try:
+        with pool.connection() as first, pool.connection() as second:
+            assert first is not second
+            lent_third = threading.Event()
+
+            def third():
+                with pool.connection():
+                    lent_third.set()
+
+            waiter = threading.Thread(target=third)
+            waiter.start()
+            assert not lent_third.wait(0.5)   # both lent: the third borrower waits
+            with first.cursor() as cur:
+                cur.execute("SELECT 1")       # leaves a transaction open
+        waiter.join(timeout=10)
+        assert lent_third.is_set()
+        with pool.connection() as again:
+            assert again.status == 1 and again in (first, second)   # STATUS_READY: the transaction rolled back
+    finally:
+        pool.close()
