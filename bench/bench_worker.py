@@ -103,7 +103,9 @@ class Worker:
         command, compose_env = compose_worker()
         self.queue = compose_env["TALLY_PIPELINE_QUEUE"]
         settings.TALLY_PIPELINE_QUEUE = self.queue
-        environment = dict(os.environ, TALLY_PIPELINE_QUEUE=self.queue, **env)
+        # The compose worker's engine client unless this bench's own environment names one.
+        environment = {"TALLY_KAFKA_CLIENT": compose_env.get("TALLY_KAFKA_CLIENT", ""), **os.environ,
+                       "TALLY_PIPELINE_QUEUE": self.queue, **env}
         self.log = open(ROOT / "var" / f"bench-worker-{uuid.uuid4().hex[:6]}.log", "wb")
         self.process = subprocess.Popen([sys.executable, "-m", *command, "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
                                          "--without-mingle", "--without-gossip"], cwd=ROOT, env=environment,

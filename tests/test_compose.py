@@ -97,3 +97,14 @@ def test_the_dockerfile_installs_java_and_spark_only_with_the_build_argument():
     # Both images take the rdkafka extra (one wheel): the web app's doors check a pipeline's chosen client.
     assert install == ('RUN if [ "$WITH_SPARK" = "true" ]; then pip install --no-cache-dir ".[spark,rdkafka]"; '
                        'else pip install --no-cache-dir ".[rdkafka]"; fi')
+
+
+def test_the_production_worker_reads_with_librdkafka_which_its_image_installs():
+    # Measured (docs/benchmarks.md "Workers"): with it busy pipelines use every core and idle ones cost little.
+    # The worker takes the rest of the shared environment, so it still reaches the same services.
+    for compose in (load_compose(), yaml.safe_load((ROOT / "docker-compose.external.yml").read_text())):
+        services = compose["services"]
+        worker_env, web_env = services["worker"]["environment"], services["web"]["environment"]
+        assert "librdkafka" in worker_env["TALLY_KAFKA_CLIENT"]
+        assert {k: v for k, v in worker_env.items() if k != "TALLY_KAFKA_CLIENT"} == web_env
+    assert 'pip install --no-cache-dir ".[spark,rdkafka]"' in (ROOT / "Dockerfile").read_text()
