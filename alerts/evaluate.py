@@ -141,12 +141,17 @@ def evaluate_all(now=None) -> EvaluationReport:
     # Healthy pipelines without an open alert need no transaction at all: most of them, most of the time.
     open_pairs = set(Alert.objects.filter(state__in=OPEN_STATES).values_list("rule_id", "pipeline_id", "watch_id"))
     evaluated = set()
-    for pipeline in Pipeline.objects.order_by("name"):
-        _evaluate_subject(pipeline, PipelineView, rules_for(pipeline, all_rules), open_pairs, evaluated, now, report)
+    pipelines = list(Pipeline.objects.order_by("name"))
+    views = _views(PipelineView.load_all, pipelines, now, all_rules)
+    for pipeline in pipelines:
+        _evaluate_subject(pipeline, PipelineView, rules_for(pipeline, all_rules), open_pairs, evaluated, now, report,
+                          views.get(pipeline.pk))
     # Watches go through the same rules (the global ones of the kinds a watch measures) and the same apply().
     watch_rules = rules_for_watch(all_rules)
-    for watch in Watch.objects.order_by("name"):
-        _evaluate_subject(watch, WatchView, watch_rules, open_pairs, evaluated, now, report)
+    watches = list(Watch.objects.order_by("name"))
+    views = _views(WatchView.load_all, watches, now)
+    for watch in watches:
+        _evaluate_subject(watch, WatchView, watch_rules, open_pairs, evaluated, now, report, views.get(watch.pk))
     # Open alerts of rules that no longer apply (disabled, overridden, deleted pipeline rule): resolve them.
     for alert in Alert.objects.filter(state__in=OPEN_STATES).select_related("rule", "pipeline", "watch"):
         if alert.is_gone:  # deleted without the ORM's signals (raw SQL): resolved, never matched by rule and pipeline
@@ -156,15 +161,26 @@ def evaluate_all(now=None) -> EvaluationReport:
     return report
 
 
+def _views(load_all, subjects, now, *rules) -> dict:
+    """What the rules read of every pipeline (or watch), in a few queries for the whole pass rather than several
+    per pipeline. Should that fail, {}: each is then loaded alone, so one broken row fails only its own checks."""
+    try:
+        return load_all(subjects, now, *rules)
+    except Exception:  # noqa: BLE001 - the loads one by one report what is wrong, and where
+        logger.exception("alerts: loading every view at once failed; loading them one by one")
+        return {}
+
+
 def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRule], open_pairs, evaluated, now,
-                      report: EvaluationReport) -> None:
-    """One pipeline or watch through its rules. A failing load or check is recorded and skipped, never fatal."""
+                      report: EvaluationReport, view=None) -> None:
+    """One pipeline or watch through its rules (`view`: what they read of it, when the pass read it already). A
+    failing load or check is recorded and skipped, never fatal."""
     noun = "watch" if isinstance(subject, Watch) else "pipeline"
     where = f"watch {subject.name}" if noun == "watch" else subject.name
     key = (None, subject.pk) if noun == "watch" else (subject.pk, None)
     report.pipelines += 1
     try:
-        view = view_class.load(subject, now)
+        view = view or view_class.load(subject, now)
     except Exception as error:  # noqa: BLE001 - one broken pipeline or watch must not silence the others
         logger.exception("alerts: cannot load %s", where)
         report.errors.append({noun: subject.name, "error": str(error)})

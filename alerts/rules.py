@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Count
 
 from alerts.models import AlertRule, RuleKind
 from consumers.models import (
@@ -17,7 +18,7 @@ from consumers.models import (
     PipelineHealth,
 )
 from consumers.reconciliation.report import INCIDENT_KINDS
-from consumers.reconciliation.rewinds import PipelineRewinds, rewinds_for, subtract_ranges
+from consumers.reconciliation.rewinds import PipelineRewinds, effective_rewinds_of, rewinds_for, subtract_ranges
 
 # Findings keep at most this many ranges per partition: an email listing 10,000 ranges helps nobody.
 MAX_RANGES_PER_PARTITION = 20
@@ -42,12 +43,36 @@ class PipelineView:
     partitions: list[PartitionHealth]
     rewinds: PipelineRewinds
     now: datetime
+    # Read for a whole pass by load_all (None: not read, the check asks the database itself):
+    serving: bool | None = None                  # a run serves the pipeline now
+    dead_letters: dict[int, int] | None = None   # {interval seconds: dead letters in the interval before now}
 
     @classmethod
     def load(cls, pipeline, now):
         health = PipelineHealth.objects.filter(pipeline=pipeline).first()
         partitions = list(PartitionHealth.objects.filter(pipeline=pipeline).order_by("partition"))
         return cls(pipeline, health, partitions, rewinds_for(pipeline), now)
+
+    @classmethod
+    def load_all(cls, pipelines, now, rules) -> dict[int, "PipelineView"]:
+        """{pipeline id: view} of many pipelines in a few queries whatever their number (an alert pass), the same
+        views as load() gives, plus what the run and dead-letter rules ask of each pipeline."""
+        ids = [p.pk for p in pipelines]
+        healths = {h.pipeline_id: h for h in PipelineHealth.objects.filter(pipeline_id__in=ids)}
+        partitions: dict[int, list] = {}
+        for part in PartitionHealth.objects.filter(pipeline_id__in=ids).order_by("pipeline_id", "partition"):
+            partitions.setdefault(part.pipeline_id, []).append(part)
+        rewinds = effective_rewinds_of(ids)
+        serving = set(ConsumerRun.objects.filter(pipeline_id__in=ids).serving(now).values_list("pipeline_id",
+                                                                                                flat=True))
+        dead_letters: dict[int, dict[int, int]] = {pk: {} for pk in ids}
+        for interval in {r.interval_seconds for r in rules if r.kind == RuleKind.DEAD_LETTERS}:
+            counts = dict(_dead_letters(now, interval).filter(pipeline_id__in=ids).values("pipeline_id")
+                          .annotate(n=Count("pk")).values_list("pipeline_id", "n"))
+            for pk in ids:
+                dead_letters[pk][interval] = counts.get(pk, 0)
+        return {p.pk: cls(p, healths.get(p.pk), partitions.get(p.pk, []), rewinds_for(p, rewinds.get(p.pk, [])),
+                          now, serving=p.pk in serving, dead_letters=dead_letters[p.pk]) for p in pipelines}
 
     @property
     def checked_at(self):
@@ -100,19 +125,39 @@ class WatchView(PipelineView):
     """The rules' view of a watch: the same checks read it as they read a pipeline."""
 
     @classmethod
-    def load(cls, watch, now):
+    def load(cls, watch, now, ranges=None, partitions=None):
+        """`ranges` (its WatchRanges with findings) and `partitions` (its WatchPartitions) when already read
+        (load_all), else read now."""
         from consumers.models import WatchRange
 
+        if ranges is None:
+            ranges = WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0, phantom=0)
+        if partitions is None:
+            partitions = watch.partitions.all()
         findings: dict[int, list] = {}
-        for r in WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0, phantom=0):
+        for r in ranges:
             for kind in ("lost", "duplicated", "phantom"):
                 if getattr(r, kind):
                     findings.setdefault(r.partition, []).extend(_watch_findings(r, kind))
         partitions = [_WatchPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds,
                                       p.status, p.lost, p.duplicated, p.phantom, findings.get(p.partition, []))
-                      for p in watch.partitions.order_by("partition")]
+                      for p in sorted(partitions, key=lambda p: p.partition)]
         health = watch if watch.checked_at else None
         return cls(_WatchSubject(watch.name, watch.last_error), health, partitions, _NoRewinds(), now)
+
+    @classmethod
+    def load_all(cls, watches, now) -> dict[int, "WatchView"]:
+        """{watch id: view} of many watches in two queries whatever their number (an alert pass)."""
+        from consumers.models import WatchPartition, WatchRange
+
+        ids = [w.pk for w in watches]
+        ranges: dict[int, list] = {}
+        for r in WatchRange.objects.filter(watch_id__in=ids).exclude(lost=0, duplicated=0, phantom=0):
+            ranges.setdefault(r.watch_id, []).append(r)
+        partitions: dict[int, list] = {}
+        for p in WatchPartition.objects.filter(watch_id__in=ids):
+            partitions.setdefault(p.watch_id, []).append(p)
+        return {w.pk: cls.load(w, now, ranges.get(w.pk, []), partitions.get(w.pk, [])) for w in watches}
 
 
 def _watch_findings(r, kind: str) -> list[dict]:
@@ -298,9 +343,15 @@ def check_status(rule, view):
                    {"status": status, "partitions": bad, "checked_at": view.checked_at, "reason": reason or None})
 
 
+def _dead_letters(now, interval_seconds: int):
+    return DeadLetter.objects.filter(created_at__gt=now - timedelta(seconds=interval_seconds), created_at__lte=now)
+
+
 def check_dead_letters(rule, view):
-    since = view.now - timedelta(seconds=rule.interval_seconds)
-    letters = DeadLetter.objects.filter(pipeline=view.pipeline, created_at__gt=since, created_at__lte=view.now)
+    counted = (view.dead_letters or {}).get(rule.interval_seconds)
+    if counted is not None and counted <= _threshold(rule):
+        return None   # counted for the whole pass (PipelineView.load_all): nothing to list
+    letters = _dead_letters(view.now, rule.interval_seconds).filter(pipeline=view.pipeline)
     count = letters.count()
     if count <= _threshold(rule):
         return None
@@ -318,7 +369,7 @@ def check_no_consumer(rule, view):
     if view.pipeline.desired_state != DesiredState.RUNNING:
         return None
     runs = ConsumerRun.objects.filter(pipeline=view.pipeline)
-    if runs.serving(view.now).exists():
+    if view.serving if view.serving is not None else runs.serving(view.now).exists():
         return None
     last = runs.order_by("-started_at", "-pk").first()
     facts = {"desired_state": view.pipeline.desired_state,

@@ -34,10 +34,19 @@ class Rewind:
 
 def effective_rewinds(pipeline) -> list[Rewind]:
     """Rewinds of a pipeline that took effect (dry runs and refused/failed ones changed nothing), oldest first."""
-    actions = (ActionLog.objects.filter(pipeline=pipeline, action__in=REWIND_ACTIONS, dry_run=False)
+    return effective_rewinds_of([pipeline.pk]).get(pipeline.pk, [])
+
+
+def effective_rewinds_of(pipeline_ids) -> dict[int, list[Rewind]]:
+    """`effective_rewinds` of many pipelines in one query (an alert pass): {pipeline id: rewinds, oldest first};
+    a pipeline never rewound is absent."""
+    actions = (ActionLog.objects.filter(pipeline_id__in=list(pipeline_ids), action__in=REWIND_ACTIONS, dry_run=False)
                .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)).order_by("created_at", "pk"))
-    return [Rewind(at, _partition_offsets(before), _partition_offsets(after))
-            for at, before, after in actions.values_list("created_at", "offsets_before", "offsets_after")]
+    found: dict[int, list[Rewind]] = {}
+    for pipeline_id, at, before, after in actions.values_list("pipeline_id", "created_at", "offsets_before",
+                                                              "offsets_after"):
+        found.setdefault(pipeline_id, []).append(Rewind(at, _partition_offsets(before), _partition_offsets(after)))
+    return found
 
 
 def _offset(value) -> int | None:
@@ -144,9 +153,10 @@ class PipelineRewinds:
         return rewind.before if rewind.after <= next_offset < rewind.before else None
 
 
-def rewinds_for(pipeline) -> PipelineRewinds:
+def rewinds_for(pipeline, rewinds: list[Rewind] | None = None) -> PipelineRewinds:
+    """`rewinds`: the pipeline's effective rewinds when already read (effective_rewinds_of), else read now."""
     found = PipelineRewinds()
-    for rewind in effective_rewinds(pipeline):
+    for rewind in effective_rewinds(pipeline) if rewinds is None else rewinds:
         for partition, before, after in rewind.moves():
             moved = PartitionRewind(before, after)
             if before != after:
