@@ -108,26 +108,53 @@ def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float
     """Log start offset and high watermark per partition. The high watermark comes from a Fetch reply
     (see module docstring): seek to ListOffsets' "latest" and fetch once, which costs at most one record
     batch per partition."""
-    # fetch_max_wait_ms: an empty partition's fetch otherwise waits the default 500 ms for data to arrive
-    consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20,
-                              isolation_level="read_committed")
-    stable = _record_last_stable_offsets(consumer)
+    consumer = _watermark_consumer(cluster)
     try:
         partitions = partitions if partitions is not None else sorted(consumer.partitions_for_topic(topic) or [])
         if not partitions:
             raise KafkaAdminError(f"Topic {topic!r} does not exist or has no partitions.")
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
-        starts = consumer.beginning_offsets(tps)
-        listed_ends = consumer.end_offsets(tps)
-        for tp in tps:
-            # Seeking one below the listed end makes the broker send a batch (and its high watermark)
-            # even when the listed end is exact; on an empty partition the fetch still carries it.
-            consumer.seek(tp, max(starts[tp], listed_ends[tp] - 1))
-        high = _fetch_high_watermarks(consumer, tps, timeout_s)
+        marks = _read_watermarks(consumer, [TopicPartition(topic, p) for p in partitions], timeout_s)
     finally:
         consumer.close()
-    return {tp.partition: Watermarks(starts[tp], max(high[tp], listed_ends[tp]), stable.get(tp)) for tp in tps}
+    return {tp.partition: mark for tp, mark in marks.items()}
+
+
+def watermarks_of_topics(topics: list[str], timeout_s: float = 10.0, cluster=None) -> dict[str, dict[int, Watermarks]]:
+    """`watermarks()` of many topics at once, {topic: {partition: Watermarks}}, on one consumer: one metadata
+    request, one ListOffsets each way and fetches of all their partitions together, instead of a consumer and
+    their round trips per topic (a reconciliation pass over hundreds of pipelines). A topic the cluster does
+    not have is absent from the result."""
+    consumer = _watermark_consumer(cluster)
+    try:
+        known = consumer.topics()   # one metadata request for all topics; partitions_for_topic then reads its cache
+        tps = [TopicPartition(topic, p) for topic in sorted(set(topics) & known)
+               for p in sorted(consumer.partitions_for_topic(topic))]
+        marks = _read_watermarks(consumer, tps, timeout_s) if tps else {}
+    finally:
+        consumer.close()
+    result: dict[str, dict[int, Watermarks]] = {}
+    for tp, mark in marks.items():
+        result.setdefault(tp.topic, {})[tp.partition] = mark
+    return result
+
+
+def _watermark_consumer(cluster) -> KafkaConsumer:
+    # fetch_max_wait_ms: an empty partition's fetch otherwise waits the default 500 ms for data to arrive
+    return probe_consumer(cluster, max_partition_fetch_bytes=1 << 16, fetch_max_wait_ms=20,
+                          isolation_level="read_committed")
+
+
+def _read_watermarks(consumer: KafkaConsumer, tps: list, timeout_s: float) -> dict:
+    stable = _record_last_stable_offsets(consumer)
+    consumer.assign(tps)
+    starts = consumer.beginning_offsets(tps)
+    listed_ends = consumer.end_offsets(tps)
+    for tp in tps:
+        # Seeking one below the listed end makes the broker send a batch (and its high watermark)
+        # even when the listed end is exact; on an empty partition the fetch still carries it.
+        consumer.seek(tp, max(starts[tp], listed_ends[tp] - 1))
+    high = _fetch_high_watermarks(consumer, tps, timeout_s)
+    return {tp: Watermarks(starts[tp], max(high[tp], listed_ends[tp]), stable.get(tp)) for tp in tps}
 
 
 def _record_last_stable_offsets(consumer: KafkaConsumer) -> dict:
@@ -205,6 +232,18 @@ def committed_offsets(group_id: str, topic: str, partitions: list[int] | None = 
                  for tp, meta in result.items() if tp.topic == topic}
     if partitions is not None:
         committed = {p: committed.get(p) for p in partitions}
+    return committed
+
+
+def committed_offsets_of_groups(group_ids: list[str], cluster=None) -> dict[str, dict[str, dict[int, int | None]]]:
+    """`committed_offsets()` of many groups at once, {group: {topic: {partition: offset or None}}}: one
+    OffsetFetch per coordinator (brokers with OffsetFetch v8) instead of one per group."""
+    result = shared_read(cluster, lambda admin: admin.list_group_offsets({group: None for group in group_ids}))
+    committed: dict[str, dict[str, dict[int, int | None]]] = {group: {} for group in group_ids}
+    for group, offsets in result.items():
+        for tp, meta in offsets.items():
+            committed.setdefault(group, {}).setdefault(tp.topic, {})[tp.partition] = (
+                meta.offset if meta.offset >= 0 else None)
     return committed
 
 
@@ -481,9 +520,10 @@ class ClusterAdmin:
     `watermarks(topic, cluster="prod")`. Code that takes a `kafka` object (reconciliation, groups, snapshots;
     tests hand them stand-ins) is given one of these."""
 
-    CALLS = ("partitions_for", "watermarks", "records_held", "high_watermarks", "committed_offsets",
-             "group_committed_offsets", "commit_offsets", "offsets_for_time", "record_timestamps", "read_records",
-             "list_groups", "describe_group", "delete_groups", "read_record", "find_records_by_key")
+    CALLS = ("partitions_for", "watermarks", "watermarks_of_topics", "records_held", "high_watermarks",
+             "committed_offsets", "committed_offsets_of_groups", "group_committed_offsets", "commit_offsets",
+             "offsets_for_time", "record_timestamps", "read_records", "list_groups", "describe_group",
+             "delete_groups", "read_record", "find_records_by_key")
 
     def __init__(self, cluster=None):
         self.cluster = cluster

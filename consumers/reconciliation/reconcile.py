@@ -50,7 +50,7 @@ from consumers.models import (
     ResetPolicy,
     Status,
 )
-from consumers.reconciliation import lag_status, ledger_summary, monitored, verify_upsert
+from consumers.reconciliation import lag_status, ledger_summary, monitored, pass_kafka, verify_upsert
 from consumers.reconciliation import rewinds as reconcile_rewinds
 from consumers.reconciliation.coverage import SPAN_OVERLAPS
 from consumers.reconciliation.findings import Finding
@@ -71,10 +71,14 @@ VERIFIED, CURRENT = "verified", "current"
 
 
 def reconcile_all(*, full: bool = False, kafka=None) -> list[PipelineReport]:
+    """Every pipeline; Kafka's side read in bulk per cluster at the start (consumers/reconciliation/pass_kafka.py)
+    unless `kafka` is given (a stand-in in tests)."""
+    pipelines = list(Pipeline.objects.order_by("name"))
+    pass_reads = {} if kafka is not None else pass_kafka.for_pipelines(pipelines)
     reports = []
-    for pipeline in Pipeline.objects.order_by("name"):
+    for pipeline in pipelines:
         try:
-            reports.append(reconcile_pipeline(pipeline, full=full, kafka=kafka))
+            reports.append(reconcile_pipeline(pipeline, full=full, kafka=kafka or pass_reads[pipeline.cluster]))
         except Exception:  # one broken pipeline must not hide the others' reports
             log.exception("reconciliation of pipeline %s failed", pipeline.name)
     return reports
@@ -90,9 +94,7 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     errors: list[str] = []
     classic = pipeline.delivery_mode != DeliveryMode.EXACTLY_ONCE
     with timer.kafka:
-        committed = _kafka_call(errors, kafka.committed_offsets, {}, pipeline.group_id, pipeline.topic)
-        marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
-    committed = {p: o for p, o in committed.items() if o is not None}
+        committed, marks = _read_kafka(errors, kafka, pipeline)
     now = now or timezone.now()
     with timer.db:
         sink_error = _sink_error(pipeline)
@@ -100,14 +102,26 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
         return _sink_broken(pipeline, sink_error, errors, now)
     # The sink can be written again: the reason it could not goes away.
     Pipeline.objects.filter(pk=pipeline.pk).clear_error(PipelineError.SINK)
+
+    def verify() -> dict:
+        held = _held_reader(errors, kafka, pipeline.topic, marks)
+        return _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held,
+                                records=verify_upsert.records_reader(
+                                    lambda *args, **kwargs: _kafka_call(errors, ranges.read_ranges, None, *args,
+                                                                        **kwargs),
+                                    pipeline.topic, pipeline.cluster))
+
     with timer.db:
         alive = ConsumerRun.objects.filter(pipeline=pipeline).serving(now).exists()
-        held = _held_reader(errors, kafka, pipeline.topic, marks)
-        states = _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held,
-                                  records=verify_upsert.records_reader(
-                                      lambda *args, **kwargs: _kafka_call(errors, ranges.read_ranges, None, *args,
-                                                                          **kwargs),
-                                      pipeline.topic, pipeline.cluster))
+        states = verify()
+    if hasattr(kafka, "fresh") and _beyond_marks(states, marks):
+        # Marks read at a pass's start, and this pipeline has since consumed past them (or its log really
+        # shrank): read its Kafka again, before the database as always, so "ahead" is never made up.
+        kafka, errors = kafka.fresh(), []
+        with timer.kafka:
+            committed, marks = _read_kafka(errors, kafka, pipeline)
+        with timer.db:
+            states = verify()
     reports = []
     for p, state in sorted(states.items()):
         mark = marks.get(p)
@@ -147,6 +161,17 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
         ledger_summary.refresh(pipeline.pk)  # what the pages draw, folded as the ledger grows
     report.db_ms, report.kafka_ms = timer.db.ms, timer.kafka.ms
     return report
+
+
+def _read_kafka(errors: list[str], kafka, pipeline: Pipeline) -> tuple[dict, dict]:
+    """The group's committed offsets (where it committed any) and the topic's watermarks."""
+    committed = _kafka_call(errors, kafka.committed_offsets, {}, pipeline.group_id, pipeline.topic)
+    marks = _kafka_call(errors, kafka.watermarks, {}, pipeline.topic)
+    return {p: o for p, o in committed.items() if o is not None}, marks
+
+
+def _beyond_marks(states: dict, marks: dict) -> bool:
+    return any(p in marks and state.report.next_offset > marks[p].high for p, state in states.items())
 
 
 # --- a sink that cannot be written -------------------------------------------------------------------
