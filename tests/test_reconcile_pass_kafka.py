@@ -79,7 +79,7 @@ def cluster(monkeypatch):
 
 
 def ahead(report) -> list:
-    return [f for p in report.partitions for f in p.findings if f["kind"] == "ahead"]
+    return [f for p in report.partitions for f in p.findings if f.kind == "ahead"]
 
 
 def test_a_pass_reads_kafka_once_per_cluster_for_all_its_pipelines(pipelines, cluster):
@@ -105,5 +105,5 @@ def test_a_position_past_the_log_end_read_again_is_ahead(pipelines, cluster):
     reconcile.reconcile_all()
     cluster().pass_high = cluster().own_high = 4   # the log really ends below the position (topic recreated)
     report = reconcile.reconcile_all()[0]
-    assert [(f["start"], f["end"]) for f in ahead(report)] == [(4, 10)]
+    assert [(f.start, f.end) for f in ahead(report)] == [(4, 10)]
     assert report.status == "ERR"
