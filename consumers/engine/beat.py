@@ -92,7 +92,7 @@ class Beat:
         next_beat = 0.0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._wanted > self._started or time.monotonic() >= next_beat,
+                self._cond.wait_for(lambda due=next_beat: self._wanted > self._started or time.monotonic() >= due,
                                     timeout=max(0.0, next_beat - time.monotonic()))
                 self._started += 1
             with self._cycle_lock:
