@@ -256,6 +256,8 @@ CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
 RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1)
 # The lag evaluation window (docs/reconciliation.md): 10 snapshots at one per minute, as Burrow's default.
 RECONCILE_WINDOW_SECONDS = env_int("RECONCILE_WINDOW_SECONDS", 600, minimum=10)
+# Pipelines a reconciliation pass checks side by side (threads, one database connection each).
+TALLY_RECONCILE_THREADS = env_int("TALLY_RECONCILE_THREADS", 4, minimum=1)
 CELERY_BEAT_SCHEDULE["reconcile-all"] = {"task": "consumers.reconcile_all", "schedule": RECONCILE_INTERVAL_SECONDS,
                                          "options": {"expires": RECONCILE_INTERVAL_SECONDS}}
 # Watches (consumers/reconciliation/watch_audit.py): each check audits what was committed and settled since the

@@ -23,10 +23,12 @@ modes, which resume from Kafka, up to max(next_offset, Kafka's committed offset)
 import contextlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
@@ -72,16 +74,49 @@ VERIFIED, CURRENT = "verified", "current"
 
 def reconcile_all(*, full: bool = False, kafka=None) -> list[PipelineReport]:
     """Every pipeline; Kafka's side read in bulk per cluster at the start (consumers/reconciliation/pass_kafka.py)
-    unless `kafka` is given (a stand-in in tests)."""
+    unless `kafka` is given (a stand-in in tests). Pipelines are reconciled side by side in
+    TALLY_RECONCILE_THREADS threads: each is small database work that mostly waits on PostgreSQL, and a worker
+    of hundreds of pipelines must finish a pass well inside its interval."""
     pipelines = list(Pipeline.objects.order_by("name"))
     pass_reads = {} if kafka is not None else pass_kafka.for_pipelines(pipelines)
-    reports = []
-    for pipeline in pipelines:
+
+    def one(pipeline: Pipeline) -> PipelineReport | None:
         try:
-            reports.append(reconcile_pipeline(pipeline, full=full, kafka=kafka or pass_reads[pipeline.cluster]))
+            return reconcile_pipeline(pipeline, full=full, kafka=kafka or pass_reads[pipeline.cluster])
         except Exception:  # one broken pipeline must not hide the others' reports
             log.exception("reconciliation of pipeline %s failed", pipeline.name)
-    return reports
+            return None
+
+    reports = side_by_side(one, pipelines, settings.TALLY_RECONCILE_THREADS)
+    return [report for report in reports if report is not None]
+
+
+def side_by_side(work, items: list, threads: int) -> list:
+    """`[work(item) for item in items]`, in up to `threads` threads, results in the items' order. Each thread
+    keeps one database connection for its share and closes it at the end."""
+    if threads <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    results: list = [None] * len(items)
+    indexes = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        try:
+            while True:
+                with lock:
+                    index = next(indexes, None)
+                if index is None:
+                    return
+                results[index] = work(items[index])
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=drain, name=f"tally-reconcile-{n}") for n in range(min(threads, len(items)))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return results
 
 
 def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
