@@ -100,10 +100,19 @@ def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partit
          for p in sorted(rows, key=lambda p: p.partition)])
 
 
+# What of_watch reads: a list of hundreds of watches loads these only (not the audit's state, such as the
+# commits a partition saw), and groups the partitions itself rather than through a prefetch's manager per watch.
+WATCH_FIELDS = ("name", "group_id", "topic", "status", "lag_records", "lag_seconds", "checked_at")
+WATCH_PARTITION_FIELDS = ("watch_id", "partition", "committed", "high_watermark", "lag_records", "lag_seconds",
+                          "status", "lost", "duplicated", "phantom")
+
+
 def watches() -> list[MonitoredConsumer]:
     """Every watch by name, in two queries."""
-    return [of_watch(w, list(w.partitions.all()))
-            for w in Watch.objects.order_by("name").prefetch_related("partitions")]
+    partitions: dict[int, list[WatchPartition]] = {}
+    for partition in WatchPartition.objects.only(*WATCH_PARTITION_FIELDS):
+        partitions.setdefault(partition.watch_id, []).append(partition)
+    return [of_watch(w, partitions.get(w.pk, [])) for w in Watch.objects.order_by("name").only(*WATCH_FIELDS)]
 
 
 def all_consumers() -> list[MonitoredConsumer]:
