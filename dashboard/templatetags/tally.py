@@ -1,4 +1,6 @@
 """Formatting for the dashboard: numbers, durations and status badges that never rely on colour alone."""
+import functools
+
 from django import template
 from django.utils.html import format_html
 
@@ -13,7 +15,11 @@ STATUS_STYLE = {
 
 @register.simple_tag
 def status_badge(status):
-    status = (status or "UNKNOWN").upper()
+    return _badge((status or "UNKNOWN").upper())
+
+
+@functools.lru_cache(maxsize=64)   # a handful of statuses, drawn hundreds of times on the overview
+def _badge(status: str):
     css, symbol = STATUS_STYLE.get(status, ("unknown", "?"))
     return format_html('<span class="badge badge-{}" title="status {}"><span aria-hidden="true">{}</span> {}</span>',
                        css, status, symbol, status)

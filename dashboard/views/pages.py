@@ -7,7 +7,7 @@ from django.views.decorators.http import require_GET
 from consumers.access import can_operate
 from consumers.models import ActionLog, Pipeline
 from consumers.reconciliation import monitored
-from dashboard import status, timeline
+from dashboard import consumer_rows, status, timeline
 from dashboard.views.actions import action_buttons
 from dashboard.views.common import render_page
 from dashboard.views.topic_checks import topic_check_context
@@ -18,8 +18,9 @@ ACTION_LOG_PAGE_SIZE = 50
 @require_GET
 @login_required
 def overview(request):
-    context = {"nav": "overview", "rows": status.pipeline_rows(), "groups": status.external_group_rows(),
-               "watch_rows": monitored.watches(),
+    context = {"nav": "overview", "rows": consumer_rows.pipeline_cells(status.pipeline_rows()),
+               "watch_rows": consumer_rows.watch_cells(monitored.watches()),
+               "groups": consumer_rows.group_cells(status.external_group_rows()),
                "last_check": status.last_reconciliation()}
     return render_page(request, "overview.html", context, fragment="live")
 

@@ -15,6 +15,7 @@ from consumers.form_errors import add_problems
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit, watch_trace
+from dashboard import consumer_rows
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
@@ -26,8 +27,9 @@ RANGES_SHOWN = 100
 @require_GET
 @login_required
 def watch_list(request):
-    return render_page(request, "watches.html", {"nav": "watches", "rows": monitored.watches(),
-                                                 "can_operate": can_operate(request.user)}, fragment="live")
+    context = {"nav": "watches", "rows": consumer_rows.watch_cells(monitored.watches()),
+               "can_operate": can_operate(request.user)}
+    return render_page(request, "watches.html", context, fragment="live")
 
 
 @require_GET
