@@ -13,11 +13,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from consumers.access import can_operate, form_errors, record_refusal
+from consumers.offset_move_forms import RewindForm
 from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import rewind as rewind_ops
 from consumers.operations.errors import Refused
-from dashboard.forms import RewindForm
 
 
 def actor_of(request) -> str:

@@ -8,10 +8,10 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 
 from consumers.access import can_operate, can_view, form_errors, record_refusal
+from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
 from consumers.operations.errors import Refused
-from dashboard.forms import GroupResetForm
 
 
 def _context(site, request, title: str, **extra) -> dict:

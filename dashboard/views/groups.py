@@ -13,11 +13,11 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import Pipeline
+from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
 from consumers.operations.errors import Refused
 from dashboard import status
-from dashboard.forms import GroupResetForm
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 from dashboard.views.topic_checks import topic_check_context

@@ -9,9 +9,9 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
+from consumers.offset_move_forms import RewindForm
 from consumers.operations import rewind as rewind_ops
 from consumers.operations.errors import Refused
-from dashboard.forms import RewindForm
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
