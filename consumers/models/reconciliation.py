@@ -1,5 +1,7 @@
 """What reconciliation found, per pipeline and partition, and lag/throughput snapshots for charts."""
 from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 
@@ -13,9 +15,18 @@ class Status(models.TextChoices):
     REWIND = "REWIND", "REWIND"
 
 
+class PartitionHealthQuerySet(models.QuerySet):
+    def verify_again_from(self, offset: int) -> int:
+        """Move the incremental mark back to at most `offset`: reconciliation reads those offsets again (after a
+        rewind moved the position there, or a dead-letter replay wrote them)."""
+        return self.update(verified_offset=Least("verified_offset", Value(offset)))
+
+
 class PartitionHealth(models.Model):
     """The latest reconciliation of one partition, and the incremental mark `verified_offset`:
     offsets below it have been verified and are not read again (a rewind moves it back)."""
+
+    objects = PartitionHealthQuerySet.as_manager()
 
     pipeline = models.ForeignKey("consumers.Pipeline", on_delete=models.CASCADE, related_name="partition_health")
     partition = models.PositiveIntegerField()

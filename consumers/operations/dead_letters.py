@@ -263,9 +263,7 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
             for _, partition, offset, _, _ in replayed:
                 firsts[partition] = min(offset, firsts.get(partition, offset))
             for partition, offset in firsts.items():
-                cur.execute(sql.SQL("UPDATE {} SET verified_offset = LEAST(verified_offset, %s) "
-                                    "WHERE pipeline_id = %s AND partition = %s").format(table(PartitionHealth)),
-                            [offset, pipeline.pk, partition])
+                PartitionHealth.objects.filter(pipeline=pipeline, partition=partition).verify_again_from(offset)
         faults.maybe_crash("replay-after-write")
     log.info("dead letters of %s replayed by %s: %s", pipeline.name, actor, message)
     return DeadLetterResult(pipeline.name, REPLAY, outcomes, entry, message, counts)

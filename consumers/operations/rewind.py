@@ -233,9 +233,7 @@ def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_unt
                            "WHERE pipeline_id = %s AND partition = %s AND end_offset > %s"
                            ).format(table(BatchLedger)),
                    [move.new, pipeline.pk, move.partition, move.new])
-    cursor.execute(sql.SQL("UPDATE {} SET verified_offset = LEAST(verified_offset, %s) "
-                           "WHERE pipeline_id = %s AND partition = %s").format(table(PartitionHealth)),
-                   [move.new, pipeline.pk, move.partition])
+    PartitionHealth.objects.filter(pipeline=pipeline, partition=move.partition).verify_again_from(move.new)
     # The rows it trimmed were folded into the pages' ledger summary: it is folded again from the ledger.
     LedgerSummary.objects.filter(pipeline=pipeline, partition=move.partition).delete()
 
