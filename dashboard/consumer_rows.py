@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from django.template.defaultfilters import slugify
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.timesince import timesince
 from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
 
 from dashboard.templatetags.tally import duration, nonzero_class, num, status_badge
 
