@@ -183,11 +183,14 @@ def _fetch_high_watermarks(consumer: KafkaConsumer, tps, timeout_s: float) -> di
         if all(mark is not None for mark in marks.values()):
             return marks
         if time.monotonic() > deadline:
-            missing = [tp.partition for tp, mark in marks.items() if mark is None]
-            raise KafkaAdminError(f"No fetch reply with a high watermark for partitions {missing}")
+            missing = [f"{tp.topic}[{tp.partition}]" for tp, mark in marks.items() if mark is None]
+            raise KafkaAdminError(f"No fetch reply with a high watermark for partitions {', '.join(missing)}")
         # Pause partitions that already answered so their records are not fetched again and again.
         consumer.pause(*[tp for tp, mark in marks.items() if mark is not None])
-        consumer.poll(timeout_ms=20, max_records=1)  # short: an empty fetch reply does not end a poll early
+        # Short: an empty fetch reply does not end a poll early. A poll parses fetch replies only up to
+        # max_records: one per partition still waiting, so the partitions of many topics answer in one poll.
+        waiting = sum(1 for mark in marks.values() if mark is None)
+        consumer.poll(timeout_ms=20, max_records=max(1, waiting))
 
 
 def records_held(topic: str, partition: int, ranges: list[tuple[int, int]], timeout_s: float = 10.0,
@@ -285,29 +288,37 @@ def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.
                       cluster=None) -> dict[int, int | None]:
     """Timestamp (ms) of the record at each partition's offset; None where there is no such record.
     Used for lag in seconds: the age of the record at the consumer's position."""
-    result: dict[int, int | None] = {p: None for p in offsets}
+    stamps = record_timestamps_of_topics({(topic, p): o for p, o in offsets.items()}, timeout_s, cluster)
+    return {p: stamps[(topic, p)] for p in offsets}
+
+
+def record_timestamps_of_topics(offsets: dict[tuple[str, int], int], timeout_s: float = 5.0,
+                                cluster=None) -> dict[tuple[str, int], int | None]:
+    """record_timestamps() of partitions of several topics, {(topic, partition): offset}, with one consumer."""
+    result: dict[tuple[str, int], int | None] = {key: None for key in offsets}
     if not offsets:
         return result
     consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16)
     try:
-        tps = {p: TopicPartition(topic, p) for p in offsets}
+        tps = {key: TopicPartition(*key) for key in offsets}
         consumer.assign(list(tps.values()))
-        for p, tp in tps.items():
-            consumer.seek(tp, offsets[p])
+        for key, tp in tps.items():
+            consumer.seek(tp, offsets[key])
         deadline = time.monotonic() + timeout_s
         pending = set(offsets)
         while pending and time.monotonic() < deadline:
             for tp, records in consumer.poll(timeout_ms=200, max_records=len(pending) * 4).items():
+                key = (tp.topic, tp.partition)
                 for record in records:
-                    if tp.partition in pending and record.offset >= offsets[tp.partition]:
-                        result[tp.partition] = record.timestamp
-                        pending.discard(tp.partition)
+                    if key in pending and record.offset >= offsets[key]:
+                        result[key] = record.timestamp
+                        pending.discard(key)
                         consumer.pause(tp)
             # A partition whose high watermark is at the offset has no record there yet.
-            for p in list(pending):
-                mark = consumer.highwater(tps[p])
-                if mark is not None and mark <= offsets[p]:
-                    pending.discard(p)
+            for key in list(pending):
+                mark = consumer.highwater(tps[key])
+                if mark is not None and mark <= offsets[key]:
+                    pending.discard(key)
     finally:
         consumer.close()
     return result
@@ -390,9 +401,21 @@ def list_groups(cluster=None) -> list[str]:
 
 def describe_group(group_id: str, cluster=None) -> GroupDescription:
     """State and members of a group (see clusters._AdminClient for the embedded broker's quirk)."""
-    described = shared_read(cluster, lambda admin: admin.describe_groups([group_id],
-                                                                       include_authorized_operations=False))
-    info = described.get(group_id) if isinstance(described, dict) else described[0]
+    return describe_groups([group_id], cluster=cluster)[group_id]
+
+
+def describe_groups(group_ids, cluster=None) -> dict[str, GroupDescription]:
+    """describe_group() of several groups in one call on the shared admin client (a pass over many watches)."""
+    groups = list(dict.fromkeys(group_ids))
+    if not groups:
+        return {}
+    described = shared_read(cluster, lambda admin: admin.describe_groups(groups, include_authorized_operations=False))
+    if not isinstance(described, dict):   # older kafka-python: a list in the order asked
+        described = dict(zip(groups, described, strict=False))
+    return {g: _group_description(g, described.get(g)) for g in groups}
+
+
+def _group_description(group_id: str, info) -> GroupDescription:
     if info is None:
         return GroupDescription(group_id, "Dead")
     info = info if isinstance(info, dict) else info._asdict()
@@ -522,8 +545,9 @@ class ClusterAdmin:
 
     CALLS = ("partitions_for", "watermarks", "watermarks_of_topics", "records_held", "high_watermarks",
              "committed_offsets", "committed_offsets_of_groups", "group_committed_offsets", "commit_offsets",
-             "offsets_for_time", "record_timestamps", "read_records", "list_groups", "describe_group",
-             "delete_groups", "read_record", "find_records_by_key")
+             "offsets_for_time", "record_timestamps", "record_timestamps_of_topics", "read_records",
+             "list_groups", "describe_group", "describe_groups", "delete_groups", "read_record",
+             "find_records_by_key")
 
     def __init__(self, cluster=None):
         self.cluster = cluster

@@ -21,11 +21,24 @@ def status_window() -> timedelta:
 
 def window_samples(*, pipeline=None, watch=None, now: datetime) -> dict[int, list[lag_status.Sample]]:
     """The window's lag samples per partition of a pipeline or a watch, oldest first."""
-    series = {"pipeline": pipeline} if pipeline is not None else {"watch": watch, "pipeline__isnull": True}
+    if pipeline is None:
+        return watches_window_samples([watch.pk], now=now).get(watch.pk, {})
     history: dict[int, list[lag_status.Sample]] = {}
-    for s in (LagSnapshot.objects.filter(**series, partition__isnull=False, taken_at__gte=now - status_window())
+    since = now - status_window()
+    for s in (LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=False, taken_at__gte=since)
               .order_by("taken_at").values("partition", "taken_at", "position", "lag_records")):
         history.setdefault(s["partition"], []).append(lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
+    return history
+
+
+def watches_window_samples(watch_ids, *, now: datetime) -> dict[int, dict[int, list[lag_status.Sample]]]:
+    """window_samples() of several watches in one query: {watch id: {partition: samples}} (a pass over many)."""
+    history: dict[int, dict[int, list[lag_status.Sample]]] = {}
+    for s in (LagSnapshot.objects.filter(watch_id__in=list(watch_ids), pipeline__isnull=True, partition__isnull=False,
+                                         taken_at__gte=now - status_window())
+              .order_by("taken_at").values("watch_id", "partition", "taken_at", "position", "lag_records")):
+        history.setdefault(s["watch_id"], {}).setdefault(s["partition"], []).append(
+            lag_status.Sample(s["taken_at"], s["position"], s["lag_records"]))
     return history
 
 

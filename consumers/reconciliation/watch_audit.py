@@ -107,20 +107,18 @@ class WatchReport:
                 "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets}
 
 
-def check_all(*, kafka=None) -> list[WatchReport]:
-    reports = []
-    for watch in Watch.objects.order_by("name"):
-        try:
-            reports.append(check_watch(watch, kafka=kafka))
-        except Exception:  # one broken watch must not hide the others
-            log.exception("check of watch %s failed", watch.name)
-    return reports
+def check_all(*, kafka=None, now: datetime | None = None) -> list[WatchReport]:
+    """Every watch, in one pass that reads Kafka and the database in bulk (consumers/reconciliation/watch_pass.py)."""
+    from consumers.reconciliation import watch_pass
+
+    return watch_pass.check_all(kafka=kafka, now=now)
 
 
 def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetime | None = None,
                 kafka=None, spark_threshold: int | None = None) -> WatchReport:
     """Audit what was committed and settled since the last check, measure lag and status, store it all.
-    `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests).
+    `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests; a pass over every
+    watch hands its reading of the cluster, watch_pass.KafkaReading).
     `spark_threshold`: records from which the check matches on Spark (default: WATCH_SPARK_THRESHOLD)."""
     kafka = kafka or kafka_admin.on(watch.cluster)
     now = now or timezone.now()
@@ -131,7 +129,7 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
     except Exception as exc:  # Kafka down or the topic gone: ERR with the reason, nothing moves
         return _failed(watch, f"Kafka: {type(exc).__name__}: {exc}", now)
     notes: list[str] = []
-    alive = _group_alive(kafka, watch.group_id, notes)
+    alive = group_alive(kafka, watch.group_id, notes)
     try:
         return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold)
     except WatchCheckError as exc:  # the transaction rolled back: nothing settled, the reason is stored
@@ -149,16 +147,16 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                 parts[p] = WatchPartition.objects.create(watch=watch, partition=p, start_offset=mark.log_start,
                                                          settled_offset=mark.log_start)
         keep = max(settle, watch.settle_seconds)
-        rewound = {p for p, wp in parts.items() if _observe(wp, committed.get(p), now, keep)}
+        rewound = {p for p, wp in parts.items() if observe(wp, committed.get(p), now, keep)}
         if watch.audits:
             for p in rewound:
                 _reopen(watch, parts[p], now)
-            plans = _plans(parts, marks, now - timedelta(seconds=settle))
+            plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
             if plans:
                 new_ranges = _audit(watch, plans, marks, now, spark_threshold)
         _store_ranges(watch, parts, new_ranges, now)
         _measure(watch, parts, marks, kafka, now, notes)
-        _evaluate(watch, parts, alive, rewound, now)
+        evaluate(parts, alive, rewound, now, monitored.window_samples(watch=watch, now=now), watch.created_at)
         for wp in parts.values():
             wp.checked_at = now
             wp.save()
@@ -167,7 +165,7 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
 
 # --- commits and settling --------------------------------------------------------------------------------
 
-def _observe(wp: WatchPartition, committed: int | None, now: datetime, keep_seconds: int) -> bool:
+def observe(wp: WatchPartition, committed: int | None, now: datetime, keep_seconds: int) -> bool:
     """Remember the committed offset seen now; True when it went back (the group's offsets were reset)."""
     went_back = committed is not None and wp.committed is not None and committed < wp.committed
     seen = list(wp.commits_seen or [])
@@ -216,7 +214,7 @@ def _settled_end(wp: WatchPartition, cutoff: datetime) -> int | None:
     return settled
 
 
-def _plans(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[int, int, int]]:
+def plan_ranges(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[int, int, int]]:
     """{partition: (settled_offset, first readable offset, settled end)} of the partitions with a new range."""
     plans = {}
     for p, wp in parts.items():
@@ -445,6 +443,19 @@ def _store_ranges(watch: Watch, parts: dict, new_ranges: list[RangeResult], now:
 def _measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes: list) -> None:
     """Lag in records (to the last stable offset: a read_committed consumer cannot pass an open transaction)
     and in seconds (the age of the record at the committed offset)."""
+    behind = measure_records(parts, marks)
+    if behind:
+        try:
+            stamps = kafka.record_timestamps(watch.topic, behind)
+        except Exception as exc:  # lag in records stands; seconds stay unknown
+            notes.append(lag_seconds_unknown(exc))
+            stamps = {}
+        measure_seconds(parts, stamps, now)
+
+
+def measure_records(parts: dict, marks: dict) -> dict[int, int]:
+    """Lag in records of each partition; returns {partition: offset} of the records whose age is the lag in
+    seconds of the partitions behind (the others' is 0, until measure_seconds says)."""
     behind = {}
     for p, wp in parts.items():
         mark = marks.get(p)
@@ -456,26 +467,30 @@ def _measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes
         wp.lag_seconds = 0.0 if wp.lag_records == 0 else None
         if wp.lag_records:
             behind[p] = max(position, mark.log_start)
-    if behind:
-        try:
-            stamps = kafka.record_timestamps(watch.topic, behind)
-        except Exception as exc:  # lag in records stands; seconds stay unknown
-            notes.append(f"lag in seconds unknown: {type(exc).__name__}")
-            stamps = {}
-        for p, stamp in stamps.items():
-            if stamp is not None:
-                parts[p].lag_seconds = max(0.0, now.timestamp() - stamp / 1000)
+    return behind
 
 
-def _evaluate(watch: Watch, parts: dict, alive: bool, rewound: set, now: datetime) -> None:
-    history = monitored.window_samples(watch=watch, now=now)
+def measure_seconds(parts: dict, stamps: dict[int, int | None], now: datetime) -> None:
+    """Lag in seconds from the timestamps (ms) of the records measure_records named."""
+    for p, stamp in stamps.items():
+        if stamp is not None:
+            parts[p].lag_seconds = max(0.0, now.timestamp() - stamp / 1000)
+
+
+def lag_seconds_unknown(exc: Exception) -> str:
+    return f"lag in seconds unknown: {type(exc).__name__}"
+
+
+def evaluate(parts: dict, alive: bool, rewound: set, now: datetime, history: dict, created_at: datetime) -> None:
+    """Each partition's status, by the rules every monitored consumer shares, over `history` (the window's lag
+    samples per partition, monitored.window_samples)."""
     for p, wp in parts.items():
         wp.status = monitored.partition_status(
-            history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or watch.created_at,
+            history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or created_at,
             alive=alive, rewound=p in rewound, incident=bool(wp.lost or wp.duplicated or wp.phantom), now=now)
 
 
-def _group_alive(kafka, group_id: str, notes: list) -> bool:
+def group_alive(kafka, group_id: str, notes: list) -> bool:
     try:
         return kafka.describe_group(group_id).has_active_members
     except Exception as exc:  # noqa: BLE001 - unknown membership: a stuck group then reads as stopped
@@ -484,24 +499,39 @@ def _group_alive(kafka, group_id: str, notes: list) -> bool:
 
 
 def _summarise(watch: Watch, parts: dict, new_ranges: list, notes: list, now: datetime) -> WatchReport:
-    rows = sorted(parts.values(), key=lambda wp: wp.partition)
+    summarise(watch, parts.values(), now)
+    Watch.objects.filter(pk=watch.pk).update(status=watch.status, lag_records=watch.lag_records,
+                                             lag_seconds=watch.lag_seconds, checked_at=now, last_error="")
+    return report_of(watch, parts.values(), listed_offsets(watch), new_ranges, notes)
+
+
+def summarise(watch: Watch, rows, now: datetime) -> None:
+    """The watch's status (its worst partition's), lag in records (their sum) and in seconds (their most),
+    set on `watch` (not saved)."""
     lags = [wp.lag_records for wp in rows if wp.lag_records is not None]
     ages = [wp.lag_seconds for wp in rows if wp.lag_seconds is not None]
-    status = monitored.worst(wp.status for wp in rows)
-    Watch.objects.filter(pk=watch.pk).update(status=status, lag_records=sum(lags) if lags else None,
-                                             lag_seconds=max(ages) if ages else None, checked_at=now, last_error="")
-    watch.refresh_from_db()
-    lost, duplicated = listed_offsets(watch)
+    watch.status = monitored.worst(wp.status for wp in rows)
+    watch.lag_records, watch.lag_seconds = sum(lags) if lags else None, max(ages) if ages else None
+    watch.checked_at, watch.last_error = now, ""
+
+
+def report_of(watch: Watch, rows, listed: tuple[list, list], new_ranges: list, notes: list) -> WatchReport:
+    """The report of a check that stored its findings: `watch` and `rows` as stored, `listed` its listed_offsets."""
+    rows = sorted(rows, key=lambda wp: wp.partition)
+    lost, duplicated = listed
     return WatchReport(
-        watch.name, status, sum(wp.checked for wp in rows), sum(wp.lost for wp in rows),
+        watch.name, watch.status, sum(wp.checked for wp in rows), sum(wp.lost for wp in rows),
         sum(wp.duplicated for wp in rows), sum(wp.phantom for wp in rows), watch.lag_records, watch.lag_seconds,
         lost, duplicated, partitions=[partition_json(wp) for wp in rows], new_ranges=new_ranges, notes=notes)
 
 
-def listed_offsets(watch: Watch, limit: int = OFFSETS_LISTED) -> tuple[list, list]:
-    """The first `limit` lost and duplicated records of the watch, as {partition, offset}, in offset order."""
+def listed_offsets(watch: Watch, limit: int = OFFSETS_LISTED, ranges=None) -> tuple[list, list]:
+    """The first `limit` lost and duplicated records of the watch, as {partition, offset}, in offset order.
+    `ranges`: the watch's ranges with findings in that order, when a pass read them for many watches at once."""
     lost, duplicated = [], []
-    for r in WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0).order_by("partition", "start"):
+    if ranges is None:
+        ranges = WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0).order_by("partition", "start")
+    for r in ranges:
         lost += [{"partition": r.partition, "offset": o} for o in r.lost_offsets[: limit - len(lost)]]
         duplicated += [{"partition": r.partition, "offset": o}
                        for o, _ in r.duplicated_offsets[: limit - len(duplicated)]]
