@@ -20,16 +20,19 @@ pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def team_watch(make_topic):
-    """team_watch(name, records=5, committed=records, lost=(), settle=0): a topic of `records` records (values
-    1..records), a group that committed `committed`, and the team's table with a row per record up to the commit
-    except the values in `lost`; a watch of them, made through watch_setup."""
+    """team_watch(name, records=5, committed=records, lost=(), settle=0, topic=None): a topic of `records` records
+    (values 1..records; or `topic`, holding them already), a group that committed `committed`, and the team's table
+    with a row per record up to the commit except the values in `lost`; a watch of them, made through watch_setup."""
     tables = []
 
-    def make(name: str, records: int = 5, committed: int | None = None, lost=(), settle: int = 0) -> Watch:
+    def make(name: str, records: int = 5, committed: int | None = None, lost=(), settle: int = 0,
+             topic: str | None = None) -> Watch:
         committed = records if committed is None else committed
-        topic, table, group = make_topic(name), f"team_{uuid.uuid4().hex[:8]}", f"{name}-{uuid.uuid4().hex[:6]}"
+        table, group = f"team_{uuid.uuid4().hex[:8]}", f"{name}-{uuid.uuid4().hex[:6]}"
         tables.append(table)
-        produce(topic, [(None, str(v).encode()) for v in range(1, records + 1)])
+        if topic is None:
+            topic = make_topic(name)
+            produce(topic, [(None, str(v).encode()) for v in range(1, records + 1)])
         with connection.cursor() as cur:
             cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table)).as_string(cur.cursor))
             cur.execute(sql.SQL("INSERT INTO {} SELECT v FROM generate_series(1, %s) v WHERE NOT v = ANY(%s)").format(
@@ -152,3 +155,22 @@ def test_a_watch_whose_topic_is_gone_fails_alone_with_the_reason_its_own_check_g
     assert reports["gone"].status == Status.ERR
     assert reports["gone"].error == watch_audit.check_watch(gone).error
     assert "does not exist" in reports["gone"].error
+
+
+def test_two_watches_of_one_topic_are_checked_in_one_pass_each_finding_its_own(team_watch, spy):
+    """Two groups on one topic: one bulk read serves both, and the lag in seconds of the one behind is read at its
+    own position, not the other's."""
+    whole = team_watch("whole", records=10)
+    team_watch("part", committed=6, lost=[2], topic=whole.topic)   # offset 1 has no row in its table
+    now = timezone.now()
+    reports = {r.watch: r for r in watch_pass.check_all(now=now)}
+    assert sorted(spy["checks"]) == ["part", "whole"]
+    assert (reports["whole"].checked, reports["whole"].lost, reports["whole"].lag_records) == (10, 0, 0)
+    assert (reports["part"].checked, reports["part"].lost, reports["part"].lag_records) == (6, 1, 4)
+    assert as_offsets(reports["part"].lost_offsets) == {(0, 1)}
+
+    spy["reset"]()
+    later = {r.watch: r for r in watch_pass.check_all(now=now + timedelta(seconds=30))}
+    assert spy["checks"] == []
+    assert (later["part"].lag_records, later["whole"].lag_records, later["whole"].lag_seconds) == (4, 0, 0.0)
+    assert later["part"].lag_seconds >= 30

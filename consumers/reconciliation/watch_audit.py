@@ -46,6 +46,9 @@ RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
              "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
              "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES),
              "found": sql.SQL("pg_temp.") + sql.Identifier(FOUND)}
+# One statement for all of them: a pass audits many watches, each round trip counts.
+DROP_TEMPORARY = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(
+    sql.SQL("pg_temp.") + sql.Identifier(name) for name in TEMPORARY))
 # Lines of COPY buffered before they are sent: bounded memory for a range of millions of records.
 COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
@@ -313,8 +316,7 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
                             "(array_agg(extra ORDER BY \"offset\"))[1:%s] FROM {} GROUP BY partition, kind"
                             ).format(RELATIONS["found"]), [OFFSETS_LISTED, OFFSETS_LISTED])
         found = cur.fetchall()
-        for name in TEMPORARY:
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
+        cur.execute(DROP_TEMPORARY)
     results = {}
     for p, (_, first, end) in sorted(plans.items()):
         counts = counts_of.get(p, {})
@@ -358,8 +360,7 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     loader.flush()
     # The match hashes whole ranges: memory for them rather than spills to disk, and no JIT compilation
     # (a fixed 0.1-0.3 s on statements that are all scans and hashes). SET LOCAL: this check only.
-    cur.execute("SET LOCAL work_mem = %s", [MATCH_WORK_MEM])
-    cur.execute("SET LOCAL jit = off")
+    cur.execute("SET LOCAL work_mem = %s; SET LOCAL jit = off", [MATCH_WORK_MEM])
     cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["records"]))
     if watch_match.needs_written(by_offset, watch.keyed):
         cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
@@ -393,8 +394,7 @@ def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | 
 
 
 def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
-    for name in TEMPORARY:  # a caller's open transaction may hold a previous check's
-        cur.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(name)))
+    cur.execute(DROP_TEMPORARY)   # a caller's open transaction may hold a previous check's
     rid_type = sql.SQL(record_ids.column_type(id_type)) if id_type else sql.SQL("text")
     cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer NOT NULL, "offset" bigint NOT NULL, rid {}, '
                         "expected boolean NOT NULL, tomb boolean NOT NULL, ts bigint, tail boolean NOT NULL) "
