@@ -10,6 +10,7 @@ from django.utils import timezone
 from consumers.engine import db, shares
 from consumers.engine.beat import Beat, Member
 from consumers.models import ConsumerRun, Engine, Pipeline
+from tests.chaos import wait_for
 from tests.conftest import leftover_connections
 
 
@@ -122,3 +123,28 @@ def test_the_engine_pool_lends_at_most_its_size_and_takes_back_a_connection_with
             assert again.status == 1 and again in (first, second)   # STATUS_READY: the transaction rolled back
     finally:
         pool.close()
+
+
+def test_at_most_the_pools_size_of_threads_hold_a_turn_at_a_django_connection_at_once(settings):
+    size = settings.TALLY_ENGINE_DB_CONNECTIONS
+    inside, most, lock, release = [0], [0], threading.Lock(), threading.Event()
+
+    def run():
+        db.take_turn()
+        db.take_turn()          # a thread holding a turn takes no second one
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        release.wait(10)
+        with lock:
+            inside[0] -= 1
+        db.end_turn()
+
+    threads = [threading.Thread(target=run) for _ in range(size + 3)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: inside[0] == size, 10, "the turns to be taken")
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert most[0] == size and inside[0] == 0 and not db.holds_turn()

@@ -86,3 +86,40 @@ def close_pool() -> None:
     """Close this process's idle engine connections (a test session's end, before its database goes)."""
     if _pool is not None and _pool_pid == os.getpid():
         _pool.close()
+
+
+# --- turns at a Django connection ----------------------------------------------------------------------------
+# A run's thread uses its own Django connection only while it starts and while it ends (the beat and the pool
+# serve it in between). When hundreds of runs start or end together (a worker taking its queue, a shutdown),
+# those connections would all open at once, past PostgreSQL's limit: a thread takes a turn first, at most
+# TALLY_ENGINE_DB_CONNECTIONS at once per process, and gives it back with its connection closed.
+_turns: threading.BoundedSemaphore | None = None
+_turns_pid = 0
+_turn_held = threading.local()
+
+
+def take_turn() -> None:
+    """Wait for a turn at a Django connection (no-op if this thread holds one)."""
+    global _turns, _turns_pid
+    if getattr(_turn_held, "held", False):
+        return
+    with _pool_lock:
+        if _turns is None or _turns_pid != os.getpid():
+            _turns, _turns_pid = threading.BoundedSemaphore(settings.TALLY_ENGINE_DB_CONNECTIONS), os.getpid()
+        turns = _turns
+    turns.acquire()
+    _turn_held.held, _turn_held.turns = True, turns
+
+
+def holds_turn() -> bool:
+    return getattr(_turn_held, "held", False)
+
+
+def end_turn() -> None:
+    """Close this thread's Django connection and give its turn back (if it holds one)."""
+    from django.db import connection
+
+    connection.close()
+    if getattr(_turn_held, "held", False):
+        _turn_held.held = False
+        _turn_held.turns.release()

@@ -15,9 +15,7 @@ import signal
 import sys
 import threading
 
-from django.db import connection
-
-from consumers.engine import runs
+from consumers.engine import db, runs
 
 log = logging.getLogger("tally.runs")
 
@@ -77,6 +75,7 @@ class HostProcess:
         self._write(command["key"], {"reason": "error", "records": 0, "detail": "its engine host was stopping"})
 
     def _run(self, command: dict) -> None:
+        db.take_turn()   # released once the run consumes (python.py) and again at its end: see db.take_turn
         try:
             result = runs.run_here(command["pipeline_id"], command["epoch"], task_id=command.get("task_id", ""),
                                    settled_peers=command.get("settled_peers", 0), key=command["key"])
@@ -84,7 +83,7 @@ class HostProcess:
             log.exception("engine host: run %s failed", command["key"])
             result = {"reason": "error", "detail": f"{type(exc).__name__}: {exc}", "records": 0}
         finally:
-            connection.close()  # this thread's Django connection: a host outlives many runs
+            db.end_turn()  # this thread's Django connection: a host outlives many runs
         self._write(command["key"], result)
 
     def _write(self, key: str, result: dict) -> None:

@@ -31,8 +31,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from django.db import connection
-
 from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
@@ -110,8 +108,8 @@ class _Engine:
                                           client=client_for(self.pipeline))
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             # From here this thread needs no Django connection of its own (the beat and the engine pool serve
-            # it): an idle run in a host holds none.
-            connection.close()
+            # it): an idle run in a host holds none, and gives its turn to the next run starting.
+            db.end_turn()
             reason = self._loop()
         except RunEnded as ended:
             reason, detail = ended.reason, ended.detail
@@ -122,7 +120,11 @@ class _Engine:
             reason, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
             self._shutdown(reason)
-        return self.lifecycle.finish(reason, detail)
+        db.take_turn()   # runs ending together (a shutdown) write their ends a few at a time
+        try:
+            return self.lifecycle.finish(reason, detail)
+        finally:
+            db.end_turn()
 
     def _loop(self) -> str:
         deadline = time.monotonic() + self.max_seconds if self.max_seconds else None

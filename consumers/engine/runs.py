@@ -14,10 +14,9 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
-from consumers.engine import hosts
+from consumers.engine import db, hosts
 from consumers.engine.lifecycle import HALT_REASONS
 from consumers.engine.options import PEERS_WAIT_S, RunOptions, engine_for
 from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, PipelineError
@@ -34,15 +33,18 @@ _stop_events: dict[str, threading.Event] = {}
 def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0) -> dict:
     """The run task's work: take the run off the queue's count of waiting runs, then run it in an engine host
     process (kafka-python) or in this one (Spark), until it is stopped, fenced or fails."""
-    Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
-    skipped = _skip_reason(pipeline_id, epoch)
-    if skipped:
-        return skipped
-    engine = Pipeline.objects.filter(pk=pipeline_id).values_list("engine", flat=True).first()
-    if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
+    db.take_turn()   # hundreds of tasks taken at once must not open hundreds of connections at once
+    try:
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
+        skipped = _skip_reason(pipeline_id, epoch)
+        engine = Pipeline.objects.filter(pk=pipeline_id).values_list("engine", flat=True).first()
+    finally:
         # The task waits as long as the run runs: its thread's connection would sit idle all that time (a worker
         # of hundreds of pipelines would hold hundreds).
-        connection.close()
+        db.end_turn()
+    if skipped:
+        return skipped
+    if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
         return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
     return run_here(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
 
@@ -99,7 +101,7 @@ def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
     while time.monotonic() < deadline:
         if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now()).exists():
             return True
-        time.sleep(0.2)
+        _pause(0.2)
     return False
 
 
@@ -112,7 +114,18 @@ def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
             assigned_partitions=[]).count()
         if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
             return
-        time.sleep(0.2)
+        _pause(0.2)
+
+
+def _pause(seconds: float) -> None:
+    """A start-up wait on other runs: without its turn at a connection (db.take_turn), which the runs it waits
+    for may need to end."""
+    held = db.holds_turn()
+    if held:
+        db.end_turn()
+    time.sleep(seconds)
+    if held:
+        db.take_turn()
 
 
 def _after_run(pipeline: Pipeline, result) -> None:
