@@ -97,6 +97,7 @@ def test_runs_forcing_a_heartbeat_together_share_beats_and_the_idle_beat_lets_it
     for member in members:
         beat.leave(member)
     assert beat.wait_idle(timeout=30)
+    db.close_pool()   # idle engine connections other tests' runs left in this process's pool: not the beat's
     assert leftover_connections() == []
 
 

@@ -28,7 +28,7 @@ class ConnectionPool:
     """At most `size` open engine connections, lent one at a time; a borrower waits while all are lent."""
 
     def __init__(self, size: int, application_name: str = "tally-engine"):
-        self.application_name = application_name
+        self.application_name, self.size = application_name, size
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list = []
         self._lock = threading.Lock()
@@ -76,7 +76,10 @@ def engine_connection():
     """Borrow one of this process's engine connections: `with db.engine_connection() as conn: ...`."""
     global _pool, _pool_pid
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():   # a forked child never shares its parent's sockets
+        # A forked child never shares its parent's sockets; a changed setting (tests) gets a pool of its size.
+        if _pool is None or _pool_pid != os.getpid() or _pool.size != settings.TALLY_ENGINE_DB_CONNECTIONS:
+            if _pool is not None and _pool_pid == os.getpid():
+                _pool.close()
             _pool, _pool_pid = ConnectionPool(settings.TALLY_ENGINE_DB_CONNECTIONS), os.getpid()
         pool = _pool
     return pool.connection()
@@ -94,18 +97,19 @@ def close_pool() -> None:
 # those connections would all open at once, past PostgreSQL's limit: a thread takes a turn first, at most
 # TALLY_ENGINE_DB_CONNECTIONS at once per process, and gives it back with its connection closed.
 _turns: threading.BoundedSemaphore | None = None
-_turns_pid = 0
+_turns_pid = _turns_size = 0
 _turn_held = threading.local()
 
 
 def take_turn() -> None:
     """Wait for a turn at a Django connection (no-op if this thread holds one)."""
-    global _turns, _turns_pid
+    global _turns, _turns_pid, _turns_size
     if getattr(_turn_held, "held", False):
         return
     with _pool_lock:
-        if _turns is None or _turns_pid != os.getpid():
-            _turns, _turns_pid = threading.BoundedSemaphore(settings.TALLY_ENGINE_DB_CONNECTIONS), os.getpid()
+        size = settings.TALLY_ENGINE_DB_CONNECTIONS
+        if _turns is None or _turns_pid != os.getpid() or _turns_size != size:
+            _turns, _turns_pid, _turns_size = threading.BoundedSemaphore(size), os.getpid(), size
         turns = _turns
     turns.acquire()
     _turn_held.held, _turn_held.turns = True, turns

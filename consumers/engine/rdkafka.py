@@ -104,9 +104,10 @@ class RdKafkaConsumer:
             "allow.auto.create.topics": False,
             # Partitions added to the topic are noticed within this, as with kafka-python.
             "topic.metadata.refresh.interval.ms": 10_000,
-            # An idle fetch waits on the broker this long; it answers at once when a record arrives. Measured with
-            # 20 idle consumers: 0.047 % of a core each at 1 s, 0.032 % at 5 s (docs/benchmarks.md "Workers").
-            "fetch.wait.max.ms": 5000,
+            # An idle fetch waits on the broker this long. 5 s cost less idle (0.032 % of a core per consumer against
+            # 0.047 % at 1 s) but gave 200 pipelines in one worker a produce-to-commit p95 of 2.2 s (docs/benchmarks.md
+            # "Workers"): 1 s.
+            "fetch.wait.max.ms": 1000,
             # Prefetched records held per consumer: librdkafka's default is 64 MiB; a worker hosts many runs, and a
             # batch of 20,000 small records is a few MiB.
             "queued.max.messages.kbytes": 16384,
