@@ -87,10 +87,12 @@ def test_runs_forcing_a_heartbeat_together_share_beats_and_the_idle_beat_lets_it
     _, runs = pipeline_with_runs("forced", 8)
     beat = Beat()
     members = [beat.join(run.pk, run.pipeline_id, run.epoch) for run in runs]   # join forces a beat each
-    started = beat._started
     threads = [threading.Thread(target=beat.now) for _ in range(8)]
-    for thread in threads:
-        thread.start()
+    with beat._cycle_lock:   # no beat can run until all eight ask: they are then at once, whatever the machine's speed
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(beat._cond._waiters) >= 8, 30, "eight forced heartbeats to wait")
+        started = beat._started
     for thread in threads:
         thread.join(timeout=30)
     assert beat._started - started <= 2   # eight forced heartbeats at once: one or two beats, not eight
