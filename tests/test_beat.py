@@ -47,10 +47,11 @@ def test_a_busy_run_adds_its_progress_and_the_beat_tells_each_run_its_peers():
     b, (b1,) = pipeline_with_runs("b", 1)
     beat = beat_of([a1, a2, b1])
     beat.members[a1.pk].partitions, beat.members[a1.pk].records = [1, 0], 12
+    ConsumerRun.objects.filter(pk=a1.pk).update(claimed_partitions=[0, 1])   # as shares.claim wrote them
     beat._beat_once()
     a1.refresh_from_db()
     assert (a1.assigned_partitions, a1.records_processed) == ([0, 1], 12)
-    assert beat.members[a2.pk].peers == {a1.pk: {0, 1}, a2.pk: set()}
+    assert beat.members[a2.pk].peers == {a1.pk: {0, 1}, a2.pk: set()}   # peers are told the claims
     assert beat.members[b1.pk].peers == {b1.pk: set()}
     assert not any(member.fenced for member in beat.members.values())
 

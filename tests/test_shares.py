@@ -44,7 +44,7 @@ def run(pipeline, epoch=3, heartbeat_age=timedelta(0), partitions=()):
     now = timezone.now()
     return ConsumerRun.objects.create(pipeline=pipeline, epoch=epoch, host="h", pid=1, state="running",
                                       started_at=now - heartbeat_age, heartbeat_at=now - heartbeat_age,
-                                      assigned_partitions=list(partitions))
+                                      assigned_partitions=list(partitions), claimed_partitions=list(partitions))
 
 
 def test_a_run_is_a_member_while_its_session_is_open_and_stops_being_one_when_it_closes(pipeline):
@@ -76,3 +76,52 @@ def test_runs_of_another_epoch_past_their_lease_or_ended_are_not_members(pipelin
     finally:
         for conn in connections:
             conn.close()
+
+
+@pytest.fixture
+def committed_pipeline(transactional_db):
+    """Rows the engine's own connections can see (shares.claim reads on one)."""
+    return Pipeline.objects.create(name="claimed", topic="t", sink_table="s", epoch=3)
+
+
+def claim(pipeline, member, held=(), partitions=(0,), epoch=3):
+    with engine_db.engine_connection() as conn:
+        return shares.claim(conn, pipeline.pk, epoch, member.pk, list(partitions), set(held), timezone.now())
+
+
+def test_a_run_whose_share_another_run_holds_claims_it_only_once_that_run_let_go(committed_pipeline):
+    # One partition. The later run started first and, alone then, took it; the earlier run (whose share by rule 2
+    # it is) joins on a reading taken before that holding was written. Its claim reads afresh and waits.
+    first, second = run(committed_pipeline), run(committed_pipeline)
+    sessions = [engine_db.connect("tally-tests") for _ in range(2)]
+    try:
+        shares.hold_session(sessions[1], second.pk)
+        assert claim(committed_pipeline, second) == {0}
+        assert ConsumerRun.objects.get(pk=second.pk).claimed_partitions == [0]
+        shares.hold_session(sessions[0], first.pk)
+        assert shares.to_hold([0], {first.pk: set(), second.pk: set()}, first.pk, set()) == {0}   # stale: take
+        assert claim(committed_pipeline, first) == set()                                         # fresh: wait
+        # The holder gives it up (it is the earlier run's share), and only then does the other take it.
+        assert claim(committed_pipeline, second, held={0}) == set()
+        assert claim(committed_pipeline, first) == {0}
+        assert ConsumerRun.objects.get(pk=first.pk).claimed_partitions == [0]
+        assert ConsumerRun.objects.get(pk=second.pk).claimed_partitions == []
+    finally:
+        for conn in sessions:
+            conn.close()
+
+
+def test_a_dead_holder_does_not_stop_a_claim_and_a_run_of_an_older_epoch_claims_nothing(committed_pipeline):
+    dead_holder = run(committed_pipeline, partitions=[0])   # its session is gone: SIGKILLed
+    member = run(committed_pipeline)
+    conn = engine_db.connect("tally-tests")
+    try:
+        shares.hold_session(conn, member.pk)
+        assert claim(committed_pipeline, member) == {0}
+        Pipeline.objects.filter(pk=committed_pipeline.pk).update(epoch=4)
+        with pytest.raises(shares.NotInEpoch, match="epoch 4"):
+            claim(committed_pipeline, member, held={0})
+        assert ConsumerRun.objects.get(pk=member.pk).claimed_partitions == [0]   # unchanged
+    finally:
+        conn.close()
+    assert ConsumerRun.objects.get(pk=dead_holder.pk).claimed_partitions == [0]

@@ -24,7 +24,7 @@ def enqueued(monkeypatch):
     def enqueue(pipeline_id, epoch, runs=1):
         calls.append((pipeline_id, epoch))
         for _ in range(runs):
-            Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
+            Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken(timezone.now())
 
     monkeypatch.setattr(actions, "enqueue_run", enqueue)
     return calls
@@ -160,8 +160,9 @@ def test_a_pipeline_whose_run_task_waits_in_the_queue_gets_no_second_task(runnin
 def test_a_taken_run_task_ends_the_wait(running, queued):
     supervisor.supervise()
     pipeline = Pipeline.objects.get(pk=running.pk)
-    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch - 1).run_taken() == 0  # an older epoch's
-    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken() == 1
+    now = timezone.now()
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch - 1).run_taken(now) == 0  # an older epoch's
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken(now) == 1
     pipeline.refresh_from_db()
     assert (pipeline.runs_waiting, pipeline.waiting_since) == (0, None)
     assert not pipeline.waiting_for_worker(timezone.now() + timedelta(hours=1))
@@ -184,3 +185,17 @@ def test_two_young_runs_of_a_pipeline_are_left_to_join(running, queued):
     young = run_row(running, heartbeat_age=0)
     ConsumerRun.objects.filter(pk=young.pk).update(started_at=timezone.now())
     assert decision().action == "ok" and queued == []
+
+
+def test_a_run_taken_by_a_worker_gets_a_lease_to_start_before_the_next_attempt(running, queued):
+    # Restarted long ago (its backoff is over), then the run task waited in the queue; a worker takes it now.
+    # Until its run has heartbeated once the pipeline has no live run, yet the supervisor waits a lease from
+    # the take, not from the enqueueing: a start slower than that would otherwise be restarted once more.
+    supervisor.supervise()
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    taken_at = timezone.now() + timedelta(minutes=5)
+    Pipeline.objects.filter(pk=pipeline.pk).update(restart_after=taken_at - timedelta(minutes=4))
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken(taken_at) == 1
+    assert supervisor.supervise(now=taken_at + timedelta(seconds=14))[0].action == "waiting"
+    assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "restarted"
+    assert queued == [(running.pk, 1), (running.pk, 1)]

@@ -122,6 +122,19 @@ def produce_in_parallel(topics_and_counts) -> None:
         thread.join()
 
 
+def engine_hosts_of(worker) -> list[psutil.Process]:
+    return [child for child in psutil.Process(worker.pid).children(recursive=True)
+            if "engine_host" in child.cmdline()]
+
+
+def test_the_production_worker_starts_its_engine_hosts_when_it_is_ready_before_any_run(production_worker):
+    # A run taken later (a restarted pipeline's) then starts without waiting for a host to load Django.
+    worker, _ = production_worker
+    expected = int(compose_service("worker")[1].get("TALLY_ENGINE_PROCESSES") or os.cpu_count())
+    wait_for(lambda: len(engine_hosts_of(worker)) == expected, 60, f"{expected} engine host processes")
+    assert not ConsumerRun.objects.exists()
+
+
 def test_two_busy_pipelines_in_the_production_worker_run_at_once_in_two_processes_and_each_sink_is_exact(
         production_worker, make_pipeline):
     worker, _ = production_worker

@@ -96,7 +96,8 @@ class Host:
 
 
 class HostPool:
-    """The worker's `size` engine hosts, started at its first kafka-python run."""
+    """The worker's `size` engine hosts, started when the worker is ready to take run tasks (or at its first
+    kafka-python run)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -113,6 +114,12 @@ class HostPool:
             if future is not None:
                 return future.result()
         return {"reason": "error", "records": 0, "detail": "no engine host process would take the run"}
+
+    def start(self) -> None:
+        """Start the missing hosts now (the worker is ready): a run taken later starts without waiting for one
+        to load Django, which on a loaded machine took longer than a run's lease."""
+        with self._lock:
+            self._start_missing()
 
     def stop_all(self, reason: str) -> int:
         """Ask every host to stop its runs cleanly (warm shutdown). Returns how many runs were asked."""
@@ -134,11 +141,15 @@ class HostPool:
         """The host with the fewest runs, preferring one that holds no run of this pipeline (a pipeline's runs
         then spread over processes). Missing hosts (at the first run, or after one died) are all started at
         once: they load Django side by side, so runs sent together start together. Called under the lock."""
+        self._start_missing()
+        return min(self.hosts, key=lambda host: (host.holds(pipeline_id), host.load(), host.number))
+
+    def _start_missing(self) -> None:
+        """Called under the lock."""
         self.hosts = [host for host in self.hosts if host.alive]
         while len(self.hosts) < self.size:
             self._numbers += 1
             self.hosts.append(Host(self._numbers))
-        return min(self.hosts, key=lambda host: (host.holds(pipeline_id), host.load(), host.number))
 
 
 _pool: HostPool | None = None

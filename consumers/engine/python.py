@@ -31,6 +31,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from django.utils import timezone
+
 from consumers.engine import caught_up, commit, db, log_bounds, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
@@ -277,10 +279,19 @@ class _Engine:
         return True
 
     def _hold(self, partitions: set[int]) -> None:
+        """Hold `partitions` (rule 3 on the beat's last reading), as `shares.claim` confirms them on a fresh one."""
         held = self.consumer.assignment()
         if partitions == held:
             return
         self._drain()   # the batch in flight belongs to the old assignment: settle it first
+        with db.engine_connection() as conn:
+            try:
+                partitions = shares.claim(conn, self.pipeline.pk, self.epoch, self.lifecycle.row.pk,
+                                          self.consumer.partitions(), held, timezone.now())
+            except shares.NotInEpoch as exc:
+                raise RunEnded("fenced", str(exc)) from None
+        if partitions == held:
+            return
         self.kafka.forget(held - partitions)   # its next holder commits it to Kafka from now on
         new = sorted(partitions - held)
         self.consumer.assign(partitions)
@@ -291,7 +302,7 @@ class _Engine:
         log.info("%s: run %s holds %s (gave up %s)", self.pipeline.name, self.lifecycle.row.pk,
                  {p: self.consumer.position(p) for p in new} or "nothing new",
                  sorted(held - partitions) or "nothing")
-        self._heartbeat(force=True)  # peers see the new holding at their next balance
+        self._heartbeat(force=True)  # the row shows what it reads, positioned, at once
 
     def _resume_from_kafka(self, partitions) -> None:
         """The classic modes: a partition this run takes resumes from the group's committed offset, which is

@@ -35,7 +35,7 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
     process (kafka-python) or in this one (Spark), until it is stopped, fenced or fails."""
     db.take_turn()   # hundreds of tasks taken at once must not open hundreds of connections at once
     try:
-        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken()
+        Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_taken(timezone.now())
         skipped = _skip_reason(pipeline_id, epoch)
         engine = Pipeline.objects.filter(pk=pipeline_id).values_list("engine", flat=True).first()
     finally:

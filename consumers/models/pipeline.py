@@ -97,12 +97,16 @@ class PipelineQuerySet(models.QuerySet):
         returns how many pipelines moved on. Never `save()` a stale object instead: it writes an old epoch back."""
         return self.update(epoch=F("epoch") + 1, **changes)
 
-    def run_taken(self) -> int:
+    def run_taken(self, now: datetime) -> int:
         """A worker took one of the run tasks enqueued for these pipelines (filter on the task's epoch): one
-        fewer waits in the queue, and the wait is over once none does."""
+        fewer waits in the queue, and the wait is over once none does. The supervisor's next attempt waits at
+        least a lease from now: the run starts (a host process, a consumer) before it heartbeats, and judged
+        from its enqueueing, a start slower than the lease got a second restart on top of it."""
+        started_by = now + run_lease()
         return self.filter(runs_waiting__gt=0).update(
             runs_waiting=F("runs_waiting") - 1,
-            waiting_since=Case(When(runs_waiting__lte=1, then=None), default=F("waiting_since")))
+            waiting_since=Case(When(runs_waiting__lte=1, then=None), default=F("waiting_since")),
+            restart_after=Case(When(restart_after__gt=started_by, then=F("restart_after")), default=started_by))
 
 
 class Pipeline(models.Model):
@@ -436,7 +440,10 @@ class ConsumerRun(models.Model):
     task_id = models.CharField(max_length=255, blank=True, default="")
     engine = models.CharField(max_length=10, choices=Engine.choices, default=Engine.PYTHON)
     state = models.CharField(max_length=10, choices=RunState.choices, default=RunState.STARTING)
-    assigned_partitions = models.JSONField(default=list)
+    assigned_partitions = models.JSONField(default=list)   # what the run reads, positioned (its heartbeat)
+    # What the run has claimed among its peers (consumers/engine/shares.py `claim`): written before it reads a
+    # partition and after it gave one up, so two runs never read one partition at once.
+    claimed_partitions = models.JSONField(default=list)
     records_processed = models.PositiveBigIntegerField(default=0)
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now)

@@ -5,8 +5,11 @@ The run task is long-lived (as long as the pipeline runs) and acknowledged on re
 dies, the supervisor enqueues a new run rather than the broker redelivering this one an hour later.
 Workers use the threads pool (Spark must never start in a prefork child).
 """
+import logging
+
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
+from django.conf import settings
 
 from consumers.operations.actions import RUN_PIPELINE_TASK
 
@@ -24,6 +27,22 @@ def supervise_task():
 
     decisions = supervise()
     return [d.__dict__ for d in decisions if d.action != Verdict.OK]
+
+
+log = logging.getLogger("tally.runs")
+
+
+@worker_ready.connect
+def _start_engine_hosts(sender=None, **kwargs):
+    # A worker that takes run tasks starts its engine host processes now, not when its first run arrives: a
+    # restarted pipeline's run then starts within its lease (consumers/engine/hosts.py).
+    queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", None) or ()}
+    if settings.TALLY_ENGINE_PROCESSES <= 0 or settings.TALLY_PIPELINE_QUEUE not in queues:
+        return
+    from consumers.engine import hosts
+
+    hosts.pool().start()
+    log.info("%d engine host process(es) started: %s", len(hosts.pool().pids()), hosts.pool().pids())
 
 
 @worker_shutting_down.connect
