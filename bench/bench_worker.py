@@ -103,9 +103,10 @@ class Worker:
         command, compose_env = compose_worker()
         self.queue = compose_env["TALLY_PIPELINE_QUEUE"]
         settings.TALLY_PIPELINE_QUEUE = self.queue
-        # The compose worker's engine client unless this bench's own environment names one.
-        environment = {"TALLY_KAFKA_CLIENT": compose_env.get("TALLY_KAFKA_CLIENT", ""), **os.environ,
-                       "TALLY_PIPELINE_QUEUE": self.queue, **env}
+        # The compose worker's engine client and parking, unless this bench's own environment names them.
+        own = {key: str(compose_env.get(key, "")) for key in ("TALLY_KAFKA_CLIENT", "TALLY_PARK_IDLE_SECONDS")}
+        environment = {**own, **os.environ, "TALLY_PIPELINE_QUEUE": self.queue, **env}
+        self.park_idle_s = int(environment.get("TALLY_PARK_IDLE_SECONDS") or 0)
         self.log = open(ROOT / "var" / f"bench-worker-{uuid.uuid4().hex[:6]}.log", "wb")
         self.process = subprocess.Popen([sys.executable, "-m", *command, "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
                                          "--without-mingle", "--without-gossip"], cwd=ROOT, env=environment,
@@ -292,7 +293,8 @@ def all_started(pipelines, records: int) -> bool:
 
 def idle_cost(worker) -> tuple[float, float]:
     """CPU (a share of one core) over IDLE_SECONDS and resident MiB, of the worker and its engine hosts."""
-    time.sleep(5)   # let start-up settle before measuring the idle cost
+    # Let start-up settle (and idle runs park, as the compose worker's do) before measuring the idle cost.
+    time.sleep(5 + worker.park_idle_s)
     cpu_before, wall_before = worker.cpu_seconds(), time.monotonic()
     time.sleep(IDLE_SECONDS)
     cpu = (worker.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)

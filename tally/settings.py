@@ -239,6 +239,10 @@ TALLY_ENGINE_PROCESSES = env_int("TALLY_ENGINE_PROCESSES", os.cpu_count() or 1, 
 # PostgreSQL connections an engine process lends its runs (consumers/engine/db.py): a run borrows one per batch, so
 # hundreds of runs in a host share these (plus one for the process's heartbeat, consumers/engine/beat.py).
 TALLY_ENGINE_DB_CONNECTIONS = env_int("TALLY_ENGINE_DB_CONNECTIONS", 8, minimum=1)
+# A run that found nothing to read for this long parks (consumers/engine/parking.py): it closes its Kafka consumer
+# and one watcher per process wakes it when records arrive. 0 never parks (a run reads with its own consumer).
+# The production worker sets it (docker-compose.yml): hundreds of idle runs then cost little CPU.
+TALLY_PARK_IDLE_SECONDS = env_int("TALLY_PARK_IDLE_SECONDS", 0, minimum=0)
 # The queue of pipeline run tasks. Production gives it workers of its own (docker-compose.yml): a run holds a
 # worker thread as long as it runs, so sharing threads with the periodic tasks would starve them.
 TALLY_PIPELINE_QUEUE = env_str("TALLY_PIPELINE_QUEUE", "celery")

@@ -99,12 +99,14 @@ def test_the_dockerfile_installs_java_and_spark_only_with_the_build_argument():
                        'else pip install --no-cache-dir ".[rdkafka]"; fi')
 
 
-def test_the_production_worker_reads_with_librdkafka_which_its_image_installs():
+def test_the_production_worker_reads_with_librdkafka_parks_idle_runs_and_its_image_installs_it():
     # Measured (docs/benchmarks.md "Workers"): with it busy pipelines use every core and idle ones cost little.
     # The worker takes the rest of the shared environment, so it still reaches the same services.
     for compose in (load_compose(), yaml.safe_load((ROOT / "docker-compose.external.yml").read_text())):
         services = compose["services"]
         worker_env, web_env = services["worker"]["environment"], services["web"]["environment"]
         assert "librdkafka" in worker_env["TALLY_KAFKA_CLIENT"]
-        assert {k: v for k, v in worker_env.items() if k != "TALLY_KAFKA_CLIENT"} == web_env
+        assert "10" in str(worker_env["TALLY_PARK_IDLE_SECONDS"])   # its idle runs park
+        own = ("TALLY_KAFKA_CLIENT", "TALLY_PARK_IDLE_SECONDS")
+        assert {k: v for k, v in worker_env.items() if k not in own} == web_env
     assert 'pip install --no-cache-dir ".[spark,rdkafka]"' in (ROOT / "Dockerfile").read_text()

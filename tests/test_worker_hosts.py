@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -41,7 +42,9 @@ def production_worker(subprocess_env, celery_app_for_tests, kafka_bootstrap, set
     queue = compose_env["TALLY_PIPELINE_QUEUE"]
     settings.TALLY_PIPELINE_QUEUE = queue
     settings.TALLY_RUN_LEASE_SECONDS = LEASE_SECONDS
-    env = dict(subprocess_env, TALLY_PIPELINE_QUEUE=queue, TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
+    # The worker's own settings from the compose file (its Kafka client, its idle runs parking) as it has them.
+    own = {key: str(compose_env[key]) for key in ("TALLY_KAFKA_CLIENT", "TALLY_PARK_IDLE_SECONDS")}
+    env = dict(subprocess_env, **own, TALLY_PIPELINE_QUEUE=queue, TALLY_RUN_LEASE_SECONDS=str(LEASE_SECONDS),
                TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
     assert command[:2] == ["celery", "-A"]
     started = []
@@ -185,3 +188,26 @@ def test_a_pipeline_with_two_runs_splits_its_partitions_and_survives_a_sigkill_o
     wait_for(lambda: caught_up(pipeline), 90, "the restarted runs to catch up")
     assert sink_counts(pipeline.sink_table) == every_value_once(6000)
     assert worker.poll() is None                                   # the worker itself lived on
+
+
+@pytest.mark.chaos
+def test_a_parked_run_whose_host_is_killed_comes_back_and_misses_nothing(production_worker, make_pipeline):
+    # The compose worker parks runs idle for TALLY_PARK_IDLE_SECONDS (their consumer closed); a SIGKILL of the host
+    # then, and records produced while it is down, still end in the sink once each.
+    worker, start_beat = production_worker
+    pipeline = make_pipeline(2)
+    produce_values(pipeline.topic, range(1, 101), 2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
+    wait_for(lambda: caught_up(pipeline), 60, "the run to catch up")
+    parked = f"{pipeline.name}: run {run.pk} parks at"
+    wait_for(lambda: parked in Path(worker.log_path).read_text(errors="replace"), 60, "the idle run to park")
+    start_beat()
+    epoch = Pipeline.objects.get(pk=pipeline.pk).epoch
+    os.kill(run.pid, signal.SIGKILL)
+    produce_values(pipeline.topic, range(101, 201), 2)
+    wait_for(lambda: (found := live_runs(pipeline)) and found[0].epoch > epoch, 90,
+             "the supervisor to restart the pipeline")
+    wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    assert worker.poll() is None

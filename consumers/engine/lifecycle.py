@@ -165,6 +165,10 @@ class Run:
         self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
         return True
 
+    @staticmethod
+    def heartbeat_interval() -> float:
+        return HEARTBEAT_INTERVAL_S
+
     def peers(self) -> dict[int, set[int]]:
         """The members of this run's epoch and the partitions each holds, as the last beat read them
         (consumers/engine/shares.py)."""
@@ -254,8 +258,17 @@ class KafkaPositions:
 
     def finish(self, reason: str) -> None:
         """A clean end with commits unconfirmed: one last synchronous commit leaves Kafka's lag exact."""
-        if reason in CLEAN_REASONS and self._unconfirmed and self.positions:
+        if reason in CLEAN_REASONS:
+            self.settle()
+
+    def settle(self) -> None:
+        """Commits unconfirmed: one synchronous commit of every position (a run ending, or parking)."""
+        if self._unconfirmed and self.positions:
             self._unconfirmed = not self._commit(self.positions, wait=True)
+
+    def use(self, consumer: EngineConsumer | None) -> None:
+        """The run's consumer changed (parked: None; woken: its new one). Never a consumer of its own then."""
+        self._consumer, self._own = consumer, False
 
     def close(self) -> None:
         """Close the consumer this opened (a run's own consumer is the engine's to close)."""

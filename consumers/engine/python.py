@@ -31,9 +31,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from django.conf import settings
 from django.utils import timezone
 
-from consumers.engine import caught_up, commit, db, log_bounds, shares
+from consumers.engine import caught_up, commit, db, log_bounds, parking, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
 from consumers.engine.options import PEERS_WAIT_S, RunOptions
@@ -89,6 +90,8 @@ class _Engine:
         self.gaps = 0
         self.next_balance = 0.0
         self.poll_timeout_ms = POLL_TIMEOUT_MS
+        self.idle_since: float | None = None   # when the run last found nothing to read (parking.py)
+        self.park_after = settings.TALLY_PARK_IDLE_SECONDS
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -101,13 +104,8 @@ class _Engine:
         try:
             # A cluster that cannot be used ends the run within seconds, its reason naming the cluster and
             # the cause (TLS, authentication, unreachable), instead of a consumer retrying for minutes.
-            cluster = clusters.preflight(self.pipeline.cluster)
-            self.consumer = make_consumer(self.pipeline.group_id, topic=self.target.topic,
-                                          client_id=f"tally-{self.pipeline.name}",
-                                          reset_policy=self.pipeline.reset_policy,
-                                          isolation_level=self.pipeline.isolation_level,
-                                          max_poll_records=self.batch_size, cluster=cluster,
-                                          client=client_for(self.pipeline))
+            self.cluster = clusters.preflight(self.pipeline.cluster)
+            self.consumer = self._new_consumer()
             self.kafka = KafkaPositions(self.pipeline, self.consumer)
             # From here this thread needs no Django connection of its own (the beat and the engine pool serve
             # it): an idle run in a host holds none, and gives its turn to the next run starting.
@@ -128,6 +126,11 @@ class _Engine:
         finally:
             db.end_turn()
 
+    def _new_consumer(self):
+        return make_consumer(self.pipeline.group_id, topic=self.target.topic, client_id=f"tally-{self.pipeline.name}",
+                             reset_policy=self.pipeline.reset_policy, isolation_level=self.pipeline.isolation_level,
+                             max_poll_records=self.batch_size, cluster=self.cluster, client=client_for(self.pipeline))
+
     def _loop(self) -> str:
         deadline = time.monotonic() + self.max_seconds if self.max_seconds else None
         while True:
@@ -147,6 +150,7 @@ class _Engine:
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
             busy = batches or fetches or self.stop_when_caught_up
             self.poll_timeout_ms = POLL_TIMEOUT_MS if busy else IDLE_POLL_TIMEOUT_MS
+            self.idle_since = None if batches or fetches else self.idle_since or time.monotonic()
             if not batches and fetches:
                 # Only holes were crossed (markers, aborted records): the stored position moves past them.
                 self._write_behind(batches, fetches)
@@ -157,6 +161,8 @@ class _Engine:
                 moved_back = self._drain()
                 if self.stop_when_caught_up and not moved_back and self._caught_up():
                     return "caught_up"
+                if not moved_back and self._idle_long_enough():
+                    self._park(deadline)   # returns woken, with a consumer again, or stopped (the loop ends)
                 continue
             self.faults.maybe_crash("after-poll")
             if self.in_flight is not None:
@@ -374,6 +380,56 @@ class _Engine:
             return False
         self.next_caught_up_check = now + CAUGHT_UP_CHECK_S
         return caught_up.topic_caught_up(self.pipeline).done
+
+    # --- parking (consumers/engine/parking.py) ------------------------------------------------------
+    def _idle_long_enough(self) -> bool:
+        # A run asked to stop when caught up ends instead; one in flight or holding nothing has no reason to.
+        return (self.park_after > 0 and not self.stop_when_caught_up and self.in_flight is None
+                and self.idle_since is not None and time.monotonic() - self.idle_since >= self.park_after
+                and bool(self.consumer.assignment()))
+
+    def _park(self, deadline: float | None) -> None:
+        """Close the consumer and wait, holding the partitions, until records arrive past the positions, the
+        topic grows, the peers change, the run is stopped or fenced (raises), or its time is up. Then read on
+        from the stored positions (exactly-once) or from where it stood (the classic modes)."""
+        held = self.consumer.assignment()
+        positions = {p: self.consumer.position(p) for p in held}
+        if self.positions_from_db:
+            with db.engine_connection() as conn:
+                stored = commit.stored_positions(conn, self.pipeline.pk)
+            positions = {p: positions[p] if positions[p] is not None else stored.get(p) for p in held}
+        if any(offset is None for offset in positions.values()):
+            return   # a position not known yet (nothing read, nothing stored): stay a reader
+        partitions = self.consumer.partitions() or set(held)
+        self.kafka.settle()   # Kafka's copy of the positions is complete before its consumer goes
+        self.consumer.close()
+        self.consumer = None
+        self.kafka.use(None)
+        lot = parking.lot()
+        parked = lot.park(parking.Parked(self.pipeline.cluster, self.target.topic, self.pipeline.isolation_level,
+                                         positions, set(partitions)))
+        log.info("%s: run %s parks at %s", self.pipeline.name, self.lifecycle.row.pk, positions)
+        try:
+            while not parked.woken.wait(self.lifecycle.heartbeat_interval()):
+                self.lifecycle.heartbeat(held)   # fenced: raises RunEnded, and the run ends from here
+                if self.stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    return   # the loop ends the run; there is nothing in flight
+                if shares.to_hold(sorted(partitions), self.lifecycle.peers(), self.lifecycle.row.pk, held) != held:
+                    parked.wake("its peers changed")
+        finally:
+            lot.leave(parked)
+        log.info("%s: run %s wakes: %s", self.pipeline.name, self.lifecycle.row.pk, parked.reason)
+        self.consumer = self._new_consumer()
+        self.kafka.use(self.consumer)
+        self.consumer.assign(held)
+        if self.positions_from_db:
+            self._seek_to_database(held)
+        else:
+            for partition, offset in positions.items():
+                self.consumer.seek(partition, offset)
+                self.fetched[partition] = offset
+        self.idle_since, self.next_balance = None, 0.0
+        self.poll_timeout_ms = POLL_TIMEOUT_MS
 
     # --- heartbeat and fencing (consumers/engine/lifecycle.py) ----------------------------------------
     def _heartbeat(self, force: bool = False) -> None:
