@@ -1,14 +1,11 @@
 """An alert pass reads what the rules need for all pipelines and watches in a few queries: its query count does
 not grow with their number, and the views it builds in bulk make the rules find what one pipeline's own view
 finds."""
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import pytest
-import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import AlertRule, RuleKind
 from alerts.rules import PipelineView, WatchView, check
@@ -26,19 +23,7 @@ from consumers.models import (
     WatchPartition,
     WatchRange,
 )
-
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    with time_machine.travel(NOW, tick=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def default_rules(db):
-    ensure_default_rules()
+from tests.alert_clock import NOW, default_rules, frozen_clock  # noqa: F401 - autouse fixtures
 
 
 def healthy_pipeline(i: int, running: bool = True) -> Pipeline:

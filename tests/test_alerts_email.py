@@ -2,35 +2,20 @@
 import email
 import email.policy
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from io import StringIO
 
 import pytest
-import time_machine
 from aiosmtpd.controller import Controller
 from django.core.management import call_command
 
-from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 from alerts.outbox import deliver_due
 from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
-
-T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    """Every clock read in these tests (row defaults, code without an injected time) reads T0."""
-    with time_machine.travel(T0, tick=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def default_rules(db):
-    """The global rules a fresh installation has (a transactional test elsewhere may have flushed them)."""
-    ensure_default_rules()
+from tests.alert_clock import NOW as T0
+from tests.alert_clock import default_rules, frozen_clock  # noqa: F401 - autouse fixtures
 
 
 class Inbox:

@@ -1,10 +1,8 @@
 """Rule conditions read from what reconciliation stored (PipelineHealth / PartitionHealth), with injected time."""
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-import time_machine
 
-from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Notification, RuleKind
 from alerts.rules import PipelineView, check, rules_for
@@ -19,21 +17,7 @@ from consumers.models import (
     RunState,
     Status,
 )
-
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    """Every clock read in these tests (row defaults, code without an injected time) reads NOW."""
-    with time_machine.travel(NOW, tick=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def default_rules(db):
-    """The global rules a fresh installation has (a transactional test elsewhere may have flushed them)."""
-    ensure_default_rules()
+from tests.alert_clock import NOW, default_rules, frozen_clock  # noqa: F401 - autouse fixtures
 
 
 @pytest.fixture

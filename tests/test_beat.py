@@ -92,7 +92,7 @@ def test_runs_forcing_a_heartbeat_together_share_beats_and_the_idle_beat_lets_it
     with beat._cycle_lock:   # no beat can run until all eight ask: they are then at once, whatever the machine's speed
         for thread in threads:
             thread.start()
-        wait_for(lambda: len(beat._cond._waiters) >= 8, 30, "eight forced heartbeats to wait")
+        wait_for(lambda: beat.waiting >= 8, 30, "eight forced heartbeats to wait")
         started = beat._started
     for thread in threads:
         thread.join(timeout=30)

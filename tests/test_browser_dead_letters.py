@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 from consumers.models import DeadLetter, DeadLetterReplay
 from tests.conftest import screenshot_dir
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, values  # noqa: F401 (fixture)
 from tests.views_helpers import make_operator
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -47,7 +47,7 @@ def test_an_operator_filters_and_replays_a_dead_letter_and_sees_its_outcome(page
     expect(page.locator("#pending-count")).to_have_text("(2 pending in all)")
     expect(page).to_have_url(re.compile(r"/pipelines/orders/dead-letters/\?"))  # htmx swapped the panel in place
 
-    assert 7 in [o for _, o, _, _ in sink_rows(orders)]
+    assert 7 in [o for _, o, _, _ in rows_in_provenance_order(orders)]
     assert list(DeadLetterReplay.objects.values_list("offset", "actor")) == [(7, "otto")]
     assert sorted(DeadLetter.objects.values_list("offset", flat=True)) == [3, 8]
 
@@ -82,5 +82,5 @@ def test_an_operator_replays_all_matching_dead_letters_across_pages_after_confir
     outcome = page.locator("#dead-letter-batches-outcome")
     expect(outcome.locator("[data-result=replayed]")).to_have_text("replayed: 120")
     expect(page.locator("#dead-letter-table tbody")).to_contain_text("No dead letters match.")
-    assert [o for _, o, _, _ in sink_rows(orders)] == list(range(120))
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == list(range(120))
     assert DeadLetterReplay.objects.count() == 120 and not DeadLetter.objects.exists()

@@ -45,7 +45,7 @@ def sink(transactional_db):
             sinks.drop_sink_table(cur, table)
 
 
-def sink_rows(table):
+def stored_ids_and_provenance(table):
     with connection.cursor() as cur:
         cur.execute(sql.SQL("SELECT id, source_topic, source_partition, source_offset FROM {} "
                             "ORDER BY source_partition, source_offset").format(sql.Identifier(table)))
@@ -89,10 +89,10 @@ def test_polled_records_are_written_as_the_record_by_record_path_writes_them(sin
                  for p, records in batch.items()}
     slow_target = dataclasses.replace(slow_target, transform=dataclasses.replace(INT_VALUE, verbatim=None))
     slow_outcomes = commit.commit_batch(conn, slow_target, 1, as_source, fetches=fetches)
-    assert sink_rows(fast.sink_table) == [(1, "nums", 0, 0), (7, "nums", 0, 1), (0, "nums", 0, 2),
+    assert stored_ids_and_provenance(fast.sink_table) == [(1, "nums", 0, 0), (7, "nums", 0, 1), (0, "nums", 0, 2),
                                           (-42, "nums", 0, 3), (999999999999999999, "nums", 0, 4),
                                           (1, "nums", 1, 100), (7, "nums", 1, 101)]
-    assert sink_rows(slow.sink_table) == sink_rows(fast.sink_table)
+    assert stored_ids_and_provenance(slow.sink_table) == stored_ids_and_provenance(fast.sink_table)
     assert fast_outcomes == slow_outcomes == [commit.PartitionOutcome(0, 0, 7, 5, 5, 0, 0),
                                               commit.PartitionOutcome(1, 100, 102, 2, 2, 0, 0)]
     assert dict(PartitionOffset.objects.filter(pipeline=fast).values_list("partition", "next_offset")) == {0: 7, 1: 102}
@@ -105,7 +105,7 @@ def test_a_partition_with_one_bad_value_goes_record_by_record_and_dead_letters_i
     outcomes = commit.commit_batch(conn, target, 1, {0: polled(0, [b"1", b"two", b"3"]), 1: polled(1, [b"4"])})
     assert verbatim_partitions == [1]
     assert [(o.partition, o.rows_written, o.dead_letters) for o in outcomes] == [(0, 2, 1), (1, 1, 0)]
-    assert sink_rows(pipeline.sink_table) == [(1, "nums", 0, 0), (3, "nums", 0, 2), (4, "nums", 1, 0)]
+    assert stored_ids_and_provenance(pipeline.sink_table) == [(1, "nums", 0, 0), (3, "nums", 0, 2), (4, "nums", 1, 0)]
     dead = DeadLetter.objects.get(pipeline=pipeline)
     assert (dead.partition, dead.offset, bytes(dead.value)) == (0, 1, b"two") and "not an integer" in dead.error
 
@@ -116,7 +116,7 @@ def test_values_the_sinks_own_column_refuses_are_found_and_dead_lettered_with_th
     commit.ensure_positions(conn, pipeline.pk, {0: 0})
     outcomes = commit.commit_batch(conn, target, 1, {0: polled(0, [b"1", b"3000000000", b"3"])})
     assert (outcomes[0].rows_written, outcomes[0].dead_letters) == (2, 1)
-    assert sink_rows(pipeline.sink_table) == [(1, "nums", 0, 0), (3, "nums", 0, 2)]
+    assert stored_ids_and_provenance(pipeline.sink_table) == [(1, "nums", 0, 0), (3, "nums", 0, 2)]
     dead = DeadLetter.objects.get(pipeline=pipeline)
     assert dead.offset == 1 and "database refused" in dead.error and "out of range" in dead.error
 
@@ -143,5 +143,5 @@ def test_a_crash_in_the_middle_of_the_verbatim_copy_leaves_nothing(sink, monkeyp
     with pytest.raises(Crashed):
         commit.commit_batch(conn, target, 1, {0: polled(0, [b"%d" % i for i in range(10)])}, faults)
     assert written_before_crash == [5]
-    assert sink_rows(pipeline.sink_table) == []
+    assert stored_ids_and_provenance(pipeline.sink_table) == []
     assert PartitionOffset.objects.get(pipeline=pipeline, partition=0).next_offset == 0

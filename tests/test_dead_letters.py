@@ -33,7 +33,7 @@ def consume(pipeline, by_partition):
         conn.close()
 
 
-def sink_rows(pipeline):
+def rows_in_provenance_order(pipeline):
     """[(partition, offset, row index, id)] of the sink, in provenance order (a fresh connection)."""
     conn = db.connect("tally-tests")
     try:
@@ -88,7 +88,7 @@ def test_a_replay_turns_fixed_dead_letters_into_sink_rows_and_keeps_the_still_ba
     result = dead_letters.replay(orders, ids, actor="otto")
 
     assert result.counts == {"replayed": 2, "still_bad": 1}
-    assert sink_rows(orders) == [(0, o, 0, {3: 3, 7: 7}.get(o, o + 1)) for o in range(10) if o != 8]
+    assert rows_in_provenance_order(orders) == [(0, o, 0, {3: 3, 7: 7}.get(o, o + 1)) for o in range(10) if o != 8]
     bad = DeadLetter.objects.get()
     assert (bad.offset, bad.replay_attempts) == (8, 1)
     assert bad.error.startswith("BadRecord: no digits")
@@ -125,7 +125,7 @@ def test_replaying_twice_writes_each_row_once(pipeline):
     dead_letters.replay(orders, ids, actor="otto")
     again = dead_letters.replay(orders, ids, actor="otto")
     assert again.counts == {"gone": 2, "still_bad": 1}
-    assert [(p, o) for p, o, _, _ in sink_rows(orders)] == [(0, o) for o in range(10) if o != 8]
+    assert [(p, o) for p, o, _, _ in rows_in_provenance_order(orders)] == [(0, o) for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
 
 
@@ -139,7 +139,7 @@ def test_a_dead_letter_whose_rows_the_sink_already_holds_is_removed_without_a_se
                             "VALUES (3, %s, 0, 3)").format(sql.Identifier(orders.sink_table)), [orders.topic])
     result = dead_letters.replay(orders, [letter.pk], actor="otto")
     assert result.counts == {"already_in_sink": 1}
-    assert [o for _, o, _, _ in sink_rows(orders)] == [0, 1, 2, 3, 4]
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == [0, 1, 2, 3, 4]
     assert not DeadLetter.objects.exists()
     assert DeadLetterReplay.objects.get().rows_written == 0
 
@@ -149,7 +149,8 @@ def test_a_multi_row_dead_letter_becomes_its_numbered_rows(pipeline):
     consume(parts, {0: {0: "1,2", 1: "3,x4,5", 2: "6"}})
     fix_transform(parts, "tests.replay_transforms.lenient_csv")
     dead_letters.replay(parts, [DeadLetter.objects.get().pk], actor="otto")
-    assert sink_rows(parts) == [(0, 0, 0, 1), (0, 0, 1, 2), (0, 1, 0, 3), (0, 1, 1, 4), (0, 1, 2, 5), (0, 2, 0, 6)]
+    assert rows_in_provenance_order(parts) == [(0, 0, 0, 1), (0, 0, 1, 2), (0, 1, 0, 3), (0, 1, 1, 4), (0, 1, 2, 5),
+                                               (0, 2, 0, 6)]
     assert verify(parts, 0, 3).proven
 
 
@@ -171,7 +172,7 @@ def test_a_replay_of_an_at_least_once_pipeline_writes_one_row_without_a_unique_k
     letter = DeadLetter.objects.get()
     dead_letters.replay(classic, [letter.pk], actor="otto")
     dead_letters.replay(classic, [letter.pk], actor="otto")
-    assert [o for _, o, _, _ in sink_rows(classic)] == [0, 1, 2, 3, 4]
+    assert [o for _, o, _, _ in rows_in_provenance_order(classic)] == [0, 1, 2, 3, 4]
 
 
 def test_bad_replay_input_is_refused_audited_and_changes_nothing(pipeline):
@@ -199,7 +200,7 @@ def test_a_replay_that_fails_in_the_database_changes_nothing_and_is_audited_as_f
     with pytest.raises(Exception, match="kind"):
         dead_letters.replay(orders, [DeadLetter.objects.get().pk], actor="otto")
     assert DeadLetter.objects.count() == 1 and not DeadLetterReplay.objects.exists()
-    assert [o for _, o, _, _ in sink_rows(orders)] == [0, 1, 2, 4]
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == [0, 1, 2, 4]
     entry = ActionLog.objects.get(action="replay_dead_letters")
     assert entry.result == ActionResult.FAILED and "kind" in entry.message
 
@@ -219,7 +220,7 @@ def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pi
     assert (letter.discarded_by, letter.discard_reason) == ("otto", "test data from the load test")
     replayed = dead_letters.replay(orders, [letter.pk], actor="otto")
     assert replayed.counts == {"discarded": 1}
-    assert 3 not in [o for _, o, _, _ in sink_rows(orders)]
+    assert 3 not in [o for _, o, _, _ in rows_in_provenance_order(orders)]
     actions_logged = list(ActionLog.objects.filter(action="discard_dead_letters").values_list("result", flat=True))
     assert sorted(actions_logged) == [ActionResult.DONE, ActionResult.REFUSED]
 
@@ -244,7 +245,8 @@ def test_a_replay_from_kafka_rereads_the_records_at_the_dead_letters_offsets(tra
                                      source="kafka")
 
         assert result.counts == {"replayed": 2}
-        assert [(o, i) for _, o, _, i in sink_rows(orders)] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6)]
+        assert [(o, i) for _, o, _, i in rows_in_provenance_order(orders)] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5),
+                                                                               (5, 6)]
         assert set(DeadLetterReplay.objects.values_list("source", flat=True)) == {"kafka"}
     finally:
         drop_sink(orders.sink_table)

@@ -11,7 +11,7 @@ from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterRepl
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations.errors import Refused
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import URL, letters, snapshot  # noqa: F401 (fixture)
 
 API = "/api/pipelines/orders/dead-letters/"
@@ -115,11 +115,11 @@ def test_replaying_all_matching_writes_each_sink_row_once(operator_api, pipeline
     assert response.status_code == 200, html
     assert '<li data-result="replayed">replayed: <b>2,400</b></li>' in html
     expected = [(0, o, 0, o) for o in range(2400) if o != 1234] + [(1, 0, 0, 1), (1, 1, 0, 1)]
-    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected
+    assert [(p, o, r, i) for p, o, r, i in rows_in_provenance_order(orders)] == expected
     assert DeadLetterReplay.objects.count() == 2400 and DeadLetter.objects.get().offset == 1234
     again = operator_api.post(URL + "replay/", {"all_matching": "1", "expected": "1", "confirmed": "1"})
     assert again.status_code == 200 and '<li data-result="still_bad">still_bad: <b>1</b></li>' in again.content.decode()
-    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected
+    assert [(p, o, r, i) for p, o, r, i in rows_in_provenance_order(orders)] == expected
 
 
 def test_the_api_takes_a_filter_and_a_count_instead_of_ids(operator_api, letters):

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
 
 URL = "/api/pipelines/orders/dead-letters"
@@ -131,7 +131,7 @@ def test_an_operator_replays_through_the_api_and_each_row_lands_once(operator_ap
         (3, "replayed", 1), (7, "replayed", 1), (8, "still_bad", 0)]
     again = post(operator_api, "/replay", {"ids": ids}).json()
     assert again["counts"] == {"gone": 2, "still_bad": 1}
-    assert [o for _, o, _, _ in sink_rows(orders)] == [o for o in range(10) if o != 8]
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == [o for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
     listed = operator_api.get(URL, {"state": "any"}).json()["dead_letters"]
     assert [(d["offset"], d["state"]) for d in listed] == [(3, "replayed"), (7, "replayed"), (8, "pending")]

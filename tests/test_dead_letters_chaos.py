@@ -10,7 +10,7 @@ import pytest
 from consumers.models import ActionLog, DeadLetter, DeadLetterReplay
 from consumers.operations import dead_letters
 from tests.conftest import ROOT
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, verify  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, verify  # noqa: F401 (fixture)
 from tests.waiting import patience
 
 pytestmark = [pytest.mark.chaos]
@@ -42,23 +42,23 @@ def test_a_replay_killed_before_its_commit_leaves_everything_as_it_was_and_a_rer
     orders = pipeline()
     consume(orders, {0: {o: BAD.get(o, str(o + 1)) for o in range(RECORDS)}})
     fix_transform(orders)
-    before = sink_rows(orders)
+    before = rows_in_provenance_order(orders)
     ids = list(DeadLetter.objects.order_by("offset").values_list("pk", flat=True))
 
     crashed = replay_in_a_process(subprocess_env, orders.name, point, ids)
 
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-2000:]
     assert b"returned" not in crashed.stdout
-    assert sink_rows(orders) == before                       # row by row: not one replayed row landed
+    assert rows_in_provenance_order(orders) == before                       # row by row: not one replayed row landed
     assert DeadLetter.objects.count() == len(BAD)
     assert not DeadLetterReplay.objects.exists()
     assert not ActionLog.objects.filter(action="replay_dead_letters").exists()
 
     result = dead_letters.replay(orders, ids, actor="otto")
     assert result.counts == {"replayed": 5, "still_bad": 1}
-    assert sink_rows(orders) == EXPECTED
+    assert rows_in_provenance_order(orders) == EXPECTED
     assert dead_letters.replay(orders, ids, actor="otto").counts == {"gone": 5, "still_bad": 1}
-    assert sink_rows(orders) == EXPECTED
+    assert rows_in_provenance_order(orders) == EXPECTED
     checked = verify(orders, 0, RECORDS)
     assert (checked.lost, checked.duplicated, checked.dead_lettered) == (0, 0, 1)
 
@@ -73,12 +73,12 @@ def test_a_replay_killed_after_its_commit_is_complete_and_a_rerun_changes_nothin
 
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-2000:]
     assert b"returned" not in crashed.stdout
-    assert sink_rows(orders) == EXPECTED
+    assert rows_in_provenance_order(orders) == EXPECTED
     assert DeadLetterReplay.objects.count() == 5
     assert ActionLog.objects.filter(action="replay_dead_letters", actor="otto").count() == 1
     rerun = dead_letters.replay(orders, ids, actor="otto")
     assert rerun.counts == {"gone": 5, "still_bad": 1}
-    assert sink_rows(orders) == EXPECTED
+    assert rows_in_provenance_order(orders) == EXPECTED
     assert DeadLetterReplay.objects.count() == 5
 
 
@@ -93,7 +93,7 @@ def test_two_processes_replaying_the_same_dead_letters_at_once_write_each_row_on
     for process in both:
         out, err = process.communicate(timeout=patience(120))
         assert process.returncode == 0 and b"returned" in out, err.decode()[-2000:]
-    assert sink_rows(orders) == EXPECTED
+    assert rows_in_provenance_order(orders) == EXPECTED
     assert DeadLetterReplay.objects.count() == 5
     counts = [entry.params["counts"] for entry in ActionLog.objects.filter(action="replay_dead_letters")]
     assert sorted(c.get("replayed", 0) for c in counts) == [0, 5]

@@ -11,7 +11,7 @@ from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterRepl
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Refused
 from tests.commands import run_command
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
 
 # A command closes the database connections when it ends: each test commits for real.
@@ -123,7 +123,7 @@ def test_replay_from_the_command_line_writes_each_row_once(capsys, pipeline):  #
     assert "orders: replay: 2 replayed into the sink; 1 still bad (kept with the new error)" in out
     code, out, _ = run(capsys, "orders", "replay", "--all-matching", "--error", "no digits", "--json")
     assert code == 0 and json.loads(out)["counts"] == {"still_bad": 1}
-    assert [o for _, o, _, _ in sink_rows(orders)] == [o for o in range(10) if o != 8]
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == [o for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
     assert [e.result for e in ActionLog.objects.filter(action="replay_dead_letters")] == [ActionResult.DONE] * 2
 
@@ -257,10 +257,10 @@ def test_replay_of_more_than_1000_ids_writes_each_sink_row_once(capsys, pipeline
     assert [line.split(" (")[0] for line in lines[:3]] == [f"orders: replay: batch {n}/3" for n in (1, 2, 3)]
     assert lines[3] == "orders: replay: done, 3 batch(es), 2401 dead letter(s): 2400 replayed, 1 still bad"
     expected = [(0, o, 0, o) for o in range(2400) if o != 1234] + [(1, 0, 0, 1), (1, 1, 0, 1)]
-    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected
+    assert [(p, o, r, i) for p, o, r, i in rows_in_provenance_order(orders)] == expected
     assert DeadLetterReplay.objects.count() == 2400 and DeadLetter.objects.get().offset == 1234
     assert [e.result for e in ActionLog.objects.filter(action="replay_dead_letters")] == [ActionResult.DONE] * 3
     # Again: every id is known (replayed or still a dead letter), nothing is written twice.
     code, out, _ = run(capsys, "orders", "replay", "--all-matching", "--state", "any", "--json")
     assert code == 0 and json.loads(out)["counts"] == {"gone": 2400, "still_bad": 1}
-    assert [(p, o, r, i) for p, o, r, i in sink_rows(orders)] == expected
+    assert [(p, o, r, i) for p, o, r, i in rows_in_provenance_order(orders)] == expected

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
-from tests.test_dead_letters import consume, fix_transform, pipeline, sink_rows, values  # noqa: F401 (fixture)
+from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, values  # noqa: F401 (fixture)
 
 URL = "/pipelines/orders/dead-letters/"
 
@@ -225,7 +225,7 @@ def test_an_operator_replays_fixed_dead_letters_into_the_sink_exactly_once(opera
     assert '<li data-result="still_bad">still_bad: <b>1</b></li>' in html
     assert "BadRecord: no digits" in html
     assert shown(html) == [(0, 8, "pending")]
-    rows = sink_rows(orders)
+    rows = rows_in_provenance_order(orders)
     assert [(p, o) for p, o, _, _ in rows] == [(0, o) for o in range(10) if o != 8]
     assert [(o, r) for _, o, _, r in rows if o in (3, 7)] == [(3, 3), (7, 7)]
     assert list(DeadLetterReplay.objects.order_by("offset").values_list("offset", "actor")) == [(3, "otto"),
@@ -236,7 +236,7 @@ def test_an_operator_replays_fixed_dead_letters_into_the_sink_exactly_once(opera
 
     again = operator_api.post(URL + "replay/", {"ids": ids}).content.decode()   # a second click changes nothing
     assert '<li data-result="gone">gone: <b>2</b></li>' in again
-    assert [(p, o) for p, o, _, _ in sink_rows(orders)] == [(0, o) for o in range(10) if o != 8]
+    assert [(p, o) for p, o, _, _ in rows_in_provenance_order(orders)] == [(0, o) for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
     replayed = operator_api.get(f"{URL}?state=replayed").content.decode()
     assert shown(replayed) == [(0, 3, "replayed"), (0, 7, "replayed")]

@@ -57,6 +57,7 @@ class Beat:
         self._cond = threading.Condition(self._lock)
         self._started = self._finished = 0        # beats started and finished: a forced heartbeat waits on them
         self._wanted = 0
+        self.waiting = 0                          # forced heartbeats waiting for their beat now
         self._thread: threading.Thread | None = None
 
     # --- a run's side ----------------------------------------------------------------------------------
@@ -84,7 +85,12 @@ class Beat:
             target = self._started + 1
             self._wanted = max(self._wanted, target)
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: self._finished >= target, timeout=FORCED_WAIT_S):
+            self.waiting += 1
+            try:
+                answered = self._cond.wait_for(lambda: self._finished >= target, timeout=FORCED_WAIT_S)
+            finally:
+                self.waiting -= 1
+            if not answered:
                 raise TimeoutError(f"no heartbeat reached the database in {FORCED_WAIT_S:.0f} s")
 
     # --- the beat's thread -----------------------------------------------------------------------------
