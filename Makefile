@@ -16,8 +16,9 @@ run: setup database
 # TEST_WORKERS pytest-xdist workers (each with its own test database, Redis database and broker); the Spark
 # tests share one worker and one JVM (--dist loadgroup, tests/conftest.py). TEST_WORKERS=0 runs them serially.
 TEST_WORKERS ?= 4
+# --durations: every run's log names its slowest tests, where the suite's time goes.
 test: setup system-deps database
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 # Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In two
 # pytest-xdist workers (one per core here; TEST_FAST_WORKERS=0 runs them serially).

@@ -129,6 +129,25 @@ def test_the_engine_pool_lends_at_most_its_size_and_takes_back_a_connection_with
         pool.close()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_lent_while_its_pool_is_replaced_or_closed_is_closed_when_it_comes_back(settings):
+    # A changed setting replaces the pool (tests), a session's end closes it: neither may leave a lent connection
+    # open when its borrower gives it back.
+    with db.engine_connection() as lent:
+        settings.TALLY_ENGINE_DB_CONNECTIONS += 1
+        with db.engine_connection() as other:    # the new pool's
+            assert other is not lent
+        assert not lent.closed
+    assert lent.closed
+    with db.engine_connection() as borrowed:
+        db.close_pool()
+    assert borrowed.closed and other.closed
+    with db.engine_connection() as fresh:        # the next borrower gets a new pool
+        with fresh.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    db.close_pool()
+
+
 def test_at_most_the_pools_size_of_threads_hold_a_turn_at_a_django_connection_at_once(settings):
     size = settings.TALLY_ENGINE_DB_CONNECTIONS
     inside, most, lock, release = [0], [0], threading.Lock(), threading.Event()

@@ -67,7 +67,10 @@ def test_kafka_broker_exits_when_its_broker_died_first(env):
     wait_for(lambda: all(c.status() == psutil.STATUS_ZOMBIE or not c.is_running() for c in children_of(command)),
              10, "the broker to die")
     code = stopped(command, signal.SIGTERM)
-    assert code in (0, 1)  # stopped on the signal, or already exiting because its broker died
+    output = command.stdout.read()
+    # Stopped on the signal (0), or already exiting because its broker died (1; and a signal that lands while the
+    # interpreter finalizes, its handlers gone, ends it as that signal does).
+    assert code in (0, 1) or (code == -signal.SIGTERM and "The broker exited" in output), (code, output)
 
 
 def test_kafka_broker_whose_broker_dies_says_so_and_exits_1(env):

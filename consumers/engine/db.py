@@ -32,6 +32,7 @@ class ConnectionPool:
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list = []
         self._lock = threading.Lock()
+        self.closed = False   # replaced (its setting changed) or closed: a connection given back is closed
 
     @contextmanager
     def connection(self):
@@ -56,12 +57,16 @@ class ConnectionPool:
                 conn.rollback()   # nothing, after a commit; a failed batch's leftovers otherwise
             except psycopg2.Error:
                 conn.close()
-        if not conn.closed:
-            with self._lock:
+        with self._lock:
+            if not conn.closed and not self.closed:
                 self._idle.append(conn)
+                return
+        conn.close()
 
     def close(self) -> None:
+        """Close the idle connections now, and each lent one when it comes back."""
         with self._lock:
+            self.closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -86,9 +91,13 @@ def engine_connection():
 
 
 def close_pool() -> None:
-    """Close this process's idle engine connections (a test session's end, before its database goes)."""
-    if _pool is not None and _pool_pid == os.getpid():
-        _pool.close()
+    """Close this process's engine connections: the idle ones now, the lent ones as they come back (a test
+    session's end, before its database goes). The next borrower gets a new pool."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None and _pool_pid == os.getpid():
+            _pool.close()
+            _pool = None
 
 
 # --- turns at a Django connection ----------------------------------------------------------------------------
