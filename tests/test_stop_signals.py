@@ -70,7 +70,7 @@ def test_kafka_broker_exits_when_its_broker_died_first(env):
     output = command.stdout.read()
     # Stopped on the signal (0), or already exiting because its broker died (1; and a signal that lands while the
     # interpreter finalizes, its handlers gone, ends it as that signal does).
-    assert code in (0, 1) or (code == -signal.SIGTERM and "The broker exited" in output), (code, output)
+    assert code in (0, 1) or (code == -signal.SIGTERM and "broker exited with code" in output), (code, output)
 
 
 def test_kafka_broker_whose_broker_dies_says_so_and_exits_1(env):

@@ -165,10 +165,6 @@ class Run:
         self.next_heartbeat = now + HEARTBEAT_INTERVAL_S
         return True
 
-    @staticmethod
-    def heartbeat_interval() -> float:
-        return HEARTBEAT_INTERVAL_S
-
     def peers(self) -> dict[int, set[int]]:
         """The members of this run's epoch and the partitions each holds, as the last beat read them
         (consumers/engine/shares.py)."""

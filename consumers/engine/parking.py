@@ -9,7 +9,7 @@ second of its heartbeat verdict, in memory.
 
 What parking keeps true: a parked run holds its partitions (its claim and its row's assigned partitions stay),
 heartbeats through the process's beat as before, ends at once when fenced or stopped, and reads again from its
-stored positions when woken (consumers/engine/python.py `_unpark`), so the commit protocol never knows. What it
+stored positions when woken (consumers/engine/python.py `_park`), so the commit protocol never knows. What it
 costs: a record that arrives for a parked run waits for the next check (`CHECK_INTERVAL_S`) and a new consumer.
 
 The log end read here is ListOffsets' (the last stable offset for read_committed). It only has to tell "something

@@ -36,7 +36,15 @@ from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds, parking, shares
 from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
-from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
+from consumers.engine.lifecycle import (
+    HEARTBEAT_INTERVAL_S,
+    KafkaPositions,
+    Run,
+    RunEnded,
+    RunResult,
+    cluster_unusable,
+    load_pipeline,
+)
 from consumers.engine.options import PEERS_WAIT_S, RunOptions
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
@@ -410,7 +418,7 @@ class _Engine:
                                          positions, set(partitions)))
         log.info("%s: run %s parks at %s", self.pipeline.name, self.lifecycle.row.pk, positions)
         try:
-            while not parked.woken.wait(self.lifecycle.heartbeat_interval()):
+            while not parked.woken.wait(HEARTBEAT_INTERVAL_S):
                 self.lifecycle.heartbeat(held)   # fenced: raises RunEnded, and the run ends from here
                 if self.stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                     return   # the loop ends the run; there is nothing in flight
