@@ -15,7 +15,6 @@ for a beat that started after it was asked (runs that force at once share one). 
 run; a beat that failed is reported to each run at its next heartbeat, as its own query's failure was.
 """
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from django.db import connection
 from django.utils import timezone
 
 from consumers.engine import shares
+from consumers.engine.per_process import PerProcess
 from consumers.models import ConsumerRun, Pipeline
 
 log = logging.getLogger("tally.engine")
@@ -174,19 +174,6 @@ def _progress(member: Member) -> tuple:
     return member.records, None if member.partitions is None else tuple(sorted(member.partitions))
 
 
-_beat: Beat | None = None
-_owner_pid = 0
-_beat_lock = threading.Lock()
-
-
-def existing() -> Beat | None:
-    return _beat if _owner_pid == os.getpid() else None
-
-
-def beat() -> Beat:
-    """This process's beat (a forked child gets its own: the parent's thread did not come along)."""
-    global _beat, _owner_pid
-    with _beat_lock:
-        if _beat is None or _owner_pid != os.getpid():
-            _beat, _owner_pid = Beat(), os.getpid()
-        return _beat
+_beat = PerProcess(Beat)
+beat = _beat.get            # this process's beat
+existing = _beat.existing   # it, if this process has one

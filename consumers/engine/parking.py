@@ -17,13 +17,13 @@ past this position": the embedded broker's "latest" can be too low for a multi-r
 but a batch appended after a position starts at or past it, so its answer still moves past the position.
 """
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from kafka import TopicPartition
 
+from consumers.engine.per_process import PerProcess
 from consumers.kafka import clusters
 
 log = logging.getLogger("tally.engine")
@@ -133,15 +133,4 @@ class Lot:
                 pass
 
 
-_lot: Lot | None = None
-_lot_lock = threading.Lock()
-_owner_pid = 0
-
-
-def lot() -> Lot:
-    """This process's lot (a forked child gets its own: the parent's thread did not come along)."""
-    global _lot, _owner_pid
-    with _lot_lock:
-        if _lot is None or _owner_pid != os.getpid():
-            _lot, _owner_pid = Lot(), os.getpid()
-        return _lot
+lot = PerProcess(Lot).get   # this process's lot
