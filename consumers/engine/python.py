@@ -402,7 +402,7 @@ class _Engine:
         from the stored positions (exactly-once) or from where it stood (the classic modes)."""
         held = self.consumer.assignment()
         positions = {p: self.consumer.position(p) for p in held}
-        if self.positions_from_db:
+        if self.positions_from_db and None in positions.values():   # nothing read there yet: the stored one
             with db.engine_connection() as conn:
                 stored = commit.stored_positions(conn, self.pipeline.pk)
             positions = {p: positions[p] if positions[p] is not None else stored.get(p) for p in held}
