@@ -120,13 +120,21 @@ def release_engine_connections() -> None:
     db.close_pool()
 
 
-def leftover_connections() -> list[tuple]:
+def leftover_connections(keep=lambda row: True, settle_s: float = 5.0) -> list[tuple]:
+    """Every connection to the test database but this one that `keep` selects: (application name, state,
+    backend start, last query). A client that just closed its connection still shows for a moment, until its
+    server process exits, so this reads again until none is left or `settle_s` has passed."""
     from django.db import connection
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT application_name, state, backend_start, left(query, 200) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        rows = cursor.fetchall()
+    deadline = time.monotonic() + settle_s
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT application_name, state, backend_start, left(query, 200) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            rows = [row for row in cursor.fetchall() if keep(row)]
+        if not rows or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     connection.close()   # pytest-django's teardown drops the database from another connection
     return rows
 

@@ -101,7 +101,7 @@ def test_runs_forcing_a_heartbeat_together_share_beats_and_the_idle_beat_lets_it
         beat.leave(member)
     assert beat.wait_idle(timeout=30)
     # The beat's connection is a Django one; engine connections (the pool's, "tally-engine") are other tests' runs'.
-    assert [c for c in leftover_connections() if c[0] != "tally-engine"] == []
+    assert leftover_connections(keep=lambda row: row[0] != "tally-engine") == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -38,8 +38,9 @@ def test_six_idle_runs_in_one_process_hold_the_beats_connection_and_at_most_the_
             threads.append(threading.Thread(target=run, args=(pipeline.name,), daemon=True))
             threads[-1].start()
         wait_for(lambda: PartitionOffset.objects.filter(next_offset=5).count() == RUNS, 60, "every run caught up")
-        open_now = leftover_connections()   # every connection to the test database but this test's own
-        assert len(open_now) <= 1 + settings.TALLY_ENGINE_DB_CONNECTIONS, open_now
+        # Every connection to the test database but this test's own; one a client just closed may show a moment.
+        bound = 1 + settings.TALLY_ENGINE_DB_CONNECTIONS
+        wait_for(lambda: len(leftover_connections(settle_s=0)) <= bound, 10, f"at most {bound} connections open")
         assert all(sink_counts(p.sink_table) == {v: 1 for v in range(1, 6)} for p in pipelines)
     finally:
         stop.set()
