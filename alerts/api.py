@@ -37,6 +37,15 @@ class MuteInput(StrictSerializer):
     reason = StrictStringField(required=False, default="", allow_blank=True, max_length=MAX_MUTE_REASON)
 
 
+def _alert(alert_id: int) -> Alert:
+    return get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+
+
+def _conflict(alert: Alert, error: str) -> Response:
+    """409: the alert is not in a state the operation applies to (AlertRefusedSerializer)."""
+    return Response({"error": error, "alert": alert.as_json()}, status=http.HTTP_409_CONFLICT)
+
+
 @extend_schema(operation_id="alerts_list", responses=answers(AlertListSerializer))
 @api_view(["GET"])
 def alert_list(request):
@@ -47,7 +56,7 @@ def alert_list(request):
 @extend_schema(operation_id="alerts_detail", responses=answers(AlertDetailSerializer))
 @api_view(["GET"])
 def alert_detail(request, alert_id):
-    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    alert = _alert(alert_id)
     data = alert.as_json()
     data["notifications"] = [{"channel": n.channel.name if n.channel_id else None, "kind": n.kind,
                               "sequence": n.sequence, "attempts": n.attempts,
@@ -61,13 +70,12 @@ def alert_detail(request, alert_id):
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_acknowledge(request, alert_id):
-    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    alert = _alert(alert_id)
     body = EmptyInput(data=request.data)
     if not body.is_valid():
         return refuse_invalid(request, body, "acknowledge_alert", alert.pipeline)
     if not evaluate.acknowledge(alert, request.user.get_username()):
-        return Response({"error": f"The alert is {alert.state}, not firing.", "alert": alert.as_json()},
-                        status=http.HTTP_409_CONFLICT)
+        return _conflict(alert, f"The alert is {alert.state}, not firing.")
     return Response({"alert": alert.as_json()})
 
 
@@ -75,7 +83,7 @@ def alert_acknowledge(request, alert_id):
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def alert_mute(request, alert_id):
-    alert = get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    alert = _alert(alert_id)
     body = MuteInput(data=request.data)
     if not body.is_valid():
         return refuse_invalid(request, body, "mute_alert", alert.pipeline)
@@ -83,6 +91,6 @@ def alert_mute(request, alert_id):
         mute = evaluate.mute(alert, body.validated_data["minutes"], request.user.get_username(),
                              body.validated_data["reason"])
     except evaluate.AlertGone as exc:
-        return Response({"error": str(exc), "alert": alert.as_json()}, status=http.HTTP_409_CONFLICT)
+        return _conflict(alert, str(exc))
     return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
                               "until": mute.until.isoformat()}, "alert": alert.as_json()})

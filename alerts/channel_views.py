@@ -1,5 +1,7 @@
 """The Channels page: everyone signed in sees the channels (masked, with their state); operators add, change,
 test and delete them. A viewer's attempt and bad input are refused and written to the action log."""
+from functools import wraps
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
@@ -8,6 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from alerts import channel_actions
 from alerts.channel_forms import ChannelForm
 from alerts.models import Channel
+from alerts.pages import render_form
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
 
@@ -51,28 +54,33 @@ def channel_edit(request, name=None):
                 return redirect("alerts:channels")
         record_refusal(request.user, action, f"bad input: {form_errors(form)}",
                        params={"channel": request.POST.get("name", "") or (name or "")})
-    status = 400 if request.method == "POST" else 200
-    return render(request, "alerts/channel_form.html", {"form": form, "channel": channel, "nav": "alerts",
-                                                        "can_operate": can_operate(request.user)}, status=status)
+    return render_form(request, "alerts/channel_form.html", {"form": form, "channel": channel})
 
 
-@require_POST
-@login_required
-def channel_test(request, name):
-    channel = get_object_or_404(Channel, name=name)
-    if not can_operate(request.user):
-        return _refuse_viewer(request, "alert_channel_test")
+def _operator_post(action: str):
+    """A POST about one channel that only operators may send: a viewer's is refused (403) and audited."""
+    def decorate(view):
+        @require_POST
+        @login_required
+        @wraps(view)
+        def checked(request, name):
+            channel = get_object_or_404(Channel, name=name)
+            if not can_operate(request.user):
+                return _refuse_viewer(request, action)
+            return view(request, channel)
+        return checked
+    return decorate
+
+
+@_operator_post("alert_channel_test")
+def channel_test(request, channel):
     ok, answer = channel_actions.test(channel, request.user.get_username())
     (messages.success if ok else messages.error)(request, f"Test of {channel.name}: {answer}")
     return redirect("alerts:channels")
 
 
-@require_POST
-@login_required
-def channel_delete(request, name):
-    channel = get_object_or_404(Channel, name=name)
-    if not can_operate(request.user):
-        return _refuse_viewer(request, "alert_channel_delete")
+@_operator_post("alert_channel_delete")
+def channel_delete(request, channel):
     channel_actions.delete(channel, request.user.get_username())
-    messages.success(request, f"Alert channel {name!r} deleted.")
+    messages.success(request, f"Alert channel {channel.name!r} deleted.")
     return redirect("alerts:channels")

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from alerts.models import AlertRule, Channel, Mute
+from alerts.pages import render_form
 from alerts.queries import parse_minutes
 from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, record_refusal, role_of
@@ -60,9 +61,7 @@ def rule_edit(request, rule_id=None):
         _log_action(request, saved, "alert_rule", f"alert rule {saved.name!r} {verb}", {"kind": saved.kind})
         messages.success(request, f"Alert rule {saved.name!r} {verb}.")
         return redirect("alerts:rules")
-    status = 400 if request.method == "POST" else 200
-    return render(request, "alerts/rule_form.html", {"form": form, "rule": rule, "nav": "alerts",
-                                                     "can_operate": can_operate(request.user)}, status=status)
+    return render_form(request, "alerts/rule_form.html", {"form": form, "rule": rule})
 
 
 @require_POST

@@ -33,22 +33,15 @@ class TallyCollector:
         yield from self._watches()
 
     def _pipelines(self):
-        gauges = {
-            "lag_records": GaugeMetricFamily("tally_pipeline_lag_records", "Records behind the high watermark",
-                                             labels=PIPELINE_LABELS),
-            "lag_seconds": GaugeMetricFamily("tally_pipeline_lag_seconds", "Age of the record at the position",
-                                             labels=PIPELINE_LABELS),
-            "records_per_second": GaugeMetricFamily("tally_pipeline_throughput_records_per_second",
-                                                    "Records written per second", labels=PIPELINE_LABELS),
-            "lost": GaugeMetricFamily("tally_pipeline_lost_records", "Records consumed but not in the sink",
-                                      labels=PIPELINE_LABELS),
-            "duplicated": GaugeMetricFamily("tally_pipeline_duplicated_records", "Records in the sink more than once",
-                                            labels=PIPELINE_LABELS),
-            "phantom": GaugeMetricFamily("tally_pipeline_phantom_records", "Sink rows beyond the committed position",
-                                         labels=PIPELINE_LABELS),
-            "dead_lettered": GaugeMetricFamily("tally_pipeline_dead_lettered_records", "Records dead-lettered",
-                                               labels=PIPELINE_LABELS),
-        }
+        gauges = FieldGauges({
+            "lag_records": ("tally_pipeline_lag_records", "Records behind the high watermark"),
+            "lag_seconds": ("tally_pipeline_lag_seconds", "Age of the record at the position"),
+            "records_per_second": ("tally_pipeline_throughput_records_per_second", "Records written per second"),
+            "lost": ("tally_pipeline_lost_records", "Records consumed but not in the sink"),
+            "duplicated": ("tally_pipeline_duplicated_records", "Records in the sink more than once"),
+            "phantom": ("tally_pipeline_phantom_records", "Sink rows beyond the committed position"),
+            "dead_lettered": ("tally_pipeline_dead_lettered_records", "Records dead-lettered"),
+        }, PIPELINE_LABELS)
         status = GaugeMetricFamily("tally_pipeline_status", "1 for the pipeline's current status (OK, WARN, ERR, "
                                    "STALL, STOP, REWIND, UNKNOWN), 0 for the others",
                                    labels=[*PIPELINE_LABELS, "status"])
@@ -56,15 +49,12 @@ class TallyCollector:
                                     "When reconciliation last checked the pipeline", labels=PIPELINE_LABELS)
         for row in dashboard_status.pipeline_rows():
             labels = [row.name, row.pipeline.topic, row.pipeline.delivery_mode, row.pipeline.cluster]
-            for field, gauge in gauges.items():
-                value = getattr(row, field)
-                if value is not None:
-                    gauge.add_metric(labels, float(value))
+            gauges.add(labels, row)
             for name in STATUSES:
                 status.add_metric([*labels, name], 1.0 if row.status == name else 0.0)
             if row.checked_at:
                 checked.add_metric(labels, row.checked_at.timestamp())
-        yield from gauges.values()
+        yield from gauges.families()
         yield status
         yield checked
 
@@ -99,7 +89,7 @@ class TallyCollector:
             "duplicated": ("tally_partition_duplicated_records", "Records in the sink more than once"),
             "phantom": ("tally_partition_phantom_records", "Sink rows beyond the committed position"),
         }
-        gauges = {f: GaugeMetricFamily(name, doc, labels=labels) for f, (name, doc) in fields.items()}
+        gauges = FieldGauges(fields, labels)
         # One series per partition, labelled with its current status (600 partitions x 6 states would
         # triple the scrape); the pipeline-level status below is the full state set.
         status = GaugeMetricFamily("tally_partition_status", "1, labelled with the partition's current status",
@@ -107,12 +97,9 @@ class TallyCollector:
         rows = PartitionHealth.objects.select_related("pipeline").order_by("pipeline__name", "partition")
         for health in rows:
             values = [health.pipeline.name, health.pipeline.topic, str(health.partition), health.pipeline.cluster]
-            for field, gauge in gauges.items():
-                value = getattr(health, field)
-                if value is not None:
-                    gauge.add_metric(values, float(value))
+            gauges.add(values, health)
             status.add_metric([*values, health.status], 1.0)
-        yield from gauges.values()
+        yield from gauges.families()
         yield status
 
     def _groups(self):
@@ -140,7 +127,7 @@ class TallyCollector:
             "duplicated": ("tally_watch_duplicated_records", "Extra rows: rows beyond the one a record expects"),
             "phantom": ("tally_watch_phantom_records", "Rows that match no record"),
         }
-        gauges = {f: GaugeMetricFamily(name, doc, labels=labels) for f, (name, doc) in fields.items()}
+        gauges = FieldGauges(fields, labels)
         status = GaugeMetricFamily("tally_watch_status", "1 for the watch's current status, 0 for the others",
                                    labels=[*labels, "status"])
         partition_lag = GaugeMetricFamily("tally_watch_partition_lag_records", "Records behind, per partition",
@@ -149,18 +136,31 @@ class TallyCollector:
                                              labels=[*labels, "partition", "status"])
         for watch in monitored.watches():
             values = [watch.name, watch.group_id, watch.topic]
-            for field, gauge in gauges.items():
-                value = getattr(watch, field)
-                if value is not None:
-                    gauge.add_metric(values, float(value))
+            gauges.add(values, watch)
             for name in STATUSES:
                 status.add_metric([*values, name], 1.0 if watch.status == name else 0.0)
             for part in watch.partitions:
                 if part.lag_records is not None:
                     partition_lag.add_metric([*values, str(part.partition)], float(part.lag_records))
                 partition_status.add_metric([*values, str(part.partition), part.status], 1.0)
-        yield from gauges.values()
+        yield from gauges.families()
         yield from (status, partition_lag, partition_status)
+
+
+class FieldGauges:
+    """One gauge per attribute of a row ({attribute: (metric name, help)}); a row's None is no sample."""
+
+    def __init__(self, fields: dict[str, tuple[str, str]], labels: list[str]):
+        self._gauges = {field: GaugeMetricFamily(name, doc, labels=labels) for field, (name, doc) in fields.items()}
+
+    def add(self, values: list[str], row) -> None:
+        for field, gauge in self._gauges.items():
+            value = getattr(row, field)
+            if value is not None:
+                gauge.add_metric(values, float(value))
+
+    def families(self):
+        return self._gauges.values()
 
 
 def render_metrics() -> bytes:

@@ -16,6 +16,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
+from consumers.engine import db as engine_db
 from consumers.kafka import broker, clusters
 from tests.kafka_forwarders import pki, secure_broker  # noqa: F401 (fixtures: TLS + SASL in front of a broker)
 from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
@@ -171,15 +172,6 @@ def make_topic(kafka_bootstrap):
     admin.close()
 
 
-def database_url() -> str:
-    """A URL for the database the tests use right now (the test database once pytest-django set it up)."""
-    db = settings.DATABASES["default"]
-    auth = db.get("USER") or "postgres"
-    if db.get("PASSWORD"):
-        auth += ":" + db["PASSWORD"]
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
-
-
 KAFKA_CLIENTS = ["kafka-python", "librdkafka"]
 
 
@@ -202,7 +194,7 @@ def subprocess_env(db, request):
         request.getfixturevalue("kafka_client")   # set first: its client reaches the children too
     env = dict(os.environ)
     env["TALLY_KAFKA_CLIENT"] = settings.TALLY_KAFKA_CLIENT
-    env["DATABASE_URL"] = database_url()
+    env["DATABASE_URL"] = engine_db.database_url()
     env["REDIS_URL"] = TEST_REDIS_URL
     env["KAFKA_BOOTSTRAP_SERVERS"] = settings.KAFKA_BOOTSTRAP_SERVERS
     env["DJANGO_SETTINGS_MODULE"] = "tally.settings"

@@ -29,14 +29,6 @@ MAX_STARTS = 5
 RUN_TIMEOUT_S = 120.0
 
 
-def database_url() -> str:
-    database = settings.DATABASES["default"]
-    auth = database.get("USER") or "postgres"
-    if database.get("PASSWORD"):
-        auth += ":" + database["PASSWORD"]
-    return f"postgres://{auth}@{database.get('HOST') or '127.0.0.1'}:{database.get('PORT') or 5432}/{database['NAME']}"
-
-
 def classic_crash_batch(seed: int, records: int) -> int:
     """The batch (from 1) whose commit the schedule's classic at-most-once crash follows."""
     crash = crash_schedule(seed, WATCH_NAME, DeliveryMode.AT_MOST_ONCE, ("after-kafka-commit",), 0.0, records,
@@ -63,7 +55,7 @@ def run_watched_consumer(records: int, seed: int) -> dict:
     """Run the plain consumer with its classic crash and check its watch; the result for the demo page."""
     reset()
     crash_batch = classic_crash_batch(seed, records)
-    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": database_url(),
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": db.database_url(),
            "KAFKA_BOOTSTRAP_SERVERS": settings.KAFKA_BOOTSTRAP_SERVERS, "PYTHONUNBUFFERED": "1"}
     kills, code = 0, None
     for start in range(MAX_STARTS):

@@ -9,6 +9,7 @@ connection held per run would cap a worker far below what its memory and cores a
 import os
 import threading
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import psycopg2
 from django.conf import settings
@@ -22,6 +23,16 @@ def connect(application_name: str = "tally"):
     conn = psycopg2.connect(**{k: v for k, v in params.items() if v is not None})
     conn.autocommit = False
     return conn
+
+
+def database_url() -> str:
+    """A URL for the database this process uses right now (the test database under pytest): child processes
+    get it as DATABASE_URL."""
+    db = settings.DATABASES["default"]
+    auth = quote(db.get("USER") or "postgres", safe="")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 class ConnectionPool:

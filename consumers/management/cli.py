@@ -1,6 +1,7 @@
 """What Tally's management commands share: subcommands dispatched to `do_NAME` methods, and one way to say
 no. Exit codes everywhere: 0 done, 1 refused (the reason on stderr, after "Refused: "), 2 usage error."""
 import json
+from collections.abc import Callable
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -21,7 +22,16 @@ def as_json(data) -> str:
     return json.dumps(data, indent=2)
 
 
-class SubcommandsCommand(BaseCommand):
+class TallyCommand(BaseCommand):
+    """A Tally command: its help ends with the exit codes."""
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.epilog = "Exit codes: 0 done, 1 refused (the reason is printed), 2 usage error."
+        return parser
+
+
+class SubcommandsCommand(TallyCommand):
     """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`."""
 
     def add_arguments(self, parser):
@@ -32,6 +42,16 @@ class SubcommandsCommand(BaseCommand):
 
     def handle(self, *args, command, **options):
         getattr(self, f"do_{command}")(**options)
+
+    def write_list(self, rows: list[dict], *, json: bool, columns: list[tuple[str, str, Callable[[dict], str]]]):
+        """A `list` subcommand's answer: the rows as JSON, or a table of `columns` (heading, format spec such as
+        "<24", and the cell's text from a row)."""
+        if json:
+            self.stdout.write(as_json(rows))
+            return
+        self.stdout.write(" ".join(f"{heading:{spec}}" for heading, spec, _ in columns).rstrip())
+        for row in rows:
+            self.stdout.write(" ".join(f"{cell(row):{spec}}" for _, spec, cell in columns).rstrip())
 
     def apply_file(self, apply, *, file: str, actor: str, dry_run: bool) -> None:
         """`apply FILE` (pipelines.toml, watches.toml): what it did, or with --dry-run would do, a line an entry,

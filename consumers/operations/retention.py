@@ -76,25 +76,26 @@ def expired_actions(now: datetime):
     return ActionLog.objects.filter(created_at__lt=ACTION_LOG.cutoff(now))
 
 
-def delete_in_batches(queryset) -> int:
-    """Delete what `queryset` matches, DELETE_BATCH rows per transaction; returns how many."""
-    deleted = 0
+def in_batches(queryset, change) -> int:
+    """Apply `change` (a function of a queryset of the rows, returning how many it changed) to what `queryset`
+    matches, DELETE_BATCH rows per transaction, so no transaction holds a long history's rows at once;
+    returns how many rows changed in all."""
+    changed = 0
     while True:
         with transaction.atomic():
             ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
             if not ids:
-                return deleted
-            deleted += queryset.model.objects.filter(pk__in=ids).delete()[1].get(queryset.model._meta.label, 0)
+                return changed
+            changed += change(queryset.model.objects.filter(pk__in=ids))
+
+
+def delete_in_batches(queryset) -> int:
+    """Delete what `queryset` matches in batches; returns how many."""
+    return in_batches(queryset, lambda rows: rows.delete()[1].get(rows.model._meta.label, 0))
 
 
 def _clear_payloads_in_batches(queryset) -> int:
-    cleared = 0
-    while True:
-        with transaction.atomic():
-            ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
-            if not ids:
-                return cleared
-            cleared += DeadLetter.objects.filter(pk__in=ids).update(key=None, value=None)
+    return in_batches(queryset, lambda rows: rows.update(key=None, value=None))
 
 
 def apply(now: datetime | None = None) -> dict[str, int]:

@@ -16,9 +16,9 @@ import argparse
 import csv
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from consumers.management.cli import refused
+from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline
 from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
@@ -43,14 +43,9 @@ def offset(text: str) -> int:
     return int(text)
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = ("Browse, export, replay or discard a pipeline's dead letters. "
             "Exit 0 done, 1 refused (the reason on stderr), 2 usage error.")
-
-    def create_parser(self, prog_name, subcommand, **kwargs):
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.epilog = "Exit codes: 0 done, 1 refused (the reason is printed), 2 usage error."
-        return parser
 
     def add_arguments(self, parser):
         parser.add_argument("pipeline", help="The pipeline's name.")

@@ -2,6 +2,7 @@
 consumers.operations.pipeline_setup (adding, changing, deleting) and consumers.operations.actions (running).
 Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
+from operator import itemgetter
 
 from django.core.management.base import CommandError
 
@@ -110,14 +111,10 @@ class Command(SubcommandsCommand):
                               f"stopped). Start it with: manage.py pipeline start {name}")
 
     def do_list(self, *, json: bool, **options):
-        rows = [as_dict(p) for p in Pipeline.objects.order_by("name")]
-        if json:
-            self.stdout.write(as_json(rows))
-            return
-        self.stdout.write(f"{'NAME':<28} {'STATE':<8} {'MODE':<14} {'ENGINE':<7} {'TOPIC':<28} SINK TABLE")
-        for row in rows:
-            self.stdout.write(f"{row['name']:<28} {row['desired_state']:<8} {row['mode']:<14} {row['engine']:<7} "
-                              f"{row['topic']:<28} {row['sink_table']}")
+        self.write_list([as_dict(p) for p in Pipeline.objects.order_by("name")], json=json, columns=[
+            ("NAME", "<28", itemgetter("name")), ("STATE", "<8", itemgetter("desired_state")),
+            ("MODE", "<14", itemgetter("mode")), ("ENGINE", "<7", itemgetter("engine")),
+            ("TOPIC", "<28", itemgetter("topic")), ("SINK TABLE", "", itemgetter("sink_table"))])
 
     def do_show(self, *, name, json: bool, **options):
         pipeline = Pipeline.objects.filter(name=name).first()

@@ -3,11 +3,11 @@ consumers.operations.rewind. A preview unless --execute, like `kafka-consumer-gr
 Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from kafka.errors import KafkaError
 
 from consumers.kafka.admin import KafkaAdminError
-from consumers.management.cli import refused
+from consumers.management.cli import TallyCommand, refused
 from consumers.operations.errors import Refused
 from consumers.operations.rewind import rewind
 
@@ -52,14 +52,9 @@ def print_plan(stdout, data: dict) -> None:
                      f"{row['skip']:>10}")
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = ("Move a Tally pipeline's offsets, audited: prints the plan unless --execute. "
             "Exit 0 done, 1 refused, 2 usage error.")
-
-    def create_parser(self, prog_name, subcommand, **kwargs):
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.epilog = "Exit codes: 0 done, 1 refused (the reason is printed), 2 usage error."
-        return parser
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="The pipeline's name.")

@@ -5,6 +5,8 @@ consumers/operations/watch_file.py (watches.toml)
 and consumers/reconciliation/watch_audit.py (the check). Exit codes: 0 done and clean, 1 findings (lost,
 duplicated or phantom records) or a refusal (the reason on stderr), 2 usage error.
 """
+from operator import itemgetter
+
 from django.core.management.base import CommandError
 
 from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused
@@ -76,15 +78,11 @@ class Command(SubcommandsCommand):
                           f"Check it with: manage.py watch check {name}")
 
     def do_list(self, *, json: bool, **options):
-        rows = [as_dict(w) for w in Watch.objects.order_by("name")]
-        if json:
-            self.stdout.write(as_json(rows))
-            return
-        self.stdout.write(f"{'NAME':<24} {'STATUS':<7} {'GROUP':<24} {'TOPIC':<24} {'LAG':>10} TABLE")
-        for row in rows:
-            lag = "" if row["lag_records"] is None else str(row["lag_records"])
-            self.stdout.write(f"{row['name']:<24} {row['status']:<7} {row['group']:<24} {row['topic']:<24} "
-                              f"{lag:>10} {row['sink_table'] or '-'}")
+        self.write_list([as_dict(w) for w in Watch.objects.order_by("name")], json=json, columns=[
+            ("NAME", "<24", itemgetter("name")), ("STATUS", "<7", itemgetter("status")),
+            ("GROUP", "<24", itemgetter("group")), ("TOPIC", "<24", itemgetter("topic")),
+            ("LAG", ">10", lambda row: "" if row["lag_records"] is None else str(row["lag_records"])),
+            ("TABLE", "", lambda row: row["sink_table"] or "-")])
 
     def do_show(self, *, name, json: bool, **options):
         watch = _watch(name)
