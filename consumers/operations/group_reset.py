@@ -16,15 +16,9 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
+from consumers.operations import offset_specs
 from consumers.operations.errors import Refused
-from consumers.operations.offset_specs import (
-    OffsetSpec,
-    PartitionMove,
-    choose_partitions,
-    offsets_of,
-    parse_spec,
-    resolve_offsets,
-)
+from consumers.operations.offset_specs import OffsetSpec, PartitionMove, offsets_of
 
 log = logging.getLogger("tally.groups")
 
@@ -74,11 +68,11 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
         raise refused(f"Group {group_id!r} is run by Tally pipeline {owner.name!r}: its position is kept in "
                       f"the database, so move it with `rewind {owner.name}`.")
     try:
-        spec = parse_spec(mode, value)
-        chosen = choose_partitions(topic, partitions, cluster=cluster)
+        spec = offset_specs.parse_spec(mode, value)
+        chosen = offset_specs.choose_partitions(topic, partitions, cluster=cluster)
         marks = kafka_admin.watermarks(topic, chosen, cluster=cluster)
         current = kafka_admin.committed_offsets(group_id, topic, chosen, cluster=cluster)
-        moves = resolve_offsets(spec, topic, chosen, current, marks, cluster=cluster)
+        moves = offset_specs.resolve_offsets(spec, topic, chosen, current, marks, cluster=cluster)
     except Refused as exc:
         raise refused(str(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)

@@ -29,11 +29,8 @@ class GroupPartition:
 
 
 @dataclass
-class GroupReport:
-    group_id: str
-    state: str
-    protocol_type: str = ""
-    members: list[dict] = field(default_factory=list)
+class GroupReport(kafka_admin.GroupDescription):
+    """Kafka's description of a group, with its positions and lag per partition and what Tally knows of it."""
     partitions: list[GroupPartition] = field(default_factory=list)
     pipeline: str | None = None      # the Tally pipeline using this group id, if any
     errors: list[str] = field(default_factory=list)
