@@ -43,6 +43,16 @@ def sink_counts(table: str) -> collections.Counter:
     return counts
 
 
+def split_reported(runs, partitions: int) -> bool:
+    """Whether `runs` (ConsumerRun rows) each report reading a share and, together, every partition once.
+    A run's `assigned_partitions` is its heartbeat's: one that gave partitions up says so at its next beat,
+    after the peer that took them may already have. Their claims, though, never overlap, at any moment."""
+    claims = [set(run.claimed_partitions) for run in runs]
+    assert sum(map(len, claims)) == len(set().union(*claims)), f"a partition claimed twice: {claims}"
+    shares = [sorted(run.assigned_partitions) for run in runs]
+    return all(shares) and sorted(p for share in shares for p in share) == list(range(partitions))
+
+
 def ledger_batches(pipeline_id: int) -> int:
     conn = db.connect("tally-tests")
     try:

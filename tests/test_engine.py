@@ -16,7 +16,7 @@ from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BadRecordPolicy, ConsumerRun, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
-from tests.chaos import produce_values, sink_counts, wait_for
+from tests.chaos import produce_values, sink_counts, split_reported, wait_for
 from tests.conftest import ROOT, drop_sink_tables
 from tests.pipelines import create_pipeline
 from tests.waiting import patience
@@ -202,10 +202,12 @@ def test_two_exactly_once_runs_split_the_partitions_and_a_stopped_runs_share_mov
         wait_for(lambda: list(holdings().values()) == [[0, 1, 2, 3]], 30, "the first run to hold every partition")
         second, second_holder = in_thread(pipeline.name, stop=stops[1], delay_ms=20, max_seconds=120)
         try:
-            split = wait_for(lambda: len(held := holdings()) == 2 and all(held.values()) and held, 30,
-                             "two runs holding partitions")
+            def split():
+                runs = list(ConsumerRun.objects.filter(pipeline=pipeline).alive(timezone.now()).order_by("pk"))
+                return len(runs) == 2 and split_reported(runs, 4) and [sorted(r.assigned_partitions) for r in runs]
+
             # Run ids in order take every other partition; no partition is held twice.
-            assert list(dict(sorted(split.items())).values()) == [[0, 2], [1, 3]]
+            assert wait_for(split, 30, "two runs reading two partitions each") == [[0, 2], [1, 3]]
             stops[0].set()
             first.join(timeout=30)
             assert first_holder["result"].reason == "stopped"
