@@ -23,11 +23,13 @@ def as_json(data) -> str:
 
 
 class TallyCommand(BaseCommand):
-    """A Tally command: its help ends with the exit codes."""
+    """A Tally command: its help ends with its exit codes."""
+
+    exit_codes = "0 done, 1 refused (the reason is printed), 2 usage error"
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.epilog = "Exit codes: 0 done, 1 refused (the reason is printed), 2 usage error."
+        parser.epilog = f"Exit codes: {self.exit_codes}."
         return parser
 
 

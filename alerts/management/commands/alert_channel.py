@@ -14,6 +14,7 @@ from consumers.management.cli import SubcommandsCommand, not_valid, refused
 class Command(SubcommandsCommand):
     help = ("Add, list, test and delete alert channels (email, webhook, Slack, PagerDuty). "
             "Exit 0 done, 1 refused or test failed, 2 usage error.")
+    exit_codes = "0 done, 1 refused or the test was not answered with 2xx (the reason is printed), 2 usage error"
 
     def add_subcommands(self, commands):
         add = commands.add_parser("add", help="Add a channel. Validated before anything is written.")

@@ -21,6 +21,7 @@ STEPS = ("settings", "resolve", "connect", "tls", "authenticate", "metadata")
 
 class Command(SubcommandsCommand):
     help = "Check a Kafka cluster's connection step by step (kafka check [CLUSTER]); list clusters (kafka clusters)."
+    exit_codes = "0 every cluster checked is usable, 1 one is not (the failed step and why are printed), 2 usage error"
 
     def add_subcommands(self, commands):
         check = commands.add_parser("check", help="Resolve, connect, TLS, authenticate, read metadata.")

@@ -19,6 +19,7 @@ from consumers.reconciliation import watch_audit
 class Command(SubcommandsCommand):
     help = ("Watch consumer groups Tally does not run: lag, status, and what they lost or duplicated in their "
             "own tables. Exit 0 clean, 1 findings or refused, 2 usage error.")
+    exit_codes = "0 done and clean, 1 findings (lost, duplicated or phantom records) or refused, 2 usage error"
 
     def add_subcommands(self, commands):
         create = commands.add_parser("create", help="Watch a group (and audit the table it writes).")
