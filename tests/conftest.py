@@ -92,7 +92,7 @@ FAST_PASSWORD_HASHERS = [
 
 @pytest.fixture(scope="session", autouse=True)
 def flush_by_delete():
-    """A transactional test's teardown empties every table (Django's flush). PostgreSQL's TRUNCATE of our 38
+    """A transactional test's teardown empties every table (Django's flush). PostgreSQL's TRUNCATE of our 37
     tables takes about 0.35 s here, a DELETE of their few rows about 0.01 s, and the suite has hundreds of such
     tests. The tables are locked first, as TRUNCATE locks them: a worker still writing waits until they are empty
     instead of adding a row that points at a deleted one. Django's foreign keys are deferred, so the DELETEs need
