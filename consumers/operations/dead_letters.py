@@ -332,13 +332,14 @@ def discard(pipeline, dead_letter_ids, reason: str, actor: str = "cli") -> DeadL
     with transaction.atomic():
         letters = list(DeadLetter.objects.select_for_update().filter(pipeline=pipeline, pk__in=ids)
                        .order_by("partition", "offset"))
+        found = {d.pk for d in letters}   # sets, not lists: a call holds up to MAX_PER_CALL ids
         outcomes = [Outcome(i, None, None, LetterOutcome.GONE, error="no such dead letter")
-                    for i in ids if i not in {d.pk for d in letters}]
-        fresh = [d for d in letters if d.discarded_at is None]
+                    for i in ids if i not in found]
+        fresh = {d.pk for d in letters if d.discarded_at is None}
         outcomes += [Outcome(d.pk, d.partition, d.offset,
-                             LetterOutcome.DISCARDED if d in fresh else LetterOutcome.ALREADY_DISCARDED)
+                             LetterOutcome.DISCARDED if d.pk in fresh else LetterOutcome.ALREADY_DISCARDED)
                      for d in letters]
-        DeadLetter.objects.filter(pk__in=[d.pk for d in fresh]).update(
+        DeadLetter.objects.filter(pk__in=fresh).update(
             discarded_at=now, discarded_by=actor[:150], discard_reason=reason)
         counts = _count(outcomes)
         message = f"{counts.get('discarded', 0)} dead letter(s) discarded: {reason}"
