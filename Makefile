@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Some machines set PYTHONDONTWRITEBYTECODE: every test process (and every command or server a test starts)
+# then compiles the project from source again, and pytest rewrites every test module's asserts again. The
+# caches go to __pycache__, which git ignores.
+unexport PYTHONDONTWRITEBYTECODE
 # apt packages the tests need: Chromium for browser tests, the PostgreSQL JDBC jar for Spark.
 APT_PACKAGES := chromium libpostgresql-jdbc-java
 
@@ -22,13 +26,15 @@ test: setup system-deps database
 
 # Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In two
 # pytest-xdist workers (one per core here; TEST_FAST_WORKERS=0 runs them serially).
+# It keeps each worker's test database for the next run (--reuse-db), which still applies new migrations; after
+# editing an existing migration, run it once with PYTEST_ARGS=--create-db. Tests need no development database.
 FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos and not install
 TEST_FAST_WORKERS ?= 2
-test-fast: setup database
-	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+test-fast: setup
+	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) --reuse-db -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # The clock-dependent tests with the clock a year ahead and a year back: no test may depend on today's date.
-test-clock: setup database
+test-clock: setup
 	TALLY_TEST_CLOCK_SHIFT_DAYS=365 $(VENV)/bin/pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 	TALLY_TEST_CLOCK_SHIFT_DAYS=-365 $(VENV)/bin/pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
