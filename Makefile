@@ -31,7 +31,7 @@ test: setup system-deps database
 FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos and not install
 TEST_FAST_WORKERS ?= 2
 test-fast: setup
-	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) --reuse-db -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) --dist worksteal --reuse-db -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # The clock-dependent tests with the clock a year ahead and a year back: no test may depend on today's date.
 test-clock: setup

@@ -60,6 +60,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("spark-cluster" if on_cluster else "spark"))
 
 
+# Modules that build many tests while being collected, by the marker their module's pytestmark gives every test:
+# schemathesis turns the API schema into about a hundred cases (3 s here). A run whose -m deselects that marker
+# (`make test-fast`) does not collect them only to throw them away. tests/test_markers.py checks each entry.
+COSTLY_TO_COLLECT = {"test_api_fuzz.py": "kafka"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    marker = COSTLY_TO_COLLECT.get(collection_path.name)
+    if marker is None or not config.option.markexpr:
+        return None
+    from _pytest.mark.expression import Expression  # how pytest itself reads -m
+
+    return not Expression.compile(config.option.markexpr).evaluate(lambda name, **kwargs: name == marker) or None
+
+
 def clock_shift() -> timedelta:
     """TALLY_TEST_CLOCK_SHIFT_DAYS=365 (or -365) runs the suite with the clock moved: no test may depend on
     today's date (README, "Testing")."""
