@@ -32,7 +32,11 @@ from tests.ops_helpers import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
-LEASE_SECONDS = 5
+# The run lease (15 s by default) made short so that a killed worker's pipeline comes back quickly, but not
+# shorter than a restarted run's start on a loaded machine: the supervisor's next attempt waits a lease from
+# the moment a worker takes the run, and a worker started just before the kill may still be loading its engine
+# host then (6 s under a full CI run on 2 cores, where 5 s led to a second restart).
+LEASE_SECONDS = 10
 
 
 @pytest.fixture
