@@ -10,7 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, Pipeline, RunState
+from consumers.engine import runs
+from consumers.engine.lifecycle import RunResult
+from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, EndReason, Pipeline, RunState
 from consumers.operations import actions, supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -199,3 +201,38 @@ def test_a_run_taken_by_a_worker_gets_a_lease_to_start_before_the_next_attempt(r
     assert supervisor.supervise(now=taken_at + timedelta(seconds=14))[0].action == "waiting"
     assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "restarted"
     assert queued == [(running.pk, 1), (running.pk, 1)]
+
+
+def test_a_run_begun_after_its_take_gets_a_lease_from_its_beginning(running, queued):
+    # A worker took the run while its engine host processes were still loading, and a host began it 10 s later:
+    # the supervisor waits a lease from the beginning, not only from the take.
+    supervisor.supervise()
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    taken_at = timezone.now() + timedelta(minutes=5)
+    Pipeline.objects.filter(pk=pipeline.pk).update(restart_after=taken_at - timedelta(minutes=4))
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken(taken_at) == 1
+    begun_at = taken_at + timedelta(seconds=10)
+    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_begun(begun_at) == 1
+    assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "waiting"
+    assert supervisor.supervise(now=begun_at + timedelta(seconds=14))[0].action == "waiting"
+    assert supervisor.supervise(now=begun_at + timedelta(seconds=16))[0].action == "restarted"
+
+
+def test_a_run_begun_never_brings_the_next_attempt_closer(running):
+    later = timezone.now() + timedelta(minutes=10)
+    Pipeline.objects.filter(pk=running.pk).update(restart_after=later)
+    assert Pipeline.objects.filter(pk=running.pk).run_begun(timezone.now()) == 1
+    assert Pipeline.objects.get(pk=running.pk).restart_after == later
+
+
+def test_a_run_is_begun_before_its_engine_starts(running, monkeypatch):
+    seen = []
+
+    def engine(name, options):
+        seen.append(Pipeline.objects.get(name=name).restart_after)
+        return RunResult(pipeline=name, reason=EndReason.STOPPED)
+
+    monkeypatch.setattr(runs, "engine_for", lambda kind: engine)
+    before = timezone.now()
+    assert runs.run_here(running.pk, running.epoch)["reason"] == EndReason.STOPPED
+    assert len(seen) == 1 and seen[0] >= before + timedelta(seconds=15)

@@ -79,6 +79,7 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
     pipeline.refresh_from_db()
     if pipeline.desired_state != DesiredState.RUNNING or pipeline.epoch != epoch:
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
+    Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_begun(timezone.now())
     engine = engine_for(pipeline.engine)
     stop = threading.Event()
     key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"

@@ -102,11 +102,23 @@ class PipelineQuerySet(models.QuerySet):
         fewer waits in the queue, and the wait is over once none does. The supervisor's next attempt waits at
         least a lease from now: the run starts (a host process, a consumer) before it heartbeats, and judged
         from its enqueueing, a start slower than the lease got a second restart on top of it."""
-        started_by = now + run_lease()
         return self.filter(runs_waiting__gt=0).update(
             runs_waiting=F("runs_waiting") - 1,
             waiting_since=Case(When(runs_waiting__lte=1, then=None), default=F("waiting_since")),
-            restart_after=Case(When(restart_after__gt=started_by, then=F("restart_after")), default=started_by))
+            restart_after=_a_lease_after(now))
+
+    def run_begun(self, now: datetime) -> int:
+        """A process began one of these pipelines' runs (filter on the run's epoch): the supervisor's next
+        attempt waits at least a lease from now, the run's time to heartbeat. A worker can take a run before
+        it can begin it (its engine host processes still loading, older runs still leaving), and a lease
+        counted from the take alone ran out before the first heartbeat on a loaded machine."""
+        return self.update(restart_after=_a_lease_after(now))
+
+
+def _a_lease_after(now: datetime) -> Case:
+    """`restart_after` moved to a lease from `now`, never earlier than it is."""
+    started_by = now + run_lease()
+    return Case(When(restart_after__gt=started_by, then=F("restart_after")), default=started_by)
 
 
 class Pipeline(models.Model):
