@@ -189,33 +189,25 @@ def test_two_young_runs_of_a_pipeline_are_left_to_join(running, queued):
     assert decision().action == "ok" and queued == []
 
 
-def test_a_run_taken_by_a_worker_gets_a_lease_to_start_before_the_next_attempt(running, queued):
+@pytest.mark.parametrize("begun_after", [None, 10], ids=["taken", "taken-then-begun"])
+def test_a_run_gets_a_lease_to_start_from_its_take_and_from_its_beginning(running, queued, begun_after):
     # Restarted long ago (its backoff is over), then the run task waited in the queue; a worker takes it now.
     # Until its run has heartbeated once the pipeline has no live run, yet the supervisor waits a lease from
-    # the take, not from the enqueueing: a start slower than that would otherwise be restarted once more.
+    # the take, not from the enqueueing: a start slower than that would otherwise be restarted once more. A
+    # worker whose engine host processes were still loading begins the run later: a lease from then.
     supervisor.supervise()
     pipeline = Pipeline.objects.get(pk=running.pk)
     taken_at = timezone.now() + timedelta(minutes=5)
     Pipeline.objects.filter(pk=pipeline.pk).update(restart_after=taken_at - timedelta(minutes=4))
     assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken(taken_at) == 1
-    assert supervisor.supervise(now=taken_at + timedelta(seconds=14))[0].action == "waiting"
-    assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "restarted"
+    leased_from = taken_at
+    if begun_after is not None:
+        leased_from = taken_at + timedelta(seconds=begun_after)
+        assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_begun(leased_from) == 1
+        assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "waiting"
+    assert supervisor.supervise(now=leased_from + timedelta(seconds=14))[0].action == "waiting"
+    assert supervisor.supervise(now=leased_from + timedelta(seconds=16))[0].action == "restarted"
     assert queued == [(running.pk, 1), (running.pk, 1)]
-
-
-def test_a_run_begun_after_its_take_gets_a_lease_from_its_beginning(running, queued):
-    # A worker took the run while its engine host processes were still loading, and a host began it 10 s later:
-    # the supervisor waits a lease from the beginning, not only from the take.
-    supervisor.supervise()
-    pipeline = Pipeline.objects.get(pk=running.pk)
-    taken_at = timezone.now() + timedelta(minutes=5)
-    Pipeline.objects.filter(pk=pipeline.pk).update(restart_after=taken_at - timedelta(minutes=4))
-    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_taken(taken_at) == 1
-    begun_at = taken_at + timedelta(seconds=10)
-    assert Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).run_begun(begun_at) == 1
-    assert supervisor.supervise(now=taken_at + timedelta(seconds=16))[0].action == "waiting"
-    assert supervisor.supervise(now=begun_at + timedelta(seconds=14))[0].action == "waiting"
-    assert supervisor.supervise(now=begun_at + timedelta(seconds=16))[0].action == "restarted"
 
 
 def test_a_run_begun_never_brings_the_next_attempt_closer(running):
