@@ -351,6 +351,15 @@ def drop_sink_tables(tables) -> None:
 
 
 @pytest.fixture
+def table():
+    """A new, unique name for a sink table the test has Tally create; the table is dropped at the end. (A module
+    whose tests need a table of their own columns defines its own `table`.)"""
+    name = f"sink_{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_sink_tables([name])
+
+
+@pytest.fixture
 def demo(transactional_db, kafka_bootstrap, settings):
     """The demo pipelines on the test broker, with real Kafka's minimum session timeout (a killed member
     holds its partitions until its session expires); their sink tables are dropped afterwards."""
@@ -359,6 +368,19 @@ def demo(transactional_db, kafka_bootstrap, settings):
     settings.KAFKA_SESSION_TIMEOUT_MS = 6000
     yield
     drop_sink_tables(demo.sink_table for demo in DEMO_PIPELINES)
+
+
+@pytest.fixture
+def redis_state(settings):
+    """A client of the test Redis, where the demo's runs then keep their state; no run's state or lock is left
+    there before the test or after it."""
+    from consumers.demo import runs as demo_runs
+
+    settings.REDIS_URL = TEST_REDIS_URL
+    client = demo_runs._redis()
+    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
+    yield client
+    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
 
 
 @pytest.fixture

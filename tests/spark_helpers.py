@@ -1,7 +1,30 @@
-"""Helpers shared by the Spark engine tests: produce the classic values, read a sink row by row."""
+"""Helpers shared by the Spark engine tests: make Spark pipelines, produce the classic values, read a sink row
+by row."""
+import contextlib
+
 from kafka import KafkaProducer
 
+from consumers.models import DeliveryMode, Engine, Pipeline
+from tests.conftest import drop_sink_tables
 from tests.sink_rows import provenance_rows as sink_rows  # noqa: F401 - re-exported for the Spark tests
+
+
+@contextlib.contextmanager
+def spark_pipelines():
+    """Yields make(name, topic, mode): a Spark pipeline row at epoch 1 whose sink table is spark_<name>; the sink
+    tables of the pipelines made are dropped at the end."""
+    made = []
+
+    def make(name, topic, mode=DeliveryMode.EXACTLY_ONCE):
+        pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=f"spark_{name}".replace("-", "_"),
+                                           delivery_mode=mode, engine=Engine.SPARK, epoch=1)
+        made.append(pipeline.sink_table)
+        return pipeline
+
+    try:
+        yield make
+    finally:
+        drop_sink_tables(made)
 
 
 def produce_values(bootstrap, topic, count, partitions, first=1) -> dict[int, list[int]]:

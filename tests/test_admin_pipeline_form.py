@@ -1,6 +1,5 @@
 """The Django admin's pipeline forms validate like every other door (consumers.operations.pipeline_setup) and
 every change made there is in the action log; a refused form changes nothing."""
-import uuid
 
 import pytest
 from django.contrib.auth.models import User
@@ -10,7 +9,6 @@ from django.test import Client
 from consumers.engine import sinks
 from consumers.engine.transforms import resolve
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
-from tests.conftest import drop_sink_tables
 from tests.views_helpers import PASSWORD, make_pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -23,12 +21,6 @@ def admin_client():
     client.force_login(User.objects.create_superuser("root", password=PASSWORD))
     return client
 
-
-@pytest.fixture
-def table():
-    name = f"admin_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def add_form(topic, table, **overrides):

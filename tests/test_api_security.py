@@ -20,15 +20,13 @@ from consumers.models import (
     TopicCheckStatus,
 )
 from tests.conftest import drop_broker_connections
-from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
-
-
-@pytest.fixture(autouse=True)
-def fresh_throttles():
-    """Throttle counts live in the cache, per address: no test may leave another one throttled."""
-    cache.clear()
-    yield
-    cache.clear()
+from tests.views_helpers import (  # noqa: F401 - fresh_throttles: an autouse fixture
+    PASSWORD,
+    fresh_throttles,
+    make_operator,
+    make_pipeline,
+    make_viewer,
+)
 
 
 @pytest.fixture

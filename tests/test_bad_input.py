@@ -7,22 +7,14 @@ from datetime import UTC, datetime
 import pytest
 import time_machine
 from axes.models import AccessAttempt
-from django.core.cache import cache
 from django.test import Client
 
 from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
 from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, PartitionOffset, Pipeline
-from tests.views_helpers import PASSWORD, make_operator, make_pipeline
+from tests.views_helpers import PASSWORD, fresh_throttles, make_operator, make_pipeline  # noqa: F401 - autouse fixture
 
 DEEP = "[" * 100_000 + "]" * 100_000
 SURROGATE_KEY = '{"mode": "to-earliest", "\\ud800": 1}'
-
-
-@pytest.fixture(autouse=True)
-def fresh_throttles():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """The new pages in a real browser: an operator adds a pipeline with the form (seeing the same refusal as
 the command line first), starts it and watches the header and buttons follow without a reload, traces a
 record, and switches the theme; the favicon is served."""
-import uuid
 
 import pytest
 from django.conf import settings
@@ -10,7 +9,7 @@ from playwright.sync_api import expect
 
 from consumers.models import Pipeline
 from consumers.operations import actions
-from tests.conftest import drop_sink_tables, screenshot_dir
+from tests.conftest import screenshot_dir
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator
 
@@ -27,12 +26,6 @@ def topic(make_topic):
     producer.close()
     return name
 
-
-@pytest.fixture
-def table():
-    name = f"bo_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def test_an_operator_adds_a_pipeline_starts_it_and_the_page_follows(page, live_server, topic, table,  # noqa: F811

@@ -6,6 +6,8 @@ from django.db import connection
 from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.models import BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from tests.conftest import drop_sink_tables
+from tests.sink_rows import sink_offsets
 
 
 def records(partition, offsets, value=None):
@@ -24,15 +26,7 @@ def pipeline_and_conn(transactional_db):
     conn = db.connect()
     yield make, conn
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in Pipeline.objects.all():
-            sinks.drop_sink_table(cur, pipeline.sink_table)
-
-
-def sink_offsets(table):
-    with connection.cursor() as cur:
-        cur.execute(f'SELECT source_offset FROM "{table}" ORDER BY source_offset')  # test-only, fixed name
-        return [r[0] for r in cur.fetchall()]
+    drop_sink_tables(pipeline.sink_table for pipeline in Pipeline.objects.all())
 
 
 def test_a_batch_writes_rows_ledger_and_next_offset_together(pipeline_and_conn):

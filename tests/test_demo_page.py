@@ -19,17 +19,6 @@ AT_MOST_ONCE, AT_LEAST_ONCE = "demo_nums_at_most_once", "demo_nums_at_least_once
 
 
 @pytest.fixture
-def redis_state(settings):
-    from tests.conftest import TEST_REDIS_URL
-
-    settings.REDIS_URL = TEST_REDIS_URL
-    client = demo_runs._redis()
-    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
-    yield client
-    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
-
-
-@pytest.fixture
 def sink_tables():
     conn = db.connect("test")
     yield conn

@@ -9,18 +9,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.django_db(transa
 
 
 @pytest.fixture
-def redis_state(settings):
-    from consumers.demo import runs as demo_runs
-    from tests.conftest import TEST_REDIS_URL
-
-    settings.REDIS_URL = TEST_REDIS_URL
-    client = demo_runs._redis()
-    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
-    yield client
-    client.delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
-
-
-@pytest.fixture
 def plain_table():
     yield
     from tests.watch_helpers import drop_tables

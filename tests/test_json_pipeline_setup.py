@@ -2,14 +2,12 @@
 declarative file: validated against the real table and broker, refused with the SQL that fixes the table, the
 file applied idempotently."""
 import html
-import uuid
 
 import pytest
 from django.db import connection
 
 from consumers.models import ActionLog, Pipeline
 from tests.commands import pipeline_command as run_command
-from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -22,12 +20,6 @@ ORDERS_DDL = ("CREATE TABLE {} (order_id bigint NOT NULL, customer text, amount 
 def topic(make_topic):
     return make_topic("orders", partitions=1)
 
-
-@pytest.fixture
-def table():
-    name = f"orders_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def create_table(name, constraint=", UNIQUE (source_topic, source_partition, source_offset)"):

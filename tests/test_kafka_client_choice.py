@@ -2,7 +2,6 @@
 (TALLY_KAFKA_CLIENT): every door stores and refuses it the same way (consumers/operations/pipeline_setup.py),
 and a run reads with the client chosen."""
 import json
-import uuid
 
 import pytest
 
@@ -11,7 +10,6 @@ from consumers.models import ActionLog, Pipeline
 from consumers.operations import pipeline_file, pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from tests.commands import pipeline_command as run_command
-from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -19,13 +17,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def topic(make_topic):
     return make_topic("orders", partitions=2)
-
-
-@pytest.fixture
-def table():
-    name = f"sink_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def test_the_worker_default_applies_unless_the_pipeline_chooses(settings):

@@ -1,12 +1,10 @@
 """The dashboard's door to adding a pipeline: the same checks and messages as the command line, shown
 beside their field; viewers are refused; nothing is created when the form is refused."""
-import uuid
 
 import pytest
 from django.test import Client
 
 from consumers.models import ActionLog, Pipeline
-from tests.conftest import drop_sink_tables
 from tests.views_helpers import make_operator, make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -18,12 +16,6 @@ def operator_client():
     client.force_login(make_operator())
     return client
 
-
-@pytest.fixture
-def table():
-    name = f"form_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def form(topic, table, **overrides):

@@ -11,7 +11,6 @@ from consumers.models import ActionLog, DeliveryMode, DesiredState, Pipeline
 from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from tests.commands import pipeline_command as run_command
-from tests.conftest import drop_sink_tables
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -29,12 +28,6 @@ orders = Transform("orders", (("amount_cents", "bigint"), ("currency", "text")),
 def topic(make_topic):
     return make_topic("orders", partitions=2)
 
-
-@pytest.fixture
-def table():
-    name = f"sink_{uuid.uuid4().hex[:8]}"
-    yield name
-    drop_sink_tables([name])
 
 
 def execute(statement, params=None):

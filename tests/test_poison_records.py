@@ -13,6 +13,8 @@ from psycopg2 import sql
 from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.models import BadRecordPolicy, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from tests.conftest import drop_sink_tables
+from tests.sink_rows import sink_offsets
 
 OVERFLOW = b"99999999999999999999"  # > 2^63: Python parses it, bigint refuses it (22003)
 
@@ -38,19 +40,11 @@ def make_target(transactional_db):
     conn = db.connect()
     yield make, conn
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in made:
-            sinks.drop_sink_table(cur, pipeline.sink_table)
+    drop_sink_tables(pipeline.sink_table for pipeline in made)
 
 
 def batch(values, partition=0, start=0):
     return {partition: [SourceRecord(partition, start + i, None, v) for i, v in enumerate(values)]}
-
-
-def sink_offsets(table):
-    with connection.cursor() as cur:
-        cur.execute(f'SELECT source_offset FROM "{table}" ORDER BY source_offset, 1')  # test-only, fixed name
-        return [r[0] for r in cur.fetchall()]
 
 
 def test_poison_values_become_dead_letters_with_the_database_error_and_the_rest_commits(make_target):

@@ -12,6 +12,7 @@ from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka.admin import Watermarks
 from consumers.models import ActionLog, BatchLedger, DeliveryMode, PartitionHealth, PartitionOffset, Pipeline
 from consumers.reconciliation import reconcile
+from tests.conftest import drop_sink_tables
 
 
 class FakeKafka:
@@ -59,9 +60,7 @@ def setup(transactional_db):
 
     yield make
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in made:
-            sinks.drop_sink_table(cur, pipeline.sink_table)
+    drop_sink_tables(pipeline.sink_table for pipeline in made)
 
 
 def run_sql(statement, params=()):

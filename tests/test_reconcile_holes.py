@@ -8,6 +8,7 @@ from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import resolve
 from consumers.models import DeliveryMode, Pipeline
 from consumers.reconciliation import reconcile
+from tests.conftest import drop_sink_tables
 from tests.test_reconcile import FakeKafka, kinds, records, run_sql
 
 
@@ -52,9 +53,7 @@ def holes_setup(transactional_db):
 
     yield make
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in made:
-            sinks.drop_sink_table(cur, pipeline.sink_table)
+    drop_sink_tables(pipeline.sink_table for pipeline in made)
 
 
 def test_a_caught_up_exactly_once_pipeline_on_a_transactional_log_is_exact_with_lag_0(holes_setup):

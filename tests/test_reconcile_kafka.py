@@ -14,6 +14,7 @@ from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline
 from consumers.reconciliation import reconcile
+from tests.conftest import drop_sink_tables
 
 pytestmark = pytest.mark.kafka
 
@@ -68,9 +69,7 @@ def pipelines(transactional_db):
 
     yield make
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in made:
-            sinks.drop_sink_table(cur, pipeline.sink_table)
+    drop_sink_tables(pipeline.sink_table for pipeline in made)
 
 
 def test_lag_uses_the_true_high_watermark_of_multi_record_batches(kafka_bootstrap, make_topic, pipelines):

@@ -13,6 +13,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka.admin import Watermarks
 from consumers.models import Pipeline
 from consumers.reconciliation import reconcile
+from tests.conftest import drop_sink_tables
 
 
 class CountingCluster:
@@ -62,9 +63,7 @@ def pipelines(transactional_db):
 
     yield make
     conn.close()
-    with connection.cursor() as cur:
-        for pipeline in made:
-            sinks.drop_sink_table(cur, pipeline.sink_table)
+    drop_sink_tables(pipeline.sink_table for pipeline in made)
 
 
 @pytest.fixture

@@ -9,35 +9,26 @@ import sys
 import time
 
 import pytest
-from django.db import connection
 
-from consumers.engine import commit, sinks
+from consumers.engine import commit
 from consumers.engine.faults import FaultInjector
 from consumers.engine.spark import SparkRun, run_pipeline
 from consumers.engine.spark_session import get_spark, stop_spark
-from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
+from consumers.models import BatchLedger, DeliveryMode, PartitionOffset, Pipeline
 from tests.conftest import ROOT, stop_process_group
 from tests.spark_cluster import alive_workers
-from tests.spark_helpers import expected_rows, produce_values, sink_rows
+from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 @pytest.fixture
 def cluster_pipeline(transactional_db, kafka_bootstrap, make_topic):
-    made = []
+    with spark_pipelines() as spark_pipeline_on:
+        def make(name, partitions=3):
+            return spark_pipeline_on(name, make_topic(name, partitions=partitions), DeliveryMode.EXACTLY_ONCE)
 
-    def make(name, partitions=3):
-        topic = make_topic(name, partitions=partitions)
-        pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=f"spark_{name}".replace("-", "_"),
-                                           delivery_mode=DeliveryMode.EXACTLY_ONCE, engine=Engine.SPARK, epoch=1)
-        made.append(pipeline.sink_table)
-        return pipeline
-
-    yield make
-    with connection.cursor() as cur:
-        for table in made:
-            sinks.drop_sink_table(cur, table)
+        yield make
 
 
 def assert_ledger_tiles(pipeline, log):

@@ -11,8 +11,8 @@ from consumers.engine.spark import run_pipeline
 from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, Pipeline, RunState
-from tests.spark_helpers import expected_rows, produce_values, sink_rows
+from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, RunState
+from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
 from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -21,19 +21,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 @pytest.fixture
 def spark_pipeline(transactional_db, kafka_bootstrap, make_topic):
     get_spark()  # started before the timed part of each test
-    made = []
+    with spark_pipelines() as spark_pipeline_on:
+        def make(name, partitions=3, mode=DeliveryMode.EXACTLY_ONCE):
+            return spark_pipeline_on(name, make_topic(name, partitions=partitions), mode)
 
-    def make(name, partitions=3, mode=DeliveryMode.EXACTLY_ONCE):
-        topic = make_topic(name, partitions=partitions)
-        pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=f"spark_{name}".replace("-", "_"),
-                                           delivery_mode=mode, engine=Engine.SPARK, epoch=1)
-        made.append(pipeline.sink_table)
-        return pipeline
-
-    yield make
-    with connection.cursor() as cur:
-        for table in made:
-            sinks.drop_sink_table(cur, table)
+        yield make
 
 
 def test_it_writes_every_record_exactly_once_from_the_database_positions(spark_pipeline, kafka_bootstrap):

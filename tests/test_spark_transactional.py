@@ -1,15 +1,14 @@
 """The Spark engine on transactional topics: micro-batches end on positions (past transaction markers),
 so every mode reads to the log end, writes every record the topic holds once, and reconciles exact."""
 import pytest
-from django.db import connection
 
-from consumers.engine import sinks
 from consumers.engine.spark import read_offset_log, run_pipeline
 from consumers.engine.spark_session import get_spark
 from consumers.kafka import admin as kafka_admin
-from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
+from consumers.models import BatchLedger, DeliveryMode, PartitionOffset
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
+from tests.spark_helpers import spark_pipelines
 from tests.transactional_log import mixed_transactions, produce_transactions, topic_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -18,20 +17,13 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 @pytest.fixture
 def spark_tx_pipeline(transactional_db, kafka_bootstrap, make_topic):
     get_spark()
-    made = []
+    with spark_pipelines() as spark_pipeline_on:
+        def make(name, mode, partitions=2):
+            topic = make_topic(name, partitions=partitions)
+            produce_transactions(topic, mixed_transactions(12), partitions)
+            return spark_pipeline_on(name, topic, mode)
 
-    def make(name, mode, partitions=2):
-        topic = make_topic(name, partitions=partitions)
-        produce_transactions(topic, mixed_transactions(12), partitions)
-        pipeline = Pipeline.objects.create(name=name, topic=topic, sink_table=f"spark_{name}".replace("-", "_"),
-                                           delivery_mode=mode, engine=Engine.SPARK, epoch=1)
-        made.append(pipeline.sink_table)
-        return pipeline
-
-    yield make
-    with connection.cursor() as cur:
-        for table in made:
-            sinks.drop_sink_table(cur, table)
+        yield make
 
 
 @pytest.mark.parametrize("mode", [DeliveryMode.EXACTLY_ONCE, DeliveryMode.AT_LEAST_ONCE, DeliveryMode.AT_MOST_ONCE])

@@ -53,20 +53,27 @@ def mixed_transactions(count: int, size: int = 5, abort_every: int = 3, start: i
 
 def topic_values(topic: str, timeout_s: float = 20.0) -> list[int]:
     """Every value a read_committed consumer reads from the whole topic (each partition to its end)."""
+    return [int(value) for _, value, _ in read_committed(topic, timeout_s).values()]
+
+
+def read_committed(topic: str, timeout_s: float) -> dict[tuple[int, int], tuple]:
+    """{(partition, offset): (key, value, timestamp)}, in the order read, of every record a read_committed
+    consumer reads from the whole topic (each partition to its end); fails after `timeout_s`, as given."""
     consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=None,
                              enable_auto_commit=False, isolation_level="read_committed")
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(tps)
         consumer.seek_to_beginning()
-        values = []
+        found = {}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=200).values():
-                values += [int(r.value) for r in records]
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                for r in records:
+                    found[(tp.partition, r.offset)] = (r.key, r.value, r.timestamp)
             highs = [consumer.highwater(tp) for tp in tps]
             if all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, highs, strict=True)):
-                return values
+                return found
         raise AssertionError(f"could not read {topic} to its end")
     finally:
         consumer.close()

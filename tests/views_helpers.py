@@ -1,10 +1,12 @@
 """Factories shared by the dashboard's tests (views, API, metrics, browser): users in each role and a
 pipeline with positions, reconciliation results, a ledger with a gap, an overlap and a rewind, snapshots,
-dead letters and runs. No tests here."""
+dead letters and runs; and `fresh_throttles`, autouse in a test module that imports it. No tests here."""
 from datetime import timedelta
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.cache import cache
 from django.utils import timezone
 
 from consumers.models import (
@@ -22,6 +24,14 @@ from consumers.models import (
 from dashboard.roles import OPERATORS, VIEWERS, setup_roles
 
 PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Throttle counts live in the cache, per address: no test may leave another one throttled."""
+    cache.clear()
+    yield
+    cache.clear()
 
 
 def make_user(username: str, role: str):

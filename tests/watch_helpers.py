@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine import db
+from tests.transactional_log import read_committed
 from tests.waiting import patience
 
 ROOT = Path(__file__).resolve().parent.parent   # (not from conftest: conftest imports this module's fixture)
@@ -47,24 +48,7 @@ def produce(topic: str, records, partitions: int = 1) -> None:
 
 def read_topic(topic: str, timeout_s: float = 20.0) -> dict[tuple[int, int], tuple]:
     """{(partition, offset): (key, value, timestamp)} of every record a read_committed consumer reads."""
-    consumer = KafkaConsumer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, group_id=None,
-                             enable_auto_commit=False, isolation_level="read_committed")
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(tps)
-        consumer.seek_to_beginning()
-        found = {}
-        deadline = time.monotonic() + patience(timeout_s)
-        while time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=200).items():
-                for r in records:
-                    found[(tp.partition, r.offset)] = (r.key, r.value, r.timestamp)
-            highs = [consumer.highwater(tp) for tp in tps]
-            if all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, highs, strict=True)):
-                return found
-        raise AssertionError(f"could not read {topic} to its end")
-    finally:
-        consumer.close()
+    return read_committed(topic, patience(timeout_s))
 
 
 def table_rows(query: sql.Composable, params=()) -> list[tuple]:
