@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.utils import timezone
 from kafka import KafkaProducer
 
 from consumers.demo.classic import DEMO_TOPIC
@@ -79,7 +78,7 @@ def test_a_real_runs_history_answers_the_same_after_compaction_and_a_rewind_into
     before, _ = answers(pipeline, picks)
     assert before[0][:6] == (True, 0, 0, 0, 0, 1)
 
-    report = compaction.compact_all(now=timezone.now() + LATER)
+    report = compaction.compact_all(now=compaction.database_now() + LATER)
 
     rows_after = BatchLedger.objects.filter(pipeline=pipeline).count()
     assert report.rows_merged > 0 and rows_after < rows_before

@@ -12,6 +12,7 @@ from django.contrib.postgres.indexes import GistIndex
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Case, Exists, F, OuterRef, When
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from consumers.models.text import error_text
@@ -249,7 +250,9 @@ class BatchLedger(models.Model):
     rows_written = models.PositiveIntegerField()
     dead_letters = models.PositiveIntegerField(default=0)
     epoch = models.PositiveBigIntegerField()
-    committed_at = models.DateTimeField(default=timezone.now)
+    # The database's clock, as every writer stamps it (the commit protocol's `now()`): compaction judges a row's age
+    # by that clock, so no writer may use its own.
+    committed_at = models.DateTimeField(db_default=Now())
     # Set by a rewind to its new offset: this row now covers only [first_offset, superseded_from);
     # the rest will be covered again by the batches written after the rewind.
     superseded_from = models.BigIntegerField(null=True, blank=True)

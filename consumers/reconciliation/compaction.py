@@ -10,7 +10,9 @@ A row joins a run only when all of this holds:
   - it is verified: its end is at or below the partition's `verified_offset` and its id at or below the
     `verified_ledger_id` reconciliation took into account (and below the ledger summary's `upto_id`, so the
     pages' summary already folded it);
-  - it was committed before the recent past (`TALLY_LEDGER_KEEP_DAYS`, default 7): recent rows stay whole;
+  - it was committed before the recent past (`TALLY_LEDGER_KEEP_DAYS`, default 7): recent rows stay whole. The
+    commit protocol stamps `committed_at` with the database's clock (`now()`), so that is the clock their age is
+    judged by (`database_now`), not the clock of the worker that compacts;
   - no rewind trimmed it (`superseded_from`), it has no note (records skipped by retention), no dead letter;
   - it starts exactly where the run ends (no gap, no overlap) and has the run's epoch.
 So rewinds, gaps, overlaps, notes and dead letters keep their own rows, and a run never crosses an epoch.
@@ -27,7 +29,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 from psycopg2 import sql
 
 from consumers.engine.faults import NO_FAULTS, FaultInjector
@@ -54,6 +55,13 @@ _RESUME_SQL = sql.SQL("UPDATE {} SET compacted_to = %s WHERE pipeline_id = %s AN
 
 def keep_whole_for() -> timedelta:
     return timedelta(days=settings.TALLY_LEDGER_KEEP_DAYS)
+
+
+def database_now() -> datetime:
+    """PostgreSQL's clock, which stamped the ledger rows."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
 
 
 @dataclass
@@ -108,7 +116,7 @@ def compact_step(pipeline_id: int, partition: int, *, now: datetime | None = Non
                  faults: FaultInjector = NO_FAULTS) -> StepResult:
     """One bounded step on one partition: read up to STEP_ROWS rows from where the last step stopped, merge
     the runs among them, remember where to go on. One transaction."""
-    now = now or timezone.now()
+    now = now or database_now()
     result = StepResult()
     with transaction.atomic(), connection.cursor() as cursor:
         limits, start = _limits(cursor, pipeline_id, partition, now)
@@ -193,7 +201,7 @@ class CompactionReport:
 def compact_all(*, now: datetime | None = None, max_seconds: float | None = None,
                 faults: FaultInjector = NO_FAULTS) -> CompactionReport:
     """Step through every partition of every pipeline until nothing is left or `max_seconds` have passed."""
-    now = now or timezone.now()
+    now = now or database_now()
     deadline = time.monotonic() + max_seconds if max_seconds is not None else None
     report = CompactionReport()
     partitions = list(LedgerSummary.objects.filter(pipeline__in=Pipeline.objects.all())
