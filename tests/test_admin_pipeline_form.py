@@ -22,7 +22,6 @@ def admin_client():
     return client
 
 
-
 def add_form(topic, table, **overrides):
     return {"name": "orders", "cluster": "default", "topic": topic, "sink_table": table,
             "delivery_mode": "exactly_once", "transform": "int_value", "group_id": "", "engine": "python",

@@ -27,7 +27,6 @@ def topic(make_topic):
     return name
 
 
-
 def test_an_operator_adds_a_pipeline_starts_it_and_the_page_follows(page, live_server, topic, table,  # noqa: F811
                                                                      monkeypatch):
     monkeypatch.setattr(actions, "enqueue_run", lambda *args, **kwargs: [])  # no worker: the state is what counts

@@ -21,7 +21,6 @@ def topic(make_topic):
     return make_topic("orders", partitions=1)
 
 
-
 def create_table(name, constraint=", UNIQUE (source_topic, source_partition, source_offset)"):
     with connection.cursor() as cursor:
         cursor.execute(ORDERS_DDL.format(f'"{name}"', constraint))  # test-only: a generated, quoted name

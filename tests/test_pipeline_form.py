@@ -17,7 +17,6 @@ def operator_client():
     return client
 
 
-
 def form(topic, table, **overrides):
     return {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "int_value",
             "group": "", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "stop",

@@ -29,7 +29,6 @@ def topic(make_topic):
     return make_topic("orders", partitions=2)
 
 
-
 def execute(statement, params=None):
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
