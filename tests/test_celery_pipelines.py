@@ -32,10 +32,9 @@ from tests.ops_helpers import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
-# The run lease (15 s by default) made short so that a killed worker's pipeline comes back quickly, but not
-# shorter than a restarted run's start on a loaded machine: the supervisor's next attempt waits a lease from
-# the moment a worker takes the run, and a worker started just before the kill may still be loading its engine
-# host then (6 s under a full CI run on 2 cores, where 5 s led to a second restart).
+# The run lease (15 s by default) made short so that a killed worker's pipeline comes back quickly, with room for
+# a restarted run's first heartbeat on a loaded machine (the lease counts from when a process begins the run:
+# Pipeline.objects.run_begun).
 LEASE_SECONDS = 10
 
 
