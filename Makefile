@@ -18,8 +18,9 @@ run: setup database
 
 # Most integration tests wait on a broker, a worker or a browser rather than on the CPU, so they run in
 # TEST_WORKERS pytest-xdist workers (each with its own test database, Redis database and broker); the Spark
-# tests share one worker and one JVM (--dist loadgroup, tests/conftest.py). TEST_WORKERS=0 runs them serially.
-TEST_WORKERS ?= 4
+# tests run in three groups of their own, a worker and at most one JVM in the test process each (--dist
+# loadgroup, tests/conftest.py::spark_group), and two workers take the rest. TEST_WORKERS=0 runs them serially.
+TEST_WORKERS ?= 5
 # --durations: every run's log names its slowest tests, where the suite's time goes.
 test: setup system-deps database
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)

@@ -46,6 +46,17 @@ TEST_REDIS_URL = test_redis_url()
 SERVICE_FIXTURES = {"kafka_bootstrap": "kafka", "celery_worker": "celery", "page": "browser", "browser": "browser"}
 
 
+def spark_group(item) -> str:
+    """`make test` runs pytest-xdist with --dist loadgroup: the Spark tests run on three xdist workers, one for
+    local masters in the test process, one for the standalone cluster and one for the tests whose engines are
+    processes of their own. So the suite starts one in-process JVM per group, not one per test or per worker on
+    a 2-core machine, and no group waits for another: the local group was the suite's longest path (about
+    15 minutes), 5 of them the driver-killing chaos test, which needs no JVM in the test process."""
+    if "spark_cluster" in item.fixturenames or "on_spark_cluster" in item.fixturenames:
+        return "spark-cluster"
+    return "spark-processes" if item.get_closest_marker("spark_processes") else "spark"
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -53,11 +64,7 @@ def pytest_collection_modifyitems(config, items):
             if fixture in item.fixturenames:
                 item.add_marker(marker)
         if item.get_closest_marker("spark"):
-            # `make test` runs pytest-xdist with --dist loadgroup: the Spark tests run on two xdist workers, one
-            # for local masters and one for the standalone cluster, so the suite starts two JVMs, not one per
-            # worker on a 2-core machine, and neither half waits for the other (each is about 7 minutes).
-            on_cluster = "spark_cluster" in item.fixturenames or "on_spark_cluster" in item.fixturenames
-            item.add_marker(pytest.mark.xdist_group("spark-cluster" if on_cluster else "spark"))
+            item.add_marker(pytest.mark.xdist_group(spark_group(item)))
 
 
 # Modules that build many tests while being collected, by the marker their module's pytestmark gives every test:

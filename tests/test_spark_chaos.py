@@ -47,6 +47,7 @@ def chaos_pipeline(transactional_db, kafka_bootstrap, make_topic):
         sinks.drop_sink_table(cur, pipeline.sink_table)
 
 
+@pytest.mark.spark_processes
 @pytest.mark.timeout(2400)  # six engine processes, each starting its own JVM
 def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos_pipeline, kafka_bootstrap,
                                                                            subprocess_env):

@@ -281,6 +281,7 @@ def spark_pipeline_env(subprocess_env, make_topic):
 
 
 @pytest.mark.spark
+@pytest.mark.spark_processes
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("jvm_dies_first", [False, True], ids=["sigterm", "sigterm-after-its-jvm-died"])
 def test_run_spark_pipeline_exits_on_sigterm_to_its_group(spark_pipeline_env, jvm_dies_first):

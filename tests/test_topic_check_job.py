@@ -12,7 +12,7 @@ from consumers.reconciliation import topic_check
 from tests.test_topic_check import classic, records  # noqa: F401,F811  (the classic example's fixture)
 from tests.waiting import patience
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.celery]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.celery]
 
 
 def test_the_dashboard_topic_check_runs_as_a_celery_job_with_progress_and_a_stored_result(classic, celery_worker):  # noqa: F811
