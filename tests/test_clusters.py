@@ -5,6 +5,7 @@ import pickle
 import pytest
 
 from consumers.kafka import clusters
+from consumers.kafka.check import check_cluster
 from consumers.kafka.clusters import Cluster, Secret
 from consumers.kafka.errors import ClusterConfigError
 from tests.pki import make_pki
@@ -178,3 +179,11 @@ def test_a_wrong_ca_file_is_a_settings_error_naming_the_file(tmp_path):
     cluster = Cluster("prod", "b:1", security_protocol="SSL", ssl_cafile=str(cafile))
     with pytest.raises(ClusterConfigError, match=f"ssl_cafile {cafile} cannot be loaded"):
         clusters.client_kwargs(cluster)
+
+
+def test_checking_a_good_cluster_in_a_bad_file_names_the_bad_table(clusters_file):
+    clusters_file('[clusters.pay]\nbootstrap_servers = "b:1"\n[clusters.bad]\nbootstrap_servers = "nonsense"\n')
+    result = check_cluster("pay")
+    assert (result.ok, result.step) == (False, "settings")
+    assert result.error.startswith("Kafka cluster 'pay': the clusters file is invalid: bootstrap_servers must be")
+    assert result.error.endswith("[clusters.bad])")

@@ -74,8 +74,11 @@ def check_cluster(cluster, timeout_s: float = CHECK_TIMEOUT_S, read_metadata: bo
         try:
             cluster = clusters.get(cluster)
         except ClusterConfigError as exc:
-            return CheckResult(str(cluster or clusters.DEFAULT), "", "", "", step="settings", cause=SETTINGS,
-                               detail=exc.problem, seconds=time.monotonic() - started)
+            name = str(cluster or clusters.DEFAULT)
+            # Another cluster's table (or the file itself) may be what is wrong: the problem names where.
+            detail = exc.problem if exc.cluster == name else f"the clusters file is invalid: {exc.problem}"
+            return CheckResult(name, "", "", "", step="settings", cause=SETTINGS,
+                               detail=detail, seconds=time.monotonic() - started)
     result = CheckResult(cluster.name, cluster.bootstrap_servers, cluster.security_protocol, cluster.mechanism)
     deadline = started + timeout_s
     try:
