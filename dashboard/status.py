@@ -211,7 +211,8 @@ def pipeline_summary(pipeline: Pipeline, runs, now=None) -> PipelineSummary:
 
 
 def last_reconciliation():
-    return PartitionHealth.objects.aggregate(last=Max("checked_at"))["last"]
+    # Every pipeline has a PipelineHealth row once reconciled; one that never ran has no PartitionHealth.
+    return PipelineHealth.objects.aggregate(last=Max("checked_at"))["last"]
 
 
 HEALTH_FIELDS = ("status", "lost", "duplicated", "phantom", "dead_lettered", "lag_records", "lag_seconds")

@@ -67,6 +67,13 @@ def test_the_overview_fragment_shows_new_numbers_after_reconciliation_changes_th
     assert 'data-field="lag_records">777<' in body
 
 
+def test_the_overview_counts_a_reconciled_pipeline_that_has_no_partition_yet(viewer_client, pipeline):
+    pipeline.partition_health.all().delete()    # never started: reconciliation found no position to check
+    html = viewer_client.get("/").content.decode()
+    assert "Last reconciliation: never" not in html
+    assert re.search(r'Last reconciliation: <time datetime="[^"]+" id="last-check">', html)
+
+
 def test_the_pipeline_page_shows_partitions_timeline_dead_letters_and_runs(viewer_client, pipeline):
     html = viewer_client.get("/pipelines/orders/").content.decode()
     row = re.search(r'<tr id="partition-0">.*?</tr>', html, re.S).group(0)
