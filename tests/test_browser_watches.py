@@ -63,6 +63,8 @@ def test_an_operator_watches_a_plain_consumer_that_lost_records_and_traces_one(p
         lost_here = sum(1 for q, _ in lost if q == p)
         expect(page.locator(f"#partition-{p} td").nth(9)).to_have_text(str(lost_here))
         expect(page.locator(f"#chart-lag-{p} canvas")).to_have_count(1)   # the lag history, drawn
+        # uPlot's stylesheet lays the plot's overlay and legend out (without it the legend sits on the plot).
+        expect(page.locator(f"#chart-lag-{p} .u-over")).to_have_css("position", "absolute")
     expect(page.locator("#no-snapshots")).to_have_count(0)
     links = page.locator("#lost-offsets a")
     expect(links).to_have_count(len(lost))
