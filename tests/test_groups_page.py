@@ -1,17 +1,20 @@
 """/groups/ after real runs: a pipeline's group (committed to Kafka by its run) is listed with the
-pipeline's lag, never a 500; a missing value formats as a dash."""
+pipeline's lag, never a 500; a missing value formats as a dash; a team's group links to the watch that audits it."""
+import time
 import uuid
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 
 from consumers.engine.python import run_pipeline
+from consumers.models import Watch
 from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from dashboard.templatetags.tally import duration
 from tests.conftest import drop_sink_tables
 from tests.views_helpers import make_viewer
+from tests.watch_helpers import produce
 
 
 @pytest.mark.parametrize("value, text", [(None, "—"), ("", "—"), ("n/a", "—"), (0.4, "0.4 s"), (185, "3 min 5 s")])
@@ -48,3 +51,31 @@ def test_the_groups_page_lists_a_pipeline_group_after_a_real_run(client, ran_pip
     assert f'href="/groups/{ran_pipeline.group_id}/"' in html and "Tally pipeline groups-page" in html
     row = html[html.index(f'href="/groups/{ran_pipeline.group_id}/"'):].split("</tr>")[0]
     assert '<td class="num">0</td>' in row  # the pipeline's lag once reconciled, caught up
+
+
+@pytest.mark.kafka
+@pytest.mark.django_db(transaction=True)
+def test_an_external_group_that_a_watch_audits_links_to_its_watch(client, make_topic, settings):
+    topic = make_topic("watched-group")
+    produce(topic, [(None, b"1"), (None, b"2")])
+    group = f"team-{uuid.uuid4().hex[:6]}"
+    consumer = KafkaConsumer(topic, group_id=group, bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS,
+                             auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=6000)
+    assert read_until(consumer, 2)
+    consumer.commit()
+    consumer.close()
+    Watch.objects.create(name="team-orders", group_id=group, topic=topic)
+    client.force_login(make_viewer())
+
+    html = client.get("/groups/").content.decode()
+    row = html[html.index(f'href="/groups/{group}/"'):].split("</tr>")[0]
+    assert 'external · watched by <a href="/watches/team-orders/">team-orders</a>' in row
+    page = client.get(f"/groups/{group}/").content.decode()
+    assert 'Tally watches this group: <a href="/watches/team-orders/">team-orders</a>' in page
+
+
+def read_until(consumer, count: int, timeout_s: float = 30.0) -> bool:
+    deadline, seen = time.monotonic() + timeout_s, 0
+    while seen < count and time.monotonic() < deadline:
+        seen += sum(len(batch) for batch in consumer.poll(timeout_ms=500).values())
+    return seen >= count

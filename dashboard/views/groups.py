@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
-from consumers.models import Pipeline
+from consumers.models import Pipeline, Watch
 from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
@@ -26,6 +26,14 @@ from dashboard.views.topic_checks import topic_check_context
 def _pipeline_groups() -> dict[tuple[str, str], str]:
     rows = Pipeline.objects.values_list("cluster", "group_id", "name")
     return {(cluster, group): name for cluster, group, name in rows}
+
+
+def _watches_of_groups() -> dict[tuple[str, str], list[str]]:
+    """The watches of each (cluster, group): an external group may be watched, once per topic."""
+    watched: dict[tuple[str, str], list[str]] = {}
+    for cluster, group, name in Watch.objects.order_by("name").values_list("cluster", "group_id", "name"):
+        watched.setdefault((cluster, group), []).append(name)
+    return watched
 
 
 def _cluster(request) -> str:
@@ -43,12 +51,12 @@ def _cluster(request) -> str:
 def group_list(request):
     # Every cluster's groups; a cluster down shows its reason, the others still list theirs (never a 500).
     found, errors = kafka_groups.groups_of_every_cluster(include_pipelines=True)
-    pipelines = _pipeline_groups()
+    pipelines, watches = _pipeline_groups(), _watches_of_groups()
     # A pipeline's group shows the pipeline's lag (from reconciliation); other groups their last sample.
     sampled = {(g.cluster, g.group_id): g for g in status.external_group_rows()}
     sampled.update({(row.pipeline.cluster, row.pipeline.group_id): row for row in status.pipeline_rows()})
-    groups = [{"group_id": g, "cluster": c, "pipeline": pipelines.get((c, g)), "sample": sampled.get((c, g))}
-              for c, g in found]
+    groups = [{"group_id": g, "cluster": c, "pipeline": pipelines.get((c, g)), "watches": watches.get((c, g), []),
+               "sample": sampled.get((c, g))} for c, g in found]
     error = "; ".join(errors.values())
     return render_page(request, "groups.html", {"nav": "groups", "groups": groups, "error": error,
                                                 "several_clusters": len({c for c, _ in found} | set(errors)) > 1})
@@ -59,6 +67,7 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
     context = {"nav": "groups", "group_id": group_id, "cluster": cluster,
                "cluster_query": _cluster_query(cluster),
                "pipeline": Pipeline.objects.filter(group_id=group_id, cluster=cluster).first(),
+               "watches": _watches_of_groups().get((cluster, group_id), []),
                "can_operate": can_operate(request.user), "preview": preview, "carry": carry, "error": ""}
     report = kafka_groups.describe(group_id, cluster=cluster)
     context.update(description=report, partitions=report.partitions, error="; ".join(report.errors))
