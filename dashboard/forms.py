@@ -7,10 +7,41 @@ from django import forms
 
 from consumers.engine import json_map
 from consumers.form_errors import add_problems
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Invalid
+
+
+def cluster_choices() -> list[tuple[str, str]]:
+    """The configured Kafka clusters, for a select; only "default" while the clusters file cannot be read (the
+    pages that list clusters say why)."""
+    try:
+        names = clusters.names()
+    except ClusterConfigError:
+        names = [clusters.DEFAULT]
+    return [(name, name) for name in names]
+
+
+class ClusterField(forms.CharField):
+    """A Kafka cluster's name, picked from the configured ones. Whether it exists is the operation's check
+    (pipeline_setup, watch_setup), as for the command and the API: the same message at every door."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("help_text", "The Kafka cluster: default, or one of the file TALLY_KAFKA_CLUSTERS names.")
+        # A callable: the choices are read each time the select is drawn (the file may have changed).
+        super().__init__(max_length=64, required=False, initial=clusters.DEFAULT, label="Kafka cluster",
+                         widget=forms.Select(choices=cluster_choices), **kwargs)
+
+    def widget_attrs(self, widget):
+        attrs = super().widget_attrs(widget)
+        attrs.pop("maxlength", None)   # a text input's attribute, not a select's
+        return attrs
+
+    def clean(self, value):
+        return super().clean(value) or clusters.DEFAULT
 
 
 class TopicCheckRequestForm(forms.Form):
@@ -26,6 +57,7 @@ class PipelineForm(forms.Form):
 
     name = forms.CharField(max_length=100, help_text="Lower-case letters, digits, '-' and '_'.")
     topic = forms.CharField(max_length=249, help_text="The Kafka topic to consume; it must exist.")
+    cluster = ClusterField()
     sink_table = forms.CharField(max_length=63, help_text="The PostgreSQL table the pipeline writes.")
     mode = forms.ChoiceField(choices=[(m, m) for m in ("exactly-once", "at-least-once", "at-most-once")],
                              initial="exactly-once")

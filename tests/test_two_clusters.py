@@ -1,5 +1,6 @@
 """Two Kafka clusters at once: two brokers, a topic of one name on each with different records, a pipeline on
-each, and a group of one name on each: the groups page, its API, the snapshots and the metrics keep them apart."""
+each, and a group of one name on each: the groups page, its API, the snapshots and the metrics keep them apart;
+the dashboard's forms add a pipeline and a watch on the cluster the operator picks."""
 import uuid
 
 import pytest
@@ -10,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import broker, clusters
+from consumers.models import Pipeline, Watch
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
 from tests.chaos import sink_counts
@@ -117,3 +119,33 @@ def test_a_pipeline_on_each_of_two_clusters_reads_its_own_topic_and_groups_stay_
     assert f'href="/groups/{group}/?cluster=second">{group}</a> <span class="tag" title="Kafka cluster">second' in page
     run_logged = client.get(f"/api/pipelines/{pipelines['second'].name}/").json()
     assert run_logged["cluster"] == "second"
+
+
+def test_an_operator_picks_the_cluster_in_the_pipeline_and_watch_forms(two_clusters):
+    topic = f"only-second-{uuid.uuid4().hex[:8]}"   # a topic the default cluster does not have
+    fill("second", topic, range(1, 5))
+    table = f"sink_{topic}".replace("-", "_")
+    two_clusters.append(table)
+    operator = Client()
+    operator.force_login(make_operator())
+    for page in ("/pipelines/new/", "/watches/new/"):
+        html = operator.get(page).content.decode()
+        assert '<option value="default" selected>default</option>' in html and '<option value="second">' in html
+
+    pipeline = {"name": "second-orders", "topic": topic, "sink_table": table, "mode": "exactly-once",
+                "transform": "int_value", "engine": "python", "isolation_level": "read_committed",
+                "on_log_truncated": "stop", "create_table": "on"}
+    refused = operator.post("/pipelines/new/", pipeline)   # on the default cluster the topic does not exist
+    assert refused.status_code == 400 and "does not exist in Kafka" in refused.content.decode()
+    unknown = operator.post("/pipelines/new/", {**pipeline, "cluster": "nowhere"})
+    assert unknown.status_code == 400 and "no such cluster" in unknown.content.decode()
+    created = operator.post("/pipelines/new/", {**pipeline, "cluster": "second"})
+    assert created["Location"] == "/pipelines/second-orders/"
+    assert Pipeline.objects.get(name="second-orders").cluster == "second"
+
+    group = f"team-{uuid.uuid4().hex[:6]}"
+    kafka_admin.commit_offsets(group, topic, {0: 1, 1: 1}, cluster="second")
+    watch = {"name": "second-team", "group": group, "topic": topic, "start_from": "earliest", "settle_seconds": "0"}
+    assert operator.post("/watches/new/", watch).status_code == 400
+    assert operator.post("/watches/new/", {**watch, "cluster": "second"})["Location"] == "/watches/second-team/"
+    assert Watch.objects.get(name="second-team").cluster == "second"

@@ -301,3 +301,11 @@ def test_the_timeline_draws_batches_that_crossed_holes_apart_from_gaps(viewer_cl
     timeline = re.search(r'id="timeline-1">.*?</figure>', html, re.S).group(0)
     assert 'class="hole"' in timeline and "2 holes (markers" in timeline
     assert "batches 100–112 crossed holes" in timeline and 'class="gap"' not in timeline
+
+
+def test_a_checkbox_help_is_its_own_line_and_describes_the_checkbox(operator_client):
+    html = operator_client.get("/watches/new/").content.decode()
+    assert re.search(r'<input type="checkbox" name="keyed"[^>]*aria-describedby="id_keyed_helptext"', html)
+    label = re.search(r'<label for="id_keyed">.*?</label>', html, re.S).group(0)
+    assert "<small" not in label   # inside the label, the stylesheet drew it over the label's text
+    assert '<small class="muted checkbox-help" id="id_keyed_helptext">An update stream' in html

@@ -16,6 +16,7 @@ from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard import consumer_rows
+from dashboard.forms import ClusterField
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
@@ -99,6 +100,7 @@ class WatchForm(forms.Form):
     name = forms.CharField(max_length=100)
     group = forms.CharField(max_length=255, help_text="The consumer group to watch.")
     topic = forms.CharField(max_length=249)
+    cluster = ClusterField()
     sink_table = forms.CharField(max_length=63, required=False, help_text="The table the group writes (optional).")
     record_id = forms.CharField(max_length=300, required=False, help_text="value, key, json:PATH or offset.")
     row_id = forms.CharField(max_length=200, required=False, help_text="COLUMN, or PART_COL,OFFSET_COL for offset.")
