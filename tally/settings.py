@@ -343,9 +343,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"kafka_close": {"()": "tally.log_filters.DropCancelledMetadataRefresh"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "tally": {"handlers": ["console"], "level": env_str("TALLY_LOG_LEVEL", "INFO")},
         "kafka": {"handlers": ["console"], "level": "WARNING"},
+        "kafka.cluster": {"filters": ["kafka_close"]},   # a clean close is not an error (tally/log_filters.py)
     },
 }
