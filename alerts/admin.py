@@ -87,13 +87,13 @@ def mute_alerts(modeladmin, request, queryset):
                            pipeline=alert.pipeline,
                            params={"alert": alert.pk, "minutes": request.POST.get("minutes", ""), "via": "admin"})
         return
-    for alert in queryset.select_related("rule", "pipeline"):
+    for alert in queryset.select_related("rule", "pipeline", "watch"):
         try:
             mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
         except evaluate.AlertGone as exc:
             modeladmin.message_user(request, str(exc), messages.ERROR)
             continue
-        modeladmin.message_user(request, f"Muted '{alert.rule.name}' on {alert.pipeline.name} until "
+        modeladmin.message_user(request, f"Muted '{alert.rule.name}' on {mute.scope_label} until "
                                          f"{mute.until:%Y-%m-%d %H:%M} UTC.", messages.SUCCESS)
 
 
@@ -148,7 +148,7 @@ class AlertAdmin(admin.ModelAdmin):
 class MuteAdmin(admin.ModelAdmin):
     """Mutes are made by the mute actions (bounded, audited); here they are read, or lifted (audited)."""
 
-    list_display = ("rule", "pipeline", "until", "created_by", "reason")
+    list_display = ("rule", "pipeline", "watch", "until", "created_by", "reason")
 
     def has_add_permission(self, request):
         return False
@@ -162,7 +162,7 @@ class MuteAdmin(admin.ModelAdmin):
         super().delete_model(request, obj)
 
     def delete_queryset(self, request, queryset):
-        for mute in queryset.select_related("rule", "pipeline"):
+        for mute in queryset.select_related("rule", "pipeline", "watch"):
             self.delete_model(request, mute)
 
 

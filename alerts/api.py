@@ -38,7 +38,7 @@ class MuteInput(StrictSerializer):
 
 
 def _alert(alert_id: int) -> Alert:
-    return get_object_or_404(Alert.objects.select_related("rule", "pipeline"), pk=alert_id)
+    return get_object_or_404(Alert.objects.select_related("rule", "pipeline", "watch"), pk=alert_id)
 
 
 def _conflict(alert: Alert, error: str) -> Response:
@@ -92,5 +92,7 @@ def alert_mute(request, alert_id):
                              body.validated_data["reason"])
     except evaluate.AlertGone as exc:
         return _conflict(alert, str(exc))
-    return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline.name,
-                              "until": mute.until.isoformat()}, "alert": alert.as_json()})
+    return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline_label,
+                              "watch": alert.pipeline_label if alert.watch_id else None,
+                              "until": mute.until.isoformat()},
+                     "alert": alert.as_json()})

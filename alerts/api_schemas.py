@@ -51,7 +51,8 @@ class AlertRefusedSerializer(ErrorSerializer):
 class MuteSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     rule = serializers.CharField()
-    pipeline = serializers.CharField()
+    pipeline = serializers.CharField(help_text="The pipeline's name, or the watch's (as in the alert)")
+    watch = serializers.CharField(allow_null=True, help_text="The watch's name when the alert is about a watch")
     until = serializers.DateTimeField()
 
 

@@ -70,7 +70,7 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
     with transaction.atomic():
         alert = (Alert.objects.select_for_update(of=("self",)).select_related("rule", "pipeline", "watch")
                  .filter(rule=rule, **about, state__in=OPEN_STATES).first())
-        muted = Mute.active_for(rule, about["pipeline"], now).exists()
+        muted = Mute.active_for(rule, **about, now=now).exists()
         if finding is None:
             if alert is not None:
                 _resolve(alert, now, muted, report)
@@ -128,7 +128,7 @@ def resolve_gone(alerts, reason: str, now=None) -> list[str]:
         for alert in locked.filter(state__in=OPEN_STATES):
             alert.facts = {**(alert.facts or {}), "resolved_because": reason}
             Alert.objects.filter(pk=alert.pk).update(facts=alert.facts)
-            muted = not alert.is_gone and Mute.active_for(alert.rule, alert.pipeline, now).exists()
+            muted = not alert.is_gone and alert.active_mute(now) is not None
             _resolve(alert, now, muted, report)
     return report.resolved
 
@@ -208,17 +208,16 @@ def acknowledge(alert: Alert, user: str, now=None) -> bool:
 
 
 def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> Mute:
-    """Mute the alert's rule for its pipeline for `minutes`, in the operators' action log with the actor.
-    Raises AlertGone for an alert whose rule or pipeline was deleted (an empty link would mute everything)."""
-    if alert.watch_id is not None:  # a mute names a pipeline or every pipeline: one for a watch would be global
-        raise AlertGone(f"Alert {alert.pk} is about watch {alert.pipeline_label}: mutes are per pipeline; "
-                        f"acknowledge it, or disable or tune the rule {alert.rule_label!r}.")
+    """Mute the alert's rule for its pipeline or its watch for `minutes`, in the operators' action log with the
+    actor. Raises AlertGone for an alert whose rule, pipeline or watch was deleted (an empty link would mute
+    everything)."""
     if alert.is_gone:
-        raise AlertGone(f"Alert {alert.pk} is history: its {'pipeline' if alert.pipeline_id is None else 'rule'} "
-                        f"was deleted, so there is nothing to mute.")
-    muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, minutes=minutes, user=user, reason=reason, now=now)
+        gone = "rule" if alert.rule_id is None else "pipeline or watch"
+        raise AlertGone(f"Alert {alert.pk} is history: its {gone} was deleted, so there is nothing to mute.")
+    muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, watch=alert.watch, minutes=minutes, user=user,
+                      reason=reason, now=now)
     _log_action(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
-           f"muted rule {alert.rule.name!r} on {alert.pipeline.name} until {muted.until:%Y-%m-%d %H:%M} UTC", now)
+                f"muted rule {alert.rule.name!r} on {muted.scope_label} until {muted.until:%Y-%m-%d %H:%M} UTC", now)
     return muted
 
 

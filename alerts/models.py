@@ -162,7 +162,7 @@ class Alert(models.Model):
         return bool(changed)
 
     def active_mute(self, now=None):
-        return Mute.active_for(self.rule, self.pipeline, now).first()
+        return Mute.active_for(self.rule, pipeline=self.pipeline, watch=self.watch, now=now).first()
 
     def as_json(self) -> dict:
         return {
@@ -179,12 +179,15 @@ class Alert(models.Model):
 
 
 class Mute(models.Model):
-    """Silences emails for a period. Empty rule: every rule; empty pipeline: every pipeline. Alerts are
-    still evaluated and listed while muted; only their emails are held."""
+    """Silences notifications for a period. Empty rule: every rule. A pipeline or a watch: only its alerts; neither:
+    every pipeline and every watch. Alerts are still evaluated and listed while muted; only their emails are held
+    (and channels hear nothing new, except the "resolved" of an alert they heard fire)."""
 
     rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.CASCADE, related_name="mutes")
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.CASCADE,
                                  related_name="alert_mutes")
+    watch = models.ForeignKey("consumers.Watch", null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="alert_mutes")
     until = models.DateTimeField()
     reason = models.CharField(max_length=200, blank=True, default="")
     created_by = models.CharField(max_length=150, blank=True, default="")
@@ -195,18 +198,39 @@ class Mute(models.Model):
         ordering = ["-until"]
 
     def __str__(self):
-        return f"mute {self.rule or 'all rules'} / {self.pipeline or 'all pipelines'} until {self.until:%Y-%m-%d %H:%M}"
+        return f"mute {self.rule or 'all rules'} / {self.scope_label} until {self.until:%Y-%m-%d %H:%M}"
+
+    @property
+    def scope_label(self) -> str:
+        if self.pipeline_id:
+            return self.pipeline.name
+        return f"watch {self.watch.name}" if self.watch_id else "all pipelines and watches"
 
     @classmethod
-    def active_for(cls, rule, pipeline, now=None):
+    def active_for(cls, rule, *, pipeline=None, watch=None, now=None):
+        """The mutes that hold `rule`'s notifications about the pipeline or the watch."""
         now = now or timezone.now()
-        return cls.objects.filter(Q(rule=rule) | Q(rule__isnull=True), Q(pipeline=pipeline) | Q(pipeline__isnull=True),
-                                  until__gt=now)
+        scope = Q(pipeline__isnull=True, watch__isnull=True)
+        if pipeline is not None:
+            scope |= Q(pipeline=pipeline)
+        if watch is not None:
+            scope |= Q(watch=watch)
+        return cls.objects.filter(Q(rule=rule) | Q(rule__isnull=True), scope, until__gt=now)
+
+    def covers(self, alert: "Alert") -> bool:
+        """active_for's rule for one alert, on mutes already read (the alerts page lists many)."""
+        if self.rule_id not in (None, alert.rule_id):
+            return False
+        if self.pipeline_id is None and self.watch_id is None:
+            return True
+        return (self.pipeline_id is not None and self.pipeline_id == alert.pipeline_id) or \
+            (self.watch_id is not None and self.watch_id == alert.watch_id)
 
     @classmethod
-    def mute(cls, *, rule, pipeline, minutes: int, user: str = "", reason: str = "", now=None) -> "Mute":
+    def mute(cls, *, rule, pipeline=None, watch=None, minutes: int, user: str = "", reason: str = "",
+             now=None) -> "Mute":
         now = now or timezone.now()
-        return cls.objects.create(rule=rule, pipeline=pipeline, until=now + timedelta(minutes=minutes),
+        return cls.objects.create(rule=rule, pipeline=pipeline, watch=watch, until=now + timedelta(minutes=minutes),
                                   created_by=user[:150], reason=reason[:200], created_at=now)
 
 

@@ -11,14 +11,15 @@ MAX_MUTE_MINUTES = 30 * 24 * 60
 
 
 def filtered_alerts(state: str = "open", pipeline: str = ""):
-    alerts = Alert.objects.select_related("rule", "pipeline").order_by("-started_at", "-pk")
+    alerts = Alert.objects.select_related("rule", "pipeline", "watch").order_by("-started_at", "-pk")
     if state == "open" or state not in STATE_FILTERS:
         alerts = alerts.filter(state__in=OPEN_STATES)
     elif state != "all":
         alerts = alerts.filter(state=state)
     if pipeline:
-        # A deleted pipeline's alerts keep its name: its history is still found by name.
-        alerts = alerts.filter(Q(pipeline__name=pipeline) | Q(pipeline__isnull=True, pipeline_name=pipeline))
+        # A pipeline's or a watch's name; a deleted one's alerts keep its name: its history is still found by name.
+        alerts = alerts.filter(Q(pipeline__name=pipeline) | Q(watch__name=pipeline)
+                               | Q(pipeline__isnull=True, watch__isnull=True, pipeline_name=pipeline))
     return alerts
 
 

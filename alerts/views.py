@@ -17,7 +17,7 @@ from alerts import evaluate
 from alerts.models import Alert, Mute
 from alerts.queries import MAX_MUTE_REASON, PAGE_SIZE, STATE_FILTERS, filtered_alerts, parse_minutes
 from consumers.access import can_operate, record_refusal, role_of
-from consumers.models import Pipeline
+from consumers.models import Pipeline, Watch
 
 
 @require_GET
@@ -28,14 +28,14 @@ def alert_list(request):
     pipeline = request.GET.get("pipeline", "")
     now = timezone.now()
     alerts = list(filtered_alerts(state, pipeline)[:PAGE_SIZE])
-    mutes = list(Mute.objects.filter(until__gt=now).select_related("rule", "pipeline"))
+    mutes = list(Mute.objects.filter(until__gt=now).select_related("rule", "pipeline", "watch"))
     for alert in alerts:
-        covering = [m.until for m in mutes
-                    if m.rule_id in (None, alert.rule_id) and m.pipeline_id in (None, alert.pipeline_id)]
+        covering = [m.until for m in mutes if m.covers(alert)]
         alert.muted_until = max(covering) if covering and alert.is_open else None
     context = {
         "alerts": alerts, "state": state, "pipeline": pipeline,
         "states": STATE_FILTERS, "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True),
+        "watches": Watch.objects.order_by("name").values_list("name", flat=True),
         "mutes": mutes,
         "can_operate": can_operate(request.user), "now": now, "nav": "alerts",
     }
@@ -89,6 +89,5 @@ def alert_mute(request, alert_id):
     except evaluate.AlertGone as exc:
         messages.error(request, str(exc))
         return _back(request)
-    messages.success(request, f"Muted '{alert.rule.name}' on {alert.pipeline.name} "
-                              f"until {mute.until:%Y-%m-%d %H:%M} UTC.")
+    messages.success(request, f"Muted '{alert.rule.name}' on {mute.scope_label} until {mute.until:%Y-%m-%d %H:%M} UTC.")
     return _back(request)

@@ -6,8 +6,10 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
-from consumers.models import Pipeline
+from alerts import evaluate
+from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
+from alerts.rules import Finding
+from consumers.models import ActionLog, Pipeline, Watch
 
 
 @pytest.fixture
@@ -164,3 +166,66 @@ def test_a_script_acknowledges_with_a_token(operator):
     token = Token.objects.create(user=operator)
     response = Client().post(f"/api/alerts/{alert.pk}/acknowledge/", headers={"Authorization": f"Token {token.key}"})
     assert response.status_code == 200 and response.json()["alert"]["state"] == "acknowledged"
+
+
+def make_watch_alert(name, rule_kind=RuleKind.LOST):
+    watch = Watch.objects.create(name=name, group_id=f"team-{name}", topic=name)
+    rule = AlertRule.objects.get_or_create(name=f"any {rule_kind}", kind=rule_kind, pipeline=None)[0]
+    now = timezone.now()
+    return Alert.objects.create(rule=rule, watch=watch, state=AlertState.FIRING, summary=f"{name}: 2 lost records",
+                                facts={"count": 2}, started_at=now, last_seen_at=now)
+
+
+def test_a_watchs_alert_links_to_its_watch_filters_by_its_name_and_is_muted_for_that_watch_only(operator):
+    alert, other = make_watch_alert("billing"), make_watch_alert("shipping")
+    orders = make_alert("orders")
+    client = client_for(operator)
+
+    page = client.get("/alerts/").content.decode()
+    row = page[page.index(f'id="alert-{alert.pk}"'):].split("</tr>")[0]
+    assert '<a href="/watches/billing/">billing</a> <span class="tag">watch</span>' in row and "(deleted)" not in row
+    assert '<optgroup label="Watches"><option value="billing">billing</option>' in page
+    only_billing = client.get("/alerts/", {"pipeline": "billing"}).content.decode()
+    assert f'id="alert-{alert.pk}"' in only_billing and f'id="alert-{other.pk}"' not in only_billing
+
+    response = client.post(f"/api/alerts/{alert.pk}/mute/", {"minutes": 30, "reason": "migrating"},
+                           content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert response.json()["mute"] | {"id": 0, "until": ""} == {"id": 0, "rule": alert.rule.name, "until": "",
+                                                               "pipeline": "billing", "watch": "billing"}
+    mute = Mute.objects.get()
+    assert (mute.watch, mute.pipeline, mute.scope_label) == (alert.watch, None, "watch billing")
+    assert alert.active_mute() == mute                        # the muted watch's alerts of that rule are held
+    assert other.active_mute() is None and orders.active_mute() is None   # nothing else is
+    page = client.get("/alerts/").content.decode()
+    assert "any lost on watch billing until" in page
+    assert "muted until" in page[page.index(f'id="alert-{alert.pk}"'):].split("</tr>")[0]
+    assert "muted until" not in page[page.index(f'id="alert-{other.pk}"'):].split("</tr>")[0]
+
+
+def test_a_mute_of_every_pipeline_and_watch_covers_both(operator):
+    alert, orders = make_watch_alert("billing"), make_alert("orders")
+    mute = Mute.mute(rule=None, minutes=10, user="olga")
+    assert mute.scope_label == "all pipelines and watches"
+    assert alert.active_mute() == mute and orders.active_mute() == mute
+    assert mute.covers(alert) and mute.covers(orders)
+
+
+def test_a_muted_watch_gets_no_reminder_while_another_watch_of_the_rule_does(db, settings):
+    settings.ALERT_RECIPIENTS = ["team@example.com"]
+    rule = AlertRule.objects.create(name="any loss", kind=RuleKind.LOST, reminder_seconds=60)
+    muted_watch = Watch.objects.create(name="billing", group_id="team-billing", topic="billing")
+    loud_watch = Watch.objects.create(name="shipping", group_id="team-shipping", topic="shipping")
+    now = timezone.now()
+    for watch in (muted_watch, loud_watch):
+        evaluate.apply(rule, watch, Finding("2 lost records"), now, evaluate.EvaluationReport())
+    evaluate.mute(Alert.objects.get(watch=muted_watch), 30, "olga", now=now)
+
+    later = evaluate.EvaluationReport()
+    for watch in (muted_watch, loud_watch):
+        evaluate.apply(rule, watch, Finding("2 lost records"), now + timedelta(minutes=2), later)
+    assert later.muted == ["billing/any loss"] and later.reminded == ["shipping/any loss"]
+    sent = Notification.objects.values_list("alert__watch__name", "kind").order_by("alert__watch__name", "kind")
+    assert list(sent) == [("billing", "fired"), ("shipping", "fired"), ("shipping", "reminder")]
+    logged = ActionLog.objects.get(action="mute_alert")
+    assert logged.message.startswith("muted rule 'any loss' on watch billing until")
