@@ -18,7 +18,7 @@ from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
 from alerts.outbox import deliver_due
-from consumers.models import PartitionHealth, Status
+from consumers.models import ActionLog, PartitionHealth, Status
 from tests.receivers import Receiver
 from tests.test_alerts_email import T0, lost, make_pipeline, report_health
 
@@ -298,3 +298,25 @@ def test_the_payload_names_the_pipelines_cluster(receiver):
     deliver_due(now=T0)
     payload = receiver.bodies()[0]
     assert payload["cluster"] == payload["target"]["cluster"] == "eu-west"
+
+
+def test_a_channel_whose_only_rule_is_deleted_is_disabled_not_widened_to_every_rule(receiver):
+    pipeline = make_pipeline("orders")
+    lag = AlertRule.objects.create(name="orders lag", kind=RuleKind.LAG_RECORDS, threshold=100, pipeline=pipeline)
+    other = AlertRule.objects.create(name="any lag", kind=RuleKind.LAG_RECORDS, threshold=1000)
+    pager = add_channel("orders-pager", "webhook", f"{receiver.url}/pager", rules=[lag])
+    both = add_channel("two-rules", "webhook", f"{receiver.url}/two", rules=[lag, other])
+
+    pipeline.delete()   # its own rules go with it
+
+    pager.refresh_from_db()
+    assert not pager.enabled and list(pager.rules.all()) == []
+    logged = ActionLog.objects.get(action="alert_channel_change", params__name="orders-pager", actor="tally")
+    assert "its only rule 'orders lag' was deleted" in logged.message
+    both.refresh_from_db()
+    assert both.enabled and list(both.rules.all()) == [other]   # still routed: it keeps its other rule
+
+    fire_loss("payments")   # a loss elsewhere: the disabled channel hears nothing of it
+    deliver_due(now=at(1))
+    assert {request["path"] for request in receiver.requests} == set()
+    assert not Notification.objects.filter(channel=pager).exists()
