@@ -10,16 +10,23 @@ from consumers.admin_groups import can_view
 from consumers.models import BatchLedger
 from consumers.operations import retention
 
+# A table PostgreSQL has not analysed yet has no estimate (reltuples -1): it is counted, up to this many rows.
+COUNT_LIMIT = 100_000
+
 
 def ledger_facts() -> dict:
     """The ledger's size and row count as PostgreSQL's statistics know them: counting millions of rows exactly
     would make this page the slow one."""
     with connection.cursor() as cursor:
         # The table's name as a value: PostgreSQL's regclass cast looks it up.
-        cursor.execute("SELECT greatest(reltuples, 0)::bigint, pg_total_relation_size(oid) FROM pg_class "
-                       "WHERE oid = %s::regclass", [BatchLedger._meta.db_table])
+        cursor.execute("SELECT reltuples::bigint, pg_total_relation_size(oid) FROM pg_class WHERE oid = %s::regclass",
+                       [BatchLedger._meta.db_table])
         rows, size = cursor.fetchone()
-    return {"rows": rows, "bytes": size, "keep_days": settings.TALLY_LEDGER_KEEP_DAYS}
+    estimated = rows >= 0
+    if not estimated:
+        rows = BatchLedger.objects.all()[:COUNT_LIMIT].count()
+    return {"rows": rows, "estimated": estimated, "at_least": not estimated and rows == COUNT_LIMIT, "bytes": size,
+            "keep_days": settings.TALLY_LEDGER_KEEP_DAYS}
 
 
 def history(request, site):

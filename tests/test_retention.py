@@ -6,12 +6,15 @@ import sys
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from alerts import retention as alert_retention
 from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from consumers.admin_history import ledger_facts
 from consumers.models import (
     ActionLog,
+    BatchLedger,
     ConsumerRun,
     DeadLetter,
     DeadLetterReplay,
@@ -151,3 +154,16 @@ def test_settings_refuse_an_action_log_kept_shorter_than_what_it_audits():
                              "'tally.settings'; django.setup()"], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 1 and "TALLY_RETAIN_ACTION_LOG_DAYS must be at least" in result.stderr
+
+
+def test_the_ledger_row_count_is_the_estimate_once_analysed_and_a_count_before(pipeline):
+    for first in range(0, 50, 10):
+        BatchLedger.objects.create(pipeline=pipeline, partition=0, first_offset=first, end_offset=first + 10,
+                                   records=10, rows_written=10, epoch=1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE consumers_batchledger")   # counts this transaction's own rows
+    assert {k: ledger_facts()[k] for k in ("rows", "estimated")} == {"rows": 5, "estimated": True}
+    with connection.cursor() as cursor:   # a table PostgreSQL never analysed (rolled back with the test)
+        cursor.execute("UPDATE pg_class SET reltuples = -1 WHERE oid = 'consumers_batchledger'::regclass")
+    assert {k: ledger_facts()[k] for k in ("rows", "estimated", "at_least")} == \
+        {"rows": 5, "estimated": False, "at_least": False}
