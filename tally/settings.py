@@ -148,6 +148,7 @@ REST_FRAMEWORK = {
     # Bodies are bounded in size and depth, and strings PostgreSQL cannot store are refused (a 4xx, not a 500).
     "DEFAULT_PARSER_CLASSES": ["dashboard.api.parsers.BoundedJSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
+    "EXCEPTION_HANDLER": "dashboard.api.parsers.audited_exception_handler",   # audits refused bodies
     # Throttles key on the client's address: X-Forwarded-For counts only behind that many trusted proxies.
     "NUM_PROXIES": AXES_IPWARE_PROXY_COUNT,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

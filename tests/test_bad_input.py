@@ -245,3 +245,22 @@ def test_the_throttle_counts_follow_the_lockout_setting(monkeypatch):
 def test_an_operator_can_still_log_in_after_the_changes(db):
     make_operator()
     assert Client().post("/accounts/login/", {"username": "otto", "password": PASSWORD}).status_code == 302
+
+
+@pytest.mark.parametrize("body", ["{", DEEP, '{"name": "a\\u0000b"}'], ids=["unclosed", "deep", "nul"])
+def test_a_bad_body_from_a_signed_in_browser_is_a_400_and_audited_not_a_500(db, body):
+    """A session's CSRF check reads the body's form fields: it once parsed the bad body again from inside the
+    parser's refusal, until RecursionError. The test client skips that check unless asked (enforce_csrf_checks)."""
+    make_pipeline()
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_operator())
+    client.get("/")   # sets the CSRF cookie, as the dashboard does for its own scripts
+    token = client.cookies["csrftoken"].value
+    for url in ("/api/watches/", "/api/pipelines/orders/actions/start", "/api/pipelines/preview"):
+        response = client.post(url, body, content_type="application/json", HTTP_X_CSRFTOKEN=token)
+        assert response.status_code == 400, (url, response.status_code, response.content[:200])
+    refused = ActionLog.objects.filter(result=ActionResult.REFUSED, actor="otto")
+    assert refused.count() == 3 and all(r.message.startswith("bad input: ") for r in refused)
+    assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
+    without_token = client.post("/api/watches/", body, content_type="application/json")
+    assert without_token.status_code == 403 and "CSRF" in without_token.json()["detail"]

@@ -9,9 +9,11 @@ import codecs
 import json
 
 from django.conf import settings
+from django.contrib.auth import get_user
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
+from rest_framework.views import exception_handler
 
 from consumers.models.text import unstorable
 
@@ -67,12 +69,8 @@ class BoundedJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         try:
             return self._parse(stream, parser_context or {})
-        except APIException as exc:  # refused like any bad input: audited, then answered
-            request = (parser_context or {}).get("request")
-            if request is not None:
-                from consumers.api_base import refuse
-
-                refuse(request, f"bad input: {_text_of(exc.detail)}", (parser_context or {}).get("kwargs") or {})
+        except APIException as exc:  # refused like any bad input: audited (audited_exception_handler), answered
+            exc.refused_body = True
             raise
 
     def _parse(self, stream, parser_context: dict):
@@ -96,3 +94,36 @@ def _text_of(detail) -> str:
         errors = detail.get("errors", detail)
         return "; ".join(f"{field}: {' '.join(e['message'] for e in problems)}" for field, problems in errors.items())
     return str(detail)
+
+
+def audited_exception_handler(exc, context):
+    """DRF's answer to an exception, and the audit of a body the parser refused.
+
+    The audit waits until here because it reads request.user: during parsing, a session's CSRF check reads
+    request.POST, which parses the same body again, and again, until RecursionError (a 500). By now DRF has set
+    the failed body aside (empty data). A parse error raised inside that check left the request unauthenticated,
+    so it is authenticated again, CSRF check included; when that refuses (a session POST without its CSRF token),
+    that refusal is the answer."""
+    request = context.get("request")
+    if getattr(exc, "refused_body", False) and request is not None:
+        from consumers.api_base import refuse
+
+        try:
+            _authenticate_again(request)
+        except APIException as refused:
+            return exception_handler(refused, context)
+        refuse(request, f"bad input: {_text_of(exc.detail)}", context.get("kwargs") or {})
+    return exception_handler(exc, context)
+
+
+def _authenticate_again(request) -> None:
+    if request.user is not None and request.user.is_authenticated:
+        return
+    # The failed authentication also emptied Django's request.user: read the session's user back (as Django's
+    # AuthenticationMiddleware does), then let each authenticator, CSRF check included, decide again.
+    request._request.user = get_user(request._request)
+    for authenticator in request.authenticators:
+        found = authenticator.authenticate(request)
+        if found is not None:
+            request.user, request.auth = found
+            return
