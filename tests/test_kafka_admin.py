@@ -107,3 +107,11 @@ def test_checks_reuse_one_admin_client_per_cluster_and_a_stale_one_is_replaced(k
         raise RuntimeError("a failed call")
     with clusters.shared_admin() as after_failure:
         assert after_failure is not client
+
+
+def test_offsets_for_a_time_after_the_newest_record_are_none_not_the_log_start(kafka_bootstrap, make_topic):
+    topic = make_topic("by-time", partitions=1)
+    produce(kafka_bootstrap, topic, 5)
+    newest = kafka_admin.record_timestamps(topic, {0: 4})[0]
+    assert kafka_admin.offsets_for_time(topic, [0], newest - 60_000) == {0: 0}
+    assert kafka_admin.offsets_for_time(topic, [0], newest + 3_600_000) == {0: None}   # no record that recent

@@ -281,7 +281,10 @@ def offsets_for_time(topic: str, partitions: list[int], timestamp_ms: int, clust
     """Earliest offset whose timestamp is >= timestamp_ms, per partition (None: no such record)."""
     with admin_session(cluster) as admin:
         result = admin.list_partition_offsets({TopicPartition(topic, p): timestamp_ms for p in partitions})
-    return {tp.partition: (ot.offset if ot is not None and ot.offset >= 0 else None) for tp, ot in result.items()}
+    # Kafka answers -1 (kafka-python: None) when no record is that recent; a broker that answers an offset with
+    # no record's timestamp (-1) means the same, so it is not taken as a position (offset 0 would rewind all).
+    return {tp.partition: (ot.offset if ot is not None and ot.offset >= 0 and ot.timestamp >= 0 else None)
+            for tp, ot in result.items()}
 
 
 def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.0,
