@@ -2,8 +2,9 @@
 
     value        the record value as text (UTF-8)
     key          the record key as text
-    json:PATH    a field of the JSON value, PATH dotted (`order.id`); a string as it is, a number or a
-                 boolean as JSON writes it (`42`, `true`)
+    json:PATH    a field of the JSON value, PATH dotted (`order.id`; a number picks a list's item, as in a
+                 pipeline's --map: `items.0.sku`); a string as it is, a number or a boolean as JSON writes it
+                 (`42`, `true`)
     offset       the record's partition and offset (the table holds both: --row-id PART_COL,OFFSET_COL)
 
 An ignore spec is SPEC=VALUE (`json:type=heartbeat`, `key=ping`): records whose SPEC gives VALUE are
@@ -114,9 +115,12 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
     except (ValueError, UnicodeDecodeError):
         return None
     for name in path:
-        if not isinstance(found, dict) or name not in found:
+        if isinstance(found, dict) and name in found:
+            found = found[name]
+        elif isinstance(found, list) and name.isdigit() and int(name) < len(found):
+            found = found[int(name)]
+        else:
             return None
-        found = found[name]
     if found is None or isinstance(found, dict | list):
         return None
     return found if isinstance(found, str) else json.dumps(found)
