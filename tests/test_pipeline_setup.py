@@ -239,3 +239,11 @@ def test_runs_are_stored_shown_and_refused_outside_their_bounds_or_for_spark(cap
     assert code == 0 and json.loads(out)["runs"] == 3
     assert Pipeline.objects.get(name="orders").parallel_runs == 3
     assert ActionLog.objects.get(action="create").params["runs"] == 3
+
+
+def test_a_second_pipeline_of_the_same_topic_into_the_same_table_is_refused(topic, table):
+    first = pipeline_setup.create(PipelineSpec("first", topic, table, create_table=True))
+    with pytest.raises(Invalid) as refused:
+        pipeline_setup.validate(PipelineSpec("second", topic, table))
+    assert refused.value.problems["sink_table"].startswith(f"pipeline 'first' already writes topic {topic!r} into")
+    pipeline_setup.validate(PipelineSpec("first", topic, table), existing=first)   # its own table stays its own

@@ -152,6 +152,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
                              f"(got {spec.topic[:300]!r})")
     if "sink_table" not in problems:
         check_table_name(spec.sink_table, problems)
+    if "sink_table" not in problems:
+        _check_table_is_not_shared(spec, existing, problems)
     if spec.transform == JSON and "sink_table" not in problems:
         transform = _compile_json(spec, problems)
     _check_keyed(spec, transform, problems)
@@ -164,6 +166,18 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     if problems:
         raise Invalid(problems)
     return transform
+
+
+def _check_table_is_not_shared(spec: PipelineSpec, existing, problems: dict) -> None:
+    """One topic's records go into a table through one pipeline: a second would meet the first's rows (its
+    provenance key refuses them), and its rewind with --rollback-sink would delete them."""
+    sharer = (Pipeline.objects.filter(sink_table=spec.sink_table, topic=spec.topic,
+                                      cluster=spec.cluster or clusters.DEFAULT)
+              .exclude(pk=existing.pk if existing else None).first())
+    if sharer is not None:
+        problems["sink_table"] = (f"pipeline {sharer.name!r} already writes topic {spec.topic!r} into "
+                                  f"{spec.sink_table!r}: choose another table (its rows are that pipeline's, and "
+                                  "a rewind of this one could delete them)")
 
 
 def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
