@@ -145,5 +145,9 @@ def test_unreadable_or_malformed_files_exit_1(capsys, tmp_path, kafka_bootstrap)
     assert code == 1 and "cannot read" in err
     code, _, err = run_command(capsys, "apply", write(tmp_path, "[pipelines.orders\n"))
     assert code == 1 and "is not valid TOML" in err
+    not_utf8 = tmp_path / "latin1.toml"
+    not_utf8.write_bytes(b"\xff\xfe[pipelines]\n")
+    code, _, err = run_command(capsys, "apply", str(not_utf8))
+    assert code == 1 and "is not valid TOML: it is not UTF-8 text" in err
     code, _, err = run_command(capsys, "apply", write(tmp_path, "[orders]\ntopic = 'x'\n"))
     assert code == 1 and "declare each pipeline as a [pipelines.NAME] table" in err

@@ -22,6 +22,8 @@ def tables(path: str, section: str, noun: str) -> dict[str, dict]:
         raise FileRefused(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise FileRefused(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise FileRefused(f"{path} is not valid TOML: it is not UTF-8 text") from None
     declared = document.get(section)
     if set(document) - {section} or not isinstance(declared, dict) or not declared:
         raise FileRefused(f"{path}: declare each {noun} as a [{section}.NAME] table (found top-level keys: "
