@@ -88,7 +88,8 @@ BAD = [
     ("note", "\ud800", "surrogate"), ("flag", "yes", "not a boolean"), ("flag", 1, "not a boolean"),
     ("at", "yesterday", "ISO-8601"), ("at", [1], "ISO-8601"), ("at", 10 ** 20, "out of range"),
     ("day", "2024-13-01", "ISO-8601 date"), ("uid", "not-a-uuid", "not a UUID"), ("uid", 5, "not a UUID"),
-    ("doc", "a\x00", "\\u0000"), ("must", None, "NOT NULL"),
+    ("doc", "a\x00", "\\u0000"), ("doc", float("inf"), "NaN or Infinity"),
+    ("doc", {"x": [1, float("nan")]}, "NaN or Infinity"), ("must", None, "NOT NULL"),
 ]
 
 

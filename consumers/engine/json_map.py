@@ -379,8 +379,18 @@ def _json(column: Column):
         text = dumps(value)
         if "\\u0000" in text:
             raise ValueError("contains \\u0000, which jsonb cannot hold")
+        if "null" in text and not _finite(value):   # orjson writes NaN and Infinity as null: refuse, not rewrite
+            raise ValueError("holds NaN or Infinity, which JSON (and jsonb) cannot hold")
         return text
     return convert
+
+
+def _finite(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _numeric, "float4": _float,

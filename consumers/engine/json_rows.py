@@ -60,13 +60,13 @@ def _converted(i: int, column, key: bool, ns: dict) -> list[str]:
     if base == "bool":
         return [f"c{i} = 't' if v is True else 'f' if v is False else F{i}(v)"]
     if base in ("jsonb", "json"):
-        # orjson's text is what json_map.dumps gives; a TypeError (an integer beyond 64 bits) or a \u0000,
-        # which jsonb cannot hold, goes to finish for its own answer.
+        # orjson's text is what json_map.dumps gives; a TypeError (an integer beyond 64 bits), a \u0000, which
+        # jsonb cannot hold, or a null that may have been NaN or Infinity goes to finish for its own answer.
         return ["if v is None or v is MISSING:", f"    c{i} = F{i}(v)",
                 "else:",
                 "    try:", f"        c{i} = DUMPS(v).decode()",
                 "    except TypeError:", f"        c{i} = F{i}(v)",
-                "    else:", f"        if '\\\\u0000' in c{i}:", f"            c{i} = F{i}(v)"]
+                "    else:", f"        if '\\\\u0000' in c{i} or 'null' in c{i}:", f"            c{i} = F{i}(v)"]
     return [f"c{i} = F{i}(v)"]
 
 
