@@ -3,7 +3,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from alerts.models import THRESHOLD_KINDS, AlertRule
+from alerts.models import THRESHOLD_KINDS, AlertRule, RuleKind
 from consumers.models import Status
 
 
@@ -37,4 +37,6 @@ class AlertRuleForm(forms.ModelForm):
             self.add_error("threshold", "This kind of rule compares with a threshold: give N.")
         if threshold is not None and threshold < 0:
             self.add_error("threshold", "The threshold is 0 or more.")
+        if kind == RuleKind.DEAD_LETTERS and cleaned.get("interval_seconds") == 0:   # an empty window counts none
+            self.add_error("interval_seconds", "Dead letters are counted over a window of 1 second or more.")
         return cleaned

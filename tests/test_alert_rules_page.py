@@ -51,6 +51,7 @@ def test_an_operator_creates_and_edits_a_rule(operator_client):
     ({"recipients": "ops@example.com, not-an-address"}, "recipients", "&#x27;not-an-address&#x27; is not an email"),
     ({"kind": "status", "statuses": "ERR,BROKEN"}, "statuses", "Unknown status BROKEN"),
     ({"kind": "sometimes"}, "kind", "Select a valid choice"),
+    ({"kind": "dead_letters", "threshold": "5", "interval_seconds": "0"}, "interval_seconds", "1 second or more"),
 ])
 def test_bad_input_is_refused_beside_its_field_and_nothing_is_saved(operator_client, overrides, field, message):
     before = AlertRule.objects.count()
