@@ -2,6 +2,7 @@
 detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
@@ -16,7 +17,7 @@ from alerts.api_schemas import (
     MutedSerializer,
 )
 from alerts.models import Alert
-from alerts.queries import MAX_MUTE_MINUTES, MAX_MUTE_REASON, PAGE_SIZE, filtered_alerts
+from alerts.queries import MAX_MUTE_MINUTES, MAX_MUTE_REASON, PAGE_SIZE, STATE_FILTERS, filtered_alerts
 from consumers.api_base import (
     EmptyInput,
     OperatorForWrites,
@@ -24,6 +25,7 @@ from consumers.api_base import (
     StrictSerializer,
     StrictStringField,
     answers,
+    field_errors,
     refuse_invalid,
 )
 
@@ -37,6 +39,15 @@ class MuteInput(StrictSerializer):
     reason = StrictStringField(required=False, default="", allow_blank=True, max_length=MAX_MUTE_REASON)
 
 
+class AlertListQuery(serializers.Serializer):
+    """Query parameters of GET /api/alerts/: the Alerts page's filters."""
+
+    state = serializers.ChoiceField(choices=STATE_FILTERS, required=False, default="open",
+                                    help_text="open (firing or acknowledged), a single state, or all")
+    pipeline = serializers.CharField(required=False, default="", max_length=100,
+                                     help_text="A pipeline's or a watch's name")
+
+
 def _alert(alert_id: int) -> Alert:
     return get_object_or_404(Alert.objects.select_related("rule", "pipeline", "watch"), pk=alert_id)
 
@@ -46,10 +57,13 @@ def _conflict(alert: Alert, error: str) -> Response:
     return Response({"error": error, "alert": alert.as_json()}, status=http.HTTP_409_CONFLICT)
 
 
-@extend_schema(operation_id="alerts_list", responses=answers(AlertListSerializer))
+@extend_schema(operation_id="alerts_list", responses=answers(AlertListSerializer), parameters=[AlertListQuery])
 @api_view(["GET"])
 def alert_list(request):
-    alerts = filtered_alerts(request.query_params.get("state", "open"), request.query_params.get("pipeline", ""))
+    query = AlertListQuery(data=request.query_params)
+    if not query.is_valid():
+        return Response({"errors": field_errors(query.errors)}, status=http.HTTP_400_BAD_REQUEST)
+    alerts = filtered_alerts(query.validated_data["state"], query.validated_data["pipeline"])
     return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
 
 

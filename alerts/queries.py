@@ -11,8 +11,11 @@ MAX_MUTE_MINUTES = 30 * 24 * 60
 
 
 def filtered_alerts(state: str = "open", pipeline: str = ""):
+    """The alerts a filter selects; a state outside STATE_FILTERS is the caller's to refuse (ValueError)."""
+    if state not in STATE_FILTERS:
+        raise ValueError(f"unknown state filter {state!r}")
     alerts = Alert.objects.select_related("rule", "pipeline", "watch").order_by("-started_at", "-pk")
-    if state == "open" or state not in STATE_FILTERS:
+    if state == "open":
         alerts = alerts.filter(state__in=OPEN_STATES)
     elif state != "all":
         alerts = alerts.filter(state=state)
@@ -21,6 +24,10 @@ def filtered_alerts(state: str = "open", pipeline: str = ""):
         alerts = alerts.filter(Q(pipeline__name=pipeline) | Q(watch__name=pipeline)
                                | Q(pipeline__isnull=True, watch__isnull=True, pipeline_name=pipeline))
     return alerts
+
+
+def unknown_state_message(state: str) -> str:
+    return f"Unknown state {state[:40]!r}: choose one of {', '.join(STATE_FILTERS)}."
 
 
 def parse_minutes(value, default=60) -> int | None:

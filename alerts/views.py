@@ -15,7 +15,14 @@ from django.views.decorators.vary import vary_on_headers
 
 from alerts import evaluate
 from alerts.models import Alert, Mute
-from alerts.queries import MAX_MUTE_REASON, PAGE_SIZE, STATE_FILTERS, filtered_alerts, parse_minutes
+from alerts.queries import (
+    MAX_MUTE_REASON,
+    PAGE_SIZE,
+    STATE_FILTERS,
+    filtered_alerts,
+    parse_minutes,
+    unknown_state_message,
+)
 from consumers.access import can_operate, record_refusal, role_of
 from consumers.models import Pipeline, Watch
 
@@ -27,20 +34,21 @@ def alert_list(request):
     state = request.GET.get("state", "open")
     pipeline = request.GET.get("pipeline", "")
     now = timezone.now()
-    alerts = list(filtered_alerts(state, pipeline)[:PAGE_SIZE])
+    error = "" if state in STATE_FILTERS else unknown_state_message(state)
+    alerts = [] if error else list(filtered_alerts(state, pipeline)[:PAGE_SIZE])
     mutes = list(Mute.objects.filter(until__gt=now).select_related("rule", "pipeline", "watch"))
     for alert in alerts:
         covering = [m.until for m in mutes if m.covers(alert)]
         alert.muted_until = max(covering) if covering and alert.is_open else None
     context = {
-        "alerts": alerts, "state": state, "pipeline": pipeline,
+        "alerts": alerts, "state": state, "pipeline": pipeline, "error": error,
         "states": STATE_FILTERS, "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True),
         "watches": Watch.objects.order_by("name").values_list("name", flat=True),
         "mutes": mutes,
         "can_operate": can_operate(request.user), "now": now, "nav": "alerts",
     }
     template = "alerts/list.html#alert_table" if getattr(request, "htmx", False) else "alerts/list.html"
-    return render(request, template, context)
+    return render(request, template, context, status=400 if error else 200)
 
 
 def _back(request):

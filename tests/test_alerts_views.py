@@ -129,6 +129,29 @@ def test_the_api_lists_alerts_with_filters(viewer):
     assert [a["state"] for a in payments] == ["resolved"]
 
 
+def test_an_unknown_state_filter_is_refused_not_read_as_open(viewer):
+    make_alert("orders")
+    client = client_for(viewer)
+
+    api = client.get("/api/alerts/", {"state": "bogus"})
+    assert api.status_code == 400
+    assert api.json()["errors"]["state"][0]["code"] == "invalid_choice"
+    assert client.get("/api/alerts/", {"pipeline": "x" * 101}).status_code == 400
+
+    page = client.get("/alerts/", {"state": "bogus"})
+    body = page.content.decode()
+    assert page.status_code == 400
+    assert "Unknown state &#x27;bogus&#x27;: choose one of open, firing" in body
+    assert "3 lost records" not in body
+
+
+def test_the_alert_list_documents_its_filters_in_the_schema(viewer):
+    schema = client_for(viewer).get("/api/schema/", headers={"Accept": "application/json"}).json()
+    parameters = {p["name"]: p for p in schema["paths"]["/api/alerts/"]["get"]["parameters"]}
+    assert set(parameters) == {"state", "pipeline"}
+    assert "bogus" not in parameters["state"]["schema"]["enum"] and "all" in parameters["state"]["schema"]["enum"]
+
+
 def test_the_api_refuses_actions_by_viewers_and_everything_to_anonymous_users(viewer):
     alert = make_alert("orders")
     client = client_for(viewer)
