@@ -13,6 +13,7 @@ from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Invalid
+from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 
 
 def cluster_choices() -> list[tuple[str, str]]:
@@ -118,11 +119,11 @@ class DeadLetterFilterForm(forms.Form):
     """Which dead letters of a pipeline to list or export: the page's filters and the API's query parameters."""
 
     error = forms.CharField(required=False, max_length=queries.MAX_ERROR_FILTER, label="Error contains")
-    partition = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1,
+    partition = forms.IntegerField(required=False, min_value=0, max_value=MAX_PARTITION,
                                    error_messages={"invalid": "A partition is a whole number, e.g. 0."})
-    offset_from = forms.IntegerField(required=False, min_value=0, max_value=queries.MAX_OFFSET, label="Offset from",
+    offset_from = forms.IntegerField(required=False, min_value=0, max_value=MAX_OFFSET, label="Offset from",
                                      error_messages={"invalid": "An offset is a whole number, e.g. 1200."})
-    offset_to = forms.IntegerField(required=False, min_value=0, max_value=queries.MAX_OFFSET, label="to (inclusive)",
+    offset_to = forms.IntegerField(required=False, min_value=0, max_value=MAX_OFFSET, label="to (inclusive)",
                                    error_messages={"invalid": "An offset is a whole number, e.g. 1200."})
     state = forms.ChoiceField(required=False, choices=[(s, s) for s in queries.STATES], initial=queries.PENDING)
 

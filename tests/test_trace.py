@@ -126,6 +126,9 @@ def test_the_command_traces_by_offset_or_key_and_refuses_unknown_names(consumed,
     with pytest.raises(CommandError, match="partition: topic .* has no partition 7") as refused:
         call_command("trace", "traced", "--partition", "7", "--offset", "0")
     assert refused.value.returncode == 1
+    with pytest.raises(CommandError, match="offset: a whole number from 0 to 9223372036854775807") as refused:
+        call_command("trace", "traced", "--partition", "0", "--offset", str(2**63))
+    assert refused.value.returncode == 1
     with pytest.raises(CommandError) as usage:
         call_command("trace", "traced", "--partition", "0")
     assert usage.value.returncode == 2
@@ -138,6 +141,8 @@ def test_the_api_and_the_page_trace_and_name_the_bad_field(consumed):
     assert data["verdict"] == "dead-lettered" and data["dead_letter"]["error"].startswith("BadRecord")
     bad = client.get("/api/pipelines/traced/trace", {"partition": "x", "offset": "1"})
     assert bad.status_code == 400 and bad.json()["field"] == "partition"
+    huge = client.get("/api/pipelines/traced/trace", {"partition": str(2**31), "offset": "1"})
+    assert huge.status_code == 400 and huge.json()["field"] == "partition"
     by_key = client.get("/api/pipelines/traced/trace", {"key": "k5"}).json()
     assert [t["offset"] for t in by_key["traces"]] == [2] and by_key["scanned"] == 21
     page = client.get("/pipelines/traced/trace/", {"partition": "1", "offset": "3"})

@@ -69,6 +69,8 @@ def test_each_finding_traces_to_its_value_id_and_rows_on_the_api_and_the_page(ma
     bad = viewer.get("/api/watches/traced/trace?partition=x&offset=1")
     assert bad.status_code == 400 and bad.json()["field"] == "partition"
     assert viewer.get("/api/watches/traced/trace?partition=7&offset=1").json()["field"] == "partition"
+    huge = viewer.get(f"/api/watches/traced/trace?partition=0&offset={2**63}")
+    assert huge.status_code == 400 and huge.json()["field"] == "offset"
 
     page = viewer.get("/watches/traced/").content.decode()
     partition, offset = sorted(lost)[0]

@@ -16,7 +16,6 @@ from consumers.operations.errors import Invalid
 PENDING, DISCARDED, REPLAYED, ANY = "pending", "discarded", "replayed", "any"
 STATES = (PENDING, DISCARDED, REPLAYED, ANY)
 MAX_ERROR_FILTER = 200
-MAX_OFFSET = 2**63 - 1  # Kafka offsets are int64
 COLUMNS = ("letter_id", "state", "partition", "offset", "error_text", "key_bytes", "value_bytes", "created",
            "state_at", "state_by", "reason", "rows_written", "replay_attempts")
 # The export's column names (CSV header and JSON keys), in COLUMNS order.

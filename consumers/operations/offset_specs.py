@@ -21,6 +21,7 @@ from consumers.operations.errors import Invalid, Refused
 # ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_OFFSET = 2**63 - 1   # Kafka offsets and the database's next_offset are signed 64-bit integers
+MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 
 OFFSET_MODES = ("to-earliest", "to-latest", "to-current", "to-offset", "to-datetime", "by-duration", "shift-by")
 MODES_WITH_VALUE = ("to-offset", "to-datetime", "by-duration", "shift-by")

@@ -29,6 +29,7 @@ from consumers.engine.transforms import SourceRecord, for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
 from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 from consumers.reconciliation import verify_upsert
 
 PREVIEW_BYTES = 500        # enough of a value to recognise it, not a dump of the payload
@@ -56,7 +57,15 @@ def parse_request(params) -> tuple[int | None, int | None, str | None]:
         if not text.isascii() or not text.isdigit():
             raise TraceRefused(f"{name}: a whole number >= 0 is required (or give a key)", name)
         numbers[name] = int(text)
+    check_position(numbers["partition"], numbers["offset"])
     return numbers["partition"], numbers["offset"], None
+
+
+def check_position(partition: int, offset: int) -> None:
+    """A partition and an offset Kafka can have (int32, int64), else TraceRefused naming the field."""
+    for name, number, largest in (("partition", partition, MAX_PARTITION), ("offset", offset, MAX_OFFSET)):
+        if not 0 <= number <= largest:
+            raise TraceRefused(f"{name}: a whole number from 0 to {largest} is required", name)
 
 
 @dataclass
@@ -90,8 +99,7 @@ def preview(data: bytes | memoryview | None) -> str | None:
 
 def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
     """Where the record at (pipeline's topic, partition, offset) went."""
-    if partition < 0 or offset < 0:
-        raise TraceRefused("partition and offset are numbers >= 0")
+    check_position(partition, offset)
     try:
         partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
     except kafka_admin.KafkaAdminError as exc:

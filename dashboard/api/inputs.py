@@ -22,10 +22,9 @@ from consumers.api_base import (  # noqa: F401 - EmptyInput, field_errors and re
 )
 from consumers.operations import dead_letter_queries, dead_letters, offset_specs
 from consumers.operations.errors import Invalid
-from consumers.operations.offset_specs import OFFSET_MODES
+from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION, OFFSET_MODES
 from consumers.operations.pipeline_setup import TOPIC_PATTERN
 
-MAX_PARTITION = 2**31 - 1  # Kafka partitions are int32
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
 MAX_DEAD_LETTERS_PER_PAGE = 10_000
 MAX_MAPPED_COLUMNS = 1600  # PostgreSQL's limit of columns per table
@@ -99,9 +98,9 @@ class DeadLetterQuery(serializers.Serializer):
                                   allow_blank=True)
     partition = serializers.IntegerField(required=False, min_value=0, max_value=MAX_PARTITION, allow_null=True,
                                          default=None)
-    offset_from = serializers.IntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+    offset_from = serializers.IntegerField(required=False, min_value=0, max_value=MAX_OFFSET,
                                            allow_null=True, default=None)
-    offset_to = serializers.IntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+    offset_to = serializers.IntegerField(required=False, min_value=0, max_value=MAX_OFFSET,
                                          allow_null=True, default=None)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_DEAD_LETTERS_PER_PAGE, default=100)
     page = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1, default=1)
@@ -125,7 +124,7 @@ def _validate_range(attrs) -> None:
 
 
 def _dead_letter_ids(**kwargs):
-    return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=dead_letter_queries.MAX_OFFSET),
+    return serializers.ListField(child=StrictIntegerField(min_value=1, max_value=MAX_OFFSET),
                                  allow_empty=False, max_length=dead_letters.MAX_PER_CALL, **kwargs)
 
 
@@ -140,9 +139,9 @@ class DeadLetterFilterInput(StrictSerializer):
                                   allow_blank=True)
     partition = StrictIntegerField(required=False, min_value=0, max_value=MAX_PARTITION, allow_null=True,
                                    default=None)
-    offset_from = StrictIntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+    offset_from = StrictIntegerField(required=False, min_value=0, max_value=MAX_OFFSET,
                                      allow_null=True, default=None)
-    offset_to = StrictIntegerField(required=False, min_value=0, max_value=dead_letter_queries.MAX_OFFSET,
+    offset_to = StrictIntegerField(required=False, min_value=0, max_value=MAX_OFFSET,
                                    allow_null=True, default=None)
 
     def to_internal_value(self, data):

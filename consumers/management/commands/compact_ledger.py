@@ -18,6 +18,8 @@ class Command(BaseCommand):
         parser.add_argument("--crash-at", default="", help="Fault injection, e.g. compaction-mid-step@2.")
 
     def handle(self, *args, max_seconds=None, crash_at="", **options):
+        if max_seconds is not None and not max_seconds > 0:   # `not >` also refuses nan
+            raise CommandError("--max-seconds must be more than 0.")
         try:
             faults = FaultInjector.parse(crash_at)
         except ValueError as exc:

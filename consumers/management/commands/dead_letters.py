@@ -24,6 +24,7 @@ from consumers.operations import dead_letter_batches as batches
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Invalid
+from consumers.operations.offset_specs import MAX_OFFSET
 
 ACTIONS = ("list", "export", "discard", "replay")
 LIST_LIMIT = 50
@@ -38,7 +39,7 @@ def id_list(text: str) -> list[int]:
 
 
 def offset(text: str) -> int:
-    if not text.isdigit() or int(text) > queries.MAX_OFFSET:
+    if not text.isdigit() or int(text) > MAX_OFFSET:
         raise argparse.ArgumentTypeError(f"an offset is a whole number from 0, got {text!r}")
     return int(text)
 

@@ -54,6 +54,8 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be at least 1.")
         if delay_ms < 0:
             raise CommandError("--delay-ms must not be negative.")
+        if max_seconds is not None and not max_seconds > 0:   # `not >` also refuses nan
+            raise CommandError("--max-seconds must be more than 0.")
         try:
             faults = FaultInjector.parse([spec for item in crash_at for spec in item.split(",") if spec],
                                          in_worker=options["crash_in_worker"])
