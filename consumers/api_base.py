@@ -140,14 +140,15 @@ class HasRole(BasePermission):
 
 
 class OperatorForWrites(HasRole):
-    message = ("Only operators may act (start, stop, pause, resume, restart, rewind, reset a group): "
-               "you have the viewer role.")
+    viewer_message = ("Only operators may act (start, stop, pause, resume, restart, rewind, reset a group): "
+                      "you have the viewer role.")
 
     def has_permission(self, request, view):
         if not super().has_permission(request, view):
-            return False
+            return False   # no role: HasRole's message says so
         if request.method in SAFE_METHODS or can_operate(request.user):
             return True
+        self.message = self.viewer_message   # DRF answers with the refusing instance's message
         if request.user and request.user.is_authenticated:
             refuse(request, "viewer role: " + self.message)
         return False

@@ -83,6 +83,7 @@ def test_the_api_refuses_a_user_without_a_role_by_session_and_by_token(nobody, u
     for response in (by_session, by_token):
         assert response.status_code == 403, (url, response.content[:200])
         assert b"orders" not in response.content
+        assert b"has no role" in response.content, (url, response.content[:200])   # not "the viewer role"
     assert ActionLog.objects.filter(actor="nadia", action="view", result=ActionResult.REFUSED).count() == 2
 
 

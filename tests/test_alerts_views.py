@@ -70,7 +70,10 @@ def test_a_viewer_sees_no_action_buttons_and_cannot_acknowledge_or_mute(viewer):
     client = client_for(viewer)
     assert "Acknowledge" not in client.get("/alerts/").content.decode()
 
-    assert client.post(f"/alerts/{alert.pk}/acknowledge/").status_code == 403
+    refused = client.post(f"/alerts/{alert.pk}/acknowledge/")
+    assert refused.status_code == 403
+    page = refused.content.decode()   # the site's page, saying why (not Django's bare "403 Forbidden")
+    assert 'id="refusal"' in page and "Only operators" in page and 'href="/"' in page
     assert client.post(f"/alerts/{alert.pk}/mute/", {"minutes": 60}).status_code == 403
     alert.refresh_from_db()
     assert alert.state == AlertState.FIRING and not Mute.objects.exists()
