@@ -201,9 +201,11 @@ def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRu
 def acknowledge(alert: Alert, user: str, now=None) -> bool:
     """firing -> acknowledged, in the operators' action log with the actor."""
     changed = alert.acknowledge(user, now)
-    _log_action(alert, "acknowledge_alert", user, {},
-           f"acknowledged alert {alert.pk}: {alert.summary}" if changed
-           else f"alert {alert.pk} was not firing ({alert.state}): nothing to acknowledge", now)
+    if changed:
+        _log_action(alert, "acknowledge_alert", user, {}, f"acknowledged alert {alert.pk}: {alert.summary}", now)
+    else:
+        _log_action(alert, "acknowledge_alert", user, {}, f"alert {alert.pk} is {alert.state}, not firing: "
+                    "nothing to acknowledge", now, result=ActionResult.REFUSED)
     return changed
 
 
@@ -213,7 +215,9 @@ def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> M
     everything)."""
     if alert.is_gone:
         gone = "rule" if alert.rule_id is None else "pipeline or watch"
-        raise AlertGone(f"Alert {alert.pk} is history: its {gone} was deleted, so there is nothing to mute.")
+        refusal = AlertGone(f"Alert {alert.pk} is history: its {gone} was deleted, so there is nothing to mute.")
+        _log_action(alert, "mute_alert", user, {"minutes": minutes}, str(refusal), now, result=ActionResult.REFUSED)
+        raise refusal
     muted = Mute.mute(rule=alert.rule, pipeline=alert.pipeline, watch=alert.watch, minutes=minutes, user=user,
                       reason=reason, now=now)
     _log_action(alert, "mute_alert", user, {"minutes": minutes, "reason": reason[:200]},
@@ -221,8 +225,9 @@ def mute(alert: Alert, minutes: int, user: str, reason: str = "", now=None) -> M
     return muted
 
 
-def _log_action(alert: Alert, action: str, user: str, params: dict, message: str, now=None) -> None:
+def _log_action(alert: Alert, action: str, user: str, params: dict, message: str, now=None,
+                result: str = ActionResult.DONE) -> None:
     now = now or timezone.now()
     ActionLog.objects.create(pipeline=alert.pipeline, action=action, actor=user[:150],
-                             params={"alert": alert.pk, "rule": alert.rule_label, **params}, result=ActionResult.DONE,
+                             params={"alert": alert.pk, "rule": alert.rule_label, **params}, result=result,
                              message=message, created_at=now, finished_at=now)

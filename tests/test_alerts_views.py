@@ -181,6 +181,9 @@ def test_the_api_acknowledges_once_and_mutes(operator):
     assert muted.status_code == 200 and muted.json()["mute"]["pipeline"] == "orders"
     assert invalid.status_code == 400
     assert Mute.objects.get().reason == "rewinding"
+    log = ActionLog.objects.filter(action="acknowledge_alert").order_by("pk")
+    assert [entry.result for entry in log] == ["done", "refused"]   # the 409 is a refusal in the log too
+    assert "is acknowledged, not firing" in log[1].message
     detail = client.get(f"/api/alerts/{alert.pk}/").json()
     assert detail["state"] == "acknowledged" and detail["notifications"] == []
 

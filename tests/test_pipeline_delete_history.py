@@ -85,6 +85,8 @@ def test_an_alert_of_a_deleted_pipeline_cannot_be_muted(capsys, history, operato
     assert response.status_code == 409
     assert "deleted" in response.json()["error"]
     assert not Mute.objects.exists()   # never a mute of every rule on every pipeline
+    refusal = ActionLog.objects.get(action="mute_alert")
+    assert (refusal.actor, refusal.result) == ("otto", "refused") and "deleted" in refusal.message
     with pytest.raises(evaluate.AlertGone):
         evaluate.mute(Alert.objects.get(pk=history["old"].pk), 60, "otto")
 
