@@ -157,6 +157,29 @@ def test_a_watch_whose_topic_is_gone_fails_alone_with_the_reason_its_own_check_g
     assert "does not exist" in reports["gone"].error
 
 
+def test_a_watch_whose_table_is_dropped_stays_err_with_the_reason_through_quiet_passes(team_watch, spy):
+    watch = team_watch("dropped")
+    now = timezone.now()
+    assert watch_pass.check_all(now=now)[0].status == Status.OK   # audited: nothing new after this
+    drop_tables(watch.sink_table)
+
+    for seconds in (30, 60):   # nothing new in Kafka: a pass would only measure, yet the table is gone
+        spy["reset"]()
+        report = watch_pass.check_all(now=now + timedelta(seconds=seconds))[0]
+        assert spy["checks"] == ["dropped"]   # checked alone, not measured with the quiet ones
+        assert report.status == Status.ERR and "no longer exist" in report.error
+        watch.refresh_from_db()
+        assert watch.status == Status.ERR and "no longer exist" in watch.last_error
+    assert watch_audit.check_watch(watch, now=now + timedelta(seconds=90)).status == Status.ERR
+
+    with connection.cursor() as cur:   # the table is back: the next pass is quiet and OK again
+        cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(watch.sink_table)).as_string(
+            cur.cursor))
+    spy["reset"]()
+    report = watch_pass.check_all(now=now + timedelta(seconds=120))[0]
+    assert spy["checks"] == [] and report.status == Status.OK and not report.error
+
+
 def test_two_watches_of_one_topic_are_checked_in_one_pass_each_finding_its_own(team_watch, spy):
     """Two groups on one topic: one bulk read serves both, and the lag in seconds of the one behind is read at its
     own position, not the other's."""

@@ -152,6 +152,10 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
         keep = max(settle, watch.settle_seconds)
         rewound = {p for p, wp in parts.items() if observe(wp, committed.get(p), now, keep)}
         if watch.audits:
+            # Every check, not only one with records to audit: a dropped table is an ERR until it is back.
+            with connection.cursor() as cursor:
+                if tables_gone(cursor.cursor, [watch]):
+                    raise WatchCheckError(table_gone_message(watch))
             for p in rewound:
                 _reopen(watch, parts[p], now)
             plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
@@ -300,7 +304,7 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         cur = wrapper.cursor
         types = sink_checks.table_columns(cur, watch.sink_table)
         if types is None or any(c not in types for c in columns):
-            raise WatchCheckError(f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist")
+            raise WatchCheckError(table_gone_message(watch))
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
         if _on_spark(plans, spark_threshold):
@@ -338,6 +342,27 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         if end > first:
             ranges.append(results[p])
     return ranges
+
+
+def table_gone_message(watch: Watch) -> str:
+    return f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist"
+
+
+def tables_gone(cursor, watches) -> set[int]:
+    """The ids of the auditing watches among `watches` whose table, or a column of its row id, no longer
+    exists: one query for them all (a beat pass asks it of every quiet watch)."""
+    auditing = [w for w in watches if w.audits]
+    if not auditing:
+        return set()
+    cursor.execute(
+        "SELECT w.id FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS w(id, relation, columns) "
+        "WHERE to_regclass(w.relation) IS NULL OR EXISTS ("
+        "  SELECT 1 FROM unnest(string_to_array(w.columns, ',')) AS c(name) WHERE NOT EXISTS ("
+        "    SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass(w.relation) AND a.attname = c.name"
+        "    AND a.attnum > 0 AND NOT a.attisdropped))",
+        [[w.pk for w in auditing], [sink_checks.quoted(cursor, w.sink_table) for w in auditing],
+         [",".join(w.row_columns) for w in auditing]])
+    return {row[0] for row in cursor.fetchall()}
 
 
 def _on_spark(plans: dict, threshold: int | None) -> bool:

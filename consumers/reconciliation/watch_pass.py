@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from consumers.models import Watch, WatchPartition, WatchRange
@@ -69,7 +69,10 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
         rows: dict[int, dict] = defaultdict(dict)
         for wp in WatchPartition.objects.select_for_update().filter(watch_id__in=locked):
             rows[wp.watch_id][wp.partition] = wp
-        quiet = [w for w in served if w.pk in locked and _observe_quiet(w, rows[w.pk], readings[w.cluster], now)]
+        with connection.cursor() as cursor:   # a watch whose table is gone is checked alone: it is an ERR
+            gone = watch_audit.tables_gone(cursor.cursor, [w for w in served if w.pk in locked])
+        quiet = [w for w in served if w.pk in locked and w.pk not in gone
+                 and _observe_quiet(w, rows[w.pk], readings[w.cluster], now)]
         if not quiet:
             return {}
         notes = {w.pk: [] for w in quiet}
