@@ -122,6 +122,15 @@ def test_an_unknown_isolation_level_or_truncation_policy_refuses_the_file(capsys
     assert not ActionLog.objects.filter(action="update").exists()
 
 
+def test_a_topic_or_table_that_is_not_text_is_named_as_such_not_as_missing(capsys, tmp_path, names):
+    text = two_pipelines(names).replace(f'topic = "{names["topic"]}"', "topic = 42").replace(
+        f'sink_table = "{names["clicks"]}"', "sink_table = [1]")
+    code, _, err = run_command(capsys, "apply", write(tmp_path, text))
+    assert code == 1 and "nothing was changed" in err
+    assert "orders.topic: must be text, got int" in err and "clicks.sink_table: must be text, got list" in err
+    assert "required" not in err and not Pipeline.objects.exists()
+
+
 def test_fields_that_own_the_history_cannot_change(capsys, tmp_path, names):
     run_command(capsys, "apply", write(tmp_path, two_pipelines(names)))
     moved = two_pipelines(names).replace(f'topic = "{names["topic"]}"', f'topic = "{names["other_topic"]}"')

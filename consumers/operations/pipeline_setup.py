@@ -192,9 +192,10 @@ def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
     if not isinstance(spec.create_table, bool):
         problems["create_table"] = "must be true or false"
         spec.create_table = False
-    if not spec.topic:
+    # A value that was not text has just been blanked: its "must be text" stays the answer.
+    if "topic" not in problems and not spec.topic:
         problems["topic"] = "required: the Kafka topic to consume (--topic)"
-    if not spec.sink_table:
+    if "sink_table" not in problems and not spec.sink_table:
         problems["sink_table"] = "required: the PostgreSQL table to write (--sink-table)"
     if not isinstance(spec.map, dict) or not all(isinstance(v, str) for v in spec.map.values()):
         problems["map"] = 'must map column names to sources as text, e.g. map = { order_id = "id" }'
