@@ -16,7 +16,7 @@ from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import parse_minutes
 from alerts.rule_forms import AlertRuleForm
-from consumers.access import can_operate, record_refusal
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import ActionLog, ActionResult
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
@@ -200,6 +200,16 @@ class ChannelAdmin(admin.ModelAdmin):
     @admin.display(description="state")
     def state(self, obj):
         return "disabled" if not obj.enabled else obj.as_json()["state"]
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        response = super().changeform_view(request, object_id, form_url, extra_context)
+        shown = getattr(response, "context_data", None) or {}
+        if request.method == "POST" and "adminform" in shown and shown["adminform"].form.errors:
+            # The admin shows the form again with its errors: the refusal goes to the log as on every door.
+            action = "alert_channel_change" if object_id else "alert_channel_add"
+            record_refusal(request.user, action, f"bad input: {form_errors(shown['adminform'].form)}",
+                           params={"channel": request.POST.get("name", ""), "via": "admin"})
+        return response
 
     def save_model(self, request, obj, form, change):
         obj.save()

@@ -113,16 +113,23 @@ def test_a_receiver_answering_500_fails_the_test_with_its_answer(receiver):
     (["add", "bad name!", "--kind", "webhook", "--url", "https://example.com/"], "name"),
     (["add", "x", "--kind", "webhook", "--url", "https://example.com/", "--rule", "no such rule"], "rules"),
 ])
-def test_invalid_settings_are_refused_with_exit_1_and_nothing_is_written(args, field):
+def test_invalid_settings_are_refused_with_exit_1_nothing_is_written_and_the_refusal_is_logged(args, field):
     error = refused(*args)
     assert f"{field}:" in str(error)
-    assert not Channel.objects.exists() and not ActionLog.objects.exists()
+    assert not Channel.objects.exists()
+    refusal = ActionLog.objects.get()   # as on the page, the admin and the API: the refusal, never a setting
+    assert (refusal.action, refusal.actor, refusal.result) == ("alert_channel_add", "cli", "refused")
+    assert refusal.params == {"channel": args[1], "kind": args[3]} and f"{field}:" in refusal.message
 
 
 def test_a_duplicate_name_or_an_unknown_channel_is_refused():
     run("add", "hooks", "--kind", "webhook", "--url", "https://example.com/in")
     assert "exists already" in str(refused("add", "hooks", "--kind", "webhook", "--url", "https://example.com/in"))
     assert "no alert channel named 'nope'" in str(refused("test", "nope"))
+    assert "no alert channel named 'gone'" in str(refused("delete", "gone"))
+    assert list(ActionLog.objects.filter(result="refused").order_by("pk").values_list("action", "params")) == [
+        ("alert_channel_add", {"channel": "hooks", "kind": "webhook"}),
+        ("alert_channel_test", {"channel": "nope"}), ("alert_channel_delete", {"channel": "gone"})]
     assert "no alert channel named 'nope'" in str(refused("delete", "nope"))
 
 

@@ -166,6 +166,9 @@ def test_the_admin_validates_and_never_renders_a_secret(channels):
                                                          "enabled": "on"})
     assert refused.status_code == 200 and "is not an email address" in refused.content.decode()
     assert not Channel.objects.filter(name="mail").exists()
+    refusal = ActionLog.objects.get(action="alert_channel_add", result="refused")
+    assert refusal.actor == "root" and refusal.params == {"channel": "mail", "via": "admin"}
+    assert "recipients:" in refusal.message and "is not an email address" in refusal.message
     added = client.post("/admin/alerts/channel/add/", {"name": "mail", "kind": "email",
                                                        "recipients": "team@example.com", "enabled": "on"})
     assert added.status_code == 302 and Channel.objects.get(name="mail").recipient_list() == ["team@example.com"]

@@ -1,14 +1,24 @@
 """`alert_channel add NAME --kind email|webhook|slack|pagerduty [--url U] [--to A] [--routing-key K]
 [--secret S] [--rule NAME ...]`, `alert_channel list [--json]`, `alert_channel test NAME`,
 `alert_channel delete NAME`: a thin shell over alerts.channel_actions. Secrets are never printed.
-Exit codes: 0 done, 1 refused or the test was not answered with 2xx (the reason on stderr), 2 usage error."""
+Exit codes: 0 done, 1 refused or the test was not answered with 2xx (the reason on stderr), 2 usage error.
+Every refusal is in the action log (actor "cli"), with the channel's name and kind only: never a setting."""
 import json
 
 from alerts import channel_actions
 from alerts.channel_actions import ChannelInvalid
 from alerts.channels import KINDS
 from alerts.models import Channel
+from consumers.access import record_refusal
 from consumers.management.cli import SubcommandsCommand, not_valid, refused
+
+ACTOR = "cli"
+
+
+def audited(error, action: str, name: str, **params):
+    """The CommandError `error`, after its refusal went to the action log like every door's."""
+    record_refusal(ACTOR, action, str(error).removeprefix("Refused: "), params={"channel": name, **params})
+    return error
 
 
 class Command(SubcommandsCommand):
@@ -35,22 +45,24 @@ class Command(SubcommandsCommand):
         delete = commands.add_parser("delete", help="Delete a channel and its outbox.")
         delete.add_argument("name")
 
-    def _channel(self, name: str) -> Channel:
+    def _channel(self, name: str, action: str) -> Channel:
         channel = Channel.objects.filter(name=name).first()
         if channel is None:
-            raise refused(f"no alert channel named {name!r}.")
+            raise audited(refused(f"no alert channel named {name!r}."), action, name)
         return channel
 
     def do_add(self, **options):
-        if Channel.objects.filter(name=options["name"]).exists():
-            raise refused(f"an alert channel named {options['name']!r} exists already.")
-        channel = Channel(name=options["name"], kind=options["kind"], url=options["url"], recipients=options["to"],
+        name, kind = options["name"], options["kind"]
+        if Channel.objects.filter(name=name).exists():
+            raise audited(refused(f"an alert channel named {name!r} exists already."), "alert_channel_add", name,
+                          kind=kind)
+        channel = Channel(name=name, kind=kind, url=options["url"], recipients=options["to"],
                           routing_key=options["routing_key"], secret=options["secret"])
         try:
             rules = channel_actions.rules_named(options["rule"]) if options["rule"] else []
-            channel_actions.save(channel, "cli", rules)
+            channel_actions.save(channel, ACTOR, rules)
         except ChannelInvalid as exc:
-            raise not_valid("channel", exc.problems) from None
+            raise audited(not_valid("channel", exc.problems), "alert_channel_add", name, kind=kind) from None
         self.stdout.write(f"Added alert channel {self._line(channel)}")
 
     def do_list(self, **options):
@@ -64,15 +76,15 @@ class Command(SubcommandsCommand):
             self.stdout.write("No alert channels: alerts go to the rules' email recipients only.")
 
     def do_test(self, **options):
-        channel = self._channel(options["name"])
-        ok, answer = channel_actions.test(channel, "cli")
+        channel = self._channel(options["name"], "alert_channel_test")
+        ok, answer = channel_actions.test(channel, ACTOR)
         if not ok:
             raise refused(f"the test of {channel.name} failed: {answer}")
         self.stdout.write(f"{channel.name}: {answer}")
 
     def do_delete(self, **options):
-        channel = self._channel(options["name"])
-        channel_actions.delete(channel, "cli")
+        channel = self._channel(options["name"], "alert_channel_delete")
+        channel_actions.delete(channel, ACTOR)
         self.stdout.write(f"Deleted alert channel {channel.name}.")
 
     @staticmethod
