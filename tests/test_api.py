@@ -77,6 +77,22 @@ def test_an_operator_starts_and_pauses_a_pipeline_and_a_refusal_is_409(operator_
 
 
 @pytest.mark.django_db
+def test_an_action_on_something_that_does_not_exist_is_a_404_and_logged_as_refused(operator_api):
+    make_pipeline()
+    assert operator_api.post("/api/pipelines/orders/actions/explode").status_code == 404
+    assert operator_api.post("/api/pipelines/nosuch/actions/start").status_code == 404
+    assert operator_api.post("/api/pipelines/nosuch/rewind", {}, content_type="application/json").status_code == 404
+    assert operator_api.post("/api/alerts/999999/acknowledge/").status_code == 404
+    assert operator_api.get("/api/pipelines/nosuch/").status_code == 404   # a look, not an action: not logged
+    refusals = ActionLog.objects.filter(result="refused").order_by("pk")
+    assert [(r.action, r.params["path"]) for r in refusals] == [
+        ("explode", "/api/pipelines/orders/actions/explode"), ("start", "/api/pipelines/nosuch/actions/start"),
+        ("rewind", "/api/pipelines/nosuch/rewind"), ("acknowledge", "/api/alerts/999999/acknowledge/")]
+    assert all(r.message.startswith("not found: ") for r in refusals)
+    assert "Unknown action 'explode'" in refusals[0].message
+
+
+@pytest.mark.django_db
 def test_session_posts_to_the_api_need_the_csrf_token():
     make_pipeline()
     client = Client(enforce_csrf_checks=True)

@@ -10,9 +10,11 @@ import json
 
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.http import Http404
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.views import exception_handler
 
 from consumers.models.text import unstorable
@@ -104,15 +106,18 @@ def audited_exception_handler(exc, context):
     the failed body aside (empty data). A parse error raised inside that check left the request unauthenticated,
     so it is authenticated again, CSRF check included; when that refuses (a session POST without its CSRF token),
     that refusal is the answer."""
+    from consumers.api_base import refuse
+
     request = context.get("request")
     if getattr(exc, "refused_body", False) and request is not None:
-        from consumers.api_base import refuse
-
         try:
             _authenticate_again(request)
         except APIException as refused:
             return exception_handler(refused, context)
         refuse(request, f"bad input: {_text_of(exc.detail)}", context.get("kwargs") or {})
+    elif isinstance(exc, Http404) and request is not None and request.method not in SAFE_METHODS:
+        # An action on a pipeline, group, watch or alert that does not exist is refused like any other.
+        refuse(request, f"not found: {exc or 'no such object'}", context.get("kwargs") or {})
     return exception_handler(exc, context)
 
 

@@ -23,7 +23,15 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
 from consumers.access import can_operate, record_refusal, role_of
-from consumers.api_base import REFUSED, UNAVAILABLE, OperatorForWrites, RefusalSerializer, answers, refuse_fields
+from consumers.api_base import (
+    REFUSED,
+    UNAVAILABLE,
+    OperatorForWrites,
+    RefusalSerializer,
+    answers,
+    refuse,
+    refuse_fields,
+)
 from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
 from consumers.kafka.errors import ClusterConfigError
@@ -310,8 +318,9 @@ def trace_record(request, name):
 def pipeline_action(request, name, action):
     pipeline = get_object_or_404(Pipeline, name=name)
     if action not in actions.ACTIONS:
-        return Response({"error": f"Unknown action {action!r}: use one of {', '.join(actions.ACTIONS)}."},
-                        status=http.HTTP_404_NOT_FOUND)
+        error = f"Unknown action {action!r}: use one of {', '.join(actions.ACTIONS)}."
+        refuse(request, f"not found: {error}")
+        return Response({"error": error}, status=http.HTTP_404_NOT_FOUND)
     body = EmptyInput(data=request.data)
     if not body.is_valid():
         return refuse_invalid(request, body, action, pipeline)
