@@ -1,5 +1,7 @@
 """Alert rules for operators: list, create, edit, mute for a while, and send a test email to a rule's
 recipients. Everyone signed in may read them; changes are for operators and are written to the action log."""
+from collections import defaultdict
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -35,14 +37,20 @@ def _operator_only(request, action: str = "alert_rule") -> None:
 def rule_list(request):
     now = timezone.now()
     rules = list(AlertRule.objects.select_related("pipeline").order_by("pipeline__name", "kind", "name"))
-    muted = {}
-    for mute in Mute.objects.filter(until__gt=now, rule__isnull=False):
-        muted[mute.rule_id] = max(mute.until, muted.get(mute.rule_id, mute.until))
+    # A mute of the whole rule mutes it; a mute of one pipeline or watch leaves it active for the others.
+    muted, muted_for = {}, defaultdict(list)
+    for mute in (Mute.objects.filter(until__gt=now, rule__isnull=False).select_related("pipeline", "watch")
+                 .order_by("until")):
+        if mute.pipeline_id or mute.watch_id:
+            muted_for[mute.rule_id].append(mute)
+        else:
+            muted[mute.rule_id] = max(mute.until, muted.get(mute.rule_id, mute.until))
     # Where each rule's notifications go besides its recipients: channels routed to it, and unrouted ones.
     channels = [(c.name, {r.pk for r in c.rules.all()}) for c in Channel.objects.filter(enabled=True)
                 .prefetch_related("rules")]
     for rule in rules:
         rule.muted_until = muted.get(rule.pk)
+        rule.muted_for = muted_for.get(rule.pk, [])
         rule.channel_names = [name for name, routed in channels if not routed or rule.pk in routed]
     return render(request, "alerts/rules.html", {"rules": rules, "can_operate": can_operate(request.user),
                                                  "nav": "alerts"})

@@ -76,6 +76,23 @@ def test_an_operator_mutes_a_rule_and_sends_a_test_email(operator_client, settin
     assert ActionLog.objects.filter(action__in=["alert_mute", "alert_test"]).count() == 2
 
 
+def test_a_mute_of_one_pipeline_leaves_the_rule_active_for_the_others_and_says_for_which(operator_client):
+    rule = AlertRule.objects.get(kind="lost")
+    orders = make_pipeline()
+    mute = Mute.mute(rule=rule, pipeline=orders, minutes=60, user="olga")
+
+    def cell():
+        page = operator_client.get("/alerts/rules/").content.decode()
+        return page.split(f'id="rule-{rule.pk}"')[1].split("</tr>")[0]
+
+    shown = cell()
+    assert '<span class="tag">active</span>' in shown and "muted until" not in shown
+    assert f'data-mute="{mute.pk}">muted for orders until {mute.until:%Y-%m-%d %H:%M} UTC' in shown
+    everything = Mute.mute(rule=rule, minutes=30, user="olga")
+    shown = cell()
+    assert f"muted until {everything.until:%Y-%m-%d %H:%M} UTC" in shown and "muted for orders" not in shown
+
+
 def test_a_test_email_without_any_recipient_says_what_to_do(operator_client, settings):
     settings.ALERT_RECIPIENTS = []
     rule = AlertRule.objects.get(kind="lost")
