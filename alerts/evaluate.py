@@ -94,7 +94,10 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
                 report.fired.append(_label(rule, pipeline))
             alert.notified_at = now
             alert.next_reminder_at = _next_reminder(rule, now, now)
-        elif alert.state == AlertState.FIRING and alert.next_reminder_at and now >= alert.next_reminder_at:
+        elif alert.state == AlertState.FIRING and outbox.queue_for_new_channels(alert, now):
+            report.fired.append(_label(rule, pipeline) + " (to channels added since it fired)")
+        if (not muted and alert.state == AlertState.FIRING and alert.next_reminder_at
+                and now >= alert.next_reminder_at):
             sequence = alert.reminders_sent + 1
             if outbox.queue(alert, NotificationKind.REMINDER, sequence, now):
                 report.reminded.append(_label(rule, pipeline))

@@ -100,12 +100,32 @@ def queue(alert, kind: str, sequence: int, now, email: bool = True) -> list[Noti
                            "a channel", alert.pk, alert.summary)
         created.append(_create(alert, None, kind, sequence, now, recipients=recipients, payload=payload,
                                **rendered))
+    created += _to_channels(alert, channels, kind, sequence, now, rendered, payload)
+    return [row for row in created if row is not None]
+
+
+def queue_for_new_channels(alert, now) -> list[Notification]:
+    """A firing alert's "fired" message for the channels it routes to that have heard nothing of it: one added,
+    enabled or routed to the rule after the alert fired would otherwise wait for the next reminder (or, for a
+    rule without reminders, never hear of it). Returns the rows created."""
+    heard = Notification.objects.filter(alert=alert, channel__isnull=False).values("channel_id")
+    channels = list(routed_channels(alert, NotificationKind.FIRED).exclude(pk__in=heard))
+    if not channels:
+        return []
+    rendered = notify.render(alert, NotificationKind.FIRED, 0, now)
+    payload = payloads.build(alert, NotificationKind.FIRED, 0, now)
+    return [row for row in _to_channels(alert, channels, NotificationKind.FIRED, 0, now, rendered, payload)
+            if row is not None]
+
+
+def _to_channels(alert, channels, kind, sequence, now, rendered: dict, payload: dict) -> list:
+    created = []
     for channel in channels:
         is_email = channel.kind == ChannelKind.EMAIL
         content = rendered if is_email else {"subject": rendered["subject"], "body_text": "", "body_html": ""}
         created.append(_create(alert, channel, kind, sequence, now, payload=payload,
                                recipients=channel.recipient_list() if is_email else [], **content))
-    return [row for row in created if row is not None]
+    return created
 
 
 # --- delivering -------------------------------------------------------------------------------------------

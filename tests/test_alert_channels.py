@@ -320,3 +320,25 @@ def test_a_channel_whose_only_rule_is_deleted_is_disabled_not_widened_to_every_r
     deliver_due(now=at(1))
     assert {request["path"] for request in receiver.requests} == set()
     assert not Notification.objects.filter(channel=pager).exists()
+
+
+def test_a_channel_added_while_an_alert_fires_hears_it_at_the_next_pass_and_hears_it_resolve(receiver):
+    rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
+    rule.reminder_seconds = 0   # no reminders: without the catch-up the channel would never hear of this loss
+    rule.save()
+    pipeline = fire_loss()
+    acknowledged = fire_loss("acked")
+    Alert.objects.get(pipeline=acknowledged).acknowledge("olga", at(5))
+    channel = add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+
+    report = evaluate_all(now=at(60))
+    assert report.fired == [f"orders/{rule.name} (to channels added since it fired)"]
+    assert evaluate_all(now=at(120)).fired == []   # heard once, not again at every pass
+    deliver_due(now=at(120))
+    resolve(pipeline, at(180))
+    deliver_due(now=at(180))
+    events = receiver.bodies()
+    assert [e["event_action"] for e in events] == ["trigger", "resolve"] and len({e["dedup_key"] for e in events}) == 1
+    assert events[0]["payload"]["component"] == "orders"   # the acknowledged alert is someone's already: not paged
+    assert list(Notification.objects.filter(channel=channel).values_list("kind", "sequence").order_by("pk")) == [
+        ("fired", 0), ("resolved", 0)]
