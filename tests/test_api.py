@@ -2,9 +2,10 @@
 viewers), clear 400s for bad input, and real rewinds and reconciliation against the broker."""
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline
+from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline, Watch
 from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline
 
 
@@ -61,8 +62,35 @@ def test_a_viewer_gets_403_on_every_action_nothing_changes_and_each_refusal_is_a
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
     refusals = list(ActionLog.objects.order_by("created_at").values_list("actor", "action", "result", "group_id"))
     assert refusals == [("vera", "start", "refused", ""), ("vera", "rewind", "refused", ""),
-                        ("vera", "group_reset", "refused", "some-group")]
+                        ("vera", "reset_group", "refused", "some-group")]
     assert all("viewer role" in m for m in ActionLog.objects.values_list("message", flat=True))
+
+
+@pytest.mark.django_db
+def test_a_refused_write_is_logged_under_the_action_its_success_is_logged_under(viewer_api):
+    from alerts.models import Alert, AlertRule, Channel
+
+    make_pipeline()
+    rule = AlertRule.objects.create(name="loss", kind="lost")
+    now = timezone.now()
+    alert = Alert.objects.create(rule=rule, pipeline=Pipeline.objects.get(), summary="x", facts={}, started_at=now,
+                                 last_seen_at=now)
+    Channel.objects.create(name="hooks", kind="webhook", url="https://example.com/in")
+    Watch.objects.create(name="team", group_id="team-group", topic="team")
+    writes = [("post", "/api/pipelines/", "create"), ("post", "/api/pipelines/orders/reconciliation", "reconcile"),
+              ("post", "/api/pipelines/orders/topic-checks", "topic_check"),
+              ("post", "/api/pipelines/orders/dead-letters/replay", "replay_dead_letters"),
+              ("post", "/api/groups/g/reset", "reset_group"), ("post", "/api/watches/", "create_watch"),
+              ("delete", "/api/watches/team/", "delete_watch"), ("post", "/api/watches/team/check", "check_watch"),
+              ("post", f"/api/alerts/{alert.pk}/acknowledge/", "acknowledge_alert"),
+              ("post", f"/api/alerts/{alert.pk}/mute/", "mute_alert"),
+              ("post", "/api/alerts/channels/", "alert_channel_add"),
+              ("delete", "/api/alerts/channels/hooks/", "alert_channel_delete"),
+              ("post", "/api/alerts/channels/hooks/test/", "alert_channel_test")]
+    for method, url, _ in writes:
+        assert getattr(viewer_api, method)(url, {}, content_type="application/json").status_code == 403, url
+    logged = list(ActionLog.objects.order_by("pk").values_list("action", "result"))
+    assert logged == [(action, "refused") for _, _, action in writes]
 
 
 @pytest.mark.django_db
@@ -87,7 +115,7 @@ def test_an_action_on_something_that_does_not_exist_is_a_404_and_logged_as_refus
     refusals = ActionLog.objects.filter(result="refused").order_by("pk")
     assert [(r.action, r.params["path"]) for r in refusals] == [
         ("explode", "/api/pipelines/orders/actions/explode"), ("start", "/api/pipelines/nosuch/actions/start"),
-        ("rewind", "/api/pipelines/nosuch/rewind"), ("acknowledge", "/api/alerts/999999/acknowledge/")]
+        ("rewind", "/api/pipelines/nosuch/rewind"), ("acknowledge_alert", "/api/alerts/999999/acknowledge/")]
     assert all(r.message.startswith("not found: ") for r in refusals)
     assert "Unknown action 'explode'" in refusals[0].message
 
