@@ -248,7 +248,7 @@ def test_an_operator_requests_a_topic_check_of_a_pipeline_and_a_viewer_cannot(op
     viewer.force_login(make_viewer())
     assert viewer.post("/topic-checks/request/", form).status_code == 403
     assert TopicCheckJob.objects.count() == 1
-    assert ActionLog.objects.filter(action="request_topic_check", result="refused", pipeline=pipeline).count() == 1
+    assert ActionLog.objects.filter(action="topic_check", result="refused", pipeline=pipeline).count() == 1
 
 
 def test_topic_check_results_show_on_the_pipeline_page_and_poll_while_running(viewer_client, pipeline):
