@@ -39,6 +39,36 @@ def role_of(user) -> str:
     return "operator" if can_operate(user) else "viewer" if can_view(user) else "none"
 
 
+# The action a refused write is logged under, where the URL's name is not the name its success is logged
+# under: a filter of the action log by action then finds both.
+REFUSED_AS = {
+    ("new_pipeline", "POST"): "create",
+    ("group_reset", "POST"): "reset_group",
+    ("new_watch", "POST"): "create_watch",
+    ("api:pipelines", "POST"): "create",
+    ("api:reconciliation", "POST"): "reconcile",
+    ("api:group_reset", "POST"): "reset_group",
+    ("api:topic_checks", "POST"): "topic_check",
+    ("api:watches", "POST"): "create_watch",
+    ("api:watch", "DELETE"): "delete_watch",
+    ("api:watch_check", "POST"): "check_watch",
+    ("alerts_api:acknowledge", "POST"): "acknowledge_alert",
+    ("alerts_api:mute", "POST"): "mute_alert",
+    ("alerts_api:channels", "POST"): "alert_channel_add",
+    ("alerts_api:channel", "DELETE"): "alert_channel_delete",
+    ("alerts_api:channel_test", "POST"): "alert_channel_test",
+}
+
+
+def refused_action(request, default: str = "action") -> str:
+    """The action a refused request is logged under: REFUSED_AS's, else the URL's name (the action log's name
+    for most writes, by the URL confs' convention)."""
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        return default
+    return REFUSED_AS.get((match.view_name, request.method)) or match.url_name or default
+
+
 def actor_of(user) -> str:
     """The action log's name for `user` (a User, a name such as "cli", or nobody: "anonymous")."""
     if isinstance(user, str):

@@ -8,7 +8,7 @@ from rest_framework import status as http
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
-from consumers.access import can_operate, can_view, record_refusal
+from consumers.access import can_operate, can_view, record_refusal, refused_action
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -154,24 +154,6 @@ class OperatorForWrites(HasRole):
         return False
 
 
-# The action a refused write is logged under, where the URL's name is not the name its success is logged
-# under: a filter of the action log by action then finds both.
-REFUSED_AS = {
-    ("api:pipelines", "POST"): "create",
-    ("api:reconciliation", "POST"): "reconcile",
-    ("api:group_reset", "POST"): "reset_group",
-    ("api:topic_checks", "POST"): "topic_check",
-    ("api:watches", "POST"): "create_watch",
-    ("api:watch", "DELETE"): "delete_watch",
-    ("api:watch_check", "POST"): "check_watch",
-    ("alerts_api:acknowledge", "POST"): "acknowledge_alert",
-    ("alerts_api:mute", "POST"): "mute_alert",
-    ("alerts_api:channels", "POST"): "alert_channel_add",
-    ("alerts_api:channel", "DELETE"): "alert_channel_delete",
-    ("alerts_api:channel_test", "POST"): "alert_channel_test",
-}
-
-
 def refuse(request, reason: str, kwargs: dict | None = None) -> None:
     """Audit an API refusal under the action the URL names (its `action`, else the action its success is
     logged under), with the pipeline or group it concerns."""
@@ -179,9 +161,7 @@ def refuse(request, reason: str, kwargs: dict | None = None) -> None:
 
     if kwargs is None:
         kwargs = getattr(request, "parser_context", {}).get("kwargs", {}) or {}
-    match = request.resolver_match
-    action = (kwargs.get("action") or REFUSED_AS.get((getattr(match, "view_name", ""), request.method))
-              or getattr(match, "url_name", "") or "api")
+    action = kwargs.get("action") or refused_action(request, "api")
     pipeline = Pipeline.objects.filter(name=kwargs["name"]).first() if kwargs.get("name") else None
     record_refusal(request.user, action, reason, pipeline=pipeline, group_id=kwargs.get("group_id", ""),
                    params={"path": request.path})

@@ -309,3 +309,11 @@ def test_a_checkbox_help_is_its_own_line_and_describes_the_checkbox(operator_cli
     label = re.search(r'<label for="id_keyed">.*?</label>', html, re.S).group(0)
     assert "<small" not in label   # inside the label, the stylesheet drew it over the label's text
     assert '<small class="muted checkbox-help" id="id_keyed_helptext">An update stream' in html
+
+
+def test_a_viewers_refused_page_write_is_logged_under_the_action_its_success_is_logged_under(viewer_client):
+    writes = [("/pipelines/new/", "create"), ("/watches/new/", "create_watch"), ("/groups/g/reset/", "reset_group")]
+    for url, _ in writes:
+        assert viewer_client.post(url, {"name": "x"}).status_code == 403, url
+    assert list(ActionLog.objects.order_by("pk").values_list("action", "result")) == [
+        (action, "refused") for _, action in writes]

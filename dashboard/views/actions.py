@@ -6,7 +6,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from consumers.access import can_operate, record_refusal
+from consumers.access import can_operate, record_refusal, refused_action
 from consumers.models import ActionResult, Pipeline
 from consumers.operations import actions
 from dashboard.views.common import render_page
@@ -33,7 +33,7 @@ def refuse_viewer(request, pipeline, fragment="outcome"):
     is written to the action log."""
     match = request.resolver_match
     kwargs = match.kwargs if match else {}
-    record_refusal(request.user, kwargs.get("action") or (match.url_name if match else "") or "action",
+    record_refusal(request.user, kwargs.get("action") or refused_action(request),
                    "viewer role: " + VIEWER_REFUSAL, pipeline=pipeline, group_id=kwargs.get("group_id", ""),
                    params={"path": request.path})
     messages.error(request, VIEWER_REFUSAL)
