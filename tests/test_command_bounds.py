@@ -11,3 +11,16 @@ def test_a_time_limit_that_is_not_positive_is_refused(command, seconds):
     with pytest.raises(CommandError, match="--max-seconds must be more than 0") as refused:
         call_command(command, *args, "--max-seconds", seconds)
     assert refused.value.returncode == 1
+
+
+@pytest.mark.parametrize("seconds", ["-1", str(7 * 24 * 3600 + 1), "99999999999999999999"])
+def test_a_watch_checks_settle_time_out_of_range_is_refused(seconds):
+    with pytest.raises(CommandError, match="--settle-seconds must be from 0 to 604800") as refused:
+        call_command("watch", "check", "team", "--settle-seconds", seconds)
+    assert refused.value.returncode == 1
+
+
+def test_trace_takes_an_offset_or_a_key_not_both():
+    with pytest.raises(CommandError, match="not both") as usage:
+        call_command("trace", "orders", "--partition", "0", "--offset", "1", "--key", "k")
+    assert usage.value.returncode == 2

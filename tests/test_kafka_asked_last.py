@@ -49,3 +49,24 @@ def test_a_watch_refused_for_a_cheap_reason_does_not_ask_kafka(kafka_asked, over
     with pytest.raises(watch_setup.Invalid):
         watch_setup.validate(spec)
     assert not kafka_asked and not Watch.objects.exists()
+
+
+def test_a_consumer_group_id_longer_than_the_column_is_refused_not_a_database_error(kafka_asked):
+    spec = pipeline_setup.PipelineSpec(name="orders", topic="orders-topic", sink_table="sink_orders",
+                                       group="g" * 256, create_table=True)
+    with pytest.raises(pipeline_setup.Invalid) as refused:
+        pipeline_setup.validate(spec)
+    assert refused.value.problems == {"group": "a consumer group id is at most 255 characters"}
+
+
+@pytest.mark.parametrize("start_from, problem", [
+    ("1960-01-01T00:00:00Z", "start_from 1960-01-01T00:00:00Z is before 1970-01-01, where Kafka timestamps begin."),
+    ("2999-01-01T00:00:00Z", "start_from 2999-01-01T00:00:00Z is in the future"),
+    ("0001-01-01T00:00:00+05:00", "start_from needs an ISO-8601 date and time"),
+])
+def test_a_watch_start_kafka_cannot_look_up_is_refused_as_a_rewinds_time_is(kafka_asked, start_from, problem):
+    spec = watch_setup.WatchSpec(name="w", group="g", topic="t", start_from=start_from)
+    with pytest.raises(watch_setup.Invalid) as refused:
+        watch_setup.validate(spec)
+    assert refused.value.problems["start_from"].startswith(problem)
+    assert not Watch.objects.exists()

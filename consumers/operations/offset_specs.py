@@ -67,11 +67,7 @@ def parse_spec(mode: str, value=None, now: datetime | None = None) -> OffsetSpec
             raise Refused(f"{mode} needs a number within ±{MAX_OFFSET} (a 64-bit offset), got {raw[:40]!r}.")
         return OffsetSpec(mode, offset=number, raw=raw)
     if mode == "to-datetime":
-        moment = _parse_moment(raw)
-        if moment > now:
-            raise Refused(f"to-datetime {raw} is in the future (now is {now.isoformat(timespec='seconds')}).")
-        _refuse_before_epoch(moment, raw)
-        return OffsetSpec(mode, moment=moment, raw=raw)
+        return OffsetSpec(mode, moment=parse_moment(raw, now), raw=raw)
     duration = _parse_duration(raw)
     try:
         moment = now - duration
@@ -91,12 +87,18 @@ def validate(mode: str, value=None, now: datetime | None = None) -> OffsetSpec:
         raise Invalid({"value" if mode in MODES_WITH_VALUE else "mode": str(exc)}) from None
 
 
-def _refuse_before_epoch(moment: datetime, raw: str) -> None:
+def parse_moment(raw: str, now: datetime, what: str = "to-datetime") -> datetime:
+    """A time Kafka can look offsets up by (a rewind's to-datetime, a watch's start): ISO-8601, not in the
+    future, not before 1970. Refused names `what`."""
+    moment = _parse_moment(raw, what)
+    if moment > now:
+        raise Refused(f"{what} {raw} is in the future (now is {now.isoformat(timespec='seconds')}).")
     if moment < EPOCH:
-        raise Refused(f"to-datetime {raw} is before 1970-01-01, where Kafka timestamps begin.")
+        raise Refused(f"{what} {raw} is before 1970-01-01, where Kafka timestamps begin.")
+    return moment
 
 
-def _parse_moment(raw: str) -> datetime:
+def _parse_moment(raw: str, what: str) -> datetime:
     try:
         moment = parse_datetime(raw)
         # A time without a zone is taken as UTC, as the dashboard shows times in UTC.
@@ -106,7 +108,7 @@ def _parse_moment(raw: str) -> datetime:
     except (ValueError, OverflowError):
         moment = None
     if moment is None:
-        raise Refused(f"to-datetime needs an ISO-8601 date and time (e.g. 2026-11-22T04:00:00Z), got {raw!r}.")
+        raise Refused(f"{what} needs an ISO-8601 date and time (e.g. 2026-11-22T04:00:00Z), got {raw!r}.")
     return moment
 
 

@@ -129,8 +129,11 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     elif existing is None and Pipeline.objects.filter(name=spec.name).exists():
         problems["name"] = (f"a pipeline named {spec.name!r} exists already: choose another name, or "
                             f"`pipeline delete {spec.name}` first")
+    longest = Pipeline._meta.get_field("group_id").max_length
     owner = Pipeline.objects.filter(group_id=spec.group_id).exclude(pk=existing.pk if existing else None).first()
-    if owner is not None:
+    if len(spec.group_id) > longest:
+        problems["group"] = f"a consumer group id is at most {longest} characters"
+    elif owner is not None:
         problems["group"] = (f"consumer group {spec.group_id!r} is used by pipeline {owner.name!r}: two pipelines in "
                              "one group would take each other's partitions; pass another --group")
     if not spec.delivery_mode:

@@ -14,7 +14,6 @@ from the watch's start, and nothing is audited until it commits.
 """
 import re
 from dataclasses import dataclass, field
-from datetime import UTC
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -25,6 +24,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
+from consumers.operations import offset_specs
 from consumers.operations.errors import Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
@@ -164,7 +164,11 @@ def _check_start(spec: WatchSpec, problems: dict):
                                   f"log end, or a table emptied since) or an ISO date and time, got "
                                   f"{spec.start_from!r}")
         return None
-    return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+    try:   # as a rewind's to-datetime: Kafka finds offsets by times from 1970 to now
+        return offset_specs.parse_moment(spec.start_from, timezone.now(), "start_from")
+    except offset_specs.Refused as exc:
+        problems["start_from"] = str(exc)
+        return None
 
 
 def _check_ignores(spec: WatchSpec, problems: dict) -> None:

@@ -27,6 +27,8 @@ class Command(BaseCommand):
     def handle(self, *args, pipeline, partition, offset, key, **options):
         if key is None and (partition is None or offset is None):
             raise CommandError("Give --partition and --offset, or --key.", returncode=2)
+        if key is not None and (partition is not None or offset is not None):
+            raise CommandError("Give --partition and --offset, or --key: not both.", returncode=2)
         found = Pipeline.objects.filter(name=pipeline).first()
         if found is None:
             raise refused(f"no pipeline named {pipeline!r}.")

@@ -117,9 +117,9 @@ class Command(SubcommandsCommand):
         self.apply_file(watch_file.apply, file=file, actor=actor, dry_run=dry_run)
 
     def do_check(self, *, name, settle_seconds, json: bool, **options):
+        if settle_seconds is not None and not 0 <= settle_seconds <= watch_setup.MAX_SETTLE_SECONDS:
+            raise refused(f"--settle-seconds must be from 0 to {watch_setup.MAX_SETTLE_SECONDS}")
         watch = _watch(name)
-        if settle_seconds is not None and settle_seconds < 0:
-            raise refused("--settle-seconds must be 0 or more")
         report = watch_audit.check_watch(watch, settle_seconds=settle_seconds)
         if json:
             self.stdout.write(as_json(report.as_json()))
