@@ -49,7 +49,7 @@ def test_a_mapping_that_does_not_fit_the_table_is_refused_and_nothing_is_created
     code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", "missing_tbl",
                                "--transform", "json")
     assert code == 1 and "does not exist" in err
-    assert not Pipeline.objects.exists() and not ActionLog.objects.filter(action="create").exists()
+    assert not Pipeline.objects.exists() and not ActionLog.objects.filter(action="create", result="done").exists()
 
 
 def test_upsert_without_a_unique_constraint_on_the_key_is_refused_with_the_sql_that_fixes_it(capsys, topic, table):

@@ -168,7 +168,10 @@ def test_an_unknown_isolation_level_or_truncation_policy_exits_1_and_creates_not
     assert code == 1
     assert "isolation_level: unknown isolation level 'read_dirty': use read_committed" in err
     assert "on_log_truncated: unknown policy 'ignore' for a log truncated past the stored position: use stop" in err
-    assert not Pipeline.objects.exists() and not ActionLog.objects.exists()
+    assert not Pipeline.objects.exists()
+    refusal = ActionLog.objects.get()   # nothing but the refusal, as every door writes it
+    assert (refusal.action, refusal.actor, refusal.result) == ("create", "cli", "refused")
+    assert refusal.params == {"via": "cli", "name": "orders"} and "isolation_level: unknown" in refusal.message
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s)", [table])
         assert cursor.fetchone()[0] is None
@@ -238,7 +241,7 @@ def test_runs_are_stored_shown_and_refused_outside_their_bounds_or_for_spark(cap
                                "--runs", "3", "--json")
     assert code == 0 and json.loads(out)["runs"] == 3
     assert Pipeline.objects.get(name="orders").parallel_runs == 3
-    assert ActionLog.objects.get(action="create").params["runs"] == 3
+    assert ActionLog.objects.get(action="create", result="done").params["runs"] == 3
 
 
 def test_a_second_pipeline_of_the_same_topic_into_the_same_table_is_refused(topic, table):

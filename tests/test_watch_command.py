@@ -60,7 +60,7 @@ def test_refusals_name_the_missing_table_column_and_the_type_that_cannot_match(m
     assert "keyed needs a table" in refused(capsys, *base, "--keyed")
     assert "ISO date" in refused(capsys, *base, "--from", "yesterday")
     assert "no such cluster" in refused(capsys, *base, "--cluster", "elsewhere")
-    assert ActionLog.objects.filter(action="create_watch").count() == 0
+    assert not ActionLog.objects.filter(action="create_watch").exclude(result="refused").exists()   # refused only
 
 
 def test_a_group_with_no_commits_is_allowed_and_said(make_topic, capsys):
@@ -139,6 +139,14 @@ def test_usage_errors_exit_2_and_delete_removes_the_watch_only(make_topic, team_
     assert run_command(capsys, "watch", "delete", "gone")[0] == 0
     assert not Watch.objects.exists()
     assert ActionLog.objects.filter(action="delete_watch", params__watch="gone").exists()
+    assert run_command(capsys, "watch", "delete", "gone")[0] == 1
+    assert run_command(capsys, "watch", "create", "Bad Name", "--group", "g", "--topic", topic)[0] == 1
+    assert run_command(capsys, "watch", "apply", "/nonexistent/watches.toml")[0] == 1
+    refusals = ActionLog.objects.filter(result="refused").order_by("pk")
+    assert [(r.action, r.params) for r in refusals] == [
+        ("delete_watch", {"via": "cli", "name": "gone"}), ("create_watch", {"via": "cli", "name": "Bad Name"}),
+        ("apply_watches", {"via": "cli", "file": "/nonexistent/watches.toml"})]
+    assert "no watch named 'gone'" in refusals[0].message.lower() or "gone" in refusals[0].message
 
 
 def test_a_watches_file_is_validated_whole_and_applied_once(make_topic, team_table, capsys, tmp_path):

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 from django.core.management.base import BaseCommand, CommandError
 
+from consumers.access import record_refusal
 from consumers.operations.declared_file import FileRefused
 
 
@@ -36,6 +37,10 @@ class TallyCommand(BaseCommand):
 class SubcommandsCommand(TallyCommand):
     """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`."""
 
+    # Subcommands whose refusals (exit 1) this door writes to the action log, and under which action: those
+    # whose operation logs only what it did (create, delete, apply). Others log their own refusals.
+    audited_refusals: dict[str, str] = {}
+
     def add_arguments(self, parser):
         self.add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
@@ -43,7 +48,14 @@ class SubcommandsCommand(TallyCommand):
         raise NotImplementedError
 
     def handle(self, *args, command, **options):
-        getattr(self, f"do_{command}")(**options)
+        try:
+            getattr(self, f"do_{command}")(**options)
+        except CommandError as error:
+            if error.returncode == 1 and command in self.audited_refusals:
+                asked = {key: options[key] for key in ("name", "file") if options.get(key)}
+                record_refusal(options.get("actor") or "cli", self.audited_refusals[command],
+                               str(error).removeprefix("Refused: "), params={"via": "cli", **asked})
+            raise
 
     def write_list(self, rows: list[dict], *, json: bool, columns: list[tuple[str, str, Callable[[dict], str]]]):
         """A `list` subcommand's answer: the rows as JSON, or a table of `columns` (heading, format spec such as

@@ -16,6 +16,7 @@ from consumers.operations.pipeline_setup import DELIVERY_MODES, Invalid, Pipelin
 class Command(SubcommandsCommand):
     help = ("Add, list, show, delete, apply (from pipelines.toml) and run pipelines (audited). "
             "Exit 0 done, 1 refused, 2 usage error.")
+    audited_refusals = {"create": "create", "delete": "delete", "apply": "apply_pipelines"}
 
     def add_subcommands(self, commands):
         create = commands.add_parser("create", help="Add a pipeline (stopped). Validated before anything is written.")

@@ -20,6 +20,7 @@ class Command(SubcommandsCommand):
     help = ("Watch consumer groups Tally does not run: lag, status, and what they lost or duplicated in their "
             "own tables. Exit 0 clean, 1 findings or refused, 2 usage error.")
     exit_codes = "0 done and clean, 1 findings (lost, duplicated or phantom records) or refused, 2 usage error"
+    audited_refusals = {"create": "create_watch", "delete": "delete_watch", "apply": "apply_watches"}
 
     def add_subcommands(self, commands):
         create = commands.add_parser("create", help="Watch a group (and audit the table it writes).")
