@@ -24,3 +24,12 @@ def test_trace_takes_an_offset_or_a_key_not_both():
     with pytest.raises(CommandError, match="not both") as usage:
         call_command("trace", "orders", "--partition", "0", "--offset", "1", "--key", "k")
     assert usage.value.returncode == 2
+
+
+@pytest.mark.parametrize("command", ["reconcile", "topic_check", "run_pipeline", "run_spark_pipeline", "trace",
+                                     "compact_ledger", "check_alerts", "pipeline", "watch", "groups", "kafka",
+                                     "rewind", "dead_letters", "alert_channel"])
+def test_every_operator_command_names_its_exit_codes_in_its_help(command, capsys):
+    with pytest.raises(SystemExit):
+        call_command(command, "--help")
+    assert "Exit codes: 0 " in capsys.readouterr().out

@@ -2,15 +2,15 @@
 outbox (the rules' emails and the channels'), for cron and tests."""
 import json
 
-from django.core.management.base import BaseCommand
-
 from alerts.evaluate import evaluate_all
 from alerts.outbox import deliver_due
+from consumers.management.cli import TallyCommand
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = ("Evaluate alert rules once, then deliver due notifications (emails and channels, retrying failed ones "
             "whose time has come).")
+    exit_codes = "0 done, 2 usage error"
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print the evaluation report as JSON.")

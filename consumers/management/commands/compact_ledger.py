@@ -3,14 +3,16 @@ does it every TALLY_COMPACTION_INTERVAL_SECONDS). `--crash-at compaction-mid-ste
 N-th merge (tests prove a killed step leaves the ledger as it was)."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from consumers.engine.faults import FaultInjector
+from consumers.management.cli import TallyCommand
 from consumers.reconciliation import compaction
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = "Compact the batch ledger: merge old, verified, contiguous rows of each partition."
+    exit_codes = "0 done, 1 refused, 2 usage error"
 
     def add_arguments(self, parser):
         parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this long (default: done).")

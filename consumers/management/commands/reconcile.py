@@ -5,14 +5,14 @@ gap or overlap, or unrecoverable records were found (dead letters are accounted 
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
-
+from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline
 from consumers.reconciliation import reconcile
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = "Reconcile pipelines: lost, duplicated and phantom records, ledger gaps, lag. Exit 1 if not exact."
+    exit_codes = "0 exact, 1 not exact (loss, duplication, phantom rows, gaps or overlaps) or refused, 2 usage error"
 
     def add_arguments(self, parser):
         parser.add_argument("name", nargs="?", help="Pipeline name (default: every pipeline).")
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         if name:
             pipeline = Pipeline.objects.filter(name=name).first()
             if pipeline is None:
-                raise CommandError(f"No pipeline named {name!r}.")
+                raise refused(f"No pipeline named {name!r}.")
             reports = [reconcile.reconcile_pipeline(pipeline, full=full)]
         else:
             reports = reconcile.reconcile_all(full=full)

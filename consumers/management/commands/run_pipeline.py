@@ -5,18 +5,21 @@ import signal
 import threading
 from dataclasses import asdict
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from consumers.engine import gc_tuning
 from consumers.engine.faults import POINTS, FaultInjector
 from consumers.engine.lifecycle import UnknownPipeline
 from consumers.engine.options import RunOptions, engine_for
 from consumers.engine.processes import combined_busy_seconds, run_in_processes
+from consumers.management.cli import TallyCommand, refused
 from consumers.models import Engine, Pipeline
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = "Run a pipeline in the foreground until stopped (SIGTERM/Ctrl-C), fenced or caught up."
+    exit_codes = ("0 the run ended as asked (stopped, caught up, time limit), 1 it failed, was fenced or refused, "
+                  "2 usage error")
     # A worker: restarted often (chaos, demo), and it must not depend on URL or admin modules loading.
     requires_system_checks = []
     engine_override = None  # run_spark_pipeline sets "spark"
@@ -71,7 +74,7 @@ class Command(BaseCommand):
             if engine != Engine.PYTHON:
                 raise CommandError("--processes is for the Python engine; Spark spreads a run over its executors.")
             if not Pipeline.objects.filter(name=name).exists():
-                raise CommandError(f"No pipeline named {name!r}.")
+                raise refused(f"No pipeline named {name!r}.")
         if processes > 1:
             return self._run_in_processes(name, processes, batch_size=batch_size, delay_ms=delay_ms,
                                           stop_when_caught_up=stop_when_caught_up, max_seconds=max_seconds,
@@ -88,7 +91,7 @@ class Command(BaseCommand):
                 stop=stop, batch_size=batch_size, delay_ms=delay_ms, stop_when_caught_up=stop_when_caught_up,
                 max_seconds=max_seconds, faults=faults, peers=peers or 0))
         except UnknownPipeline as exc:
-            raise CommandError(str(exc)) from exc
+            raise refused(str(exc)) from exc
         if options["json"]:
             self.stdout.write(json.dumps(asdict(result), default=str))
         summary = _summary(name, asdict(result))

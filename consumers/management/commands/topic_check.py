@@ -8,13 +8,16 @@ the pipeline cannot be checked.
 """
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline, TopicCheckStatus
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = "Check a pipeline's topic range (up to its committed offsets) against its sink table, with Spark."
+    exit_codes = ("0 every key in the table once, 1 keys missing or duplicated, the check failed, or refused, "
+                  "2 usage error")
 
     def add_arguments(self, parser):
         parser.add_argument("pipeline", help="The pipeline's name.")
@@ -25,7 +28,7 @@ class Command(BaseCommand):
 
         found = Pipeline.objects.filter(name=pipeline).first()
         if found is None:
-            raise CommandError(f"No pipeline named {pipeline!r}.")
+            raise refused(f"No pipeline named {pipeline!r}.")
         try:
             job = create_job(found, requested_by="cli")
         except TopicCheckError as exc:

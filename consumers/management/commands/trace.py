@@ -4,17 +4,18 @@ A thin shell over consumers.reconciliation.trace.
 Exit codes: 0 traced, 1 refused (the reason on stderr), 2 usage error."""
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from consumers.management.cli import refused
+from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline
 from consumers.reconciliation import trace as tracing
 
 MAX_KEY_MATCHES = 10
 
 
-class Command(BaseCommand):
+class Command(TallyCommand):
     help = "Trace one record of a pipeline's topic to its sink row(s), dead letter, or why there is none."
+    exit_codes = "0 traced, 1 refused (the reason is printed), 2 usage error"
 
     def add_arguments(self, parser):
         parser.add_argument("pipeline", help="The pipeline's name (its topic and sink table are used).")
