@@ -42,6 +42,8 @@ def test_list_json_has_every_state_when_asked(capsys, letters):  # noqa: F811
 def test_list_says_how_many_more_than_the_limit_match(capsys, letters):  # noqa: F811
     code, out, _ = run(capsys, "orders", "list", "--limit", "2")
     assert code == 0 and out.splitlines()[-1] == "5 dead letter(s) match; 2 shown (export for all)."
+    code, out, _ = run(capsys, "orders", "list", "--limit", "2", "--json")
+    assert code == 0 and len(json.loads(out)) == 2   # --json shows what the text shows; export has every row
 
 
 def test_export_writes_csv_of_every_match_and_json_with_json(capsys, letters):  # noqa: F811
@@ -106,6 +108,8 @@ def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, le
     (["orders", "replay", "--ids", "1", "--all-matching"], "replay: give --ids or --all-matching, not both."),
     (["orders", "list", "--offset-from", "9", "--offset-to", "3"], "The range ends before it starts (9 > 3)"),
     (["orders", "export", "--partition", "-1"], "--partition is 0 or more"),
+    (["orders", "list", "--limit", "0"], "--limit is a whole number from 1"),
+    (["orders", "list", "--limit", "-5"], "--limit is a whole number from 1"),
 ])
 def test_usage_errors_exit_2_and_change_nothing(capsys, letters, argv, message):  # noqa: F811
     before = snapshot()

@@ -38,6 +38,12 @@ def id_list(text: str) -> list[int]:
     return [int(part) for part in parts]
 
 
+def row_limit(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--limit is a whole number from 1, got {text!r}")
+    return int(text)
+
+
 def offset(text: str) -> int:
     if not text.isdigit() or int(text) > MAX_OFFSET:
         raise argparse.ArgumentTypeError(f"an offset is a whole number from 0, got {text!r}")
@@ -70,7 +76,8 @@ class Command(TallyCommand):
         parser.add_argument("--reason", default="", help="Why they are discarded (required by discard).")
         parser.add_argument("--from-kafka", action="store_true",
                             help="replay: re-read the records from Kafka instead of the stored copies.")
-        parser.add_argument("--limit", type=int, default=LIST_LIMIT, help=f"list: rows shown (default {LIST_LIMIT}).")
+        parser.add_argument("--limit", type=row_limit, default=LIST_LIMIT,
+                            help=f"list: rows shown, in text or --json (default {LIST_LIMIT}; export: every row).")
         parser.add_argument("--json", action="store_true", help="Print JSON.")
         parser.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
@@ -97,15 +104,15 @@ class Command(TallyCommand):
 
     def _list(self, rows, options):
         if options["json"]:
-            self.stdout.write(json.dumps([queries.export_row(row) for row in rows], indent=2))
+            self.stdout.write(json.dumps([queries.export_row(row) for row in rows[:options["limit"]]], indent=2))
             return
         total = rows.count()
         self.stdout.write(f"{'id':>8} {'state':<9} {'partition':>9} {'offset':>10}  error / value")
-        for row in rows[:max(options["limit"], 0)]:
+        for row in rows[:options["limit"]]:
             value = queries.text(row["value_bytes"])
             self.stdout.write(f"{row['letter_id']:>8} {row['state']:<9} {row['partition']:>9} {row['offset']:>10}  "
                               f"{row['error_text'][:100]}" + (f"  | {value[:60]!r}" if value is not None else ""))
-        shown = min(total, max(options["limit"], 0))
+        shown = min(total, options["limit"])
         self.stdout.write(f"{total} dead letter(s) match" + (f"; {shown} shown (export for all)" if shown < total
                                                              else "") + ".")
 
