@@ -33,3 +33,10 @@ def test_every_operator_command_names_its_exit_codes_in_its_help(command, capsys
     with pytest.raises(SystemExit):
         call_command(command, "--help")
     assert "Exit codes: 0 " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["list"], ["describe", "team-group"]])
+def test_groups_refuses_an_unknown_cluster_before_asking_kafka(argv):
+    with pytest.raises(CommandError, match="Refused: Kafka cluster 'nowhere': no such cluster") as refused:
+        call_command("groups", *argv, "--cluster", "nowhere")
+    assert refused.value.returncode == 1

@@ -6,7 +6,9 @@ import json
 from django.core.management.base import CommandError
 from kafka.errors import KafkaError
 
+from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
+from consumers.kafka.errors import ClusterConfigError
 from consumers.management.cli import SubcommandsCommand, refused
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
 from consumers.operations import groups
@@ -36,6 +38,7 @@ class Command(SubcommandsCommand):
                              help="The Kafka cluster (default, or a name from the TALLY_KAFKA_CLUSTERS file).")
 
     def do_list(self, **options) -> None:
+        _known_cluster(options["cluster"])
         try:
             names = groups.list_groups(include_pipelines=options["all"], cluster=options["cluster"])
         except KafkaAdminError as exc:
@@ -44,6 +47,7 @@ class Command(SubcommandsCommand):
 
     def do_describe(self, **options) -> None:
         group_id = options["group"]
+        _known_cluster(options["cluster"])
         report = groups.describe(group_id, cluster=options["cluster"])
         if report.errors and not report.known:
             raise CommandError(f"Failed: Kafka: {'; '.join(report.errors)}", returncode=1)
@@ -79,3 +83,11 @@ class Command(SubcommandsCommand):
             self.stdout.write(json.dumps(data, indent=2, default=str))
         else:
             print_plan(self.stdout, data)
+
+
+def _known_cluster(name: str) -> None:
+    """An unknown cluster is the operator's mistake, refused as `groups reset` refuses it, before Kafka is asked."""
+    try:
+        clusters.get(name)
+    except ClusterConfigError as exc:
+        raise refused(str(exc)) from None
