@@ -7,7 +7,7 @@ consumers.operations.pipeline_setup, validated and audited like every other door
 Operators act from here too (consumers/admin_actions.py): pipelines start, stop, pause, resume, restart
 and rewind; dead letters are replayed or discarded — through the same functions as the dashboard."""
 from django.contrib import admin
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from consumers import admin_actions
@@ -129,7 +129,10 @@ class ActionLogAdmin(ReadOnlyAdmin):
         if obj.pipeline_id:
             return dashboard_link(pipeline_dashboard_url(obj.pipeline), obj.pipeline.name)
         if obj.group_id:
-            return dashboard_link(reverse("group", kwargs={"group_id": obj.group_id}), obj.group_id)
+            try:
+                return dashboard_link(reverse("group", kwargs={"group_id": obj.group_id}), obj.group_id)
+            except NoReverseMatch:   # an id no URL can hold (a newline): a refusal stores what was asked
+                return obj.group_id
         return dashboard_link(reverse("action_log"), "action log")
 
 

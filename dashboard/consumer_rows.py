@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from dashboard.templatetags.tally import duration, nonzero_class, num, status_badge
+from dashboard.templatetags.tally import duration, group_url, nonzero_class, num, status_badge
 
 COUNTS = ("lost", "duplicated", "phantom")
 
@@ -49,7 +49,7 @@ def watch_cells(consumers, now: datetime | None = None) -> list[dict]:
 def group_cells(groups, now: datetime | None = None) -> list[dict]:
     """The other consumer groups' table: one dict per dashboard.status.GroupRow."""
     ago = _Ago(now)
-    return [_escaped({"group_id": g.group_id, "slug": slugify(g.group_id), "url": reverse("group", args=[g.group_id]),
+    return [_escaped({"group_id": g.group_id, "slug": slugify(g.group_id), "url": group_url(g.group_id),
                       "lag_records": num(g.lag_records), "lag_seconds": duration(g.lag_seconds),
                       "throughput": _throughput(g.records_per_second), "ago": ago(g.taken_at)})
             for g in groups]

@@ -317,3 +317,19 @@ def test_a_viewers_refused_page_write_is_logged_under_the_action_its_success_is_
         assert viewer_client.post(url, {"name": "x"}).status_code == 403, url
     assert list(ActionLog.objects.order_by("pk").values_list("action", "result")) == [
         (action, "refused") for _, action in writes]
+
+
+def test_a_group_id_no_url_can_hold_is_shown_as_text_not_a_500(viewer_client):
+    """A viewer's refused reset of "evil\\ngroup" is stored as asked: every page that lists it must still draw."""
+    from django.contrib.auth.models import User
+
+    viewer_client.post("/admin/consumers/groups/reset/", {"group": "evil\ngroup", "step": "execute"})
+    ActionLog.objects.create(action="reset_group", actor="cli", group_id="evil\ngroup", result="refused")
+    assert ActionLog.objects.filter(group_id="evil\ngroup").exists()
+    page = viewer_client.get("/action-log/")
+    assert page.status_code == 200 and "evil\ngroup" in page.content.decode()
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-root-123"))
+    assert admin.get("/admin/consumers/actionlog/").status_code == 200
+    assert admin.get("/admin/consumers/actionlog/", {"q": "evil"}).status_code == 200
+    assert admin.post("/admin/consumers/groups/reset/", {"group": "evil\ngroup"}).status_code == 200

@@ -2,6 +2,7 @@
 import functools
 
 from django import template
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
 register = template.Library()
@@ -23,6 +24,16 @@ def _badge(status: str):
     css, symbol = STATUS_STYLE.get(status, ("unknown", "?"))
     return format_html('<span class="badge badge-{}" title="status {}"><span aria-hidden="true">{}</span> {}</span>',
                        css, status, symbol, status)
+
+
+@register.filter
+def group_url(group_id) -> str:
+    """The group page's URL, or "" for an id no URL can hold (a newline, say: Kafka allows it, and a refusal
+    stores what was asked). A page listing such an id shows it as text instead of failing."""
+    try:
+        return reverse("group", kwargs={"group_id": group_id})
+    except NoReverseMatch:
+        return ""
 
 
 @register.filter
