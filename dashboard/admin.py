@@ -3,12 +3,16 @@ that confirms it; after that only its first characters identify it. A token has 
 name is its key, which Django's object pages print in their titles, Django's delete page included), so it is
 revoked on a page of ours that names it masked. Making and revoking a token are in the action log."""
 from django.contrib import admin, messages
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import Token, TokenProxy
 
@@ -22,7 +26,31 @@ def masked(key: str) -> str:
     return f"{key[:SHOWN_CHARS]}…" if key else ""
 
 
+def token_label(token: Token) -> str:
+    return f"API token {masked(token.key)} of {token.user.get_username()}"
+
+
 admin.site.unregister(TokenProxy)
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class TokenMaskingUserAdmin(UserAdmin):
+    """Django's user admin, except that deleting a user lists its API token masked (Django names it by its key)."""
+
+    def get_deleted_objects(self, objs, request):
+        to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        keys = {token.key: token_label(token) for token in Token.objects.filter(user__in=objs).select_related("user")}
+
+        def mask(item):
+            if isinstance(item, list):
+                return [mask(inner) for inner in item]
+            text = str(item)
+            for key, label in keys.items():
+                text = text.replace(key, label)
+            return mark_safe(text) if isinstance(item, SafeString) else text  # noqa: S308 - Django's own HTML
+
+        return mask(to_delete), model_count, perms_needed, protected
 
 
 @admin.register(TokenProxy)
@@ -81,6 +109,13 @@ class MaskedTokenAdmin(TokenAdmin):
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Revoke an API token",
                    "owner": token.user, "key": masked(token.key), "created": token.created}
         return TemplateResponse(request, "admin/authtoken/revoke_token.html", context)
+
+    def log_addition(self, request, obj, message):
+        # Django's LogEntry names the object by str(token), its key, and the admin's "Recent actions" and a
+        # user's delete page show it: the entry names the token masked instead.
+        entry = super().log_addition(request, obj, message)
+        LogEntry.objects.filter(pk=entry.pk).update(object_repr=token_label(obj))
+        return entry
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

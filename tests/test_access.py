@@ -160,6 +160,14 @@ def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
     new_key = Token.objects.get(user=admin).key
     assert new_key in made and "not shown again" in made
     assert new_key not in client.get("/admin/authtoken/tokenproxy/").content.decode()
+    # Django's own pages that name objects by str(): "Recent actions", and a user's delete page (its token and
+    # the admin's log entry of making it) name the token masked.
+    assert new_key not in client.get("/admin/").content.decode()
+    assert f"API token {new_key[:4]}… of root" in client.get("/admin/").content.decode()
+    for user in (admin, operator):
+        page = client.get(f"/admin/auth/user/{user.pk}/delete/").content.decode()
+        assert token.key not in page and new_key not in page
+    assert f"API token {token.key[:4]}… of otto" in page   # the operator's, the loop's last page
 
 
 def test_an_api_token_is_revoked_from_the_admin_audited_without_its_key_in_clear(db):
