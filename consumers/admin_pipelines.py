@@ -4,7 +4,9 @@ transform), the same rule on what may change (only the reading settings, only wh
 log entry for every change. The admin adds no way of its own to write a Pipeline row."""
 from django import forms
 from django.contrib import messages
+from django.shortcuts import redirect
 
+from consumers.access import record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import DeliveryMode, Pipeline
 from consumers.operations import pipeline_setup
@@ -13,6 +15,8 @@ from consumers.operations.pipeline_setup import COLUMNS, MUTABLE_FIELDS, Invalid
 # Fields of the add form (the model's names).
 ADD_FIELDS = ("name", "cluster", "topic", "sink_table", "delivery_mode", "transform", "group_id", "engine",
               "isolation_level", "on_log_truncated", "parallel_runs", "kafka_client")
+# Settings the admin's forms do not show, kept as they are by a change.
+KEPT_FIELDS = ("json_map", "upsert_key", "delete_on_tombstone")
 # pipeline_setup names some fields differently from the model.
 SPEC_TO_MODEL = {"mode": "delivery_mode", "group": "group_id", **COLUMNS}
 # What a change may edit (pipeline_setup's rule), by the model's names.
@@ -33,14 +37,19 @@ class PipelineAdminForm(forms.ModelForm):
             self.fields["group_id"].required = False
 
     def spec(self) -> PipelineSpec:
-        data = {**{f: getattr(self.instance, f) for f in ADD_FIELDS if self.instance.pk}, **self.cleaned_data}
+        # A change starts from every stored setting (the JSON map and the upsert key included: a spec without
+        # them would ask to drop them), then takes what the form edits.
+        stored = ADD_FIELDS + KEPT_FIELDS if self.instance.pk else ()
+        data = {**{f: getattr(self.instance, f) for f in stored}, **self.cleaned_data}
         return PipelineSpec(name=data["name"], topic=data["topic"], sink_table=data["sink_table"],
                             mode=DeliveryMode(data["delivery_mode"]).label, transform=data["transform"],
                             group=data.get("group_id") or "", engine=data["engine"],
                             isolation_level=data["isolation_level"], on_log_truncated=data["on_log_truncated"],
                             cluster=data["cluster"], runs=data["parallel_runs"],
                             kafka_client=data.get("kafka_client") or "",
-                            create_table=bool(data.get("create_table")))
+                            create_table=bool(data.get("create_table")), map=data.get("json_map") or {},
+                            upsert_key=list(data.get("upsert_key") or []),
+                            delete_on_tombstone=bool(data.get("delete_on_tombstone")))
 
     def clean(self):
         cleaned = super().clean()
@@ -105,11 +114,25 @@ class PipelineAdminMixin:
         return deleted, counts, set(), protected
 
     def delete_model(self, request, obj):
-        try:
-            pipeline_setup.delete(obj.name, actor=request.user.get_username())
-        except pipeline_setup.DeleteRefused as exc:
-            messages.error(request, str(exc))
+        self.delete_queryset(request, [obj])
 
     def delete_queryset(self, request, queryset):
+        """Each pipeline through pipeline_setup.delete; a refusal is audited and shown, and Django's "deleted
+        successfully" that would follow it is held back (response_delete, message_user)."""
         for pipeline in queryset:
-            self.delete_model(request, pipeline)
+            try:
+                pipeline_setup.delete(pipeline.name, actor=request.user.get_username())
+            except pipeline_setup.DeleteRefused as exc:
+                record_refusal(request.user, "delete", str(exc), params={"via": "admin", "pipeline": pipeline.name})
+                messages.error(request, str(exc))
+                request.tally_delete_refused = True
+
+    def response_delete(self, request, obj_display, obj_id):
+        if getattr(request, "tally_delete_refused", False):
+            return redirect("admin:consumers_pipeline_changelist")
+        return super().response_delete(request, obj_display, obj_id)
+
+    def message_user(self, request, message, level=messages.INFO, *args, **kwargs):
+        if level == messages.SUCCESS and getattr(request, "tally_delete_refused", False):
+            return   # "Successfully deleted N pipelines": some were refused, each said so above
+        super().message_user(request, message, level, *args, **kwargs)

@@ -92,3 +92,20 @@ def test_deleting_in_the_admin_goes_through_the_audited_delete(admin_client):
     assert response.status_code == 302 and not Pipeline.objects.exists()
     entry = ActionLog.objects.get()
     assert (entry.action, entry.actor, entry.params["pipeline"]) == ("delete", "root", "orders")
+
+
+def test_a_refused_delete_in_the_admin_says_so_is_audited_and_never_reports_success(admin_client):
+    running = make_pipeline("orders", with_history=False)
+    Pipeline.objects.filter(pk=running.pk).update(desired_state=DesiredState.RUNNING)
+    stopped = make_pipeline("clicks", with_history=False)
+    one = admin_client.post(f"/admin/consumers/pipeline/{running.pk}/delete/", {"post": "yes"}, follow=True)
+    page = one.content.decode()
+    assert one.status_code == 200 and "is running" in page and "successfully" not in page
+    bulk = admin_client.post("/admin/consumers/pipeline/", {"action": "delete_selected", "post": "yes",
+                                                           "_selected_action": [running.pk, stopped.pk]}, follow=True)
+    page = bulk.content.decode()
+    assert "is running" in page and "Successfully deleted" not in page
+    assert list(Pipeline.objects.values_list("name", flat=True)) == ["orders"]
+    refusals = ActionLog.objects.filter(action="delete", result=ActionResult.REFUSED)
+    assert refusals.count() == 2 and all(r.params == {"via": "admin", "pipeline": "orders"} for r in refusals)
+    assert ActionLog.objects.filter(action="delete", result=ActionResult.DONE, params__pipeline="clicks").exists()

@@ -145,3 +145,32 @@ def test_every_door_refuses_an_upsert_table_without_a_unique_key_on_it_and_gives
     code, _, err = run_command(capsys, "apply", path)
     assert code == 0, err
     assert Pipeline.objects.get(name="orders").upsert_key == ["order_id"]
+
+
+def test_a_json_upsert_pipeline_changed_in_the_admin_keeps_its_map_and_key(capsys, topic, table):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    create_table(table, constraint=", UNIQUE (order_id)")
+    code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--transform",
+                               "json", "--map", "order_id=@key", "--map", "customer=customer.name",
+                               "--upsert-key", "order_id", "--delete-on-tombstone")
+    assert code == 0, err
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", password="pw-root-123"))
+    pipeline = Pipeline.objects.get(name="orders")
+    change = f"/admin/consumers/pipeline/{pipeline.pk}/change/"
+    form = {"transform": "json", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "skip",
+            "parallel_runs": "1", "kafka_client": "", "json_map": '{"order_id": "@key", "customer": "customer.name"}'}
+    saved = admin.post(change, form)
+    assert saved.status_code == 302, saved.context["adminform"].form.errors if saved.context else saved
+    pipeline.refresh_from_db()
+    assert pipeline.on_log_truncated == "skip"
+    assert (pipeline.json_map, pipeline.upsert_key, pipeline.delete_on_tombstone) == (
+        {"order_id": "@key", "customer": "customer.name"}, ["order_id"], True)
+    remapped = admin.post(change, {**form, "json_map": '{"order_id": "@key", "amount": "total"}'})
+    assert remapped.status_code == 302
+    pipeline.refresh_from_db()
+    assert pipeline.json_map == {"order_id": "@key", "amount": "total"}   # what was typed, not ignored
+    update = ActionLog.objects.filter(action="update").order_by("pk").last()
+    assert "customer" in update.message and "amount" in update.message
