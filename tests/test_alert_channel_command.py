@@ -102,6 +102,8 @@ def test_a_receiver_answering_500_fails_the_test_with_its_answer(receiver):
     receiver.status, receiver.text = 500, "no"
     run("add", "hooks", "--kind", "webhook", "--url", receiver.url)
     assert "HTTP 500: no" in str(refused("test", "hooks"))
+    # Logged once, as the failed test it is: not a second time as a refusal.
+    assert list(ActionLog.objects.filter(action="alert_channel_test").values_list("result", flat=True)) == ["failed"]
 
 
 @pytest.mark.parametrize("args, field", [
@@ -119,7 +121,7 @@ def test_invalid_settings_are_refused_with_exit_1_nothing_is_written_and_the_ref
     assert not Channel.objects.exists()
     refusal = ActionLog.objects.get()   # as on the page, the admin and the API: the refusal, never a setting
     assert (refusal.action, refusal.actor, refusal.result) == ("alert_channel_add", "cli", "refused")
-    assert refusal.params == {"channel": args[1], "kind": args[3]} and f"{field}:" in refusal.message
+    assert refusal.params == {"via": "cli", "name": args[1], "kind": args[3]} and f"{field}:" in refusal.message
 
 
 def test_a_duplicate_name_or_an_unknown_channel_is_refused():
@@ -128,8 +130,9 @@ def test_a_duplicate_name_or_an_unknown_channel_is_refused():
     assert "no alert channel named 'nope'" in str(refused("test", "nope"))
     assert "no alert channel named 'gone'" in str(refused("delete", "gone"))
     assert list(ActionLog.objects.filter(result="refused").order_by("pk").values_list("action", "params")) == [
-        ("alert_channel_add", {"channel": "hooks", "kind": "webhook"}),
-        ("alert_channel_test", {"channel": "nope"}), ("alert_channel_delete", {"channel": "gone"})]
+        ("alert_channel_add", {"via": "cli", "name": "hooks", "kind": "webhook"}),
+        ("alert_channel_test", {"via": "cli", "name": "nope"}),
+        ("alert_channel_delete", {"via": "cli", "name": "gone"})]
     assert "no alert channel named 'nope'" in str(refused("delete", "nope"))
 
 

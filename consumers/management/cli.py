@@ -38,8 +38,11 @@ class SubcommandsCommand(TallyCommand):
     """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`."""
 
     # Subcommands whose refusals (exit 1) this door writes to the action log, and under which action: those
-    # whose operation logs only what it did (create, delete, apply). Others log their own refusals.
+    # whose operation logs only what it did (create, delete, apply). Others log their own refusals, and an
+    # exit 1 already in the log (a failed channel test) is raised with `logged = True`.
     audited_refusals: dict[str, str] = {}
+    # The options a refusal's entry names (never one that may hold a secret).
+    refusal_params: tuple[str, ...] = ("name", "file")
 
     def add_arguments(self, parser):
         self.add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
@@ -51,8 +54,8 @@ class SubcommandsCommand(TallyCommand):
         try:
             getattr(self, f"do_{command}")(**options)
         except CommandError as error:
-            if error.returncode == 1 and command in self.audited_refusals:
-                asked = {key: options[key] for key in ("name", "file") if options.get(key)}
+            if error.returncode == 1 and command in self.audited_refusals and not getattr(error, "logged", False):
+                asked = {key: options[key] for key in self.refusal_params if options.get(key)}
                 record_refusal(options.get("actor") or "cli", self.audited_refusals[command],
                                str(error).removeprefix("Refused: "), params={"via": "cli", **asked})
             raise

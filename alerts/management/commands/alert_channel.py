@@ -9,22 +9,17 @@ from alerts import channel_actions
 from alerts.channel_actions import ChannelInvalid
 from alerts.channels import KINDS
 from alerts.models import Channel
-from consumers.access import record_refusal
 from consumers.management.cli import SubcommandsCommand, not_valid, refused
 
 ACTOR = "cli"
-
-
-def audited(error, action: str, name: str, **params):
-    """The CommandError `error`, after its refusal went to the action log like every door's."""
-    record_refusal(ACTOR, action, str(error).removeprefix("Refused: "), params={"channel": name, **params})
-    return error
 
 
 class Command(SubcommandsCommand):
     help = ("Add, list, test and delete alert channels (email, webhook, Slack, PagerDuty). "
             "Exit 0 done, 1 refused or test failed, 2 usage error.")
     exit_codes = "0 done, 1 refused or the test was not answered with 2xx (the reason is printed), 2 usage error"
+    audited_refusals = {"add": "alert_channel_add", "test": "alert_channel_test", "delete": "alert_channel_delete"}
+    refusal_params = ("name", "kind")
 
     def add_subcommands(self, commands):
         add = commands.add_parser("add", help="Add a channel. Validated before anything is written.")
@@ -45,24 +40,23 @@ class Command(SubcommandsCommand):
         delete = commands.add_parser("delete", help="Delete a channel and its outbox.")
         delete.add_argument("name")
 
-    def _channel(self, name: str, action: str) -> Channel:
+    def _channel(self, name: str) -> Channel:
         channel = Channel.objects.filter(name=name).first()
         if channel is None:
-            raise audited(refused(f"no alert channel named {name!r}."), action, name)
+            raise refused(f"no alert channel named {name!r}.")
         return channel
 
     def do_add(self, **options):
         name, kind = options["name"], options["kind"]
         if Channel.objects.filter(name=name).exists():
-            raise audited(refused(f"an alert channel named {name!r} exists already."), "alert_channel_add", name,
-                          kind=kind)
+            raise refused(f"an alert channel named {name!r} exists already.")
         channel = Channel(name=name, kind=kind, url=options["url"], recipients=options["to"],
                           routing_key=options["routing_key"], secret=options["secret"])
         try:
             rules = channel_actions.rules_named(options["rule"]) if options["rule"] else []
             channel_actions.save(channel, ACTOR, rules)
         except ChannelInvalid as exc:
-            raise audited(not_valid("channel", exc.problems), "alert_channel_add", name, kind=kind) from None
+            raise not_valid("channel", exc.problems) from None
         self.stdout.write(f"Added alert channel {self._line(channel)}")
 
     def do_list(self, **options):
@@ -76,14 +70,16 @@ class Command(SubcommandsCommand):
             self.stdout.write("No alert channels: alerts go to the rules' email recipients only.")
 
     def do_test(self, **options):
-        channel = self._channel(options["name"], "alert_channel_test")
+        channel = self._channel(options["name"])
         ok, answer = channel_actions.test(channel, ACTOR)
         if not ok:
-            raise refused(f"the test of {channel.name} failed: {answer}")
+            failed = refused(f"the test of {channel.name} failed: {answer}")
+            failed.logged = True   # channel_actions.test logged it, as failed
+            raise failed
         self.stdout.write(f"{channel.name}: {answer}")
 
     def do_delete(self, **options):
-        channel = self._channel(options["name"], "alert_channel_delete")
+        channel = self._channel(options["name"])
         channel_actions.delete(channel, ACTOR)
         self.stdout.write(f"Deleted alert channel {channel.name}.")
 
