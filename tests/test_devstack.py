@@ -64,3 +64,28 @@ def test_the_admin_login_is_created_once_and_its_password_never_reset(tmp_path, 
     login, where = devstack.Command().ensure_operator_login()
     assert where.startswith("password unchanged") and "changepassword admin" in where
     assert get_user_model().objects.get(username="admin").check_password(password)
+
+
+def test_the_broker_is_stopped_after_its_clients(monkeypatch):
+    """Stopping the broker with the others let the worker log connection errors on its way out."""
+    from dashboard.management.commands import devstack
+
+    def sleeper():
+        return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+    command = devstack.Command()
+    command.children = {"broker": sleeper(), "worker": sleeper(), "beat": sleeper(), "web": sleeper()}
+    clients = [process for name, process in command.children.items() if name != "broker"]
+    alive_clients_when_the_broker_was_signalled = []
+    real_killpg = devstack.os.killpg
+
+    def killpg(pid, signum):
+        if pid == command.children["broker"].pid:
+            alive_clients_when_the_broker_was_signalled.extend(p.pid for p in clients if p.poll() is None)
+        real_killpg(pid, signum)
+
+    monkeypatch.setattr(devstack.os, "killpg", killpg)
+    monkeypatch.setattr(devstack.signal, "signal", lambda *args: None)  # the test process keeps its handlers
+    command.stop_all()
+    assert all(process.poll() is not None for process in command.children.values())
+    assert alive_clients_when_the_broker_was_signalled == []

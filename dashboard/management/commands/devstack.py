@@ -46,6 +46,26 @@ def _interrupt(signum, frame):
 
 PASSWORD_FILE = os.path.join("var", "admin-password")
 CHILDREN_GRACE_S = 8  # then SIGKILL: the stack as a whole stops within 10 s of a signal
+BROKER_GRACE_S = 2  # of those, kept for the broker, which stops after its clients
+
+
+def _stop(processes, deadline: float) -> None:
+    """SIGTERM each process's group, wait until the deadline, then SIGKILL what is left."""
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
 
 
 class Command(BaseCommand):
@@ -135,21 +155,11 @@ class Command(BaseCommand):
         # the clean-up and leave children running.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for process in self.children.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        # The broker goes last: its clients (worker, beat, web) would log connection errors while they stop.
         # Children get most of the 10 s a stack has to stop in (docs: every long-running command), then SIGKILL.
         deadline = time.monotonic() + CHILDREN_GRACE_S
-        for process in self.children.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait()
+        clients = [process for name, process in self.children.items() if name != "broker"]
+        _stop(clients, deadline - BROKER_GRACE_S)
+        if "broker" in self.children:
+            _stop([self.children["broker"]], deadline)
         self.stdout.write("All processes stopped.")
