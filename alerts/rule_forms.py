@@ -1,8 +1,8 @@
 """The operator's form for alert rules: the same rules the evaluation reads, checked before saving."""
 from django import forms
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 
+from alerts.channels import email
 from alerts.models import THRESHOLD_KINDS, AlertRule, RuleKind
 from consumers.models import Status
 
@@ -17,10 +17,8 @@ class AlertRuleForm(forms.ModelForm):
     def clean_recipients(self):
         text = self.cleaned_data.get("recipients", "")
         for address in [a.strip() for a in text.replace(";", ",").split(",") if a.strip()]:
-            try:
-                validate_email(address)
-            except ValidationError:
-                raise ValidationError(f"{address!r} is not an email address.") from None
+            if problem := email.address_problem(address):
+                raise ValidationError(problem)
         return text
 
     def clean_statuses(self):

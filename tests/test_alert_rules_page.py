@@ -49,6 +49,7 @@ def test_an_operator_creates_and_edits_a_rule(operator_client):
 @pytest.mark.parametrize("overrides, field, message", [
     ({"threshold": ""}, "threshold", "compares with a threshold"),
     ({"recipients": "ops@example.com, not-an-address"}, "recipients", "&#x27;not-an-address&#x27; is not an email"),
+    ({"recipients": "a" * 65 + "@example.com"}, "recipients", "before @ is longer than 64 characters"),
     ({"kind": "status", "statuses": "ERR,BROKEN"}, "statuses", "Unknown status BROKEN"),
     ({"kind": "sometimes"}, "kind", "Select a valid choice"),
     ({"kind": "dead_letters", "threshold": "5", "interval_seconds": "0"}, "interval_seconds", "1 second or more"),

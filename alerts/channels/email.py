@@ -35,6 +35,20 @@ def test(channel, session) -> Answer:
                  channel.recipient_list(), session)
 
 
+MAX_LOCAL_PART = 64  # RFC 5321 4.5.3.1.1; Django's validate_email checks only the whole address's length
+
+
+def address_problem(address: str) -> str | None:
+    """Why a mail server would refuse this address, or None: the one check for rules' and channels' recipients."""
+    try:
+        validate_email(address)
+    except ValidationError:
+        return f"{address!r} is not an email address."
+    if len(address.rpartition("@")[0]) > MAX_LOCAL_PART:
+        return f"{address!r}: the part before @ is longer than {MAX_LOCAL_PART} characters."
+    return None
+
+
 def mask(channel) -> dict:
     return {"to": channel.recipient_list()}
 
@@ -45,10 +59,8 @@ def problems(channel) -> dict:
     if not addresses:
         found["recipients"] = "An email channel needs at least one address (--to)."
     for address in addresses:
-        try:
-            validate_email(address)
-        except ValidationError:
-            found["recipients"] = f"{address!r} is not an email address."
+        if problem := address_problem(address):
+            found["recipients"] = problem
     for field in ("url", "routing_key", "secret"):
         if getattr(channel, field):
             found[field] = "An email channel takes no URL, routing key or secret."
