@@ -84,3 +84,55 @@ def test_describing_an_unknown_group_exits_1_and_a_known_one_prints_json(kafka_b
     out = StringIO()
     call_command("groups", "describe", "g-cli", "--json", stdout=out)
     assert json.loads(out.getvalue())["lag_records"] == 2
+
+
+def test_a_group_kafka_does_not_know_is_not_found_and_a_reset_of_it_is_refused_and_creates_nothing(
+        kafka_bootstrap, make_topic, db):
+    import json
+
+    from django.core.management import CommandError, call_command
+    from django.test import Client
+
+    from consumers.kafka import admin as kafka_admin
+    from consumers.models import ActionLog
+    from tests.views_helpers import make_operator
+
+    topic = make_topic("grp-unknown")
+    produce(kafka_bootstrap, topic, 6, partitions=1)
+    operator = Client()
+    operator.force_login(make_operator())
+
+    page = operator.get("/groups/nosuch/")
+    body = page.content.decode()
+    assert page.status_code == 404
+    assert "Kafka cluster &#x27;default&#x27; has no consumer group &#x27;nosuch&#x27;" in body
+    assert "Reset offsets" not in body and "group_reset" not in body and "/groups/nosuch/reset/" not in body
+    api = operator.get("/api/groups/nosuch/")
+    assert api.status_code == 404 and "has no consumer group 'nosuch'" in api.json()["error"]
+
+    # Every door refuses a reset of it, dry run or not, and says why; each refusal is audited.
+    for step in ("preview", "execute"):
+        refused = operator.post("/groups/nosuch/reset/", {"topic": topic, "mode": "to-earliest", "step": step})
+        assert refused.status_code == 404 and "has no consumer group" in refused.content.decode()
+    for execute in (False, True):
+        refused = operator.post("/api/groups/nosuch/reset", {"topic": topic, "mode": "to-earliest", "execute": execute},
+                                content_type="application/json")
+        assert refused.status_code == 404 and "has no consumer group 'nosuch'" in refused.json()["error"]
+        assert refused.json()["action_id"] is not None
+    with pytest.raises(CommandError, match="has no consumer group 'nosuch'") as cli:
+        call_command("groups", "reset", "nosuch", "--topic", topic, "--to-earliest", "--execute")
+    assert cli.value.returncode == 1
+    entries = ActionLog.objects.filter(group_id="nosuch")
+    assert [(e.action, e.result) for e in entries] == [("reset_group", "refused")] * 5
+    assert "nosuch" not in kafka_admin.list_groups() and kafka_admin.group_committed_offsets("nosuch") == {}
+    assert operator.get("/api/groups/nosuch/").status_code == 404
+
+    # A group with committed offsets and no members is Empty, and known: shown, and reset.
+    kafka_admin.commit_offsets("g-empty", topic, {0: 2})
+    shown = operator.get("/groups/g-empty/")
+    assert shown.status_code == 200 and "Reset offsets" in shown.content.decode()
+    assert operator.get("/api/groups/g-empty/").json()["members"] == []
+    done = operator.post("/api/groups/g-empty/reset", {"topic": topic, "mode": "to-latest", "execute": True},
+                         content_type="application/json")
+    assert done.status_code == 200, json.dumps(done.json())
+    assert kafka_admin.committed_offsets("g-empty", topic) == {0: 6}

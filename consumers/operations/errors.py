@@ -7,6 +7,10 @@ class Refused(Exception):
     """Bad input or an unsafe moment: nothing was changed. The message says why, for the operator."""
 
 
+class NotFound(Refused):
+    """What the request names does not exist (a consumer group Kafka has no trace of): doors answer 404."""
+
+
 class Invalid(ValueError):
     """A spec (of a pipeline, a watch) that cannot be applied: `problems` maps a field to what is wrong and what
     to do. Every door shows each problem beside its field."""

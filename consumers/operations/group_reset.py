@@ -1,6 +1,7 @@
 """Resetting the committed offsets of consumer groups that Tally does not run (as `kafka-consumer-groups
 --reset-offsets` does): the same modes as a rewind, a dry run by default, refused while the group has
-active members (their next commit would overwrite the reset), audited as action "reset_group".
+active members (their next commit would overwrite the reset) or for a group Kafka does not know (committing offsets
+would create it), audited as action "reset_group".
 
 A group that belongs to a Tally pipeline is refused here: its position lives in the database, so it is
 moved with a rewind.
@@ -16,8 +17,9 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
+from consumers.operations import groups as kafka_groups
 from consumers.operations import offset_specs
-from consumers.operations.errors import Refused
+from consumers.operations.errors import NotFound, Refused
 from consumers.operations.offset_specs import OffsetSpec, PartitionMove, offsets_of
 
 log = logging.getLogger("tally.groups")
@@ -51,8 +53,8 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
     params = {"cluster": cluster, "topic": topic, "mode": mode, "value": None if value is None else str(value),
               "partitions": partitions or "all"}
 
-    def refused(message):
-        error = Refused(message)
+    def refused(message, kind=Refused):
+        error = kind(message)
         error.action_log = record_refusal(actor, ACTION, message, group_id=group_id, params=params,
                                           dry_run=not execute)
         return error
@@ -70,11 +72,14 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
     try:
         spec = offset_specs.parse_spec(mode, value)
         chosen = offset_specs.choose_partitions(topic, partitions, cluster=cluster)
+        # Committing offsets would create the group: one Kafka does not know is refused (its page is a 404).
+        if not kafka_groups.kafka_knows(group_id, cluster=cluster):
+            raise NotFound(kafka_groups.unknown_group_message(group_id, cluster))
         marks = kafka_admin.watermarks(topic, chosen, cluster=cluster)
         current = kafka_admin.committed_offsets(group_id, topic, chosen, cluster=cluster)
         moves = offset_specs.resolve_offsets(spec, topic, chosen, current, marks, cluster=cluster)
     except Refused as exc:
-        raise refused(str(exc)) from None
+        raise refused(str(exc), type(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
     if not execute:
         message = f"dry run: {summary}; nothing was changed (add --execute to apply)"

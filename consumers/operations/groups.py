@@ -38,9 +38,14 @@ class GroupReport(kafka_admin.GroupDescription):
 
     @property
     def known(self) -> bool:
-        """Kafka has members or committed offsets for it, or a pipeline uses it (Kafka describes any
-        unknown id as an empty, dead group)."""
-        return bool(self.members or self.partitions or self.pipeline)
+        """Kafka has members or committed offsets for it, or a pipeline uses it (Kafka describes any id,
+        unknown ones included, as a group without members: Empty or Dead)."""
+        return bool(self.has_active_members or self.partitions or self.pipeline)
+
+    @property
+    def unknown(self) -> bool:
+        """Kafka answered and has no such group: no door shows it or acts on it (a reset would create it)."""
+        return not self.known and not self.errors
 
     @property
     def lag_records(self) -> int | None:
@@ -58,6 +63,18 @@ class GroupReport(kafka_admin.GroupDescription):
                 "members": self.members, "pipeline": self.pipeline, "lag_records": self.lag_records,
                 "lag_seconds": self.lag_seconds, "errors": self.errors,
                 "partitions": [p.as_json() for p in self.partitions]}
+
+
+def unknown_group_message(group_id: str, cluster: str | None = None) -> str:
+    return (f"Kafka cluster {cluster or clusters.DEFAULT!r} has no consumer group {group_id!r}: "
+            "no members and no committed offsets.")
+
+
+def kafka_knows(group_id: str, *, cluster=None) -> bool:
+    """The rule of GroupReport.known, on Kafka alone: the group has members or committed offsets. Kafka errors
+    are raised, never read as "unknown"."""
+    return bool(kafka_admin.describe_group(group_id, cluster=cluster).has_active_members
+                or kafka_admin.group_committed_offsets(group_id, cluster=cluster))
 
 
 def list_groups(*, include_pipelines: bool = False, kafka=None, cluster=None) -> list[str]:

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from kafka.errors import KafkaError
 from rest_framework import status as http
 from rest_framework.authtoken.views import ObtainAuthToken
@@ -48,7 +48,7 @@ from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import pipeline_preview as pipeline_preview_ops
 from consumers.operations import rewind as rewind_ops
-from consumers.operations.errors import Refused
+from consumers.operations.errors import NotFound, Refused
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
 from dashboard.api import schemas
@@ -68,6 +68,8 @@ from dashboard.api.inputs import (
 from dashboard.lockout import locked_out
 
 TOPIC_CHECKS_SHOWN = 20
+UNKNOWN_GROUP = OpenApiResponse(RefusalSerializer, description="Kafka has no such consumer group on the cluster (a "
+                                                               "reset would create it); audited, nothing changed")
 # replay and discard: one call, or "all matching" in batches; a batch after the first that fails stops there (409).
 DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
                               extra={409: PolymorphicProxySerializer("DeadLetterRefusal", [
@@ -75,9 +77,10 @@ DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
-def _refused(exc: Refused) -> Response:
+def _refused(exc: Refused, status: int | None = None) -> Response:
     entry = getattr(exc, "action_log", None)
-    return Response({"error": str(exc), "action_id": entry.pk if entry else None}, status=http.HTTP_409_CONFLICT)
+    return Response({"error": str(exc), "action_id": entry.pk if entry else None},
+                    status=status or http.HTTP_409_CONFLICT)
 
 
 def _status_of(entry: ActionLog) -> int:
@@ -395,10 +398,16 @@ def _every_cluster_failed(errors: dict[str, str]) -> bool:
                parameters=[CLUSTER_PARAMETER])
 @api_view(["GET"])
 def group_detail(request, group_id):
-    return Response(kafka_groups.describe(group_id, cluster=_cluster_param(request)).as_json())
+    cluster = _cluster_param(request)
+    report = kafka_groups.describe(group_id, cluster=cluster)
+    if report.unknown:  # Kafka would describe any id as a group without members
+        return Response({"error": kafka_groups.unknown_group_message(group_id, cluster)},
+                        status=http.HTTP_404_NOT_FOUND)
+    return Response(report.as_json())
 
 
-@extend_schema(responses=answers(schemas.GroupResetSerializer, extra={409: REFUSED, 503: UNAVAILABLE}),
+@extend_schema(responses=answers(schemas.GroupResetSerializer, extra={404: UNKNOWN_GROUP, 409: REFUSED,
+                                                                       503: UNAVAILABLE}),
                request=GroupResetInput, parameters=[CLUSTER_PARAMETER])
 @api_view(["POST"])
 @permission_classes(OPERATE)
@@ -413,7 +422,7 @@ def group_reset_view(request, group_id):
                                          partitions=data["partitions"], execute=data["execute"],
                                          actor=request.user.username, cluster=_cluster_param(request))
     except Refused as exc:
-        return _refused(exc)
+        return _refused(exc, status=http.HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else None)
     except (KafkaAdminError, KafkaError) as exc:  # the broker refused a request or is down: nothing was changed
         detail = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
         return Response({"error": f"Kafka: {detail}; nothing was changed"}, status=http.HTTP_503_SERVICE_UNAVAILABLE)

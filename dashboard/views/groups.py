@@ -16,7 +16,7 @@ from consumers.models import Pipeline, Watch
 from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
-from consumers.operations.errors import Refused
+from consumers.operations.errors import NotFound, Refused
 from dashboard import status
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
@@ -84,7 +84,16 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
 @require_GET
 @login_required
 def group_detail(request, group_id):
-    return render_page(request, "group.html", _detail_context(request, group_id))
+    context = _detail_context(request, group_id)
+    if context["description"].unknown:  # Kafka would describe any id as a group: no page, no actions
+        return _not_found(request, group_id, context["cluster"],
+                          kafka_groups.unknown_group_message(group_id, context["cluster"]))
+    return render_page(request, "group.html", context)
+
+
+def _not_found(request, group_id, cluster, message, fragment=None):
+    context = {"nav": "groups", "group_id": group_id, "cluster": cluster, "unknown": True, "error": message}
+    return render_page(request, "group.html", context, fragment=fragment, status=404)
 
 
 @require_POST
@@ -103,6 +112,8 @@ def group_reset(request, group_id):
         result = group_resets.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"] or None, execute=execute,
                                          actor=request.user.username, cluster=_cluster(request))
+    except NotFound as exc:  # audited by the operation; nothing was created in Kafka
+        return _not_found(request, group_id, _cluster(request), str(exc), fragment="panel")
     except Refused as exc:
         form.add_error(None, str(exc))
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",

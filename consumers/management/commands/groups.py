@@ -51,9 +51,9 @@ class Command(SubcommandsCommand):
         report = groups.describe(group_id, cluster=options["cluster"])
         if report.errors and not report.known:
             raise CommandError(f"Failed: Kafka: {'; '.join(report.errors)}", returncode=1)
-        if not report.known:
-            raise refused(f"no consumer group {group_id!r}: Kafka has no members or committed offsets "
-                          "for it (`groups list --all` shows the groups)")
+        if report.unknown:
+            raise refused(f"{groups.unknown_group_message(group_id, options['cluster'])} "
+                          "(`groups list --all` shows the groups)")
         if options["json"]:
             self.stdout.write(json.dumps(report.as_json(), indent=2, default=str))
             return
