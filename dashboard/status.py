@@ -180,6 +180,21 @@ def recent_actions(pipeline: Pipeline | None = None, limit: int = RECENT_ROWS):
     return list(actions.order_by("-created_at")[:limit])
 
 
+def action_log_pipelines() -> tuple[list[str], list[str]]:
+    """(pipelines now, deleted pipelines): the names the action log can be filtered by."""
+    names = list(Pipeline.objects.order_by("name").values_list("name", flat=True))
+    current = set(names)
+    return names, [n for n in ActionLog.objects.deleted_pipeline_names() if n not in current]
+
+
+def unknown_action_log_pipeline(name: str) -> str:
+    """The refusal of a filter by a name no pipeline ever had ("" for a name one has, or had)."""
+    current, deleted = action_log_pipelines()
+    if name in current or name in deleted:
+        return ""
+    return f"No pipeline named {name[:100]!r}, now or deleted: choose one the list offers."
+
+
 def recent_runs(pipeline: Pipeline, limit: int = 10, now=None):
     """The newest runs, each with its `liveness` by the one rule (a killed run reads dead, never running)."""
     runs = ConsumerRun.objects.filter(pipeline=pipeline).with_liveness(now or timezone.now())

@@ -105,6 +105,7 @@ def test_every_answer_after_real_history_is_one_the_schema_documents(history):
         (operator, "GET", w + "findings.csv", "/api/watches/team/findings.csv", None, 200),
         (operator, "DELETE", w, "/api/watches/team/", None, 200),
         (operator, "GET", "/api/action-log", "/api/action-log?limit=5", None, 200),
+        (operator, "GET", "/api/action-log", "/api/action-log?pipeline=nobody", None, 400),
         (operator, "GET", "/api/alerts/", "/api/alerts/", None, 200),
         (operator, "GET", "/api/alerts/{alert_id}/", f"/api/alerts/{alert.pk}/", None, 200),
         (operator, "POST", "/api/alerts/{alert_id}/mute/", f"/api/alerts/{alert.pk}/mute/", {"minutes": 5}, 200),

@@ -1,5 +1,6 @@
 """`pipeline delete NAME` keeps the history: the action log and the alerts (with their emails) survive the
 pipeline and its own alert rules, still naming them; an alert still open is resolved by the deletion."""
+import re
 from datetime import timedelta
 
 import pytest
@@ -96,3 +97,32 @@ def test_evaluation_goes_on_after_a_pipeline_and_its_rules_are_deleted(capsys, h
     report = evaluate.evaluate_all()
     assert report.errors == [] and report.resolved == [] and report.pipelines == 0
     assert Alert.objects.filter(state__in=(AlertState.FIRING, AlertState.ACKNOWLEDGED)).count() == 0
+
+
+def test_the_action_log_finds_a_deleted_pipelines_entries_by_its_name_and_refuses_a_name_never_used(
+        capsys, history, viewer_api):
+    ActionLog.objects.create(pipeline=None, group_id="billing", action="reset_group", actor="otto",
+                             result=ActionResult.DONE, params={"cluster": "default"})
+    code, _, err = run_pipeline_command(capsys, "delete", "orders")
+    assert code == 0, err
+    ids = set(ActionLog.objects.filter(params__pipeline="orders").values_list("pk", flat=True))  # start, delete
+    assert len(ids) == 2
+
+    for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
+        page = viewer_api.get("/action-log/", {"pipeline": "orders"}, **fragment)
+        shown = {int(pk) for pk in re.findall(r'<tr id="action-(\d+)"', page.content.decode())}
+        assert page.status_code == 200 and shown == ids
+    assert '<option value="orders" selected>orders (deleted)</option>' in viewer_api.get(
+        "/action-log/", {"pipeline": "orders"}).content.decode()
+    api = viewer_api.get("/api/action-log", {"pipeline": "orders"}).json()["actions"]
+    assert {e["id"] for e in api} == ids and {e["pipeline"] for e in api} == {"orders"}
+
+    for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
+        page = viewer_api.get("/action-log/", {"pipeline": "nosuch"}, **fragment)
+        body = page.content.decode()
+        assert page.status_code == 400 and '<tr id="action-' not in body
+        assert "No pipeline named &#x27;nosuch&#x27;, now or deleted" in body
+    api = viewer_api.get("/api/action-log", {"pipeline": "nosuch"})
+    assert api.status_code == 400 and "No pipeline named 'nosuch', now or deleted" in (
+        api.json()["errors"]["pipeline"][0]["message"])
+    assert viewer_api.get("/action-log/", {"pipeline": ""}).status_code == 200  # no filter: every entry

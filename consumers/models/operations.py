@@ -10,6 +10,19 @@ class ActionResult(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+class ActionLogQuerySet(models.QuerySet):
+    def of_pipeline_named(self, name: str):
+        """The entries of the pipeline called `name`, also after it was deleted: a deletion keeps the name in its
+        entries' parameters (pipeline_setup.delete)."""
+        return self.filter(models.Q(pipeline__name=name) | models.Q(pipeline__isnull=True, params__pipeline=name))
+
+    def deleted_pipeline_names(self) -> list[str]:
+        """Names of deleted pipelines, from their deletion entries (a refusal may name a pipeline never made)."""
+        names = self.filter(pipeline__isnull=True, action="delete", result=ActionResult.DONE,
+                            params__has_key="pipeline").values_list("params__pipeline", flat=True)
+        return sorted({name for name in names if isinstance(name, str)})
+
+
 class ActionLog(models.Model):
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="actions")
@@ -26,6 +39,8 @@ class ActionLog(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ActionLogQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx")]
@@ -38,6 +53,14 @@ class ActionLog(models.Model):
             return self.pipeline.cluster
         params = self.params if isinstance(self.params, dict) else {}
         return str(params.get("cluster") or "")
+
+    @property
+    def pipeline_name(self) -> str:
+        """The pipeline the entry is about, also after the pipeline was deleted (its name stays in params)."""
+        if self.pipeline_id:
+            return self.pipeline.name
+        params = self.params if isinstance(self.params, dict) else {}
+        return str(params.get("pipeline") or "")
 
     @property
     def is_rewind(self) -> bool:

@@ -24,6 +24,7 @@ from consumers.operations import dead_letter_queries, dead_letters, offset_specs
 from consumers.operations.errors import Invalid
 from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION, OFFSET_MODES
 from consumers.operations.pipeline_setup import TOPIC_PATTERN
+from dashboard import status
 
 # One page of the dead-letter list: an export in pages of at most this many rows keeps each response bounded.
 MAX_DEAD_LETTERS_PER_PAGE = 10_000
@@ -82,10 +83,17 @@ class ReconcileInput(StrictSerializer):
 class ActionLogQuery(serializers.Serializer):
     """Query parameters of /api/action-log (strings from the URL; limit an integer from 1 to 500)."""
 
-    pipeline = serializers.CharField(required=False, max_length=100)
+    pipeline = serializers.CharField(required=False, max_length=100,
+                                     help_text="A pipeline's name, also a deleted pipeline's.")
     group = serializers.CharField(required=False, max_length=255)
     action = serializers.CharField(required=False, max_length=30)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=100)
+
+    def validate_pipeline(self, name: str) -> str:
+        problem = status.unknown_action_log_pipeline(name)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return name
 
 
 class DeadLetterQuery(serializers.Serializer):

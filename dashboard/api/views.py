@@ -90,7 +90,7 @@ def _status_of(entry: ActionLog) -> int:
 
 def _action_json(entry: ActionLog) -> dict:
     return {"id": entry.pk, "created_at": entry.created_at.isoformat(), "actor": entry.actor, "action": entry.action,
-            "pipeline": entry.pipeline.name if entry.pipeline_id else None, "group": entry.group_id or None,
+            "pipeline": entry.pipeline_name or None, "group": entry.group_id or None,
             "cluster": entry.cluster or None, "dry_run": entry.dry_run, "result": entry.result, "params": entry.params,
             "offsets_before": entry.offsets_before, "offsets_after": entry.offsets_after, "message": entry.message,
             "finished_at": entry.finished_at.isoformat() if entry.finished_at else None}
@@ -439,7 +439,7 @@ def action_log(request):
     params = query.validated_data
     entries = ActionLog.objects.select_related("pipeline").order_by("-created_at")
     if params.get("pipeline"):
-        entries = entries.filter(pipeline__name=params["pipeline"])
+        entries = entries.of_pipeline_named(params["pipeline"])  # a deleted pipeline's entries too
     if params.get("group"):
         entries = entries.filter(group_id=params["group"])
     if params.get("action"):

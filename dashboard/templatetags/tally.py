@@ -111,7 +111,4 @@ def _plain(value):
 @register.filter
 def action_target(action):
     """The pipeline an entry is about, also after the pipeline was deleted (its name stays in params)."""
-    if action.pipeline_id:
-        return action.pipeline.name
-    params = action.params if isinstance(action.params, dict) else {}
-    return params.get("pipeline") or ""
+    return action.pipeline_name

@@ -52,9 +52,11 @@ def pipeline_detail(request, name):
 def action_log(request):
     actions = ActionLog.objects.select_related("pipeline").order_by("-created_at")
     pipeline = request.GET.get("pipeline", "")
+    pipelines, deleted = status.action_log_pipelines()
+    error = status.unknown_action_log_pipeline(pipeline) if pipeline else ""
     if pipeline:
-        actions = actions.filter(pipeline__name=pipeline)
-    page = Paginator(actions, ACTION_LOG_PAGE_SIZE).get_page(request.GET.get("page"))
-    context = {"nav": "action_log", "page": page, "pipeline": pipeline,
-               "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True)}
-    return render_page(request, "action_log.html", context, fragment="entries")
+        actions = actions.of_pipeline_named(pipeline)  # a deleted pipeline's entries too
+    page = None if error else Paginator(actions, ACTION_LOG_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {"nav": "action_log", "page": page, "pipeline": pipeline, "error": error,
+               "pipelines": pipelines, "deleted_pipelines": deleted}
+    return render_page(request, "action_log.html", context, fragment="entries", status=400 if error else 200)
