@@ -156,8 +156,10 @@ DEFAULT_CHART_RANGE = "1h"
 def chart_series(pipeline: Pipeline, now=None, range_name: str = DEFAULT_CHART_RANGE) -> dict:
     """Lag and throughput over the chosen range for the pipeline total, as parallel arrays (uPlot's data
     shape: x in Unix seconds), with the range's bounds so that one sample is drawn in its hour, not years."""
+    if range_name not in CHART_RANGES:
+        raise ValueError(unknown_chart_range(range_name))
     now = now or timezone.now()
-    window = CHART_RANGES.get(range_name, CHART_RANGES[DEFAULT_CHART_RANGE])
+    window = CHART_RANGES[range_name]
     samples = list(LagSnapshot.objects.filter(pipeline=pipeline, partition__isnull=True,
                                               taken_at__gte=now - window)
                    .order_by("-taken_at").values_list("taken_at", "lag_records", "lag_seconds",
@@ -166,7 +168,14 @@ def chart_series(pipeline: Pipeline, now=None, range_name: str = DEFAULT_CHART_R
     return {"t": [round(s[0].timestamp(), 3) for s in samples], "lag_records": [s[1] for s in samples],
             "lag_seconds": [s[2] for s in samples], "records_per_second": [s[3] for s in samples],
             "from": round((now - window).timestamp(), 3), "to": round(now.timestamp(), 3),
-            "range": range_name if range_name in CHART_RANGES else DEFAULT_CHART_RANGE}
+            "range": range_name}
+
+
+def unknown_chart_range(range_name: str) -> str:
+    """Why a chart range is refused ("" for one of CHART_RANGES): another range than asked would mislead."""
+    if range_name in CHART_RANGES:
+        return ""
+    return f"Unknown range {range_name[:40]!r}: choose one of {', '.join(CHART_RANGES)}."
 
 
 def recent_dead_letters(pipeline: Pipeline, limit: int = RECENT_ROWS):

@@ -125,6 +125,19 @@ def test_the_table_is_paged_by_fifty_and_the_pages_keep_the_filters(viewer_api, 
     assert "Page 3 of 3" in third and 'id="next-page"' not in third
 
 
+@pytest.mark.parametrize("number, message", [
+    ("abc", "Page &#x27;abc&#x27; is not a page number: pages are numbered 1 to 1."),
+    ("99999", "There is no page 99999: pages are numbered 1 to 1."),
+    ("-1", "There is no page -1: pages are numbered 1 to 1."),
+])
+def test_a_page_that_is_not_a_page_is_a_400_that_says_which_pages_exist(viewer_api, letters, number, message):
+    for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = viewer_api.get(URL, {"page": number}, **fragment)
+        html = response.content.decode()
+        assert response.status_code == 400 and message in html and shown(html) == []
+    assert len(shown(viewer_api.get(URL, {"page": ""}).content.decode())) == 5  # empty: the first page
+
+
 def test_the_csv_export_holds_every_matching_dead_letter_not_only_one_page(viewer_api, letters, db):
     orders = Pipeline.objects.get(name="orders")
     DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=2, offset=o, value=f"v{o}".encode(),
@@ -187,6 +200,9 @@ def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_api, 
     assert {(d.discarded_by, d.discard_reason) for d in discarded} == {("otto", "load-test data")}
     entry = ActionLog.objects.get(action="discard_dead_letters")
     assert (entry.actor, entry.result, entry.params["ids"]) == ("otto", ActionResult.DONE, chosen)
+    # The page carried by an action may have emptied meanwhile: the outcome is shown with the nearest page.
+    last = operator_api.post(URL + "discard/", {"ids": [letters[(0, 7)].pk], "reason": "x", "page": "2"})
+    assert last.status_code == 200 and shown(last.content.decode()) == [(0, 40, "pending"), (1, 90, "pending")]
 
 
 @pytest.mark.parametrize("path, data, message", [

@@ -87,7 +87,8 @@ def test_charts_cover_the_chosen_range_and_its_bounds(operator_client):
     quarter = status.chart_series(pipeline, now=now, range_name="15m")
     assert len(quarter["t"]) == 10 and quarter["to"] - quarter["from"] == 900 and quarter["range"] == "15m"
     assert len(status.chart_series(pipeline, now=now, range_name="24h")["t"]) == 11
-    assert status.chart_series(pipeline, now=now, range_name="1y")["range"] == "1h"
+    with pytest.raises(ValueError, match="Unknown range '1y'"):
+        status.chart_series(pipeline, now=now, range_name="1y")
     html = operator_client.get("/pipelines/orders/?range=24h").content.decode()
     assert '<a href="?range=24h#charts" aria-current="true">24 h</a>' in html
 
@@ -114,3 +115,32 @@ def test_a_pipeline_whose_run_waits_in_the_queue_says_it_waits_for_a_worker(oper
     Pipeline.objects.filter(pk=pipeline.pk).update(waiting_since=now - timedelta(seconds=31))
     html = operator_client.get("/pipelines/orders/").content.decode()
     assert 'id="waiting-for-worker"' in html and "Waiting for a worker: 1 run task queued" in html
+
+
+def test_an_unknown_chart_range_is_a_400_that_says_which_ranges_exist(operator_client):
+    make_pipeline()
+    page = operator_client.get("/pipelines/orders/", {"range": "bogus"})
+    html = page.content.decode()
+    assert page.status_code == 400
+    assert "Unknown range &#x27;bogus&#x27;: choose one of 15m, 1h, 24h." in html
+    assert 'id="chart-data"' not in html and 'href="?range=1h#charts"' in html  # the valid ranges, one click away
+    for empty in ({}, {"range": ""}):  # no range: the default one
+        default = operator_client.get("/pipelines/orders/", empty)
+        assert default.status_code == 200 and '<a href="?range=1h#charts" aria-current="true">' in (
+            default.content.decode())
+
+
+def test_a_page_of_the_action_log_that_is_not_a_page_is_a_400(operator_client):
+    pipeline = make_pipeline()
+    for n in range(3):
+        ActionLog.objects.create(pipeline=pipeline, action="start", actor=f"a{n}", result=ActionResult.DONE)
+    for number, message in [("abc", "Page &#x27;abc&#x27; is not a page number: pages are numbered 1 to 1."),
+                            ("99999", "There is no page 99999: pages are numbered 1 to 1."),
+                            ("0", "There is no page 0: pages are numbered 1 to 1.")]:
+        for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
+            page = operator_client.get("/action-log/", {"page": number}, **fragment)
+            html = page.content.decode()
+            assert page.status_code == 400 and message in html and '<tr id="action-' not in html
+    for first in ({}, {"page": ""}, {"page": "1"}):
+        page = operator_client.get("/action-log/", first)
+        assert page.status_code == 200 and page.content.decode().count('<tr id="action-') == 3

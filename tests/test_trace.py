@@ -149,3 +149,13 @@ def test_the_api_and_the_page_trace_and_name_the_bad_field(consumed):
     assert page.status_code == 200 and 'data-verdict="written"' in page.content.decode()
     refused = client.get("/pipelines/traced/trace/", {"partition": "1", "offset": "-3"})
     assert refused.status_code == 422 and "offset: a whole number" in refused.content.decode()
+    # A key and a position together: which one was meant is the user's to say, not traced as the key.
+    for both in ({"key": "k5", "offset": "3"}, {"key": "k5", "partition": "0", "offset": "3"}):
+        api = client.get("/api/pipelines/traced/trace", both)
+        assert api.status_code == 400 and api.json()["field"] == "key"
+        assert api.json()["error"] == "Give a key, or a partition and an offset: not both."
+        page = client.get("/pipelines/traced/trace/", both)
+        assert page.status_code == 422 and "Give a key, or a partition and an offset: not both." in (
+            page.content.decode()) and 'class="trace"' not in page.content.decode()
+    form = client.get("/pipelines/traced/trace/", {"key": "k5", "partition": "", "offset": ""})  # the form's empties
+    assert form.status_code == 200 and 'class="trace"' in form.content.decode()

@@ -44,10 +44,12 @@ class TraceRefused(ValueError):
 
 
 def parse_request(params) -> tuple[int | None, int | None, str | None]:
-    """(partition, offset, key) from query parameters: a key, or a partition and an offset as whole numbers.
-    Raises TraceRefused naming the field."""
+    """(partition, offset, key) from query parameters: a key, or a partition and an offset as whole numbers (not
+    both; empty ones are absent). Raises TraceRefused naming the field."""
     key = params.get("key") or None
     if key is not None:
+        if params.get("partition") or params.get("offset"):  # tracing one of them silently would mislead
+            raise TraceRefused("Give a key, or a partition and an offset: not both.", "key")
         if len(key) > 1000:
             raise TraceRefused("key: at most 1000 characters", "key")
         return None, None, key

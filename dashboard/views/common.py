@@ -1,6 +1,25 @@
-"""Helpers shared by the page views: one URL serves the page and its htmx fragment."""
+"""Helpers shared by the page views: one URL serves the page and its htmx fragment; a page number, strictly."""
+from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
+
+
+class BadPage(ValueError):
+    """A ?page= that is not a page of the list: the view answers 400 with this message."""
+
+
+def page_of(paginator: Paginator, number: str | None) -> Page:
+    """The page asked for, the first when none is (absent or empty). Unlike Paginator.get_page, a page number
+    that is not a whole number or past the last page is refused: showing another page than asked is a lie."""
+    if not number:
+        return paginator.page(1)
+    pages = f"pages are numbered 1 to {paginator.num_pages}"
+    try:
+        return paginator.page(number)
+    except PageNotAnInteger:
+        raise BadPage(f"Page {number[:20]!r} is not a page number: {pages}.") from None
+    except EmptyPage:
+        raise BadPage(f"There is no page {number[:20]}: {pages}.") from None
 
 
 def render_page(request, template: str, context: dict, fragment: str | None = None, status: int = 200):

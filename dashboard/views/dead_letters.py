@@ -18,7 +18,7 @@ from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Refused
 from dashboard.forms import DeadLetterAllMatchingForm, DeadLetterDiscardForm, DeadLetterFilterForm, DeadLetterReplayForm
 from dashboard.views.actions import refuse_viewer
-from dashboard.views.common import render_page
+from dashboard.views.common import BadPage, page_of, render_page
 
 PAGE_SIZE = 50
 # Rows fetched per round trip while streaming an export: memory stays flat however many dead letters match.
@@ -31,10 +31,17 @@ def _render(request, pipeline, filters: DeadLetterFilterForm, *, outcome=None, e
                "outcome": outcome, "error": error, "pending": queries.pending_count(pipeline),
                "batches_outcome": batches_outcome, "confirm": confirm}
     if filters.is_valid():
-        rows = queries.dead_letters(pipeline, filters.filters())
-        context["page"] = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page") or request.POST.get("page"))
+        paginator = Paginator(queries.dead_letters(pipeline, filters.filters()), PAGE_SIZE)
         context["query"] = urlencode(filters.query())
         context["carry"] = filters.query()
+        if request.method != "GET":
+            # After an action the page shown before may have emptied: show the nearest one.
+            context["page"] = paginator.get_page(request.POST.get("page"))
+        else:
+            try:
+                context["page"] = page_of(paginator, request.GET.get("page"))
+            except BadPage as exc:
+                context["error"], status = str(exc), 400
     elif status == 200:
         status = 422  # htmx swaps 422: the form shows why
     return render_page(request, "dead_letters.html", context, fragment="panel", status=status)

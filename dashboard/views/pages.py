@@ -9,7 +9,7 @@ from consumers.models import ActionLog, Pipeline
 from consumers.reconciliation import monitored
 from dashboard import consumer_rows, status, timeline
 from dashboard.views.actions import action_buttons
-from dashboard.views.common import render_page
+from dashboard.views.common import BadPage, page_of, render_page
 from dashboard.views.topic_checks import topic_check_context
 
 ACTION_LOG_PAGE_SIZE = 50
@@ -35,16 +35,18 @@ def pipeline_detail(request, name):
                "action_buttons": action_buttons(pipeline)}
     if request.htmx and request.GET.get("fragment") in ("live", "head"):
         return render_page(request, "pipeline.html", context, fragment=request.GET["fragment"])
+    range_name = request.GET.get("range") or status.DEFAULT_CHART_RANGE
+    chart_error = status.unknown_chart_range(range_name)
     runs = status.recent_runs(pipeline)
     context.update({
         "runs": runs, "summary": status.pipeline_summary(pipeline, runs),
         "dead_letters": status.recent_dead_letters(pipeline), "actions": status.recent_actions(pipeline),
         "timelines": [(t, timeline.svg_shapes(t)) for t in timeline.ledger_timelines(pipeline, partitions)],
-        "chart": status.chart_series(pipeline, range_name=request.GET.get("range", status.DEFAULT_CHART_RANGE)),
-        "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
+        "chart": None if chart_error else status.chart_series(pipeline, range_name=range_name),
+        "chart_error": chart_error, "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
         **topic_check_context(pipeline),
     })
-    return render_page(request, "pipeline.html", context)
+    return render_page(request, "pipeline.html", context, status=400 if chart_error else 200)
 
 
 @require_GET
@@ -56,7 +58,12 @@ def action_log(request):
     error = status.unknown_action_log_pipeline(pipeline) if pipeline else ""
     if pipeline:
         actions = actions.of_pipeline_named(pipeline)  # a deleted pipeline's entries too
-    page = None if error else Paginator(actions, ACTION_LOG_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = None
+    if not error:
+        try:
+            page = page_of(Paginator(actions, ACTION_LOG_PAGE_SIZE), request.GET.get("page"))
+        except BadPage as exc:
+            error = str(exc)
     context = {"nav": "action_log", "page": page, "pipeline": pipeline, "error": error,
                "pipelines": pipelines, "deleted_pipelines": deleted}
     return render_page(request, "action_log.html", context, fragment="entries", status=400 if error else 200)
