@@ -192,9 +192,21 @@ def replay_dead_letters_from_kafka(modeladmin, request, queryset):
 
 @admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])
 def discard_dead_letters(modeladmin, request, queryset):
-    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and logs) an empty one."""
+    """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and logs) an empty one.
+    The page carries the count it showed: with "select all" the selection is the filtered list again, so dead
+    letters that arrived since would be discarded unseen; a count that moved is refused, as on the page and API."""
     if request.POST.get("step") == "execute":
-        for pipeline, ids in _by_pipeline(queryset).items():
+        grouped = _by_pipeline(queryset)
+        expected, selected = request.POST.get("expected", ""), sum(len(ids) for ids in grouped.values())
+        refusal = _unconfirmed(expected, selected)
+        if refusal:
+            params = {"via": "admin", "expected": expected[:20], "selected": selected,
+                      "select_across": request.POST.get("select_across") == "1"}
+            for pipeline in grouped or [None]:
+                record_refusal(request.user, dead_letter_ops.DISCARD, refusal, pipeline=pipeline, params=params)
+            modeladmin.message_user(request, refusal, messages.ERROR)
+            return None
+        for pipeline, ids in grouped.items():
             outcome = _act_on_letters(modeladmin, request, pipeline, "discard", ids,
                                       reason=request.POST.get("reason", ""))
             if outcome is not None:
@@ -204,3 +216,13 @@ def discard_dead_letters(modeladmin, request, queryset):
     return intermediate_page(modeladmin, request, queryset, "admin/consumers/deadletter/discard.html",
                              "discard_dead_letters", "Discard dead letters",
                              {"letters": letters, "max_reason": dead_letter_ops.MAX_REASON})
+
+
+def _unconfirmed(expected: str, selected: int) -> str:
+    """Why the confirmed discard may not go on ("" when it may): the count its page showed is missing, or is no
+    longer the number of dead letters selected."""
+    if not (expected.isascii() and expected.isdigit()):
+        return "The confirmation carries no count of dead letters: nothing was changed; choose the action again."
+    if int(expected) != selected:
+        return dead_letter_batches.count_moved(int(expected), selected, "are selected")
+    return ""

@@ -134,14 +134,15 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
         assert any(m.startswith("Pipeline payments: replay: 1 still bad") for m in shown)
         assert ActionLog.objects.filter(action="replay_dead_letters", actor="otto").count() == 2
 
-        no_reason = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute", reason=" ")
+        no_reason = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute", reason=" ",
+                                expected="2")
         assert any("Discarding dead letters needs a reason" in m for m in messages_of(no_reason))
         assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
 
         page = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, index="0")
         assert b'id="discard-form"' in page.content
         done = post_action(client, DEAD_LETTERS, "discard_dead_letters", letters, step="execute",
-                           reason="garbage from the load test")
+                           reason="garbage from the load test", expected="2")
         assert "Pipeline orders: 1 dead letter(s) discarded: garbage from the load test" in messages_of(done)
         assert set(DeadLetter.objects.values_list("discard_reason", "discarded_by")) == {
             ("garbage from the load test", "otto")}
@@ -229,8 +230,9 @@ def test_the_admins_select_all_discards_more_than_1000_dead_letters_in_batches_e
     assert page.status_code == 200
     assert page.content.count(b"<li><a href=") == 100 and re.search(rb"and 2,?401 more", page.content)
     assert b'name="select_across" value="1"' in page.content
+    assert b'name="expected" value="2501"' in page.content
     done = post_action(client, changelist, "discard_dead_letters", first_page, step="execute", reason="load test",
-                       select_across="1")
+                       select_across="1", expected="2501")
     assert any(m.startswith("Pipeline orders: discard: 2501 dead letter(s) in 3 batch(es): 2501 discarded")
                for m in messages_of(done)), messages_of(done)
     assert DeadLetter.objects.filter(discard_reason="load test", discarded_by="otto").count() == 2501
@@ -238,3 +240,33 @@ def test_the_admins_select_all_discards_more_than_1000_dead_letters_in_batches_e
     entries = ActionLog.objects.filter(action="discard_dead_letters").order_by("pk")
     assert [(e.result, e.params["counts"]) for e in entries] == [
         (ActionResult.DONE, {"discarded": n}) for n in (1000, 1000, 501)]
+
+
+def test_the_admins_select_all_discard_is_refused_and_audited_when_dead_letters_arrived_after_the_confirmation(db):
+    orders = make_pipeline("orders")
+    DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=b"v", error="Boom")
+                                    for o in range(100, 103)])
+    client = client_for(staff_operator())
+    changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"
+    shown = list(DeadLetter.objects.filter(pipeline=orders).values_list("pk", flat=True))
+    page = post_action(client, changelist, "discard_dead_letters", shown, index="0", select_across="1")
+    assert b"Discard 4 dead letters" in page.content
+    expected = re.search(rb'name="expected" value="(\d+)"', page.content).group(1).decode()
+    # Two more arrive while the operator types the reason: "select all" would now take them too.
+    DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=1, offset=o, value=b"v", error="Late")
+                                    for o in (200, 201)])
+
+    refused = post_action(client, changelist, "discard_dead_letters", shown, step="execute", reason="load test",
+                          select_across="1", expected=expected)
+
+    assert "6 dead letters are selected now, not the 4 confirmed" in " ".join(messages_of(refused))
+    assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
+    entry = ActionLog.objects.get(action="discard_dead_letters")
+    assert (entry.result, entry.actor, entry.pipeline_id) == (ActionResult.REFUSED, "otto", orders.pk)
+    assert (entry.params["expected"], entry.params["selected"]) == ("4", 6)
+
+    no_count = post_action(client, changelist, "discard_dead_letters", shown, step="execute", reason="load test",
+                           select_across="1")
+    assert "carries no count" in " ".join(messages_of(no_count))
+    assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
+    assert ActionLog.objects.filter(action="discard_dead_letters", result=ActionResult.REFUSED).count() == 2

@@ -73,10 +73,15 @@ def act_on_matching(pipeline: Pipeline, action: str, filters: queries.Filters, e
                        f"No {filters.state} dead letters of pipeline {pipeline.name!r} match the filters; "
                        "nothing was changed.")
     if expected is not None and expected != len(ids):
-        actions.refuse(pipeline, ACTIONS[action], actor, params,
-                       f"{len(ids)} dead letters match the filters now, not the {expected} confirmed: some came or "
-                       "went since. Nothing was changed; look at the list again and confirm its count.")
+        actions.refuse(pipeline, ACTIONS[action], actor, params, count_moved(expected, len(ids), "match the filters"))
     return act_on_ids(pipeline, action, ids, actor=actor, reason=reason, source=source, on_batch=on_batch)
+
+
+def count_moved(expected: int, now: int, how: str) -> str:
+    """Why a confirmed selection is refused: `now` dead letters `how` (match the filters, are selected), not the
+    `expected` the operator confirmed. Every door that confirms a count refuses with this one text."""
+    return (f"{now} dead letters {how} now, not the {expected} confirmed: some came or went since. Nothing was "
+            "changed; look at the list again and confirm its count.")
 
 
 def act_on_ids(pipeline, action: str, ids, *, actor: str, reason: str = "", source: str = "stored",
