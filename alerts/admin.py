@@ -17,6 +17,7 @@ from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import parse_minutes
 from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, form_errors, record_refusal
+from consumers.admin_actions import posted_action
 from consumers.models import ActionLog, ActionResult
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
@@ -128,7 +129,7 @@ class AlertAdmin(admin.ModelAdmin):
         return super().has_module_permission(request) or request.user.has_perm("consumers.view_pipeline")
 
     def changelist_view(self, request, extra_context=None):
-        action = request.POST.get("action", "") if request.method == "POST" else ""
+        action = posted_action(request)
         if action in ALERT_ACTIONS and not can_operate(request.user):
             ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isdigit()]
             message = f"{request.user.get_username()} is not an operator: only operators can acknowledge or mute."

@@ -24,6 +24,22 @@ def actor_of(request) -> str:
     return request.user.get_username()
 
 
+def posted_action(request) -> str:
+    """The action a changelist POST runs, read as Django's ModelAdmin.response_action reads it: the `index`-th of
+    the posted `action` values. A refusal check reading another one (the last) could be walked past by repeating
+    `action`. "" when the POST names none."""
+    if request.method != "POST":
+        return ""
+    try:
+        index = int(request.POST.get("index", 0))
+    except ValueError:
+        index = 0
+    try:
+        return request.POST.getlist("action")[index]
+    except IndexError:
+        return ""
+
+
 def report(modeladmin, request, name: str, outcome: str, *, ok: bool) -> None:
     # "Pipeline NAME:" rather than "NAME:", since the admin's style capitalizes a message's first letter.
     modeladmin.message_user(request, f"Pipeline {name}: {outcome}", messages.SUCCESS if ok else messages.ERROR)
@@ -38,7 +54,7 @@ class OperatorActionsMixin:
         return can_operate(request.user)
 
     def changelist_view(self, request, extra_context=None):
-        action = request.POST.get("action", "") if request.method == "POST" else ""
+        action = posted_action(request)
         if action in self.operator_actions and not can_operate(request.user):
             self.log_refusal(request, action, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
             raise PermissionDenied("Only operators can run this action.")

@@ -84,6 +84,29 @@ def test_a_viewer_sees_read_only_pages_without_actions_and_a_posted_action_is_re
     assert DeadLetter.objects.filter(pk=letter.pk).exists()
 
 
+@pytest.mark.parametrize("changelist, actions_posted, index, logged_as", [
+    (PIPELINES, ["start", "stop"], "0", "start"),            # Django runs the index-th action, not the last
+    (PIPELINES, ["no_such_action", "rewind"], "1", "rewind"),
+    (DEAD_LETTERS, ["discard_dead_letters", "x"], "0", "discard_dead_letters"),
+    (ALERTS, ["mute_alerts", "acknowledge_alerts"], "0", "mute_alert"),
+])
+def test_a_viewer_repeating_the_action_parameter_is_refused_as_django_reads_it_and_audited(
+        enqueued, changelist, actions_posted, index, logged_as):
+    orders = make_pipeline("orders")
+    ids = {PIPELINES: [orders.pk], DEAD_LETTERS: list(DeadLetter.objects.values_list("pk", flat=True)),
+           ALERTS: [make_alert("orders").pk]}[changelist]
+    client = client_for(staff_viewer())
+
+    refused = post_action(client, changelist, actions_posted, ids, index=index)
+
+    assert refused.status_code == 403
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result) == (logged_as, "vera", ActionResult.REFUSED)
+    orders.refresh_from_db()
+    assert orders.desired_state == DesiredState.STOPPED and enqueued == [] and not Mute.objects.exists()
+    assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
+
+
 def test_an_operator_sees_the_actions_in_the_changelists():
     make_pipeline("orders")
     client = client_for(staff_operator())
