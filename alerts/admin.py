@@ -14,7 +14,7 @@ from django.utils.http import urlencode
 from alerts import channel_actions, evaluate
 from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
-from alerts.queries import parse_minutes
+from alerts.queries import MAX_MUTE_REASON, mute_problem, parse_minutes
 from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.admin_actions import posted_action
@@ -63,9 +63,12 @@ class NotificationInline(admin.TabularInline):
 
 
 class AlertActionForm(ActionForm):
-    minutes = forms.IntegerField(required=False, initial=60, label="Mute minutes",
-                                 help_text="For the mute action: 1 minute to 30 days.")
-    reason = forms.CharField(required=False, max_length=200, label="Mute reason")
+    # Plain text here, checked by the mute action (alerts.queries.mute_problem): an invalid action form only makes
+    # Django answer "No action selected.", without the error and without a refusal in the action log.
+    minutes = forms.CharField(required=False, initial=60, label="Mute minutes", widget=forms.NumberInput,
+                              help_text="For the mute action: 1 minute to 30 days.")
+    reason = forms.CharField(required=False, strip=False, label="Mute reason",
+                             widget=forms.TextInput(attrs={"maxlength": MAX_MUTE_REASON}))
 
 
 @admin.action(description="Acknowledge the selected alerts", permissions=["operate"])
@@ -80,17 +83,17 @@ def acknowledge_alerts(modeladmin, request, queryset):
 
 @admin.action(description="Mute the selected alerts' rules (minutes below)", permissions=["operate"])
 def mute_alerts(modeladmin, request, queryset):
-    minutes = parse_minutes(request.POST.get("minutes"))
-    if minutes is None:
-        modeladmin.message_user(request, "Mute for 1 minute to 30 days: nothing was muted.", messages.ERROR)
+    minutes, reason = parse_minutes(request.POST.get("minutes")), request.POST.get("reason", "")
+    problem = mute_problem(minutes, reason)
+    if problem:
+        modeladmin.message_user(request, f"{problem} Nothing was muted.", messages.ERROR)
         for alert in queryset.select_related("pipeline"):
-            record_refusal(request.user, "mute_alert", "bad input: Mute for 1 minute to 30 days.",
-                           pipeline=alert.pipeline,
+            record_refusal(request.user, "mute_alert", f"bad input: {problem}", pipeline=alert.pipeline,
                            params={"alert": alert.pk, "minutes": request.POST.get("minutes", ""), "via": "admin"})
         return
     for alert in queryset.select_related("rule", "pipeline", "watch"):
         try:
-            mute = evaluate.mute(alert, minutes, request.user.get_username(), request.POST.get("reason", ""))
+            mute = evaluate.mute(alert, minutes, request.user.get_username(), reason)
         except evaluate.AlertGone as exc:
             modeladmin.message_user(request, str(exc), messages.ERROR)
             continue

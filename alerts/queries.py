@@ -37,3 +37,13 @@ def parse_minutes(value, default=60) -> int | None:
     except (TypeError, ValueError):
         return None
     return minutes if 1 <= minutes <= MAX_MUTE_MINUTES else None
+
+
+def mute_problem(minutes: int | None, reason: str) -> str:
+    """Why a mute's input is refused, "" when it is not: the alerts page's and the admin's one check (the API's
+    serializer checks the same bounds). `minutes` as parse_minutes read it."""
+    if minutes is None:
+        return "Mute for 1 minute to 30 days."
+    if len(reason) > MAX_MUTE_REASON:
+        return f"The reason is longer than {MAX_MUTE_REASON} characters."
+    return ""

@@ -16,10 +16,10 @@ from django.views.decorators.vary import vary_on_headers
 from alerts import evaluate
 from alerts.models import Alert, Mute
 from alerts.queries import (
-    MAX_MUTE_REASON,
     PAGE_SIZE,
     STATE_FILTERS,
     filtered_alerts,
+    mute_problem,
     parse_minutes,
     unknown_state_message,
 )
@@ -85,8 +85,7 @@ def alert_mute(request, alert_id):
     alert = _alert_for_operator(request, alert_id, "mute_alert", "Only operators can mute alerts.")
     minutes = parse_minutes(request.POST.get("minutes"))
     reason = request.POST.get("reason", "")
-    problem = "Mute for 1 minute to 30 days." if minutes is None else \
-        f"The reason is longer than {MAX_MUTE_REASON} characters." if len(reason) > MAX_MUTE_REASON else ""
+    problem = mute_problem(minutes, reason)
     if problem:
         record_refusal(request.user, "mute_alert", f"bad input: {problem}", pipeline=alert.pipeline,
                        params={"alert": alert.pk, "minutes": request.POST.get("minutes", "")})

@@ -196,6 +196,24 @@ def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_re
                       ("mute_alert", "refused")]
 
 
+@pytest.mark.parametrize("fields, problem", [
+    ({"minutes": "abc", "reason": "maintenance"}, "Mute for 1 minute to 30 days."),
+    ({"minutes": "90", "reason": "x" * 201}, "The reason is longer than 200 characters."),
+])
+def test_a_mute_from_the_admin_with_bad_input_says_why_mutes_nothing_and_is_audited(fields, problem):
+    alert = make_alert("orders")
+    client = client_for(staff_operator())
+
+    refused = post_action(client, ALERTS, "mute_alerts", [alert.pk], index="0", **fields)
+
+    assert f"{problem} Nothing was muted." in messages_of(refused)
+    assert not Mute.objects.exists()
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result, entry.message) == ("mute_alert", "otto", ActionResult.REFUSED,
+                                                                        f"bad input: {problem}")
+    assert entry.pipeline == alert.pipeline and entry.params["alert"] == alert.pk
+
+
 def test_a_viewer_cannot_reset_consumer_groups_and_the_refusal_is_audited():
     client = client_for(staff_viewer())
     response = client.post("/admin/consumers/groups/reset/", {"group": ["billing-etl"], "step": "execute",
