@@ -1,7 +1,7 @@
 """Admin for alert rules, alerts, mutes, channels and the outbox. Operators acknowledge and mute alerts from
 the alert list, through the same functions as the alerts page (alerts.evaluate). Rules are edited with the
 page's form (the same checks) and every change is in the action log; alerts, mutes and the outbox are
-read-only here (their changes are the actions, audited), a mute may be lifted (audited)."""
+read-only here (their changes are the actions, audited), a mute may be lifted (audited); the outbox is read-only."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
@@ -172,8 +172,18 @@ class MuteAdmin(admin.ModelAdmin):
 
 @admin.register(Notification)
 class NotificationAdmin(admin.ModelAdmin):
+    """The outbox, read-only: the evaluator writes it and the sender marks delivery. Saving a row here would write
+    back delivery fields the sender may just have set, and deleting one drops an alert's message unsent: neither
+    is an operator's action (retention deletes old rows with their resolved alerts)."""
+
     def has_add_permission(self, request):
-        return False  # the outbox is written by the evaluator only
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
     list_display = ("alert", "channel", "kind", "sequence", "attempts", "next_attempt_at", "delivered_at", "failed_at")
     list_filter = ("kind", "channel")

@@ -2,11 +2,12 @@
 is in the action log; alerts and mutes change through the audited actions only (read-only rows), and lifting
 a mute is audited."""
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
 from consumers.models import ActionLog, ActionResult
 from tests.views_helpers import PASSWORD, make_pipeline
 
@@ -68,3 +69,25 @@ def test_lifting_a_mute_in_the_admin_is_audited(root):
     assert not Mute.objects.exists()
     entry = ActionLog.objects.get()
     assert (entry.action, entry.actor, entry.pipeline) == ("alert_unmute", "root", pipeline)
+
+
+def test_the_outbox_is_read_only_in_the_admin_so_no_notification_is_changed_or_deleted_unaudited(root):
+    pipeline = make_pipeline(with_history=False)
+    rule = AlertRule.objects.create(name="admin-made loss", kind=RuleKind.LOST, pipeline=pipeline)
+    now = timezone.now()
+    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
+                                 started_at=now, last_seen_at=now)
+    pending = Notification.objects.create(alert=alert, kind=NotificationKind.FIRED, recipients=["ops@example.com"],
+                                          subject="3 lost", body_text="3 lost", body_html="<p>3 lost</p>",
+                                          created_at=now, next_attempt_at=now)
+    outbox = "/admin/alerts/notification/"
+    assert root.get(outbox).status_code == 200 and b'value="delete_selected"' not in root.get(outbox).content
+    assert root.get(f"{outbox}{pending.pk}/change/").status_code == 200   # readable
+
+    assert root.post(f"{outbox}{pending.pk}/change/", {"attempts": "0"}).status_code == 403
+    assert root.post(f"{outbox}{pending.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert root.post(outbox, {"action": "delete_selected", "_selected_action": [pending.pk], "index": "0",
+                              "post": "yes"}).status_code in (200, 302)
+
+    assert Notification.objects.filter(pk=pending.pk, delivered_at=None, failed_at=None).exists()
+    assert not LogEntry.objects.exists()
