@@ -1,7 +1,8 @@
 """API tokens in the admin: listed masked, never in clear. A token made here is shown once, in the message
 that confirms it; after that only its first characters identify it. A token has no page of its own here (its
 name is its key, which Django's object pages print in their titles, Django's delete page included), so it is
-revoked on a page of ours that names it masked. Making and revoking a token are in the action log."""
+revoked on a page of ours that names it masked. Making and revoking a token are in the action log, and so is
+a change of a user's role (its groups, permissions, superuser or active flag) made in the user admin."""
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.admin import UserAdmin
@@ -16,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import Token, TokenProxy
 
-from consumers.access import actor_of, record_refusal
+from consumers.access import actor_of, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
 
 SHOWN_CHARS = 4
@@ -34,9 +35,38 @@ admin.site.unregister(TokenProxy)
 admin.site.unregister(User)
 
 
+def _described(snapshot: dict) -> str:
+    return (f"{snapshot['role']} (groups: {', '.join(snapshot['groups']) or 'none'}"
+            f"{'; superuser' if snapshot['superuser'] else ''})")
+
+
+def role_snapshot(user_pk) -> dict:
+    """What gives a user a role (consumers.access.role_of), read fresh: has_perm caches permissions on a User."""
+    user = User.objects.get(pk=user_pk)
+    return {"role": role_of(user), "groups": sorted(user.groups.values_list("name", flat=True)),
+            "superuser": user.is_superuser}
+
+
 @admin.register(User)
 class TokenMaskingUserAdmin(UserAdmin):
-    """Django's user admin, except that deleting a user lists its API token masked (Django names it by its key)."""
+    """Django's user admin, except that deleting a user lists its API token masked (Django names it by its key),
+    and a change of a user's role is written to the action log (who, which user, before and after)."""
+
+    def save_model(self, request, obj, form, change):
+        # Groups and permissions are saved after the row (save_related): the role before the change is read now.
+        form.role_before = role_snapshot(obj.pk) if change else {"role": "none", "groups": [], "superuser": False}
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        before, after = form.role_before, role_snapshot(form.instance.pk)
+        if before != after:
+            user = form.instance.get_username()
+            ActionLog.objects.create(
+                action="change_role", actor=actor_of(request.user), result=ActionResult.DONE,
+                params={"via": "admin", "user": user, "before": before, "after": after},
+                message=f"changed the role of {user}: {_described(before)} -> {_described(after)}",
+                finished_at=timezone.now())
 
     def get_deleted_objects(self, objs, request):
         to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)

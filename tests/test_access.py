@@ -207,3 +207,34 @@ def test_a_token_made_in_the_admin_is_audited_masked(db):
     key = Token.objects.get(user=admin).key
     entry = ActionLog.objects.get(action="make_token")
     assert entry.actor == "root" and key not in str(entry.params) + entry.message
+
+
+def user_form(user, **changes) -> dict:
+    """The user admin's change form as its page posts it, with `changes`."""
+    return {"username": user.username, "first_name": "", "last_name": "", "email": "",
+            "is_active": "on", "is_staff": "on", "groups": list(user.groups.values_list("pk", flat=True)),
+            "user_permissions": [], "last_login_0": "", "last_login_1": "",
+            "date_joined_0": f"{user.date_joined:%Y-%m-%d}", "date_joined_1": "00:00:00", **changes}
+
+
+def test_a_role_change_in_the_user_admin_is_audited_with_who_whom_and_the_roles_before_and_after(db):
+    from django.contrib.auth.models import Group
+
+    from dashboard.roles import OPERATORS
+    admin = signed_in(User.objects.create_superuser("root", password=PASSWORD))
+    viewer = make_viewer()
+    page = f"/admin/auth/user/{viewer.pk}/change/"
+
+    assert admin.post(page, user_form(viewer, first_name="Vera")).status_code == 302
+    assert not ActionLog.objects.exists()   # a change that gives no other role is not a role change
+
+    operators = Group.objects.get(name=OPERATORS)
+    assert admin.post(page, user_form(viewer, groups=[operators.pk])).status_code == 302
+
+    assert role_of(User.objects.get(pk=viewer.pk)) == "operator"
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result) == ("change_role", "root", ActionResult.DONE)
+    assert entry.params == {"via": "admin", "user": "vera",
+                            "before": {"role": "viewer", "groups": ["viewers"], "superuser": False},
+                            "after": {"role": "operator", "groups": ["operators"], "superuser": False}}
+    assert entry.message == ("changed the role of vera: viewer (groups: viewers) -> operator (groups: operators)")
