@@ -2,11 +2,12 @@
 that confirms it; after that only its first characters identify it. A token has no page of its own here (its
 name is its key, which Django's object pages print in their titles, Django's delete page included), so it is
 revoked on a page of ours that names it masked. Making and revoking a token are in the action log, and so is
-a change of a user's role (its groups, permissions, superuser or active flag) made in the user admin."""
+every change of a user's role made in the admin: in the user admin (its groups, permissions, superuser or active
+flag, or its deletion) and in the group admin (a group's permissions, or its deletion, change its members' roles)."""
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.admin import UserAdmin
-from django.contrib.auth.models import User
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -33,6 +34,7 @@ def token_label(token: Token) -> str:
 
 admin.site.unregister(TokenProxy)
 admin.site.unregister(User)
+admin.site.unregister(Group)
 
 
 def _described(snapshot: dict) -> str:
@@ -40,11 +42,33 @@ def _described(snapshot: dict) -> str:
             f"{'; superuser' if snapshot['superuser'] else ''})")
 
 
+NO_ROLE = {"role": "none", "groups": [], "superuser": False}
+
+
 def role_snapshot(user_pk) -> dict:
     """What gives a user a role (consumers.access.role_of), read fresh: has_perm caches permissions on a User."""
-    user = User.objects.get(pk=user_pk)
+    user = User.objects.filter(pk=user_pk).first()
+    if user is None:  # deleted
+        return NO_ROLE
     return {"role": role_of(user), "groups": sorted(user.groups.values_list("name", flat=True)),
             "superuser": user.is_superuser}
+
+
+def log_role_changes(request, before: dict, why: str = "") -> None:
+    """One "change_role" entry per user whose snapshot changed. `before`: {user pk: (username, snapshot)}."""
+    for pk, (username, was) in before.items():
+        now = role_snapshot(pk)
+        if now != was:
+            ActionLog.objects.create(
+                action="change_role", actor=actor_of(request.user), result=ActionResult.DONE,
+                params={"via": "admin", "user": username, "before": was, "after": now, **({"why": why} if why else {})},
+                message=f"changed the role of {username}: {_described(was)} -> {_described(now)}"
+                        + (f" ({why})" if why else ""),
+                finished_at=timezone.now())
+
+
+def snapshots(users) -> dict:
+    return {user.pk: (user.get_username(), role_snapshot(user.pk)) for user in users}
 
 
 @admin.register(User)
@@ -54,19 +78,23 @@ class TokenMaskingUserAdmin(UserAdmin):
 
     def save_model(self, request, obj, form, change):
         # Groups and permissions are saved after the row (save_related): the role before the change is read now.
-        form.role_before = role_snapshot(obj.pk) if change else {"role": "none", "groups": [], "superuser": False}
+        form.roles_before = snapshots([obj]) if change else {}
         super().save_model(request, obj, form, change)
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
-        before, after = form.role_before, role_snapshot(form.instance.pk)
-        if before != after:
-            user = form.instance.get_username()
-            ActionLog.objects.create(
-                action="change_role", actor=actor_of(request.user), result=ActionResult.DONE,
-                params={"via": "admin", "user": user, "before": before, "after": after},
-                message=f"changed the role of {user}: {_described(before)} -> {_described(after)}",
-                finished_at=timezone.now())
+        before = form.roles_before or {form.instance.pk: (form.instance.get_username(), NO_ROLE)}
+        log_role_changes(request, before)
+
+    def delete_model(self, request, obj):
+        before = snapshots([obj])
+        super().delete_model(request, obj)
+        log_role_changes(request, before, why="user deleted")
+
+    def delete_queryset(self, request, queryset):
+        before = snapshots(queryset)
+        super().delete_queryset(request, queryset)
+        log_role_changes(request, before, why="user deleted")
 
     def get_deleted_objects(self, objs, request):
         to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
@@ -81,6 +109,31 @@ class TokenMaskingUserAdmin(UserAdmin):
             return mark_safe(text) if isinstance(item, SafeString) else text  # noqa: S308 - Django's own HTML
 
         return mask(to_delete), model_count, perms_needed, protected
+
+
+@admin.register(Group)
+class RoleAuditingGroupAdmin(GroupAdmin):
+    """Django's group admin; a change of a group's permissions, or its deletion, changes its members' roles: each
+    member whose role changed gets a "change_role" entry naming the group."""
+
+    def save_model(self, request, obj, form, change):
+        form.roles_before = snapshots(obj.user_set.all()) if change else {}
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        log_role_changes(request, form.roles_before, why=f"group {form.instance.name} changed")
+
+    def delete_model(self, request, obj):
+        before, name = snapshots(obj.user_set.all()), obj.name
+        super().delete_model(request, obj)
+        log_role_changes(request, before, why=f"group {name} deleted")
+
+    def delete_queryset(self, request, queryset):
+        before = snapshots(User.objects.filter(groups__in=queryset).distinct())
+        names = ", ".join(sorted(queryset.values_list("name", flat=True)))
+        super().delete_queryset(request, queryset)
+        log_role_changes(request, before, why=f"group {names} deleted")
 
 
 @admin.register(TokenProxy)

@@ -238,3 +238,30 @@ def test_a_role_change_in_the_user_admin_is_audited_with_who_whom_and_the_roles_
                             "before": {"role": "viewer", "groups": ["viewers"], "superuser": False},
                             "after": {"role": "operator", "groups": ["operators"], "superuser": False}}
     assert entry.message == ("changed the role of vera: viewer (groups: viewers) -> operator (groups: operators)")
+
+
+def test_a_group_change_or_a_deletion_in_the_admin_is_audited_for_each_member_whose_role_it_changed(db):
+    from django.contrib.auth.models import Group
+
+    from dashboard.roles import OPERATORS, VIEWERS
+    admin = signed_in(User.objects.create_superuser("root", password=PASSWORD))
+    operator, viewer = make_operator(), make_viewer()
+    operators = Group.objects.get(name=OPERATORS)
+
+    # The operators group keeps only the viewers' permissions: its member becomes a viewer.
+    view_only = list(Group.objects.get(name=VIEWERS).permissions.values_list("pk", flat=True))
+    answer = admin.post(f"/admin/auth/group/{operators.pk}/change/", {"name": OPERATORS, "permissions": view_only})
+    assert answer.status_code == 302 and role_of(User.objects.get(pk=operator.pk)) == "viewer"
+    entry = ActionLog.objects.get(action="change_role")
+    assert (entry.actor, entry.params["user"], entry.params["why"]) == ("root", operator.username,
+                                                                       "group operators changed")
+    assert (entry.params["before"]["role"], entry.params["after"]["role"]) == ("operator", "viewer")
+
+    # Deleting the viewers group leaves its member with no role; deleting a user ends theirs.
+    viewers = Group.objects.get(name=VIEWERS)
+    assert admin.post(f"/admin/auth/group/{viewers.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert admin.post(f"/admin/auth/user/{operator.pk}/delete/", {"post": "yes"}).status_code == 302
+    changes = ActionLog.objects.filter(action="change_role").order_by("created_at", "pk")
+    assert [(e.params["user"], e.params["before"]["role"], e.params["after"]["role"], e.params["why"])
+            for e in changes[1:]] == [(viewer.username, "viewer", "none", "group viewers deleted"),
+                                     (operator.username, "viewer", "none", "user deleted")]
