@@ -222,6 +222,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A worker reserves only the tasks it can start: a pipeline's run waits in Redis, where another worker can take
 # it, rather than behind the runs that fill this one (the default, 4 per thread, kept them there silently).
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The multiplier alone does not do it: a run task is acknowledged when it starts, which frees its prefetch slot, so
+# a full worker reserved the next run and held it behind its own (Celery's prefetch counts unacknowledged tasks, not
+# busy threads). With this a worker on Redis fetches only while it has a free thread.
+CELERY_WORKER_DISABLE_PREFETCH = True
 # Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 

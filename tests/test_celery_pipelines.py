@@ -20,6 +20,7 @@ from consumers.operations import actions
 from consumers.operations.rewind import rewind
 from tests.conftest import ROOT, start_celery_worker, stop_process_group
 from tests.ops_helpers import (
+    AT_LEAST_ONCE,
     EXACTLY_ONCE,
     drop_demo_sinks,
     expected_rows,
@@ -46,8 +47,8 @@ def ops_env(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
                TALLY_SUPERVISOR_INTERVAL_SECONDS="1", TALLY_SUPERVISOR_BACKOFF_SECONDS="1")
     processes, schedules = [], []
 
-    def worker(**extra_env):
-        process = start_celery_worker({**env, **extra_env}, log_name="ops-worker")
+    def worker(*extra_args, **extra_env):
+        process = start_celery_worker({**env, **extra_env}, *extra_args, log_name="ops-worker")
         processes.append(process)
         wait_for(lambda: _answers(celery_app_for_tests, process), 60, "the worker to answer a ping", 0.5)
         return process
@@ -215,3 +216,19 @@ def test_two_runs_share_the_partitions_and_write_each_record_once(ops_env):
     produce(21, 60)
     wait_for(caught_up, 30, "the two runs to catch up")
     assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 61))
+
+
+def test_a_run_a_full_worker_cannot_start_waits_in_redis_for_another_worker(ops_env):
+    """A worker whose threads are all held by runs must not reserve the next run task: another worker takes it."""
+    start_worker, _ = ops_env
+    start_worker("--concurrency", "1")
+    actions.start(EXACTLY_ONCE)
+    wait_for(live_run, 30, "the first pipeline's run, holding the worker's only thread")
+    actions.start(AT_LEAST_ONCE)
+
+    def second_pipeline_runs():
+        pipeline = Pipeline.objects.get(name=AT_LEAST_ONCE)
+        return ConsumerRun.objects.filter(pipeline=pipeline, epoch=pipeline.epoch, state=RunState.RUNNING).exists()
+
+    start_worker()
+    wait_for(second_pipeline_runs, 30, "the second worker to take the run the full one has no room for")
