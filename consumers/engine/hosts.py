@@ -95,6 +95,10 @@ class Host:
                                "detail": f"its engine host process (pid {self.pid}) exited {code}"})
 
 
+# What a run task taken after the worker's warm shutdown began returns instead of starting a run.
+SHUTTING_DOWN = {"reason": "skipped", "records": 0, "detail": "the worker is shutting down: the run was not started"}
+
+
 class HostPool:
     """The worker's `size` engine hosts, started when the worker is ready to take run tasks (or at its first
     kafka-python run)."""
@@ -104,12 +108,15 @@ class HostPool:
         self.hosts: list[Host] = []
         self._lock = threading.Lock()
         self._numbers = 0
+        self._stopping = False   # after stop_all (warm shutdown) no run starts: it would never be asked to stop
 
     def run(self, pipeline_id: int, epoch: int, *, task_id: str = "", settled_peers: int = 0) -> dict:
         """Run the pipeline in one of the hosts and wait for the run's result (a dict, as runs.run_here's)."""
         key = task_id or uuid.uuid4().hex
         for _ in range(2):  # a host that died between the choice and the send: once more on another
             with self._lock:  # chosen and sent under the lock, so the next choice sees this run's load
+                if self._stopping:
+                    return dict(SHUTTING_DOWN)
                 future = self._choose(pipeline_id).start_run(key, pipeline_id, epoch, task_id, settled_peers)
             if future is not None:
                 return future.result()
@@ -124,6 +131,7 @@ class HostPool:
     def stop_all(self, reason: str) -> int:
         """Ask every host to stop its runs cleanly (warm shutdown). Returns how many runs were asked."""
         with self._lock:
+            self._stopping = True
             hosts = [host for host in self.hosts if host.alive]
         for host in hosts:
             host.stop(STOP_ALL, reason)

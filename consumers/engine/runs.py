@@ -28,6 +28,10 @@ log = logging.getLogger("tally.runs")
 
 _lock = threading.Lock()
 _stop_events: dict[str, threading.Event] = {}
+# Set by the worker's warm shutdown. A run task the worker had already taken still starts after it (Celery runs
+# what it reserved): such a run was never asked to stop, ran on and kept the worker from exiting. It ends at once
+# instead, and the supervisor restarts the pipeline on a worker that is not going away.
+_shutting_down = threading.Event()
 
 
 def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int = 0) -> dict:
@@ -44,6 +48,8 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
         db.end_turn()
     if skipped:
         return skipped
+    if _shutting_down.is_set():
+        return dict(hosts.SHUTTING_DOWN)
     if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
         return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
     return run_here(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
@@ -84,6 +90,8 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
     stop = threading.Event()
     key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
     with _lock:
+        if _shutting_down.is_set():
+            return dict(hosts.SHUTTING_DOWN)
         _stop_events[key] = stop
     try:
         result = engine(pipeline.name, RunOptions(stop=stop, task_id=task_id))
@@ -149,6 +157,7 @@ def stop_all_runs(reason: str = "worker shutting down") -> int:
     """Ask every run of this process, and of its engine hosts, to stop (warm shutdown). Returns how many
     were asked."""
     with _lock:
+        _shutting_down.set()
         events = list(_stop_events.values())
     for event in events:
         event.set()

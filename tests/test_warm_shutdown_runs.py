@@ -1,0 +1,74 @@
+"""A worker's warm shutdown asks its runs to stop; a run task it takes after that (one it had already reserved)
+must not start a run that nobody will ever ask to stop, keeping the worker from exiting."""
+from concurrent.futures import Future
+
+import pytest
+
+from consumers.engine import hosts, runs
+from consumers.models import DesiredState, Pipeline
+from tests.pipelines import create_pipeline
+
+
+@pytest.fixture
+def warm_shutdown():
+    """Begin the warm shutdown of this (test) process; forget it afterwards."""
+    runs.stop_all_runs("worker shutting down (Warm)")
+    yield
+    runs._shutting_down.clear()
+
+
+@pytest.fixture
+def started_runs(monkeypatch):
+    """Record every run that would start, in this process or in an engine host, instead of starting it."""
+    started = []
+
+    def record(*args, **kwargs):
+        started.append(args)
+        return {"reason": "stopped", "records": 0, "detail": ""}
+
+    monkeypatch.setattr(runs, "run_here", record)
+    monkeypatch.setattr(hosts.HostPool, "run", lambda self, *args, **kwargs: record(*args))
+    return started
+
+
+def test_a_run_task_taken_after_the_warm_shutdown_began_starts_no_run(transactional_db, table, started_runs,
+                                                                     warm_shutdown):
+    pipeline = create_pipeline("late-task", "late-topic", table)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING, runs_waiting=1)
+
+    result = runs.run_in_worker(pipeline.pk, pipeline.epoch, task_id="reserved-before-the-shutdown")
+
+    assert started_runs == []
+    assert result["reason"] == "skipped" and "shutting down" in result["detail"]
+    assert Pipeline.objects.get(pk=pipeline.pk).runs_waiting == 0   # taken: the supervisor's lease now counts
+
+
+def test_an_engine_host_pool_that_was_asked_to_stop_starts_no_host_and_no_run(monkeypatch):
+    made = []
+
+    class FakeHost:
+        alive = True
+
+        def __init__(self, number):
+            self.number = number
+            made.append(number)
+
+        def load(self):
+            return 0
+
+        def holds(self, pipeline_id):
+            return False
+
+        def start_run(self, *args):
+            future = Future()
+            future.set_result({"reason": "stopped", "records": 0, "detail": ""})
+            return future
+
+    monkeypatch.setattr(hosts, "Host", FakeHost)
+    pool = hosts.HostPool(1)
+    pool.stop_all("worker shutting down (Warm)")
+
+    result = pool.run(1, 1, task_id="reserved-before-the-shutdown")
+
+    assert made == []
+    assert result["reason"] == "skipped" and "shutting down" in result["detail"]
