@@ -7,7 +7,7 @@ this module only reads them, together with the positions the commit protocol kee
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
 from consumers.models import (
@@ -95,8 +95,14 @@ class GroupRow:
 
 
 def external_group_rows() -> list[GroupRow]:
-    """The latest whole-group sample of every group that is not a pipeline's: one query (DISTINCT ON)."""
-    latest = (LagSnapshot.objects.filter(pipeline__isnull=True, partition__isnull=True).exclude(group_id="")
+    """The whole-group sample of every group that is not a pipeline's, from the latest snapshot pass (one `now`
+    for every sample of a pass, consumers/reconciliation/snapshots.py). A group the pass did not sample -- Kafka
+    no longer lists it (deleted, its offsets expired) or it is a pipeline's group again -- is left out: its last
+    sample would otherwise be shown and exported as its lag for as long as snapshots are kept."""
+    latest_pass = LagSnapshot.objects.aggregate(at=Max("taken_at"))["at"]
+    pipelines_group = Pipeline.objects.filter(group_id=OuterRef("group_id"), cluster=OuterRef("cluster"))
+    latest = (LagSnapshot.objects.filter(pipeline__isnull=True, partition__isnull=True, taken_at=latest_pass)
+              .exclude(group_id="").exclude(Exists(pipelines_group))
               .order_by("cluster", "group_id", "-taken_at").distinct("cluster", "group_id"))
     return [GroupRow(s.group_id, s.lag_records, s.lag_seconds, s.records_per_second, s.taken_at, s.cluster)
             for s in latest]

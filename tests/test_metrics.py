@@ -49,3 +49,30 @@ def test_metrics_accept_a_token_and_refuse_anonymous_scrapes(client):
     assert response.status_code == 200
     assert b'tally_pipeline_lag_records{cluster="default",delivery_mode="exactly_once",pipeline="orders"' in (
         response.content)
+
+
+def test_group_lag_comes_only_from_the_latest_snapshot_pass_and_never_for_a_pipelines_group(client):
+    """A group Kafka no longer lists (deleted, offsets expired) or that became a pipeline's group is not sampled
+    by the next pass: its last sample must not be exported as its lag from then on."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from consumers.models import LagSnapshot, Pipeline
+
+    earlier = timezone.now() - timedelta(minutes=1)
+    for group, lag in (("billing", 500), ("retired-service", 9000), ("orders", 70)):
+        LagSnapshot.objects.create(group_id=group, lag_records=lag, lag_seconds=30.0, taken_at=earlier)
+    pipeline = Pipeline.objects.create(name="orders", topic="orders-topic", sink_table="sink_orders",
+                                       group_id="orders")   # the group Tally now runs
+    latest = earlier + timedelta(minutes=1)
+    LagSnapshot.objects.create(group_id="billing", lag_records=3, lag_seconds=1.0, taken_at=latest)
+    LagSnapshot.objects.create(pipeline=pipeline, group_id="orders", lag_records=0, lag_seconds=0.0,
+                               taken_at=latest)
+    client.force_login(make_viewer())
+
+    found = samples(client.get("/metrics").content.decode())
+
+    groups = {dict(labels)["group"]: value for (name, labels), value in found.items()
+              if name == "tally_group_lag_records"}
+    assert groups == {"billing": 3}
