@@ -162,6 +162,8 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
     _check_keyed(spec, transform, problems)
     if transform is not None and "sink_table" not in problems and spec.delivery_mode:
         _check_sink_table(spec, transform, problems)
+    if existing is None and "sink_table" not in problems and not spec.upsert_key:
+        _check_table_holds_no_rows_of_topic(spec, problems)
     # Kafka last, and only for an otherwise valid spec: its metadata may take the client's whole timeout, and
     # a request already refused for a cheap reason must not wait for it.
     if not problems:
@@ -181,6 +183,23 @@ def _check_table_is_not_shared(spec: PipelineSpec, existing, problems: dict) -> 
         problems["sink_table"] = (f"pipeline {sharer.name!r} already writes topic {spec.topic!r} into "
                                   f"{spec.sink_table!r}: choose another table (its rows are that pipeline's, and "
                                   "a rewind of this one could delete them)")
+
+
+def _check_table_holds_no_rows_of_topic(spec: PipelineSpec, problems: dict) -> None:
+    """A new exactly-once pipeline reads its topic from the log start. Rows of that topic already in its table --
+    a deleted pipeline's, since `pipeline delete` leaves the table to its owner -- meet its provenance key: its
+    first batch is refused (23505) and the pipeline halts with a sink error instead of running."""
+    if spec.delivery_mode != DeliveryMode.EXACTLY_ONCE:
+        return
+    with connection.cursor() as cursor:
+        if not sink_checks.table_columns(cursor.cursor, spec.sink_table):
+            return   # no table yet (--create-table)
+        cursor.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE source_topic = %s)").format(
+            sql.Identifier(spec.sink_table)), [spec.topic])
+        if cursor.fetchone()[0]:
+            problems["sink_table"] = (f"table {spec.sink_table!r} already holds rows of topic {spec.topic!r} (a "
+                                      "deleted pipeline's?): a new pipeline reads the topic from its start, and "
+                                      "those rows would refuse its first batch. Empty the table, or choose another")
 
 
 def _check_scalars(spec: PipelineSpec, problems: dict) -> None:
