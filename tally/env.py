@@ -73,6 +73,17 @@ def env_choice(name, default, choices):
     return value.strip().upper()
 
 
+def env_rate(name, default):
+    """A DRF throttle rate, "N/period" with period s, sec, m, min, h, hour, d or day (DRF reads its first letter).
+    DRF parses rates only when a request is throttled: a bad one would be a 500 on every API call, not a start-up
+    error."""
+    value = os.environ.get(name, default)
+    number, slash, period = value.strip().partition("/")
+    if not (number.isdigit() and slash and period[:1] in ("s", "m", "h", "d") and "/" not in period):
+        _fail(name, value, "a rate such as 60/min (requests per s, min, hour or day)")
+    return value.strip()
+
+
 def env_list(name, default):
     value = os.environ.get(name)
     if value is None:

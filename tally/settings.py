@@ -13,6 +13,7 @@ from tally.env import (
     env_int,
     env_list,
     env_pair,
+    env_rate,
     env_secret,
     env_str,
     env_url,
@@ -156,9 +157,9 @@ REST_FRAMEWORK = {
     # cannot hammer Kafka and the database; the token endpoint has its own stricter scope.
     "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
                                  "rest_framework.throttling.UserRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"anon": env_str("API_THROTTLE_ANON", "60/min"),
-                               "user": env_str("API_THROTTLE_USER", "600/min"),
-                               "token": env_str("API_THROTTLE_TOKEN", "10/min")},
+    "DEFAULT_THROTTLE_RATES": {"anon": env_rate("API_THROTTLE_ANON", "60/min"),
+                               "user": env_rate("API_THROTTLE_USER", "600/min"),
+                               "token": env_rate("API_THROTTLE_TOKEN", "10/min")},
 }
 # The largest JSON body the API reads (the largest real one, 1,000 dead-letter ids, is about 20 KB).
 TALLY_MAX_BODY_BYTES = env_int("TALLY_MAX_BODY_BYTES", 1_048_576, minimum=1024)

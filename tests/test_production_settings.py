@@ -127,3 +127,14 @@ def test_the_production_server_serves_static_files_with_debug_off(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_malformed_api_throttle_rate_stops_start_up_naming_the_variable():
+    # DRF parses a rate only when it throttles a request: unchecked, "lots" was a 500 on every API call.
+    for name, value in (("API_THROTTLE_ANON", "lots"), ("API_THROTTLE_USER", "600/fortnight"),
+                        ("API_THROTTLE_TOKEN", "10/min/x")):
+        result = manage("check", **{name: value})
+        assert result.returncode != 0, (name, result.stdout)
+        assert f"Environment variable {name}=" in result.stderr and "expected a rate such as 60/min" in result.stderr
+    assert settings_value("REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['anon']", API_THROTTLE_ANON="100/hour") == \
+        "100/hour"
