@@ -345,6 +345,8 @@ ALERT_CHANNEL_FAILING_AFTER = env_int("ALERT_CHANNEL_FAILING_AFTER", 5, minimum=
 CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {"task": "tally.alerts.evaluate", "schedule": ALERT_EVALUATE_SECONDS,
                                            "options": {"expires": ALERT_EVALUATE_SECONDS}}
 
+# Checked here: logging would refuse a bad level only at django.setup(), in a traceback that names no variable.
+TALLY_LOG_LEVEL = env_choice("TALLY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -352,7 +354,7 @@ LOGGING = {
     "filters": {"kafka_close": {"()": "tally.log_filters.DropCancelledMetadataRefresh"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "tally": {"handlers": ["console"], "level": env_str("TALLY_LOG_LEVEL", "INFO")},
+        "tally": {"handlers": ["console"], "level": TALLY_LOG_LEVEL},
         "kafka": {"handlers": ["console"], "level": "WARNING"},
         "kafka.cluster": {"filters": ["kafka_close"]},   # a clean close is not an error (tally/log_filters.py)
     },

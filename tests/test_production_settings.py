@@ -138,3 +138,10 @@ def test_a_malformed_api_throttle_rate_stops_start_up_naming_the_variable():
         assert f"Environment variable {name}=" in result.stderr and "expected a rate such as 60/min" in result.stderr
     assert settings_value("REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['anon']", API_THROTTLE_ANON="100/hour") == \
         "100/hour"
+
+
+def test_a_bad_log_level_stops_start_up_naming_the_variable_and_any_case_is_a_level():
+    result = manage("check", TALLY_LOG_LEVEL="LOUD")
+    assert result.returncode != 0
+    assert "Environment variable TALLY_LOG_LEVEL='LOUD' is not valid" in result.stderr
+    assert manage("check", TALLY_LOG_LEVEL="debug").returncode == 0
