@@ -145,3 +145,47 @@ def test_a_bad_log_level_stops_start_up_naming_the_variable_and_any_case_is_a_le
     assert result.returncode != 0
     assert "Environment variable TALLY_LOG_LEVEL='LOUD' is not valid" in result.stderr
     assert manage("check", TALLY_LOG_LEVEL="debug").returncode == 0
+
+
+def compose_web_healthcheck(compose_file: str, port: int) -> list[str]:
+    """The web service's health check command as the compose file gives it, pointed at `port`."""
+    import yaml
+
+    test = yaml.safe_load((ROOT / compose_file).read_text())["services"]["web"]["healthcheck"]["test"]
+    argv = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
+    return [arg.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for arg in argv]
+
+
+def test_the_web_health_check_passes_when_allowed_hosts_names_only_the_deployments_own_host():
+    # docs/deploy.md: ALLOWED_HOSTS is the host names Tally is served under; the check must use one of them.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = environment(ALLOWED_HOSTS="tally.example.com,.tally.internal")
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "gunicorn"), "tally.wsgi:application",
+                               "--bind", f"127.0.0.1:{port}", "--workers", "1"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + patience(60)
+        while True:   # wait until gunicorn listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        for compose_file in ("docker-compose.yml", "docker-compose.external.yml"):
+            argv = compose_web_healthcheck(compose_file, port)
+            env_in_container = dict(env, PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+            check = subprocess.run(argv, cwd=ROOT, env=env_in_container, capture_output=True, text=True,
+                                   timeout=patience(30))
+            assert check.returncode == 0, (compose_file, check.stderr[-500:])
+        # A ".tally.internal" pattern first: the check asks for tally.internal, which the pattern matches.
+        check = subprocess.run([sys.executable, "-m", "tally.healthcheck", f"http://127.0.0.1:{port}/accounts/login/"],
+                               cwd=ROOT, env=dict(env, ALLOWED_HOSTS=".tally.internal"), capture_output=True,
+                               text=True, timeout=patience(30))
+        assert check.returncode == 0, check.stderr[-500:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
