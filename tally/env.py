@@ -97,6 +97,10 @@ def env_url(name, default, schemes):
     parsed = urlparse(value)
     if parsed.scheme not in schemes or not (parsed.hostname or parsed.path):
         _fail(name, value, f"a URL with scheme {' or '.join(schemes)}")
+    try:
+        _ = parsed.port   # parsed lazily: a bad port would surface only in the first client, naming no variable
+    except ValueError:
+        _fail(name, value, "a URL whose port is a number from 0 to 65535")
     return value
 
 

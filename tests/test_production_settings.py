@@ -189,3 +189,13 @@ def test_the_web_health_check_passes_when_allowed_hosts_names_only_the_deploymen
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_redis_url_with_a_bad_port_stops_start_up_naming_the_variable_without_its_password():
+    # Unchecked, every Celery client failed later ("Port could not be cast to integer"), and a start was
+    # recorded as "the task broker is unreachable", which no waiting could fix.
+    for port in ("notaport", "99999"):
+        result = manage("check", REDIS_URL=f"redis://:r3d1s-pass@redis:{port}/0")
+        assert result.returncode != 0
+        assert f"REDIS_URL='redis://:***@redis:{port}/0' is not valid" in result.stderr
+        assert "r3d1s-pass" not in result.stdout + result.stderr
