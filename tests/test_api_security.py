@@ -181,6 +181,19 @@ def test_with_the_broker_down_a_start_is_recorded_failed_with_the_reason(broker_
 
 
 @pytest.mark.django_db(transaction=True)
+def test_with_the_broker_down_the_cli_start_exits_1_with_the_reason_on_stderr(broker_down):
+    """A script starting a pipeline must not read "done" (exit 0) from a start the action log records failed."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    make_pipeline()
+    with pytest.raises(CommandError, match="task broker is unreachable") as raised:
+        call_command("pipeline", "start", "orders")
+    assert raised.value.returncode == 1
+    assert ActionLog.objects.get().result == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_with_the_broker_down_a_topic_check_is_failed_at_once_not_queued_forever(broker_down):
     make_pipeline()
     client = Client()

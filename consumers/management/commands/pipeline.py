@@ -1,6 +1,7 @@
 """`pipeline create|list|show|delete|apply|start|stop|pause|resume|restart` — a thin shell over
 consumers.operations.pipeline_setup (adding, changing, deleting) and consumers.operations.actions (running).
-Exit codes: 0 done, 1 refused (the reason on stderr), 2 usage error."""
+Exit codes: 0 done, 1 refused or failed (the reason on stderr: e.g. no run enqueued, the task broker down), 2 usage
+error."""
 import json
 from operator import itemgetter
 
@@ -8,14 +9,14 @@ from django.core.management.base import CommandError
 
 from consumers.engine import json_map
 from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused
-from consumers.models import Pipeline
+from consumers.models import ActionResult, Pipeline
 from consumers.operations import actions, pipeline_file, pipeline_setup
 from consumers.operations.pipeline_setup import DELIVERY_MODES, Invalid, PipelineSpec
 
 
 class Command(SubcommandsCommand):
     help = ("Add, list, show, delete, apply (from pipelines.toml) and run pipelines (audited). "
-            "Exit 0 done, 1 refused, 2 usage error.")
+            "Exit 0 done, 1 refused or failed, 2 usage error.")
     audited_refusals = {"create": "create", "delete": "delete", "apply": "apply_pipelines"}
 
     def add_subcommands(self, commands):
@@ -87,6 +88,8 @@ class Command(SubcommandsCommand):
             entry = actions.perform(command, options["name"], options["actor"], runs=options["runs"])
         except actions.ActionRefused as exc:
             raise refused(str(exc)) from None
+        if entry.result == ActionResult.FAILED:   # e.g. no run enqueued (the task broker down): not done
+            raise CommandError(f"{options['name']}: {entry.message}", returncode=1)
         self.stdout.write(f"{options['name']}: {entry.message}")
 
     def do_create(self, *, actor, name, topic, sink_table, mode, transform, group, engine, isolation_level,
