@@ -35,6 +35,10 @@ if not SECRET_KEY:
                                    "(see docs/security.md).")
     SECRET_KEY = "dev-only-insecure-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+if not ALLOWED_HOSTS and not DEBUG:
+    # Django would answer every request 400 (DisallowedHost) without saying why: say it at start-up.
+    raise ImproperlyConfigured("Environment variable ALLOWED_HOSTS is empty: expected the host names Tally is "
+                               "served under, comma-separated (see docs/security.md).")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # --- HTTPS (docs/security.md "Production settings"): secure by default outside development -------------

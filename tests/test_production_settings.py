@@ -199,3 +199,9 @@ def test_a_redis_url_with_a_bad_port_stops_start_up_naming_the_variable_without_
         assert result.returncode != 0
         assert f"REDIS_URL='redis://:***@redis:{port}/0' is not valid" in result.stderr
         assert "r3d1s-pass" not in result.stdout + result.stderr
+
+
+def test_an_empty_allowed_hosts_stops_start_up_instead_of_refusing_every_request():
+    result = manage("check", ALLOWED_HOSTS=" , ")
+    assert result.returncode != 0 and "Environment variable ALLOWED_HOSTS is empty" in result.stderr
+    assert settings_value("ALLOWED_HOSTS", ALLOWED_HOSTS="", DEBUG="true") == "[]"   # Django's own localhost rule
