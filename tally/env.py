@@ -4,6 +4,7 @@ Tiny helpers in the spirit of healthchecks' `envbool` / `envint`: a bad value st
 message that names the variable, instead of a confusing error much later.
 """
 import os
+import re
 from urllib.parse import urlparse
 
 import environ
@@ -151,6 +152,17 @@ def env_pair(name):
     if not value:
         return None
     header, _, expected = value.partition(",")
-    if not header.strip() or not expected.strip():
+    if not header.strip() or not expected.strip() or "," in expected:
         _fail(name, value, "two comma-separated parts, e.g. HTTP_X_FORWARDED_PROTO,https")
     return header.strip(), expected.strip()
+
+
+def env_request_header_pair(name):
+    """env_pair whose first part names a request header as Django's request.META does (HTTP_X_FORWARDED_PROTO).
+    Written as sent (X-Forwarded-Proto), it would match nothing: behind a proxy every request would look like
+    plain HTTP, and the HTTPS redirect would loop."""
+    pair = env_pair(name)
+    if pair is not None and not re.fullmatch(r"HTTP_[A-Z0-9_]+", pair[0]):
+        _fail(name, os.environ[name], "a request header as Django names it, e.g. HTTP_X_FORWARDED_PROTO,https "
+                                      "for X-Forwarded-Proto")
+    return pair

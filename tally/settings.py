@@ -12,8 +12,8 @@ from tally.env import (
     env_email,
     env_int,
     env_list,
-    env_pair,
     env_rate,
+    env_request_header_pair,
     env_secret,
     env_str,
     env_url,
@@ -51,7 +51,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _SEC
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)  # a commitment to browsers' lists: opt in
 # Behind a TLS-terminating proxy: "HTTP_X_FORWARDED_PROTO,https". Only set it when the proxy always sets
 # (and strips) that header, or a client could claim HTTPS.
-SECURE_PROXY_SSL_HEADER = env_pair("SECURE_PROXY_SSL_HEADER")
+SECURE_PROXY_SSL_HEADER = env_request_header_pair("SECURE_PROXY_SSL_HEADER")
 SESSION_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [

@@ -205,3 +205,13 @@ def test_an_empty_allowed_hosts_stops_start_up_instead_of_refusing_every_request
     result = manage("check", ALLOWED_HOSTS=" , ")
     assert result.returncode != 0 and "Environment variable ALLOWED_HOSTS is empty" in result.stderr
     assert settings_value("ALLOWED_HOSTS", ALLOWED_HOSTS="", DEBUG="true") == "[]"   # Django's own localhost rule
+
+
+def test_a_proxy_header_written_as_sent_instead_of_as_django_names_it_stops_start_up():
+    # Behind the TLS proxy, X-Forwarded-Proto,https matched no header: every request looked like plain HTTP and
+    # the HTTPS redirect looped.
+    for value in ("X-Forwarded-Proto,https", "HTTP_X_FORWARDED_PROTO,https,http"):
+        result = manage("check", SECURE_PROXY_SSL_HEADER=value)
+        assert result.returncode != 0, value
+        assert f"Environment variable SECURE_PROXY_SSL_HEADER={value!r} is not valid" in result.stderr
+    assert settings_value("SECURE_PROXY_SSL_HEADER") == "('HTTP_X_FORWARDED_PROTO', 'https')"
