@@ -194,6 +194,16 @@ def test_with_the_broker_down_the_cli_start_exits_1_with_the_reason_on_stderr(br
 
 
 @pytest.mark.django_db(transaction=True)
+def test_with_the_broker_down_the_action_log_never_says_a_run_was_enqueued(broker_down):
+    make_pipeline()
+    client = Client()
+    client.force_login(make_operator())
+    assert client.post("/api/pipelines/orders/actions/start").status_code == 503
+    message = ActionLog.objects.get().message
+    assert "no run was enqueued" in message and "run(s) enqueued" not in message
+
+
+@pytest.mark.django_db(transaction=True)
 def test_with_the_broker_down_a_topic_check_is_failed_at_once_not_queued_forever(broker_down):
     make_pipeline()
     client = Client()

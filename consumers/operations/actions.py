@@ -99,17 +99,18 @@ def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -
             before = positions(locked)
             epoch = set_state(locked, transition.to, enqueue_runs=runs if transition.enqueue_run else 0,
                               enqueue_failures=enqueue_failures)
+            done = f"{action}: desired state {transition.to}, epoch {epoch}"
             entry = ActionLog.objects.create(
                 pipeline=locked, action=action, actor=actor, params={**params, "epoch": epoch},
                 offsets_before=before, offsets_after=before, result=ActionResult.DONE,
-                message=f"{action}: desired state {transition.to}, epoch {epoch}"
-                        + (f", {runs} run(s) enqueued" if transition.enqueue_run else ""),
+                message=done + (f", {runs} run(s) enqueued" if transition.enqueue_run else ""),
                 finished_at=timezone.now())
     if entry is None:
         refuse(pipeline, action, actor, params, problem)
     if enqueue_failures:
         # Never "done" without a run enqueued: the action is recorded failed, with the reason.
-        message = (f"{entry.message}; but no run was enqueued: {enqueue_failures[0]}. The supervisor starts "
+        # Without the "N run(s) enqueued" of a success: the log must not say both.
+        message = (f"{done}; but no run was enqueued: {enqueue_failures[0]}. The supervisor starts "
                    f"one when the task broker is back.")
         ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, message=error_text(message))
         entry.refresh_from_db()
