@@ -105,6 +105,14 @@ def env_url(name, default, schemes):
     return value
 
 
+def env_web_url(name, default):
+    """An http(s) URL with a host, e.g. https://tally.example.com: links in alerts are made from it."""
+    value = env_url(name, default, ("http", "https"))
+    if not urlparse(value).hostname:
+        _fail(name, value, "an http or https URL with a host name, e.g. https://tally.example.com")
+    return value
+
+
 def env_database(name, default):
     value = os.environ.get(name, default)
     try:

@@ -17,6 +17,7 @@ from tally.env import (
     env_secret,
     env_str,
     env_url,
+    env_web_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -336,7 +337,7 @@ if (DEBUG or TALLY_DEVELOPMENT) and not EMAIL_CONFIGURED:
     EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 globals().update(env_email("EMAIL_URL"))
 ALERT_RECIPIENTS = env_list("ALERT_RECIPIENTS", [])
-TALLY_BASE_URL = env_str("TALLY_BASE_URL", "http://127.0.0.1:8000")
+TALLY_BASE_URL = env_web_url("TALLY_BASE_URL", "http://127.0.0.1:8000")
 # Alerts (alerts/): evaluated by beat right after reconciliation; emails go through an outbox.
 ALERT_EVALUATE_SECONDS = env_int("ALERT_EVALUATE_SECONDS", 30, minimum=5)
 ALERT_REWIND_GRACE_SECONDS = env_int("ALERT_REWIND_GRACE_SECONDS", 600, minimum=0)

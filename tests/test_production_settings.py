@@ -215,3 +215,12 @@ def test_a_proxy_header_written_as_sent_instead_of_as_django_names_it_stops_star
         assert result.returncode != 0, value
         assert f"Environment variable SECURE_PROXY_SSL_HEADER={value!r} is not valid" in result.stderr
     assert settings_value("SECURE_PROXY_SSL_HEADER") == "('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def test_a_base_url_that_is_not_a_web_address_stops_start_up_naming_the_variable():
+    # Accepted before, it made every link in every alert (email, Slack, PagerDuty) point nowhere.
+    for value in ("notaurl", "tally.example.com", "ftp://tally.example.com", "https:///alerts"):
+        result = manage("check", TALLY_BASE_URL=value)
+        assert result.returncode != 0, value
+        assert f"TALLY_BASE_URL='{value}' is not valid" in result.stderr, result.stderr[-300:]
+    assert manage("check", TALLY_BASE_URL="https://tally.example.com/").returncode == 0
