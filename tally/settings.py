@@ -232,6 +232,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # a full worker reserved the next run and held it behind its own (Celery's prefetch counts unacknowledged tasks, not
 # busy threads). With this a worker on Redis fetches only while it has a free thread.
 CELERY_WORKER_DISABLE_PREFETCH = True
+# A task a worker took and died with (SIGKILL, a lost machine) before starting it stays unacknowledged in Redis
+# until the visibility timeout, then goes back to the queue. Every task is acknowledged as it starts (no acks_late,
+# no ETA), and a worker takes one only with a thread free, so a task is unacknowledged for a moment only: the
+# timeout can be minutes, not Redis's default hour, during which the supervisor waits for that task and the
+# pipeline stands still. The sweep for such tasks runs every 10 s in each worker.
+TALLY_TASK_REDELIVERY_SECONDS = env_int("TALLY_TASK_REDELIVERY_SECONDS", 300, minimum=5)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": TALLY_TASK_REDELIVERY_SECONDS,
+                                   "unacked_restore_interval": 10, "unacked_restore_throttle": 1}
 # Periodic work (supervisor, reconciliation, snapshots, alerts). Each area adds its entry here.
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 

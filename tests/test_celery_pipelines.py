@@ -95,6 +95,28 @@ def caught_up():
     return positions(EXACTLY_ONCE) == high
 
 
+# A worker that took the run task from Redis and was killed before it started it: the task is left unacknowledged.
+TAKE_THE_TASK_AND_DIE = """
+import os, signal
+from tally.celery import app
+with app.connection_for_read() as connection:
+    message = connection.SimpleQueue("celery", no_ack=False).get(timeout=30)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_run_task_taken_by_a_worker_killed_before_it_started_goes_to_another_worker_within_minutes(
+        ops_env, subprocess_env):
+    """Redis keeps such a task for the visibility timeout (its default an hour), and the supervisor waits for it:
+    the pipeline stood still that long."""
+    start_worker, _ = ops_env
+    actions.start(EXACTLY_ONCE)
+    died = subprocess.run([sys.executable, "-c", TAKE_THE_TASK_AND_DIE], cwd=ROOT, env=subprocess_env, timeout=60)
+    assert died.returncode == -signal.SIGKILL
+    start_worker(TALLY_TASK_REDELIVERY_SECONDS="5")
+    wait_for(live_run, 60, "the task the killed worker took to run on the new worker")
+
+
 @pytest.mark.chaos
 @pytest.mark.parametrize("same_host", [True, False], ids=["dead-pid-seen-on-this-host", "lease-expires"])
 def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and_misses_nothing(ops_env, same_host):
