@@ -48,12 +48,15 @@ def test_adding_changing_and_deleting_a_rule_in_the_admin_is_audited(root):
     assert ActionLog.objects.order_by("pk")[1].params["changed"] == ["threshold"]
 
 
-def test_alerts_are_read_only_in_the_admin(root):
-    pipeline = make_pipeline(with_history=False)
+def firing_alert(pipeline) -> Alert:
     rule = AlertRule.objects.create(name="admin-made loss", kind=RuleKind.LOST, pipeline=pipeline)
     now = timezone.now()
-    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
-                                 started_at=now, last_seen_at=now)
+    return Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
+                                started_at=now, last_seen_at=now)
+
+
+def test_alerts_are_read_only_in_the_admin(root):
+    alert = firing_alert(make_pipeline(with_history=False))
     root.post(f"/admin/alerts/alert/{alert.pk}/change/", {"state": AlertState.RESOLVED, "summary": "fine"})
     assert root.post(f"/admin/alerts/alert/{alert.pk}/delete/", {"post": "yes"}).status_code == 403
     alert.refresh_from_db()
@@ -72,11 +75,7 @@ def test_lifting_a_mute_in_the_admin_is_audited(root):
 
 
 def test_the_outbox_is_read_only_in_the_admin_so_no_notification_is_changed_or_deleted_unaudited(root):
-    pipeline = make_pipeline(with_history=False)
-    rule = AlertRule.objects.create(name="admin-made loss", kind=RuleKind.LOST, pipeline=pipeline)
-    now = timezone.now()
-    alert = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
-                                 started_at=now, last_seen_at=now)
+    alert, now = firing_alert(make_pipeline(with_history=False)), timezone.now()
     pending = Notification.objects.create(alert=alert, kind=NotificationKind.FIRED, recipients=["ops@example.com"],
                                           subject="3 lost", body_text="3 lost", body_html="<p>3 lost</p>",
                                           created_at=now, next_attempt_at=now)
