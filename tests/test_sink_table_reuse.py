@@ -38,3 +38,13 @@ def test_a_new_pipeline_into_a_table_holding_rows_of_its_topic_is_refused_and_no
     assert not Pipeline.objects.filter(name="orders-again").exists()
     assert ActionLog.objects.filter(result=ActionResult.REFUSED, message__contains="already holds rows").exists()
     assert create(capsys, "other-topic", topic="other-topic")[0] == 0   # the same table, another topic's rows
+
+
+def test_a_table_without_provenance_columns_is_refused_for_them_not_by_a_database_error(capsys, topic_exists):
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {TABLE} (id bigint)")
+    for transform in ("int_value", "no_such_transform"):   # an unknown transform skips the sink table's checks
+        code, _, err = pipeline_command(capsys, "create", "orders", "--topic", "orders-topic",
+                                        "--sink-table", TABLE, "--transform", transform)
+        assert code == 1 and "Traceback" not in err, err
+    assert not Pipeline.objects.exists()

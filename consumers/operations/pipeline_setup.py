@@ -192,8 +192,8 @@ def _check_table_holds_no_rows_of_topic(spec: PipelineSpec, problems: dict) -> N
     if spec.delivery_mode != DeliveryMode.EXACTLY_ONCE:
         return
     with connection.cursor() as cursor:
-        if not sink_checks.table_columns(cursor.cursor, spec.sink_table):
-            return   # no table yet (--create-table)
+        if "source_topic" not in (sink_checks.table_columns(cursor.cursor, spec.sink_table) or {}):
+            return   # no table yet (--create-table), or one without provenance, which another check refuses
         cursor.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE source_topic = %s)").format(
             sql.Identifier(spec.sink_table)), [spec.topic])
         if cursor.fetchone()[0]:
