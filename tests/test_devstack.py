@@ -2,6 +2,7 @@
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import psutil
@@ -89,3 +90,26 @@ def test_the_broker_is_stopped_after_its_clients(monkeypatch):
     command.stop_all()
     assert all(process.poll() is not None for process in command.children.values())
     assert alive_clients_when_the_broker_was_signalled == []
+
+
+def test_the_stack_closes_its_own_kafka_client_before_the_broker_stops(monkeypatch):
+    """Seeding the demo leaves this process a shared admin client: open when the broker stopped, it logged
+    ECONNREFUSED on the stack's own output."""
+    import os
+
+    from consumers.kafka import clusters
+    from dashboard.management.commands import devstack
+
+    class Client:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    client = Client()
+    monkeypatch.setitem(clusters._shared, (os.getpid(), "demo-cluster"), (threading.Lock(), [client]))
+    monkeypatch.setattr(devstack.signal, "signal", lambda *args: None)
+    command = devstack.Command()
+    command.children = {}
+    command.stop_all()
+    assert client.closed

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 
-from consumers.kafka import broker
+from consumers.kafka import broker, clusters
 
 PYTHON = sys.executable
 
@@ -158,6 +158,7 @@ class Command(BaseCommand):
         # The broker goes last: its clients (worker, beat, web) would log connection errors while they stop.
         # Children get most of the 10 s a stack has to stop in (docs: every long-running command), then SIGKILL.
         deadline = time.monotonic() + CHILDREN_GRACE_S
+        clusters.close_shared_admins()   # this process's own client (the demo's seeding made it) is one of them
         clients = [process for name, process in self.children.items() if name != "broker"]
         _stop(clients, deadline - BROKER_GRACE_S)
         if "broker" in self.children:
