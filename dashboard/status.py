@@ -202,9 +202,10 @@ def action_log_pipelines() -> tuple[list[str], list[str]]:
     return names, [n for n in ActionLog.objects.deleted_pipeline_names() if n not in current]
 
 
-def unknown_action_log_pipeline(name: str) -> str:
-    """The refusal of a filter by a name no pipeline ever had ("" for a name one has, or had)."""
-    current, deleted = action_log_pipelines()
+def unknown_action_log_pipeline(name: str, names: tuple[list[str], list[str]] | None = None) -> str:
+    """The refusal of a filter by a name no pipeline ever had ("" for a name one has, or had). `names`: what
+    action_log_pipelines() returned, when the caller has it already."""
+    current, deleted = names or action_log_pipelines()
     if name in current or name in deleted:
         return ""
     return f"No pipeline named {name[:100]!r}, now or deleted: choose one the list offers."

@@ -55,7 +55,7 @@ def action_log(request):
     actions = ActionLog.objects.select_related("pipeline").order_by("-created_at")
     pipeline = request.GET.get("pipeline", "")
     pipelines, deleted = status.action_log_pipelines()
-    error = status.unknown_action_log_pipeline(pipeline) if pipeline else ""
+    error = status.unknown_action_log_pipeline(pipeline, (pipelines, deleted)) if pipeline else ""
     if pipeline:
         actions = actions.of_pipeline_named(pipeline)  # a deleted pipeline's entries too
     page = None
