@@ -18,6 +18,7 @@ from alerts.queries import MAX_MUTE_REASON, mute_problem, parse_minutes
 from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.admin_actions import posted_action
+from consumers.admin_base import ReadOnlyAdmin
 from consumers.models import ActionLog, ActionResult
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
@@ -102,7 +103,9 @@ def mute_alerts(modeladmin, request, queryset):
 
 
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(ReadOnlyAdmin):
+    """Read-only: an alert changes through the evaluator and the audited actions only, never by editing its row."""
+
     list_display = ("pipeline_label", "rule_label", "state", "summary", "started_at", "resolved_at", "dashboard")
     list_filter = ("state", "rule__kind", "pipeline")
     readonly_fields = ("facts", "started_at", "last_seen_at", "notified_at", "next_reminder_at", "reminders_sent",
@@ -113,16 +116,6 @@ class AlertAdmin(admin.ModelAdmin):
 
     def has_operate_permission(self, request) -> bool:
         return can_operate(request.user)
-
-    # An alert changes through the evaluator and the audited actions only, never by editing its row.
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_view_permission(self, request, obj=None):
         # Whoever reads pipelines reads their alerts (viewers and operators), as on the alerts page.
@@ -171,19 +164,10 @@ class MuteAdmin(admin.ModelAdmin):
 
 
 @admin.register(Notification)
-class NotificationAdmin(admin.ModelAdmin):
+class NotificationAdmin(ReadOnlyAdmin):
     """The outbox, read-only: the evaluator writes it and the sender marks delivery. Saving a row here would write
     back delivery fields the sender may just have set, and deleting one drops an alert's message unsent: neither
     is an operator's action (retention deletes old rows with their resolved alerts)."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     list_display = ("alert", "channel", "kind", "sequence", "attempts", "next_attempt_at", "delivered_at", "failed_at")
     list_filter = ("kind", "channel")

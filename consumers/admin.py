@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
+from consumers.admin_base import ReadOnlyAdmin
 from consumers.admin_pipelines import PipelineAdminMixin
 from consumers.models import (
     ActionLog,
@@ -26,19 +27,6 @@ from consumers.models import (
     PipelineHealth,
     TopicCheckJob,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Lists and shows rows; never adds, changes or deletes them."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class PipelineLinkMixin:
