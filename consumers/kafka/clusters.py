@@ -377,14 +377,21 @@ def client_kwargs(cluster: "Cluster | str | None" = None) -> dict:
     if cluster.uses_tls:
         kwargs["ssl_context"] = ssl_context(cluster)
         kwargs["ssl_check_hostname"] = cluster.ssl_check_hostname
-    if cluster.uses_sasl:
-        kwargs["sasl_mechanism"] = cluster.sasl_mechanism
-        if cluster.sasl_mechanism == "OAUTHBEARER":
-            kwargs["sasl_oauth_token_provider"] = FileTokenProvider(cluster)
-        else:
-            kwargs["sasl_plain_username"] = cluster.sasl_username
-            kwargs["sasl_plain_password"] = cluster.sasl_password.reveal(cluster.name, "the SASL password")
+    kwargs.update(_sasl_settings(cluster, ("sasl_mechanism", "sasl_oauth_token_provider", "sasl_plain_username",
+                                           "sasl_plain_password"), FileTokenProvider))
     return kwargs
+
+
+def _sasl_settings(cluster: Cluster, names: tuple[str, str, str, str], token_source) -> dict:
+    """The cluster's SASL settings under one client's names for (mechanism, token source, username, password):
+    OAUTHBEARER takes a token source made for the cluster, every other mechanism a username and password."""
+    if not cluster.uses_sasl:
+        return {}
+    mechanism, token, username, password = names
+    if cluster.sasl_mechanism == "OAUTHBEARER":
+        return {mechanism: cluster.sasl_mechanism, token: token_source(cluster)}
+    return {mechanism: cluster.sasl_mechanism, username: cluster.sasl_username,
+            password: cluster.sasl_password.reveal(cluster.name, "the SASL password")}
 
 
 class _AdminClient(KafkaAdminClient):
@@ -439,13 +446,8 @@ def librdkafka_config(cluster: "Cluster | str | None" = None) -> dict:
             config["ssl.key.location"] = cluster.ssl_keyfile or cluster.ssl_certfile
             if cluster.ssl_password:
                 config["ssl.key.password"] = cluster.ssl_password.reveal(cluster.name, "the ssl password")
-    if cluster.uses_sasl:
-        config["sasl.mechanisms"] = cluster.sasl_mechanism
-        if cluster.sasl_mechanism == "OAUTHBEARER":
-            config["oauth_cb"] = OAuthTokenCallback(cluster)
-        else:
-            config["sasl.username"] = cluster.sasl_username
-            config["sasl.password"] = cluster.sasl_password.reveal(cluster.name, "the SASL password")
+    config.update(_sasl_settings(cluster, ("sasl.mechanisms", "oauth_cb", "sasl.username", "sasl.password"),
+                                 OAuthTokenCallback))
     return config
 
 
