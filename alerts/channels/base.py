@@ -31,6 +31,11 @@ class DeliveryFailed(Exception):
     the channel's secrets."""
 
 
+def unused_settings(channel, fields: tuple[str, ...], message: str) -> dict:
+    """`message` for each of `fields` the channel sets, though its kind takes none of them."""
+    return {field: message for field in fields if getattr(channel, field)}
+
+
 def redact(text: str, secrets: list[str]) -> str:
     """`text` with every secret replaced by the mask (longest first, so a secret inside another goes too)."""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives
 from django.core.validators import validate_email
 
-from alerts.channels.base import Answer, DeliveryFailed
+from alerts.channels.base import Answer, DeliveryFailed, unused_settings
 
 
 def _send(subject, text, html, recipients, session) -> Answer:
@@ -61,9 +61,8 @@ def problems(channel) -> dict:
     for address in addresses:
         if problem := address_problem(address):
             found["recipients"] = problem
-    for field in ("url", "routing_key", "secret"):
-        if getattr(channel, field):
-            found[field] = "An email channel takes no URL, routing key or secret."
+    found.update(unused_settings(channel, ("url", "routing_key", "secret"),
+                                 "An email channel takes no URL, routing key or secret."))
     return found
 
 

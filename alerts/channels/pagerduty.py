@@ -4,7 +4,7 @@ alert, so the incident opened by the trigger is the one the resolve closes. The 
 (a regional endpoint, a proxy, a local receiver in tests); the routing key is the secret."""
 import json
 
-from alerts.channels.base import MASK, Answer, mask_url, url_problem, url_secrets
+from alerts.channels.base import MASK, Answer, mask_url, unused_settings, url_problem, url_secrets
 from alerts.channels.http import post_json
 from alerts.models import PAGERDUTY_EVENTS_URL
 from alerts.payloads import channel_test_payload, headline
@@ -65,9 +65,8 @@ def problems(channel) -> dict:
         found["routing_key"] = "A PagerDuty channel needs its integration's routing key (--routing-key)."
     elif len(key.split()) != 1 or len(key) > 200:
         found["routing_key"] = "A routing key is one word without spaces."
-    for field in ("secret", "recipients"):
-        if getattr(channel, field):
-            found[field] = "A PagerDuty channel takes a routing key and optionally a URL only."
+    found.update(unused_settings(channel, ("secret", "recipients"),
+                                 "A PagerDuty channel takes a routing key and optionally a URL only."))
     return found
 
 

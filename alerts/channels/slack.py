@@ -2,7 +2,7 @@
 the pages). The webhook URL is the secret (its path is the token)."""
 import json
 
-from alerts.channels.base import Answer, mask_url, url_problem, url_secrets
+from alerts.channels.base import Answer, mask_url, unused_settings, url_problem, url_secrets
 from alerts.channels.http import post_json
 from alerts.payloads import channel_test_payload, headline
 
@@ -81,9 +81,8 @@ def problems(channel) -> dict:
     found = {}
     if problem := url_problem(channel.url):
         found["url"] = problem
-    for field in ("routing_key", "secret", "recipients"):
-        if getattr(channel, field):
-            found[field] = "A Slack channel takes its incoming-webhook URL only."
+    found.update(unused_settings(channel, ("routing_key", "secret", "recipients"),
+                                 "A Slack channel takes its incoming-webhook URL only."))
     return found
 
 

@@ -5,7 +5,7 @@ import hashlib
 import hmac
 import json
 
-from alerts.channels.base import Answer, mask_url, url_problem, url_secrets
+from alerts.channels.base import Answer, mask_url, unused_settings, url_problem, url_secrets
 from alerts.channels.http import post_json
 from alerts.payloads import channel_test_payload
 
@@ -44,8 +44,7 @@ def problems(channel) -> dict:
     found = {}
     if problem := url_problem(channel.url):
         found["url"] = problem
-    if channel.routing_key or channel.recipients:
-        found["routing_key" if channel.routing_key else "recipients"] = "A webhook takes a URL and a secret only."
+    found.update(unused_settings(channel, ("routing_key", "recipients"), "A webhook takes a URL and a secret only."))
     return found
 
 
