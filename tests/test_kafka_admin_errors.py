@@ -2,6 +2,10 @@
 clear message -- exit code 1 on the CLI, a 503 with the reason from the API -- never a traceback or a
 500; delete_groups returns its errors; seed_demo --reset changes nothing when the broker refuses."""
 import contextlib
+import html
+import json
+import re
+import time
 
 import pytest
 from django.core.management import call_command
@@ -14,6 +18,7 @@ from consumers.demo import classic as demo
 from consumers.engine import sinks
 from consumers.engine.transforms import resolve
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka import clusters
 from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, Pipeline
 from tests.views_helpers import make_operator, make_viewer
@@ -80,6 +85,48 @@ def test_with_no_broker_listening_the_groups_api_answers_503_with_the_reason(db,
     assert kafka_admin.delete_groups(["a"])["a"].startswith("Kafka could not delete consumer groups: Kafka cluster")
 
 
+def htmx_swaps(page: str, status: int) -> bool:
+    """Whether the page's htmx-config swaps a response of this status into its target (htmx takes the first
+    rule whose code, a regular expression, matches the status); one it does not swap shows the user nothing."""
+    config = json.loads(html.unescape(re.search(r'name="htmx-config" content=\'([^\']*)\'', page).group(1)))
+    return next(rule for rule in config["responseHandling"] if re.search(rule["code"], str(status)))["swap"]
+
+
+def test_with_no_broker_listening_a_group_reset_from_its_page_says_so_in_the_panel_and_is_audited(
+        db, no_broker, client):
+    client.force_login(make_operator())
+    unreachable = (f"Kafka: Kafka cluster 'default': unreachable (connect failed): no broker accepts connections "
+                   f"at {no_broker}: Connection refused")
+    for step in ("preview", "execute"):
+        response = client.post("/groups/billing/reset/", {"topic": "billing-topic", "mode": "to-earliest",
+                                                           "step": step}, HTTP_HX_REQUEST="true")
+        panel = html.unescape(response.content.decode())
+        assert response.status_code == 503
+        assert htmx_swaps(client.get("/groups/").content.decode(), response.status_code)
+        assert panel.lstrip().startswith('<div id="rewind-panel">')
+        assert unreachable in panel and "nothing was changed" in panel
+    entries = ActionLog.objects.order_by("pk")
+    assert [(e.group_id, e.action, e.actor, e.result, e.dry_run) for e in entries] == [
+        ("billing", "reset_group", "otto", "refused", True), ("billing", "reset_group", "otto", "refused", False)]
+    assert all(e.message.startswith(unreachable) and e.message.endswith("nothing was changed") for e in entries)
+
+
+def test_a_group_reset_from_its_page_after_kafka_went_down_since_its_check_passed_answers_503_and_is_audited(
+        db, no_broker, settings, monkeypatch, client):
+    # The cluster's check passed moments ago (it is trusted for PREFLIGHT_TTL_S), then Kafka went down: the
+    # clients fail on their own, with kafka-python's errors.
+    monkeypatch.setitem(clusters._passed, repr(clusters.get()), time.monotonic())
+    settings.KAFKA_REQUEST_TIMEOUT_MS = 2000  # how long kafka-python tries to bootstrap before it gives up
+    client.force_login(make_operator())
+    response = client.post("/groups/billing/reset/", {"topic": "billing-topic", "mode": "to-earliest",
+                                                       "step": "execute"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 503
+    entry = ActionLog.objects.get()
+    assert (entry.group_id, entry.action, entry.result, entry.dry_run) == ("billing", "reset_group", "refused", False)
+    assert entry.message.startswith("Kafka: ") and entry.message.endswith("; nothing was changed")
+    assert entry.message in html.unescape(response.content.decode())
+
+
 @pytest.mark.kafka
 def test_a_group_reset_the_broker_refuses_answers_503_and_changes_nothing(transactional_db, make_topic,
                                                                          refusing_broker):
@@ -91,7 +138,8 @@ def test_a_group_reset_the_broker_refuses_answers_503_and_changes_nothing(transa
     error = response.json()["error"]
     assert error.startswith("Kafka: [Error 35] IncompatibleBrokerVersion: Kafka broker does not support the")
     assert error.endswith("; nothing was changed")
-    assert not ActionLog.objects.exists()
+    entry = ActionLog.objects.get(pk=response.json()["action_id"])  # audited as the other refused resets
+    assert (entry.group_id, entry.action, entry.result, entry.message) == ("billing", "reset_group", "refused", error)
 
 
 def test_delete_groups_returns_the_error_of_each_group_instead_of_raising(refusing_broker):

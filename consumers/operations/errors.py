@@ -1,6 +1,13 @@
 """The refusal every operation raises (offset moves, rewinds, group resets, dead-letter actions, pipeline actions):
 bad input or an unsafe moment, nothing changed. `actions.refuse` records it in the action log first and attaches
 that entry (`action_log`), so a door can name it."""
+from kafka.errors import KafkaError
+
+from consumers.kafka.errors import KafkaAdminError
+
+# What a Kafka call may raise: Tally's own errors (unreachable, refused) and kafka-python's (a broker that went
+# down after the cluster's check passed, a request the broker refuses).
+KAFKA_ERRORS = (KafkaAdminError, KafkaError)
 
 
 class Refused(Exception):
@@ -9,6 +16,17 @@ class Refused(Exception):
 
 class NotFound(Refused):
     """What the request names does not exist (a consumer group Kafka has no trace of): doors answer 404."""
+
+
+class Unavailable(Refused):
+    """Kafka could not be used (unreachable, TLS, authentication) or refused a request: nothing was changed.
+    Doors that tell it apart answer 503; the others show it as any refusal."""
+
+    @classmethod
+    def of(cls, exc: Exception) -> "Unavailable":
+        # Tally's Kafka errors are written for people; kafka-python's are known by their class's name.
+        named = isinstance(exc, KafkaAdminError) or type(exc).__name__ in str(exc)
+        return cls(f"Kafka: {exc if named else f'{type(exc).__name__}: {exc}'}; nothing was changed")
 
 
 class Invalid(ValueError):

@@ -19,7 +19,7 @@ from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
 from consumers.operations import groups as kafka_groups
 from consumers.operations import offset_specs
-from consumers.operations.errors import NotFound, Refused
+from consumers.operations.errors import KAFKA_ERRORS, NotFound, Refused, Unavailable
 from consumers.operations.offset_specs import OffsetSpec, PartitionMove, offsets_of
 
 log = logging.getLogger("tally.groups")
@@ -48,27 +48,27 @@ class GroupResetResult:
 def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions: list[int] | None = None,
                 execute: bool = False, actor: str = "cli", cluster: str | None = None) -> GroupResetResult:
     """Plan (and with execute=True, apply) a reset of `group_id`'s committed offsets on `topic`.
-    Raises Refused (recorded in the action log) on bad input or while the group has active members."""
+    Raises Refused (recorded in the action log) on bad input or while the group has active members, and its
+    Unavailable when Kafka cannot be used or refuses a request."""
     cluster = cluster or clusters.DEFAULT
     params = {"cluster": cluster, "topic": topic, "mode": mode, "value": None if value is None else str(value),
               "partitions": partitions or "all"}
 
-    def refused(message, kind=Refused):
-        error = kind(message)
-        error.action_log = record_refusal(actor, ACTION, message, group_id=group_id, params=params,
+    def refused(error: Refused) -> Refused:
+        error.action_log = record_refusal(actor, ACTION, str(error), group_id=group_id, params=params,
                                           dry_run=not execute)
         return error
 
     if len(group_id) > MAX_GROUP_ID:  # the action log's column; Kafka sets no limit, Tally stores the name
-        raise refused(f"A group id of at most {MAX_GROUP_ID} characters, not {len(group_id)}.")
+        raise refused(Refused(f"A group id of at most {MAX_GROUP_ID} characters, not {len(group_id)}."))
     problem = unstorable(group_id) or unstorable(topic)
     if problem:
-        raise refused(f"The group id or topic {problem}.")
+        raise refused(Refused(f"The group id or topic {problem}."))
 
     owner = Pipeline.objects.filter(group_id=group_id, cluster=cluster).first()
     if owner is not None:
-        raise refused(f"Group {group_id!r} is run by Tally pipeline {owner.name!r}: its position is kept in "
-                      f"the database, so move it with `rewind {owner.name}`.")
+        raise refused(Refused(f"Group {group_id!r} is run by Tally pipeline {owner.name!r}: its position is kept "
+                              f"in the database, so move it with `rewind {owner.name}`."))
     try:
         spec = offset_specs.parse_spec(mode, value)
         chosen = offset_specs.choose_partitions(topic, partitions, cluster=cluster)
@@ -79,7 +79,9 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
         current = kafka_admin.committed_offsets(group_id, topic, chosen, cluster=cluster)
         moves = offset_specs.resolve_offsets(spec, topic, chosen, current, marks, cluster=cluster)
     except Refused as exc:
-        raise refused(str(exc), type(exc)) from None
+        raise refused(exc) from None
+    except KAFKA_ERRORS as exc:  # Kafka went down or refused a request: audited as a refusal, as every door says
+        raise refused(Unavailable.of(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
     if not execute:
         message = f"dry run: {summary}; nothing was changed (add --execute to apply)"
@@ -88,29 +90,36 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
             dry_run=True, offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
             result=ActionResult.DONE, message=message, finished_at=timezone.now())
         return GroupResetResult(group_id, topic, spec, moves, False, entry, message)
-    problem, entry = None, None
-    with transaction.atomic():
-        # One reset of a group at a time: a transaction-scoped advisory lock on the group's name.
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{cluster}:{group_id}"])
-            locked = cursor.fetchone()[0]
-        described = kafka_admin.describe_group(group_id, cluster=cluster) if locked else None
-        if not locked:
-            problem = f"Another reset of group {group_id!r} is running. Try again when it has finished."
-        elif described.has_active_members:
-            problem = (f"Group {group_id!r} has {len(described.members) or 'some'} active member(s) "
-                       f"(state {described.state}): stop its consumers first. Nothing was changed.")
-        else:
-            kafka_admin.commit_offsets(group_id, topic, {m.partition: m.new for m in moves}, cluster=cluster)
-            message = (f"{summary}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
-                       f"{sum(m.skip for m in moves)} to skip")
-            entry = ActionLog.objects.create(
-                group_id=group_id, action=ACTION, actor=actor,
-                params={**params, "plan": [m.as_dict() for m in moves]},
-                offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
-                result=ActionResult.DONE, message=message, finished_at=timezone.now())
+    entry = None
+    try:
+        with transaction.atomic():
+            problem = _refusal_under_lock(group_id, cluster)
+            if problem is None:
+                kafka_admin.commit_offsets(group_id, topic, {m.partition: m.new for m in moves}, cluster=cluster)
+                message = (f"{summary}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
+                           f"{sum(m.skip for m in moves)} to skip")
+                entry = ActionLog.objects.create(
+                    group_id=group_id, action=ACTION, actor=actor,
+                    params={**params, "plan": [m.as_dict() for m in moves]},
+                    offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
+                    result=ActionResult.DONE, message=message, finished_at=timezone.now())
+    except KAFKA_ERRORS as exc:  # the transaction rolled back (and let the lock go); the refusal is written after
+        raise refused(Unavailable.of(exc)) from None
     if problem is not None:
         raise refused(problem)
     log.info("group %s reset by %s: %s", group_id, actor, message)
     return GroupResetResult(group_id, topic, spec, moves, True, entry, message)
 
+
+def _refusal_under_lock(group_id: str, cluster: str) -> Refused | None:
+    """Inside the reset's transaction: take the group's advisory lock (one reset of a group at a time), then
+    check that the group has no active member."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{cluster}:{group_id}"])
+        if not cursor.fetchone()[0]:
+            return Refused(f"Another reset of group {group_id!r} is running. Try again when it has finished.")
+    described = kafka_admin.describe_group(group_id, cluster=cluster)
+    if described.has_active_members:
+        return Refused(f"Group {group_id!r} has {len(described.members) or 'some'} active member(s) "
+                       f"(state {described.state}): stop its consumers first. Nothing was changed.")
+    return None

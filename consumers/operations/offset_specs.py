@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
 
 from consumers.kafka import admin as kafka_admin
-from consumers.operations.errors import Invalid, Refused
+from consumers.operations.errors import Invalid, Refused, Unavailable
 
 # Kafka timestamps are milliseconds since 1970: earlier moments would become its special values -1/-2
 # ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
@@ -157,6 +157,8 @@ def choose_partitions(topic: str, requested: list[int] | None, cluster=None) -> 
     """The topic's partitions, or the requested ones after checking they exist."""
     try:
         existing = kafka_admin.partitions_for(topic, cluster=cluster)
+    except kafka_admin.KafkaUnreachable as exc:  # Kafka cannot be used now: not a mistake in the request
+        raise Unavailable.of(exc) from None
     except kafka_admin.KafkaAdminError as exc:
         raise Refused(str(exc)) from None
     if not requested:

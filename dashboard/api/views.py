@@ -12,7 +12,6 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.http import urlencode
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
-from kafka.errors import KafkaError
 from rest_framework import status as http
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import api_view, permission_classes
@@ -33,7 +32,6 @@ from consumers.api_base import (
     refuse_fields,
 )
 from consumers.kafka import clusters
-from consumers.kafka.admin import KafkaAdminError
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.operations import (
@@ -48,7 +46,7 @@ from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations import groups as kafka_groups
 from consumers.operations import pipeline_preview as pipeline_preview_ops
 from consumers.operations import rewind as rewind_ops
-from consumers.operations.errors import NotFound, Refused
+from consumers.operations.errors import NotFound, Refused, Unavailable
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard import status, timeline
 from dashboard.api import schemas
@@ -70,6 +68,8 @@ from dashboard.lockout import locked_out
 TOPIC_CHECKS_SHOWN = 20
 UNKNOWN_GROUP = OpenApiResponse(RefusalSerializer, description="Kafka has no such consumer group on the cluster (a "
                                                                "reset would create it); audited, nothing changed")
+KAFKA_REFUSED = OpenApiResponse(RefusalSerializer, description="Kafka did not answer or refused a request; audited, "
+                                                               "nothing changed")
 # replay and discard: one call, or "all matching" in batches; a batch after the first that fails stops there (409).
 DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
                               extra={409: PolymorphicProxySerializer("DeadLetterRefusal", [
@@ -407,7 +407,7 @@ def group_detail(request, group_id):
 
 
 @extend_schema(responses=answers(schemas.GroupResetSerializer, extra={404: UNKNOWN_GROUP, 409: REFUSED,
-                                                                       503: UNAVAILABLE}),
+                                                                       503: KAFKA_REFUSED}),
                request=GroupResetInput, parameters=[CLUSTER_PARAMETER])
 @api_view(["POST"])
 @permission_classes(OPERATE)
@@ -421,11 +421,12 @@ def group_reset_view(request, group_id):
         result = group_reset.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"], execute=data["execute"],
                                          actor=request.user.username, cluster=_cluster_param(request))
+    except NotFound as exc:
+        return _refused(exc, status=http.HTTP_404_NOT_FOUND)
+    except Unavailable as exc:  # Kafka down or refusing a request: audited by the operation, nothing was changed
+        return _refused(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     except Refused as exc:
-        return _refused(exc, status=http.HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else None)
-    except (KafkaAdminError, KafkaError) as exc:  # the broker refused a request or is down: nothing was changed
-        detail = str(exc) if type(exc).__name__ in str(exc) else f"{type(exc).__name__}: {exc}"
-        return Response({"error": f"Kafka: {detail}; nothing was changed"}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        return _refused(exc)
     return Response(result.as_dict())
 
 

@@ -16,7 +16,7 @@ from consumers.models import Pipeline, Watch
 from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
-from consumers.operations.errors import NotFound, Refused
+from consumers.operations.errors import NotFound, Refused, Unavailable
 from dashboard import status
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
@@ -114,10 +114,10 @@ def group_reset(request, group_id):
                                          actor=request.user.username, cluster=_cluster(request))
     except NotFound as exc:  # audited by the operation; nothing was created in Kafka
         return _not_found(request, group_id, _cluster(request), str(exc), fragment="panel")
-    except Refused as exc:
+    except Refused as exc:  # audited by the operation; Kafka down is a 503, as the API answers
         form.add_error(None, str(exc))
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",
-                           status=422)
+                           status=503 if isinstance(exc, Unavailable) else 422)
     if execute:
         messages.success(request, f"Offsets of group {group_id} reset: {result.message}")
         return redirect(reverse("group", kwargs={"group_id": group_id}) + _cluster_query(_cluster(request)))

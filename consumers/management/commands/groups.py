@@ -4,7 +4,6 @@ group has active members. Exit codes: 0 done, 1 refused (the reason on stderr), 
 import json
 
 from django.core.management.base import CommandError
-from kafka.errors import KafkaError
 
 from consumers.kafka import clusters
 from consumers.kafka.admin import KafkaAdminError
@@ -12,7 +11,7 @@ from consumers.kafka.errors import ClusterConfigError
 from consumers.management.cli import SubcommandsCommand, refused
 from consumers.management.commands.rewind import add_mode_arguments, chosen_mode, print_plan
 from consumers.operations import groups
-from consumers.operations.errors import Refused
+from consumers.operations.errors import Refused, Unavailable
 from consumers.operations.group_reset import reset_group
 
 
@@ -74,10 +73,10 @@ class Command(SubcommandsCommand):
         try:
             result = reset_group(options["group"], options["topic"], mode, value, partitions=options["partitions"],
                                  execute=options["execute"], actor=options["actor"], cluster=options["cluster"])
+        except Unavailable as exc:  # recorded in the action log by the operation
+            raise CommandError(f"Failed: {exc}", returncode=1) from None
         except Refused as exc:
             raise refused(str(exc)) from None
-        except (KafkaAdminError, KafkaError) as exc:
-            raise CommandError(f"Failed: Kafka: {exc}", returncode=1) from None
         data = result.as_dict()
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2, default=str))
