@@ -99,3 +99,23 @@ def test_describe_shows_committed_offset_end_offset_and_lag(topic_with_group, ca
     assert code == 0
     assert [(p["partition"], p["committed"], p["high_watermark"], p["lag_records"]) for p in data["partitions"]
             if p["topic"] == topic] == [(0, 8, 10, 2), (1, 6, 10, 4)]
+
+
+def test_a_group_deleted_after_the_plan_is_not_created_again_by_the_reset(topic_with_group, monkeypatch):
+    from consumers.operations.errors import NotFound
+    from consumers.operations.group_reset import reset_group
+
+    topic, group = topic_with_group
+    read_watermarks = kafka_admin.watermarks
+
+    def deleted_meanwhile(*args, **kwargs):  # the plan has checked the group; someone deletes it now
+        assert kafka_admin.delete_groups([group]) == {group: "OK"}
+        return read_watermarks(*args, **kwargs)
+
+    monkeypatch.setattr(kafka_admin, "watermarks", deleted_meanwhile)
+    with pytest.raises(NotFound, match=f"has no consumer group {group!r}"):
+        reset_group(group, topic, "to-earliest", execute=True, actor="otto")
+    assert kafka_admin.group_committed_offsets(group) == {}
+    assert group not in kafka_admin.list_groups()
+    entry = ActionLog.objects.get(group_id=group)
+    assert (entry.result, entry.dry_run, entry.actor) == (ActionResult.REFUSED, False, "otto")

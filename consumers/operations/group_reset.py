@@ -73,6 +73,7 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
         spec = offset_specs.parse_spec(mode, value)
         chosen = offset_specs.choose_partitions(topic, partitions, cluster=cluster)
         # Committing offsets would create the group: one Kafka does not know is refused (its page is a 404).
+        # Checked here for the dry run's answer, and again under the lock before the commit.
         if not kafka_groups.kafka_knows(group_id, cluster=cluster):
             raise NotFound(kafka_groups.unknown_group_message(group_id, cluster))
         marks = kafka_admin.watermarks(topic, chosen, cluster=cluster)
@@ -113,11 +114,14 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
 
 def _refusal_under_lock(group_id: str, cluster: str) -> Refused | None:
     """Inside the reset's transaction: take the group's advisory lock (one reset of a group at a time), then
-    check that the group has no active member."""
+    check what must hold at the commit, serialized with the other resets: the group still exists (it may have
+    been deleted since the plan, and committing would create it again) and has no active member."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tally-group:{cluster}:{group_id}"])
         if not cursor.fetchone()[0]:
             return Refused(f"Another reset of group {group_id!r} is running. Try again when it has finished.")
+    if not kafka_groups.kafka_knows(group_id, cluster=cluster):
+        return NotFound(kafka_groups.unknown_group_message(group_id, cluster))
     described = kafka_admin.describe_group(group_id, cluster=cluster)
     if described.has_active_members:
         return Refused(f"Group {group_id!r} has {len(described.members) or 'some'} active member(s) "
