@@ -3,6 +3,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import psutil
@@ -86,7 +87,6 @@ def test_the_broker_is_stopped_after_its_clients(monkeypatch):
         real_killpg(pid, signum)
 
     monkeypatch.setattr(devstack.os, "killpg", killpg)
-    monkeypatch.setattr(devstack.signal, "signal", lambda *args: None)  # the test process keeps its handlers
     command.stop_all()
     assert all(process.poll() is not None for process in command.children.values())
     assert alive_clients_when_the_broker_was_signalled == []
@@ -108,8 +108,33 @@ def test_the_stack_closes_its_own_kafka_client_before_the_broker_stops(monkeypat
 
     client = Client()
     monkeypatch.setitem(clusters._shared, (os.getpid(), "demo-cluster"), (threading.Lock(), [client]))
-    monkeypatch.setattr(devstack.signal, "signal", lambda *args: None)
     command = devstack.Command()
     command.children = {}
     command.stop_all()
     assert client.closed
+
+
+@pytest.mark.kafka
+@pytest.mark.celery
+def test_a_second_signal_while_the_stack_stops_prints_no_traceback_and_leaves_no_process_behind(subprocess_env):
+    """Ctrl-C, then a SIGTERM and another Ctrl-C during the clean-up: it ends quietly, every child stopped."""
+    web_port, kafka_port = free_port(), free_port()
+    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
+               DJANGO_SUPERUSER_PASSWORD="stack-test-password", PYTHONUNBUFFERED="1")
+    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
+        children = psutil.Process(stack.pid).children(recursive=True)
+    finally:
+        # Back to back: the second is pending while the first is handled, as when Ctrl-C meets a `kill`.
+        stack.send_signal(signal.SIGINT)
+        stack.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        stack.send_signal(signal.SIGINT)  # and one more while the children stop (a no-op if already done)
+        output, _ = stack.communicate(timeout=30)
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert output.rstrip().endswith("All processes stopped."), output
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child.cmdline()
+    assert stack.returncode == 0

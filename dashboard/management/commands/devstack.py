@@ -40,10 +40,6 @@ def developer_environment() -> dict[str, str]:
             "SPARK_WARM_ON_WORKER_START": os.environ.get("SPARK_WARM_ON_WORKER_START", "true")}
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 PASSWORD_FILE = os.path.join("var", "admin-password")
 CHILDREN_GRACE_S = 8  # then SIGKILL: the stack as a whole stops within 10 s of a signal
 BROKER_GRACE_S = 2  # of those, kept for the broker, which stops after its clients
@@ -79,9 +75,10 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, no_demo, **options):
         os.makedirs("var", exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
+        self.stopping = False
         # Explicit handlers: a shell may start us with SIGINT ignored, and SIGTERM must clean up too.
-        signal.signal(signal.SIGINT, _interrupt)
-        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGINT, self.interrupt)
+        signal.signal(signal.SIGTERM, self.interrupt)
         try:
             self.start_broker_if_needed()
             login, password = self.ensure_operator_login()
@@ -100,6 +97,18 @@ class Command(BaseCommand):
             self.stdout.write("\nStopping…")
         finally:
             self.stop_all()
+            # And until the exit: at shutdown Python puts the default handlers back, so a late signal would end the
+            # stopped stack as killed. (signal.signal first runs a pending handler: interrupt() absorbs it.)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def interrupt(self, signum, frame):
+        # Only the first signal interrupts. A second one (Ctrl-C twice, or a `kill` meeting a Ctrl-C) may already be
+        # pending while the first is handled: raised then, it broke into the clean-up and ended in a traceback.
+        # Keeping this handler (rather than SIG_IGN) absorbs it quietly, wherever it lands.
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt
 
     def start_broker_if_needed(self):
         servers = settings.KAFKA_BOOTSTRAP_SERVERS
@@ -152,9 +161,8 @@ class Command(BaseCommand):
 
     def stop_all(self):
         # A second Ctrl-C, or the SIGTERM of a `kill -- -PGID` arriving after a child died, must not interrupt
-        # the clean-up and leave children running.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # the clean-up and leave children running: from here on, interrupt() absorbs every signal.
+        self.stopping = True
         # The broker goes last: its clients (worker, beat, web) would log connection errors while they stop.
         # Children get most of the 10 s a stack has to stop in (docs: every long-running command), then SIGKILL.
         deadline = time.monotonic() + CHILDREN_GRACE_S
