@@ -8,6 +8,7 @@ from django.http import HttpResponseBadRequest, JsonResponse
 from django.shortcuts import render
 
 from consumers.access import can_view, record_refusal
+from dashboard.views.common import htmx_bad_request
 
 MESSAGE = "The request holds a NUL character (%00), which no field accepts."
 
@@ -35,6 +36,8 @@ class RejectNulCharactersMiddleware:
         if field is not None:
             if request.path.startswith("/api/"):
                 return JsonResponse({"errors": {field: [{"message": MESSAGE, "code": "null_characters"}]}}, status=400)
+            if request.headers.get("HX-Request"):  # htmx swaps 400s: the reason, not plain text in the target
+                return htmx_bad_request(f"{MESSAGE} ({field})")
             return HttpResponseBadRequest(f"{MESSAGE} ({field})", content_type="text/plain")
         return self.get_response(request)
 

@@ -220,3 +220,20 @@ def test_the_demo_shows_loss_duplicates_and_exactly_once_as_grids_matching_the_s
         demo_runs._redis().delete(demo_runs.STATE_KEY, demo_runs.LOCK_KEY)
         for demo in DEMO_PIPELINES:
             drop_sink(demo.sink_table)
+
+
+def test_an_action_log_filter_the_server_refuses_shows_why_and_the_next_filter_still_works(page, live_server):
+    """A 400 to an htmx filter was dropped: the page kept its old table and said nothing."""
+    from consumers.models import Pipeline
+
+    make_pipeline("orders")
+    log_in(page, live_server, make_operator())
+    page.goto(f"{live_server.url}/action-log/")
+    Pipeline.objects.filter(name="orders").delete()  # gone, without a trace in the log, since the page loaded
+    with page.expect_response(lambda r: "pipeline=orders" in r.url) as answer:
+        page.get_by_label("Pipeline").select_option("orders")
+    assert answer.value.status == 400
+    expect(page.locator("#action-log-entries #filter-error")).to_contain_text("No pipeline named 'orders'")
+    page.get_by_label("Pipeline").select_option("")
+    expect(page.locator("#filter-error")).to_have_count(0)
+    expect(page.locator("#action-log-entries")).to_contain_text("Page 1 of 1")

@@ -1,7 +1,9 @@
 """Helpers shared by the page views: one URL serves the page and its htmx fragment; a page number, strictly."""
 from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
+from django.utils.html import format_html
 
 
 class BadPage(ValueError):
@@ -27,5 +29,16 @@ def render_page(request, template: str, context: dict, fragment: str | None = No
     The response varies on HX-Request so no cache hands a fragment to a full-page load."""
     name = f"{template}#{fragment}" if fragment and request.htmx else template
     response = render(request, name, context, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def htmx_bad_request(message: str) -> HttpResponse:
+    """A 400 for an htmx request whose target this answer cannot fit (the page's own fragment is not the one
+    asked for): the reason goes to the page's #request-error region (base.html) instead of into the target,
+    which stays as it was."""
+    response = HttpResponse(format_html('<p class="flash flash-error" role="alert">{}</p>', message), status=400)
+    response["HX-Retarget"] = "#request-error"
+    response["HX-Reswap"] = "innerHTML"
     patch_vary_headers(response, ("HX-Request",))
     return response

@@ -9,7 +9,7 @@ from consumers.models import ActionLog, Pipeline
 from consumers.reconciliation import monitored
 from dashboard import consumer_rows, status, timeline
 from dashboard.views.actions import action_buttons
-from dashboard.views.common import BadPage, page_of, render_page
+from dashboard.views.common import BadPage, htmx_bad_request, page_of, render_page
 from dashboard.views.topic_checks import topic_check_context
 
 ACTION_LOG_PAGE_SIZE = 50
@@ -37,6 +37,8 @@ def pipeline_detail(request, name):
         return render_page(request, "pipeline.html", context, fragment=request.GET["fragment"])
     range_name = request.GET.get("range") or status.DEFAULT_CHART_RANGE
     chart_error = status.unknown_chart_range(range_name)
+    if chart_error and request.htmx:  # the whole page would land inside whatever element asked
+        return htmx_bad_request(chart_error)
     runs = status.recent_runs(pipeline)
     context.update({
         "runs": runs, "summary": status.pipeline_summary(pipeline, runs),
