@@ -187,56 +187,76 @@ def _message(outcome) -> str:
     return outcome.done[0].message if len(outcome.done) == 1 else outcome.message()
 
 
-def _replay(modeladmin, request, queryset, source: str):
-    for pipeline, ids in _by_pipeline(queryset).items():
+# How each replay reads its records, on its confirmation page.
+REPLAY_SOURCES = {"stored": "through the pipeline's current transform", "kafka": "re-read from Kafka"}
+
+
+def _confirmed(modeladmin, request, queryset, action: str):
+    """The selection of a confirmed replay or discard, grouped by pipeline; None after refusing (audited, per
+    pipeline) one whose count is not the one its page showed: with "select all" the selection is the filtered list
+    again, so dead letters that arrived since would be acted on unseen, as the page and API refuse too."""
+    grouped = _by_pipeline(queryset)
+    expected, selected = request.POST.get("expected", ""), sum(len(ids) for ids in grouped.values())
+    refusal = _unconfirmed(expected, selected)
+    if not refusal:
+        return grouped
+    params = {"via": "admin", "expected": expected[:20], "selected": selected,
+              "select_across": request.POST.get("select_across") == "1"}
+    for pipeline in grouped or [None]:
+        record_refusal(request.user, action, refusal, pipeline=pipeline, params=params)
+    modeladmin.message_user(request, refusal, messages.ERROR)
+    return None
+
+
+def _confirmation_page(modeladmin, request, queryset, template: str, action: str, title: str, context: dict):
+    letters = list(queryset.select_related("pipeline").order_by("pipeline__name", "partition", "offset"))
+    return intermediate_page(modeladmin, request, queryset, template, action, title, {"letters": letters, **context})
+
+
+def _replay(modeladmin, request, queryset, source: str, action: str):
+    """Intermediate page first, carrying the count it showed (see _confirmed)."""
+    if request.POST.get("step") != "execute":
+        return _confirmation_page(modeladmin, request, queryset, "admin/consumers/deadletter/replay.html", action,
+                                  "Replay dead letters", {"source_text": REPLAY_SOURCES[source]})
+    grouped = _confirmed(modeladmin, request, queryset, dead_letter_ops.REPLAY)
+    for pipeline, ids in (grouped or {}).items():
         outcome = _act_on_letters(modeladmin, request, pipeline, "replay", ids, source=source)
         if outcome is not None:
             problems = {k for k in outcome.counts if k not in ("replayed", "already_in_sink")}
             report(modeladmin, request, pipeline.name, f"replay: {_message(outcome)}", ok=not problems)
+    return None
 
 
-@admin.action(description="Replay the selected dead letters through the current transform", permissions=["operate"])
+@admin.action(description="Replay the selected dead letters through the current transform…", permissions=["operate"])
 def replay_dead_letters(modeladmin, request, queryset):
-    _replay(modeladmin, request, queryset, "stored")
+    return _replay(modeladmin, request, queryset, "stored", "replay_dead_letters")
 
 
-@admin.action(description="Replay the selected dead letters, re-reading the records from Kafka",
+@admin.action(description="Replay the selected dead letters, re-reading the records from Kafka…",
               permissions=["operate"])
 def replay_dead_letters_from_kafka(modeladmin, request, queryset):
-    _replay(modeladmin, request, queryset, "kafka")
+    return _replay(modeladmin, request, queryset, "kafka", "replay_dead_letters_from_kafka")
 
 
 @admin.action(description="Discard the selected dead letters (with a reason)…", permissions=["operate"])
 def discard_dead_letters(modeladmin, request, queryset):
     """Intermediate page asking for the reason; consumers.operations.dead_letters refuses (and logs) an empty one.
-    The page carries the count it showed: with "select all" the selection is the filtered list again, so dead
-    letters that arrived since would be discarded unseen; a count that moved is refused, as on the page and API."""
-    if request.POST.get("step") == "execute":
-        grouped = _by_pipeline(queryset)
-        expected, selected = request.POST.get("expected", ""), sum(len(ids) for ids in grouped.values())
-        refusal = _unconfirmed(expected, selected)
-        if refusal:
-            params = {"via": "admin", "expected": expected[:20], "selected": selected,
-                      "select_across": request.POST.get("select_across") == "1"}
-            for pipeline in grouped or [None]:
-                record_refusal(request.user, dead_letter_ops.DISCARD, refusal, pipeline=pipeline, params=params)
-            modeladmin.message_user(request, refusal, messages.ERROR)
-            return None
-        for pipeline, ids in grouped.items():
-            outcome = _act_on_letters(modeladmin, request, pipeline, "discard", ids,
-                                      reason=request.POST.get("reason", ""))
-            if outcome is not None:
-                report(modeladmin, request, pipeline.name, _message(outcome), ok=True)
-        return None
-    letters = list(queryset.select_related("pipeline").order_by("pipeline__name", "partition", "offset"))
-    return intermediate_page(modeladmin, request, queryset, "admin/consumers/deadletter/discard.html",
-                             "discard_dead_letters", "Discard dead letters",
-                             {"letters": letters, "max_reason": dead_letter_ops.MAX_REASON})
+    The page carries the count it showed (see _confirmed)."""
+    if request.POST.get("step") != "execute":
+        return _confirmation_page(modeladmin, request, queryset, "admin/consumers/deadletter/discard.html",
+                                  "discard_dead_letters", "Discard dead letters",
+                                  {"max_reason": dead_letter_ops.MAX_REASON})
+    grouped = _confirmed(modeladmin, request, queryset, dead_letter_ops.DISCARD)
+    for pipeline, ids in (grouped or {}).items():
+        outcome = _act_on_letters(modeladmin, request, pipeline, "discard", ids, reason=request.POST.get("reason", ""))
+        if outcome is not None:
+            report(modeladmin, request, pipeline.name, _message(outcome), ok=True)
+    return None
 
 
 def _unconfirmed(expected: str, selected: int) -> str:
-    """Why the confirmed discard may not go on ("" when it may): the count its page showed is missing, or is no
-    longer the number of dead letters selected."""
+    """Why the confirmed replay or discard may not go on ("" when it may): the count its page showed is missing,
+    or is no longer the number of dead letters selected."""
     if not (expected.isascii() and expected.isdigit()):
         return "The confirmation carries no count of dead letters: nothing was changed; choose the action again."
     if int(expected) != selected:

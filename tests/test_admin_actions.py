@@ -149,7 +149,9 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
         client = client_for(staff_operator())
         letters = list(DeadLetter.objects.order_by("pipeline__name").values_list("pk", flat=True))
 
-        replayed = post_action(client, DEAD_LETTERS, "replay_dead_letters", letters, index="0")
+        page = post_action(client, DEAD_LETTERS, "replay_dead_letters", letters, index="0")
+        assert b'id="replay-form"' in page.content and b'name="expected" value="2"' in page.content
+        replayed = post_action(client, DEAD_LETTERS, "replay_dead_letters", letters, step="execute", expected="2")
 
         shown = messages_of(replayed)
         # orders' fixed transform still finds no digits in "not-a-number"; payments' int_value rejects it too
@@ -311,3 +313,47 @@ def test_the_admins_select_all_discard_is_refused_and_audited_when_dead_letters_
     assert "carries no count" in " ".join(messages_of(no_count))
     assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
     assert ActionLog.objects.filter(action="discard_dead_letters", result=ActionResult.REFUSED).count() == 2
+
+
+
+def test_the_admins_select_all_replay_is_refused_and_audited_when_dead_letters_arrived_after_the_confirmation(
+        transactional_db):
+    from django.db import connection
+
+    from consumers.engine import sinks
+    from consumers.engine.transforms import resolve
+    from tests.conftest import drop_sink_tables
+
+    orders = make_pipeline("orders")
+    Pipeline.objects.filter(pk=orders.pk).update(transform="tests.replay_transforms.lenient_int")
+    with connection.cursor() as cursor:
+        sinks.ensure_sink_table(cursor, orders.sink_table, resolve("int_value"), True)
+    DeadLetter.objects.filter(pipeline=orders).delete()
+    DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=f"#{o}".encode(),
+                                               error="Boom") for o in range(10, 14)])
+    client = client_for(staff_operator())
+    changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"   # filtered, then "Select all 4"
+    shown = list(DeadLetter.objects.values_list("pk", flat=True))
+    try:
+        page = post_action(client, changelist, "replay_dead_letters", shown, index="0", select_across="1")
+        assert b"Replay 4 dead letters" in page.content
+        expected = re.search(rb'name="expected" value="(\d+)"', page.content).group(1).decode()
+        # Two more arrive while the operator reads the page: "select all" would now replay them too, unseen.
+        DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=1, offset=o, value=f"#{o}".encode(),
+                                                   error="Late") for o in (20, 21)])
+
+        for action in ("replay_dead_letters", "replay_dead_letters_from_kafka"):
+            refused = post_action(client, changelist, action, shown, step="execute", select_across="1",
+                                  expected=expected)
+            assert "6 dead letters are selected now, not the 4 confirmed" in " ".join(messages_of(refused))
+        assert DeadLetter.objects.count() == 6 and not DeadLetter.objects.filter(replay_attempts__gt=0).exists()
+        entries = ActionLog.objects.filter(action="replay_dead_letters")
+        assert [(e.result, e.actor, e.pipeline_id, e.params["expected"], e.params["selected"]) for e in entries] == [
+            (ActionResult.REFUSED, "otto", orders.pk, "4", 6)] * 2
+
+        done = post_action(client, changelist, "replay_dead_letters", shown, step="execute", select_across="1",
+                           expected="6")
+        assert "Pipeline orders: replay: 6 replayed into the sink" in messages_of(done), messages_of(done)
+        assert not DeadLetter.objects.exists()
+    finally:
+        drop_sink_tables([orders.sink_table])

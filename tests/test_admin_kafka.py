@@ -116,7 +116,7 @@ def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstra
         assert len(letters) == 2
 
         done = post_action(client_for(staff_operator()), "/admin/consumers/deadletter/",
-                           "replay_dead_letters_from_kafka", letters, index="0")
+                           "replay_dead_letters_from_kafka", letters, step="execute", expected="2")
 
         assert "Pipeline adm-replay: replay: 2 replayed into the sink" in messages_of(done)
         assert sink_offsets(pipeline.sink_table) == [(0, 1), (1, 2), (2, 3), (3, 4)]
