@@ -117,6 +117,29 @@ def test_a_run_task_taken_by_a_worker_killed_before_it_started_goes_to_another_w
     wait_for(live_run, 60, "the task the killed worker took to run on the new worker")
 
 
+def test_a_run_task_an_older_release_left_on_the_celery_queue_runs_on_the_pipeline_worker_not_the_tasks_one(
+        ops_env, settings):
+    """An older release sent run tasks to `celery`. One still queued at the upgrade is taken by the periodic-task
+    worker (docker-compose.yml `tasks`: -Q celery), and the supervisor sends no other while it waits: it must move
+    to the pipeline queue rather than hold that worker's thread as long as the pipeline runs."""
+    start_worker, _ = ops_env
+    settings.TALLY_PIPELINE_QUEUE = "celery"          # the older release enqueues
+    actions.start(EXACTLY_ONCE)
+    tasks_worker = start_worker("-Q", "celery", TALLY_PIPELINE_QUEUE="pipelines")
+    pipeline_worker = start_worker("-Q", "pipelines", TALLY_PIPELINE_QUEUE="pipelines")
+
+    run = wait_for(live_run, 60, "the run on the pipeline worker")
+
+    assert run.pid in processes_of(pipeline_worker) and run.pid not in processes_of(tasks_worker)
+    wait_for(caught_up, 30, "the run to catch up")
+    assert sink_rows(EXACTLY_ONCE) == expected_rows(range(1, 21))
+    assert Pipeline.objects.get(name=EXACTLY_ONCE).runs_waiting == 0
+
+
+def processes_of(worker) -> set[int]:
+    return {worker.pid} | {child.pid for child in psutil.Process(worker.pid).children(recursive=True)}
+
+
 @pytest.mark.chaos
 @pytest.mark.parametrize("same_host", [True, False], ids=["dead-pid-seen-on-this-host", "lease-expires"])
 def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and_misses_nothing(ops_env, same_host):

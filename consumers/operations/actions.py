@@ -156,8 +156,13 @@ def enqueue_run(pipeline_id: int, epoch: int, runs: int = 1) -> list[str]:
     """Send `runs` run tasks of `epoch` to the Celery workers (they share the partitions through the database:
     consumers/engine/shares.py). Returns the task ids."""
     # Run i starts once i runs of the epoch hold partitions, so the runs take their shares one at a time.
-    return [current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, i))
-            .apply_async(queue=settings.TALLY_PIPELINE_QUEUE).id for i in range(runs)]
+    return [send_run(pipeline_id, epoch, i) for i in range(runs)]
+
+
+def send_run(pipeline_id: int, epoch: int, settled_peers: int = 0) -> str:
+    """Send one run task to the pipeline queue. Returns its task id."""
+    return (current_app.signature(RUN_PIPELINE_TASK, args=(pipeline_id, epoch, settled_peers))
+            .apply_async(queue=settings.TALLY_PIPELINE_QUEUE).id)
 
 
 def lookup(name, action: str, actor: str, params: dict) -> Pipeline:

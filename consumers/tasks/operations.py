@@ -11,13 +11,24 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
-from consumers.operations.actions import RUN_PIPELINE_TASK
+from consumers.operations.actions import RUN_PIPELINE_TASK, send_run
+
+log = logging.getLogger("tally.runs")
 
 
 @shared_task(name=RUN_PIPELINE_TASK, bind=True, acks_late=False, ignore_result=False)
 def run_pipeline_task(self, pipeline_id: int, epoch: int, settled_peers: int = 0):
     from consumers.engine.runs import run_in_worker
 
+    # A run task taken off another queue (an older release sent runs to `celery`, and one left there at an upgrade
+    # goes to the periodic-task worker) must not hold that worker's thread: it moves to the pipeline queue, still
+    # counted as waiting (Pipeline.runs_waiting), since the supervisor sends no other run while it waits.
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue and queue != settings.TALLY_PIPELINE_QUEUE:
+        moved_to = send_run(pipeline_id, epoch, settled_peers)
+        log.info("run task of pipeline %s epoch %s taken off queue %r: sent to %r as %s", pipeline_id, epoch, queue,
+                 settings.TALLY_PIPELINE_QUEUE, moved_to)
+        return {"reason": "skipped", "detail": f"moved from queue {queue!r} to {settings.TALLY_PIPELINE_QUEUE!r}"}
     return run_in_worker(pipeline_id, epoch, task_id=self.request.id or "", settled_peers=settled_peers)
 
 
@@ -28,8 +39,6 @@ def supervise_task():
     decisions = supervise()
     return [d.__dict__ for d in decisions if d.action != Verdict.OK]
 
-
-log = logging.getLogger("tally.runs")
 
 
 @worker_ready.connect
