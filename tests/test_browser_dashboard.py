@@ -237,3 +237,16 @@ def test_an_action_log_filter_the_server_refuses_shows_why_and_the_next_filter_s
     page.get_by_label("Pipeline").select_option("")
     expect(page.locator("#filter-error")).to_have_count(0)
     expect(page.locator("#action-log-entries")).to_contain_text("Page 1 of 1")
+
+
+def test_a_reason_in_the_request_error_region_is_cleared_by_the_next_request(page, live_server):
+    """A 400 that no target can fit shows its reason above the page (#request-error); it belongs to that request
+    only, so choosing a filter afterwards clears it."""
+    make_pipeline("orders")
+    log_in(page, live_server, make_operator())
+    page.goto(f"{live_server.url}/action-log/")
+    page.evaluate("htmx.ajax('GET', '/action-log/?pipeline=a%00b', {target: '#action-log-entries'})")
+    expect(page.locator("#request-error")).to_contain_text("The request holds a NUL character")
+    page.get_by_label("Pipeline").select_option("orders")
+    expect(page.locator("#request-error")).to_be_empty()
+    expect(page.locator("#action-log-entries")).to_contain_text("Page 1 of 1")
