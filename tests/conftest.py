@@ -19,6 +19,7 @@ from django.conf import settings
 
 from consumers.engine import db as engine_db
 from consumers.kafka import broker, clusters
+from tests.kafka_down import kafka_went_down  # noqa: F401 (fixture: Kafka down since its check passed)
 from tests.kafka_forwarders import pki, secure_broker  # noqa: F401 (fixtures: TLS + SASL in front of a broker)
 from tests.spark_cluster import on_spark_cluster, spark_cluster  # noqa: F401 (fixtures: a standalone cluster)
 from tests.waiting import patience

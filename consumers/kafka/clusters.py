@@ -412,7 +412,10 @@ def _request_timeout_ms() -> int:
 
 
 def _config(cluster, defaults: dict, overrides: dict) -> dict:
-    config = {"request_timeout_ms": _request_timeout_ms(), **defaults, **overrides}
+    # A client that cannot bootstrap (Kafka went down since the cluster's check passed) gives up after the
+    # request timeout too, not after kafka-python's own 30 s.
+    timeout_ms = _request_timeout_ms()
+    config = {"request_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms, **defaults, **overrides}
     config.update(client_kwargs(cluster))
     return config
 

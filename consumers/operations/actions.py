@@ -199,11 +199,12 @@ def claim(pipeline: Pipeline, action: str, actor: str, params: dict) -> ActionLo
 
 
 def refuse(pipeline: Pipeline | None, action: str, actor: str, params: dict, message: str, *,
-           dry_run: bool = False, entry: ActionLog | None = None):
+           dry_run: bool = False, entry: ActionLog | None = None, kind: type[Refused] = Refused):
     """Record a refusal (consumers.access.record_refusal: a new row, or `entry` if the action was already
-    logged) and raise Refused, for the domain's callers that answer a refusal by an exception."""
+    logged) and raise it as `kind` (Refused, or a subclass a door tells apart, e.g. Unavailable), for the
+    domain's callers that answer a refusal by an exception."""
     entry = record_refusal(actor, action, message, pipeline=pipeline, params=params, dry_run=dry_run, entry=entry)
-    error = Refused(message)
+    error = kind(message)
     error.action_log = entry
     raise error
 

@@ -29,6 +29,11 @@ class Unavailable(Refused):
         return cls(f"Kafka: {exc if named else f'{type(exc).__name__}: {exc}'}; nothing was changed")
 
 
+def as_refusal(exc: Exception) -> Refused:
+    """A refusal as it is, or a Kafka error (one of KAFKA_ERRORS) as the Unavailable refusal it means."""
+    return exc if isinstance(exc, Refused) else Unavailable.of(exc)
+
+
 class Invalid(ValueError):
     """A spec (of a pipeline, a watch) that cannot be applied: `problems` maps a field to what is wrong and what
     to do. Every door shows each problem beside its field."""

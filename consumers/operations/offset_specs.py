@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime, parse_duration
+from kafka.errors import KafkaError
 
 from consumers.kafka import admin as kafka_admin
 from consumers.operations.errors import Invalid, Refused, Unavailable
@@ -157,8 +158,8 @@ def choose_partitions(topic: str, requested: list[int] | None, cluster=None) -> 
     """The topic's partitions, or the requested ones after checking they exist."""
     try:
         existing = kafka_admin.partitions_for(topic, cluster=cluster)
-    except kafka_admin.KafkaUnreachable as exc:  # Kafka cannot be used now: not a mistake in the request
-        raise Unavailable.of(exc) from None
+    except (kafka_admin.KafkaUnreachable, KafkaError) as exc:  # Kafka cannot be used now (or went down since its
+        raise Unavailable.of(exc) from None                      # check passed): not a mistake in the request
     except kafka_admin.KafkaAdminError as exc:
         raise Refused(str(exc)) from None
     if not requested:

@@ -35,7 +35,7 @@ from consumers.models import (
     Pipeline,
 )
 from consumers.operations import actions
-from consumers.operations.errors import Refused
+from consumers.operations.errors import KAFKA_ERRORS, Refused, as_refusal
 from consumers.operations.offset_specs import (
     OffsetSpec,
     PartitionMove,
@@ -86,7 +86,8 @@ class RewindResult:
 def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, rollback_sink: bool = False,
            dry_run: bool = False, actor: str = "cli") -> RewindResult:
     """Rewind (or move forward) the pipeline `name`. Raises Refused (nothing changed, the refusal is in
-    the action log) on bad input or while another action runs on the pipeline."""
+    the action log) on bad input or while another action runs on the pipeline, and its Unavailable when Kafka
+    cannot be used or refuses a request (also when it went down after the cluster's check passed)."""
     params = {"mode": mode, "value": None if value is None else str(value), "partitions": partitions or "all",
               "rollback_sink": rollback_sink}
     pipeline = actions.lookup(name, ACTION, actor, params)
@@ -101,8 +102,9 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
     entry = actions.claim(pipeline, ACTION, actor, params)
     try:
         return _execute(pipeline, spec, partitions, rollback_sink, entry)
-    except Refused as exc:
-        actions.refuse(pipeline, ACTION, actor, params, str(exc), entry=entry)
+    except (Refused, *KAFKA_ERRORS) as exc:  # _execute put the pipeline's state back: nothing was moved
+        refusal = as_refusal(exc)
+        actions.refuse(pipeline, ACTION, actor, params, str(refusal), entry=entry, kind=type(refusal))
     except Exception as exc:
         ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, finished_at=timezone.now(),
                                                      message=f"{type(exc).__name__}: {exc}")
@@ -132,8 +134,9 @@ def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[
 def _dry_run(pipeline, spec, partitions, rollback_sink, actor, params) -> RewindResult:
     try:
         moves = plan(pipeline, spec, partitions)
-    except Refused as exc:
-        actions.refuse(pipeline, ACTION, actor, params, str(exc), dry_run=True)
+    except (Refused, *KAFKA_ERRORS) as exc:
+        refusal = as_refusal(exc)
+        actions.refuse(pipeline, ACTION, actor, params, str(refusal), dry_run=True, kind=type(refusal))
     to_delete = {}
     if rollback_sink:
         with connection.cursor() as cursor:

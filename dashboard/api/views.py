@@ -334,7 +334,8 @@ def pipeline_action(request, name, action):
     return Response(_action_json(entry), status=_status_of(entry))
 
 
-@extend_schema(responses=answers(schemas.RewindSerializer, extra={409: REFUSED}), request=RewindInput)
+@extend_schema(responses=answers(schemas.RewindSerializer, extra={409: REFUSED, 503: KAFKA_REFUSED}),
+               request=RewindInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def pipeline_rewind(request, name):
@@ -349,6 +350,8 @@ def pipeline_rewind(request, name):
         result = rewind_ops.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"],
                                 rollback_sink=data["rollback_sink"], dry_run=data["dry_run"],
                                 actor=request.user.username)
+    except Unavailable as exc:  # Kafka down or refusing a request: audited by the operation, nothing was changed
+        return _refused(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     except Refused as exc:
         return _refused(exc)
     return Response(result.as_dict())

@@ -11,7 +11,7 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.models import Pipeline
 from consumers.offset_move_forms import RewindForm
 from consumers.operations import rewind as rewind_ops
-from consumers.operations.errors import Refused
+from consumers.operations.errors import Refused, Unavailable
 from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
@@ -36,9 +36,10 @@ def rewind(request, name):
         result = rewind_ops.rewind(pipeline, data["mode"], data["value"] or None, partitions=data["partitions"] or None,
                                 rollback_sink=data["rollback_sink"], dry_run=not execute,
                                 actor=request.user.username)
-    except Refused as exc:
+    except Refused as exc:  # audited by the operation; Kafka down (Unavailable) is a 503, as the API's
         form.add_error(None, str(exc))
-        return render_page(request, "rewind.html", {**context, "form": form}, fragment="panel", status=422)
+        return render_page(request, "rewind.html", {**context, "form": form}, fragment="panel",
+                           status=503 if isinstance(exc, Unavailable) else 422)
     if execute:
         messages.success(request, f"Rewind done on {pipeline.name}: {result.message}"
                                   + (" The pipeline was resumed." if result.resumed else ""))

@@ -1,0 +1,69 @@
+"""Kafka went down after its cluster's check passed (the check is trusted for PREFLIGHT_TTL_S): every door that
+calls Kafka on request answers the operation's Unavailable refusal -- a 503 from the API and on htmx panels, exit
+code 1 with the reason from a command, a refusal message in the admin -- never a 500 or a traceback."""
+import html
+
+from consumers.models import ActionLog, ActionResult
+from tests.admin_support import client_for, messages_of, post_action, staff_operator
+from tests.api_schema import assert_documented, operation
+from tests.commands import run_command
+from tests.kafka_down import kafka_refusal
+from tests.views_helpers import make_operator, make_pipeline
+
+PIPELINES = "/admin/consumers/pipeline/"
+
+
+def rewind_refusals() -> list[ActionLog]:
+    entries = list(ActionLog.objects.filter(action="rewind").order_by("pk"))
+    assert all(e.result == ActionResult.REFUSED and kafka_refusal(e.message) for e in entries), \
+        [(e.result, e.message) for e in entries]
+    return entries
+
+
+def test_a_rewind_from_its_page_answers_503_in_the_panel_audited_and_the_pipeline_keeps_its_state(
+        db, kafka_went_down, client):
+    orders = make_pipeline("orders")
+    state = orders.desired_state
+    client.force_login(make_operator())
+    for step in ("preview", "execute"):
+        response = client.post("/pipelines/orders/rewind/", {"mode": "to-earliest", "step": step},
+                               HTTP_HX_REQUEST="true")
+        assert response.status_code == 503
+        assert rewind_refusals()[-1].message in html.unescape(response.content.decode())
+    assert [e.dry_run for e in rewind_refusals()] == [True, False]
+    orders.refresh_from_db()
+    assert orders.desired_state == state
+    assert set(orders.offsets.values_list("next_offset", flat=True)) == {100}
+
+
+def test_a_rewind_from_the_api_answers_503_with_the_reason_and_is_audited(db, kafka_went_down, client):
+    make_pipeline("orders")
+    client.force_login(make_operator())
+    response = client.post("/api/pipelines/orders/rewind", {"mode": "to-earliest", "dry_run": False},
+                           content_type="application/json")
+    assert_documented(operation("post", "/api/pipelines/{name}/rewind"), response, "post",
+                      "/api/pipelines/orders/rewind")
+    assert response.status_code == 503
+    [entry] = rewind_refusals()
+    assert response.json() == {"error": entry.message, "action_id": entry.pk}
+
+
+def test_the_rewind_command_exits_1_with_the_reason_and_is_audited(transactional_db, kafka_went_down, capsys):
+    make_pipeline("orders")
+    code, _, err = run_command(capsys, "rewind", "orders", "--to-earliest", "--execute")
+    [entry] = rewind_refusals()
+    assert code == 1
+    assert f"Refused: {entry.message}" in err and "Traceback" not in err
+
+
+def test_the_admin_rewind_action_reports_the_refusal_of_each_pipeline(db, kafka_went_down):
+    orders = make_pipeline("orders")
+    client = client_for(staff_operator())
+    preview = post_action(client, PIPELINES, "rewind", [orders.pk], mode="to-earliest", partitions="", step="preview")
+    assert preview.status_code == 200
+    executed = post_action(client, PIPELINES, "rewind", [orders.pk], mode="to-earliest", partitions="",
+                           step="execute")
+    first, second = rewind_refusals()
+    assert first.message in html.unescape(preview.content.decode())
+    assert messages_of(executed) == [f"Pipeline orders: rewind refused: {second.message}"]
+
