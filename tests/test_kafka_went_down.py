@@ -3,14 +3,23 @@ calls Kafka on request answers the operation's Unavailable refusal -- a 503 from
 code 1 with the reason from a command, a refusal message in the admin -- never a 500 or a traceback."""
 import html
 
-from consumers.models import ActionLog, ActionResult
+import pytest
+
+from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 from tests.admin_support import client_for, messages_of, post_action, staff_operator
 from tests.api_schema import assert_documented, operation
 from tests.commands import run_command
 from tests.kafka_down import kafka_refusal
-from tests.views_helpers import make_operator, make_pipeline
+from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
 PIPELINES = "/admin/consumers/pipeline/"
+
+
+def get_documented(client, template: str, path: str):
+    """GET `path` from the API; fails unless the schema documents the answer (status and body)."""
+    response = client.get(path)
+    assert_documented(operation("get", template), response, "get", path)
+    return response
 
 
 def rewind_refusals() -> list[ActionLog]:
@@ -67,3 +76,41 @@ def test_the_admin_rewind_action_reports_the_refusal_of_each_pipeline(db, kafka_
     assert first.message in html.unescape(preview.content.decode())
     assert messages_of(executed) == [f"Pipeline orders: rewind refused: {second.message}"]
 
+
+# Tracing reads Kafka and changes nothing: the same refusal, with no action log entry.
+
+@pytest.mark.parametrize("query", ["partition=0&offset=2", "key=k7"])
+def test_a_trace_from_its_page_answers_503_in_the_panel(db, kafka_went_down, client, query):
+    make_pipeline("orders")
+    client.force_login(make_viewer())
+    response = client.get(f"/pipelines/orders/trace/?{query}", HTTP_HX_REQUEST="true")
+    assert response.status_code == 503
+    assert "Kafka: KafkaTimeoutError: Unable to bootstrap" in html.unescape(response.content.decode())
+
+
+@pytest.mark.parametrize("query", ["partition=0&offset=2", "key=k7"])
+def test_a_trace_from_the_api_answers_503_with_the_reason(db, kafka_went_down, client, query):
+    make_pipeline("orders")
+    client.force_login(make_viewer())
+    response = get_documented(client, "/api/pipelines/{name}/trace", f"/api/pipelines/orders/trace?{query}")
+    assert response.status_code == 503
+    assert kafka_refusal(response.json()["error"]) and response.json()["field"] is None
+
+
+def test_the_trace_command_exits_1_with_the_reason(transactional_db, kafka_went_down, capsys):
+    make_pipeline("orders")
+    code, _, err = run_command(capsys, "trace", "orders", "--partition", "0", "--offset", "2")
+    assert code == 1
+    assert "Refused: Kafka: KafkaTimeoutError: Unable to bootstrap" in err and "Traceback" not in err
+
+
+def test_a_watch_trace_answers_503_on_its_page_and_from_the_api(db, kafka_went_down, client):
+    watch = Watch.objects.create(name="team", group_id="team-loader", topic="team-topic", sink_table="sink_team",
+                                 record_id="value", row_id="id")
+    WatchPartition.objects.create(watch=watch, partition=0, start_offset=0, settled_offset=10)
+    client.force_login(make_operator())
+    page = client.get("/watches/team/trace/?partition=0&offset=2", HTTP_HX_REQUEST="true")
+    assert page.status_code == 503
+    assert "Kafka: KafkaTimeoutError: Unable to bootstrap" in html.unescape(page.content.decode())
+    api = get_documented(client, "/api/watches/{name}/trace", "/api/watches/team/trace?partition=0&offset=2")
+    assert api.status_code == 503 and kafka_refusal(api.json()["error"])

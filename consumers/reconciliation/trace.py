@@ -19,9 +19,11 @@ An upsert pipeline (one row per key) adds, for a consumed record without a row o
   superseded       a later record of its key overwrote the row (the row names that record), or deleted it
   deleted          it is a tombstone: it deleted its key's row
 """
+import contextlib
 from dataclasses import dataclass, field
 
 from django.db import connection
+from kafka.errors import KafkaError
 from psycopg2 import sql
 
 from consumers.engine import sinks
@@ -29,6 +31,7 @@ from consumers.engine.transforms import SourceRecord, for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
 from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from consumers.operations.errors import Unavailable
 from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 from consumers.reconciliation import verify_upsert
 
@@ -41,6 +44,19 @@ class TraceRefused(ValueError):
     def __init__(self, message: str, field: str = ""):
         super().__init__(message)
         self.field = field
+
+
+@contextlib.contextmanager
+def kafka_reads():
+    """A trace's Kafka reads: a cluster that cannot be used now (also one that went down after its check passed:
+    kafka-python's own errors) raises errors.Unavailable, which doors answer with a 503; anything else Kafka
+    says no to (a topic that does not exist) is the request's TraceRefused."""
+    try:
+        yield
+    except (kafka_admin.KafkaUnreachable, KafkaError) as exc:
+        raise Unavailable.of(exc) from None
+    except kafka_admin.KafkaAdminError as exc:
+        raise TraceRefused(f"Kafka: {exc}") from None
 
 
 def parse_request(params) -> tuple[int | None, int | None, str | None]:
@@ -100,18 +116,17 @@ def preview(data: bytes | memoryview | None) -> str | None:
 
 
 def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
-    """Where the record at (pipeline's topic, partition, offset) went."""
+    """Where the record at (pipeline's topic, partition, offset) went. Raises TraceRefused for a request that
+    cannot be traced, errors.Unavailable when Kafka cannot be read now."""
     check_position(partition, offset)
-    try:
+    with kafka_reads():
         partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
-    except kafka_admin.KafkaAdminError as exc:
-        raise TraceRefused(str(exc)) from None
-    if partition not in partitions:
-        raise TraceRefused(f"partition: topic {pipeline.topic!r} has no partition {partition} "
-                           f"(it has {len(partitions)})", "partition")
-    mark = kafka_admin.watermarks(pipeline.topic, [partition], cluster=pipeline.cluster)[partition]
-    found = (kafka_admin.read_record(pipeline.topic, partition, offset, cluster=pipeline.cluster)
-             if mark.log_start <= offset < mark.high else None)
+        if partition not in partitions:
+            raise TraceRefused(f"partition: topic {pipeline.topic!r} has no partition {partition} "
+                               f"(it has {len(partitions)})", "partition")
+        mark = kafka_admin.watermarks(pipeline.topic, [partition], cluster=pipeline.cluster)[partition]
+        found = (kafka_admin.read_record(pipeline.topic, partition, offset, cluster=pipeline.cluster)
+                 if mark.log_start <= offset < mark.high else None)
     result = Trace(pipeline.name, pipeline.topic, partition, offset, "", "")
     if found is not None:
         result.record = {"key": preview(found.key), "value": preview(found.value), "timestamp_ms": found.timestamp_ms}
@@ -149,13 +164,11 @@ def _batch(b: BatchLedger, offset: int) -> dict:
 
 def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRecord], int]:
     """(records of the pipeline's topic with this key, among the newest KEY_SCAN_LIMIT per partition,
-    records scanned)."""
-    try:
+    records scanned). Raises as trace()."""
+    with kafka_reads():
         partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
-    except kafka_admin.KafkaAdminError as exc:
-        raise TraceRefused(str(exc)) from None
-    return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT,
-                                          cluster=pipeline.cluster)
+        return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT,
+                                              cluster=pipeline.cluster)
 
 
 def _sink_rows(pipeline: Pipeline, partition: int, offset: int) -> list[dict]:

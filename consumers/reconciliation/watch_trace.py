@@ -15,7 +15,7 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
-from consumers.reconciliation.trace import MAX_ROWS, TraceRefused, parse_request, preview
+from consumers.reconciliation.trace import MAX_ROWS, TraceRefused, kafka_reads, parse_request, preview
 
 __all__ = ["TraceRefused", "WatchTrace", "findings_csv", "parse_request", "trace"]
 
@@ -54,10 +54,8 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
               .order_by("-checked_at").first())
     if stored is not None:
         result.finding = {"kind": stored.kind, "extra": stored.extra, "checked_at": stored.checked_at.isoformat()}
-    try:
+    with kafka_reads():
         found = kafka_admin.read_record(watch.topic, partition, offset, cluster=watch.cluster)
-    except kafka_admin.KafkaAdminError as exc:
-        raise TraceRefused(f"Kafka: {exc}") from None
     if found is not None:
         result.record = {"key": preview(found.key), "value": preview(found.value),
                          "timestamp_ms": found.timestamp_ms}

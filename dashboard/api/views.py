@@ -293,7 +293,7 @@ def discard_dead_letters(request, name):
 
 @extend_schema(responses=answers(PolymorphicProxySerializer("TraceAnswer", [schemas.TraceSerializer,
                                                                              schemas.KeyTraceSerializer], None),
-                                 extra={400: schemas.TraceErrorSerializer}),
+                                 extra={400: schemas.TraceErrorSerializer, 503: schemas.TraceErrorSerializer}),
                parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),
                                             OpenApiParameter("key", str)])
 @api_view(["GET"])
@@ -311,6 +311,8 @@ def trace_record(request, name):
         return Response(tracing.trace(pipeline, partition, offset).as_json())
     except tracing.TraceRefused as exc:
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
+    except Unavailable as exc:  # Kafka cannot be read now
+        return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
 
 
 @extend_schema(responses=answers(schemas.ActionSerializer, extra={409: REFUSED, 503: schemas.ActionSerializer}),

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from consumers.api_base import REFUSALS, answers, refuse_fields
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_setup
+from consumers.operations.errors import Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard.api import schemas
 from dashboard.api.inputs import (
@@ -109,7 +110,8 @@ def watch_check(request, name):
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
 
 
-@extend_schema(responses=answers(schemas.WatchTraceSerializer, extra={400: schemas.TraceErrorSerializer}),
+@extend_schema(responses=answers(schemas.WatchTraceSerializer, extra={400: schemas.TraceErrorSerializer,
+                                                                      503: schemas.TraceErrorSerializer}),
                parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int)],
                operation_id="watches_trace")
 @api_view(["GET"])
@@ -123,6 +125,8 @@ def watch_trace_record(request, name):
         return Response(watch_trace.trace(watch, partition, offset).as_json())
     except watch_trace.TraceRefused as exc:
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
+    except Unavailable as exc:  # Kafka cannot be read now
+        return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
 
 
 @extend_schema(responses={(200, "text/csv"): str, **REFUSALS}, operation_id="watches_findings_csv")

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from consumers.models import Pipeline
+from consumers.operations.errors import Unavailable
 from consumers.reconciliation import trace as tracing
 from dashboard.views.common import render_page
 
@@ -26,4 +27,6 @@ def trace_record(request, name):
                 context["traces"] = [tracing.trace(pipeline, partition, offset)]
         except tracing.TraceRefused as exc:
             context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
+        except Unavailable as exc:  # Kafka cannot be read now: htmx swaps 503 too
+            context["error"], status = str(exc), 503
     return render_page(request, "trace.html", context, fragment="result", status=status)

@@ -14,6 +14,7 @@ from consumers.access import can_operate
 from consumers.form_errors import add_problems
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
+from consumers.operations.errors import Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard import consumer_rows
 from dashboard.forms import ClusterField
@@ -60,6 +61,8 @@ def trace_finding(request, name):
             context["t"] = watch_trace.trace(watch, partition, offset)
         except watch_trace.TraceRefused as exc:
             context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
+        except Unavailable as exc:  # Kafka cannot be read now: htmx swaps 503 too
+            context["error"], status = str(exc), 503
     return render_page(request, "watch_trace.html", context, fragment="result", status=status)
 
 
