@@ -4,7 +4,9 @@ code 1 with the reason from a command, a refusal message in the admin -- never a
 import html
 
 import pytest
+from django.db import connection
 
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 from tests.admin_support import client_for, messages_of, post_action, staff_operator
 from tests.api_schema import assert_documented, operation
@@ -114,3 +116,50 @@ def test_a_watch_trace_answers_503_on_its_page_and_from_the_api(db, kafka_went_d
     assert "Kafka: KafkaTimeoutError: Unable to bootstrap" in html.unescape(page.content.decode())
     api = get_documented(client, "/api/watches/{name}/trace", "/api/watches/team/trace?partition=0&offset=2")
     assert api.status_code == 503 and kafka_refusal(api.json()["error"])
+
+
+# Creating a pipeline or a watch checks the topic in Kafka first: in that window its answer is already a problem of
+# the field `topic` naming Kafka (kafka_admin.topic_partitions_or_problem, pipeline_preview.preview), never a 500.
+
+@pytest.fixture
+def json_table(db):
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE sink_went_down (order_id bigint, source_topic text NOT NULL, "
+                       "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    return "sink_went_down"
+
+
+@pytest.mark.parametrize("path,spec", [
+    ("/api/pipelines/", {"name": "more", "topic": "more-topic", "sink_table": "sink_more", "create_table": True}),
+    ("/api/pipelines/preview", {"name": "more", "topic": "more-topic", "sink_table": "sink_went_down",
+                                "transform": "json"}),
+    ("/api/watches/", {"name": "team", "group": "team-loader", "topic": "more-topic"}),
+])
+def test_creating_or_previewing_answers_400_naming_kafka_for_the_topic(json_table, kafka_went_down, client, path,
+                                                                        spec):
+    client.force_login(make_operator())
+    response = client.post(path, spec, content_type="application/json")
+    assert response.status_code == 400
+    [problem] = response.json()["errors"]["topic"]
+    assert "KafkaTimeoutError: Unable to bootstrap" in problem["message"], problem
+
+
+def test_the_groups_list_answers_503_and_a_group_page_shows_why_it_could_not_be_described(
+        db, kafka_went_down, client):
+    client.force_login(make_viewer())
+    listed = get_documented(client, "/api/groups/", "/api/groups/")
+    assert listed.status_code == 503 and "KafkaTimeoutError" in listed.json()["error"]
+    described = client.get("/api/groups/billing/")
+    assert described.status_code == 200 and any("KafkaTimeoutError" in e for e in described.json()["errors"])
+
+
+def test_a_watch_whose_topic_was_found_just_before_kafka_went_down_answers_400_naming_kafka(
+        db, kafka_went_down, client, monkeypatch):
+    monkeypatch.setattr(kafka_admin, "topic_partitions_or_problem", lambda topic, cluster=None: ([0, 1], None))
+    client.force_login(make_operator())
+    response = client.post("/api/watches/", {"name": "team", "group": "team-loader", "topic": "more-topic"},
+                           content_type="application/json")
+    assert response.status_code == 400
+    [problem] = response.json()["errors"]["topic"]
+    assert problem["message"].startswith("cannot read the offsets of topic 'more-topic' in Kafka: KafkaTimeoutError")
+    assert not Watch.objects.exists()

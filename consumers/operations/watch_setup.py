@@ -25,7 +25,7 @@ from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 from consumers.operations import offset_specs
-from consumers.operations.errors import Invalid
+from consumers.operations.errors import KAFKA_ERRORS, Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
@@ -114,7 +114,11 @@ def validate(spec: WatchSpec) -> Validated:
         partitions = _check_topic(spec.topic, problems, spec.cluster)
     if problems:
         raise Invalid(problems)
-    starts = _start_offsets(spec.topic, partitions, spec.start_from, moment, spec.cluster)
+    try:
+        starts = _start_offsets(spec.topic, partitions, spec.start_from, moment, spec.cluster)
+    except KAFKA_ERRORS as exc:  # Kafka went down (or refused) since the topic was checked: the same field problem
+        raise Invalid({"topic": f"cannot read the offsets of topic {spec.topic!r} in Kafka: "
+                                f"{type(exc).__name__}: {exc}"}) from None
     notes = _commit_notes(spec, partitions)
     if id_spec is not None and spec.keyed:
         notes.append("keyed: for each id, its latest committed record must have its row; a tombstone expects none")
