@@ -52,6 +52,8 @@ def test_refusals_name_the_missing_table_column_and_the_type_that_cannot_match(m
                                       "--row-id", "flag")
     assert "offset needs two columns" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "offset",
                                                  "--row-id", "off")
+    assert "two different columns" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "offset",
+                                              "--row-id", "part,part")
     assert "--record-id" in refused(capsys, *base, "--sink-table", team_table)
     assert "does not exist in Kafka" in refused(capsys, "create", "w", "--group", "g", "--topic", "no-such-topic")
     assert "unknown record id 'body'" in refused(capsys, *base, "--sink-table", team_table, "--record-id", "body",

@@ -210,6 +210,10 @@ def _check_audit(spec: WatchSpec, problems: dict):
         problems["row_id"] = ("offset needs two columns: --row-id PART_COL,OFFSET_COL" if id_spec.columns == 2 else
                               f"{id_spec} needs one column: the table's column holding the id")
         return None
+    if len(set(spec.columns)) != len(spec.columns):
+        # One column cannot hold both the partition and the offset: every record would be matched wrongly.
+        problems["row_id"] = f"offset needs two different columns, got {spec.row_id!r}: --row-id PART_COL,OFFSET_COL"
+        return None
     if spec.keyed and id_spec.kind == record_ids.OFFSET:
         problems["keyed"] = "keyed needs an id that records share (value, key or json:PATH), not the offset"
     table = spec.sink_table
