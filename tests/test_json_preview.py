@@ -138,3 +138,34 @@ def test_the_api_refuses_bad_input_naming_the_field(operator, topic, table):
                              content_type="application/json")
     assert response.status_code == 400 and "delete_on_tombstone" in response.json()["errors"]
     assert not Pipeline.objects.exists()
+
+
+def test_the_preview_shows_values_as_postgresql_prints_them_not_as_their_text_cast(operator, make_topic, kafka_client):
+    """inet::text adds the netmask (10.0.0.1/32) where the table, psql and the API's readers show 10.0.0.1."""
+    name = make_topic("hosts", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for record in ({"id": 1, "ip": "10.0.0.1", "net": "10.1.0.0/16"}, {"id": 2, "ip": None}):
+        producer.send(name, json.dumps(record).encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    table = f"hosts_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL(
+            "CREATE TABLE {} (id bigint NOT NULL, ip inet, net cidr, source_topic text NOT NULL, "
+            "source_partition integer NOT NULL, source_offset bigint NOT NULL, "
+            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(table)))
+    try:
+        fields = {**form(name, table), "name": "hosts", "map": {}}
+        response = operator.post("/api/pipelines/preview", fields, content_type="application/json")
+        assert response.status_code == 200, response.content
+        rows = [record["row"] for record in response.json()["records"]]
+        assert rows == [{"id": "1", "ip": "10.0.0.1", "net": "10.1.0.0/16"}, {"id": "2", "ip": None, "net": None}]
+        assert operator.post("/api/pipelines/", fields, content_type="application/json").status_code == 201
+        result = run_pipeline("hosts", stop_when_caught_up=True, max_seconds=60)
+        assert result.reason == "caught_up", result.detail
+        with connection.cursor() as cursor:
+            cursor.execute(sql.SQL("SELECT id::text, ip, net FROM {} ORDER BY id").format(sql.Identifier(table)))
+            written = [dict(zip(("id", "ip", "net"), row, strict=True)) for row in cursor.fetchall()]
+        assert written == rows
+    finally:
+        drop_sink_tables([table])

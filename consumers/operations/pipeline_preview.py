@@ -138,8 +138,11 @@ def _through_postgresql(table: str, columns: list[str], rows: list[tuple]) -> No
                 # As the run would say it: the error names the sink table, not the temporary copy.
                 reason = poison.describe(exc).replace('relation "tally_preview"', f'relation "{table}"')
                 shown.dead_letter = f"database refused: {reason}"
+        # format('%s') is the type's output function, as the table's readers see the value (inet 10.0.0.1, where
+        # inet::text says 10.0.0.1/32); it turns NULL into '', so NULL is kept apart.
         cur.execute(sql.SQL("SELECT source_partition, source_offset, {} FROM {}").format(
-            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns), staging))
+            sql.SQL(", ").join(sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE format('%s', {0}) END").format(
+                sql.Identifier(c)) for c in columns), staging))
         written = {(p, o): values for p, o, *values in cur.fetchall()}
         transaction.set_rollback(True)
     for shown, _ in rows:
