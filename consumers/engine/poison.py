@@ -11,6 +11,8 @@ Database errors are told apart by SQLSTATE class, the one stable contract Postgr
              (a duplicate provenance key) ...: retrying cannot help, so the run ends with an error that
              names the SQLSTATE, and the supervisor does not restart it (an alert fires instead).
 """
+import re
+
 import psycopg2
 
 from consumers.engine.sinks import UnencodableValue
@@ -18,6 +20,8 @@ from consumers.engine.sinks import UnencodableValue
 DATA_CODES = {"23502", "23514"}
 TRANSIENT_CLASSES = ("08", "40")
 TRANSIENT_CODES = {"57P01", "57P02", "57P03"}
+# The context PostgreSQL gives a COPY row it refuses for one column's value: 'COPY t, line 1, column ip: "999.1"'.
+_COPY_COLUMN = re.compile(r"COPY .*?, line [0-9]+, column (.+?): ")
 
 
 def is_data_error(exc: BaseException) -> bool:
@@ -39,7 +43,12 @@ def describe(exc: BaseException) -> str:
     """The database's own error text with its SQLSTATE ("22003 value ... is out of range for type bigint")."""
     diag = getattr(exc, "diag", None)
     if getattr(exc, "pgcode", None) and diag is not None and diag.message_primary:
-        return f"{exc.pgcode} {diag.message_primary}"
+        text = f"{exc.pgcode} {diag.message_primary}"
+        # A value PostgreSQL's own parser refuses ("invalid input syntax for type inet") names no column; COPY's
+        # context does: name it, as the JSON mapping's own refusals do.
+        copied = _COPY_COLUMN.match(diag.context or "")
+        column = diag.column_name or (copied.group(1) if copied else None)
+        return f"{text} (column {column})" if column and f'"{column}"' not in text else text
     return f"{type(exc).__name__}: {exc}"
 
 
