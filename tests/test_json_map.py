@@ -83,6 +83,9 @@ def test_a_good_value_converts_to_what_its_column_takes(types_table, column, val
 BAD = [
     ("small", 32768, "out of range"), ("regular", -2 ** 31 - 1, "out of range"), ("big", 2 ** 63, "out of range"),
     ("big", 1.5, "not an integer"), ("big", True, "not an integer"), ("big", "12a", "not an integer"),
+    # Digits of other scripts and underscores: Python reads them as numbers, PostgreSQL refuses them.
+    ("big", "\u0661\u0662", "not an integer"), ("amount", "\u0661\u0662", "not a number"),
+    ("amount", "1_000", "not a number"), ("ratio", "\u0661\u0662", "not a number"), ("ratio", "1_0", "not a number"),
     ("amount", 1_000_000, "too many digits"), ("amount", "abc", "not a number"), ("amount", "NaN", "finite"),
     ("ratio", "fast", "not a number"), ("label", "abcdef", "longer than"), ("note", "a\x00b", "NUL"),
     ("note", "\ud800", "surrogate"), ("flag", "yes", "not a boolean"), ("flag", 1, "not a boolean"),

@@ -213,6 +213,12 @@ def _shown(value) -> str:
     return repr(text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "...")
 
 
+def _ascii_number(text: str) -> bool:
+    """Python reads other scripts' digits ("١٢") and underscores ("1_000") as numbers; PostgreSQL refuses them,
+    so a record holding one is bad, not a number."""
+    return bool(text.strip()) and text.isascii() and "_" not in text
+
+
 def _integer(column: Column):
     low, high = INTEGER_RANGES[column.base]
 
@@ -221,7 +227,7 @@ def _integer(column: Column):
             number = int(value)
         elif type(value) is float and value.is_integer():
             number = int(value)
-        elif type(value) is str and value.strip().lstrip("+-").isdigit():
+        elif type(value) is str and _ascii_number(value) and value.strip().lstrip("+-").isdigit():
             number = int(value)
         else:
             raise ValueError(f"not an integer for {column.pg_type}")
@@ -234,7 +240,7 @@ def _integer(column: Column):
 def _decimal(value) -> Decimal:
     if type(value) is float:
         return Decimal(repr(value))  # the shortest text that reads back as this float: 19.99, not 19.989999...
-    if (isinstance(value, int) and type(value) is not bool) or (type(value) is str and value.strip()):
+    if (isinstance(value, int) and type(value) is not bool) or (type(value) is str and _ascii_number(value)):
         try:
             return Decimal(value.strip() if type(value) is str else int(value))
         except InvalidOperation:
@@ -274,7 +280,7 @@ def _float(column: Column):
     def convert(value):
         if type(value) is float or type(value) is int:
             return repr(float(value))
-        if type(value) is str:
+        if type(value) is str and _ascii_number(value):
             try:
                 return repr(float(value))
             except ValueError:
