@@ -7,7 +7,8 @@ Queue (inside evaluation's transaction, so a message exists if and only if its s
   fire, even during a mute: whoever was told an incident opened is told it closed (PagerDuty resolves it).
 Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per channel:
   1. pick due rows, oldest first; a channel's row waits while an older one of the same channel is pending,
-     so a receiver that was down gets fired, reminder, resolved in that order once it is back;
+     so a receiver that was down gets fired, reminder, resolved in that order once it is back (a channel
+     whose oldest row waits for its retry is left out of the pick, so its backlog never starves the others);
   2. claim the row with a conditional UPDATE (one sender wins; the claim pushes `next_attempt_at` ahead);
   3. send it through its kind (alerts/channels/); a 2xx (or SMTP's acceptance) sets `delivered_at` and the
      row is never picked again; a failure records the scrubbed reason and the next attempt time;
@@ -22,7 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from alerts import notify, payloads
@@ -147,8 +148,12 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
     """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error."""
     now = now or timezone.now()
     counts = {"sent": 0, "failed": 0, "gave_up": 0}
+    # A channel whose oldest message waits for its retry (or is being sent) holds all of its messages: they are
+    # left out here, so a backlog behind a receiver that is down never fills the batch and starves the others.
+    waiting = Notification.objects.filter(channel_id=OuterRef("channel_id"), delivered_at__isnull=True,
+                                          failed_at__isnull=True, next_attempt_at__gt=now)
     due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
-               .exclude(channel__enabled=False).order_by("created_at", "pk")
+               .exclude(channel__enabled=False).exclude(Exists(waiting)).order_by("created_at", "pk")
                .values_list("pk", "channel_id", "created_at")[:limit])
     blocked = set()  # channels that must wait: an older message is pending or just failed
     with Session() as session:

@@ -342,3 +342,18 @@ def test_a_channel_added_while_an_alert_fires_hears_it_at_the_next_pass_and_hear
     assert events[0]["payload"]["component"] == "orders"   # the acknowledged alert is someone's already: not paged
     assert list(Notification.objects.filter(channel=channel).values_list("kind", "sequence").order_by("pk")) == [
         ("fired", 0), ("resolved", 0)]
+
+
+def test_a_channel_that_is_down_with_a_backlog_does_not_hold_back_the_other_channels(receiver):
+    down = Receiver()  # its port has no listener: every try fails
+    add_channel("down", "webhook", f"{down.url}/{SECRET_TOKEN}")
+    for name in ("a", "b", "c"):
+        fire_loss(name)  # three messages wait on "down", older than anything the other channel will get
+    add_channel("up", "webhook", receiver.url)
+    fire_loss("d", at=at(10))
+
+    for seconds in range(10, 70, 10):  # passes of two rows each: fewer than "down"'s backlog
+        deliver_due(now=at(seconds), limit=2)
+
+    assert {b["target"]["name"] for b in receiver.bodies()} == {"a", "b", "c", "d"}
+    assert not Notification.objects.filter(channel__name="down", delivered_at__isnull=False).exists()
