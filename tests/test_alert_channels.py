@@ -357,3 +357,16 @@ def test_a_channel_that_is_down_with_a_backlog_does_not_hold_back_the_other_chan
 
     assert {b["target"]["name"] for b in receiver.bodies()} == {"a", "b", "c", "d"}
     assert not Notification.objects.filter(channel__name="down", delivered_at__isnull=False).exists()
+
+
+def test_a_long_answer_quoting_the_secret_where_it_is_cut_short_shows_no_part_of_it(receiver):
+    receiver.status, receiver.text = 502, "x" * 272 + f"bad gateway for /in/{SECRET_TOKEN}"
+    add_channel("hooks", "webhook", f"{receiver.url}/in/{SECRET_TOKEN}")
+    fire_loss()
+    deliver_due(now=T0)
+
+    row = Notification.objects.get(channel__name="hooks")
+    channel = Channel.objects.get(name="hooks")
+    assert row.answer.startswith("HTTP 502: xxx")
+    for text in (row.answer, row.last_error, channel.last_error):
+        assert SECRET_TOKEN[:6] not in text

@@ -27,7 +27,8 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
         raise DeliveryFailed("connection failed: " + redact(_reason(error), secrets)) from None
     except requests.RequestException as error:
         raise DeliveryFailed(f"{type(error).__name__}: " + redact(str(error), secrets)) from None
-    answer = Answer(response.status_code, redact(short(response.text), secrets))
+    # Scrubbed before it is cut short: a secret cut at the end would no longer match, and its start would show.
+    answer = Answer(response.status_code, short(redact(response.text, secrets)))
     if not 200 <= response.status_code < 300:
         raise DeliveryFailed(str(answer))
     return answer
