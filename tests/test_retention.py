@@ -167,3 +167,21 @@ def test_the_ledger_row_count_is_the_estimate_once_analysed_and_a_count_before(p
         cursor.execute("UPDATE pg_class SET reltuples = -1 WHERE oid = 'consumers_batchledger'::regclass")
     assert {k: ledger_facts()[k] for k in ("rows", "estimated", "at_least")} == \
         {"rows": 5, "estimated": False, "at_least": False}
+
+
+def test_expired_sessions_and_sign_ins_older_than_the_action_log_go(settings):
+    from axes.models import AccessLog
+    from django.contrib.sessions.models import Session
+
+    settings.TALLY_RETAIN_ACTION_LOG_DAYS = 730
+    Session.objects.create(session_key="expired", session_data="", expire_date=ago(1))
+    Session.objects.create(session_key="current", session_data="", expire_date=ago(-1))
+    for days in (731, 729):
+        AccessLog.objects.filter(pk=AccessLog.objects.create(username="ada", ip_address="127.0.0.1").pk).update(
+            attempt_time=ago(days))
+
+    done = retention.apply(now=NOW)
+
+    assert (done["expired_sessions"], done["sign_ins"]) == (1, 1)
+    assert list(Session.objects.values_list("session_key", flat=True)) == ["current"]
+    assert [row.attempt_time for row in AccessLog.objects.all()] == [ago(729)]

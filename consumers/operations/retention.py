@@ -6,14 +6,17 @@
                     reconciliation counts for the offset -- and lose their payload (key and value)
     topic checks    finished (done or failed) jobs after TALLY_RETAIN_TOPIC_CHECKS_DAYS
     action log      entries older than TALLY_RETAIN_ACTION_LOG_DAYS: the audit trail, kept longest (settings
-                    refuse a shorter setting than any other)
+                    refuse a shorter setting than any other); the sign-in log (django-axes' AccessLog) with it
+    sessions        expired ones (what Django's `clearsessions` deletes): a row per sign-in otherwise stays
 Alert history is alerts/retention.py's (alerts sit above this package). Live runs, pending dead letters and
 queued or running jobs are never touched, whatever their age.
 """
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from axes.models import AccessLog
 from django.conf import settings
+from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -76,6 +79,14 @@ def expired_actions(now: datetime):
     return ActionLog.objects.filter(created_at__lt=ACTION_LOG.cutoff(now))
 
 
+def expired_sign_ins(now: datetime):
+    return AccessLog.objects.filter(attempt_time__lt=ACTION_LOG.cutoff(now))
+
+
+def expired_sessions(now: datetime):
+    return Session.objects.filter(expire_date__lt=now)
+
+
 def in_batches(queryset, change) -> int:
     """Apply `change` (a function of a queryset of the rows, returning how many it changed) to what `queryset`
     matches, DELETE_BATCH rows per transaction, so no transaction holds a long history's rows at once;
@@ -107,6 +118,8 @@ def apply(now: datetime | None = None) -> dict[str, int]:
         "discarded_dead_letter_payloads": _clear_payloads_in_batches(expired_discarded_payloads(now)),
         "topic_checks": delete_in_batches(expired_topic_checks(now)),
         "action_log": delete_in_batches(expired_actions(now)),
+        "sign_ins": delete_in_batches(expired_sign_ins(now)),
+        "expired_sessions": delete_in_batches(expired_sessions(now)),
     }
 
 
