@@ -370,3 +370,17 @@ def test_a_long_answer_quoting_the_secret_where_it_is_cut_short_shows_no_part_of
     assert row.answer.startswith("HTTP 502: xxx")
     for text in (row.answer, row.last_error, channel.last_error):
         assert SECRET_TOKEN[:6] not in text
+
+
+def test_slack_names_a_watch_as_a_watch_and_counts_one_record_as_one_record():
+    from alerts.channels.slack import message
+    from alerts.payloads import channel_test_payload
+
+    payload = channel_test_payload(Channel(name="chat"), now=T0)
+    payload["target"]["type"] = "watch"
+    payload["facts"] = {"partitions": {"0": {"count": 1, "offsets_text": "3"}}}
+
+    blocks = message(payload)["blocks"]
+    buttons = next(b for b in blocks if b["type"] == "actions")["elements"]
+    assert buttons[0]["text"]["text"] == "Open the watch"
+    assert any(b.get("text", {}).get("text") == "• partition 0: 1 record, offsets 3" for b in blocks)

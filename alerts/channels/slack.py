@@ -22,7 +22,8 @@ def _partitions(facts: dict) -> str:
     partitions = facts.get("partitions") or {}
     for partition, info in list(partitions.items())[:MAX_PARTITIONS]:
         info = info if isinstance(info, dict) else {}
-        bits = [f"{info['count']} records" if info.get("count") else "",
+        count = info.get("count")
+        bits = [f"{count} record{'' if count == 1 else 's'}" if count else "",
                 f"offsets {info['offsets_text']}" if info.get("offsets_text") else "",
                 f"status {info['status']}" if info.get("status") else "",
                 f"lag {info['lag_records']}" if info.get("lag_records") is not None else ""]
@@ -51,7 +52,7 @@ def message(payload: dict) -> dict:
     if partitions := _partitions(payload.get("facts") or {}):
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": partitions}})
     blocks.append({"type": "actions", "elements": [
-        {"type": "button", "text": {"type": "plain_text", "text": "Open the pipeline"},
+        {"type": "button", "text": {"type": "plain_text", "text": f"Open the {target['type']}"},
          "url": payload["links"]["pipeline"]},
         {"type": "button", "text": {"type": "plain_text", "text": "Alerts"}, "url": payload["links"]["alerts"]}]})
     reminder = f" · reminder {payload['reminder']}" if payload["event"] == "reminder" else ""
