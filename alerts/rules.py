@@ -186,9 +186,10 @@ def _format_range(start: int, end: int, folded: bool = False) -> str:
     return f"within {text}" if folded else text
 
 
-def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: str | None, label: str,
+def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: str | None, label: tuple[str, str],
                      planned_exempt: bool) -> Finding | None:
-    """Findings of the given kinds per partition, minus rewound ranges when `planned_exempt`."""
+    """Findings of the given kinds per partition, minus rewound ranges when `planned_exempt`; `label` is what
+    one of them is called, and several."""
     per_partition, total = {}, 0
     for part in view.partitions:
         pieces, count, samples = [], 0, []
@@ -225,7 +226,7 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
         return None
     where = "; ".join(f"partition {p}: offsets {info['offsets_text']}" if info["offsets_text"] else f"partition {p}"
                       for p, info in per_partition.items())
-    summary = f"{total} {label}" + (f" ({where})" if where else "")
+    summary = f"{total} {label[total != 1]}" + (f" ({where})" if where else "")
     if len(summary) > 300:
         summary = summary[:296] + " ..."
     return Finding(summary, {"count": total, "partitions": per_partition, "checked_at": view.checked_at})
@@ -233,23 +234,27 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
 
 def check_lost(rule, view):
     # Unrecoverable records (below the log start before anyone read them) are lost too.
-    return _offset_findings(view, ("lost", "unrecoverable"), "lost", "lost records", planned_exempt=True)
+    return _offset_findings(view, ("lost", "unrecoverable"), "lost", ("lost record", "lost records"),
+                            planned_exempt=True)
 
 
 def check_gap(rule, view):
-    return _offset_findings(view, ("gap",), None, "offsets in ledger gaps", planned_exempt=True)
+    return _offset_findings(view, ("gap",), None, ("offset in a ledger gap", "offsets in ledger gaps"),
+                            planned_exempt=True)
 
 
 def check_duplicated(rule, view):
     # The same count as reconciliation's "duplicated" (extra sink rows). A ledger overlap covers the same
     # records again: counting it too would double them; it alerts on its own only when no row is duplicated.
-    return (_offset_findings(view, ("duplicated",), "duplicated", "duplicated records", planned_exempt=False)
-            or _offset_findings(view, ("overlap",), None, "offsets in overlapping ledger batches",
+    return (_offset_findings(view, ("duplicated",), "duplicated", ("duplicated record", "duplicated records"),
+                             planned_exempt=False)
+            or _offset_findings(view, ("overlap",), None,
+                                ("offset in overlapping ledger batches", "offsets in overlapping ledger batches"),
                                 planned_exempt=False))
 
 
 def check_phantom(rule, view):
-    return _offset_findings(view, ("phantom",), "phantom", "phantom rows", planned_exempt=False)
+    return _offset_findings(view, ("phantom",), "phantom", ("phantom row", "phantom rows"), planned_exempt=False)
 
 
 def _threshold(rule) -> float:
@@ -360,7 +365,8 @@ def check_dead_letters(rule, view):
         per_partition.setdefault(str(letter.partition), []).append(letter.offset)
     partitions = {p: {"count": len(o), "sample_offsets": o[:20], "offsets_text": ", ".join(map(str, o[:20]))}
                   for p, o in per_partition.items()}
-    return Finding(f"{count} dead letters in {rule.interval_seconds} s > {_threshold(rule):g}",
+    letters_text = f"{count} dead letter{'' if count == 1 else 's'}"
+    return Finding(f"{letters_text} in {rule.interval_seconds} s > {_threshold(rule):g}",
                    {"count": count, "value": count, "threshold": _threshold(rule),
                     "interval_seconds": rule.interval_seconds, "partitions": partitions})
 

@@ -74,6 +74,17 @@ def test_each_kind_of_finding_fires_its_own_rule_with_offsets(pipeline, kind, fi
     assert fires(other, pipeline) is None
 
 
+@pytest.mark.parametrize("kind,finding_kind,label", [
+    (RuleKind.LOST, "lost", "lost record"),
+    (RuleKind.DUPLICATED, "duplicated", "duplicated record"),
+    (RuleKind.PHANTOM, "phantom", "phantom row"),
+    (RuleKind.GAP, "gap", "offset in a ledger gap"),
+])
+def test_one_finding_is_counted_in_the_singular(pipeline, kind, finding_kind, label):
+    health(pipeline, findings=[{"kind": finding_kind, "start": 20, "end": 21, "count": 1}])
+    assert fires(kind, pipeline) == f"1 {label} (partition 0: offsets 20)"
+
+
 def test_a_count_without_findings_still_fires(pipeline):
     health(pipeline, lost=4)
     assert fires(RuleKind.LOST, pipeline) == "4 lost records (partition 0)"
@@ -102,6 +113,7 @@ def test_dead_letters_fire_above_n_within_the_interval_only(pipeline):
     assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=2, interval_seconds=60) == "3 dead letters in 60 s > 2"
     assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=3, interval_seconds=60) is None
     assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=3, interval_seconds=600) is not None
+    assert fires(RuleKind.DEAD_LETTERS, pipeline, threshold=0, interval_seconds=15) == "1 dead letter in 15 s > 0"
 
 
 def test_a_pipeline_that_should_run_without_a_live_heartbeat_fires(pipeline, settings):
@@ -178,7 +190,7 @@ def test_a_rule_check_that_fails_is_reported_and_does_not_stop_the_others(pipeli
 def test_err_caused_by_lost_records_is_left_to_the_loss_rule_so_one_incident_sends_one_email(pipeline):
     health(pipeline, status=Status.ERR, findings=[{"kind": "lost", "start": 3, "end": 4, "count": 1}])
     assert fires(RuleKind.STATUS, pipeline) is None
-    assert fires(RuleKind.LOST, pipeline) == "1 lost records (partition 0: offsets 3)"
+    assert fires(RuleKind.LOST, pipeline) == "1 lost record (partition 0: offsets 3)"
     health(pipeline, status=Status.ERR, findings=[])  # e.g. Kafka could not be read
     assert fires(RuleKind.STATUS, pipeline) == "status ERR (partitions 0)"
 

@@ -123,7 +123,7 @@ def test_alerts_on_a_watch_fire_once_and_resolve_once(make_topic, table_name, se
 
     assert sorted(first.fired) == ["alerting/Lost records", "alerting/lag over 5"]
     lost_alert = Alert.objects.get(watch=watch, rule__kind=RuleKind.LOST)
-    assert "1 lost records (partition 0: offsets 3)" in lost_alert.summary
+    assert "1 lost record (partition 0: offsets 3)" in lost_alert.summary
     assert Notification.objects.filter(kind="fired").count() == 2
     notification = Notification.objects.get(alert=lost_alert)
     assert notification.subject.startswith("[Tally] FIRING: alerting:")

@@ -30,4 +30,4 @@ class Command(TallyCommand):
             self.stderr.write(f"ERROR {error}")
         emails = report["emails"]
         self.stdout.write(f"{report['pipelines']} pipelines, {report['checks']} checks, {len(report['firing'])} firing"
-                          + (f"; emails sent {emails['sent']}, failed {emails['failed']}" if emails else ""))
+                          + (f"; messages sent {emails['sent']}, failed {emails['failed']}" if emails else ""))
