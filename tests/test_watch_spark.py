@@ -164,3 +164,24 @@ def test_a_partition_with_nothing_to_settle_is_not_read(spark, make_topic, table
 
     assert pg.checked == len(first) and as_offsets(pg.lost_offsets) == {first[0]}
     assert [r[0] for r in ranges] == [0]
+
+
+def test_a_table_in_another_schema_is_read_from_that_schema_on_both_paths(spark, make_topic, table_name,
+                                                                          spark_matches):
+    topic = make_topic("orders")
+    produce(topic, [(None, str(n).encode()) for n in range(1, 11)])
+    schema = f"sales_{uuid.uuid4().hex[:8]}"
+    execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        for where, ids in (((schema, table_name), [n for n in range(1, 11) if n != 4] + [6]),
+                           ((table_name,), list(range(1, 11)))):   # public's namesake holds every record once
+            execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(*where)))
+            execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(*where)), [[n] for n in ids])
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        commit_all(group, topic)
+        pg, _, findings = audit_both(spark_matches, group=group, topic=topic, sink_table=f"{schema}.{table_name}",
+                                     record_id="value", row_id="id")
+        assert as_offsets(pg.lost_offsets) == {(0, 3)} and as_offsets(pg.duplicated_offsets) == {(0, 5)}
+        assert [f[1:3] for f in findings] == [(3, "lost"), (5, "duplicated")]
+    finally:
+        execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

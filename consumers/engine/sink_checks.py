@@ -10,13 +10,14 @@ from consumers.engine.sink_names import MAX_IDENTIFIER
 from consumers.engine.transforms import Transform
 
 
-def quoted(cursor, table: str) -> str:
-    return sql.Identifier(table).as_string(cursor)
+def quoted(cursor, table: str | tuple[str, ...]) -> str:
+    """A table name (searched on the search_path) or (schema, table) parts, quoted as SQL."""
+    return (sql.Identifier(*table) if isinstance(table, tuple) else sql.Identifier(table)).as_string(cursor)
 
 
-def table_columns(cursor, table: str) -> dict | None:
+def table_columns(cursor, table: str | tuple[str, ...]) -> dict | None:
     """{column: {"type": ..., "required": NOT NULL without default, "not_null": ...}} of a table in the search
-    path, or None."""
+    path (or of (schema, table): that schema's), or None."""
     cursor.execute("SELECT to_regclass(%s)", [quoted(cursor, table)])
     if cursor.fetchone()[0] is None:
         return None

@@ -24,7 +24,9 @@ class Watch(models.Model):
     cluster = models.CharField(max_length=100, default="default",
                                help_text="The Kafka cluster the group reads (default: the KAFKA_* settings).")
     # The audit: all empty for a watch of lag and status only.
-    sink_table = models.CharField(max_length=63, blank=True, default="")
+    # `table` (on the search_path) or `schema.table`: consumers/engine/table_names.py (63 + 1 + 63 characters).
+    sink_table = models.CharField(max_length=127, blank=True, default="",
+                                  help_text="table or schema.table: the table the group writes.")
     record_id = models.CharField(max_length=300, blank=True, default="",
                                  help_text="value, key, json:PATH or offset: what in a record names its row.")
     row_id = models.CharField(max_length=200, blank=True, default="",

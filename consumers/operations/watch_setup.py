@@ -4,9 +4,10 @@ Each door builds a `WatchSpec` and calls `create()` here, so all of them accept 
 with the same messages, every message naming what is wrong and what to do. What a spec must satisfy:
   1. a free, slug-like name; a group and a topic (the topic exists in Kafka); a known cluster
      (consumers/kafka/clusters.py: "default" or one of TALLY_KAFKA_CLUSTERS);
-  2. for an audit, all three of a table, a record id SPEC and the row-id column(s): the table exists and
-     the database user may read it, the columns exist and their types can hold the id (integers for
-     `offset`: PART_COL,OFFSET_COL);
+  2. for an audit, all three of a table (`table` on the search_path, or `schema.table`: the rule of
+     consumers/engine/table_names.py), a record id SPEC and the row-id column(s): the schema and the table
+     exist and the database user may use and read them, the columns exist and their types can hold the id
+     (integers for `offset`: PART_COL,OFFSET_COL);
   3. `--from` earliest, latest or an ISO date and time; settle seconds a whole number >= 0; ignore specs
      SPEC=VALUE; `keyed` needs a table and an id that is not the offset.
 A group that committed nothing on the topic yet is allowed, and said (`notes`): its lag is then measured
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from psycopg2 import sql
 
-from consumers.engine import record_ids, sink_checks
+from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
@@ -126,8 +128,8 @@ def validate(spec: WatchSpec) -> Validated:
 
 
 # The longest text each field stores (the model's max_length), checked before anything is written.
-MAX_LENGTHS = {"name": 100, "group": 255, "topic": 249, "cluster": 64, "sink_table": 63, "record_id": 300,
-               "row_id": 200, "start_from": 40}
+MAX_LENGTHS = {"name": 100, "group": 255, "topic": 249, "cluster": 64, "sink_table": table_names.MAX_QUALIFIED,
+               "record_id": 300, "row_id": 200, "start_from": 40}
 
 
 def _check_types(spec: WatchSpec, problems: dict) -> None:
@@ -217,14 +219,22 @@ def _check_audit(spec: WatchSpec, problems: dict):
     if spec.keyed and id_spec.kind == record_ids.OFFSET:
         problems["keyed"] = "keyed needs an id that records share (value, key or json:PATH), not the offset"
     table = spec.sink_table
-    if len(table) > sink_checks.MAX_IDENTIFIER or table.startswith(RESERVED_TABLE_PREFIXES):
-        problems["sink_table"] = f"{table!r} is not a table a consumer of yours writes: choose the group's own table"
+    parts = table_names.split(table)
+    problem = table_names.problem(table)
+    if problem is None and parts[-1].startswith(RESERVED_TABLE_PREFIXES):
+        problem = f"{table!r} is not a table a consumer of yours writes: choose the group's own table"
+    if problem:
+        problems["sink_table"] = problem
         return None
     with connection.cursor() as wrapper:
         cursor = wrapper.cursor
-        columns = sink_checks.table_columns(cursor, table)
+        if len(parts) == 2 and not _check_schema(cursor, parts[0], problems):
+            return None
+        columns = sink_checks.table_columns(cursor, parts)
         if columns is None:
-            problems["sink_table"] = f"table {table!r} does not exist: name the table the group {spec.group!r} writes"
+            where = f" in schema {parts[0]!r}" if len(parts) == 2 else " (as a plain name: on the search_path)"
+            problems["sink_table"] = (f"table {parts[-1]!r} does not exist{where}: name the table the group "
+                                      f"{spec.group!r} writes, as table or schema.table")
             return None
         missing = [c for c in spec.columns if c not in columns]
         if missing:
@@ -240,11 +250,24 @@ def _check_audit(spec: WatchSpec, problems: dict):
                                       f": use a column of type {', '.join(allowed)}")
                 return None
         cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, 'SELECT')",
-                       [sink_checks.quoted(cursor, table)])
+                       [sink_checks.quoted(cursor, parts)])
         if not cursor.fetchone()[0]:
             problems["sink_table"] = (f"the database user may not read {table!r}: GRANT SELECT ON it to Tally's "
                                       "database user")
     return id_spec
+
+
+def _check_schema(cursor, schema: str, problems: dict) -> bool:
+    """The schema of a `schema.table` exists and the database user may use it (else a problem, and False)."""
+    cursor.execute("SELECT has_schema_privilege(current_user, oid, 'USAGE') FROM pg_namespace WHERE nspname = %s",
+                   [schema])
+    found = cursor.fetchone()
+    if found is None:
+        problems["sink_table"] = f"schema {schema!r} does not exist: name the table the group writes as schema.table"
+    elif not found[0]:
+        problems["sink_table"] = (f"the database user may not use schema {schema!r}: GRANT USAGE ON SCHEMA "
+                                  f"{sql.Identifier(schema).as_string(cursor)} to Tally's database user")
+    return found is not None and found[0]
 
 
 def _check_topic(topic: str, problems: dict, cluster: str):

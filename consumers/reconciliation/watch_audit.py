@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from psycopg2 import sql
 
-from consumers.engine import record_ids, sink_checks
+from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
@@ -302,7 +302,7 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
     columns = watch.row_columns
     with connection.cursor() as wrapper:
         cur = wrapper.cursor
-        types = sink_checks.table_columns(cur, watch.sink_table)
+        types = sink_checks.table_columns(cur, table_names.split(watch.sink_table))
         if types is None or any(c not in types for c in columns):
             raise WatchCheckError(table_gone_message(watch))
         id_type = None if by_offset else types[columns[0]]["type"]
@@ -360,7 +360,7 @@ def tables_gone(cursor, watches) -> set[int]:
         "  SELECT 1 FROM unnest(string_to_array(w.columns, ',')) AS c(name) WHERE NOT EXISTS ("
         "    SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass(w.relation) AND a.attname = c.name"
         "    AND a.attnum > 0 AND NOT a.attisdropped))",
-        [[w.pk for w in auditing], [sink_checks.quoted(cursor, w.sink_table) for w in auditing],
+        [[w.pk for w in auditing], [sink_checks.quoted(cursor, table_names.split(w.sink_table)) for w in auditing],
          [",".join(w.row_columns) for w in auditing]])
     return {row[0] for row in cursor.fetchall()}
 
@@ -387,11 +387,12 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     # (a fixed 0.1-0.3 s on statements that are all scans and hashes). SET LOCAL: this check only.
     cur.execute("SET LOCAL work_mem = %s; SET LOCAL jit = off", [MATCH_WORK_MEM])
     cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["records"]))
+    table = table_names.split(watch.sink_table)
     if watch_match.needs_written(by_offset, watch.keyed):
         cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
-            sql.Identifier(WRITTEN), watch_match.written_sql(watch.sink_table, columns, by_offset, RELATIONS)))
+            sql.Identifier(WRITTEN), watch_match.written_sql(table, columns, by_offset, RELATIONS)))
         cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
-    findings = watch_match.findings_sql(watch.sink_table, columns, by_offset, watch.keyed, RELATIONS)
+    findings = watch_match.findings_sql(table, columns, by_offset, watch.keyed, RELATIONS)
     cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(sql.Identifier(FOUND), findings))
     superseded = {}
     if watch.keyed:

@@ -99,6 +99,11 @@ WHERE NOT EXISTS (SELECT 1 FROM {records} r WHERE r.partition = t.{part} AND r."
 RELATIONS = ("records", "written", "ranges")
 
 
+def _table(table: str | tuple[str, ...]) -> sql.Identifier:
+    """The team's table: a name, or (schema, table) parts (consumers/engine/table_names.py)."""
+    return sql.Identifier(*table) if isinstance(table, tuple) else sql.Identifier(table)
+
+
 def _names(relations: dict) -> dict:
     return {name: relations[name] for name in RELATIONS}
 
@@ -109,26 +114,27 @@ def needs_written(by_offset: bool, keyed: bool) -> bool:
     return by_offset or keyed
 
 
-def written_sql(table: str, columns: list[str], by_offset: bool, relations: dict) -> sql.Composed:
+def written_sql(table: str | tuple[str, ...], columns: list[str], by_offset: bool, relations: dict) -> sql.Composed:
     """The team's rows counted per id (or per partition and offset) that the records name."""
     ids = [sql.Identifier(c) for c in columns]
     if by_offset:
-        return sql.SQL(WRITTEN_BY_OFFSET).format(part=ids[0], off=ids[1], table=sql.Identifier(table),
+        return sql.SQL(WRITTEN_BY_OFFSET).format(part=ids[0], off=ids[1], table=_table(table),
                                                  **_names(relations))
-    return sql.SQL(WRITTEN_BY_ID).format(col=ids[0], table=sql.Identifier(table), **_names(relations))
+    return sql.SQL(WRITTEN_BY_ID).format(col=ids[0], table=_table(table), **_names(relations))
 
 
-def findings_sql(table: str, columns: list[str], by_offset: bool, keyed: bool, relations: dict) -> sql.Composed:
+def findings_sql(table: str | tuple[str, ...], columns: list[str], by_offset: bool, keyed: bool,
+                 relations: dict) -> sql.Composed:
     """The statement that lists every finding, given the relations `records`, `written` and `ranges` (their
     names in `relations`, as psycopg2.sql objects)."""
     if by_offset:
         part, off = (sql.Identifier(c) for c in columns)
-        phantom = sql.SQL(PHANTOM_BY_OFFSET).format(part=part, off=off, table=sql.Identifier(table),
+        phantom = sql.SQL(PHANTOM_BY_OFFSET).format(part=part, off=off, table=_table(table),
                                                     **_names(relations))
         return sql.SQL("{} UNION ALL {}").format(sql.SQL(MATCH_BY_OFFSET).format(**_names(relations)), phantom)
     if keyed:
         return sql.SQL(MATCH_KEYED).format(**_names(relations))
-    return sql.SQL(MATCH_BY_ID).format(col=sql.Identifier(columns[0]), table=sql.Identifier(table),
+    return sql.SQL(MATCH_BY_ID).format(col=sql.Identifier(columns[0]), table=_table(table),
                                        **_names(relations))
 
 

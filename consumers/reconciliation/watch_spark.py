@@ -18,7 +18,7 @@ import uuid
 
 from psycopg2 import sql
 
-from consumers.engine import record_ids
+from consumers.engine import record_ids, table_names
 from consumers.reconciliation import watch_match
 
 log = logging.getLogger("tally.watch.spark")
@@ -99,14 +99,16 @@ def read_records(spark, watch, reads: dict[int, tuple[int, int]], marks: dict, i
 
 
 def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
-    """The team's row-id columns (as c0[, c1]), read by the executors in ranges of an integer column."""
+    """The team's row-id columns (as c0[, c1]), read by the executors in ranges of an integer column. `table`:
+    the watch's `table` or `schema.table` (consumers/engine/table_names.py)."""
     from consumers.reconciliation.topic_check import jdbc_options
 
     names = [sql.Identifier(c) for c in columns]
     aliased = [sql.SQL("{} AS {}").format(name, sql.Identifier(TEAM_COLUMNS[i])) for i, name in enumerate(names)]
-    select = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(aliased), sql.Identifier(table)).as_string(cur)
+    team = table_names.identifier(table)
+    select = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(aliased), team).as_string(cur)
     ranged = names[1] if by_offset else names[0]
-    cur.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(ranged, ranged, sql.Identifier(table)))
+    cur.execute(sql.SQL("SELECT min({}), max({}) FROM {}").format(ranged, ranged, team))
     low, high = cur.fetchone()
     reader = spark.read.format("jdbc").options(**jdbc_options())
     if not (isinstance(low, int) and isinstance(high, int)):

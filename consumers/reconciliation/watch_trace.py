@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 from psycopg2 import sql
 
-from consumers.engine import record_ids, sink_checks
+from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
 from consumers.reconciliation.trace import MAX_ROWS, TraceRefused, kafka_reads, parse_request, preview
@@ -60,7 +60,7 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
         result.record = {"key": preview(found.key), "value": preview(found.value),
                          "timestamp_ms": found.timestamp_ms}
     with connection.cursor() as wrapper:
-        types = sink_checks.table_columns(wrapper.cursor, watch.sink_table)
+        types = sink_checks.table_columns(wrapper.cursor, table_names.split(watch.sink_table))
         if types is None or any(c not in types for c in watch.row_columns):
             raise TraceRefused(f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist")
         ignored = _expected_id(watch, result, found, types)
@@ -88,7 +88,7 @@ def _expected_id(watch: Watch, result: WatchTrace, found, types: dict) -> str:
 
 def _rows(cursor, watch: Watch, expected: list) -> tuple[int, list[dict]]:
     where = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in watch.row_columns)
-    table = sql.Identifier(watch.sink_table)
+    table = table_names.identifier(watch.sink_table)
     cursor.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, where), expected)
     count = cursor.fetchone()[0]
     cursor.execute(sql.SQL("SELECT * FROM {} WHERE {} LIMIT %s").format(table, where), [*expected, MAX_ROWS])

@@ -32,7 +32,8 @@ class WatchCreateInput(StrictSerializer):
     group = StrictStringField(max_length=255)
     topic = StrictStringField(max_length=249)
     cluster = StrictStringField(max_length=100, required=False, default="default")
-    sink_table = StrictStringField(max_length=63, required=False, default="", allow_blank=True)
+    sink_table = StrictStringField(max_length=watch_setup.MAX_LENGTHS["sink_table"], required=False, default="",
+                                   allow_blank=True, help_text="table (on the search_path) or schema.table")
     record_id = StrictStringField(max_length=300, required=False, default="", allow_blank=True)
     row_id = StrictStringField(max_length=200, required=False, default="", allow_blank=True)
     start_from = StrictStringField(max_length=40, required=False, default="earliest")

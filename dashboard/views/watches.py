@@ -104,7 +104,8 @@ class WatchForm(forms.Form):
     group = forms.CharField(max_length=255, help_text="The consumer group to watch.")
     topic = forms.CharField(max_length=249)
     cluster = ClusterField()
-    sink_table = forms.CharField(max_length=63, required=False, help_text="The table the group writes (optional).")
+    sink_table = forms.CharField(max_length=watch_setup.MAX_LENGTHS["sink_table"], required=False,
+                                 help_text="The table the group writes (optional): table or schema.table.")
     record_id = forms.CharField(max_length=300, required=False, help_text="value, key, json:PATH or offset.")
     row_id = forms.CharField(max_length=200, required=False, help_text="COLUMN, or PART_COL,OFFSET_COL for offset.")
     start_from = forms.CharField(max_length=40, initial="earliest", help_text="earliest, latest or an ISO datetime.")
