@@ -17,7 +17,7 @@ A crash between the receiver's 2xx and step 3's UPDATE sends that row again afte
 payload's `id` (and the webhook's `X-Tally-Delivery`) lets a receiver drop the repeat.
 """
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -42,6 +42,9 @@ CLAIM_SECONDS = 120
 EMAIL_RETRY_BASE_SECONDS = 30
 HTTP_RETRY_BASE_SECONDS = 5
 RETRY_MAX_SECONDS = 300
+# A receiver's Retry-After (429, 503) is honoured when it asks for longer than the backoff, up to this: a
+# receiver asking for days would otherwise hold its channel's messages long after it is back.
+RETRY_AFTER_MAX_SECONDS = 3600
 
 
 def max_attempts() -> int:
@@ -185,7 +188,7 @@ def _send(notification: Notification, session: Session, now) -> str:
         reason = error_text(redact(reason, secrets))
         give_up = _gives_up(notification, now)
         Notification.objects.filter(pk=notification.pk).update(
-            last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification),
+            last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification, now, error),
             failed_at=now if give_up else None)
         logger.warning("alert notification %s (%s) attempt %s failed: %s", notification.pk,
                        channel.name if channel else "email", notification.attempts, reason)
@@ -200,10 +203,18 @@ def _send(notification: Notification, session: Session, now) -> str:
     return "sent"
 
 
-def _delay(notification: Notification) -> timedelta:
+def _delay(notification: Notification, now, error: Exception) -> timedelta:
+    """The backoff, or the receiver's Retry-After when it asks for longer (at most RETRY_AFTER_MAX_SECONDS)."""
     channel = notification.channel
     email = channel is None or channel.kind == ChannelKind.EMAIL
-    return retry_delay(notification.attempts, EMAIL_RETRY_BASE_SECONDS if email else HTTP_RETRY_BASE_SECONDS)
+    backoff = retry_delay(notification.attempts, EMAIL_RETRY_BASE_SECONDS if email else HTTP_RETRY_BASE_SECONDS)
+    asked = getattr(error, "retry_after", None)
+    if asked is None:
+        return backoff
+    longest = timedelta(seconds=RETRY_AFTER_MAX_SECONDS)
+    # Seconds are capped before they become a timedelta: a receiver's 10**20 would overflow one.
+    wait = asked - now if isinstance(asked, datetime) else timedelta(seconds=min(asked, RETRY_AFTER_MAX_SECONDS))
+    return max(backoff, min(wait, longest))
 
 
 def _gives_up(notification: Notification, now) -> bool:

@@ -1,5 +1,6 @@
 """Local HTTP receivers for alert channels (http.server in a thread, on loopback): they keep every request
-and answer as told — 2xx, 500, or not at all until released (too slow for the client's timeout)."""
+and answer as told — 2xx, 500 (with the headers given), or not at all until released (too slow for the
+client's timeout)."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ class Receiver:
     def __init__(self, port: int | None = None, status: int = 200, text: str = "ok"):
         self.port = port or free_port()
         self.status, self.text = status, text
+        self.headers: dict[str, str] = {}  # sent with every answer (e.g. Retry-After)
         self.requests: list[dict] = []
         self.slow = False
         self.release = threading.Event()
@@ -39,6 +41,8 @@ class Receiver:
                 answer = receiver.text.encode()
                 self.send_response(receiver.status)
                 self.send_header("Content-Length", str(len(answer)))
+                for name, value in receiver.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(answer)
 

@@ -5,6 +5,7 @@ import hashlib
 import hmac
 import json
 from datetime import timedelta
+from email.utils import format_datetime
 from io import StringIO
 
 import pytest
@@ -17,7 +18,7 @@ from alerts.channels.webhook import SIGNATURE_HEADER
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
-from alerts.outbox import deliver_due
+from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
 from consumers.models import ActionLog, PartitionHealth, Status
 from tests.receivers import Receiver
 from tests.test_alerts_email import T0, lost, make_pipeline, report_health
@@ -149,6 +150,24 @@ def test_a_receiver_answering_500_is_retried_with_backoff_capped_at_five_minutes
     assert deliver_due(now=due)["sent"] == 1
     assert deliver_due(now=due + timedelta(minutes=10))["sent"] == 0
     assert len(receiver.requests) == 10
+
+
+def test_a_receiver_answering_429_or_503_is_retried_after_its_retry_after_within_the_cap(receiver):
+    add_channel("hooks", "webhook", receiver.url)
+    fire_loss()
+
+    def next_wait(status, retry_after, now):
+        receiver.status, receiver.headers = status, {"Retry-After": retry_after}
+        assert deliver_due(now=now)["failed"] == 1
+        return (Notification.objects.get(channel__name="hooks").next_attempt_at - now).total_seconds()
+
+    assert next_wait(429, "120", T0) == 120  # seconds, longer than the 5 s backoff
+    assert next_wait(503, format_datetime(at(720), usegmt=True), at(120)) == 600  # an HTTP-date
+    assert next_wait(429, "99999999999999999999", at(720)) == RETRY_AFTER_MAX_SECONDS  # capped
+    assert next_wait(429, "1", at(720 + 3600)) == 40  # never shorter than the backoff (4th attempt)
+    assert next_wait(500, "900", at(720 + 3640)) == 80  # only 429 and 503 name a wait
+    receiver.status, receiver.headers = 200, {}
+    assert deliver_due(now=at(720 + 3720))["sent"] == 1
 
 
 def test_a_receiver_too_slow_to_answer_times_out_and_is_retried(receiver):

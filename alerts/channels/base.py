@@ -8,6 +8,7 @@ A kind is a module with the same five names (see alerts/channels/__init__.py):
   secret_values(channel) -> list[str]              the secrets it holds, scrubbed from every error text
 """
 from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import urlsplit
 
 MASK = "••••••••"
@@ -28,7 +29,12 @@ class Answer:
 
 class DeliveryFailed(Exception):
     """The receiver was unreachable, too slow, or answered other than 2xx. The message is already scrubbed of
-    the channel's secrets."""
+    the channel's secrets. `retry_after` is the wait the receiver asked for (its `Retry-After` on a 429 or
+    503): seconds, or the moment it named; None when it asked for nothing."""
+
+    def __init__(self, message: str, retry_after: "int | datetime | None" = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def unused_settings(channel, fields: tuple[str, ...], message: str) -> dict:

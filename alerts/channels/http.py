@@ -1,11 +1,17 @@
 """One JSON POST with timeouts (requests), shared by the webhook, Slack and PagerDuty kinds. Anything but a
-2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body."""
+2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body,
+and on a 429 or 503 the receiver's `Retry-After` (the outbox waits at least that long, within a cap)."""
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
 import requests
 from django.conf import settings
 
 from alerts.channels.base import Answer, DeliveryFailed, redact, short
 
 USER_AGENT = "Tally-Alerts/1"
+# The answers whose Retry-After says when to come back (RFC 9110: 503; RFC 6585: 429).
+RETRY_AFTER_STATUSES = (429, 503)
 
 
 def timeout() -> tuple[float, float]:
@@ -30,8 +36,23 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
     # Scrubbed before it is cut short: a secret cut at the end would no longer match, and its start would show.
     answer = Answer(response.status_code, short(redact(response.text, secrets)))
     if not 200 <= response.status_code < 300:
-        raise DeliveryFailed(str(answer))
+        retry_after = (retry_after_of(response.headers.get("Retry-After"))
+                       if response.status_code in RETRY_AFTER_STATUSES else None)
+        raise DeliveryFailed(str(answer), retry_after=retry_after)
     return answer
+
+
+def retry_after_of(value: str | None) -> int | datetime | None:
+    """A `Retry-After` header: delay-seconds (an int) or an HTTP-date (an aware datetime); None when absent or
+    unreadable (the outbox then keeps its own backoff)."""
+    value = (value or "").strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _reason(error: Exception) -> str:
