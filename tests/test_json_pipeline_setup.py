@@ -98,12 +98,12 @@ def test_the_file_applies_a_mapping_once_then_changes_nothing_and_changes_the_ma
             'upsert_key = ["order_id"]\ndelete_on_tombstone = true\n')
     path = write(tmp_path, body + 'map = { order_id = "@key", customer = "customer.name" }\n')
     code, out, err = run_command(capsys, "apply", path)
-    assert code == 0, err and "1 to create" in out
+    assert code == 0 and "created 1, updated 0, 0 unchanged." in out, err
     pipeline = Pipeline.objects.get(name="orders")
     assert pipeline.json_map == {"order_id": "@key", "customer": "customer.name"}
     assert pipeline.upsert_key == ["order_id"] and pipeline.delete_on_tombstone
     code, out, err = run_command(capsys, "apply", path)
-    assert code == 0 and "unchanged orders" in out and "0 to create, 0 to change, 1 unchanged." in out
+    assert code == 0 and "unchanged orders" in out and "created 0, updated 0, 1 unchanged." in out
     assert ActionLog.objects.filter(pipeline=pipeline).count() == 1
     path = write(tmp_path, body + 'map = { order_id = "@key", customer = "buyer" }\n')
     code, out, err = run_command(capsys, "apply", path)

@@ -48,10 +48,10 @@ def test_apply_creates_then_changes_nothing_the_second_time(capsys, tmp_path, na
     code, out, err = run_command(capsys, "apply", path)
     assert (code, err) == (0, "")
     assert f"create orders: {names['topic']} -> {names['orders']} (exactly-once, transform int_value)" in out
-    assert "2 to create, 0 to change, 0 unchanged." in out
+    assert out.rstrip().endswith("created 2, updated 0, 0 unchanged.") and "to create" not in out
     assert Pipeline.objects.get(name="clicks").group_id == "clicks-group"
     code, out, _ = run_command(capsys, "apply", path)
-    assert code == 0 and "unchanged orders" in out and "0 to create, 0 to change, 2 unchanged." in out
+    assert code == 0 and "unchanged orders" in out and "created 0, updated 0, 2 unchanged." in out
     assert ActionLog.objects.filter(action="create").count() == 2
 
 
@@ -89,7 +89,7 @@ def test_isolation_level_and_truncation_policy_are_created_diffed_and_changed_wh
     orders = Pipeline.objects.get(name="orders")
     assert (orders.isolation_level, orders.on_log_truncated) == ("read_uncommitted", "stop")
     code, out, _ = run_command(capsys, "apply", write(tmp_path, reading))
-    assert code == 0 and "0 to create, 0 to change, 2 unchanged." in out
+    assert code == 0 and "created 0, updated 0, 2 unchanged." in out
 
     skipping = reading.replace('isolation_level = "read_uncommitted"\n', 'on_log_truncated = "skip"\n')
     actions.start("orders")
@@ -102,7 +102,7 @@ def test_isolation_level_and_truncation_policy_are_created_diffed_and_changed_wh
                          "stop -> skip" in out
     assert Pipeline.objects.get(name="orders").on_log_truncated == "stop"
     code, out, err = run_command(capsys, "apply", write(tmp_path, skipping))
-    assert (code, err) == (0, "") and "1 to change" in out
+    assert (code, err) == (0, "") and out.rstrip().endswith("created 0, updated 1, 1 unchanged.")
     orders = Pipeline.objects.get(name="orders")
     assert (orders.isolation_level, orders.on_log_truncated) == ("read_committed", "skip")
     change = ActionLog.objects.get(pipeline=orders, action="update")

@@ -180,10 +180,10 @@ row_id = "part,note"
     code, _, err = run_command(capsys, "watch", "apply", str(bad))
     assert code == 1 and "broken.row_id" in err and not Watch.objects.exists()   # nothing of the file applied
     code, out, _ = run_command(capsys, "watch", "apply", str(good))
-    assert code == 0 and "2 to create" in out
+    assert code == 0 and out.rstrip().endswith("created 2, 0 unchanged.") and "to create" not in out
     assert Watch.objects.get(name="orders").ignore == ["json:type=heartbeat"]
     code, out, _ = run_command(capsys, "watch", "apply", str(good))
-    assert code == 0 and "0 to create, 2 unchanged" in out
+    assert code == 0 and "created 0, 2 unchanged" in out
     good.write_text(good.read_text().replace("settle_seconds = 10", "settle_seconds = 20"))
     code, _, err = run_command(capsys, "watch", "apply", str(good))
     assert code == 1 and "settle_seconds 10 -> 20" in err

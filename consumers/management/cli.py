@@ -79,4 +79,4 @@ class SubcommandsCommand(TallyCommand):
             raise refused(str(exc)) from None
         for line in plan.lines():
             self.stdout.write(line)
-        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary())
+        self.stdout.write(("Dry run: nothing changed. " if dry_run else "") + plan.summary(applied=not dry_run))

@@ -48,7 +48,10 @@ class Plan:
         out += [f"not in file, left alone: {name}" for name in self.not_in_file]
         return out
 
-    def summary(self) -> str:
+    def summary(self, *, applied: bool) -> str:
+        """The counts: what was done once applied, or what a dry run would do."""
+        if applied:
+            return f"created {len(self.create)}, updated {len(self.update)}, {len(self.unchanged)} unchanged."
         return f"{len(self.create)} to create, {len(self.update)} to change, {len(self.unchanged)} unchanged."
 
 

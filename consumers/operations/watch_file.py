@@ -37,7 +37,10 @@ class Plan:
         out += [f"not in file, left alone: {name}" for name in self.not_in_file]
         return out
 
-    def summary(self) -> str:
+    def summary(self, *, applied: bool) -> str:
+        """The counts: what was done once applied, or what a dry run would do."""
+        if applied:
+            return f"created {len(self.create)}, {len(self.unchanged)} unchanged."
         return f"{len(self.create)} to create, {len(self.unchanged)} unchanged."
 
 
