@@ -187,3 +187,31 @@ row_id = "part,note"
     good.write_text(good.read_text().replace("settle_seconds = 10", "settle_seconds = 20"))
     code, _, err = run_command(capsys, "watch", "apply", str(good))
     assert code == 1 and "settle_seconds 10 -> 20" in err
+
+
+def test_a_watches_file_takes_start_from_as_a_toml_datetime_and_refuses_a_date_alone(make_topic, capsys, tmp_path):
+    topic = make_topic("nums")
+    path = tmp_path / "watches.toml"
+    path.write_text(f"""
+[watches.aware]
+group = "g1"
+topic = "{topic}"
+start_from = 2020-01-02T03:04:05+01:00
+
+[watches.local]
+group = "g2"
+topic = "{topic}"
+start_from = 2020-01-02T03:04:05
+""")
+    code, out, err = run_command(capsys, "watch", "apply", str(path))
+    assert code == 0, err
+    assert Watch.objects.get(name="aware").start_from == "2020-01-02T03:04:05+01:00"
+    assert Watch.objects.get(name="local").start_from == "2020-01-02T03:04:05+00:00"   # no offset: UTC
+    code, out, _ = run_command(capsys, "watch", "apply", str(path))
+    assert code == 0 and "unchanged aware" in out and "unchanged local" in out
+
+    path.write_text(f'[watches.day]\ngroup = "g3"\ntopic = "{topic}"\nstart_from = 2020-01-02\n')
+    code, _, err = run_command(capsys, "watch", "apply", str(path))
+    assert code == 1 and "day.start_from: a date alone is not a start: write a date and time, e.g. " \
+                         "2020-01-02T00:00:00Z" in err
+    assert not Watch.objects.filter(name="day").exists()

@@ -6,7 +6,7 @@
     sink_table = "orders"            # optional: the audit (with record_id and row_id)
     record_id = "json:order.id"      # value, key, json:PATH or offset
     row_id = "id"                    # PART_COL,OFFSET_COL for offset
-    start_from = "earliest"          # or latest, or an ISO date and time
+    start_from = "earliest"          # or latest, or an ISO date and time (a TOML datetime too)
     settle_seconds = 30
     ignore = ["json:type=heartbeat"]
     keyed = false

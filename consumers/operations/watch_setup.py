@@ -15,6 +15,7 @@ from the watch's start, and nothing is audited until it commits.
 """
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -65,6 +66,11 @@ class WatchSpec:
     @classmethod
     def from_mapping(cls, name: str, values: dict) -> "WatchSpec":
         known = {k: v for k, v in values.items() if k in cls.FIELDS}
+        if isinstance(known.get("start_from"), datetime):
+            # A TOML datetime written unquoted: the same text as quoted, and without an offset taken as UTC,
+            # like a text date and time without one (offset_specs.parse_moment).
+            moment = known["start_from"]
+            known["start_from"] = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
         return cls(name=name, **{"group": "", "topic": "", **known},
                    extra={k: v for k, v in values.items() if k not in cls.FIELDS})
 
@@ -135,7 +141,11 @@ MAX_LENGTHS = {"name": 100, "group": 255, "topic": 249, "cluster": 64, "sink_tab
 def _check_types(spec: WatchSpec, problems: dict) -> None:
     for name, longest in MAX_LENGTHS.items():
         value = getattr(spec, name)
-        if not isinstance(value, str):
+        if name == "start_from" and isinstance(value, date):  # a TOML date (datetimes are text by now)
+            problems[name] = (f"a date alone is not a start: write a date and time, e.g. {value.isoformat()}"
+                              "T00:00:00Z")
+            setattr(spec, name, "")
+        elif not isinstance(value, str):
             problems[name] = f"must be text, got {type(value).__name__}"
             setattr(spec, name, "")
         elif len(value) > longest or not value.isprintable():
