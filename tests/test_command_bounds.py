@@ -1,7 +1,10 @@
-"""Numbers a command cannot honour are refused (exit code 1) before it touches anything: no database access is
-allowed in these tests, so a command that went on would fail here with pytest-django's "Database access not allowed"."""
+"""Numbers a command cannot honour are refused (exit code 1), or for a watch's settle time are a usage error
+(exit code 2), before it touches anything: no database access is allowed in these tests, so a command that
+went on would fail here with pytest-django's "Database access not allowed"."""
 import pytest
 from django.core.management import CommandError, call_command
+
+from tests.commands import run_command
 
 
 @pytest.mark.parametrize("command", ["compact_ledger", "run_pipeline"])
@@ -13,11 +16,11 @@ def test_a_time_limit_that_is_not_positive_is_refused(command, seconds):
     assert refused.value.returncode == 1
 
 
-@pytest.mark.parametrize("seconds", ["-1", str(7 * 24 * 3600 + 1), "99999999999999999999"])
-def test_a_watch_checks_settle_time_out_of_range_is_refused(seconds):
-    with pytest.raises(CommandError, match="--settle-seconds must be from 0 to 604800") as refused:
-        call_command("watch", "check", "team", "--settle-seconds", seconds)
-    assert refused.value.returncode == 1
+@pytest.mark.parametrize("argv", [["check", "team"], ["create", "team", "--group", "g", "--topic", "t"]])
+@pytest.mark.parametrize("seconds", ["-3", str(7 * 24 * 3600 + 1), "99999999999999999999", "1.5", "soon"])
+def test_a_watch_settle_time_out_of_range_or_not_a_number_is_a_usage_error(argv, seconds, capsys):
+    code, _, err = run_command(capsys, "watch", *argv, "--settle-seconds", seconds)
+    assert code == 2 and f"--settle-seconds: a whole number from 0 to 604800, got '{seconds}'" in err
 
 
 def test_trace_takes_an_offset_or_a_key_not_both():

@@ -1,5 +1,6 @@
 """What Tally's management commands share: subcommands dispatched to `do_NAME` methods, and one way to say
 no. Exit codes everywhere: 0 done, 1 refused (the reason on stderr, after "Refused: "), 2 usage error."""
+import argparse
 import json
 from collections.abc import Callable
 
@@ -17,6 +18,20 @@ def not_valid(noun: str, problems: dict[str, str]) -> CommandError:
     """A spec's problems, one line a field, as every door shows them."""
     lines = "\n".join(f"  {field}: {message}" for field, message in problems.items())
     return refused(f"the {noun} is not valid:\n{lines}")
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`; anything else is a usage error (exit 2), like a
+    missing option, not a refusal."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"a whole number from {low} to {high}, got {text!r}")
+        return value
+    return parse
 
 
 def as_json(data) -> str:

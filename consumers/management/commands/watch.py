@@ -9,11 +9,14 @@ from operator import itemgetter
 
 from django.core.management.base import CommandError
 
-from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused
+from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused, whole_number
 from consumers.models import Watch, WatchRange
 from consumers.operations import watch_file, watch_setup
 from consumers.operations.watch_setup import Invalid, WatchSpec
 from consumers.reconciliation import watch_audit
+
+# --settle-seconds out of range is a usage error (exit 2), as every malformed option is.
+SETTLE_SECONDS = whole_number(0, watch_setup.MAX_SETTLE_SECONDS)
 
 
 class Command(SubcommandsCommand):
@@ -35,7 +38,7 @@ class Command(SubcommandsCommand):
                             help="The table's column holding the id (offset: PART_COL,OFFSET_COL).")
         create.add_argument("--from", dest="start_from", default="earliest", metavar="earliest|latest|ISO-DATETIME",
                             help="Where the audit starts (default: the earliest retained offset).")
-        create.add_argument("--settle-seconds", type=int, default=30,
+        create.add_argument("--settle-seconds", type=SETTLE_SECONDS, default=30, metavar="N",
                             help="Audit a committed range once its commit is this old (default 30).")
         create.add_argument("--ignore", action="append", default=[], metavar="SPEC=VALUE",
                             help="Records the consumer skips on purpose, e.g. json:type=heartbeat (repeatable).")
@@ -55,7 +58,7 @@ class Command(SubcommandsCommand):
         apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
         check = commands.add_parser("check", help="Audit what was committed since the last check; lag, status.")
         check.add_argument("name")
-        check.add_argument("--settle-seconds", type=int, default=None,
+        check.add_argument("--settle-seconds", type=SETTLE_SECONDS, default=None, metavar="N",
                            help="This check only: settle commits this old (0: everything committed now).")
         check.add_argument("--json", action="store_true")
         for sub in commands.choices.values():
@@ -118,8 +121,6 @@ class Command(SubcommandsCommand):
         self.apply_file(watch_file.apply, file=file, actor=actor, dry_run=dry_run)
 
     def do_check(self, *, name, settle_seconds, json: bool, **options):
-        if settle_seconds is not None and not 0 <= settle_seconds <= watch_setup.MAX_SETTLE_SECONDS:
-            raise refused(f"--settle-seconds must be from 0 to {watch_setup.MAX_SETTLE_SECONDS}")
         watch = _watch(name)
         report = watch_audit.check_watch(watch, settle_seconds=settle_seconds)
         if json:
