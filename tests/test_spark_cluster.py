@@ -18,6 +18,7 @@ from consumers.models import BatchLedger, DeliveryMode, PartitionOffset, Pipelin
 from tests.conftest import ROOT, stop_process_group
 from tests.spark_cluster import alive_workers
 from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -60,7 +61,7 @@ def test_executors_commit_every_slice_and_the_driver_never_commits(on_spark_clus
 
     # The commit protocol is refused in this (the driver's) process only; executors import their own.
     monkeypatch.setattr(commit, "commit_batch", driver_commit)
-    result = run_pipeline(pipeline.name, batch_size=200, stop_when_caught_up=True, max_seconds=240)
+    result = run_pipeline(pipeline.name, batch_size=200, stop_when_caught_up=True, max_seconds=patience(120))
 
     assert result.reason == "caught_up", result.detail
     assert (result.records, result.skipped) == (900, 0)
@@ -77,7 +78,7 @@ def test_python_workers_killed_mid_commit_on_executors_lose_and_duplicate_nothin
     # Every slice's first attempt dies inside its open transaction: its executor Python worker SIGKILLs
     # itself after writing part (mid-write) or all (after-write) of the rows. Spark retries the task.
     run = SparkRun(Pipeline.objects.get(pk=pipeline.pk), stop=None, batch_size=150, delay_ms=0,
-                   stop_when_caught_up=True, max_seconds=400, task_id="",
+                   stop_when_caught_up=True, max_seconds=patience(200), task_id="",
                    faults=FaultInjector({"mid-write": 0.5, "after-write": 1.0}))
 
     result = run.run()
