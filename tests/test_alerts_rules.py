@@ -61,28 +61,19 @@ def test_lag_in_seconds_uses_the_worst_partition(pipeline):
     assert fires(RuleKind.LAG_SECONDS, pipeline, threshold=120) is None
 
 
-@pytest.mark.parametrize("kind,finding_kind,label", [
-    (RuleKind.LOST, "lost", "lost records"),
-    (RuleKind.DUPLICATED, "duplicated", "duplicated records"),
-    (RuleKind.PHANTOM, "phantom", "phantom rows"),
-    (RuleKind.GAP, "gap", "offsets in ledger gaps"),
+@pytest.mark.parametrize("kind,finding_kind,one,several", [
+    (RuleKind.LOST, "lost", "lost record", "lost records"),
+    (RuleKind.DUPLICATED, "duplicated", "duplicated record", "duplicated records"),
+    (RuleKind.PHANTOM, "phantom", "phantom row", "phantom rows"),
+    (RuleKind.GAP, "gap", "offset in a ledger gap", "offsets in ledger gaps"),
 ])
-def test_each_kind_of_finding_fires_its_own_rule_with_offsets(pipeline, kind, finding_kind, label):
+def test_each_kind_of_finding_fires_its_own_rule_with_offsets(pipeline, kind, finding_kind, one, several):
     health(pipeline, findings=[{"kind": finding_kind, "start": 20, "end": 23, "count": 3}])
-    assert fires(kind, pipeline) == f"3 {label} (partition 0: offsets 20-22)"
+    assert fires(kind, pipeline) == f"3 {several} (partition 0: offsets 20-22)"
     other = RuleKind.PHANTOM if kind != RuleKind.PHANTOM else RuleKind.LOST
     assert fires(other, pipeline) is None
-
-
-@pytest.mark.parametrize("kind,finding_kind,label", [
-    (RuleKind.LOST, "lost", "lost record"),
-    (RuleKind.DUPLICATED, "duplicated", "duplicated record"),
-    (RuleKind.PHANTOM, "phantom", "phantom row"),
-    (RuleKind.GAP, "gap", "offset in a ledger gap"),
-])
-def test_one_finding_is_counted_in_the_singular(pipeline, kind, finding_kind, label):
     health(pipeline, findings=[{"kind": finding_kind, "start": 20, "end": 21, "count": 1}])
-    assert fires(kind, pipeline) == f"1 {label} (partition 0: offsets 20)"
+    assert fires(kind, pipeline) == f"1 {one} (partition 0: offsets 20)"   # one is said in the singular
 
 
 def test_a_count_without_findings_still_fires(pipeline):
