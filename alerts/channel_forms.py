@@ -1,5 +1,7 @@
 """The channel form of the Channels page and the Django admin. Secrets are write-only: their inputs are never
-filled in (the page shows the masked value beside them), and an empty input on an edit keeps the saved one.
+filled in (the page shows the masked value beside them), and an empty input on an edit keeps the saved one, as
+long as the channel still sends to the same URL: a routing key or signing secret is never kept for a new URL,
+where whoever edits the channel could send it to a host of their own.
 Validation is the model's (alerts/channels/<kind>.problems), the same as the command's and the API's."""
 from django import forms
 
@@ -35,11 +37,19 @@ class ChannelForm(forms.ModelForm):
                     self.fields[field].help_text = f"Saved: {saved}. Leave empty to keep it."
 
     def _keep(self, field):
-        """The new value, or the saved one when left empty on an edit of the same kind (a channel that changes
-        kind keeps no secret of its old kind: a webhook's URL must not become a PagerDuty endpoint)."""
+        """The new value, or the saved one when left empty on an edit of the same kind and, for the secrets that
+        go with a URL, the same URL (a channel that changes kind keeps no secret of its old kind: a webhook's URL
+        must not become a PagerDuty endpoint)."""
         value = self.cleaned_data.get(field, "")
-        same_kind = self.instance.pk and self.data.get(self.add_prefix("kind")) == self.instance.kind
-        return value or (getattr(self.instance, field) if same_kind else "")
+        keep = self._same_kind() and (field == "url" or not self._url_changed())
+        return value or (getattr(self.instance, field) if keep else "")
+
+    def _same_kind(self) -> bool:
+        return bool(self.instance.pk) and self.data.get(self.add_prefix("kind")) == self.instance.kind
+
+    def _url_changed(self) -> bool:
+        url = self.data.get(self.add_prefix("url"), "")
+        return bool(self.instance.pk) and bool(url) and url != self.instance.url
 
     def clean(self):
         cleaned = super().clean()
@@ -48,6 +58,11 @@ class ChannelForm(forms.ModelForm):
             for field in SECRET_FIELDS:
                 if not cleaned.get(field):
                     setattr(self.instance, field, "")
+        elif self._url_changed():
+            for field in ("routing_key", "secret"):
+                if getattr(self.instance, field) and not cleaned.get(field):
+                    self.add_error(field, "The URL changed: enter this again. A saved secret is kept only for "
+                                          "the URL it was given with.")
         return cleaned
 
     def clean_url(self):

@@ -192,3 +192,25 @@ def test_a_channel_changing_kind_keeps_no_secret_of_its_old_kind(channels):
     assert response.status_code == 302, ActionLog.objects.filter(result=ActionResult.REFUSED).first().message
     channel = Channel.objects.get(name="hooks")
     assert (channel.kind, channel.url, channel.secret, channel.routing_key) == ("pagerduty", "", "", "NEW-KEY")
+
+
+@pytest.mark.parametrize("name, secret_field, secret", [("pager", "routing_key", ROUTING_KEY),
+                                                        ("hooks", "secret", HMAC_SECRET)])
+def test_a_new_url_keeps_no_saved_secret_until_it_is_entered_again(channels, name, secret_field, secret):
+    """Whoever edits a channel may not send its saved routing key (or sign with its saved secret) to a host of
+    their own: a changed URL asks for the secret again, and nothing changes until it is given."""
+    client = client_for(make_operator())
+    kind = Channel.objects.get(name=name).kind
+    refused = client.post(f"/alerts/channels/{name}/", {"kind": kind, "url": "https://attacker.example/in",
+                                                         "enabled": "on"})
+    assert refused.status_code == 400 and "The URL changed: enter this again." in refused.content.decode()
+    channel = Channel.objects.get(name=name)
+    assert channel.url != "https://attacker.example/in" and getattr(channel, secret_field) == secret
+
+    kept = client.post(f"/alerts/channels/{name}/", {"kind": kind, "url": "", "enabled": "on"})
+    assert kept.status_code == 302 and getattr(Channel.objects.get(name=name), secret_field) == secret
+    moved = client.post(f"/alerts/channels/{name}/", {"kind": kind, "url": "https://elsewhere.example/in",
+                                                       secret_field: "NEW-SECRET-1", "enabled": "on"})
+    assert moved.status_code == 302
+    channel = Channel.objects.get(name=name)
+    assert (channel.url, getattr(channel, secret_field)) == ("https://elsewhere.example/in", "NEW-SECRET-1")
