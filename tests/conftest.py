@@ -305,18 +305,42 @@ def start_celery_worker(env, *extra_args, log_name="celery-worker"):
 
 
 def stop_process_group(process, timeout=10):
+    """SIGTERM the group of `process` (each test process starts in a session of its own), then SIGKILL what is
+    left after `timeout` s. The group is signalled even when its leader has already exited: a PySpark driver
+    killed on its own leaves its JVM running, which would hold the next driver's cluster cores and CPU."""
     import signal
 
-    if process.poll() is None:
+    _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _group_members(process) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _group_members(process):
+        _signal_group(process.pid, signal.SIGKILL)
+        while _group_members(process):
+            time.sleep(0.05)
+    process.wait()
+
+
+def _signal_group(group: int, signum) -> None:
+    try:
+        os.killpg(group, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _group_members(process) -> list:
+    """The group's processes that have not exited (the leader is reaped first, so it is not counted as one)."""
+    import psutil
+
+    process.poll()
+    members = []
+    for member in psutil.process_iter(["status"]):
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=timeout)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+            if os.getpgid(member.pid) == process.pid and member.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(member)
+        except (ProcessLookupError, psutil.Error):
+            continue  # exited meanwhile
+    return members
 
 
 @pytest.fixture
