@@ -15,7 +15,7 @@ from consumers.kafka.broker import free_port
 def kafka_went_down(settings, monkeypatch):
     """Nothing listens at the default cluster's address, and its check passed a moment ago. Returns the address."""
     settings.KAFKA_BOOTSTRAP_SERVERS = f"127.0.0.1:{free_port()}"
-    settings.KAFKA_REQUEST_TIMEOUT_MS = 2000  # how long kafka-python tries to bootstrap before it gives up
+    settings.KAFKA_REQUEST_TIMEOUT_MS = 600  # how long kafka-python tries to bootstrap (a consumer needs > 500 ms)
     monkeypatch.setitem(clusters._passed, repr(clusters.get()), time.monotonic())
     clusters.close_shared_admins()  # a shared client of another test would answer from its own connection
     yield settings.KAFKA_BOOTSTRAP_SERVERS
