@@ -85,6 +85,33 @@ def test_a_missing_schema_or_a_table_missing_in_its_schema_is_refused(sales):
     assert not Watch.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_database_user_without_usage_on_the_schema_or_select_on_the_table_is_told_the_grant(sales):
+    role = sql.Identifier(f"limited_{uuid.uuid4().hex[:6]}")
+    execute(sql.SQL("CREATE ROLE {}").format(role))
+    try:
+        execute(sql.SQL("GRANT SELECT ON consumers_watch TO {}").format(role))  # the name's uniqueness check
+        execute(sql.SQL("SET ROLE {}").format(role))
+        try:
+            no_usage = refusal(sink_table=f"{sales}.{TABLE}")
+        finally:
+            execute(sql.SQL("RESET ROLE"))
+        execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(sales), role))
+        execute(sql.SQL("SET ROLE {}").format(role))
+        try:
+            no_select = refusal(sink_table=f"{sales}.{TABLE}")
+        finally:
+            execute(sql.SQL("RESET ROLE"))
+    finally:
+        execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(sql.Identifier(sales), role))
+        execute(sql.SQL("REVOKE ALL ON consumers_watch FROM {}").format(role))
+        execute(sql.SQL("DROP ROLE {}").format(role))
+    assert no_usage == (f"the database user may not use schema {sales!r}: GRANT USAGE ON SCHEMA \"{sales}\" to "
+                        "Tally's database user")
+    assert no_select == (f"the database user may not read '{sales}.{TABLE}': GRANT SELECT ON it to Tally's "
+                         "database user")
+
+
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
 def test_the_command_audits_the_schema_table_not_public_and_traces_it(make_topic, sales, capsys, tmp_path):
