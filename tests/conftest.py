@@ -155,6 +155,16 @@ def fast_password_hasher():
         yield
 
 
+@pytest.fixture(autouse=True)
+def browser_patience(request):
+    """Playwright's assertions (`expect`) wait 5 s by default, apart from the pages' own action timeout: the same
+    hang guard as every other wait here, scaled for a loaded machine (a rewind's Kafka calls alone took 8 s once)."""
+    if request.node.get_closest_marker("browser"):
+        from playwright.sync_api import expect
+
+        expect.set_options(timeout=patience(15) * 1000)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker, django_db_keepdb, flush_by_delete):
     """pytest-django's test database, and before it is dropped, a warning naming every connection still open

@@ -12,6 +12,7 @@ from consumers.operations import actions
 from tests.conftest import screenshot_dir
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator
+from tests.waiting import patience
 
 pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +52,7 @@ def test_an_operator_adds_a_pipeline_starts_it_and_the_page_follows(page, live_s
     expect(page.locator("#action-start")).to_be_disabled()
     expect(page.locator("#action-pause")).to_be_enabled()
     actions.pause("orders", actor="someone-else")                          # changed elsewhere: the poll shows it
-    expect(page.locator("#desired-state")).to_have_text("paused", timeout=10_000)
+    expect(page.locator("#desired-state")).to_have_text("paused", timeout=patience(10) * 1000)
     expect(page.locator("#action-resume")).to_be_enabled()
     page.screenshot(path=str(screenshot_dir() / "pipeline-new.png"), full_page=True)
 
