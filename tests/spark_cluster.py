@@ -142,11 +142,11 @@ def _cmdline(process) -> list[str]:
 
 
 def _signal_group(process: subprocess.Popen, sig) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
+    """Signal the daemon's group even when the daemon itself has exited: the executors it started may not have."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="session")
