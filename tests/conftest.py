@@ -158,7 +158,7 @@ def fast_password_hasher():
 @pytest.fixture(autouse=True)
 def browser_patience(request):
     """Playwright's assertions (`expect`) wait 5 s by default, apart from the pages' own action timeout: the same
-    hang guard as every other wait here, scaled for a loaded machine (a rewind's Kafka calls alone took 8 s once)."""
+    hang guard as every other wait here, scaled for a loaded machine (a rewind's answer once took longer than 5 s)."""
     if request.node.get_closest_marker("browser"):
         from playwright.sync_api import expect
 
