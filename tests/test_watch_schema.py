@@ -59,6 +59,15 @@ def refusal(**fields) -> str:
     return refused.value.problems["sink_table"]
 
 
+def refusal_as(role: sql.Identifier, **fields) -> str:
+    """`refusal` with the connection's user switched to `role` for the validation only."""
+    execute(sql.SQL("SET ROLE {}").format(role))
+    try:
+        return refusal(**fields)
+    finally:
+        execute(sql.SQL("RESET ROLE"))
+
+
 @pytest.mark.parametrize(("name", "parts"), [("orders", ("orders",)), ("sales.orders", ("sales", "orders")),
                                              ("Sales.Orders", ("Sales", "Orders"))])
 def test_a_name_is_a_table_or_schema_dot_table_taken_exactly_as_written(name, parts):
@@ -91,17 +100,9 @@ def test_a_database_user_without_usage_on_the_schema_or_select_on_the_table_is_t
     execute(sql.SQL("CREATE ROLE {}").format(role))
     try:
         execute(sql.SQL("GRANT SELECT ON consumers_watch TO {}").format(role))  # the name's uniqueness check
-        execute(sql.SQL("SET ROLE {}").format(role))
-        try:
-            no_usage = refusal(sink_table=f"{sales}.{TABLE}")
-        finally:
-            execute(sql.SQL("RESET ROLE"))
+        no_usage = refusal_as(role, sink_table=f"{sales}.{TABLE}")
         execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(sales), role))
-        execute(sql.SQL("SET ROLE {}").format(role))
-        try:
-            no_select = refusal(sink_table=f"{sales}.{TABLE}")
-        finally:
-            execute(sql.SQL("RESET ROLE"))
+        no_select = refusal_as(role, sink_table=f"{sales}.{TABLE}")
     finally:
         execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(sql.Identifier(sales), role))
         execute(sql.SQL("REVOKE ALL ON consumers_watch FROM {}").format(role))
