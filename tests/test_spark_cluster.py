@@ -103,16 +103,12 @@ def test_killing_the_driver_on_the_cluster_loses_and_duplicates_nothing(spark_cl
     kills = 0
     for _ in range(3):
         before = BatchLedger.objects.filter(pipeline=pipeline).count()
+        since = driver_log_size(pipeline.name)
         # Small micro-batches with simulated work, and executors killed mid-commit now and then as well.
         driver = start_driver(env, pipeline.name, "--batch-size", "90", "--delay-ms", "2",
                               "--crash-at", "after-write:0.1")
         try:
-            deadline = time.monotonic() + patience(60)
-            while BatchLedger.objects.filter(pipeline=pipeline).count() == before and time.monotonic() < deadline:
-                assert driver.poll() is None, f"the driver exited early with {driver.returncode}"
-                time.sleep(0.1)
-            assert BatchLedger.objects.filter(pipeline=pipeline).count() > before, (
-                f"no progress within {patience(60):.0f} s; the driver's log ends:\n{driver_log(pipeline.name)[-3000:]}")
+            wait_for_a_commit(driver, spark_cluster, pipeline, before, since)
             time.sleep(rng.uniform(0.0, 1.5))
             os.kill(driver.pid, signal.SIGKILL)  # the driver's Python process: no cleanup, no finally, no commit
             kills += 1
@@ -134,8 +130,44 @@ def driver_log_path(name):
     return ROOT / "var" / f"spark-cluster-chaos-{name}.log"
 
 
-def driver_log(name) -> str:
-    return driver_log_path(name).read_text(errors="replace")
+def driver_log_size(name) -> int:
+    path = driver_log_path(name)
+    return path.stat().st_size if path.exists() else 0
+
+
+def driver_log(name, since: int = 0) -> str:
+    """The drivers' shared log (each appends to it), from byte `since` on."""
+    with open(driver_log_path(name), "rb") as log:
+        log.seek(since)
+        return log.read().decode(errors="replace")
+
+
+def wait_for_a_commit(driver, cluster, pipeline, before: int, since: int) -> None:
+    """Wait for the driver to start its query, then to commit a micro-batch beyond `before` ledger rows. Each
+    phase has its own deadline: on a loaded machine the JVM and the application alone once took 94 s, which
+    left the first micro-batch too little of one shared deadline."""
+    started = f"Spark query for {pipeline.name} started"
+    wait_while_driver_runs(driver, cluster, pipeline.name, since, 120, "query start",
+                           lambda: started in driver_log(pipeline.name, since))
+    wait_while_driver_runs(driver, cluster, pipeline.name, since, 60, "committed micro-batch",
+                           lambda: BatchLedger.objects.filter(pipeline=pipeline).count() > before)
+
+
+def wait_while_driver_runs(driver, cluster, name, since, timeout, what, condition):
+    """Poll `condition` while the driver lives; fail with the driver's log and the cluster's applications."""
+    deadline = time.monotonic() + patience(timeout)
+    while not condition():
+        assert driver.poll() is None, (
+            f"the driver exited early with {driver.returncode}; its log ends:\n{driver_log(name, since)[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {patience(timeout):.0f} s; the cluster's applications: "
+                                 f"{cluster_apps(cluster)}; the driver's log ends:\n{driver_log(name, since)[-3000:]}")
+        time.sleep(0.1)
+
+
+def cluster_apps(cluster) -> list:
+    state = cluster.state() or {}
+    return [(app.get("id"), app.get("state"), app.get("cores")) for app in state.get("activeapps", [])]
 
 
 def start_driver(env, name, *extra):
