@@ -1,16 +1,17 @@
 """Adding pipelines without code: `pipeline create|list|show|delete` validate against the real broker and
 database, refuse with a message that says what to do (exit 1), and change nothing when they refuse."""
 import json
-import uuid
 
 import pytest
 from django.db import connection
+from psycopg2 import sql
 
 from consumers.engine.transforms import Transform
 from consumers.models import ActionLog, DeliveryMode, DesiredState, Pipeline
 from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from tests.commands import pipeline_command as run_command
+from tests.db_roles import acting_as, execute_composed, new_role
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -109,22 +110,13 @@ def test_an_unwritten_not_null_column_is_refused(topic, table):
 
 
 def test_a_user_without_privileges_on_the_sink_is_told_the_grant(topic, table):
-    role = f"limited_{uuid.uuid4().hex[:6]}"
     execute(f'CREATE TABLE "{table}" (id bigint, source_topic text, source_partition int, source_offset bigint, '
             f'UNIQUE (source_topic, source_partition, source_offset))')
-    execute(f'CREATE ROLE "{role}"')
-    try:
-        execute(f'GRANT SELECT ON consumers_pipeline TO "{role}"')
-        execute(f'SET ROLE "{role}"')
-        try:
-            with pytest.raises(Invalid) as refused:
-                pipeline_setup.validate(PipelineSpec("orders", topic, table))
-        finally:
-            execute("RESET ROLE")
-    finally:
-        execute(f'REVOKE ALL ON consumers_pipeline FROM "{role}"')
-        execute(f'DROP ROLE "{role}"')
-    assert f'GRANT SELECT, INSERT, DELETE ON "{table}" TO "{role}";' in refused.value.problems["sink_table"]
+    with new_role("limited") as role:
+        execute_composed(sql.SQL("GRANT SELECT ON consumers_pipeline TO {}").format(role))
+        with acting_as(role), pytest.raises(Invalid) as refused:
+            pipeline_setup.validate(PipelineSpec("orders", topic, table))
+    assert f'GRANT SELECT, INSERT, DELETE ON "{table}" TO "{role.string}";' in refused.value.problems["sink_table"]
 
 
 def test_names_groups_transforms_and_reserved_tables_are_checked_together(topic, table):

@@ -19,6 +19,7 @@ from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation import reconcile
 from tests.conftest import drop_sink_tables
+from tests.db_roles import acting_as, new_role
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -76,15 +77,6 @@ def test_a_repaired_sink_clears_the_reason(consumed):
 
 
 def test_revoked_privileges_are_a_sink_problem(consumed):
-    role = f"revoked_{uuid.uuid4().hex[:6]}"
-    execute(f'CREATE ROLE "{role}"')
-    try:
-        execute(f'SET ROLE "{role}"')
-        try:
-            with connection.cursor() as cursor:
-                problem = sink_checks.problem(cursor.cursor, consumed.sink_table, resolve("int_value"), True)
-        finally:
-            execute("RESET ROLE")
-    finally:
-        execute(f'DROP ROLE "{role}"')
+    with new_role("revoked") as role, acting_as(role), connection.cursor() as cursor:
+        problem = sink_checks.problem(cursor.cursor, consumed.sink_table, resolve("int_value"), True)
     assert problem == f"the database user may not select, insert and delete in sink table '{consumed.sink_table}'"

@@ -17,15 +17,12 @@ from consumers.operations import watch_setup
 from consumers.operations.watch_setup import WatchSpec
 from consumers.reconciliation import watch_audit, watch_trace
 from tests.commands import run_command
+from tests.db_roles import acting_as, new_role
+from tests.db_roles import execute_composed as execute
 from tests.views_helpers import client_of, make_operator
 from tests.watch_helpers import produce
 
 TABLE = "team_orders"
-
-
-def execute(statement: sql.Composable, params=()) -> None:
-    with connection.cursor() as cur:
-        cur.execute(statement.as_string(cur.cursor), params)
 
 
 @pytest.fixture
@@ -59,15 +56,6 @@ def refusal(**fields) -> str:
     return refused.value.problems["sink_table"]
 
 
-def refusal_as(role: sql.Identifier, **fields) -> str:
-    """`refusal` with the connection's user switched to `role` for the validation only."""
-    execute(sql.SQL("SET ROLE {}").format(role))
-    try:
-        return refusal(**fields)
-    finally:
-        execute(sql.SQL("RESET ROLE"))
-
-
 @pytest.mark.parametrize(("name", "parts"), [("orders", ("orders",)), ("sales.orders", ("sales", "orders")),
                                              ("Sales.Orders", ("Sales", "Orders"))])
 def test_a_name_is_a_table_or_schema_dot_table_taken_exactly_as_written(name, parts):
@@ -96,17 +84,13 @@ def test_a_missing_schema_or_a_table_missing_in_its_schema_is_refused(sales):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_database_user_without_usage_on_the_schema_or_select_on_the_table_is_told_the_grant(sales):
-    role = sql.Identifier(f"limited_{uuid.uuid4().hex[:6]}")
-    execute(sql.SQL("CREATE ROLE {}").format(role))
-    try:
+    with new_role("limited") as role:
         execute(sql.SQL("GRANT SELECT ON consumers_watch TO {}").format(role))  # the name's uniqueness check
-        no_usage = refusal_as(role, sink_table=f"{sales}.{TABLE}")
+        with acting_as(role):
+            no_usage = refusal(sink_table=f"{sales}.{TABLE}")
         execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(sales), role))
-        no_select = refusal_as(role, sink_table=f"{sales}.{TABLE}")
-    finally:
-        execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(sql.Identifier(sales), role))
-        execute(sql.SQL("REVOKE ALL ON consumers_watch FROM {}").format(role))
-        execute(sql.SQL("DROP ROLE {}").format(role))
+        with acting_as(role):
+            no_select = refusal(sink_table=f"{sales}.{TABLE}")
     assert no_usage == (f"the database user may not use schema {sales!r}: GRANT USAGE ON SCHEMA \"{sales}\" to "
                         "Tally's database user")
     assert no_select == (f"the database user may not read '{sales}.{TABLE}': GRANT SELECT ON it to Tally's "
