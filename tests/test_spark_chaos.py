@@ -4,8 +4,6 @@ once, row by row, and the ledger tiles every partition without gap or overlap.""
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,6 +13,7 @@ from consumers.engine import sinks
 from consumers.engine.spark_session import stop_spark
 from consumers.models import BatchLedger, DeliveryMode, Engine, PartitionOffset, Pipeline
 from tests.conftest import ROOT, stop_process_group
+from tests.spark_drivers import log_size, read_log, start_driver, wait_for_a_commit
 from tests.spark_helpers import expected_rows, produce_values, sink_rows
 from tests.waiting import patience
 
@@ -22,13 +21,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.chaos]
 
 KILLS = 5
 RECORDS = 1500
-
-
-def start_engine(env, name, *extra):
-    (ROOT / "var").mkdir(exist_ok=True)
-    log = open(ROOT / "var" / f"spark-chaos-{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "manage.py", "run_spark_pipeline", name, *extra], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def committed_batches(pipeline) -> int:
@@ -53,21 +45,18 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
                                                                            subprocess_env):
     pipeline = chaos_pipeline
     log = produce_values(kafka_bootstrap, pipeline.topic, RECORDS, partitions=3)
+    log_path = ROOT / "var" / f"spark-chaos-{pipeline.name}.log"
     rng = random.Random()
     kills = 0
     for _ in range(KILLS):
         before = committed_batches(pipeline)
+        since = log_size(log_path)
         # Small micro-batches with a little work per record: many transactions to be killed in.
-        engine = start_engine(subprocess_env, pipeline.name, "--batch-size", "90", "--delay-ms", "2")
+        engine = start_driver(subprocess_env, log_path, pipeline.name, "--batch-size", "90", "--delay-ms", "2")
         try:
             # Wait until this run commits something, then kill it a random moment later: before, inside or
             # after a batch's transaction.
-            # Generous: a JVM start and the first micro-batch's Python workers take minutes on a busy machine.
-            deadline = time.monotonic() + patience(100)
-            while committed_batches(pipeline) == before and time.monotonic() < deadline:
-                assert engine.poll() is None, f"the engine exited early with {engine.returncode}"
-                time.sleep(0.1)
-            assert committed_batches(pipeline) > before, f"the engine made no progress within {patience(100):.0f} s"
+            wait_for_a_commit(engine, log_path, since, pipeline, before)
             time.sleep(rng.uniform(0.0, 1.5))
             os.kill(engine.pid, signal.SIGKILL)  # the driver: no cleanup, no finally, no commit
             kills += 1
@@ -77,9 +66,11 @@ def test_killing_the_driver_at_random_moments_loses_and_duplicates_nothing(chaos
     assert PartitionOffset.objects.filter(pipeline=pipeline).exists()
     assert sum(PartitionOffset.objects.filter(pipeline=pipeline).values_list("next_offset", flat=True)) < RECORDS
 
-    final = start_engine(subprocess_env, pipeline.name, "--stop-when-caught-up", "--max-seconds", "180")
+    # The run's own time limit counts its JVM's start too: it scales with patience, as every hang guard.
+    final = start_driver(subprocess_env, log_path, pipeline.name, "--stop-when-caught-up",
+                         "--max-seconds", f"{patience(100):.0f}")
     try:
-        assert final.wait(timeout=patience(240)) == 0
+        assert final.wait(timeout=patience(240)) == 0, read_log(log_path)[-3000:]
     finally:
         stop_process_group(final)
 

@@ -4,8 +4,6 @@ the driver is killed."""
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,6 +15,7 @@ from consumers.engine.spark_session import get_spark, stop_spark
 from consumers.models import BatchLedger, DeliveryMode, PartitionOffset, Pipeline
 from tests.conftest import ROOT, stop_process_group
 from tests.spark_cluster import alive_workers
+from tests.spark_drivers import log_size, read_log, start_driver, wait_for_a_commit
 from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
 from tests.waiting import patience
 
@@ -99,16 +98,18 @@ def test_killing_the_driver_on_the_cluster_loses_and_duplicates_nothing(spark_cl
     pipeline = cluster_pipeline("cluster-driver-chaos", partitions=3)
     log = produce_values(kafka_bootstrap, pipeline.topic, 1500, partitions=3)
     env = dict(subprocess_env, SPARK_MASTER=spark_cluster.master)
+    log_path = ROOT / "var" / f"spark-cluster-chaos-{pipeline.name}.log"
     rng = random.Random()
     kills = 0
     for _ in range(3):
         before = BatchLedger.objects.filter(pipeline=pipeline).count()
-        since = driver_log_size(pipeline.name)
+        since = log_size(log_path)
         # Small micro-batches with simulated work, and executors killed mid-commit now and then as well.
-        driver = start_driver(env, pipeline.name, "--batch-size", "90", "--delay-ms", "2",
-                              "--crash-at", "after-write:0.1")
+        driver = start_driver(env, log_path, pipeline.name, "--batch-size", "90",
+                              "--delay-ms", "2", "--crash-at", "after-write:0.1")
         try:
-            wait_for_a_commit(driver, spark_cluster, pipeline, before, since)
+            wait_for_a_commit(driver, log_path, since, pipeline, before,
+                              context=lambda: f"; the cluster's applications: {cluster_apps(spark_cluster)}")
             time.sleep(rng.uniform(0.0, 1.5))
             os.kill(driver.pid, signal.SIGKILL)  # the driver's Python process: no cleanup, no finally, no commit
             kills += 1
@@ -117,60 +118,16 @@ def test_killing_the_driver_on_the_cluster_loses_and_duplicates_nothing(spark_cl
     assert kills == 3
     assert sum(PartitionOffset.objects.filter(pipeline=pipeline).values_list("next_offset", flat=True)) < 1500
 
-    final = start_driver(env, pipeline.name, "--stop-when-caught-up", "--max-seconds", f"{patience(100):.0f}")
+    final = start_driver(env, log_path, pipeline.name, "--stop-when-caught-up",
+                         "--max-seconds", f"{patience(100):.0f}")
     try:
-        assert final.wait(timeout=patience(140)) == 0, driver_log(pipeline.name)[-3000:]
+        assert final.wait(timeout=patience(140)) == 0, read_log(log_path)[-3000:]
     finally:
         stop_process_group(final)
     assert sink_rows(pipeline.sink_table) == expected_rows(log)
     assert_ledger_tiles(pipeline, log)
 
 
-def driver_log_path(name):
-    return ROOT / "var" / f"spark-cluster-chaos-{name}.log"
-
-
-def driver_log_size(name) -> int:
-    path = driver_log_path(name)
-    return path.stat().st_size if path.exists() else 0
-
-
-def driver_log(name, since: int = 0) -> str:
-    """The drivers' shared log (each appends to it), from byte `since` on."""
-    with open(driver_log_path(name), "rb") as log:
-        log.seek(since)
-        return log.read().decode(errors="replace")
-
-
-def wait_for_a_commit(driver, cluster, pipeline, before: int, since: int) -> None:
-    """Wait for the driver to start its query, then to commit a micro-batch beyond `before` ledger rows. Each
-    phase has its own deadline: on a loaded machine the JVM and the application alone once took 94 s, which
-    left the first micro-batch too little of one shared deadline."""
-    started = f"Spark query for {pipeline.name} started"
-    wait_while_driver_runs(driver, cluster, pipeline.name, since, 120, "query start",
-                           lambda: started in driver_log(pipeline.name, since))
-    wait_while_driver_runs(driver, cluster, pipeline.name, since, 60, "committed micro-batch",
-                           lambda: BatchLedger.objects.filter(pipeline=pipeline).count() > before)
-
-
-def wait_while_driver_runs(driver, cluster, name, since, timeout, what, condition):
-    """Poll `condition` while the driver lives; fail with the driver's log and the cluster's applications."""
-    deadline = time.monotonic() + patience(timeout)
-    while not condition():
-        assert driver.poll() is None, (
-            f"the driver exited early with {driver.returncode}; its log ends:\n{driver_log(name, since)[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {patience(timeout):.0f} s; the cluster's applications: "
-                                 f"{cluster_apps(cluster)}; the driver's log ends:\n{driver_log(name, since)[-3000:]}")
-        time.sleep(0.1)
-
-
 def cluster_apps(cluster) -> list:
     state = cluster.state() or {}
     return [(app.get("id"), app.get("state"), app.get("cores")) for app in state.get("activeapps", [])]
-
-
-def start_driver(env, name, *extra):
-    log = open(driver_log_path(name), "ab")
-    return subprocess.Popen([sys.executable, "manage.py", "run_spark_pipeline", name, *extra], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
