@@ -427,24 +427,16 @@ def redis_state(settings):
 
 
 @pytest.fixture
-def viewer_api(db):
-    """A test client logged in as a viewer (read-only role)."""
-    from django.test import Client
+def viewer_client(db):
+    """A test client signed in as a viewer (read-only role), for pages and the API."""
+    from tests.views_helpers import client_of, make_viewer
 
-    from tests.views_helpers import make_viewer
-
-    client = Client()
-    client.force_login(make_viewer())
-    return client
+    return client_of(make_viewer())
 
 
 @pytest.fixture
-def operator_api(db):
-    """A test client logged in as an operator (may act)."""
-    from django.test import Client
+def operator_client(db):
+    """A test client signed in as an operator (may act), for pages and the API."""
+    from tests.views_helpers import client_of, make_operator
 
-    from tests.views_helpers import make_operator
-
-    client = Client()
-    client.force_login(make_operator())
-    return client
+    return client_of(make_operator())

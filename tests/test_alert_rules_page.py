@@ -2,12 +2,11 @@
 its field and nothing is saved; viewers read but cannot change anything."""
 import pytest
 from django.core import mail
-from django.test import Client
 
 from alerts.defaults import ensure_default_rules
 from alerts.models import AlertRule, Mute
 from consumers.models import ActionLog
-from tests.views_helpers import make_operator, make_pipeline, make_viewer
+from tests.views_helpers import make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -15,13 +14,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def default_rules():
     ensure_default_rules()
-
-
-@pytest.fixture
-def operator_client():
-    client = Client()
-    client.force_login(make_operator())
-    return client
 
 
 def rule_form(**overrides):

@@ -17,10 +17,10 @@ def test_anonymous_requests_are_refused(client):
 
 
 @pytest.mark.django_db
-def test_the_pipeline_list_has_status_lag_and_counts(viewer_api):
+def test_the_pipeline_list_has_status_lag_and_counts(viewer_client):
     make_pipeline("orders")
     make_pipeline("payments", lost=3, status="ERR")
-    data = viewer_api.get("/api/pipelines/").json()
+    data = viewer_client.get("/api/pipelines/").json()
     by_name = {p["name"]: p for p in data["pipelines"]}
     assert by_name["payments"]["status"] == "ERR" and by_name["payments"]["lost"] == 3
     assert by_name["orders"]["lag_records"] == 40 and by_name["orders"]["lag_seconds"] == 12.5
@@ -28,9 +28,9 @@ def test_the_pipeline_list_has_status_lag_and_counts(viewer_api):
 
 
 @pytest.mark.django_db
-def test_a_pipeline_detail_has_per_partition_state_ledger_and_runs(viewer_api):
+def test_a_pipeline_detail_has_per_partition_state_ledger_and_runs(viewer_client):
     make_pipeline("orders", lost=10, status="ERR")
-    data = viewer_api.get("/api/pipelines/orders/").json()
+    data = viewer_client.get("/api/pipelines/orders/").json()
     first = data["partitions"][0]
     assert (first["partition"], first["log_start"], first["high_watermark"], first["next_offset"],
             first["kafka_committed"], first["lag_records"], first["lost"]) == (0, 0, 120, 100, 100, 20, 10)
@@ -52,11 +52,11 @@ def test_a_token_authenticates_scripts(client):
 
 
 @pytest.mark.django_db
-def test_a_viewer_gets_403_on_every_action_nothing_changes_and_each_refusal_is_audited(viewer_api):
+def test_a_viewer_gets_403_on_every_action_nothing_changes_and_each_refusal_is_audited(viewer_client):
     make_pipeline()
     for url in ("/api/pipelines/orders/actions/start", "/api/pipelines/orders/rewind",
                 "/api/groups/some-group/reset"):
-        response = viewer_api.post(url, {"mode": "to-earliest", "topic": "t"}, content_type="application/json")
+        response = viewer_client.post(url, {"mode": "to-earliest", "topic": "t"}, content_type="application/json")
         assert response.status_code == 403, url
         assert "Only operators may act" in response.json()["detail"]
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
@@ -67,7 +67,7 @@ def test_a_viewer_gets_403_on_every_action_nothing_changes_and_each_refusal_is_a
 
 
 @pytest.mark.django_db
-def test_a_refused_write_is_logged_under_the_action_its_success_is_logged_under(viewer_api):
+def test_a_refused_write_is_logged_under_the_action_its_success_is_logged_under(viewer_client):
     from alerts.models import Alert, AlertRule, Channel
 
     make_pipeline()
@@ -88,30 +88,30 @@ def test_a_refused_write_is_logged_under_the_action_its_success_is_logged_under(
               ("delete", "/api/alerts/channels/hooks/", "alert_channel_delete"),
               ("post", "/api/alerts/channels/hooks/test/", "alert_channel_test")]
     for method, url, _ in writes:
-        assert getattr(viewer_api, method)(url, {}, content_type="application/json").status_code == 403, url
+        assert getattr(viewer_client, method)(url, {}, content_type="application/json").status_code == 403, url
     logged = list(ActionLog.objects.order_by("pk").values_list("action", "result"))
     assert logged == [(action, "refused") for _, _, action in writes]
 
 
 @pytest.mark.django_db
-def test_an_operator_starts_and_pauses_a_pipeline_and_a_refusal_is_409(operator_api):
+def test_an_operator_starts_and_pauses_a_pipeline_and_a_refusal_is_409(operator_client):
     make_pipeline()
-    started = operator_api.post("/api/pipelines/orders/actions/start")
+    started = operator_client.post("/api/pipelines/orders/actions/start")
     assert started.status_code == 200 and started.json()["result"] == "done"
     assert Pipeline.objects.get().desired_state == DesiredState.RUNNING
-    refused = operator_api.post("/api/pipelines/orders/actions/resume")
+    refused = operator_client.post("/api/pipelines/orders/actions/resume")
     assert refused.status_code == 409 and "it is not paused" in refused.json()["error"]
-    assert operator_api.post("/api/pipelines/orders/actions/explode").status_code == 404
+    assert operator_client.post("/api/pipelines/orders/actions/explode").status_code == 404
 
 
 @pytest.mark.django_db
-def test_an_action_on_something_that_does_not_exist_is_a_404_and_logged_as_refused(operator_api):
+def test_an_action_on_something_that_does_not_exist_is_a_404_and_logged_as_refused(operator_client):
     make_pipeline()
-    assert operator_api.post("/api/pipelines/orders/actions/explode").status_code == 404
-    assert operator_api.post("/api/pipelines/nosuch/actions/start").status_code == 404
-    assert operator_api.post("/api/pipelines/nosuch/rewind", {}, content_type="application/json").status_code == 404
-    assert operator_api.post("/api/alerts/999999/acknowledge/").status_code == 404
-    assert operator_api.get("/api/pipelines/nosuch/").status_code == 404   # a look, not an action: not logged
+    assert operator_client.post("/api/pipelines/orders/actions/explode").status_code == 404
+    assert operator_client.post("/api/pipelines/nosuch/actions/start").status_code == 404
+    assert operator_client.post("/api/pipelines/nosuch/rewind", {}, content_type="application/json").status_code == 404
+    assert operator_client.post("/api/alerts/999999/acknowledge/").status_code == 404
+    assert operator_client.get("/api/pipelines/nosuch/").status_code == 404   # a look, not an action: not logged
     refusals = ActionLog.objects.filter(result="refused").order_by("pk")
     assert [(r.action, r.params["path"]) for r in refusals] == [
         ("explode", "/api/pipelines/orders/actions/explode"), ("start", "/api/pipelines/nosuch/actions/start"),
@@ -130,51 +130,52 @@ def test_session_posts_to_the_api_need_the_csrf_token():
 
 
 @pytest.mark.django_db
-def test_bad_rewind_input_is_a_400_with_field_errors(operator_api):
+def test_bad_rewind_input_is_a_400_with_field_errors(operator_client):
     make_pipeline()
-    response = operator_api.post("/api/pipelines/orders/rewind", {"mode": "to-offset", "value": "ten"},
-                                 content_type="application/json")
+    response = operator_client.post("/api/pipelines/orders/rewind", {"mode": "to-offset", "value": "ten"},
+                                    content_type="application/json")
     assert response.status_code == 400
     assert response.json()["errors"]["value"][0]["message"] == "to-offset needs an integer, got 'ten'."
     assert list(PartitionOffset.objects.values_list("next_offset", flat=True)) == [100, 100]
 
 
 @pytest.mark.django_db
-def test_the_action_log_lists_actions_newest_first_with_filters(operator_api):
+def test_the_action_log_lists_actions_newest_first_with_filters(operator_client):
     make_pipeline("orders")
     make_pipeline("payments")
-    operator_api.post("/api/pipelines/orders/actions/start")
-    operator_api.post("/api/pipelines/payments/actions/pause")
-    entries = operator_api.get("/api/action-log").json()["actions"]
+    operator_client.post("/api/pipelines/orders/actions/start")
+    operator_client.post("/api/pipelines/payments/actions/pause")
+    entries = operator_client.get("/api/action-log").json()["actions"]
     assert [(e["pipeline"], e["action"], e["result"]) for e in entries] == [
         ("payments", "pause", "refused"), ("orders", "start", "done")]
-    assert [e["pipeline"] for e in operator_api.get("/api/action-log?pipeline=orders").json()["actions"]] == ["orders"]
+    filtered = operator_client.get("/api/action-log?pipeline=orders").json()["actions"]
+    assert [e["pipeline"] for e in filtered] == ["orders"]
 
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_a_rewind_dry_run_changes_nothing_and_the_execution_moves_the_position(operator_api, kafka_bootstrap,
+def test_a_rewind_dry_run_changes_nothing_and_the_execution_moves_the_position(operator_client, kafka_bootstrap,
                                                                                 make_topic):
     topic = make_topic("api-rewind")
     pipeline = consumed_pipeline(kafka_bootstrap, topic, "api-rewind", 30)
     try:
         assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 30
-        preview = operator_api.post("/api/pipelines/api-rewind/rewind", {"mode": "shift-by", "value": "-12"},
-                                    content_type="application/json")
+        preview = operator_client.post("/api/pipelines/api-rewind/rewind", {"mode": "shift-by", "value": "-12"},
+                                       content_type="application/json")
         assert preview.status_code == 200, preview.content
         plan = preview.json()
         assert plan["dry_run"] is True and plan["reprocess"] == 12
         assert plan["partitions"][0]["current"] == 30 and plan["partitions"][0]["new"] == 18
         assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 30
 
-        done = operator_api.post("/api/pipelines/api-rewind/rewind",
-                                 {"mode": "to-offset", "value": "18", "dry_run": False, "rollback_sink": True},
-                                 content_type="application/json")
+        done = operator_client.post("/api/pipelines/api-rewind/rewind",
+                                    {"mode": "to-offset", "value": "18", "dry_run": False, "rollback_sink": True},
+                                    content_type="application/json")
         assert done.status_code == 200, done.content
         assert done.json()["partitions"][0]["rows_deleted"] == 12
         assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 18
-        outside = operator_api.post("/api/pipelines/api-rewind/rewind", {"mode": "to-offset", "value": "999"},
-                                    content_type="application/json")
+        outside = operator_client.post("/api/pipelines/api-rewind/rewind", {"mode": "to-offset", "value": "999"},
+                                       content_type="application/json")
         assert outside.status_code == 409 and "outside [0, 30]" in outside.json()["error"]
     finally:
         drop_sink(pipeline.sink_table)
@@ -182,20 +183,20 @@ def test_a_rewind_dry_run_changes_nothing_and_the_execution_moves_the_position(o
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, operator_api, kafka_bootstrap,
+def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_client, operator_client, kafka_bootstrap,
                                                                make_topic):
     topic = make_topic("api-reconcile")
     pipeline = consumed_pipeline(kafka_bootstrap, topic, "api-reconcile", 25)
     try:
-        fresh = operator_api.post("/api/pipelines/api-reconcile/reconciliation", {"full": True},
-                                  content_type="application/json").json()
-        report = viewer_api.get("/api/pipelines/api-reconcile/reconciliation").json()
+        fresh = operator_client.post("/api/pipelines/api-reconcile/reconciliation", {"full": True},
+                                     content_type="application/json").json()
+        report = viewer_client.get("/api/pipelines/api-reconcile/reconciliation").json()
         assert fresh["pipelines"][0]["status"] == report["pipelines"][0]["status"]
         (entry,) = report["pipelines"]
         assert entry["name"] == "api-reconcile"
         assert (entry["lost"], entry["duplicated"], entry["phantom"], entry["lag_records"]) == (0, 0, 0, 0)
         assert entry["partitions"][0]["next_offset"] == 25 and entry["partitions"][0]["high_watermark"] == 25
-        listed = viewer_api.get("/api/pipelines/").json()["pipelines"][0]
+        listed = viewer_client.get("/api/pipelines/").json()["pipelines"][0]
         assert listed["last_reconciliation"] is not None and listed["status"] == entry["status"]
     finally:
         drop_sink(pipeline.sink_table)
@@ -203,24 +204,25 @@ def test_the_reconciliation_endpoint_reports_an_exact_pipeline(viewer_api, opera
 
 @pytest.mark.kafka
 @pytest.mark.django_db(transaction=True)
-def test_an_external_group_is_described_and_reset_with_a_dry_run_first(operator_api, kafka_bootstrap, make_topic):
+def test_an_external_group_is_described_and_reset_with_a_dry_run_first(operator_client, kafka_bootstrap, make_topic):
     from consumers.kafka import admin as kafka_admin
     from tests.views_helpers import produce
 
     topic = make_topic("api-group")
     produce(kafka_bootstrap, topic, range(40))
     kafka_admin.commit_offsets("billing-etl", topic, {0: 25})
-    assert "billing-etl" in [g["group_id"] for g in operator_api.get("/api/groups/").json()["groups"]]
-    described = operator_api.get("/api/groups/billing-etl/").json()
+    assert "billing-etl" in [g["group_id"] for g in operator_client.get("/api/groups/").json()["groups"]]
+    described = operator_client.get("/api/groups/billing-etl/").json()
     assert [(p["committed"], p["high_watermark"], p["lag_records"]) for p in described["partitions"]] == [(25, 40, 15)]
 
-    preview = operator_api.post("/api/groups/billing-etl/reset", {"topic": topic, "mode": "to-offset", "value": "10"},
-                                content_type="application/json").json()
+    preview = operator_client.post("/api/groups/billing-etl/reset",
+                                   {"topic": topic, "mode": "to-offset", "value": "10"},
+                                   content_type="application/json").json()
     assert preview["dry_run"] is True and preview["partitions"][0]["reprocess"] == 15
     assert kafka_admin.committed_offsets("billing-etl", topic) == {0: 25}
-    done = operator_api.post("/api/groups/billing-etl/reset",
-                             {"topic": topic, "mode": "to-offset", "value": "10", "execute": True},
-                             content_type="application/json")
+    done = operator_client.post("/api/groups/billing-etl/reset",
+                                {"topic": topic, "mode": "to-offset", "value": "10", "execute": True},
+                                content_type="application/json")
     assert done.status_code == 200 and done.json()["dry_run"] is False
     assert kafka_admin.committed_offsets("billing-etl", topic) == {0: 10}
     assert ActionLog.objects.filter(group_id="billing-etl", action="reset_group").count() == 2

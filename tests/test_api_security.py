@@ -48,9 +48,9 @@ def assert_nothing_moved(pipeline, offsets):
 
 @pytest.mark.parametrize("field", ["dry_run", "rollback_sink"])
 @pytest.mark.parametrize("value", ["no", "false", "true", 0, 1, None, [], {}, "on"])
-def test_rewind_booleans_are_json_booleans_only(operator_api, orders, field, value):
+def test_rewind_booleans_are_json_booleans_only(operator_client, orders, field, value):
     pipeline, offsets = orders
-    response = post_json(operator_api, "/api/pipelines/orders/rewind", {"mode": "to-earliest", field: value})
+    response = post_json(operator_client, "/api/pipelines/orders/rewind", {"mode": "to-earliest", field: value})
     assert response.status_code == 400
     assert list(response.json()["errors"]) == [field]
     message = response.json()["errors"][field][0]["message"]
@@ -74,9 +74,9 @@ def test_rewind_booleans_are_json_booleans_only(operator_api, orders, field, val
     ({"mode": "rewind-everything"}, "mode"),
     ({"mode": "to-earliest", "dryrun": False}, "dryrun"),
 ])
-def test_bad_rewind_targets_are_refused_naming_the_field_before_anything_moves(operator_api, orders, body, field):
+def test_bad_rewind_targets_are_refused_naming_the_field_before_anything_moves(operator_client, orders, body, field):
     pipeline, offsets = orders
-    response = post_json(operator_api, "/api/pipelines/orders/rewind", {**body, "dry_run": False})
+    response = post_json(operator_client, "/api/pipelines/orders/rewind", {**body, "dry_run": False})
     assert response.status_code == 400, response.content
     assert field in response.json()["errors"]
     assert_nothing_moved(pipeline, offsets)
@@ -89,63 +89,63 @@ def test_bad_rewind_targets_are_refused_naming_the_field_before_anything_moves(o
                                  "/api/groups/billing/reset", "/api/pipelines/orders/reconciliation",
                                  "/api/pipelines/orders/topic-checks"])
 @pytest.mark.parametrize("body", [[], ["mode"], "to-earliest", 42, None, True])
-def test_a_body_that_is_not_a_json_object_is_a_400(operator_api, orders, url, body):
+def test_a_body_that_is_not_a_json_object_is_a_400(operator_client, orders, url, body):
     pipeline, offsets = orders
-    response = post_json(operator_api, url, body)
+    response = post_json(operator_client, url, body)
     assert response.status_code == 400, (url, body, response.content)
     assert_nothing_moved(pipeline, offsets)
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
 
 
-def test_malformed_json_and_alert_mutes_of_non_objects_are_400s(operator_api, orders):
-    bad = operator_api.post("/api/pipelines/orders/rewind", "{not json", content_type="application/json")
+def test_malformed_json_and_alert_mutes_of_non_objects_are_400s(operator_client, orders):
+    bad = operator_client.post("/api/pipelines/orders/rewind", "{not json", content_type="application/json")
     assert bad.status_code == 400
-    assert post_json(operator_api, "/api/alerts/1/mute/", [1]).status_code in (400, 404)
+    assert post_json(operator_client, "/api/alerts/1/mute/", [1]).status_code in (400, 404)
 
 
 @pytest.mark.parametrize("url", ["/api/action-log?pipeline=%00", "/api/action-log?group=a%00b",
                                  "/api/alerts/?pipeline=%00", "/api/action-log?limit=%00", "/?pipeline=%00",
                                  "/action-log/?pipeline=%00",
                                  "/topic-checks/?pipeline=%00", "/api/groups/a%00b/", "/alerts/?pipeline=%00"])
-def test_a_nul_character_anywhere_in_the_url_is_a_400(viewer_api, orders, url):
-    assert viewer_api.get(url).status_code == 400
+def test_a_nul_character_anywhere_in_the_url_is_a_400(viewer_client, orders, url):
+    assert viewer_client.get(url).status_code == 400
 
 
 @pytest.mark.parametrize("query", ["limit=abc", "limit=0", "limit=501", "limit=99999999999999999999999"])
-def test_the_action_log_refuses_a_bad_limit(viewer_api, query):
-    response = viewer_api.get(f"/api/action-log?{query}")
+def test_the_action_log_refuses_a_bad_limit(viewer_client, query):
+    response = viewer_client.get(f"/api/action-log?{query}")
     assert response.status_code == 400 and "limit" in response.json()["errors"]
 
 
-def test_a_nul_character_in_a_form_post_is_a_400_and_nothing_moves(operator_api, orders):
+def test_a_nul_character_in_a_form_post_is_a_400_and_nothing_moves(operator_client, orders):
     pipeline, offsets = orders
-    response = operator_api.post("/pipelines/orders/rewind/", {"mode": "to-offset", "value": "1\x00",
-                                                               "step": "execute"})
+    response = operator_client.post("/pipelines/orders/rewind/", {"mode": "to-offset", "value": "1\x00",
+                                                                  "step": "execute"})
     assert response.status_code == 400
     assert_nothing_moved(pipeline, offsets)
 
 
-def test_a_bad_rewind_form_on_the_page_is_refused_and_logged(operator_api, orders):
+def test_a_bad_rewind_form_on_the_page_is_refused_and_logged(operator_client, orders):
     pipeline, offsets = orders
-    response = operator_api.post("/pipelines/orders/rewind/", {"mode": "to-datetime", "value": "1960-01-01T00:00:00Z",
-                                                               "step": "execute"})
+    response = operator_client.post("/pipelines/orders/rewind/",
+                                    {"mode": "to-datetime", "value": "1960-01-01T00:00:00Z", "step": "execute"})
     assert response.status_code == 422 and "before 1970" in response.content.decode()
     assert_nothing_moved(pipeline, offsets)
     assert ActionLog.objects.get().message.startswith("bad input: value: to-datetime 1960")
 
 
-def test_get_reconciliation_reads_the_stored_report_and_writes_nothing(viewer_api, operator_api, orders):
+def test_get_reconciliation_reads_the_stored_report_and_writes_nothing(viewer_client, operator_client, orders):
     pipeline, _ = orders
     health = (PipelineHealth.objects.count(), PartitionHealth.objects.count(),
               list(PartitionHealth.objects.values_list("checked_at", flat=True)))
-    report = viewer_api.get("/api/pipelines/orders/reconciliation?full=1").json()
+    report = viewer_client.get("/api/pipelines/orders/reconciliation?full=1").json()
     assert report["pipelines"][0]["name"] == "orders" and report["pipelines"][0]["status"] == "OK"
     assert report["pipelines"][0]["lag_records"] == 40 and report["pipelines"][0]["partitions"][0]["lag_records"] == 20
     assert (PipelineHealth.objects.count(), PartitionHealth.objects.count(),
             list(PartitionHealth.objects.values_list("checked_at", flat=True))) == health
     # Reconciling now is an action: operators only, a strict boolean for "full".
-    assert post_json(viewer_api, "/api/pipelines/orders/reconciliation", {"full": True}).status_code == 403
-    assert post_json(operator_api, "/api/pipelines/orders/reconciliation", {"full": "1"}).status_code == 400
+    assert post_json(viewer_client, "/api/pipelines/orders/reconciliation", {"full": True}).status_code == 403
+    assert post_json(operator_client, "/api/pipelines/orders/reconciliation", {"full": "1"}).status_code == 400
 
 
 @pytest.fixture
@@ -261,14 +261,14 @@ def test_password_reset_is_offered_only_when_email_is_configured(client, db, set
     assert "Forgot your password" in client.get("/accounts/login/").content.decode()
 
 
-def test_the_api_schema_and_its_docs_page_are_served_and_linked(viewer_api):
-    schema = viewer_api.get("/api/schema/?format=json")
+def test_the_api_schema_and_its_docs_page_are_served_and_linked(viewer_client):
+    schema = viewer_client.get("/api/schema/?format=json")
     assert schema.status_code == 200
     paths = schema.json()["paths"]
     rewind = paths["/api/pipelines/{name}/rewind"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert rewind["$ref"].endswith("/RewindInput")
     assert schema.json()["components"]["schemas"]["RewindInput"]["properties"]["dry_run"]["type"] == "boolean"
-    docs = viewer_api.get("/api/docs/").content.decode()
+    docs = viewer_client.get("/api/docs/").content.decode()
     assert "/api/pipelines/{name}/rewind" in docs and "dry_run" in docs
-    assert 'href="/api/docs/"' in viewer_api.get("/").content.decode()
+    assert 'href="/api/docs/"' in viewer_client.get("/").content.decode()
     assert Client().get("/api/schema/").status_code in (401, 403)

@@ -74,10 +74,10 @@ def test_deeply_nested_json_on_the_token_endpoint_is_a_400(db):
 @pytest.mark.parametrize("body", [DEEP, '{"a":' * 40 + "1" + "}" * 40, SURROGATE_KEY,
                                   '{"filter": {"\\ud800": 1}, "count": 1}', '{"reason": "a\\u0000b", "ids": [1]}',
                                   '{"reason": "\\udfff"}'])
-def test_nested_and_unstorable_bodies_are_400s_on_every_write_endpoint(operator_api, orders, url, body):
+def test_nested_and_unstorable_bodies_are_400s_on_every_write_endpoint(operator_client, orders, url, body):
     pipeline, offsets = orders
     alert = make_alert(pipeline)
-    response = operator_api.post(url.replace("ALERT", str(alert.pk)), body, content_type="application/json")
+    response = operator_client.post(url.replace("ALERT", str(alert.pk)), body, content_type="application/json")
     assert response.status_code == 400, (url, response.content[:300])
     answer = response.json()
     assert "deeper than 32 levels" in answer.get("detail", "") or "cannot be stored" in str(answer["errors"])
@@ -86,11 +86,11 @@ def test_nested_and_unstorable_bodies_are_400s_on_every_write_endpoint(operator_
     assert Alert.objects.get().state == AlertState.FIRING
 
 
-def test_a_body_over_the_size_limit_is_a_413(operator_api, orders, settings):
+def test_a_body_over_the_size_limit_is_a_413(operator_client, orders, settings):
     pipeline, offsets = orders
     settings.TALLY_MAX_BODY_BYTES = 2048
     body = json.dumps({"ids": list(range(1, 1000)), "reason": "too big"})
-    response = operator_api.post("/api/pipelines/orders/dead-letters/discard", body, content_type="application/json")
+    response = operator_client.post("/api/pipelines/orders/dead-letters/discard", body, content_type="application/json")
     assert response.status_code == 413 and "2048 bytes" in response.json()["detail"]
     assert_nothing_changed(pipeline, offsets)
 
@@ -98,10 +98,10 @@ def test_a_body_over_the_size_limit_is_a_413(operator_api, orders, settings):
 @pytest.mark.parametrize("body", ["null", "[]", '"x"', "123", "true", '{"minutes": 1.9}', '{"minutes": true}',
                                   '{"minutes": "10"}', '{"minutes": 0}', '{"minutes": 43201}', '{"reason": 5}',
                                   '{"minutes": 10, "extra": 1}', '{"reason": "' + "r" * 201 + '"}'])
-def test_a_mute_with_a_loose_body_is_a_400_naming_the_problem(operator_api, orders, body):
+def test_a_mute_with_a_loose_body_is_a_400_naming_the_problem(operator_client, orders, body):
     pipeline, offsets = orders
     alert = make_alert(pipeline)
-    response = operator_api.post(f"/api/alerts/{alert.pk}/mute/", body, content_type="application/json")
+    response = operator_client.post(f"/api/alerts/{alert.pk}/mute/", body, content_type="application/json")
     assert response.status_code == 400, (body, response.content)
     assert "errors" in response.json()
     assert not Mute.objects.exists()
@@ -109,44 +109,44 @@ def test_a_mute_with_a_loose_body_is_a_400_naming_the_problem(operator_api, orde
     assert refusal.action == "mute_alert" and refusal.actor == "otto"
 
 
-def test_a_good_mute_still_mutes(operator_api, orders):
+def test_a_good_mute_still_mutes(operator_client, orders):
     pipeline, _ = orders
     alert = make_alert(pipeline)
-    response = operator_api.post(f"/api/alerts/{alert.pk}/mute/", {"minutes": 5, "reason": "deploy"},
-                                 content_type="application/json")
+    response = operator_client.post(f"/api/alerts/{alert.pk}/mute/", {"minutes": 5, "reason": "deploy"},
+                                    content_type="application/json")
     assert response.status_code == 200, response.content
     assert Mute.objects.get().reason == "deploy"
 
 
 @pytest.mark.parametrize("body,content_type", [("x", "text/plain"), ('{"now": true}', "application/json"),
                                                ("[]", "application/json")])
-def test_acknowledge_takes_no_body_but_an_empty_object(operator_api, orders, body, content_type):
+def test_acknowledge_takes_no_body_but_an_empty_object(operator_client, orders, body, content_type):
     pipeline, _ = orders
     alert = make_alert(pipeline)
-    response = operator_api.post(f"/api/alerts/{alert.pk}/acknowledge/", body, content_type=content_type)
+    response = operator_client.post(f"/api/alerts/{alert.pk}/acknowledge/", body, content_type=content_type)
     assert 400 <= response.status_code < 500, response.content
     assert Alert.objects.get().acknowledged_at is None
 
 
-def test_a_mute_reason_longer_than_its_column_is_refused_on_the_page(operator_api, orders):
+def test_a_mute_reason_longer_than_its_column_is_refused_on_the_page(operator_client, orders):
     pipeline, _ = orders
     alert = make_alert(pipeline)
-    response = operator_api.post(f"/alerts/{alert.pk}/mute/", {"minutes": "5", "reason": "r" * 201})
+    response = operator_client.post(f"/alerts/{alert.pk}/mute/", {"minutes": "5", "reason": "r" * 201})
     assert response.status_code == 302
     assert not Mute.objects.exists()
     assert ActionLog.objects.get(result=ActionResult.REFUSED).action == "mute_alert"
 
 
 @pytest.mark.parametrize("door", ["api", "page"])
-def test_a_group_id_longer_than_its_column_is_refused_and_audited(operator_api, orders, door):
+def test_a_group_id_longer_than_its_column_is_refused_and_audited(operator_client, orders, door):
     group = "g" * 300
     if door == "api":
-        response = operator_api.post(f"/api/groups/{group}/reset", {"topic": "t", "mode": "to-earliest"},
-                                     content_type="application/json")
+        response = operator_client.post(f"/api/groups/{group}/reset", {"topic": "t", "mode": "to-earliest"},
+                                        content_type="application/json")
         assert response.status_code == 409, response.content
     else:
-        response = operator_api.post(f"/groups/{group}/reset/", {"topic": "t", "mode": "to-earliest",
-                                                                 "step": "preview"})
+        response = operator_client.post(f"/groups/{group}/reset/", {"topic": "t", "mode": "to-earliest",
+                                                                    "step": "preview"})
         assert response.status_code == 422, response.content[:300]
     refusal = ActionLog.objects.get()
     assert refusal.result == ActionResult.REFUSED and refusal.group_id == "g" * 255
@@ -167,11 +167,11 @@ def test_a_group_id_longer_than_its_column_is_refused_in_the_admin(db):
 
 @pytest.mark.kafka  # the form checks the topic too: a real one, so the transform is the only problem
 @pytest.mark.parametrize("transform", ["django.contrib.gis.gdal.x", "..x", ".x", "consumers..x"])
-def test_a_transform_that_fails_to_import_is_a_form_error(operator_api, make_topic, transform):
-    response = operator_api.post("/pipelines/new/", {"name": "p1", "topic": make_topic("tr"), "sink_table": "sink_p1",
-                                                     "transform": transform, "mode": "exactly-once",
-                                                     "isolation_level": "read_committed", "engine": "python",
-                                                     "on_log_truncated": "stop"})
+def test_a_transform_that_fails_to_import_is_a_form_error(operator_client, make_topic, transform):
+    response = operator_client.post("/pipelines/new/", {"name": "p1", "topic": make_topic("tr"),
+                                                        "sink_table": "sink_p1", "transform": transform,
+                                                        "mode": "exactly-once", "isolation_level": "read_committed",
+                                                        "engine": "python", "on_log_truncated": "stop"})
     assert response.status_code == 400, response.content[:300]
     assert "Cannot import transform" in response.content.decode() or "Unknown transform" in response.content.decode()
     assert not Pipeline.objects.exists()
@@ -187,11 +187,11 @@ def test_a_transform_that_fails_to_import_is_a_form_error(operator_api, make_top
     ("replay", {"ids": "DL", "offset_to": "-1"}),
     ("replay", {"ids": "DL", "state": "nonsense"}),
 ])
-def test_a_dead_letter_action_with_a_bad_carried_filter_changes_nothing(operator_api, orders, action, fields):
+def test_a_dead_letter_action_with_a_bad_carried_filter_changes_nothing(operator_client, orders, action, fields):
     pipeline, offsets = orders
     letter = DeadLetter.objects.get(pipeline=pipeline)
-    response = operator_api.post(f"/pipelines/orders/dead-letters/{action}/",
-                                 {k: str(letter.pk) if v == "DL" else v for k, v in fields.items()})
+    response = operator_client.post(f"/pipelines/orders/dead-letters/{action}/",
+                                    {k: str(letter.pk) if v == "DL" else v for k, v in fields.items()})
     assert response.status_code == 422
     letter.refresh_from_db()
     assert letter.discarded_at is None and letter.replay_attempts == 0

@@ -53,14 +53,14 @@ def shown(html) -> list[tuple[int, int, str]]:
     return found
 
 
-def test_the_pipeline_page_links_the_dead_letter_page_with_the_pending_count(viewer_api, letters):
-    html = viewer_api.get("/pipelines/orders/").content.decode()
+def test_the_pipeline_page_links_the_dead_letter_page_with_the_pending_count(viewer_client, letters):
+    html = viewer_client.get("/pipelines/orders/").content.decode()
     link = re.search(r'<a href="/pipelines/orders/dead-letters/" id="dead-letters-link">(.*?)</a>', html).group(1)
     assert link == "All dead letters: 5 pending, 1 discarded"
 
 
-def test_the_page_lists_pending_dead_letters_in_partition_and_offset_order(viewer_api, letters):
-    response = viewer_api.get(URL)
+def test_the_page_lists_pending_dead_letters_in_partition_and_offset_order(viewer_client, letters):
+    response = viewer_client.get(URL)
     html = response.content.decode()
     assert response.status_code == 200
     assert shown(html) == [(0, 3, "pending"), (0, 7, "pending"), (0, 40, "pending"), (1, 5, "pending"),
@@ -79,12 +79,12 @@ def test_the_page_lists_pending_dead_letters_in_partition_and_offset_order(viewe
     ("state=any&partition=0&offset_to=12", [(0, 3, "pending"), (0, 7, "pending"), (0, 12, "replayed")]),
     ("state=any&error=spam", [(1, 91, "discarded")]),
 ])
-def test_filters_narrow_the_table(viewer_api, letters, query, expected):
-    assert shown(viewer_api.get(f"{URL}?{query}").content.decode()) == expected
+def test_filters_narrow_the_table(viewer_client, letters, query, expected):
+    assert shown(viewer_client.get(f"{URL}?{query}").content.decode()) == expected
 
 
-def test_a_discarded_and_a_replayed_dead_letter_say_who_and_why(viewer_api, letters):
-    html = viewer_api.get(f"{URL}?state=any").content.decode()
+def test_a_discarded_and_a_replayed_dead_letter_say_who_and_why(viewer_client, letters):
+    html = viewer_client.get(f"{URL}?state=any").content.decode()
     discarded = re.search(r'data-state="discarded">.*?</tr>', html, re.S).group(0)
     assert "by otto: test data" in discarded
     replayed = re.search(r'data-state="replayed">.*?</tr>', html, re.S).group(0)
@@ -97,30 +97,30 @@ def test_a_discarded_and_a_replayed_dead_letter_say_who_and_why(viewer_api, lett
     ("offset_from=9&offset_to=3", "offset_to</b>: The range ends before it starts (9 &gt; 3)."),
     ("state=lost", "state</b>: Select a valid choice."),
 ])
-def test_a_bad_filter_is_a_422_that_names_the_field_and_lists_nothing(viewer_api, letters, query, message):
-    response = viewer_api.get(f"{URL}?{query}")
+def test_a_bad_filter_is_a_422_that_names_the_field_and_lists_nothing(viewer_client, letters, query, message):
+    response = viewer_client.get(f"{URL}?{query}")
     html = response.content.decode()
     assert response.status_code == 422
     assert message in html
     assert shown(html) == []
 
 
-def test_an_htmx_filter_gets_only_the_panel(viewer_api, letters):
-    response = viewer_api.get(f"{URL}?partition=1", HTTP_HX_REQUEST="true")
+def test_an_htmx_filter_gets_only_the_panel(viewer_client, letters):
+    response = viewer_client.get(f"{URL}?partition=1", HTTP_HX_REQUEST="true")
     html = response.content.decode()
     assert "<html" not in html and 'id="dead-letter-table"' in html
     assert shown(html) == [(1, 5, "pending"), (1, 90, "pending")]
     assert "HX-Request" in response["Vary"]
 
 
-def test_the_table_is_paged_by_fifty_and_the_pages_keep_the_filters(viewer_api, db):
+def test_the_table_is_paged_by_fifty_and_the_pages_keep_the_filters(viewer_client, db):
     orders = Pipeline.objects.create(name="orders", topic="orders-topic", sink_table="sink_orders")
     DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=b"v", error="BadRecord")
                                     for o in range(120)])
-    first = viewer_api.get(f"{URL}?offset_from=10").content.decode()
+    first = viewer_client.get(f"{URL}?offset_from=10").content.decode()
     assert [o for _, o, _ in shown(first)] == list(range(10, 60))
     assert 'href="/pipelines/orders/dead-letters/?offset_from=10&amp;state=pending&amp;page=2" id="next-page"' in first
-    third = viewer_api.get(f"{URL}?offset_from=10&page=3").content.decode()
+    third = viewer_client.get(f"{URL}?offset_from=10&page=3").content.decode()
     assert [o for _, o, _ in shown(third)] == list(range(110, 120))
     assert "Page 3 of 3" in third and 'id="next-page"' not in third
 
@@ -130,19 +130,19 @@ def test_the_table_is_paged_by_fifty_and_the_pages_keep_the_filters(viewer_api, 
     ("99999", "There is no page 99999: pages are numbered 1 to 1."),
     ("-1", "There is no page -1: pages are numbered 1 to 1."),
 ])
-def test_a_page_that_is_not_a_page_is_a_400_that_says_which_pages_exist(viewer_api, letters, number, message):
+def test_a_page_that_is_not_a_page_is_a_400_that_says_which_pages_exist(viewer_client, letters, number, message):
     for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
-        response = viewer_api.get(URL, {"page": number}, **fragment)
+        response = viewer_client.get(URL, {"page": number}, **fragment)
         html = response.content.decode()
         assert response.status_code == 400 and message in html and shown(html) == []
-    assert len(shown(viewer_api.get(URL, {"page": ""}).content.decode())) == 5  # empty: the first page
+    assert len(shown(viewer_client.get(URL, {"page": ""}).content.decode())) == 5  # empty: the first page
 
 
-def test_the_csv_export_holds_every_matching_dead_letter_not_only_one_page(viewer_api, letters, db):
+def test_the_csv_export_holds_every_matching_dead_letter_not_only_one_page(viewer_client, letters, db):
     orders = Pipeline.objects.get(name="orders")
     DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=2, offset=o, value=f"v{o}".encode(),
                                                error="BadRecord: many") for o in range(70)])
-    response = viewer_api.get(f"{URL}export.csv?partition=2")
+    response = viewer_client.get(f"{URL}export.csv?partition=2")
     assert response.status_code == 200 and response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="orders-dead-letters.csv"'
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
@@ -150,8 +150,8 @@ def test_the_csv_export_holds_every_matching_dead_letter_not_only_one_page(viewe
     assert {r["state"] for r in rows} == {"pending"} and rows[5]["value"] == "v5"
 
 
-def test_the_csv_export_has_the_error_value_and_state_of_each_filtered_dead_letter(viewer_api, letters):
-    response = viewer_api.get(f"{URL}export.csv?state=any&partition=0")
+def test_the_csv_export_has_the_error_value_and_state_of_each_filtered_dead_letter(viewer_client, letters):
+    response = viewer_client.get(f"{URL}export.csv?state=any&partition=0")
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert [(r["partition"], r["offset"], r["state"]) for r in rows] == [
         ("0", "3", "pending"), ("0", "7", "pending"), ("0", "12", "replayed"), ("0", "40", "pending")]
@@ -162,18 +162,18 @@ def test_the_csv_export_has_the_error_value_and_state_of_each_filtered_dead_lett
     assert (rows[2]["value"], rows[2]["rows_written"], rows[2]["state_by"]) == ("", "1", "otto")
 
 
-def test_a_bad_filter_on_the_export_is_a_422_not_a_file(viewer_api, letters):
-    response = viewer_api.get(f"{URL}export.csv?offset_to=x")
+def test_a_bad_filter_on_the_export_is_a_422_not_a_file(viewer_client, letters):
+    response = viewer_client.get(f"{URL}export.csv?offset_to=x")
     assert response.status_code == 422 and "An offset is a whole number" in response.content.decode()
 
 
-def test_a_viewer_sees_no_buttons_and_their_posts_are_refused_audited_and_change_nothing(viewer_api, letters):
-    html = viewer_api.get(URL).content.decode()
+def test_a_viewer_sees_no_buttons_and_their_posts_are_refused_audited_and_change_nothing(viewer_client, letters):
+    html = viewer_client.get(URL).content.decode()
     assert 'id="replay-selected"' not in html and 'id="discard-selected"' not in html and 'name="ids"' not in html
     assert "only operators can replay or discard" in html
     letter = letters[(0, 3)]
     for path, data in [("replay/", {"ids": [letter.pk]}), ("discard/", {"ids": [letter.pk], "reason": "test"})]:
-        response = viewer_api.post(URL + path, data)
+        response = viewer_client.post(URL + path, data)
         assert response.status_code == 403
         assert "only operators can" in response.content.decode()
     letter.refresh_from_db()
@@ -182,16 +182,17 @@ def test_a_viewer_sees_no_buttons_and_their_posts_are_refused_audited_and_change
     assert list(refusals.values_list("action", flat=True)) == ["replay_dead_letters", "discard_dead_letters"]
 
 
-def test_an_operator_sees_checkboxes_for_pending_dead_letters_only(operator_api, letters):
-    html = operator_api.get(f"{URL}?state=any").content.decode()
+def test_an_operator_sees_checkboxes_for_pending_dead_letters_only(operator_client, letters):
+    html = operator_client.get(f"{URL}?state=any").content.decode()
     boxes = sorted(int(i) for i in re.findall(r'name="ids" value="(\d+)"', html))
     assert boxes == sorted(d.pk for key, d in letters.items() if key not in ((1, 91), "other"))
     assert 'id="replay-selected"' in html and 'id="discard-selected"' in html
 
 
-def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_api, letters):
+def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_client, letters):
     chosen = [letters[(0, 3)].pk, letters[(1, 5)].pk]
-    response = operator_api.post(URL + "discard/", {"ids": chosen, "reason": "  load-test data  ", "state": "pending"})
+    response = operator_client.post(URL + "discard/",
+                                    {"ids": chosen, "reason": "  load-test data  ", "state": "pending"})
     html = response.content.decode()
     assert response.status_code == 200
     assert '<li data-result="discarded">discarded: <b>2</b></li>' in html
@@ -201,7 +202,7 @@ def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_api, 
     entry = ActionLog.objects.get(action="discard_dead_letters")
     assert (entry.actor, entry.result, entry.params["ids"]) == ("otto", ActionResult.DONE, chosen)
     # The page carried by an action may have emptied meanwhile: the outcome is shown with the nearest page.
-    last = operator_api.post(URL + "discard/", {"ids": [letters[(0, 7)].pk], "reason": "x", "page": "2"})
+    last = operator_client.post(URL + "discard/", {"ids": [letters[(0, 7)].pk], "reason": "x", "page": "2"})
     assert last.status_code == 200 and shown(last.content.decode()) == [(0, 40, "pending"), (1, 90, "pending")]
 
 
@@ -214,12 +215,12 @@ def test_an_operator_discards_selected_dead_letters_with_a_reason(operator_api, 
     ("discard/", {"ids": ["999999999"], "reason": "typo"},
      "Not dead letters of pipeline &#x27;orders&#x27;: 999999999."),
 ])
-def test_bad_input_is_a_422_with_the_reason_audited_and_changes_nothing(operator_api, letters, path, data, message):
+def test_bad_input_is_a_422_with_the_reason_audited_and_changes_nothing(operator_client, letters, path, data, message):
     ids = {"LETTER": str(letters[(0, 3)].pk), "OTHER": str(letters["other"].pk)}
     data = {k: [ids.get(i, i) for i in v] if k == "ids" else v for k, v in data.items()}
     message = message.replace("OTHER", ids["OTHER"])
     before = snapshot()
-    response = operator_api.post(URL + path, data)
+    response = operator_client.post(URL + path, data)
     html = response.content.decode()
     assert response.status_code == 422
     assert message in html
@@ -228,13 +229,13 @@ def test_bad_input_is_a_422_with_the_reason_audited_and_changes_nothing(operator
     assert ActionLog.objects.get().result == ActionResult.REFUSED
 
 
-def test_an_operator_replays_fixed_dead_letters_into_the_sink_exactly_once(operator_api, pipeline):  # noqa: F811
+def test_an_operator_replays_fixed_dead_letters_into_the_sink_exactly_once(operator_client, pipeline):  # noqa: F811
     orders = pipeline()
     consume(orders, {0: values(10)})   # offsets 3, 7 and 8 become dead letters
     fix_transform(orders)              # now 3 ("x3") and 7 ("7?") pass; 8 ("junk") still fails
     ids = list(DeadLetter.objects.order_by("offset").values_list("pk", flat=True))
 
-    response = operator_api.post(URL + "replay/", {"ids": ids})
+    response = operator_client.post(URL + "replay/", {"ids": ids})
     html = response.content.decode()
     assert response.status_code == 200
     assert '<li data-result="replayed">replayed: <b>2</b></li>' in html
@@ -250,20 +251,20 @@ def test_an_operator_replays_fixed_dead_letters_into_the_sink_exactly_once(opera
     assert (entry.result, entry.actor) == (ActionResult.DONE, "otto")
     assert DeadLetterReplay.objects.filter(action_log=entry).count() == 2
 
-    again = operator_api.post(URL + "replay/", {"ids": ids}).content.decode()   # a second click changes nothing
+    again = operator_client.post(URL + "replay/", {"ids": ids}).content.decode()   # a second click changes nothing
     assert '<li data-result="gone">gone: <b>2</b></li>' in again
     assert [(p, o) for p, o, _, _ in rows_in_provenance_order(orders)] == [(0, o) for o in range(10) if o != 8]
     assert DeadLetterReplay.objects.count() == 2
-    replayed = operator_api.get(f"{URL}?state=replayed").content.decode()
+    replayed = operator_client.get(f"{URL}?state=replayed").content.decode()
     assert shown(replayed) == [(0, 3, "replayed"), (0, 7, "replayed")]
 
 
-def test_a_replay_the_sink_refuses_is_a_422_that_changes_nothing(operator_api, pipeline):  # noqa: F811
+def test_a_replay_the_sink_refuses_is_a_422_that_changes_nothing(operator_client, pipeline):  # noqa: F811
     orders = pipeline()
     consume(orders, {0: values(5)})
     fix_transform(orders, "tests.replay_transforms.lenient_event")  # writes a column the sink table lacks
     letter = DeadLetter.objects.get()
-    response = operator_api.post(URL + "replay/", {"ids": [letter.pk]})
+    response = operator_client.post(URL + "replay/", {"ids": [letter.pk]})
     assert response.status_code == 422
     assert "failed and changed nothing" in response.content.decode()
     assert DeadLetter.objects.filter(pk=letter.pk).exists() and not DeadLetterReplay.objects.exists()

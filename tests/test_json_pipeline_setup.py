@@ -124,7 +124,7 @@ def test_the_file_refuses_a_mapping_that_is_not_a_table_of_text(capsys, tmp_path
 
 
 def test_every_door_refuses_an_upsert_table_without_a_unique_key_on_it_and_gives_the_sql_that_fixes_it(
-        capsys, tmp_path, topic, table, operator_api):
+        capsys, tmp_path, topic, table, operator_client):
     create_table(table)  # unique on the provenance, not on the upsert key
     fix = f'ALTER TABLE "{table}" ADD CONSTRAINT "{table}_upsert_key" UNIQUE ("order_id");'
     path = write(tmp_path, f'[pipelines.orders]\ntopic = "{topic}"\nsink_table = "{table}"\ntransform = "json"\n'
@@ -133,11 +133,12 @@ def test_every_door_refuses_an_upsert_table_without_a_unique_key_on_it_and_gives
     assert code == 1 and fix in err
     fields = {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "json",
               "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "stop"}
-    response = operator_api.post("/api/pipelines/", {**fields, "map": {"order_id": "@key"}, "upsert_key": ["order_id"]},
-                                 content_type="application/json")
+    response = operator_client.post("/api/pipelines/",
+                                    {**fields, "map": {"order_id": "@key"}, "upsert_key": ["order_id"]},
+                                    content_type="application/json")
     assert response.status_code == 400 and fix in response.json()["errors"]["upsert_key"][0]["message"]
-    page = operator_api.post("/pipelines/new/", {**fields, "group": "", "map": "order_id=@key",
-                                                 "upsert_key": "order_id"})
+    page = operator_client.post("/pipelines/new/", {**fields, "group": "", "map": "order_id=@key",
+                                                    "upsert_key": "order_id"})
     assert page.status_code == 400 and html.escape(fix, quote=True) in page.content.decode()
     assert not Pipeline.objects.exists()
     with connection.cursor() as cursor:

@@ -27,7 +27,7 @@ def test_the_worker_default_applies_unless_the_pipeline_chooses(settings):
     assert engine_consumer.client_for(Pipeline(kafka_client="kafka-python")) == "kafka-python"
 
 
-def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table, operator_api):
+def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table, operator_client):
     code, out, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
                                  "--kafka-client", "librdkafka", "--json")
     assert (code, err) == (0, "") and json.loads(out)["kafka_client"] == "librdkafka"
@@ -35,25 +35,26 @@ def test_the_command_stores_shows_and_audits_the_client(capsys, topic, table, op
     assert ActionLog.objects.get(action="create").params["kafka_client"] == "librdkafka"
     code, out, _ = run_command(capsys, "show", "orders")
     assert "kafka_client:      librdkafka" in out
-    page = operator_api.get("/pipelines/orders/").content.decode()
+    page = operator_client.get("/pipelines/orders/").content.decode()
     assert 'Kafka client <b id="kafka-client">librdkafka</b>' in page
-    assert json.loads(operator_api.get("/api/pipelines/orders/").content)["kafka_client"] == "librdkafka"
+    assert json.loads(operator_client.get("/api/pipelines/orders/").content)["kafka_client"] == "librdkafka"
 
 
 def test_every_door_refuses_an_unknown_client_and_librdkafka_on_spark_with_one_message(capsys, topic, table,
-                                                                                         operator_api, tmp_path):
+                                                                                         operator_client, tmp_path):
     code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table, "--create-table",
                                "--kafka-client", "java")
     assert code == 1 and "kafka_client: unknown Kafka client 'java': use kafka-python, librdkafka" in err
-    response = operator_api.post("/api/pipelines/", json.dumps({"name": "orders", "topic": topic, "sink_table": table,
-                                                                "create_table": True, "kafka_client": "java"}),
-                                 content_type="application/json")
+    response = operator_client.post("/api/pipelines/", json.dumps({"name": "orders", "topic": topic,
+                                                                   "sink_table": table, "create_table": True,
+                                                                   "kafka_client": "java"}),
+                                    content_type="application/json")
     assert response.status_code == 400 and "unknown Kafka client 'java'" in response.content.decode()
-    response = operator_api.post("/pipelines/new/", {"name": "orders", "topic": topic, "sink_table": table,
-                                                     "mode": "exactly-once", "transform": "int_value",
-                                                     "engine": "python", "isolation_level": "read_committed",
-                                                     "on_log_truncated": "stop", "create_table": "on",
-                                                     "kafka_client": "java"})
+    response = operator_client.post("/pipelines/new/", {"name": "orders", "topic": topic, "sink_table": table,
+                                                        "mode": "exactly-once", "transform": "int_value",
+                                                        "engine": "python", "isolation_level": "read_committed",
+                                                        "on_log_truncated": "stop", "create_table": "on",
+                                                        "kafka_client": "java"})
     assert "java" in response.content.decode() and response.status_code != 302
     path = tmp_path / "pipelines.toml"
     path.write_text(f'[pipelines.orders]\ntopic = "{topic}"\nsink_table = "{table}"\ncreate_table = true\n'

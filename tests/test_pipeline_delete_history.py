@@ -65,24 +65,24 @@ def test_deleting_a_pipeline_keeps_its_alerts_their_emails_and_the_action_log(ca
                                                                                                 ("delete", "orders")]
 
 
-def test_the_alert_history_of_a_deleted_pipeline_is_listed_on_the_page_and_the_api(capsys, history, viewer_api):
+def test_the_alert_history_of_a_deleted_pipeline_is_listed_on_the_page_and_the_api(capsys, history, viewer_client):
     run_pipeline_command(capsys, "delete", "orders")
-    page = viewer_api.get("/alerts/?state=all&pipeline=orders")
+    page = viewer_client.get("/alerts/?state=all&pipeline=orders")
     html = page.content.decode()
     assert page.status_code == 200
     assert html.count("orders <span class=\"muted\">(deleted)</span>") == 2
     assert "Orders lag" in html and "Any loss" in html
-    api = viewer_api.get("/api/alerts/?state=all&pipeline=orders").json()["alerts"]
+    api = viewer_client.get("/api/alerts/?state=all&pipeline=orders").json()["alerts"]
     assert sorted((a["pipeline"], a["rule"], a["kind"]) for a in api) == [("orders", "Any loss", "lost"),
                                                                            ("orders", "Orders lag", "lag_records")]
-    detail = viewer_api.get(f"/api/alerts/{history['firing'].pk}/").json()
+    detail = viewer_client.get(f"/api/alerts/{history['firing'].pk}/").json()
     assert [n["kind"] for n in detail["notifications"]] == ["fired", "resolved"]
 
 
-def test_an_alert_of_a_deleted_pipeline_cannot_be_muted(capsys, history, operator_api):
+def test_an_alert_of_a_deleted_pipeline_cannot_be_muted(capsys, history, operator_client):
     run_pipeline_command(capsys, "delete", "orders")
-    response = operator_api.post(f"/api/alerts/{history['old'].pk}/mute/", data={"minutes": 60},
-                                 content_type="application/json")
+    response = operator_client.post(f"/api/alerts/{history['old'].pk}/mute/", data={"minutes": 60},
+                                    content_type="application/json")
     assert response.status_code == 409
     assert "deleted" in response.json()["error"]
     assert not Mute.objects.exists()   # never a mute of every rule on every pipeline
@@ -100,7 +100,7 @@ def test_evaluation_goes_on_after_a_pipeline_and_its_rules_are_deleted(capsys, h
 
 
 def test_the_action_log_finds_a_deleted_pipelines_entries_by_its_name_and_refuses_a_name_never_used(
-        capsys, history, viewer_api):
+        capsys, history, viewer_client):
     ActionLog.objects.create(pipeline=None, group_id="billing", action="reset_group", actor="otto",
                              result=ActionResult.DONE, params={"cluster": "default"})
     code, _, err = run_pipeline_command(capsys, "delete", "orders")
@@ -109,20 +109,20 @@ def test_the_action_log_finds_a_deleted_pipelines_entries_by_its_name_and_refuse
     assert len(ids) == 2
 
     for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
-        page = viewer_api.get("/action-log/", {"pipeline": "orders"}, **fragment)
+        page = viewer_client.get("/action-log/", {"pipeline": "orders"}, **fragment)
         shown = {int(pk) for pk in re.findall(r'<tr id="action-(\d+)"', page.content.decode())}
         assert page.status_code == 200 and shown == ids
-    assert '<option value="orders" selected>orders (deleted)</option>' in viewer_api.get(
+    assert '<option value="orders" selected>orders (deleted)</option>' in viewer_client.get(
         "/action-log/", {"pipeline": "orders"}).content.decode()
-    api = viewer_api.get("/api/action-log", {"pipeline": "orders"}).json()["actions"]
+    api = viewer_client.get("/api/action-log", {"pipeline": "orders"}).json()["actions"]
     assert {e["id"] for e in api} == ids and {e["pipeline"] for e in api} == {"orders"}
 
     for fragment in ({}, {"HTTP_HX_REQUEST": "true"}):
-        page = viewer_api.get("/action-log/", {"pipeline": "nosuch"}, **fragment)
+        page = viewer_client.get("/action-log/", {"pipeline": "nosuch"}, **fragment)
         body = page.content.decode()
         assert page.status_code == 400 and '<tr id="action-' not in body
         assert "No pipeline named &#x27;nosuch&#x27;, now or deleted" in body
-    api = viewer_api.get("/api/action-log", {"pipeline": "nosuch"})
+    api = viewer_client.get("/api/action-log", {"pipeline": "nosuch"})
     assert api.status_code == 400 and "No pipeline named 'nosuch', now or deleted" in (
         api.json()["errors"]["pipeline"][0]["message"])
-    assert viewer_api.get("/action-log/", {"pipeline": ""}).status_code == 200  # no filter: every entry
+    assert viewer_client.get("/action-log/", {"pipeline": ""}).status_code == 200  # no filter: every entry

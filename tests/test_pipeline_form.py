@@ -2,19 +2,11 @@
 beside their field; viewers are refused; nothing is created when the form is refused."""
 
 import pytest
-from django.test import Client
 
 from consumers.models import ActionLog, Pipeline
-from tests.views_helpers import make_operator, make_viewer
+from tests.views_helpers import make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def operator_client():
-    client = Client()
-    client.force_login(make_operator())
-    return client
 
 
 def form(topic, table, **overrides):

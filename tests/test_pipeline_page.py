@@ -5,20 +5,12 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
-from tests.views_helpers import make_operator, make_pipeline
+from tests.views_helpers import make_pipeline
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator_client():
-    client = Client()
-    client.force_login(make_operator())
-    return client
 
 
 def buttons(html):

@@ -86,13 +86,13 @@ def test_the_trace_says_which_record_wrote_the_current_row_and_what_superseded_a
     assert current.current_row is None and deleted.current_row is None
 
 
-def test_every_trace_door_names_the_record_and_ledger_batch_that_wrote_the_current_row(keyed, capsys, operator_api):
+def test_every_trace_door_names_the_record_and_ledger_batch_that_wrote_the_current_row(keyed, capsys, operator_client):
     code, out, _ = run_command(capsys, "trace", keyed.name, "--partition", "0", "--offset", "2")
     assert code == 0 and "SUPERSEDED" in out and "current row of its key: written by partition 0 offset 5, in " \
         "ledger batch" in out
-    api = operator_api.get(f"/api/pipelines/{keyed.name}/trace", {"partition": 0, "offset": 2}).json()
+    api = operator_client.get(f"/api/pipelines/{keyed.name}/trace", {"partition": 0, "offset": 2}).json()
     assert api["current_row"]["offset"] == 5 and api["current_row"]["batches"][0]["first_offset"] <= 5
-    page = operator_api.get(f"/pipelines/{keyed.name}/trace/", {"partition": 0, "offset": 2}).content.decode()
+    page = operator_client.get(f"/pipelines/{keyed.name}/trace/", {"partition": 0, "offset": 2}).content.decode()
     assert "Current row of its key" in page and "written by partition 0, offset 5" in page
 
 
@@ -106,17 +106,17 @@ def state(pipeline):
 
 
 def test_a_rewind_that_rolls_back_an_upsert_sink_is_refused_at_every_door_and_changes_nothing(
-        keyed, capsys, operator_api):
+        keyed, capsys, operator_client):
     before = state(keyed)
     for arguments in (["--execute"], []):  # the run and its preview
         code, _, err = run_command(capsys, "rewind", keyed.name, "--to-offset", "2", "--rollback-sink", *arguments)
         assert code == 1 and "roll back sink is refused for an upsert pipeline" in err
         assert "Rewind without roll back sink" in err
-    response = operator_api.post(f"/api/pipelines/{keyed.name}/rewind", {"mode": "to-offset", "value": "2",
-                                 "rollback_sink": True, "dry_run": False}, content_type="application/json")
+    response = operator_client.post(f"/api/pipelines/{keyed.name}/rewind", {"mode": "to-offset", "value": "2",
+                                    "rollback_sink": True, "dry_run": False}, content_type="application/json")
     assert response.status_code == 409 and "upsert pipeline" in response.json()["error"]
-    page = operator_api.post(f"/pipelines/{keyed.name}/rewind/", {"mode": "to-offset", "value": "2",
-                             "rollback_sink": "on", "step": "execute"})
+    page = operator_client.post(f"/pipelines/{keyed.name}/rewind/", {"mode": "to-offset", "value": "2",
+                                "rollback_sink": "on", "step": "execute"})
     assert page.status_code == 422 and "roll back sink is refused for an upsert pipeline" in page.content.decode()
     assert state(keyed) == before
     refusals = ActionLog.objects.filter(pipeline=keyed, action="rewind", result=ActionResult.REFUSED)

@@ -18,19 +18,6 @@ def pipeline():
     return make_pipeline()
 
 
-@pytest.fixture
-def viewer_client(client):
-    client.force_login(make_viewer())
-    return client
-
-
-@pytest.fixture
-def operator_client():
-    client = Client(enforce_csrf_checks=False)
-    client.force_login(make_operator())
-    return client
-
-
 @pytest.mark.parametrize("url", PAGES)
 def test_every_page_redirects_an_anonymous_visitor_to_login(client, pipeline, url):
     response = client.get(url)
