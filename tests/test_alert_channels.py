@@ -9,7 +9,6 @@ from email.utils import format_datetime
 from io import StringIO
 
 import pytest
-import time_machine
 from django.core import mail
 from django.core.management import call_command
 
@@ -20,16 +19,11 @@ from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
 from consumers.models import ActionLog, PartitionHealth, Status
+from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
 from tests.receivers import Receiver
 from tests.test_alerts_email import T0, lost, make_pipeline, report_health
 
 SECRET_TOKEN = "T0KEN-s3cr3t-path-XYZ"
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    with time_machine.travel(T0, tick=False):
-        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,8 @@
 """Evaluations and senders running at the same time still produce one alert and one email per state."""
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-import time_machine
 from django.db import connection
 
 from alerts.defaults import ensure_default_rules
@@ -11,17 +10,8 @@ from alerts.evaluate import evaluate_all
 from alerts.models import Alert, Notification
 from alerts.outbox import deliver_due
 from consumers.models import PartitionHealth, Pipeline, PipelineHealth, Status
+from tests.alert_clock import NOW, frozen_clock  # noqa: F401 - an autouse fixture
 from tests.test_alerts_email import inbox, smtp_port  # noqa: F401 - fixtures
-
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    """Every clock read in these tests (row defaults, code without an injected time) reads NOW."""
-    with time_machine.travel(NOW, tick=False):
-        yield
-
 
 RACERS = 4
 

@@ -1,18 +1,10 @@
 """The one definition of "a run is alive" and the run state transitions, with injected time."""
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-import time_machine
 
 from consumers.models import ConsumerRun, Pipeline, RunState
-
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def frozen_clock():
-    with time_machine.travel(NOW, tick=False):
-        yield
+from tests.alert_clock import NOW, frozen_clock  # noqa: F401 - an autouse fixture
 
 
 @pytest.fixture
