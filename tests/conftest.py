@@ -230,6 +230,8 @@ def kafka_bootstrap():
     settings.KAFKA_BOOTSTRAP_SERVERS = previous
     clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
     broker.stop_broker(process)
+    if log is not None:
+        log.close()
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from tests.waiting import patience
 
 def start_driver(env, log_path: Path, name: str, *extra: str) -> subprocess.Popen:
     log_path.parent.mkdir(exist_ok=True)
-    log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "manage.py", "run_spark_pipeline", name, *extra], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "ab") as log:   # the driver writes to its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "manage.py", "run_spark_pipeline", name, *extra], cwd=ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def log_size(log_path: Path) -> int:
