@@ -1,5 +1,7 @@
 """Alerts in the JSON API (Django REST framework, like the rest of /api/): session or token auth; list and
 detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
+import functools
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -80,30 +82,35 @@ def alert_detail(request, alert_id):
     return Response(data)
 
 
-@extend_schema(request=EmptyInput, responses=answers(AlertAnswerSerializer, extra={409: AlertRefusedSerializer}))
-@api_view(["POST"])
-@permission_classes(OPERATE)
-def alert_acknowledge(request, alert_id):
-    alert = _alert(alert_id)
-    body = EmptyInput(data=request.data)
-    if not body.is_valid():
-        return refuse_invalid(request, body, "acknowledge_alert", alert.pipeline)
+def _alert_action(action: str, body_class, answer):
+    """An operator's POST on one alert: a 404 for an unknown alert, a bad body refused (400) and audited as
+    `action`; then the view gets the alert and the body's validated data. 409 answers a wrong state."""
+    def door(view):
+        @extend_schema(request=body_class, responses=answers(answer, extra={409: AlertRefusedSerializer}))
+        @api_view(["POST"])
+        @permission_classes(OPERATE)
+        @functools.wraps(view)
+        def checked(request, alert_id):
+            alert = _alert(alert_id)
+            body = body_class(data=request.data)
+            if not body.is_valid():
+                return refuse_invalid(request, body, action, alert.pipeline)
+            return view(request, alert, body.validated_data)
+        return checked
+    return door
+
+
+@_alert_action("acknowledge_alert", EmptyInput, AlertAnswerSerializer)
+def alert_acknowledge(request, alert, data):
     if not evaluate.acknowledge(alert, request.user.get_username()):
         return _conflict(alert, f"The alert is {alert.state}, not firing.")
     return Response({"alert": alert.as_json()})
 
 
-@extend_schema(request=MuteInput, responses=answers(MutedSerializer, extra={409: AlertRefusedSerializer}))
-@api_view(["POST"])
-@permission_classes(OPERATE)
-def alert_mute(request, alert_id):
-    alert = _alert(alert_id)
-    body = MuteInput(data=request.data)
-    if not body.is_valid():
-        return refuse_invalid(request, body, "mute_alert", alert.pipeline)
+@_alert_action("mute_alert", MuteInput, MutedSerializer)
+def alert_mute(request, alert, data):
     try:
-        mute = evaluate.mute(alert, body.validated_data["minutes"], request.user.get_username(),
-                             body.validated_data["reason"])
+        mute = evaluate.mute(alert, data["minutes"], request.user.get_username(), data["reason"])
     except evaluate.AlertGone as exc:
         return _conflict(alert, str(exc))
     return Response({"mute": {"id": mute.pk, "rule": alert.rule.name, "pipeline": alert.pipeline_label,

@@ -10,6 +10,7 @@ from consumers.access import record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import DeliveryMode, Pipeline
 from consumers.operations import pipeline_setup
+from consumers.operations.errors import DeleteRefused
 from consumers.operations.pipeline_setup import COLUMNS, MUTABLE_FIELDS, Invalid, PipelineSpec
 
 # Fields of the add form (the model's names).
@@ -122,7 +123,7 @@ class PipelineAdminMixin:
         for pipeline in queryset:
             try:
                 pipeline_setup.delete(pipeline.name, actor=request.user.get_username())
-            except pipeline_setup.DeleteRefused as exc:
+            except DeleteRefused as exc:
                 record_refusal(request.user, "delete", str(exc), params={"via": "admin", "pipeline": pipeline.name})
                 messages.error(request, str(exc))
                 request.tally_delete_refused = True

@@ -84,6 +84,9 @@ def test_the_form_adds_a_watch_with_the_same_validation(make_topic):
                                               "start_from": "earliest", "settle_seconds": 30})
     assert refused.status_code == 400 and "does not exist" in refused.content.decode()
     assert not Watch.objects.exists()
+    refusal = ActionLog.objects.get(action="create_watch")
+    assert refusal.result == ActionResult.REFUSED and refusal.params["watch"] == "form-watch"
+    assert "does not exist" in refusal.message
     created = operator.post("/watches/new/", {"name": "form-watch", "group": "g", "topic": topic,
                                               "start_from": "latest", "settle_seconds": 5,
                                               "ignore": "json:type=heartbeat\n"})

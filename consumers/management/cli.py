@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from consumers.access import record_refusal
 from consumers.operations.declared_file import FileRefused
+from consumers.operations.errors import DeleteRefused
 
 
 def refused(message: str) -> CommandError:
@@ -84,6 +85,14 @@ class SubcommandsCommand(TallyCommand):
         self.stdout.write(" ".join(f"{heading:{spec}}" for heading, spec, _ in columns).rstrip())
         for row in rows:
             self.stdout.write(" ".join(f"{cell(row):{spec}}" for _, spec, cell in columns).rstrip())
+
+    def delete_named(self, delete, *, name: str, actor: str, done: str) -> None:
+        """`delete NAME` (a pipeline, a watch): `done` once deleted, or exit 1 saying why it was refused."""
+        try:
+            delete(name, actor)
+        except DeleteRefused as exc:
+            raise refused(str(exc)) from None
+        self.stdout.write(done)
 
     def apply_file(self, apply, *, file: str, actor: str, dry_run: bool) -> None:
         """`apply FILE` (pipelines.toml, watches.toml): what it did, or with --dry-run would do, a line an entry,

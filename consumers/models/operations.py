@@ -49,18 +49,19 @@ class ActionLog(models.Model):
     def cluster(self) -> str:
         """The Kafka cluster the entry is about: its pipeline's, else the one its parameters name (group resets
         and watches keep it there), else "" for actions that touch no cluster."""
-        if self.pipeline_id:
-            return self.pipeline.cluster
-        params = self.params if isinstance(self.params, dict) else {}
-        return str(params.get("cluster") or "")
+        return self._pipeline_or_params("cluster")
 
     @property
     def pipeline_name(self) -> str:
         """The pipeline the entry is about, also after the pipeline was deleted (its name stays in params)."""
+        return self._pipeline_or_params("name", "pipeline")
+
+    def _pipeline_or_params(self, attribute: str, key: str = "") -> str:
+        """The pipeline's `attribute` while it exists; else what the entry's parameters kept under `key`."""
         if self.pipeline_id:
-            return self.pipeline.name
+            return getattr(self.pipeline, attribute)
         params = self.params if isinstance(self.params, dict) else {}
-        return str(params.get("pipeline") or "")
+        return str(params.get(key or attribute) or "")
 
     @property
     def is_rewind(self) -> bool:

@@ -3,6 +3,7 @@ one TOML document of [SECTION.NAME] tables, every problem of every entry is list
 and then everything it asks for is applied in one transaction, or nothing is."""
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
@@ -11,6 +12,36 @@ from consumers.operations.errors import Invalid
 
 class FileRefused(ValueError):
     pass
+
+
+@dataclass
+class FilePlan:
+    """What applying a file does or would do, by name. A kind whose entries may change in place (pipelines)
+    fills `update` with (spec, current, {setting: (current, in the file)}); one whose may not (watches) leaves
+    it empty and sets `changes_in_place` to False, so that its summary does not speak of changes."""
+    create: list = field(default_factory=list)
+    update: list[tuple] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    not_in_file: list[str] = field(default_factory=list)
+    changes_in_place = True
+
+    def create_line(self, spec) -> str:
+        raise NotImplementedError
+
+    def lines(self) -> list[str]:
+        out = [self.create_line(spec) for spec in self.create]
+        out += [f"update {spec.name}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+                for spec, _, diff in self.update]
+        out += [f"unchanged {name}" for name in self.unchanged]
+        out += [f"not in file, left alone: {name}" for name in self.not_in_file]
+        return out
+
+    def summary(self, *, applied: bool) -> str:
+        """The counts: what was done once applied, or what a dry run would do."""
+        updated = ([f"updated {len(self.update)}" if applied else f"{len(self.update)} to change"]
+                   if self.changes_in_place else [])
+        created = f"created {len(self.create)}" if applied else f"{len(self.create)} to create"
+        return ", ".join([created, *updated, f"{len(self.unchanged)} unchanged."])
 
 
 def tables(path: str, section: str, noun: str) -> dict[str, dict]:

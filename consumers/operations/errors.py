@@ -41,3 +41,7 @@ class Invalid(ValueError):
     def __init__(self, problems: dict[str, str]):
         self.problems = problems
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems.items()))
+
+
+class DeleteRefused(ValueError):
+    """A pipeline or watch that cannot be deleted (unknown, or a pipeline not stopped): nothing was deleted."""

@@ -25,34 +25,15 @@ pipeline only transform, map, engine, isolation_level, on_log_truncated, runs an
 is stopped.
 Pipelines that exist but are not in the file are listed and left alone: deleting is an explicit `pipeline delete`.
 """
-from dataclasses import dataclass, field
-
 from consumers.models import Pipeline
 from consumers.operations import declared_file, pipeline_setup
 from consumers.operations.declared_file import FileRefused  # noqa: F401 - what apply() raises, named beside it
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 
 
-@dataclass
-class Plan:
-    create: list[PipelineSpec] = field(default_factory=list)
-    update: list[tuple[PipelineSpec, Pipeline, dict]] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    not_in_file: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        out = [f"create {s.name}: {s.topic} -> {s.sink_table} ({_settings(s)})" for s in self.create]
-        out += [f"update {s.name}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
-                for s, _, diff in self.update]
-        out += [f"unchanged {name}" for name in self.unchanged]
-        out += [f"not in file, left alone: {name}" for name in self.not_in_file]
-        return out
-
-    def summary(self, *, applied: bool) -> str:
-        """The counts: what was done once applied, or what a dry run would do."""
-        if applied:
-            return f"created {len(self.create)}, updated {len(self.update)}, {len(self.unchanged)} unchanged."
-        return f"{len(self.create)} to create, {len(self.update)} to change, {len(self.unchanged)} unchanged."
+class Plan(declared_file.FilePlan):
+    def create_line(self, spec: PipelineSpec) -> str:
+        return f"create {spec.name}: {spec.topic} -> {spec.sink_table} ({_settings(spec)})"
 
 
 def _settings(spec: PipelineSpec) -> str:

@@ -45,7 +45,7 @@ from consumers.models import (
     LogTruncatedPolicy,
     Pipeline,
 )
-from consumers.operations.errors import Invalid
+from consumers.operations.errors import DeleteRefused, Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
@@ -443,10 +443,6 @@ def update(spec: PipelineSpec, pipeline: Pipeline, actor: str = "cli") -> dict:
             _log_action(pipeline, "update", actor, {k: {"from": a, "to": b} for k, (a, b) in diff.items()},
                    "changed " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items()))
     return diff
-
-
-class DeleteRefused(ValueError):
-    pass
 
 
 def delete(name: str, actor: str = "cli") -> None:

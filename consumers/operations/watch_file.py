@@ -16,32 +16,18 @@ API) before anything changes; then all creations commit in one transaction. Appl
 changes nothing. A watch whose settings differ from the file is refused: its settled ranges belong to its
 settings, so change one by deleting it and applying again. Watches not in the file are left alone.
 """
-from dataclasses import dataclass, field
-
 from consumers.models import Watch
 from consumers.operations import declared_file, watch_setup
 from consumers.operations.declared_file import FileRefused  # noqa: F401 - what apply() raises, named beside it
 from consumers.operations.watch_setup import Invalid, WatchSpec
 
 
-@dataclass
-class Plan:
-    create: list[WatchSpec] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    not_in_file: list[str] = field(default_factory=list)
+class Plan(declared_file.FilePlan):
+    changes_in_place = False  # a watch's settled ranges belong to its settings: changed by delete and apply
 
-    def lines(self) -> list[str]:
-        out = [f"create {s.name}: group {s.group} on {s.topic}"
-               + (f", auditing {s.sink_table} by {s.record_id}" if s.sink_table else "") for s in self.create]
-        out += [f"unchanged {name}" for name in self.unchanged]
-        out += [f"not in file, left alone: {name}" for name in self.not_in_file]
-        return out
-
-    def summary(self, *, applied: bool) -> str:
-        """The counts: what was done once applied, or what a dry run would do."""
-        if applied:
-            return f"created {len(self.create)}, {len(self.unchanged)} unchanged."
-        return f"{len(self.create)} to create, {len(self.unchanged)} unchanged."
+    def create_line(self, spec: WatchSpec) -> str:
+        return (f"create {spec.name}: group {spec.group} on {spec.topic}"
+                + (f", auditing {spec.sink_table} by {spec.record_id}" if spec.sink_table else ""))
 
 
 def load(path: str) -> list[WatchSpec]:

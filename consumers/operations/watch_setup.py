@@ -28,7 +28,7 @@ from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 from consumers.operations import offset_specs
-from consumers.operations.errors import KAFKA_ERRORS, Invalid
+from consumers.operations.errors import KAFKA_ERRORS, DeleteRefused, Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
@@ -39,10 +39,6 @@ MAX_IGNORES = 20
 TEXT_TYPES = ("text", "character varying", "character", "uuid", "citext")
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 NUMERIC_TYPES = INTEGER_TYPES + ("numeric",)
-
-
-class DeleteRefused(ValueError):
-    pass
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the action log
 log entry are consumers.operations.actions'; this view checks the role, calls it and shows the outcome."""
+import functools
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from consumers.access import can_operate, record_refusal, refused_action
 from consumers.models import ActionResult, Pipeline
@@ -38,6 +40,21 @@ def refuse_viewer(request, pipeline, fragment="outcome"):
                    params={"path": request.path})
     messages.error(request, VIEWER_REFUSAL)
     return render_page(request, "refused.html", {"pipeline": pipeline}, fragment=fragment, status=403)
+
+
+def add_page(view):
+    """An add page (a pipeline, a watch): its form shown to everyone signed in, its POST taken from operators
+    only. A viewer's POST is refused (403, audited) before the view runs; the view is told `operator`, for the
+    page to say why its button is disabled."""
+    @require_http_methods(["GET", "POST"])
+    @login_required
+    @functools.wraps(view)
+    def page(request):
+        operator = can_operate(request.user)
+        if request.method == "POST" and not operator:
+            return refuse_viewer(request, None)
+        return view(request, operator)
+    return page
 
 
 @require_POST

@@ -2,26 +2,20 @@
 with a preview (consumers.operations.pipeline_preview) of what a `json` pipeline would write, before anything is
 created."""
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
-from django.views.decorators.http import require_http_methods
 
-from consumers.access import can_operate, form_errors, record_refusal
+from consumers.access import form_errors, record_refusal
 from consumers.engine.transforms import JSON
 from consumers.form_errors import add_problems
 from consumers.operations import pipeline_preview, pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 from dashboard.forms import PipelineForm
-from dashboard.views.actions import refuse_viewer
+from dashboard.views.actions import add_page
 from dashboard.views.common import render_page
 
 
-@require_http_methods(["GET", "POST"])
-@login_required
-def new_pipeline(request):
-    operator = can_operate(request.user)
-    if request.method == "POST" and not operator:
-        return refuse_viewer(request, None)
+@add_page
+def new_pipeline(request, operator: bool):
     form = PipelineForm(request.POST or None)
     status, preview = 200, None
     if request.method == "POST" and "preview" in request.POST:

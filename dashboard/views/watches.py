@@ -8,9 +8,9 @@ from django.contrib.auth.decorators import login_required
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET
 
-from consumers.access import can_operate
+from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
@@ -18,7 +18,7 @@ from consumers.operations.errors import Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard import consumer_rows
 from dashboard.forms import ClusterField
-from dashboard.views.actions import refuse_viewer
+from dashboard.views.actions import add_page
 from dashboard.views.common import render_page
 
 CHART_WINDOW = timedelta(hours=6)
@@ -120,12 +120,8 @@ class WatchForm(forms.Form):
         return watch_setup.WatchSpec(**data)
 
 
-@require_http_methods(["GET", "POST"])
-@login_required
-def new_watch(request):
-    operator = can_operate(request.user)
-    if request.method == "POST" and not operator:
-        return refuse_viewer(request, None)
+@add_page
+def new_watch(request, operator: bool):
     form = WatchForm(request.POST or None)
     status = 200
     if request.method == "POST":
@@ -138,5 +134,7 @@ def new_watch(request):
                 messages.success(request, " ".join([f"Watching group {watch.group_id} as {watch.name}.", *notes]))
                 return redirect("watch", name=watch.name)
         status = 400
+        record_refusal(request.user, "create_watch", f"bad input: {form_errors(form)}",
+                       params={"watch": request.POST.get("name", "")})
     return render_page(request, "watch_new.html", {"nav": "watches", "form": form, "can_operate": operator},
                        status=status)

@@ -133,11 +133,8 @@ class Command(SubcommandsCommand):
             self.stdout.write(f"{key + ':':<18} {value}")
 
     def do_delete(self, *, actor, name, **options):
-        try:
-            pipeline_setup.delete(name, actor)
-        except pipeline_setup.DeleteRefused as exc:
-            raise refused(str(exc)) from None
-        self.stdout.write(f"Deleted pipeline {name}; its action log and sink table are kept.")
+        self.delete_named(pipeline_setup.delete, name=name, actor=actor,
+                          done=f"Deleted pipeline {name}; its action log and sink table are kept.")
 
     def do_apply(self, *, actor, file, dry_run, **options):
         self.apply_file(pipeline_file.apply, file=file, actor=actor, dry_run=dry_run)

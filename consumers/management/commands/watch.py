@@ -111,11 +111,8 @@ class Command(SubcommandsCommand):
                               + (f" ({r['note']})" if r["note"] else ""))
 
     def do_delete(self, *, name, actor, **options):
-        try:
-            watch_setup.delete(name, actor)
-        except watch_setup.DeleteRefused as exc:
-            raise refused(str(exc)) from None
-        self.stdout.write(f"Deleted watch {name}; the group and its table are untouched.")
+        self.delete_named(watch_setup.delete, name=name, actor=actor,
+                          done=f"Deleted watch {name}; the group and its table are untouched.")
 
     def do_apply(self, *, file, dry_run, actor, **options):
         self.apply_file(watch_file.apply, file=file, actor=actor, dry_run=dry_run)
