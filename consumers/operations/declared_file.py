@@ -65,20 +65,34 @@ def tables(path: str, section: str, noun: str) -> dict[str, dict]:
     return declared
 
 
-def refuse_problems(problems: list[str]) -> None:
+def problem_lines(name: str, exc: Invalid) -> list[str]:
+    """An entry's problems as the refusal lists them, a line each."""
+    return [f"  {name}.{field}: {message}" for field, message in exc.problems.items()]
+
+
+def finish(result: FilePlan, specs: list, existing: dict, problems: list[str]) -> FilePlan:
+    """The plan once every entry was looked at: FileRefused listing every problem, if any; else the plan, with
+    the names that exist but are not in the file (left alone: deleting is an explicit command)."""
     if problems:
         raise FileRefused("nothing was changed; fix these first:\n" + "\n".join(problems))
+    result.not_in_file = sorted(set(existing) - {spec.name for spec in specs})
+    return result
 
 
-def apply(specs: list, plan: Callable, carry_out: Callable, *, dry_run: bool):
-    """The plan of `specs`; unless a dry run, carried out in the transaction that planned it (a concurrent
-    change of the same name then fails the whole file)."""
+def apply(specs: list, plan: Callable, *, create: Callable, update: Callable | None = None, actor: str,
+          dry_run: bool):
+    """The plan of `specs`; unless a dry run, carried out (`create(spec, actor)` each new entry,
+    `update(spec, current, actor)` each changed one) in the transaction that planned it: a concurrent change
+    of the same name then fails the whole file."""
     if dry_run:
         return plan(specs)
     with transaction.atomic():
         result = plan(specs)
         try:
-            carry_out(result)
+            for spec in result.create:
+                create(spec, actor)
+            for spec, current, _ in result.update:
+                update(spec, current, actor)
         except Invalid as exc:
             raise FileRefused(f"nothing was changed: {exc}") from None
     return result

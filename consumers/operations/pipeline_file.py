@@ -65,21 +65,13 @@ def plan(specs: list[PipelineSpec]) -> Plan:
             else:
                 result.unchanged.append(spec.name)
         except Invalid as exc:
-            problems += [f"  {spec.name}.{f}: {m}" for f, m in exc.problems.items()]
-    names = {s.name for s in specs}
-    result.not_in_file = sorted(set(existing) - names)
+            problems += declared_file.problem_lines(spec.name, exc)
     groups = [s.group_id for s in specs]
     for group in {g for g in groups if groups.count(g) > 1}:
         problems.append(f"  group {group!r} is used by several pipelines of the file: give each its own group")
-    declared_file.refuse_problems(problems)
-    return result
+    return declared_file.finish(result, specs, existing, problems)
 
 
 def apply(path: str, *, actor: str = "cli", dry_run: bool = False) -> Plan:
-    def carry_out(result: Plan) -> None:
-        for spec in result.create:
-            pipeline_setup.create(spec, actor)
-        for spec, pipeline, _ in result.update:
-            pipeline_setup.update(spec, pipeline, actor)
-
-    return declared_file.apply(load(path), plan, carry_out, dry_run=dry_run)
+    return declared_file.apply(load(path), plan, create=pipeline_setup.create, update=pipeline_setup.update,
+                               actor=actor, dry_run=dry_run)

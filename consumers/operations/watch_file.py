@@ -60,15 +60,9 @@ def plan(specs: list[WatchSpec]) -> Plan:
             else:
                 result.unchanged.append(spec.name)
         except Invalid as exc:
-            problems += [f"  {spec.name}.{f}: {m}" for f, m in exc.problems.items()]
-    result.not_in_file = sorted(set(existing) - {s.name for s in specs})
-    declared_file.refuse_problems(problems)
-    return result
+            problems += declared_file.problem_lines(spec.name, exc)
+    return declared_file.finish(result, specs, existing, problems)
 
 
 def apply(path: str, *, actor: str = "cli", dry_run: bool = False) -> Plan:
-    def carry_out(result: Plan) -> None:
-        for spec in result.create:
-            watch_setup.create(spec, actor)
-
-    return declared_file.apply(load(path), plan, carry_out, dry_run=dry_run)
+    return declared_file.apply(load(path), plan, create=watch_setup.create, actor=actor, dry_run=dry_run)
