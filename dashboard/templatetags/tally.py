@@ -26,6 +26,14 @@ def _badge(status: str):
                        css, status, symbol, status)
 
 
+@register.simple_tag(takes_context=True)
+def viewer_disabled(context, what: str):
+    """A form button's attributes for a viewer: disabled, saying that only operators can `what`."""
+    if context.get("can_operate"):
+        return ""
+    return format_html(' disabled title="Only operators can {}"', what)
+
+
 @register.filter
 def group_url(group_id) -> str:
     """The group page's URL, or "" for an id no URL can hold (a newline, say: Kafka allows it, and a refusal
