@@ -42,16 +42,14 @@ class TallyCollector:
             "phantom": ("tally_pipeline_phantom_records", "Sink rows beyond the committed position"),
             "dead_lettered": ("tally_pipeline_dead_lettered_records", "Records dead-lettered"),
         }, PIPELINE_LABELS)
-        status = GaugeMetricFamily("tally_pipeline_status", "1 for the pipeline's current status (OK, WARN, ERR, "
-                                   "STALL, STOP, REWIND, UNKNOWN), 0 for the others",
-                                   labels=[*PIPELINE_LABELS, "status"])
+        status = StatusGauge("tally_pipeline_status", "1 for the pipeline's current status (OK, WARN, ERR, STALL, "
+                             "STOP, REWIND, UNKNOWN), 0 for the others", PIPELINE_LABELS, every_state=True)
         checked = GaugeMetricFamily("tally_pipeline_last_reconciliation_timestamp_seconds",
                                     "When reconciliation last checked the pipeline", labels=PIPELINE_LABELS)
         for row in dashboard_status.pipeline_rows():
             labels = [row.name, row.pipeline.topic, row.pipeline.delivery_mode, row.pipeline.cluster]
             gauges.add(labels, row)
-            for name in STATUSES:
-                status.add_metric([*labels, name], 1.0 if row.status == name else 0.0)
+            status.set(labels, row.status)
             if row.checked_at:
                 checked.add_metric(labels, row.checked_at.timestamp())
         yield from gauges.families()
@@ -90,15 +88,13 @@ class TallyCollector:
             "phantom": ("tally_partition_phantom_records", "Sink rows beyond the committed position"),
         }
         gauges = FieldGauges(fields, labels)
-        # One series per partition, labelled with its current status (600 partitions x 6 states would
-        # triple the scrape); the pipeline-level status below is the full state set.
-        status = GaugeMetricFamily("tally_partition_status", "1, labelled with the partition's current status",
-                                   labels=[*labels, "status"])
+        status = StatusGauge("tally_partition_status", "1, labelled with the partition's current status", labels,
+                             every_state=False)
         rows = PartitionHealth.objects.select_related("pipeline").order_by("pipeline__name", "partition")
         for health in rows:
             values = [health.pipeline.name, health.pipeline.topic, str(health.partition), health.pipeline.cluster]
             gauges.add(values, health)
-            status.add_metric([*values, health.status], 1.0)
+            status.set(values, health.status)
         yield from gauges.families()
         yield status
 
@@ -115,7 +111,6 @@ class TallyCollector:
         yield lag
         yield seconds
 
-
     def _watches(self):
         """Watches (groups Tally does not run, audited against their tables): the same numbers as a pipeline's,
         under tally_watch_*, per watch and per partition."""
@@ -128,21 +123,20 @@ class TallyCollector:
             "phantom": ("tally_watch_phantom_records", "Rows that match no record"),
         }
         gauges = FieldGauges(fields, labels)
-        status = GaugeMetricFamily("tally_watch_status", "1 for the watch's current status, 0 for the others",
-                                   labels=[*labels, "status"])
+        status = StatusGauge("tally_watch_status", "1 for the watch's current status, 0 for the others", labels,
+                             every_state=True)
         partition_lag = GaugeMetricFamily("tally_watch_partition_lag_records", "Records behind, per partition",
                                           labels=[*labels, "partition"])
-        partition_status = GaugeMetricFamily("tally_watch_partition_status", "1, labelled with the status",
-                                             labels=[*labels, "partition", "status"])
+        partition_status = StatusGauge("tally_watch_partition_status", "1, labelled with the status",
+                                       [*labels, "partition"], every_state=False)
         for watch in monitored.watches():
             values = [watch.name, watch.group_id, watch.topic]
             gauges.add(values, watch)
-            for name in STATUSES:
-                status.add_metric([*values, name], 1.0 if watch.status == name else 0.0)
+            status.set(values, watch.status)
             for part in watch.partitions:
                 if part.lag_records is not None:
                     partition_lag.add_metric([*values, str(part.partition)], float(part.lag_records))
-                partition_status.add_metric([*values, str(part.partition), part.status], 1.0)
+                partition_status.set([*values, str(part.partition)], part.status)
         yield from gauges.families()
         yield from (status, partition_lag, partition_status)
 
@@ -161,6 +155,20 @@ class FieldGauges:
 
     def families(self):
         return self._gauges.values()
+
+
+class StatusGauge(GaugeMetricFamily):
+    """A status as a gauge labelled `status`. With every_state, a series per state: 1 for the current one, 0 for
+    the others, so an alert can compare them. Without it, the current state's series alone (1): a per-partition
+    gauge for hundreds of partitions would otherwise multiply the scrape by the number of states."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], *, every_state: bool):
+        super().__init__(name, doc, labels=[*labels, "status"])
+        self._every_state = every_state
+
+    def set(self, values: list[str], current: str) -> None:
+        for state in STATUSES if self._every_state else [current]:
+            self.add_metric([*values, state], 1.0 if state == current else 0.0)
 
 
 def render_metrics() -> bytes:

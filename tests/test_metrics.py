@@ -4,6 +4,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.authtoken.models import Token
 
+from dashboard.metrics import STATUSES
 from tests.views_helpers import make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
@@ -33,11 +34,17 @@ def test_metrics_report_every_pipeline_and_partition_from_reconciliation(client)
     assert found[("tally_pipeline_throughput_records_per_second", payments)] == 42
     assert found[("tally_pipeline_status", tuple(sorted((*payments, ("status", "ERR")))))] == 1
     assert found[("tally_pipeline_status", tuple(sorted((*payments, ("status", "OK")))))] == 0
+    every_state = [labels for name, labels in found if name == "tally_pipeline_status" and ("pipeline", "payments")
+                   in labels]
+    assert len(every_state) == len(STATUSES)
     partition = (("cluster", "default"), ("partition", "0"), ("pipeline", "payments"), ("topic", "orders-topic"))
     assert found[("tally_partition_lost_records", partition)] == 3
     assert found[("tally_partition_high_watermark", partition)] == 120
     assert found[("tally_partition_db_offset", partition)] == 100
     assert found[("tally_partition_status", tuple(sorted((*partition, ("status", "ERR")))))] == 1
+    # A partition's status is its current state's series alone.
+    assert [labels for name, labels in found if name == "tally_partition_status"
+            and set(partition) <= set(labels)] == [tuple(sorted((*partition, ("status", "ERR"))))]
 
 
 def test_metrics_accept_a_token_and_refuse_anonymous_scrapes(client):

@@ -71,6 +71,8 @@ def test_pages_api_and_metrics_after_a_killed_consumer(make_topic, subprocess_en
     metrics = viewer.get("/metrics").content.decode()
     assert f'tally_watch_lost_records{{group="{group}",topic="{topic}",watch="team-nums"}} {float(len(missing))}' \
         in metrics
+    assert f'tally_watch_status{{group="{group}",status="ERR",topic="{topic}",watch="team-nums"}} 1.0' in metrics
+    assert f'tally_watch_status{{group="{group}",status="OK",topic="{topic}",watch="team-nums"}} 0.0' in metrics
     assert viewer.post("/api/watches/team-nums/check", {}, content_type="application/json").status_code == 403
     assert operator.delete("/api/watches/team-nums/").status_code == 200 and not Watch.objects.exists()
 
