@@ -66,6 +66,16 @@ class SubcommandsCommand(TallyCommand):
     def add_subcommands(self, commands) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def subcommand(commands, name: str, help: str, *positionals: str, json: bool = False) -> argparse.ArgumentParser:
+        """A subcommand taking `positionals` (a name, a file) and, with `json`, --json: its answer as JSON."""
+        parser = commands.add_parser(name, help=help)
+        for positional in positionals:
+            parser.add_argument(positional)
+        if json:
+            parser.add_argument("--json", action="store_true", help="The answer as JSON.")
+        return parser
+
     def handle(self, *args, command, **options):
         try:
             getattr(self, f"do_{command}")(**options)

@@ -19,18 +19,15 @@ class Command(SubcommandsCommand):
     help = "List, describe and reset consumer groups Tally does not run. Exit 0 done, 1 refused, 2 usage error."
 
     def add_subcommands(self, commands):
-        listing = commands.add_parser("list", help="Group ids (not Tally's own pipelines' groups).")
+        listing = self.subcommand(commands, "list", "Group ids (not Tally's own pipelines' groups).", json=True)
         listing.add_argument("--all", action="store_true", help="Include Tally pipelines' groups.")
-        listing.add_argument("--json", action="store_true")
-        describe = commands.add_parser("describe", help="State, members, committed offset, end offset, lag.")
-        describe.add_argument("group")
-        describe.add_argument("--json", action="store_true")
-        reset = commands.add_parser("reset", help="Reset committed offsets (dry run unless --execute).")
-        reset.add_argument("group")
+        describe = self.subcommand(commands, "describe", "State, members, committed offset, end offset, lag.",
+                                   "group", json=True)
+        reset = self.subcommand(commands, "reset", "Reset committed offsets (dry run unless --execute).", "group",
+                                json=True)
         reset.add_argument("--topic", required=True)
         add_mode_arguments(reset)
         reset.add_argument("--execute", action="store_true", help="Apply the plan (default: dry run).")
-        reset.add_argument("--json", action="store_true")
         reset.add_argument("--actor", default="cli", help="Who asks (for the action log).")
         for sub in (listing, describe, reset):
             sub.add_argument("--cluster", default="default",

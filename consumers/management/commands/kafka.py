@@ -24,11 +24,9 @@ class Command(SubcommandsCommand):
     exit_codes = "0 every cluster checked is usable, 1 one is not (the failed step and why are printed), 2 usage error"
 
     def add_subcommands(self, commands):
-        check = commands.add_parser("check", help="Resolve, connect, TLS, authenticate, read metadata.")
+        check = self.subcommand(commands, "check", "Resolve, connect, TLS, authenticate, read metadata.", json=True)
         check.add_argument("cluster", nargs="?", help="A cluster name (default: every configured cluster).")
-        check.add_argument("--json", action="store_true")
-        listing = commands.add_parser("clusters", help="The configured clusters (secrets never shown).")
-        listing.add_argument("--json", action="store_true")
+        self.subcommand(commands, "clusters", "The configured clusters (secrets never shown).", json=True)
 
     def do_clusters(self, **options) -> None:
         self.list_clusters(options["json"])

@@ -61,20 +61,15 @@ class Command(SubcommandsCommand):
                                  "TALLY_KAFKA_CLUSTERS file.")
         create.add_argument("--json", action="store_true", help="Print the pipeline as JSON.")
 
-        listing = commands.add_parser("list", help="Every pipeline with its topic, sink, mode and state.")
-        listing.add_argument("--json", action="store_true")
-        show = commands.add_parser("show", help="One pipeline's settings and positions.")
-        show.add_argument("name")
-        show.add_argument("--json", action="store_true")
-        delete = commands.add_parser("delete", help="Delete a stopped pipeline (the action log and the sink "
-                                                    "table are kept).")
-        delete.add_argument("name")
+        self.subcommand(commands, "list", "Every pipeline with its topic, sink, mode and state.", json=True)
+        self.subcommand(commands, "show", "One pipeline's settings and positions.", "name", json=True)
+        self.subcommand(commands, "delete", "Delete a stopped pipeline (the action log and the sink table are kept).",
+                        "name")
         apply = commands.add_parser("apply", help="Create or change pipelines from a TOML file; idempotent.")
         apply.add_argument("file", help="A pipelines.toml: one [pipelines.NAME] table per pipeline.")
         apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
         for action in actions.ACTIONS:
-            run = commands.add_parser(action, help=f"{action.capitalize()} a pipeline (audited).")
-            run.add_argument("name")
+            run = self.subcommand(commands, action, f"{action.capitalize()} a pipeline (audited).", "name")
             run.add_argument("--runs", type=int, default=None,
                              help="start/resume/restart: how many runs to enqueue this time (they share the "
                                   "partitions; default: the pipeline's --runs).")

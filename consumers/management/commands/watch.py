@@ -26,7 +26,7 @@ class Command(SubcommandsCommand):
     audited_refusals = {"create": "create_watch", "delete": "delete_watch", "apply": "apply_watches"}
 
     def add_subcommands(self, commands):
-        create = commands.add_parser("create", help="Watch a group (and audit the table it writes).")
+        create = self.subcommand(commands, "create", "Watch a group (and audit the table it writes).", json=True)
         create.add_argument("name", help="Lower-case letters, digits, '-' and '_'.")
         create.add_argument("--group", required=True, help="The consumer group to watch.")
         create.add_argument("--topic", required=True, help="The topic the group reads.")
@@ -44,23 +44,16 @@ class Command(SubcommandsCommand):
                             help="Records the consumer skips on purpose, e.g. json:type=heartbeat (repeatable).")
         create.add_argument("--keyed", action="store_true",
                             help="An update stream the consumer upserts: one row per id, for its latest record.")
-        create.add_argument("--json", action="store_true")
-        listing = commands.add_parser("list", help="Every watch with its group, topic, status and lag.")
-        listing.add_argument("--json", action="store_true")
-        show = commands.add_parser("show", help="One watch: settings, partitions and findings per range.")
-        show.add_argument("name")
-        show.add_argument("--json", action="store_true")
-        delete = commands.add_parser("delete", help="Delete a watch (its group and table are not touched).")
-        delete.add_argument("name")
-        apply = commands.add_parser("apply", help="Create watches from a TOML file ([watches.NAME] tables); "
-                                                  "idempotent.")
-        apply.add_argument("file")
+        self.subcommand(commands, "list", "Every watch with its group, topic, status and lag.", json=True)
+        self.subcommand(commands, "show", "One watch: settings, partitions and findings per range.", "name", json=True)
+        self.subcommand(commands, "delete", "Delete a watch (its group and table are not touched).", "name")
+        apply = self.subcommand(commands, "apply", "Create watches from a TOML file ([watches.NAME] tables); "
+                                                   "idempotent.", "file")
         apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
-        check = commands.add_parser("check", help="Audit what was committed since the last check; lag, status.")
-        check.add_argument("name")
+        check = self.subcommand(commands, "check", "Audit what was committed since the last check; lag, status.",
+                                "name", json=True)
         check.add_argument("--settle-seconds", type=SETTLE_SECONDS, default=None, metavar="N",
                            help="This check only: settle commits this old (0: everything committed now).")
-        check.add_argument("--json", action="store_true")
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
