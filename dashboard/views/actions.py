@@ -1,5 +1,6 @@
 """Operator actions from the pipeline page: start, stop, pause, resume, restart. The work and the action log
-log entry are consumers.operations.actions'; this view checks the role, calls it and shows the outcome."""
+log entry are consumers.operations.actions'; this view checks the role, calls it and shows the outcome. Also
+the one refusal of a viewer's POST on a page (`refuse_viewer`), and the add pages' door (`add_page`)."""
 import functools
 
 from django.contrib import messages
