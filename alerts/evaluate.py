@@ -187,6 +187,8 @@ def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRu
     except Exception as error:  # noqa: BLE001 - one broken pipeline or watch must not silence the others
         logger.exception("alerts: cannot load %s", where)
         report.errors.append({noun: subject.name, "error": str(error)})
+        # Not read is not healthy: its open alerts stay open (the pass's last loop resolves only those not evaluated).
+        evaluated.update((rule.pk, *key) for rule in rules)
         return
     for rule in rules:
         evaluated.add((rule.pk, *key))

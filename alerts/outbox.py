@@ -148,15 +148,23 @@ def _waits_behind_older(notification_id: int, channel_id: int, created_at) -> bo
 
 
 def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
-    """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error."""
-    now = now or timezone.now()
+    """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error.
+    `now` fixes the run's clock (tests pass it). Without it, each claim and each outcome is stamped when it
+    happens: a run slowed by its receivers claims its last rows minutes after it started, and a claim counted
+    from the run's start would expire while its row is being sent, for a run started meanwhile to send it again."""
+    clock = timezone.now if now is None else lambda: now
+    now = clock()
     counts = {"sent": 0, "failed": 0, "gave_up": 0}
     # A channel whose oldest message waits for its retry (or is being sent) holds all of its messages: they are
     # left out here, so a backlog behind a receiver that is down never fills the batch and starves the others.
     waiting = Notification.objects.filter(channel_id=OuterRef("channel_id"), delivered_at__isnull=True,
                                           failed_at__isnull=True, next_attempt_at__gt=now)
+    # A disabled channel holds what is new, but still hears the "resolved" of an alert it heard fire (in order,
+    # behind anything older it holds): a channel disabled because its only rule was deleted would otherwise leave
+    # the PagerDuty incident that rule opened open for good.
+    held = Q(channel__enabled=False) & ~Q(kind=NotificationKind.RESOLVED)
     due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
-               .exclude(channel__enabled=False).exclude(Exists(waiting)).order_by("created_at", "pk")
+               .exclude(held).exclude(Exists(waiting)).order_by("created_at", "pk")
                .values_list("pk", "channel_id", "created_at")[:limit])
     blocked = set()  # channels that must wait: an older message is pending or just failed
     with Session() as session:
@@ -165,20 +173,20 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
                                            or _waits_behind_older(notification_id, channel_id, created_at)):
                 blocked.add(channel_id)
                 continue
-            if not _claim(notification_id, now):
+            if not _claim(notification_id, clock()):
                 blocked.add(channel_id)
                 continue
             notification = Notification.objects.select_related("channel").filter(pk=notification_id).first()
             if notification is None:
                 continue  # its channel was deleted meanwhile, and its outbox with it
-            outcome = _send(notification, session, now)
+            outcome = _send(notification, session, clock)
             counts[outcome] += 1
             if outcome != "sent":
                 blocked.add(channel_id)
     return counts
 
 
-def _send(notification: Notification, session: Session, now) -> str:
+def _send(notification: Notification, session: Session, clock) -> str:
     channel = notification.channel
     secrets = channel.secret_values() if channel is not None else []
     try:
@@ -186,6 +194,7 @@ def _send(notification: Notification, session: Session, now) -> str:
     except Exception as error:  # noqa: BLE001 - any failure is recorded and retried; the run goes on
         reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"
         reason = error_text(redact(reason, secrets))
+        now = clock()   # the backoff counts from the failure, which may have taken the whole timeout
         give_up = _gives_up(notification, now)
         Notification.objects.filter(pk=notification.pk).update(
             last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification, now, error),
@@ -195,6 +204,7 @@ def _send(notification: Notification, session: Session, now) -> str:
         if channel is not None:
             _channel_failed(channel, reason, now)
         return "gave_up" if give_up else "failed"
+    now = clock()
     Notification.objects.filter(pk=notification.pk).update(delivered_at=now, last_error="",
                                                            answer=short(str(answer)))
     if channel is not None:

@@ -9,10 +9,12 @@ from email.utils import format_datetime
 from io import StringIO
 
 import pytest
+import time_machine
 from django.core import mail
 from django.core.management import call_command
 
 from alerts import channel_actions
+from alerts.channels import webhook
 from alerts.channels.webhook import SIGNATURE_HEADER
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
@@ -335,6 +337,41 @@ def test_a_channel_whose_only_rule_is_deleted_is_disabled_not_widened_to_every_r
     assert not Notification.objects.filter(channel=pager).exists()
 
 
+def test_a_channel_disabled_because_its_only_rule_was_deleted_still_resolves_the_incident_it_opened(receiver):
+    pipeline = make_pipeline("orders")
+    own = AlertRule.objects.create(name="orders lost", kind=RuleKind.LOST, pipeline=pipeline)
+    pager = add_channel("orders-pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK", rules=[own])
+    report_health(pipeline, {0: ([lost(10, 13)], Status.OK)}, Status.ERR)
+    evaluate_all(now=T0)
+    deliver_due(now=T0)
+
+    own.delete()   # resolves its alert, then disables the channel (no rule left would mean every rule)
+    for seconds in (1, 60):
+        evaluate_all(now=at(seconds))
+        deliver_due(now=at(seconds))
+
+    pager.refresh_from_db()
+    events = receiver.bodies()
+    assert not pager.enabled
+    assert [e["event_action"] for e in events] == ["trigger", "resolve"] and len({e["dedup_key"] for e in events}) == 1
+
+
+def test_a_channel_disabled_before_it_told_of_an_alert_sends_neither_its_fire_nor_its_resolve(receiver):
+    pipeline = make_pipeline("orders")
+    own = AlertRule.objects.create(name="orders lost", kind=RuleKind.LOST, pipeline=pipeline)
+    pager = add_channel("orders-pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK", rules=[own])
+    report_health(pipeline, {0: ([lost(10, 13)], Status.OK)}, Status.ERR)
+    evaluate_all(now=T0)   # the "fired" is queued, not yet sent
+
+    own.delete()   # resolves the alert and disables the channel: the "resolved" waits behind the held "fired"
+    for seconds in (1, 60):
+        evaluate_all(now=at(seconds))
+        deliver_due(now=at(seconds))
+
+    pager.refresh_from_db()
+    assert not pager.enabled and receiver.bodies() == []
+
+
 def test_a_channel_added_while_an_alert_fires_hears_it_at_the_next_pass_and_hears_it_resolve(receiver):
     rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
     rule.reminder_seconds = 0   # no reminders: without the catch-up the channel would never hear of this loss
@@ -372,6 +409,34 @@ def test_a_channel_that_is_down_with_a_backlog_does_not_hold_back_the_other_chan
     assert not Notification.objects.filter(channel__name="down", delivered_at__isnull=False).exists()
 
 
+def test_a_row_claimed_late_in_a_slow_run_is_neither_sent_twice_nor_retried_without_backoff(receiver, monkeypatch):
+    add_channel("slow", "webhook", f"{receiver.url}/slow")
+    add_channel("down", "webhook", f"{Receiver().url}/{SECRET_TOKEN}")   # no listener: refused at once
+    add_channel("fast", "webhook", f"{receiver.url}/fast")
+    fire_loss()
+    original, later = webhook.send, time_machine.travel(at(600), tick=False)
+
+    def send(channel, notification, session):
+        if channel.name == "fast" and send.next_run:   # meanwhile, the next run starts
+            send.next_run = False
+            deliver_due(now=at(600))
+        answer = original(channel, notification, session)
+        if channel.name == "slow":   # the slow receiver took 10 minutes to answer
+            later.start()
+        return answer
+
+    send.next_run = True
+    monkeypatch.setattr(webhook, "send", send)
+    try:
+        deliver_due()   # the run's clock is the real one: the frozen clock, moved by the slow receiver
+    finally:
+        later.stop()
+
+    assert sorted(request["path"] for request in receiver.requests) == ["/fast", "/slow"]
+    failed = Notification.objects.get(channel__name="down")
+    assert failed.attempts == 1 and failed.next_attempt_at == at(600 + 5)   # its backoff counts from its try
+
+
 def test_a_long_answer_quoting_the_secret_where_it_is_cut_short_shows_no_part_of_it(receiver):
     receiver.status, receiver.text = 502, "x" * 272 + f"bad gateway for /in/{SECRET_TOKEN}"
     add_channel("hooks", "webhook", f"{receiver.url}/in/{SECRET_TOKEN}")
@@ -383,6 +448,18 @@ def test_a_long_answer_quoting_the_secret_where_it_is_cut_short_shows_no_part_of
     assert row.answer.startswith("HTTP 502: xxx")
     for text in (row.answer, row.last_error, channel.last_error):
         assert SECRET_TOKEN[:6] not in text
+
+
+def test_an_answer_quoting_a_token_of_the_urls_query_alone_does_not_show_it(receiver):
+    receiver.status, receiver.text = 401, "invalid token: Zq8%tokenVALUE"
+    add_channel("chat", "webhook", f"{receiver.url}/v1/spaces/AAA/messages?key=K3yVALUE99&token=Zq8%25tokenVALUE")
+    fire_loss()
+    deliver_due(now=T0)
+
+    row = Notification.objects.get(channel__name="chat")
+    shown = Channel.objects.get(name="chat").as_json()
+    assert shown["last_error"] == "HTTP 401: invalid token: ••••••••"
+    assert "tokenVALUE" not in row.answer + row.last_error
 
 
 def test_slack_names_a_watch_as_a_watch_and_counts_one_record_as_one_record():

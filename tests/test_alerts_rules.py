@@ -178,6 +178,24 @@ def test_a_rule_check_that_fails_is_reported_and_does_not_stop_the_others(pipeli
     assert lost == ["2 lost records (partition 0: offsets 0-1)"]
 
 
+def test_a_pipeline_that_cannot_be_read_keeps_its_open_alerts_open(pipeline, settings, monkeypatch):
+    settings.ALERT_RECIPIENTS = ["oncall@example.com"]
+    health(pipeline, findings=[{"kind": "lost", "start": 0, "end": 1, "count": 1}])
+    ConsumerRun.objects.create(pipeline=pipeline, epoch=1, host="w1", pid=7, state=RunState.RUNNING, heartbeat_at=NOW)
+    evaluate_all(now=NOW)
+
+    def unreadable(cls, *args, **kwargs):
+        raise RuntimeError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(PipelineView, "load_all", classmethod(unreadable))
+    monkeypatch.setattr(PipelineView, "load", classmethod(unreadable))
+    report = evaluate_all(now=NOW + timedelta(seconds=30))
+
+    assert [e["error"] for e in report.errors] == ["canceling statement due to statement timeout"]
+    assert report.resolved == [] and Alert.objects.get(pipeline=pipeline).state == AlertState.FIRING
+    assert list(Notification.objects.values_list("kind", flat=True)) == ["fired"]   # no "resolved" email
+
+
 def test_err_caused_by_lost_records_is_left_to_the_loss_rule_so_one_incident_sends_one_email(pipeline):
     health(pipeline, status=Status.ERR, findings=[{"kind": "lost", "start": 3, "end": 4, "count": 1}])
     assert fires(RuleKind.STATUS, pipeline) is None

@@ -9,7 +9,7 @@ A kind is a module with the same five names (see alerts/channels/__init__.py):
 """
 from dataclasses import dataclass
 from datetime import datetime
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 MASK = "••••••••"
 # A receiver's answer is kept short: enough to see "invalid_token" or "rate limited", not a whole HTML page.
@@ -66,8 +66,10 @@ def url_secrets(url: str) -> list[str]:
         return []
     parts = urlsplit(url)
     pieces = [url, parts.path.strip("/"), parts.query, parts.username or "", parts.password or ""]
-    # Each path segment too: an error may quote only part of the path.
-    pieces += [segment for segment in parts.path.split("/") if len(segment) >= 6]
+    # Each path segment and query value too (as written and decoded): an error may quote only part of the path,
+    # or a token alone.
+    values = [pair.partition("=")[2] for pair in parts.query.split("&")]
+    pieces += [piece for piece in [*parts.path.split("/"), *values, *map(unquote_plus, values)] if len(piece) >= 6]
     return [p for p in pieces if p]
 
 
