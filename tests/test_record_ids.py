@@ -1,9 +1,11 @@
-"""A watch's json:PATH record id walks objects and, like a pipeline's --map path, lists by index."""
+"""A watch's json:PATH record id walks objects and, like a pipeline's --map path, lists by index; an id is
+normalised to what the row-id column can hold, or None."""
 import json
 
 import pytest
+from django.db import connection
 
-from consumers.engine.record_ids import json_field, parse_spec
+from consumers.engine.record_ids import json_field, normaliser, parse_spec
 
 
 @pytest.mark.parametrize("path, expected", [
@@ -13,3 +15,21 @@ from consumers.engine.record_ids import json_field, parse_spec
 def test_a_json_path_walks_objects_and_list_indexes(path, expected):
     value = json.dumps({"order": {"id": 42}, "items": [{"sku": "S7"}, {"sku": "S8"}], "flags": [False, True]})
     assert json_field(value.encode(), parse_spec(path).path) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("42", "42"), ("1e3", "1E+3"), ("1.5e-16382", "1.5E-16382"), ("123456e131066", "1.23456E+131071"),
+    ("0e200000", "0E+200000"), ("NaN", None), ("x", None),
+    # beyond what PostgreSQL's numeric holds: its input refuses them, so the COPY of the audit would fail
+    ("1e131072", None), ("-1e200000", None), ("1e-16384", None), ("1.50e-16382", None), ("0e-20000", None),
+])
+def test_a_numeric_id_is_one_postgresql_numeric_can_hold(text, expected):
+    assert normaliser("numeric")(text) == expected
+
+
+@pytest.mark.django_db
+def test_every_numeric_id_the_normaliser_keeps_is_accepted_by_postgresql():
+    kept = [normaliser("numeric")(text) for text in ("1e131071", "-9.9e131071", "1e-16383", "0e200000", "1.5e-16382")]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(v::numeric) FROM unnest(%s::text[]) v", [kept])
+        assert cursor.fetchone()[0] == len(kept)

@@ -180,6 +180,26 @@ def test_a_watch_whose_table_is_dropped_stays_err_with_the_reason_through_quiet_
     assert spy["checks"] == [] and report.status == Status.OK and not report.error
 
 
+def test_a_watch_whose_id_column_changed_type_is_err_with_the_reason_and_settles_nothing(team_watch):
+    """The team altered its id column to a type no record id compares with: the audit's statement fails. That is
+    the watch's ERR with the reason, as a dropped table is, not a check that crashes and leaves the old status."""
+    watch = team_watch("retyped", records=5, committed=3)
+    now = timezone.now()
+    assert watch_pass.check_all(now=now)[0].clean
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN id TYPE double precision").format(
+            sql.Identifier(watch.sink_table)).as_string(cur.cursor))
+    admin.commit_offsets(watch.group_id, watch.topic, {0: 5})
+
+    reports = watch_pass.check_all(now=now + timedelta(seconds=30))
+    assert [r.watch for r in reports] == ["retyped"]
+    assert reports[0].status == Status.ERR and "could not be audited" in reports[0].error
+    assert "double precision" in reports[0].error
+    watch.refresh_from_db()
+    assert watch.status == Status.ERR and "could not be audited" in watch.last_error
+    assert WatchPartition.objects.get(watch=watch).settled_offset == 3   # nothing settled: audited once it can be
+
+
 def test_two_watches_of_one_topic_are_checked_in_one_pass_each_finding_its_own(team_watch, spy):
     """Two groups on one topic: one bulk read serves both, and the lag in seconds of the one behind is read at its
     own position, not the other's."""

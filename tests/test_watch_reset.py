@@ -33,6 +33,34 @@ def write(table: str, ids) -> None:
                         [value])
 
 
+def test_a_reset_behind_a_commit_not_yet_settled_is_audited_from_the_reset_commit(make_topic, table_name):
+    """The group commits 10, then is reset to 6 before that commit settled (the settled mark is at 4): the range
+    up to 10 is audited once the consumer has committed past it again, not as soon as the old commit of 10 is
+    settle-seconds old, when the consumer has not read those records a second time yet."""
+    topic, group = make_topic("unsettled"), f"unsettled-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
+    write(table_name, range(1, 11))
+    admin.commit_offsets(group, topic, {0: 4})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="unsettled", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        settle_seconds=30))
+    now = timezone.now()
+    watch_audit.check_watch(watch, now=now)
+    assert watch_audit.check_watch(watch, now=now + timedelta(seconds=30)).partitions[0]["settled_offset"] == 4
+    admin.commit_offsets(group, topic, {0: 10})
+    watch_audit.check_watch(watch, now=now + timedelta(seconds=40))   # commit 10 seen, not settled
+    admin.commit_offsets(group, topic, {0: 6})                         # the team resets the group to offset 6
+    reset = watch_audit.check_watch(watch, now=now + timedelta(seconds=70))
+    assert reset.status == "REWIND" and reset.partitions[0]["settled_offset"] == 4
+
+    write(table_name, range(7, 11))   # it reads offsets 6..9 again and writes their rows a second time
+    admin.commit_offsets(group, topic, {0: 10})
+    watch_audit.check_watch(watch, now=now + timedelta(seconds=100))
+    after = watch_audit.check_watch(watch, now=now + timedelta(seconds=130))
+    assert (after.checked, after.lost, after.duplicated) == (10, 0, 4)
+    assert as_offsets(after.duplicated_offsets) == {(0, o) for o in range(6, 10)}
+
+
 def test_a_reset_behind_the_audit_reopens_the_ranges_and_finds_the_rewritten_records(make_topic, table_name):
     topic = make_topic("reset")
     produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
@@ -58,3 +86,32 @@ def test_a_reset_behind_the_audit_reopens_the_ranges_and_finds_the_rewritten_rec
     assert sorted(WatchFinding.objects.filter(watch=watch).values_list("offset", "kind")) == \
         [(2, "lost")] + [(o, "duplicated") for o in range(5, 10)]
     assert sum(r.records for r in WatchRange.objects.filter(watch=watch)) == 10
+
+
+def test_a_group_deleted_and_read_again_from_the_start_is_a_reset_too(make_topic, table_name):
+    """The group's offsets vanish between two checks (the team deleted the group, or Kafka expired its offsets),
+    then it reads from the start again: its next commit is behind the last one seen, so the records it writes a
+    second time are found."""
+    topic, group = make_topic("regone"), f"regone-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
+    write(table_name, range(1, 11))
+    admin.commit_offsets(group, topic, {0: 10})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="regone", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        settle_seconds=0))
+    now = timezone.now()
+    assert watch_audit.check_watch(watch, now=now).clean
+    assert admin.delete_groups([group]) == {group: "OK"}
+    gone = watch_audit.check_watch(watch, now=now + timedelta(seconds=30))
+    assert gone.partitions[0]["committed"] is None
+
+    write(table_name, range(1, 6))   # it reads from the start again, writes 1..5 a second time, commits 5
+    admin.commit_offsets(group, topic, {0: 5})
+    reset = watch_audit.check_watch(watch, now=now + timedelta(seconds=60))
+    assert reset.partitions[0]["settled_offset"] == 5
+    assert (reset.checked, reset.duplicated, as_offsets(reset.duplicated_offsets)) == (5, 5, {(0, o) for o in range(5)})
+
+    write(table_name, range(6, 11))
+    admin.commit_offsets(group, topic, {0: 10})
+    after = watch_audit.check_watch(watch, now=now + timedelta(seconds=90))
+    assert (after.checked, after.lost, after.duplicated) == (10, 0, 10)

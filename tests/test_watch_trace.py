@@ -10,6 +10,8 @@ from psycopg2 import sql
 
 from consumers.kafka import admin
 from consumers.models import WatchFinding
+from consumers.operations import watch_setup
+from consumers.reconciliation import watch_audit, watch_trace
 from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
@@ -110,3 +112,20 @@ def test_the_csv_export_holds_every_finding_beyond_the_thousand_listed(make_topi
     assert {r["kind"] for r in rows} == {"lost"} and WatchFinding.objects.count() == 2400
     page = operator.get("/watches/many/").content.decode()
     assert "Lost (1000, the first 1,000)" in page
+
+
+def test_a_record_an_ignore_spec_names_traces_as_ignored_with_offset_ids_too(make_topic, table_name):
+    """With `offset` ids the audit expects no row for an ignored record: the trace says so, not "delivered"."""
+    topic, group = make_topic("skips"), f"skips-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, b'{"type": "order"}'), (None, b'{"type": "heartbeat"}'), (None, b'{"type": "order"}')])
+    execute(sql.SQL("CREATE TABLE {} (p integer, o bigint)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES (0, 0), (0, 2)").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 3})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="skips", group=group, topic=topic, sink_table=table_name,
+                                                        record_id="offset", row_id="p,o", settle_seconds=0,
+                                                        ignore=["json:type=heartbeat"]))
+    assert watch_audit.check_watch(watch).clean
+    skipped = watch_trace.trace(watch, 0, 1)
+    assert (skipped.verdict, skipped.expected_id, skipped.rows_found) == ("ignored", [0, 1], 0)
+    assert "json:type=heartbeat" in skipped.explanation
+    assert watch_trace.trace(watch, 0, 2).verdict == "delivered"

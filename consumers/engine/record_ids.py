@@ -22,6 +22,9 @@ from decimal import Decimal, InvalidOperation
 OFFSET = "offset"
 KINDS = ("value", "key", "json", OFFSET)
 INTEGER = re.compile(r"^-?[0-9]{1,19}$")
+# PostgreSQL's numeric holds up to 131,072 digits before the decimal point and 16,383 after it: a number beyond
+# either is refused by its input ("value overflows numeric format"), so no row of a numeric column can name it.
+NUMERIC_MAX_WEIGHT, NUMERIC_MAX_SCALE = 131_071, 16_383
 
 
 class SpecError(ValueError):
@@ -154,7 +157,11 @@ def normaliser(id_type: str | None):
             number = Decimal(text) if text is not None else None
         except InvalidOperation:
             return None
-        return str(number) if number is not None and number.is_finite() else None
+        if number is None or not number.is_finite():
+            return None
+        if number.as_tuple().exponent < -NUMERIC_MAX_SCALE or (number and number.adjusted() > NUMERIC_MAX_WEIGHT):
+            return None   # beyond PostgreSQL's numeric: no row of the column can hold it
+        return str(number)
 
     def as_uuid(text):
         try:

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import psycopg2
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -173,9 +174,12 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
 # --- commits and settling --------------------------------------------------------------------------------
 
 def observe(wp: WatchPartition, committed: int | None, now: datetime, keep_seconds: int) -> bool:
-    """Remember the committed offset seen now; True when it went back (the group's offsets were reset)."""
-    went_back = committed is not None and wp.committed is not None and committed < wp.committed
+    """Remember the committed offset seen now; True when it went back (the group's offsets were reset). A group
+    whose offsets were gone at the last check (deleted, or expired) went back when it commits behind the last
+    commit seen: it reads those records again."""
     seen = list(wp.commits_seen or [])
+    previous = wp.committed if wp.committed is not None else (seen[-1][0] if seen else None)
+    went_back = committed is not None and previous is not None and committed < previous
     if committed is not None and (not seen or seen[-1][0] != committed):
         seen.append([committed, now.isoformat()])
     if committed != wp.committed:
@@ -192,8 +196,12 @@ def observe(wp: WatchPartition, committed: int | None, now: datetime, keep_secon
 def _reopen(watch: Watch, wp: WatchPartition, now: datetime) -> None:
     """The group's offsets went back behind what was settled: the consumer reads those records again (and may
     write them again), so the settled ranges from the one holding the new committed offset on are dropped,
-    with their findings and counts, and audited afresh once the reset commit has settled."""
-    if wp.committed is None or wp.committed >= wp.settled_offset:
+    with their findings and counts, and audited afresh once the reset commit has settled. Commits seen past the
+    reset commit settle nothing: the consumer has yet to read those records again."""
+    if wp.committed is None:
+        return
+    wp.commits_seen = [seen for seen in wp.commits_seen or [] if seen[0] <= wp.committed]
+    if wp.committed >= wp.settled_offset:
         return
     ranges = WatchRange.objects.filter(watch=watch, partition=wp.partition)
     holding = ranges.filter(end__gt=wp.committed).order_by("start").first()
@@ -310,7 +318,11 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         if _on_spark(plans, spark_threshold):
             counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type)
         else:
-            counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns)
+            try:
+                counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns)
+            except psycopg2.Error as exc:  # the table changed under the watch (a column's type, the grant): ERR
+                raise WatchCheckError(f"table {watch.sink_table!r} could not be audited: {type(exc).__name__}: "
+                                      f"{exc.diag.message_primary or exc}") from exc
         # Every finding is kept (the export, the trace); the range lists the first of each kind.
         cur.execute(sql.SQL('INSERT INTO {} (watch_id, partition, "offset", kind, extra, checked_at) '
                             'SELECT %s, partition, "offset", kind, extra, %s FROM {}').format(

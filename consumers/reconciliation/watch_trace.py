@@ -71,15 +71,15 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
 
 
 def _expected_id(watch: Watch, result: WatchTrace, found, types: dict) -> str:
-    """Sets result.expected_id; returns the ignore spec that matched the record ("" when none did)."""
+    """Sets result.expected_id; returns the ignore spec that matched the record ("" when none did). The ignore
+    specs apply to offset ids too, as in the audit (record_ids.derive)."""
+    ignored = "" if found is None else next(
+        (str(spec) for spec in map(record_ids.parse_ignore, watch.ignore) if spec.matches(found.key, found.value)), "")
     if watch.record_id == record_ids.OFFSET:
         result.expected_id = [result.partition, result.offset]
-        return ""
-    if found is None:
-        return ""
-    for spec in (record_ids.parse_ignore(text) for text in watch.ignore):
-        if spec.matches(found.key, found.value):
-            return str(spec)
+        return ignored
+    if found is None or ignored:
+        return ignored
     normalise = record_ids.normaliser(types[watch.row_columns[0]]["type"])
     rid = normalise(record_ids.parse_spec(watch.record_id).extract(found.key, found.value))
     result.expected_id = None if rid is None else [rid]
