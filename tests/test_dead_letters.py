@@ -3,9 +3,11 @@ by the commit protocol become sink rows through the pipeline's current transform
 transaction with their removal, a replay-ledger row and the action log entry."""
 import pytest
 from django.db import connection
+from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine import commit, db
+from consumers.engine.python import run_pipeline
 from consumers.engine.transforms import SourceRecord
 from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, DeliveryMode, Pipeline
 from consumers.operations import dead_letters
@@ -250,3 +252,66 @@ def test_a_replay_from_kafka_rereads_the_records_at_the_dead_letters_offsets(tra
         assert set(DeadLetterReplay.objects.values_list("source", flat=True)) == {"kafka"}
     finally:
         drop_sink(orders.sink_table)
+
+
+JSON_ORDERS_DDL = ("CREATE TABLE sink_json_replay (id bigint NOT NULL, qty smallint, ordered_at timestamptz, "
+                   "origin text, source_topic text NOT NULL, source_partition integer NOT NULL, "
+                   "source_offset bigint NOT NULL, UNIQUE (source_topic, source_partition, source_offset))")
+
+
+def test_a_stored_replay_of_a_json_pipeline_mapping_timestamp_or_headers_is_refused(pipeline):
+    # The stored copy keeps only the key and the value: replayed from it, @timestamp and @header columns were NULL.
+    with connection.cursor() as cur:
+        cur.execute(JSON_ORDERS_DDL)
+    try:
+        orders = Pipeline.objects.create(name="json-replay", topic="json-replay", sink_table="sink_json_replay",
+                                         transform="json", epoch=1,
+                                         json_map={"ordered_at": "@timestamp", "origin": "@header:origin"})
+        conn = db.connect("tally-tests")
+        try:
+            commit.ensure_positions(conn, orders.pk, {0: 0})
+            commit.commit_batch(conn, commit.Target.for_pipeline(orders), 1, {0: [
+                SourceRecord(0, 0, b"k", b'{"id": 1, "qty": 99999}', 1_714_559_400_000, [("origin", b"web")])]})
+        finally:
+            conn.close()
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE sink_json_replay ALTER COLUMN qty TYPE integer")
+
+        with pytest.raises(Refused, match="@header:origin, @timestamp.*replay from Kafka"):
+            dead_letters.replay(orders, list(DeadLetter.objects.values_list("pk", flat=True)), source="stored")
+        assert DeadLetter.objects.count() == 1 and not rows_in_provenance_order(orders)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS sink_json_replay")
+
+
+@pytest.mark.kafka
+def test_a_replay_from_kafka_gives_a_json_mapping_the_records_timestamp_and_headers(transactional_db,
+                                                                                    kafka_bootstrap, make_topic):
+    topic = make_topic("json-replay")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer.send(topic, value=b'{"id": 1, "qty": 99999}', partition=0, timestamp_ms=1_714_559_400_000,
+                  headers=[("origin", b"web")])
+    producer.flush(timeout=10)
+    producer.close(timeout=10)
+    with connection.cursor() as cur:
+        cur.execute(JSON_ORDERS_DDL)
+    try:
+        orders = Pipeline.objects.create(name="json-replay", topic=topic, sink_table="sink_json_replay",
+                                         transform="json", epoch=1,
+                                         json_map={"ordered_at": "@timestamp", "origin": "@header:origin"})
+        run_pipeline(orders.name, stop_when_caught_up=True, max_seconds=60)
+        assert DeadLetter.objects.filter(pipeline=orders).count() == 1
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE sink_json_replay ALTER COLUMN qty TYPE integer")
+
+        result = dead_letters.replay(orders, list(DeadLetter.objects.values_list("pk", flat=True)), source="kafka")
+
+        assert result.counts == {"replayed": 1}
+        with connection.cursor() as cur:
+            cur.execute("SELECT qty, ordered_at, origin FROM sink_json_replay")
+            qty, ordered_at, origin = cur.fetchone()
+        assert (qty, ordered_at.isoformat(), origin) == (99999, "2024-05-01T10:30:00+00:00", "web")
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS sink_json_replay")

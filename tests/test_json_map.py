@@ -61,12 +61,16 @@ GOOD = [
     ("amount", 19.99, 19.99),  # a float that fits goes to COPY as itself
     ("amount", "123456.785", "123456.79"), ("amount", 7, "7"),
     ("ratio", 0.5, "0.5"), ("label", "abcde", "abcde"), ("note", 12, "12"), ("note", {"a": 1}, '{"a": 1}'),
+    ("label", "abc    ", "abc  "),  # PostgreSQL cuts spaces beyond varchar(5) and refuses nothing else
     ("flag", True, "t"), ("flag", "false", "f"),
     ("at", "2024-05-01T12:30:00+02:00", "2024-05-01T12:30:00+02:00"),
     ("at", "2024-05-01T10:30:00Z", "2024-05-01T10:30:00Z"),
     ("at", 1_714_559_400_000, "2024-05-01T10:30:00+00:00"), ("local_at", "2024-05-01T12:30:00+02:00",
                                                             "2024-05-01T10:30:00"),
     ("day", "2024-05-01", "2024-05-01"), ("day", 1_714_559_400_000, "2024-05-01"),
+    # Finer than a microsecond: rounded as PostgreSQL rounds it, not cut.
+    ("at", "2024-05-01T10:30:00.1234567Z", "2024-05-01T10:30:00.123457+00:00"),
+    ("local_at", "2024-05-01T10:30:59.9999996", "2024-05-01T10:31:00"),
     ("uid", "6F9619FF-8B86-D011-B42D-00C04FC964FF", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
     ("doc", {"items": [1, 2]}, '{"items":[1,2]}'), ("doc", [1, "x"], '[1,"x"]'),
     ("address", "10.0.0.1", "10.0.0.1"), ("note", None, None),
@@ -113,7 +117,7 @@ def test_a_bad_value_is_a_bad_record_naming_its_column_source_and_value(types_ta
 AGREEING = [
     ("small", [0, -32768, 32767, 7.0, "12"]), ("big", [2 ** 63 - 1, -2 ** 63, 5.0, " 42"]),
     ("amount", [0.125, 2.675, -0.005, 1.005, 999998.994, 999999.994, 1e-05, -0.0, 7, -999999, "3.14159", 12.5]),
-    ("label", ["abcde", "ab\tc", "é", "日本", "a\\b", 12]),
+    ("label", ["abcde", "ab\tc", "é", "日本", "a\\b", 12, "abcde   "]),
     ("note", ["plain", "line\nbreak", "ünï", {"a": [1, 2]}, 3.5]),
     ("flag", [True, False, "true", "false"]),
     ("at", ["2024-05-01T12:30:00+02:00", "2024-05-01T10:30:00Z", "2024-05-01T10:30:00.123456Z",
@@ -140,6 +144,47 @@ def test_the_generated_row_and_the_column_converter_store_the_same_values(types_
                 sql.Identifier(column), sql.Identifier(types_table)), [partition])
             stored.append([r[0] for r in cur.fetchall()])
     assert stored[0] == stored[1] and len(stored[0]) == len(values)
+
+
+def test_a_numeric_with_a_negative_scale_rounds_as_postgresql_does(transactional_db):
+    # numeric(2,-3) was read as scale 2045: every value failed with decimal.InvalidOperation (a dead letter).
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE jm_thousands (n numeric(2,-3), source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    try:
+        transform = compiled("jm_thousands")
+        rows = [transform.rows(record({"n": value}, offset))[0] + ("t", 0, offset)
+                for offset, value in enumerate([12345, 12345.6, "12500", -499])]
+        with pytest.raises(BadRecord, match=r"too many digits for numeric\(2,-3\)"):
+            transform.rows(record({"n": "123456"}))
+        with connection.cursor() as cur:
+            sinks.copy_rows(cur.cursor, "jm_thousands", ["n", "source_topic", "source_partition", "source_offset"],
+                            rows)
+            cur.execute("SELECT n::text FROM jm_thousands ORDER BY source_offset")
+            assert [n for (n,) in cur.fetchall()] == ["12000", "12000", "13000", "0"]
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE jm_thousands")
+
+
+def test_a_numeric_wider_than_28_digits_takes_its_values(transactional_db):
+    # Rounding to the scale ran in Python's default 28-digit context: a uint256 into numeric(78,0) failed with an
+    # opaque decimal.InvalidOperation (a dead letter PostgreSQL would have written), as did 1e30 into numeric(8,2).
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE jm_wide (wei numeric(78,0), amount numeric(8,2), source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    try:
+        transform = compiled("jm_wide")
+        uint256 = str(2 ** 256 - 1)
+        assert transform.rows(record({"wei": uint256}))[0][0] == uint256
+        assert transform.rows(record({"wei": "12345678901234567890123456789.5"}))[0][0] == (
+            "12345678901234567890123456790")
+        for too_long in (1e30, "1e30", "1e5000"):
+            with pytest.raises(BadRecord, match=r"column amount \(from amount\): too many digits for numeric"):
+                transform.rows(record({"amount": too_long}))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE jm_wide")
 
 
 def test_a_missing_field_for_a_not_null_column_and_a_value_that_is_not_json_are_bad_records(types_table):
@@ -175,6 +220,43 @@ def test_map_sources_take_paths_array_elements_and_the_records_own_fields(types_
     # A path that reaches past the data is missing: NULL where the column allows it.
     row = transform.rows(SourceRecord(0, 1, b"1", b'{"id": 1, "items": []}', None, [("origin", b"x")]))[0]
     assert dict(zip(names, row, strict=True))["label"] is None
+
+
+def test_an_unmapped_column_takes_the_top_level_field_of_its_name_even_with_a_dot(transactional_db):
+    # The column's name was read as a source: "user.id" as the path user -> id (NULL, silently), "x." refused to
+    # compile at all.
+    with connection.cursor() as cur:
+        cur.execute('CREATE TABLE jm_dots ("user.id" bigint, "x." text, "@key" text, source_topic text NOT NULL, '
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    try:
+        transform = compiled("jm_dots")
+        assert transform.rows(record({"user.id": 5, "user": {"id": 6}, "x.": "y", "@key": "z"}, key=b"k")) == (
+            (5, "y", "z"),)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE jm_dots")
+
+
+def test_a_key_or_header_that_is_not_utf8_is_a_bad_record_not_replacement_characters(types_table):
+    transform = compiled(types_table, {"note": "@key", "label": "@header:origin", "must": "id"})
+    with pytest.raises(BadRecord, match=r"the key is not UTF-8 text: '\\\\xffab'"):
+        transform.rows(record({"id": 1}, key=b"\xffab"))
+    with pytest.raises(BadRecord, match="header 'origin' is not UTF-8 text"):
+        transform.rows(record({"id": 1}, key=b"k", headers=[("origin", b"\xc3\x28")]))
+
+
+def test_a_json_column_takes_the_nul_escape_that_jsonb_refuses(types_table):
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE jm_types ADD COLUMN plain json")
+    transform = compiled(types_table)
+    names = [name for name, _ in transform.columns]
+    row = transform.rows(record({"must": 1, "plain": {"a": "x\u0000y"}}))[0]
+    assert row[names.index("plain")] == '{"a":"x\\u0000y"}'
+    with connection.cursor() as cur:  # and PostgreSQL takes it
+        sinks.copy_rows(cur.cursor, types_table, [*names, "source_topic", "source_partition", "source_offset"],
+                        [(*row, "t", 0, 0)])
+        cur.execute("SELECT plain::text FROM jm_types")
+        assert cur.fetchone() == ('{"a":"x\\u0000y"}',)
 
 
 def test_a_mapping_that_cannot_work_is_refused_with_every_problem(types_table):

@@ -73,6 +73,34 @@ def test_a_bad_record_is_a_dead_letter_and_the_keys_previous_record_stands(keyed
     assert "column status" in errors[1] and "column amount" in errors[2]
 
 
+def test_a_tombstone_whose_key_postgresql_refuses_is_a_dead_letter_and_the_other_keys_are_deleted(transactional_db):
+    # The key's text goes to PostgreSQL's own parser (inet): a bad one refused the whole batch (a SinkError).
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE upsert_hosts (ip inet PRIMARY KEY, name text, source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="hosts", topic="hosts", sink_table="upsert_hosts", transform="json",
+                                       json_map={"ip": "@key"}, upsert_key=["ip"], delete_on_tombstone=True, epoch=1)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        target = commit.Target.for_pipeline(pipeline)
+        commit.commit_batch(conn, target, 1, {0: [SourceRecord(0, 0, b"10.0.0.1", b'{"name": "a"}'),
+                                                  SourceRecord(0, 1, b"10.0.0.2", b'{"name": "b"}')]})
+        outcome = commit.commit_batch(conn, target, 1, {0: [SourceRecord(0, 2, b"nope", None),
+                                                            SourceRecord(0, 3, b"10.0.0.1", None)]})[0]
+        assert (outcome.end_offset, outcome.dead_letters) == (4, 1)
+        with connection.cursor() as cur:
+            cur.execute("SELECT host(ip) FROM upsert_hosts")
+            assert cur.fetchall() == [("10.0.0.2",)]
+        letter = DeadLetter.objects.get(pipeline=pipeline)
+        assert (letter.offset, bytes(letter.key)) == (2, b"nope")
+        assert "invalid input syntax for type inet" in letter.error
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS upsert_hosts")
+
+
 def test_a_crash_mid_write_leaves_the_table_and_positions_as_they_were(keyed, monkeypatch):
     pipeline, target, conn = keyed
     commit.commit_batch(conn, target, 1, {0: [rec(0, 1, {"status": "new"})]})

@@ -77,7 +77,7 @@ def run_watched_consumer(records: int, seed: int) -> dict:
     wanted: dict[int, list[int]] = {}
     for lost in report.lost_offsets:
         wanted.setdefault(lost["partition"], []).append(lost["offset"])
-    lost_values = sorted(int(value) for _, value, _ in kafka_admin.read_records(TOPIC, wanted).values())
+    lost_values = sorted(int(value) for _, value, *_ in kafka_admin.read_records(TOPIC, wanted).values())
     return {"state": "done", "watch": WATCH_NAME, "crash_batch": crash_batch, "kills": kills,
             "lost": report.lost, "duplicated": report.duplicated, "checked": report.checked,
             "lost_values": lost_values, "lost_offsets": report.lost_offsets,

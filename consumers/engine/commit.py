@@ -194,8 +194,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             _write_verbatim(cur, target, plans, rows, dead, faults)
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if deletes:
-                columns = dict(target.transform.columns)
-                upsert.delete_keys(cur, target.sink_table, [(c, columns[c]) for c in target.upsert_key], deletes)
+                _delete_or_dead_letter(cur, target, plans, deletes, dead)
             if dead:
                 execute_values(cur, _INSERT_DEAD_LETTERS, [(target.pipeline_id, *d) for d in dead],
                                template="(%s, %s, %s, %s, %s, %s, now())")
@@ -403,6 +402,35 @@ def _write_rows_or_dead_letter(cur, target: Target, plans: list[_Plan], rows: li
         plan = by_partition[partition]
         plan.rows_written -= len(groups[index])
         plan.dead_letters += 1
+
+
+def _delete_or_dead_letter(cur, target: Target, plans: list[_Plan], deletes: list[upsert.Delete],
+                           dead: list[tuple]) -> None:
+    """Upsert: delete the tombstones' keys; a key PostgreSQL refuses for its data (no value of the key's type, as
+    "nope" for inet) makes its tombstone a dead letter, as a refused row does, and the other keys are deleted."""
+    columns = dict(target.transform.columns)
+    key_types = [(c, columns[c]) for c in target.upsert_key]
+    cur.execute("SAVEPOINT tally_deletes")
+    try:
+        upsert.delete_keys(cur, target.sink_table, key_types, deletes)
+    except Exception as exc:
+        if not poison.is_data_error(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT tally_deletes")
+    else:
+        cur.execute("RELEASE SAVEPOINT tally_deletes")
+        return
+    refused = poison.find_poison(cur, lambda some: upsert.delete_keys(cur, target.sink_table, key_types, some),
+                                 [[delete] for delete in deletes])
+    records = {(r.partition, r.offset): r for plan in plans for r in plan.records}
+    by_partition = {plan.partition: plan for plan in plans}
+    for index in sorted(refused):
+        delete = deletes[index]
+        record, error = records[(delete.partition, delete.offset)], f"database refused: {refused[index]}"
+        if target.stop_on_bad_record:
+            raise StopOnBadRecord(f"partition {delete.partition} offset {delete.offset}: {error}")
+        dead.append((delete.partition, delete.offset, record.key, record.value, error))
+        by_partition[delete.partition].dead_letters += 1
 
 
 def _write_rows(cur, target: Target, rows: list[tuple], faults: FaultInjector, replaying: bool) -> None:

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 import orjson
 from psycopg2 import sql
@@ -42,6 +42,9 @@ SHOWN_VALUE_CHARS = 60  # a dead letter's error shows this much of the value tha
 INTEGER_RANGES = {"int2": (-2 ** 15, 2 ** 15 - 1), "int4": (-2 ** 31, 2 ** 31 - 1), "int8": (-2 ** 63, 2 ** 63 - 1)}
 TEXT_TYPES = ("text", "varchar", "bpchar", "name", "citext")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Rounding to a numeric's scale in Python's default context (28 digits) fails for wider numbers (numeric(78,0) holds
+# a uint256): this one holds any numeric(p,s) PostgreSQL allows (p <= 1000), and a number beyond it is too long.
+NUMERIC_CONTEXT = Context(prec=2100)
 MISSING = object()
 # orjson reads an integer beyond 64 bits as a float (losing digits a numeric column would keep): a value with 19
 # digits in a row goes to json.loads instead. Found by mapping digits to "0" and the rest to " " (bytes.translate
@@ -51,6 +54,8 @@ _NINETEEN_DIGITS = b"0" * 19
 # The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
 _PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
                               r"(?:Z|[+-][0-9]{2}:[0-9]{2})")
+# A fraction of a second finer than a microsecond ("10:30:00.1234567Z", as .NET writes it).
+_FINE_FRACTION = re.compile(r"\.([0-9]{7,})")
 
 
 def loads(value):
@@ -117,7 +122,8 @@ def read_columns(cursor, table: str) -> list[Column] | None:
     for name, pg_type, base, nullable, has_default, generated, typmod in cursor.fetchall():
         precision = scale = length = None
         if base == "numeric" and typmod is not None and typmod >= 4:
-            precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+            # The scale is an 11-bit signed number: numeric(2,-3) rounds to thousands (PostgreSQL 15 and later).
+            precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (((typmod - 4) & 0x7FF) ^ 0x400) - 0x400
         elif base in ("varchar", "bpchar") and typmod is not None and typmod >= 4:
             length = typmod - 4
         columns.append(Column(name, pg_type, base, nullable, has_default or generated, generated,
@@ -177,7 +183,7 @@ def _getter(kind: str, steps: tuple) -> Callable:
         return lambda doc, record: _walk(doc, steps)
     if kind == "key":
         if not steps:
-            return lambda doc, record: MISSING if record.key is None else record.key.decode("utf-8", "replace")
+            return lambda doc, record: MISSING if record.key is None else _utf8(record.key, "the key")
 
         def key_path(doc, record):
             try:
@@ -197,9 +203,17 @@ def _getter(kind: str, steps: tuple) -> Callable:
     def header(doc, record):
         for key, value in record.headers or ():
             if key == name:
-                return None if value is None else value.decode("utf-8", "replace")
+                return None if value is None else _utf8(value, f"header {name!r}")
         return MISSING
     return header
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    """A key's or header's bytes as text; BadRecord when they are not UTF-8 (never U+FFFD in their place)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRecord(f"{what} is not UTF-8 text: {_shown(raw.decode('utf-8', 'backslashreplace'))}") from None
 
 
 class _Millis(int):
@@ -269,7 +283,10 @@ def _numeric(column: Column):
         if not number.is_finite():
             raise ValueError(f"not a finite number for {column.pg_type}")
         if quantum is not None:
-            number = number.quantize(quantum, rounding=ROUND_HALF_UP)  # as PostgreSQL rounds to the scale
+            try:  # as PostgreSQL rounds to the scale
+                number = number.quantize(quantum, rounding=ROUND_HALF_UP, context=NUMERIC_CONTEXT)
+            except InvalidOperation:
+                raise ValueError(f"too many digits for {column.pg_type}") from None
             if abs(number) >= limit:
                 raise ValueError(f"too many digits for {column.pg_type}")
         return format(number, "f")
@@ -303,7 +320,9 @@ def _text(column: Column):
             except UnicodeEncodeError:
                 raise ValueError("contains a lone surrogate, which is not text") from None
         if length is not None and len(value) > length:
-            raise ValueError(f"longer than {column.pg_type}")
+            if value[length:].strip(" "):
+                raise ValueError(f"longer than {column.pg_type}")
+            value = value[:length]  # as PostgreSQL does: only spaces beyond the length are cut, not refused
         return value
     return convert
 
@@ -325,6 +344,10 @@ def _instant(value) -> datetime:
             moment = datetime.fromisoformat(value)
         except ValueError:
             raise ValueError("not an ISO-8601 timestamp") from None
+        fine = _FINE_FRACTION.search(value)
+        if fine is not None:  # Python cuts it to the microsecond; PostgreSQL rounds it (half to even), as here
+            moment = moment.replace(microsecond=0) + timedelta(microseconds=round(Decimal("0." + fine.group(1))
+                                                                                  * 1_000_000))
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()):
         try:
@@ -381,9 +404,11 @@ def _uuid(column: Column):
 
 
 def _json(column: Column):
+    binary = column.base == "jsonb"  # json keeps its text as it is: \u0000 too
+
     def convert(value):
         text = dumps(value)
-        if "\\u0000" in text:
+        if binary and "\\u0000" in text:
             raise ValueError("contains \\u0000, which jsonb cannot hold")
         if "null" in text and not _finite(value):   # orjson writes NaN and Infinity as null: refuse, not rewrite
             raise ValueError("holds NaN or Infinity, which JSON (and jsonb) cannot hold")
@@ -416,6 +441,7 @@ def converter(column: Column) -> Callable:
 class Written:
     column: Column
     source: str           # as the user wrote it (shown in errors), or the column's name by default
+    field: bool = False   # no --map: the top-level field of the column's name, as it is ("user.id", "x.")
 
 
 @dataclass(frozen=True)
@@ -434,7 +460,7 @@ class JsonPlan:
         return [by_name.get(name, "") for name in key]
 
     def transform(self, upsert_key: tuple[str, ...] = ()) -> Transform:
-        sources = [parse_source(w.source) for w in self.columns]
+        sources = [("value", (w.source,)) if w.field else parse_source(w.source) for w in self.columns]
         getters = [_getter(*source) for source in sources]
         finishes = [_finish(w) for w in self.columns]
         reads_value = any(kind == "value" for kind, _ in sources)
@@ -522,7 +548,7 @@ def plan(columns: list[Column], mapping: dict[str, str]) -> JsonPlan:
         if column.name in mapping:
             written.append(Written(column, mapping[column.name]))
         elif not column.has_default:
-            written.append(Written(column, column.name))
+            written.append(Written(column, column.name, field=True))
     if not written and not problems:
         problems.append("the table has no column the mapping could write")
     if problems:

@@ -2,14 +2,16 @@
 bigint, a NUL character in text, a lone surrogate, invalid JSON for jsonb).
 
 Database errors are told apart by SQLSTATE class, the one stable contract PostgreSQL gives:
-  * data   — class 22 (data exception) and the row-level integrity checks 23502 (NOT NULL) and 23514
-             (CHECK): the record's fault. The batch is bisected under savepoints to find the records,
-             which become dead letters; the other records commit in the same transaction.
+  * data   — class 22 (data exception) and the row-level integrity checks 23502 (NOT NULL), 23503 (a foreign
+             key the record names that does not exist), 23514 (CHECK) and 23505 on a unique key of the table's
+             own (an order id written twice): the record's fault. The batch is bisected under savepoints to find
+             the records, which become dead letters; the other records commit in the same transaction.
   * transient — class 08 (connection), 40 (serialization failure, deadlock) and 57P (server shutting
              down): the batch is rolled back and the run ends; the supervisor starts a new one.
-  * anything else — 42 (missing table, permission denied), 53 (disk full, out of memory), 23505
-             (a duplicate provenance key) ...: retrying cannot help, so the run ends with an error that
-             names the SQLSTATE, and the supervisor does not restart it (an alert fires instead).
+  * anything else — 42 (missing table, permission denied), 53 (disk full, out of memory), 23505 on the
+             provenance key (the table holds rows of the topic already) ...: retrying cannot help, so the run
+             ends with an error that names the SQLSTATE, and the supervisor does not restart it (an alert fires
+             instead).
 """
 import re
 
@@ -17,18 +19,29 @@ import psycopg2
 
 from consumers.engine.sinks import UnencodableValue
 
-DATA_CODES = {"23502", "23514"}
+DATA_CODES = {"23502", "23503", "23514"}
+UNIQUE_VIOLATION = "23505"
 TRANSIENT_CLASSES = ("08", "40")
 TRANSIENT_CODES = {"57P01", "57P02", "57P03"}
 # The context PostgreSQL gives a COPY row it refuses for one column's value: 'COPY t, line 1, column ip: "999.1"'.
 _COPY_COLUMN = re.compile(r"COPY .*?, line [0-9]+, column (.+?): ")
+# The detail of a unique violation names the key's columns: 'Key (order_id)=(1) already exists.'
+_UNIQUE_KEY = re.compile(r"Key \((.+?)\)=")
 
 
 def is_data_error(exc: BaseException) -> bool:
     if isinstance(exc, UnencodableValue):
         return True
     code = getattr(exc, "pgcode", None) or ""
+    if code == UNIQUE_VIOLATION:
+        return _own_unique_key(exc)
     return code.startswith("22") or code in DATA_CODES
+
+
+def _own_unique_key(exc: BaseException) -> bool:
+    """A unique violation on a key of the table's own, not on Tally's provenance key (nor one it cannot name)."""
+    found = _UNIQUE_KEY.match(getattr(getattr(exc, "diag", None), "message_detail", None) or "")
+    return found is not None and "source_offset" not in found.group(1)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -329,7 +329,7 @@ def record_timestamps_of_topics(offsets: dict[tuple[str, int], int], timeout_s: 
 
 def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 10.0,
                  cluster=None) -> dict[tuple[int, int], tuple]:
-    """The records at the given offsets, {(partition, offset): (key, value, timestamp_ms)}; an offset with
+    """The records at the given offsets, {(partition, offset): (key, value, timestamp_ms, headers)}; an offset with
     no record (removed by retention or compaction, a transaction marker, past the end) is absent.
     Reads read_committed, as the engines do, so an aborted record is never returned."""
     found: dict[tuple[int, int], tuple] = {}
@@ -349,7 +349,8 @@ def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 1
             for tp, records in consumer.poll(timeout_ms=200).items():
                 for record in records:
                     if record.offset in wanted[tp.partition]:
-                        found[(tp.partition, record.offset)] = (record.key, record.value, record.timestamp)
+                        found[(tp.partition, record.offset)] = (record.key, record.value, record.timestamp,
+                                                                tuple(record.headers or ()))
                     if record.offset >= last[tp.partition]:
                         pending.discard(tp.partition)
                         consumer.pause(tp)

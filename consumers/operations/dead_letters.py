@@ -154,6 +154,11 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
         transform = for_pipeline(pipeline)
     except (LookupError, ValueError) as exc:
         actions.refuse(pipeline, REPLAY, actor, params, f"The pipeline's transform cannot be loaded: {exc}")
+    unstored = _unstored_sources(pipeline) if source == "stored" else []
+    if unstored:
+        actions.refuse(pipeline, REPLAY, actor, params,
+                       f"The mapping reads {', '.join(unstored)}, which a dead letter's stored copy does not keep "
+                       "(only its key and value): replay from Kafka instead. Nothing was changed.")
     refuse_unknown(pipeline, REPLAY, actor, params, ids)
     from_kafka = None
     if source == "kafka":
@@ -219,10 +224,10 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
                                               f"the pipeline will read it again"))
                 continue
             if from_kafka is not None:
-                key, value, timestamp = from_kafka[(partition, offset)]
+                key, value, timestamp, headers = from_kafka[(partition, offset)]
             else:
-                key, value, timestamp = _bytes(key), _bytes(value), None
-            record = SourceRecord(partition, offset, key, value, timestamp)
+                key, value, timestamp, headers = _bytes(key), _bytes(value), None, ()
+            record = SourceRecord(partition, offset, key, value, timestamp, headers)
             try:
                 produced = _rows(transform, pipeline.topic, record)
             except Exception as exc:  # any failure of user code is the record's fault, as in the commit protocol
@@ -267,6 +272,15 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
         faults.maybe_crash("replay-after-write")
     log.info("dead letters of %s replayed by %s: %s", pipeline.name, actor, message)
     return DeadLetterResult(pipeline.name, REPLAY, outcomes, entry, message, counts)
+
+
+def _unstored_sources(pipeline) -> list[str]:
+    """The sources of a json pipeline's mapping that a dead letter's stored copy cannot give (its timestamp and
+    headers): replayed from it, they would be missing, and their columns NULL."""
+    if pipeline.transform != "json":
+        return []
+    return sorted({source for source in (pipeline.json_map or {}).values()
+                   if source == "@timestamp" or source.startswith("@header:")})
 
 
 def _bytes(value):
