@@ -1,6 +1,7 @@
 """`--transform json` against the real PostgreSQL: the table's own types decide each conversion; every bad
 value becomes a dead letter that names its column, source and value, and the good rows land."""
 import json
+from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -185,6 +186,34 @@ def test_a_numeric_wider_than_28_digits_takes_its_values(transactional_db):
     finally:
         with connection.cursor() as cur:
             cur.execute("DROP TABLE jm_wide")
+
+
+def test_a_long_number_is_read_as_a_float_only_where_the_float_is_that_number():
+    # A float's shortest text (what most producers write) stays on orjson's fast path; a longer one is a Decimal.
+    doc = json_map.loads(b'{"f": 0.30000000000000004, "g": -1234.5678901234567, "d": 0.12345678901234567890123,'
+                         b' "i": 123456789012345678901, "when": "2024.05.01.12.30.00.123"}')
+    assert (type(doc["f"]), type(doc["g"]), doc["d"], doc["i"]) == (float, float, Decimal("0.12345678901234567890123"),
+                                                                    123456789012345678901)
+    assert doc["when"] == "2024.05.01.12.30.00.123"
+    assert json_map._orjson_exact(b'{"f": 0.30000000000000004, "n": 123456789012345678}')
+    assert not json_map._orjson_exact(b'{"f": 1.000000000000000001}')
+
+
+def test_a_number_a_float_cannot_hold_is_written_as_written_or_refused(types_table):
+    # orjson reads every number with a fraction as a float: more than 15 significant digits were silently rounded
+    # (in numeric, bigint, jsonb and text columns alike), and a number beyond a double's range became Infinity.
+    transform = compiled(types_table)
+    names = [name for name, _ in transform.columns]
+    row = dict(zip(names, transform.rows(record(
+        b'{"must": 12345678901234567.0, "big": 9007199254740993.0, "amount": 0.004999999999999999999,'
+        b' "note": 1.000000000000000001, "doc": {"x": 0.12345678901234567890123, "y": [1.5, 2]}}'))[0], strict=True))
+    assert (row["must"], row["big"], row["amount"], row["note"]) == (
+        12345678901234567, 9007199254740993, "0.00", "1.000000000000000001")
+    assert row["doc"] == '{"x":0.12345678901234567890123,"y":[1.5,2]}'
+    for value in (b"1e400", b"-1e400", b'"1e400"', b"1" + b"0" * 400, b'"1e-400"'):
+        with pytest.raises(BadRecord, match=r"column ratio \(from ratio\): out of range for double precision"):
+            transform.rows(record(b'{"must": 1, "ratio": ' + value + b"}"))
+    assert transform.rows(record(b'{"must": 1, "ratio": "-Infinity"}'))[0][names.index("ratio")] == "-inf"
 
 
 def test_a_missing_field_for_a_not_null_column_and_a_value_that_is_not_json_are_bad_records(types_table):

@@ -21,6 +21,7 @@ SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` 
 """
 import functools
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable
@@ -46,11 +47,15 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # a uint256): this one holds any numeric(p,s) PostgreSQL allows (p <= 1000), and a number beyond it is too long.
 NUMERIC_CONTEXT = Context(prec=2100)
 MISSING = object()
-# orjson reads an integer beyond 64 bits as a float (losing digits a numeric column would keep): a value with 19
-# digits in a row goes to json.loads instead. Found by mapping digits to "0" and the rest to " " (bytes.translate
-# runs in C) and looking for 19 zeros: several times faster than a regular expression search.
-_DIGITS_ONLY = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
-_NINETEEN_DIGITS = b"0" * 19
+# orjson reads every number with a fraction or an exponent as a float, and an integer beyond 64 bits too. A float
+# holds a number's text exactly when that text is the float's shortest one (what most producers write), not a
+# longer one (0.12345678901234567890 would lose the digits a numeric or jsonb column keeps). Values with a run of 16
+# digits and points are looked at number by number (`_orjson_exact`); one orjson would change goes to json.loads,
+# which reads such a number as a Decimal (`_number`). The run is found by mapping digits and "." to "0" and the
+# rest to " " (bytes.translate runs in C) and looking for 16 zeros: several times faster than a regular expression.
+_DIGITS_ONLY = bytes(48 if 48 <= b <= 57 or b == 46 else 32 for b in range(256))
+_LONG_NUMBER = b"0" * 16
+_LONG_NUMBER_TEXT = re.compile(rb"[0-9][0-9.]{15,}(?:[eE][+-]?[0-9]+)?")
 # The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
 _PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
                               r"(?:Z|[+-][0-9]{2}:[0-9]{2})")
@@ -60,21 +65,60 @@ _FINE_FRACTION = re.compile(r"\.([0-9]{7,})")
 
 def loads(value):
     """A record's value parsed as json.loads parses it, by orjson (several times faster) where that gives the same
-    result, else by json.loads (integers beyond 64 bits, NaN, lone surrogates, a byte-order mark)."""
-    if type(value) is bytes and _NINETEEN_DIGITS not in value.translate(_DIGITS_ONLY):
+    result, else by json.loads (long numbers, NaN, lone surrogates, a byte-order mark); a number a float does not
+    hold as written (more than 15 significant digits, beyond a float's range) is a Decimal."""
+    if type(value) is bytes and (_LONG_NUMBER not in value.translate(_DIGITS_ONLY) or _orjson_exact(value)):
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(value)
+    return json.loads(value, parse_float=_number)
+
+
+def _orjson_exact(value: bytes) -> bool:
+    """Whether orjson reads each long number of `value` as written: an integer of up to 18 digits, or a number
+    whose text is its float's shortest one. (A run of digits inside a string may be looked at too: harmless.)"""
+    for text in _LONG_NUMBER_TEXT.findall(value):
+        if b"." not in text and b"e" not in text and b"E" not in text:
+            if len(text) >= 19:
+                return False
+            continue
+        try:
+            number = float(text)
+        except ValueError:
+            continue   # not a number ("2024.05.01.12.30.00", in a string)
+        if repr(number).encode() != text and type(_number(text.decode())) is Decimal:
+            return False
+    return True
+
+
+def _number(text: str):
+    """A JSON number with a fraction or an exponent: a float when the float is that number, else its Decimal."""
+    number = float(text)
+    # Most producers write a float's shortest text, which reads back as it is: the cheap test first.
+    if repr(number) == text or (math.isfinite(number) and Decimal(repr(number)) == Decimal(text)):
+        return number
+    return Decimal(text)
 
 
 def dumps(value) -> str:
-    """Compact JSON text of a parsed value (orjson; json.dumps for integers beyond 64 bits)."""
+    """Compact JSON text of a parsed value (orjson; for integers beyond 64 bits and Decimals, _json_text)."""
     try:
         return orjson.dumps(value).decode()
     except TypeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return _json_text(value, (",", ":"))
+
+
+def _json_text(value, separators: tuple[str, str]) -> str:
+    """json.dumps(value, ensure_ascii=False), with each Decimal written as the number it is."""
+    if type(value) is Decimal:
+        return str(value)
+    if type(value) is dict:
+        return "{" + separators[0].join(json.dumps(key, ensure_ascii=False) + separators[1] +
+                                        _json_text(item, separators) for key, item in value.items()) + "}"
+    if type(value) is list:
+        return "[" + separators[0].join(_json_text(item, separators) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=False, separators=separators)
 
 
 class MappingInvalid(ValueError):
@@ -187,7 +231,7 @@ def _getter(kind: str, steps: tuple) -> Callable:
 
         def key_path(doc, record):
             try:
-                return MISSING if record.key is None else _walk(json.loads(record.key), steps)
+                return MISSING if record.key is None else _walk(loads(record.key), steps)
             except ValueError:
                 return MISSING
         return key_path
@@ -241,6 +285,8 @@ def _integer(column: Column):
             number = int(value)
         elif type(value) is float and value.is_integer():
             number = int(value)
+        elif type(value) is Decimal and value.is_finite() and value == value.to_integral_value():
+            number = int(value)
         elif type(value) is str and _ascii_number(value) and value.strip().lstrip("+-").isdigit():
             number = int(value)
         else:
@@ -252,6 +298,8 @@ def _integer(column: Column):
 
 
 def _decimal(value) -> Decimal:
+    if type(value) is Decimal:
+        return value
     if type(value) is float:
         return Decimal(repr(value))  # the shortest text that reads back as this float: 19.99, not 19.989999...
     if (isinstance(value, int) and type(value) is not bool) or (type(value) is str and _ascii_number(value)):
@@ -295,13 +343,22 @@ def _numeric(column: Column):
 
 def _float(column: Column):
     def convert(value):
-        if type(value) is float or type(value) is int:
-            return repr(float(value))
-        if type(value) is str and _ascii_number(value):
+        kind = type(value)
+        if kind is float:
+            return repr(value)
+        if kind is int or kind is Decimal or (kind is str and _ascii_number(value)):
             try:
-                return repr(float(value))
+                number = float(value)
+            except OverflowError:
+                raise ValueError(f"out of range for {column.pg_type}") from None
             except ValueError:
-                pass
+                raise ValueError(f"not a number for {column.pg_type}") from None
+            # Beyond a double's range (1e400) or so small it is 0 (1e-400): PostgreSQL refuses it, Python would
+            # make it Infinity or 0. Only a spelled infinity ("Infinity", "-inf") is one.
+            if (math.isinf(number) and (kind is not str or "inf" not in value.lower())) or \
+                    (number == 0 and kind is not int and Decimal(value) != 0):
+                raise ValueError(f"out of range for {column.pg_type}")
+            return repr(number)
         raise ValueError(f"not a number for {column.pg_type}")
     return convert
 
@@ -311,7 +368,7 @@ def _text(column: Column):
 
     def convert(value):
         if type(value) is not str:
-            value = json.dumps(value, ensure_ascii=False)
+            value = _json_text(value, (", ", ": "))
         if "\x00" in value:
             raise ValueError("contains a NUL character, which PostgreSQL text cannot hold")
         if not value.isascii():
@@ -349,7 +406,8 @@ def _instant(value) -> datetime:
             moment = moment.replace(microsecond=0) + timedelta(microseconds=round(Decimal("0." + fine.group(1))
                                                                                   * 1_000_000))
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()):
+    if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()) or \
+            (type(value) is Decimal and value.is_finite() and value == value.to_integral_value()):
         try:
             return EPOCH + timedelta(milliseconds=int(value))
         except OverflowError:
@@ -418,7 +476,7 @@ def _json(column: Column):
 
 def _finite(value) -> bool:
     try:
-        json.dumps(value, allow_nan=False)
+        json.dumps(value, allow_nan=False, default=str)  # a Decimal is finite
     except ValueError:
         return False
     return True
@@ -468,7 +526,7 @@ class JsonPlan:
                                   in zip(sources, self.columns, getters, finishes, strict=True)],
                                  _parse, _not_object, reads_value,
                                  {"MISSING": MISSING, "INTEGER_RANGES": INTEGER_RANGES, "DIGITS_ONLY": _DIGITS_ONLY,
-                                  "NINETEEN_DIGITS": _NINETEEN_DIGITS,
+                                  "LONG_NUMBER": _LONG_NUMBER, "ORJSON_EXACT": _orjson_exact,
                                   "PLAIN_TIMESTAMP": _PLAIN_TIMESTAMP.fullmatch,
                                   "VALID_TIMESTAMP": _valid_timestamp}, upsert_key)
 

@@ -60,8 +60,8 @@ def _converted(i: int, column, key: bool, ns: dict) -> list[str]:
     if base == "bool":
         return [f"c{i} = 't' if v is True else 'f' if v is False else F{i}(v)"]
     if base in ("jsonb", "json"):
-        # orjson's text is what json_map.dumps gives; a TypeError (an integer beyond 64 bits), a \u0000, which
-        # jsonb cannot hold, or a null that may have been NaN or Infinity goes to finish for its own answer.
+        # orjson's text is what json_map.dumps gives; a TypeError (an integer beyond 64 bits, a Decimal), a \u0000,
+        # which jsonb cannot hold, or a null that may have been NaN or Infinity goes to finish for its own answer.
         return ["if v is None or v is MISSING:", f"    c{i} = F{i}(v)",
                 "else:",
                 "    try:", f"        c{i} = DUMPS(v).decode()",
@@ -76,13 +76,14 @@ def generate(columns: list[tuple], parse: Callable, not_object: Callable, reads_
     (kind, steps, Column, getter, finish): json_map's parsed source, its getter `(doc, record) -> raw value`
     and its converter with NULL and error handling `finish(raw) -> COPY value`. `parse(record)` returns the
     parsed value or raises BadRecord, `not_object(record)` raises it; `shared` holds json_map's MISSING,
-    INTEGER_RANGES, DIGITS_ONLY, NINETEEN_DIGITS, PLAIN_TIMESTAMP and VALID_TIMESTAMP."""
+    INTEGER_RANGES, DIGITS_ONLY, LONG_NUMBER, ORJSON_EXACT, PLAIN_TIMESTAMP and VALID_TIMESTAMP."""
     ns = dict(shared, DUMPS=orjson.dumps, LOADS=orjson.loads, LOADS_ERROR=orjson.JSONDecodeError, PARSE=parse,
               NOT_OBJECT=not_object)
-    # json_map.loads inlined: orjson unless a run of 19 digits may be an integer it would read as a float;
+    # json_map.loads inlined: orjson unless a long number of the value is one it would change (ORJSON_EXACT);
     # PARSE takes every other case (a tombstone, json.loads, the error).
     lines = ["def row(record):", "    value = record.value",
-             "    if type(value) is bytes and NINETEEN_DIGITS not in value.translate(DIGITS_ONLY):",
+             "    if type(value) is bytes and (LONG_NUMBER not in value.translate(DIGITS_ONLY)",
+             "                                 or ORJSON_EXACT(value)):",
              "        try:", "            doc = LOADS(value)",
              "        except LOADS_ERROR:", "            doc = PARSE(record)",
              "    else:", "        doc = PARSE(record)"]
