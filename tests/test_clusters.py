@@ -3,6 +3,7 @@ errors, and secrets that never appear in a repr, a spec or a message."""
 import pickle
 
 import pytest
+from kafka.cluster import collect_hosts
 
 from consumers.kafka import clusters
 from consumers.kafka.check import check_cluster
@@ -38,6 +39,15 @@ def test_the_default_cluster_comes_from_the_kafka_settings(settings, monkeypatch
     kwargs = clusters.client_kwargs(cluster)
     assert kwargs["sasl_plain_password"] == PASSWORD and kwargs["security_protocol"] == "SASL_SSL"
     assert kwargs["ssl_context"].check_hostname is True
+
+
+def test_ipv6_bootstrap_servers_reach_the_clients_as_the_addresses_and_ports_written():
+    cluster = Cluster(name="v6", bootstrap_servers="[fd00::5]:9092,[::1]:9093,b-3.example:9096")
+    assert cluster.servers == [("fd00::5", 9092), ("::1", 9093), ("b-3.example", 9096)]
+    # kafka-python's own parsing of what its clients are given, and librdkafka's bracketed form.
+    assert [host_port[:2] for host_port in collect_hosts(clusters.client_kwargs(cluster)["bootstrap_servers"],
+                                                         randomize=False)] == cluster.servers
+    assert clusters.librdkafka_config(cluster)["bootstrap.servers"] == "[fd00::5]:9092,[::1]:9093,b-3.example:9096"
 
 
 def test_a_password_file_is_read_when_a_client_is_built(settings, tmp_path):
@@ -148,6 +158,20 @@ def test_a_missing_secret_says_where_it_was_looked_for_not_what_it_is(monkeypatc
     with pytest.raises(ClusterConfigError, match="the SASL password is read from environment variable "
                                                  "NOT_SET_ANYWHERE, which is not set"):
         clusters.client_kwargs(cluster)
+
+
+def test_the_description_says_where_every_secret_is_read_from(monkeypatch, tmp_path):
+    """SASL over mutual TLS with an encrypted key (two secrets), and OAUTHBEARER's token file."""
+    monkeypatch.setenv("PROD_PASSWORD", PASSWORD)
+    both = Cluster("prod", "b:1", security_protocol="SASL_SSL", ssl_certfile="/pki/client.pem",
+                   ssl_password=Secret(file="/run/secrets/key-password"), sasl_mechanism="SCRAM-SHA-512",
+                   sasl_username="u", sasl_password=Secret(env="PROD_PASSWORD"))
+    assert clusters.describe(both)["password_from"] == (
+        "environment variable PROD_PASSWORD (SASL password); file /run/secrets/key-password (client key password)")
+    oauth = Cluster("oauth", "b:1", security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+                    sasl_oauth_token_file="/run/secrets/token")
+    assert clusters.describe(oauth)["password_from"] == "file /run/secrets/token (OAUTHBEARER token)"
+    assert PASSWORD not in repr(clusters.describe(both))
 
 
 def test_no_secret_is_in_a_repr_a_spec_or_a_pickle(monkeypatch):

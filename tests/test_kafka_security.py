@@ -48,6 +48,7 @@ bootstrap_servers = "{mtls_broker.bootstrap}"
 security_protocol = "SSL"
 ssl_cafile = "{pki.ca_file}"
 '''
+    one_down = scram.replace(secure_broker.bootstrap, f"{secure_broker.bootstrap},localhost:1")   # one of two
     path = tmp_path / "clusters.toml"
     path.write_text(f'''
 [clusters.secure]{scram}sasl_mechanism = "SCRAM-SHA-256"
@@ -63,6 +64,9 @@ sasl_oauth_token_file = "token"
 sasl_oauth_token_file = "wrong-token"
 
 [clusters.wrong-password]{scram}sasl_mechanism = "SCRAM-SHA-256"
+sasl_password_env = "WRONG_PASSWORD"
+
+[clusters.wrong-password-one-down]{one_down}sasl_mechanism = "SCRAM-SHA-256"
 sasl_password_env = "WRONG_PASSWORD"
 
 [clusters.wrong-mechanism]{scram}sasl_mechanism = "SCRAM-SHA-512"
@@ -116,6 +120,20 @@ def test_kafka_check_says_which_step_failed_and_why_and_exits_1(transactional_db
     assert PASSWORD not in out + err and WRONG not in out + err
     remembered = ClusterStatus.objects.get(name=cluster)   # for the Clusters page
     assert not remembered.reachable and detail in remembered.last_error
+
+
+def test_with_a_bootstrap_server_down_a_refused_password_is_the_failure_shown_after_the_steps_that_passed(
+        transactional_db, clusters_file, capsys):
+    """Several bootstrap servers, the last one down: the check names the furthest step a server reached (the
+    password refused), not the last server's failure, and prints the steps that passed before it."""
+    code, out, err = run_command(capsys, "kafka", "check", "wrong-password-one-down")
+    assert code == 1
+    assert err.startswith("CommandError: Kafka cluster 'wrong-password-one-down': authentication (authenticate "
+                          "failed): the broker refused user 'tally' with SCRAM-SHA-256"), err
+    for step in ("settings", "resolve", "connect", "tls"):
+        assert f"  {step:<13}ok" in out
+    assert "  authenticate FAILED: authentication: " in out
+    assert PASSWORD not in out + err and WRONG not in out + err
 
 
 def test_an_oauthbearer_token_from_its_file_authenticates_and_a_wrong_one_is_refused(transactional_db,

@@ -11,6 +11,7 @@ from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka.admin import Watermarks
 from consumers.models import ActionLog, BatchLedger, DeliveryMode, PartitionHealth, PartitionOffset, Pipeline
+from consumers.operations import retention
 from consumers.reconciliation import reconcile
 from tests.conftest import drop_sink_tables
 
@@ -298,6 +299,27 @@ def test_offsets_a_rewind_forward_skipped_are_planned_not_lost(setup):
         ("gap", 20, 60, True), ("lost", 20, 60, True)]
 
 
+def test_a_range_skipped_years_ago_stays_planned_after_the_action_log_retention(setup, settings):
+    pipeline, write = setup()
+    write(0, range(0, 20))
+    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=60)
+    now = timezone.now()
+    long_ago = now - timedelta(days=settings.TALLY_RETAIN_ACTION_LOG_DAYS + 1)
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done", created_at=long_ago,
+                             offsets_before={"0": 20}, offsets_after={"0": 60})
+    dry = ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done", dry_run=True,
+                                   created_at=long_ago, offsets_before={"0": 60}, offsets_after={"0": 0})
+    write(0, range(60, 70))
+    kafka = FakeKafka(high={0: 70}, committed={0: 70})
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka, now=now).exact
+
+    assert retention.apply(now=now)["action_log"] == 1   # the dry run goes; the rewind that took effect stays
+    assert not ActionLog.objects.filter(pk=dry.pk).exists()
+    full = reconcile.reconcile_pipeline(pipeline, kafka=kafka, full=True, now=now)
+    assert full.exact and full.status == "OK"
+    assert (full.lost, full.partitions[0].skipped) == (0, 40)
+
+
 def test_a_loss_next_to_a_skipped_range_is_still_an_incident(setup):
     pipeline, write = setup(DeliveryMode.AT_MOST_ONCE)
     write(0, range(0, 10))
@@ -307,6 +329,26 @@ def test_a_loss_next_to_a_skipped_range_is_still_an_incident(setup):
     report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 50}, committed={0: 50}))
     assert (report.lost, report.partitions[0].skipped) == (5, 25)
     assert not report.exact and report.status == "ERR"
+
+
+def test_folding_many_losses_never_mixes_them_with_a_range_a_rewind_skipped(setup):
+    pipeline, write = setup(DeliveryMode.AT_MOST_ONCE)
+    write(0, range(0, 20))
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done",
+                             offsets_before={"0": 20}, offsets_after={"0": 60})   # 20..59 skipped on purpose
+    write(0, [60])
+    first = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 61}, committed={0: 61}))
+    assert first.exact and first.partitions[0].skipped == 40
+    for n in range(1, 102):   # then the at-most-once consumer loses every other record: 101 losses, folded
+        write(0, [60 + 2 * n])
+    report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 263}, committed={0: 263}))
+    part = report.partitions[0]
+    assert (part.lost, part.gap, part.skipped) == (101, 101, 40)
+    # In one run as well: found in the same range, the skipped offsets are not folded into the losses.
+    full = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 263}, committed={0: 263}), full=True)
+    part = full.partitions[0]
+    assert (part.lost, part.gap, part.skipped) == (101, 101, 40)
+    assert [(f.start, f.end, f.count) for f in part.findings if f.kind == "lost" and f.planned] == [(20, 60, 40)]
 
 
 def test_only_a_unique_index_on_the_provenance_key_spares_the_distinct_count(setup):

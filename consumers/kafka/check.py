@@ -87,7 +87,7 @@ def check_cluster(cluster, timeout_s: float = CHECK_TIMEOUT_S, read_metadata: bo
         except ClusterConfigError as exc:
             raise StepFailed("settings", SETTINGS, exc.problem) from None
         result.passed.append("settings")
-        failure = None
+        failure, failure_passed = None, []
         for host, port in cluster.servers:
             passed = list(result.passed)
             try:
@@ -95,9 +95,13 @@ def check_cluster(cluster, timeout_s: float = CHECK_TIMEOUT_S, read_metadata: bo
                 failure = None
                 break
             except StepFailed as exc:
-                failure = exc
+                # The server that got furthest says what is wrong (a refused password, not a broker that is
+                # down), with the steps it passed.
+                if failure is None or len(result.passed) > len(failure_passed):
+                    failure, failure_passed = exc, list(result.passed)
                 result.passed = passed
         if failure is not None:
+            result.passed = failure_passed
             raise failure
         result.ok = True
     except StepFailed as exc:

@@ -197,6 +197,12 @@ def parse_servers(text) -> list[tuple[str, int]]:
     return servers
 
 
+def address(host: str, port: int) -> str:
+    """host:port as Kafka clients read it: an IPv6 address in brackets ("[fd00::5]:9092"), or kafka-python takes
+    "fd00::5:9092" for an address on its default port."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 # --- where clusters come from --------------------------------------------------------------------------
 
 def default_cluster() -> Cluster:
@@ -324,8 +330,17 @@ def describe(cluster: Cluster) -> dict:
             "security_protocol": cluster.security_protocol, "mechanism": cluster.mechanism,
             "ssl_cafile": cluster.ssl_cafile or None, "ssl_certfile": cluster.ssl_certfile or None,
             "ssl_check_hostname": cluster.ssl_check_hostname, "sasl_username": cluster.sasl_username or None,
-            "password_from": str(cluster.sasl_password or cluster.ssl_password or "") or None,
-            "source": cluster.source}
+            "password_from": secrets_from(cluster), "source": cluster.source}
+
+
+def secrets_from(cluster: Cluster) -> str | None:
+    """Where each of the cluster's secrets is read from (the SASL password or token, the client key's password),
+    never a value."""
+    sources = [f"{secret} ({what})" for what, secret in (
+        ("SASL password", cluster.sasl_password),
+        ("OAUTHBEARER token", cluster.sasl_oauth_token_file and Secret(file=cluster.sasl_oauth_token_file)),
+        ("client key password", cluster.ssl_password)) if secret]
+    return "; ".join(sources) or None
 
 
 # --- the one factory -------------------------------------------------------------------------------------
@@ -372,7 +387,7 @@ def _os_reason(exc: Exception) -> str:
 def client_kwargs(cluster: "Cluster | str | None" = None) -> dict:
     """kafka-python's connection keywords for the cluster. They hold secrets: never log or show them."""
     cluster = get(cluster)
-    kwargs = {"bootstrap_servers": [f"{host}:{port}" for host, port in cluster.servers],
+    kwargs = {"bootstrap_servers": [address(host, port) for host, port in cluster.servers],
               "security_protocol": cluster.security_protocol}
     if cluster.uses_tls:
         kwargs["ssl_context"] = ssl_context(cluster)
@@ -438,7 +453,7 @@ def librdkafka_config(cluster: "Cluster | str | None" = None) -> dict:
     """librdkafka's connection keys for the cluster, the same settings as `client_kwargs`. They hold
     secrets: never log or show them. OAUTHBEARER reads the token file at each refresh (`oauth_cb`)."""
     cluster = get(cluster)
-    config = {"bootstrap.servers": ",".join(f"{host}:{port}" for host, port in cluster.servers),
+    config = {"bootstrap.servers": ",".join(address(host, port) for host, port in cluster.servers),
               "security.protocol": cluster.security_protocol.lower()}
     if cluster.uses_tls:
         # "probe": the system's CAs, as kafka-python's load_default_certs() (the wheel's OpenSSL has none).

@@ -10,7 +10,17 @@ class ActionResult(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+# Actions that move a pipeline's positions: reconciliation and alerts read those that took effect back from the log
+# (consumers/reconciliation/rewinds.py).
+REWIND_ACTIONS = ("rewind", "reset_group")
+
+
 class ActionLogQuerySet(models.QuerySet):
+    def rewinds_in_effect(self):
+        """Rewinds and group resets that took effect: dry runs and refused or failed ones changed nothing."""
+        return (self.filter(action__in=REWIND_ACTIONS, dry_run=False)
+                .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)))
+
     def of_pipeline_named(self, name: str):
         """The entries of the pipeline called `name`, also after it was deleted: a deletion keeps the name in its
         entries' parameters (pipeline_setup.delete)."""

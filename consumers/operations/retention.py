@@ -6,7 +6,9 @@
                     reconciliation counts for the offset -- and lose their payload (key and value)
     topic checks    finished (done or failed) jobs after TALLY_RETAIN_TOPIC_CHECKS_DAYS
     action log      entries older than TALLY_RETAIN_ACTION_LOG_DAYS: the audit trail, kept longest (settings
-                    refuse a shorter setting than any other); the sign-in log (django-axes' AccessLog) with it
+                    refuse a shorter setting than any other); the sign-in log (django-axes' AccessLog) with it.
+                    A pipeline's rewinds that took effect stay: reconciliation and alerts read them back (a range a
+                    rewind forward skipped is planned, not lost, also when verified again years later)
     sessions        expired ones (what Django's `clearsessions` deletes): a row per sign-in otherwise stays
 Alert history is alerts/retention.py's (alerts sit above this package). Live runs, pending dead letters and
 queued or running jobs are never touched, whatever their age.
@@ -76,7 +78,8 @@ def expired_topic_checks(now: datetime):
 
 
 def expired_actions(now: datetime):
-    return ActionLog.objects.filter(created_at__lt=ACTION_LOG.cutoff(now))
+    kept = ActionLog.objects.rewinds_in_effect().filter(pipeline__isnull=False)
+    return ActionLog.objects.filter(created_at__lt=ACTION_LOG.cutoff(now)).exclude(pk__in=kept.values("pk"))
 
 
 def expired_sign_ins(now: datetime):

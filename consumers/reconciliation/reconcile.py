@@ -141,12 +141,15 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     def verify() -> dict:
         held = _held_reader(errors, kafka, pipeline.topic, marks)
         return _verify_database(pipeline, classic, committed, marks, full, in_flight=alive, held=held,
+                                skipped=rewinds.skipped,
                                 records=verify_upsert.records_reader(
                                     lambda *args, **kwargs: _kafka_call(errors, ranges.read_ranges, None, *args,
                                                                         **kwargs),
                                     pipeline.topic, pipeline.cluster))
 
     with timer.db:
+        # Read before the findings are folded: a range a rewind forward skipped never folds into a real loss.
+        rewinds = reconcile_rewinds.load(pipeline, now - status_window())
         alive = ConsumerRun.objects.filter(pipeline=pipeline).serving(now).exists()
         states = verify()
     if hasattr(kafka, "fresh") and _beyond_marks(states, marks):
@@ -176,7 +179,6 @@ def reconcile_pipeline(pipeline: Pipeline, *, full: bool = False, kafka=None,
     with timer.kafka:
         _lag_seconds(errors, kafka, pipeline.topic, reports, states, marks, now)
     with timer.db:
-        rewinds = reconcile_rewinds.load(pipeline, now - status_window())
         for report in reports:
             report.findings = reconcile_rewinds.mark_planned(report.findings,
                                                              rewinds.skipped.get(report.partition, []))
@@ -288,7 +290,7 @@ def _held_reader(errors: list[str], kafka, topic: str, marks: dict):
 
 
 def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full: bool, in_flight: bool,
-                     held=lambda partition: None, records=None) -> dict:
+                     held=lambda partition: None, records=None, skipped=None) -> dict:
     transform = for_pipeline(pipeline)
     verify = verify_upsert.verifier(pipeline, transform, records) if pipeline.is_upsert and records else verify_range
     with _snapshot_cursor() as cur:
@@ -309,7 +311,8 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
             states[p] = _verify_partition(cur, pipeline, shape, classic, p, positions.get(p), committed.get(p),
                                           marks.get(p), None if full else health.get(p), health.get(p),
                                           newest.get(p), in_flight, held(p), verify,
-                                          phantoms_when_idle=full or not pipeline.is_upsert)
+                                          phantoms_when_idle=full or not pipeline.is_upsert,
+                                          skipped=(skipped or {}).get(p, []))
         if shape is not None:
             _phantoms(cur, shape, states)
     return states
@@ -330,7 +333,7 @@ def _new_ledger_rows(cur, pipeline_id: int, ledger_marks: dict[int, int]) -> dic
 
 def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: int, position, kafka_offset,
                       mark, health, health_as_read, newest, in_flight: bool, held=None,
-                      verify=verify_range, phantoms_when_idle: bool = True) -> _PartitionState:
+                      verify=verify_range, phantoms_when_idle: bool = True, skipped=()) -> _PartitionState:
     """`phantoms_when_idle` False (an upsert pipeline's incremental pass): a partition with nothing new keeps
     the phantom findings of the pass that last looked, instead of looking again. An upsert table needs no index
     on the provenance columns (its unique key is the upsert key), so looking is a scan of the whole table; the
@@ -358,12 +361,14 @@ def _verify_partition(cur, pipeline, shape: SinkShape | None, classic: bool, p: 
         result = verify(cur, shape, pipeline.pk, p, verified, next_offset,
                         _ledger(cur, pipeline.pk, p, verified, next_offset), held)
         report.proven = result.proven
-        new_findings = result.findings + _skipped_by_retention(cur, pipeline.pk, p, verified, next_offset)
+        new_findings = reconcile_rewinds.mark_planned(
+            result.findings + _skipped_by_retention(cur, pipeline.pk, p, verified, next_offset), list(skipped))
         # Kafka says consumed, the DB never wrote it: at-most-once lost it if its consumer died; while a
         # consumer is alive it is the batch being written right now (Kafka commit first), not a loss.
         if consumed_end > next_offset and not in_flight:
-            current += verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
-                                    _ledger(cur, pipeline.pk, p, next_offset, consumed_end), held).findings
+            current += fold(reconcile_rewinds.mark_planned(
+                verify_range(cur, shape, pipeline.pk, p, next_offset, consumed_end,
+                             _ledger(cur, pipeline.pk, p, next_offset, consumed_end), held).findings, list(skipped)))
         idle = verified >= next_offset and consumed_end <= next_offset
         if idle and not phantoms_when_idle and health is not None:
             current += [f for f in map(Finding.from_json, health[2] or [])

@@ -11,10 +11,10 @@ The action log (ActionLog) holds the offsets before and after as {"partition": o
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from consumers.models import ActionLog, ActionResult
+from consumers.models import ActionLog
+from consumers.models.operations import REWIND_ACTIONS  # noqa: F401  (public name of this module)
 from consumers.reconciliation.findings import Finding
 
-REWIND_ACTIONS = ("rewind", "reset_group")
 PLANNED_KINDS = ("lost", "gap")   # contiguous kinds: count == end - start
 
 
@@ -40,8 +40,8 @@ def effective_rewinds(pipeline) -> list[Rewind]:
 def effective_rewinds_of(pipeline_ids) -> dict[int, list[Rewind]]:
     """`effective_rewinds` of many pipelines in one query (an alert pass): {pipeline id: rewinds, oldest first};
     a pipeline never rewound is absent."""
-    actions = (ActionLog.objects.filter(pipeline_id__in=list(pipeline_ids), action__in=REWIND_ACTIONS, dry_run=False)
-               .exclude(result__in=(ActionResult.REFUSED, ActionResult.FAILED)).order_by("created_at", "pk"))
+    actions = (ActionLog.objects.rewinds_in_effect().filter(pipeline_id__in=list(pipeline_ids))
+               .order_by("created_at", "pk"))
     found: dict[int, list[Rewind]] = {}
     for pipeline_id, at, before, after in actions.values_list("pipeline_id", "created_at", "offsets_before",
                                                               "offsets_after"):

@@ -91,7 +91,8 @@ def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start:
     of the ledger rows that reach into it: `records` is the count the batch's fetch returned and `whole`
     whether the row lies entirely in the range, untrimmed (gaps and overlaps are read from the ledger table
     itself, coverage.py). `held(ranges)` returns the number of records the topic holds in each [s, e) of
-    `ranges` (None: every absent offset counts as lost)."""
+    `ranges` (None: every absent offset counts as lost). Lost and gap findings come back unfolded: the caller
+    marks what a rewind skipped first, then folds (reconcile.py)."""
     result = RangeResult(start, end, records=max(0, end - start))
     if end <= start:
         return result
@@ -149,7 +150,7 @@ def _split_absent(result: RangeResult, absent: list[Finding], held) -> list[Find
                 island_start, island_kind = o, kind
         result.holes += (finding.end - finding.start) - len(offsets)
     result.findings += fold(holes)
-    return fold(lost)
+    return lost
 
 
 def _sink_filter(shape: SinkShape, partition: int, start: int, end: int):
@@ -191,7 +192,7 @@ def _aggregate(cur, shape: SinkShape, pipeline_id: int, partition: int, start: i
 
 def _lost_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
                    end: int) -> list[Finding]:
-    return fold(_absent_findings(cur, shape, pipeline_id, partition, start, end))
+    return _absent_findings(cur, shape, pipeline_id, partition, start, end)
 
 
 def _absent_findings(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int,
@@ -251,23 +252,33 @@ def _ledger_findings(cur, result: RangeResult, pipeline_id: int, partition: int)
     coverage = ledger_coverage(cur, pipeline_id, partition=partition, within=(result.start, result.end))[partition]
     result.gap = sum(e - s for s, e in coverage.gaps)
     result.overlap = sum(e - s for s, e in coverage.overlaps)
-    result.findings += fold([Finding("gap", s, e, e - s) for s, e in coverage.gaps])
+    result.findings += [Finding("gap", s, e, e - s) for s, e in coverage.gaps]
     result.findings += fold([Finding("overlap", s, e, e - s) for s, e in sorted(coverage.overlaps)])
 
 
 def fold(findings: list[Finding]) -> list[Finding]:
     """At most MAX_FINDINGS_PER_KIND findings per kind: the oldest (lowest offsets) are folded into one
-    covering finding, so the recent ones stay precise and the stored list stays bounded run after run."""
+    covering finding, so the recent ones stay precise and the stored list stays bounded run after run. Planned
+    findings (a rewind forward skipped them) fold apart from the others, so neither count takes the other's."""
     by_kind: dict[str, list[Finding]] = {}
     for finding in findings:
         by_kind.setdefault(finding.kind, []).append(finding)
     result = []
     for same in by_kind.values():
-        if len(same) > MAX_FINDINGS_PER_KIND:
-            same.sort(key=lambda f: f.start)
-            old, same = same[:len(same) - MAX_FINDINGS_PER_KIND + 1], same[len(same) - MAX_FINDINGS_PER_KIND + 1:]
-            folded = replace(old[0], offsets=None, end=max(f.end for f in old), count=sum(f.count for f in old),
-                             folded=sum(f.folded or 1 for f in old))
-            same.insert(0, folded)
-        result += same
+        planned = [f for f in same if f.planned]
+        if planned and len(planned) < len(same):
+            result += sorted(_fold_kind([f for f in same if not f.planned]) + _fold_kind(planned),
+                             key=lambda f: f.start)
+        else:
+            result += _fold_kind(same)
     return result
+
+
+def _fold_kind(same: list[Finding]) -> list[Finding]:
+    if len(same) > MAX_FINDINGS_PER_KIND:
+        same = sorted(same, key=lambda f: f.start)
+        old, same = same[:len(same) - MAX_FINDINGS_PER_KIND + 1], same[len(same) - MAX_FINDINGS_PER_KIND + 1:]
+        folded = replace(old[0], offsets=None, end=max(f.end for f in old), count=sum(f.count for f in old),
+                         folded=sum(f.folded or 1 for f in old))
+        same.insert(0, folded)
+    return same
