@@ -1,6 +1,7 @@
 """The admin's rewind and group reset against the real broker and engine: several pipelines previewed
 per partition, executed with one confirmation, partial success reported per pipeline, positions and sinks
 checked row by row, and the exactly-once sink exact again after the pipelines catch up."""
+import re
 import uuid
 
 import pytest
@@ -99,6 +100,50 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
     assert kafka_admin.committed_offsets(group, topic) == {0: 10}
     assert sorted(ActionLog.objects.filter(group_id=group, actor="otto").values_list("dry_run", flat=True)) == [
         False, True]
+
+
+def execute_form(page: str) -> dict:
+    """The hidden fields the preview's Execute button posts, as a browser would send them."""
+    form = page[page.index('id="execute-form"'):]
+    fields: dict = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form[:form.index("</form>")]):
+        if name != "csrfmiddlewaretoken":
+            fields.setdefault(name, []).append(value)
+    return {**fields, "step": "execute"}
+
+
+def test_the_execute_button_acts_only_on_what_its_preview_showed_not_on_a_refused_selection(
+        kafka_bootstrap, make_topic):
+    """A pipeline or group refused in the preview (a target past the log end) is not moved by the Execute button
+    once the log has grown: the operator never saw its plan (here it would skip 5 records unseen)."""
+    orders = consumed_pipeline(kafka_bootstrap, make_topic("adm-x-orders"), "adm-x-orders", 30)
+    refunds = consumed_pipeline(kafka_bootstrap, make_topic("adm-x-refunds"), "adm-x-refunds", 20)
+    topic, group = make_topic("adm-x-group"), f"billing-{uuid.uuid4().hex[:6]}"
+    produce(kafka_bootstrap, topic, range(30))
+    kafka_admin.commit_offsets(group, topic, {0: 10})
+    refused_group = f"refunds-{uuid.uuid4().hex[:6]}"   # not known to Kafka yet: refused in the preview
+    try:
+        client = client_for(staff_operator())
+        preview = post_action(client, PIPELINES, "rewind", [orders.pk, refunds.pk], step="preview",
+                              mode="to-offset", value="25", partitions="")
+        assert "Execute: rewind 1 pipeline" in preview.content.decode()
+        reset = {"group": [group, refused_group], "mode": "to-offset", "value": "25", "partitions": ""}
+        group_preview = client.post("/admin/consumers/groups/reset/", {**reset, "topic": topic, "step": "preview"})
+        assert "Execute: reset 1 group" in group_preview.content.decode()
+        produce(kafka_bootstrap, refunds.topic, range(21, 31))   # the log grows before the operator confirms
+        kafka_admin.commit_offsets(refused_group, refunds.topic, {0: 1})   # and the other group appears
+
+        done = client.post(PIPELINES, execute_form(preview.content.decode()), follow=True)
+        client.post("/admin/consumers/groups/reset/", execute_form(group_preview.content.decode()), follow=True)
+
+        assert any(m.startswith("Pipeline adm-x-orders: rewind done") for m in messages_of(done))
+        assert (position(orders), position(refunds)) == (25, 20)
+        assert kafka_admin.committed_offsets(group, topic) == {0: 25}
+        assert kafka_admin.committed_offsets(refused_group, topic) == {}
+        assert ActionLog.objects.filter(pipeline=refunds, dry_run=False).count() == 0
+    finally:
+        drop_sink(orders.sink_table)
+        drop_sink(refunds.sink_table)
 
 
 def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstrap, make_topic):

@@ -136,3 +136,31 @@ def test_a_group_kafka_does_not_know_is_not_found_and_a_reset_of_it_is_refused_a
                          content_type="application/json")
     assert done.status_code == 200, json.dumps(done.json())
     assert kafka_admin.committed_offsets("g-empty", topic) == {0: 6}
+
+
+def test_a_reset_confirmed_from_the_group_page_by_htmx_loads_the_group_page_instead_of_nesting_it_in_the_panel(
+        kafka_bootstrap, make_topic, db):
+    from django.test import Client
+
+    from consumers.kafka import admin as kafka_admin
+    from tests.views_helpers import make_operator
+
+    topic = make_topic("grp-htmx")
+    produce(kafka_bootstrap, topic, 10, partitions=1)
+    kafka_admin.commit_offsets("g-htmx", topic, {0: 3})
+    operator = Client()
+    operator.force_login(make_operator())
+    reset = {"topic": topic, "mode": "to-latest", "value": "", "partitions": ""}
+
+    preview = operator.post("/groups/g-htmx/reset/", {**reset, "step": "preview"}, HTTP_HX_REQUEST="true")
+    assert preview.status_code == 200 and 'id="confirm-reset"' in preview.content.decode()
+    done = operator.post("/groups/g-htmx/reset/", {**reset, "step": "execute"}, HTTP_HX_REQUEST="true")
+
+    # htmx would follow a 302 inside the request and swap the whole group page into #rewind-panel
+    assert done.status_code == 200 and done.headers["HX-Redirect"] == "/groups/g-htmx/"
+    assert kafka_admin.committed_offsets("g-htmx", topic) == {0: 10}
+    page = operator.get("/groups/g-htmx/").content.decode()
+    assert "Offsets of group g-htmx reset: to-latest" in page
+    # without htmx the form still redirects
+    plain = operator.post("/groups/g-htmx/reset/", {**reset, "step": "execute"})
+    assert plain.status_code == 302 and plain.headers["Location"] == "/groups/g-htmx/"

@@ -108,6 +108,25 @@ def check_one_rewind(mode, value, expected, rollback_sink):
     assert positions(EXACTLY_ONCE) == {0: 15, 1: 15}
 
 
+def test_a_rewind_leaves_a_stopped_pipeline_stopped_and_a_paused_one_paused(demo):
+    from consumers.models import DesiredState
+    from consumers.operations import pipeline_setup
+
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    assert pipeline.desired_state == DesiredState.STOPPED
+    rewind(EXACTLY_ONCE, "shift-by", "-5", actor="alice")
+    after = Pipeline.objects.get(name=EXACTLY_ONCE)
+    assert (after.desired_state, after.epoch) == (DesiredState.STOPPED, pipeline.epoch + 1)   # fenced, not paused
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.PAUSED)
+    rewind(EXACTLY_ONCE, "shift-by", "5", actor="alice")
+    assert Pipeline.objects.get(name=EXACTLY_ONCE).desired_state == DesiredState.PAUSED
+    assert positions(EXACTLY_ONCE) == {0: 15, 1: 15}
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.STOPPED)
+    rewind(EXACTLY_ONCE, "to-current", actor="alice")
+    pipeline_setup.delete(EXACTLY_ONCE, actor="alice")   # a stopped pipeline is deleted after its rewind
+    assert not Pipeline.objects.filter(name=EXACTLY_ONCE).exists()
+
+
 def test_to_latest_skips_unread_records_and_says_how_many(demo):
     produce(TOTAL + 1, TOTAL + 4)          # two new records per partition, not consumed yet
     dry = rewind(EXACTLY_ONCE, "to-latest", dry_run=True)

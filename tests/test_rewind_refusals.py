@@ -106,6 +106,29 @@ def test_the_dry_run_prints_the_plan_as_json_and_exits_0(consumed, capsys):
     assert positions(EXACTLY_ONCE) == {0: 10, 1: 10}
 
 
+def test_roll_back_sink_of_a_pipeline_whose_sink_table_is_gone_is_refused_and_audited_at_every_step(consumed, client):
+    """The dry run answered a 500 (and was not in the action log); the real run a 500 after pausing the pipeline."""
+    from django.db import connection
+
+    from consumers.engine import sinks
+    from tests.views_helpers import make_operator
+
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    with connection.cursor() as cursor:
+        sinks.drop_sink_table(cursor, pipeline.sink_table)
+    client.force_login(make_operator())
+    for dry_run in (True, False):
+        response = client.post(f"/api/pipelines/{EXACTLY_ONCE}/rewind", {"mode": "to-offset", "value": "3",
+                               "rollback_sink": True, "dry_run": dry_run}, content_type="application/json")
+        assert response.status_code == 409, response.content
+        assert f"the sink table '{pipeline.sink_table}' does not exist" in response.json()["error"]
+    refusals = ActionLog.objects.filter(action="rewind").order_by("created_at")
+    assert [(e.dry_run, e.result) for e in refusals] == [(True, ActionResult.REFUSED), (False, ActionResult.REFUSED)]
+    after = Pipeline.objects.get(pk=pipeline.pk)
+    assert (positions(EXACTLY_ONCE), after.epoch, after.desired_state) == ({0: 10, 1: 10}, pipeline.epoch,
+                                                                          pipeline.desired_state)
+
+
 def test_a_rewind_whose_runs_do_not_end_in_time_is_refused_and_the_pipeline_keeps_running(
         consumed, capsys, settings, monkeypatch):
     from django.utils import timezone
@@ -127,3 +150,30 @@ def test_a_rewind_whose_runs_do_not_end_in_time_is_refused_and_the_pipeline_keep
     pipeline.refresh_from_db()
     assert pipeline.desired_state == DesiredState.RUNNING and enqueued == [pipeline.epoch]
     assert ActionLog.objects.get(action="rewind").result == ActionResult.REFUSED
+
+
+def test_an_action_taken_once_the_rewind_is_done_is_not_undone_by_the_rewind_resuming_the_pipeline(
+        consumed, monkeypatch):
+    """The rewind's entry is done when its transaction commits; another operator may stop the pipeline before the
+    rewind resumes it. The stop stands: the pipeline is not set running again behind the operator's back."""
+    from consumers.models import DesiredState
+    from consumers.operations import actions
+    from consumers.operations import rewind as rewind_ops
+
+    enqueued = []
+    monkeypatch.setattr(actions, "enqueue_run", lambda pipeline_id, epoch, runs=1: enqueued.append(epoch))
+    pipeline = Pipeline.objects.get(name=EXACTLY_ONCE)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    applied = rewind_ops._apply
+
+    def apply_then_bob_stops(*args, **kwargs):
+        deleted = applied(*args, **kwargs)
+        assert actions.stop(EXACTLY_ONCE, actor="bob").result == ActionResult.DONE
+        return deleted
+
+    monkeypatch.setattr(rewind_ops, "_apply", apply_then_bob_stops)
+    result = rewind_ops.rewind(EXACTLY_ONCE, "shift-by", "-4", actor="alice")
+
+    assert positions(EXACTLY_ONCE) == {0: 6, 1: 6}
+    pipeline.refresh_from_db()
+    assert (pipeline.desired_state, enqueued, result.resumed) == (DesiredState.STOPPED, [], False)

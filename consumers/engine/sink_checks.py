@@ -15,6 +15,11 @@ def quoted(cursor, table: str | tuple[str, ...]) -> str:
     return (sql.Identifier(*table) if isinstance(table, tuple) else sql.Identifier(table)).as_string(cursor)
 
 
+def table_exists(cursor, table: str | tuple[str, ...]) -> bool:
+    cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [quoted(cursor, table)])
+    return bool(cursor.fetchone()[0])
+
+
 def table_columns(cursor, table: str | tuple[str, ...]) -> dict | None:
     """{column: {"type": ..., "required": NOT NULL without default, "not_null": ...}} of a table in the search
     path (or of (schema, table): that schema's), or None."""

@@ -21,6 +21,7 @@ from django.utils import timezone
 from psycopg2 import sql
 
 from consumers.engine import sinks
+from consumers.engine.sink_checks import table_exists
 from consumers.engine.tables import table
 from consumers.kafka import admin as kafka_admin
 from consumers.models import (
@@ -93,6 +94,10 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
     pipeline = actions.lookup(name, ACTION, actor, params)
     if rollback_sink and pipeline.is_upsert:
         actions.refuse(pipeline, ACTION, actor, params, UPSERT_ROLLBACK_REFUSED, dry_run=dry_run)
+    if rollback_sink and not _sink_exists(pipeline):
+        actions.refuse(pipeline, ACTION, actor, params,
+                       f"roll back sink is refused: the sink table {pipeline.sink_table!r} does not exist (dropped or "
+                       f"renamed?), so there are no rows to delete. Nothing was changed.", dry_run=dry_run)
     try:
         spec = parse_spec(mode, value)
     except Refused as exc:
@@ -109,6 +114,11 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
         ActionLog.objects.filter(pk=entry.pk).update(result=ActionResult.FAILED, finished_at=timezone.now(),
                                                      message=f"{type(exc).__name__}: {exc}")
         raise
+
+
+def _sink_exists(pipeline: Pipeline) -> bool:
+    with connection.cursor() as cursor:
+        return table_exists(cursor.cursor, pipeline.sink_table)
 
 
 def plan(pipeline: Pipeline, spec: OffsetSpec, partitions: list[int] | None = None) -> list[PartitionMove]:
@@ -161,20 +171,28 @@ def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
     with transaction.atomic():
         Pipeline.objects.select_for_update().get(pk=pipeline.pk)
         epoch = actions.set_state(pipeline, DesiredState.PAUSED)
-    moved = False
+    moved = resumed = False
     try:
         _wait_for_runs_to_end(pipeline, epoch)
         moves = plan(pipeline, spec, partitions)   # positions may have moved until the pause
         deleted = _apply(pipeline, spec, moves, rollback_sink, entry)
         moved = True
     finally:
-        # Resume if it was running; after a refusal or failure, put the state back as it was.
+        # Resume if it was running; after a refusal or failure, put the state back as it was. Unless another
+        # action came since the pause (it may, once this rewind's entry is done): the newer action stands.
         if was_running or not moved:
             with transaction.atomic():
-                Pipeline.objects.select_for_update().get(pk=pipeline.pk)
-                actions.set_state(pipeline, previous_state, enqueue_runs=pipeline.parallel_runs if was_running else 0)
+                if Pipeline.objects.select_for_update().get(pk=pipeline.pk).epoch == epoch:
+                    actions.set_state(pipeline, previous_state,
+                                      enqueue_runs=pipeline.parallel_runs if was_running else 0)
+                    resumed = was_running
+        elif previous_state != DesiredState.PAUSED:
+            # A stopped pipeline stays stopped (paused only while it was rewound), so it can still be changed or
+            # deleted; no run of it is left to fence, so no new epoch.
+            Pipeline.objects.filter(pk=pipeline.pk, desired_state=DesiredState.PAUSED).update(
+                desired_state=previous_state, updated_at=timezone.now())
     entry.refresh_from_db()
-    return RewindResult(pipeline.name, spec, moves, False, rollback_sink, entry, deleted, was_running,
+    return RewindResult(pipeline.name, spec, moves, False, rollback_sink, entry, deleted, resumed,
                         entry.message)
 
 

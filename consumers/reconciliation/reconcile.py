@@ -64,7 +64,7 @@ from consumers.reconciliation.report import (  # noqa: F401  (public names of th
     count_findings,
     report_json,
 )
-from consumers.reconciliation.verify import SinkShape, fold, sink_shape, table_exists, verify_range
+from consumers.reconciliation.verify import SinkShape, fold, sink_shape, verify_range
 
 log = logging.getLogger("tally.reconcile")
 
@@ -304,7 +304,7 @@ def _verify_database(pipeline, classic: bool, committed: dict, marks: dict, full
         ledger_marks = {p: (0 if full or p not in health else health[p][1]) for p in set(positions) | set(health)}
         newest = _new_ledger_rows(cur, pipeline.pk, ledger_marks)
         shape = (sink_shape(cur, pipeline.sink_table, pipeline.topic, transform.multi_row)
-                 if table_exists(cur, pipeline.sink_table) else None)
+                 if sink_checks.table_exists(cur, pipeline.sink_table) else None)
         partitions = set(positions) | (set(committed) if classic else set())
         states = {}
         for p in sorted(partitions):

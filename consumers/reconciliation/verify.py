@@ -80,11 +80,6 @@ def sink_shape(cur, table: str, topic: str, multi_row: bool) -> SinkShape:
     return SinkShape(table, topic, multi_row, unique)
 
 
-def table_exists(cur, table: str) -> bool:
-    cur.execute("SELECT to_regclass(%s) IS NOT NULL", [sql.Identifier(table).as_string(cur)])
-    return bool(cur.fetchone()[0])
-
-
 def verify_range(cur, shape: SinkShape, pipeline_id: int, partition: int, start: int, end: int,
                  ledger: list[tuple], held=None) -> RangeResult:
     """Verify [start, end) of one partition. `ledger` holds the (first, effective end[, records, whole])

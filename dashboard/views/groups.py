@@ -8,6 +8,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.kafka import clusters
@@ -120,7 +121,10 @@ def group_reset(request, group_id):
                            status=503 if isinstance(exc, Unavailable) else 422)
     if execute:
         messages.success(request, f"Offsets of group {group_id} reset: {result.message}")
-        return redirect(reverse("group", kwargs={"group_id": group_id}) + _cluster_query(_cluster(request)))
+        url = reverse("group", kwargs={"group_id": group_id}) + _cluster_query(_cluster(request))
+        if request.htmx:  # a redirect would be followed inside the request: the whole page swapped into the panel
+            return HttpResponseClientRedirect(url)
+        return redirect(url)
     return render_page(request, "group.html", _detail_context(request, group_id, form=form, preview=result.as_dict(),
                                                               carry=form.hidden_copy()), fragment="panel")
 
