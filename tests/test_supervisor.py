@@ -181,6 +181,19 @@ def test_a_pipeline_with_two_runs_is_restarted_whole_when_one_of_them_died(runni
     assert Pipeline.objects.get(pk=running.pk).epoch == running.epoch + 1   # fences the survivor too
 
 
+def test_a_pipeline_with_two_runs_one_of_which_halted_is_left_for_an_operator(running, queued):
+    # A halted run's partition holds a record a restart cannot get past: restarting the pipeline whole only
+    # halted again, and after the bounded attempts stopped a pipeline an operator was meant to look at.
+    Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
+    running.refresh_from_db()
+    run_row(running, heartbeat_age=1)                       # its peer still reads the other partitions
+    halted = run_row(running, state=RunState.FAILED)
+    ConsumerRun.objects.filter(pk=halted.pk).update(end_reason="bad_record: offset 7", ended_at=timezone.now())
+    result = decision()
+    assert result.action == "halted" and "bad_record: offset 7" in result.detail
+    assert queued == [] and Pipeline.objects.get(pk=running.pk).epoch == running.epoch
+
+
 def test_two_young_runs_of_a_pipeline_are_left_to_join(running, queued):
     Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
     running.refresh_from_db()
@@ -228,3 +241,15 @@ def test_a_run_is_begun_before_its_engine_starts(running, monkeypatch):
     before = timezone.now()
     assert runs.run_here(running.pk, running.epoch)["reason"] == EndReason.STOPPED
     assert len(seen) == 1 and seen[0] >= before + timedelta(seconds=15)
+
+
+def test_the_reason_of_a_whole_restart_names_the_run_that_is_not_live(running, queued):
+    Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
+    running.refresh_from_db()
+    dead = run_row(running, heartbeat_age=60)
+    live = run_row(running, heartbeat_age=0)
+    ConsumerRun.objects.filter(pk=live.pk).update(started_at=timezone.now() - timedelta(seconds=100))  # started last
+    result = decision()
+    assert result.action == "restarted"
+    assert f"run {dead.pk} on worker-2 (pid 4242) stopped heartbeating 60 s ago" in result.detail
+    assert f"run {live.pk}" not in result.detail   # the live run is not why: it read "stopped heartbeating 0 s ago"

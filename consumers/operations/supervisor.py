@@ -94,9 +94,14 @@ def _supervise_one(pipeline: Pipeline, now) -> Decision:
                         f"{pipeline.runs_waiting} run task(s) queued since {pipeline.waiting_since:%H:%M:%S}, "
                         f"not yet taken by a worker")
     if runs and len(runs) < pipeline.parallel_runs and (_one_died(pipeline, runs) or _settled(runs, now)):
+        halted = pipeline.runs.filter(epoch=pipeline.epoch).halted().order_by("-pk").first()
+        if halted is not None:
+            # One of its runs halted (a bad record under "stop", a sink error): a restart would halt again on
+            # the same record, so, as for a single run, the pipeline is left for an operator.
+            return Decision(pipeline.name, Verdict.HALTED, f"run {halted.pk} halted: {halted.end_reason}")
         # One of its processes died: the pipeline is restarted as a whole, like a single run.
         return _restart_or_give_up(pipeline, f"only {len(runs)} of its {pipeline.parallel_runs} runs are live "
-                                             f"({_why_not_running(pipeline, now)})", now)
+                                             f"({_why_not_running(pipeline, now, live=runs)})", now)
     if runs:
         stable_since = now - timedelta(seconds=settings.TALLY_SUPERVISOR_STABLE_SECONDS)
         if pipeline.restart_attempts and any(run.started_at <= stable_since for run in runs):
@@ -137,10 +142,15 @@ def _settled(runs: list[ConsumerRun], now) -> bool:
     return min(run.started_at for run in runs) <= now - settle
 
 
-def _why_not_running(pipeline: Pipeline, now) -> str:
-    last = ConsumerRun.objects.filter(pipeline=pipeline).order_by("-started_at").first()
+def _why_not_running(pipeline: Pipeline, now, live: list[ConsumerRun] = ()) -> str:
+    """Why the pipeline has no live run or, with its `live` runs, why the others of its epoch are not live."""
+    runs = ConsumerRun.objects.filter(pipeline=pipeline)
+    if live:
+        # The live runs are not the reason: the run described is one of the epoch's others.
+        runs = runs.filter(epoch=pipeline.epoch).exclude(pk__in=[run.pk for run in live])
+    last = runs.order_by("-started_at").first()
     if last is None:
-        return "no run has started"
+        return f"no other run joined epoch {pipeline.epoch}" if live else "no run has started"
     if last.state in LIVE_RUN_STATES:
         if _died_on_this_host(last):
             return f"run {last.pk} on {last.host} (pid {last.pid}) died"
