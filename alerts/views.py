@@ -40,14 +40,20 @@ def alert_list(request):
     for alert in alerts:
         covering = [m.until for m in mutes if m.covers(alert)]
         alert.muted_until = max(covering) if covering and alert.is_open else None
+    pipelines = list(Pipeline.objects.order_by("name").values_list("name", flat=True))
+    watches = list(Watch.objects.order_by("name").values_list("name", flat=True))
+    # Alerts outlive their pipeline or watch and are still found by its name: the filter offers those names too.
+    deleted = sorted(set(Alert.objects.filter(pipeline__isnull=True, watch__isnull=True).exclude(pipeline_name="")
+                         .values_list("pipeline_name", flat=True)) - set(pipelines) - set(watches))
     context = {
         "alerts": alerts, "state": state, "pipeline": pipeline, "error": error,
-        "states": STATE_FILTERS, "pipelines": Pipeline.objects.order_by("name").values_list("name", flat=True),
-        "watches": Watch.objects.order_by("name").values_list("name", flat=True),
+        "states": STATE_FILTERS, "pipelines": pipelines, "watches": watches, "deleted": deleted,
         "mutes": mutes,
         "can_operate": can_operate(request.user), "now": now, "nav": "alerts",
     }
-    template = "alerts/list.html#alert_table" if getattr(request, "htmx", False) else "alerts/list.html"
+    htmx = getattr(request, "htmx", None)  # a history restore (back to a pushed filter) needs the whole page
+    partial = htmx and not htmx.history_restore_request
+    template = "alerts/list.html#alert_table" if partial else "alerts/list.html"
     return render(request, template, context, status=400 if error else 200)
 
 

@@ -232,6 +232,17 @@ def test_a_watchs_alert_links_to_its_watch_filters_by_its_name_and_is_muted_for_
     assert "muted until" not in page[page.index(f'id="alert-{other.pk}"'):].split("</tr>")[0]
 
 
+def test_the_filter_offers_a_deleted_pipelines_name_so_its_alerts_stay_filtered_when_the_state_changes(viewer):
+    """The admin's and the emails' links filter by a deleted pipeline's name: the select shows it selected, so
+    changing the state (the form is sent whole) keeps the filter."""
+    gone, kept = make_alert("gone", state=AlertState.RESOLVED), make_alert("kept")
+    Pipeline.objects.filter(name="gone").delete()
+    page = client_for(viewer).get("/alerts/", {"state": "all", "pipeline": "gone"}).content.decode()
+    assert f'id="alert-{gone.pk}"' in page and f'id="alert-{kept.pk}"' not in page
+    assert '<option value="gone" selected>gone (deleted)</option>' in page
+    assert '<option value="kept">kept</option>' in page
+
+
 def test_a_mute_of_every_pipeline_and_watch_covers_both(operator):
     alert, orders = make_watch_alert("billing"), make_alert("orders")
     mute = Mute.mute(rule=None, minutes=10, user="olga")

@@ -65,6 +65,20 @@ def test_the_action_log_shows_offsets_per_partition_not_python_dicts(operator_cl
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
 
 
+def test_the_action_log_calls_deleted_only_a_pipeline_that_was_deleted(operator_client):
+    """A refused create keeps the name it was asked for: a live pipeline's, or one no pipeline ever had."""
+    make_pipeline()
+    for name in ("orders", "never-made"):
+        ActionLog.objects.create(pipeline=None, action="create", actor="alice", result=ActionResult.REFUSED,
+                                 params={"pipeline": name}, message="bad input: name: exists already")
+    ActionLog.objects.create(pipeline=None, action="delete", actor="bob", result=ActionResult.DONE,
+                             params={"pipeline": "gone"})
+    html = operator_client.get("/action-log/").content.decode()
+    assert "gone <span class=\"muted\">(deleted)</span>" in html
+    assert "orders <span class=\"muted\">(deleted)" not in html and '<a href="/pipelines/orders/">orders</a>' in html
+    assert "never-made <span class=\"muted\">(deleted)" not in html and "never-made" in html
+
+
 def test_charts_cover_the_chosen_range_and_its_bounds(operator_client):
     from datetime import timedelta
 

@@ -164,6 +164,19 @@ def test_the_action_log_lists_actions_and_filters_by_pipeline(operator_client, p
     assert "/pipelines/orders/" in only_orders and "/pipelines/payments/" not in only_orders
 
 
+@pytest.mark.parametrize("url", ["/action-log/?pipeline=orders", "/alerts/?state=all",
+                                 "/pipelines/orders/dead-letters/?page=1", "/pipelines/orders/trace/"])
+def test_a_history_restore_of_a_filtered_page_gets_the_whole_page(viewer_client, pipeline, url):
+    """Filters push their URL (hx-push-url); going back to one htmx no longer caches, htmx asks for it again with
+    HX-Request and HX-History-Restore-Request and swaps the answer into the body: a fragment would be all that is
+    left of the page."""
+    fragment = viewer_client.get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in fragment  # the filter's own request: its fragment
+    restored = viewer_client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    html = restored.content.decode()
+    assert "<html" in html and '<nav' in html, html[:300]
+
+
 def test_setup_roles_gives_operators_and_only_operators_the_operate_permission(db):
     call_command("setup_roles", verbosity=0)
     viewer, operator = make_viewer(), make_operator()

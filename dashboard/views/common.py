@@ -25,9 +25,11 @@ def page_of(paginator: Paginator, number: str | None) -> Page:
 
 
 def render_page(request, template: str, context: dict, fragment: str | None = None, status: int = 200):
-    """Render the whole page, or only `template#fragment` when htmx asks (and the fragment is named).
-    The response varies on HX-Request so no cache hands a fragment to a full-page load."""
-    name = f"{template}#{fragment}" if fragment and request.htmx else template
+    """Render the whole page, or only `template#fragment` when htmx asks (and the fragment is named). htmx
+    restoring a pushed URL it no longer holds (HX-History-Restore-Request) swaps the answer into the whole body:
+    it gets the whole page. The response varies on HX-Request so no cache hands a fragment to a full-page load."""
+    partial = fragment and request.htmx and not request.htmx.history_restore_request
+    name = f"{template}#{fragment}" if partial else template
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))
     return response
