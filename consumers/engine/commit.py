@@ -368,17 +368,7 @@ def _write_verbatim(cur, target: Target, plans: list[_Plan], rows: list[tuple], 
 def _write_rows_or_dead_letter(cur, target: Target, plans: list[_Plan], rows: list[tuple], dead: list[tuple],
                                faults: FaultInjector, replaying: bool) -> None:
     """Step 5: write the rows; on a data error, dead-letter the poison records and write the rest."""
-    if not rows:
-        return
-    cur.execute("SAVEPOINT tally_rows")
-    try:
-        _write_rows(cur, target, rows, faults, replaying)
-    except Exception as exc:
-        if not poison.is_data_error(exc):
-            raise
-        cur.execute("ROLLBACK TO SAVEPOINT tally_rows")
-    else:
-        cur.execute("RELEASE SAVEPOINT tally_rows")
+    if not rows or _whole(cur, "tally_rows", lambda: _write_rows(cur, target, rows, faults, replaying)):
         return
     # Rows end with (..., partition, offset) or, multi-row, (..., partition, offset, row index).
     def record_of(row):
@@ -391,17 +381,8 @@ def _write_rows_or_dead_letter(cur, target: Target, plans: list[_Plan], rows: li
         else:
             groups.append([row])
     refused = poison.find_poison(cur, lambda some: _write_rows(cur, target, some, NO_FAULTS, replaying), groups)
-    records = {(r.partition, r.offset): r for plan in plans for r in plan.records}
-    by_partition = {plan.partition: plan for plan in plans}
-    for index in sorted(refused):
-        partition, offset = record_of(groups[index][0])
-        record, error = records[(partition, offset)], f"database refused: {refused[index]}"
-        if target.stop_on_bad_record:
-            raise StopOnBadRecord(f"partition {partition} offset {offset}: {error}")
-        dead.append((partition, offset, record.key, record.value, error))
-        plan = by_partition[partition]
-        plan.rows_written -= len(groups[index])
-        plan.dead_letters += 1
+    _dead_letter_refused(target, plans, dead, [(*record_of(groups[index][0]), error, len(groups[index]))
+                                               for index, error in sorted(refused.items())])
 
 
 def _delete_or_dead_letter(cur, target: Target, plans: list[_Plan], deletes: list[upsert.Delete],
@@ -410,27 +391,44 @@ def _delete_or_dead_letter(cur, target: Target, plans: list[_Plan], deletes: lis
     "nope" for inet) makes its tombstone a dead letter, as a refused row does, and the other keys are deleted."""
     columns = dict(target.transform.columns)
     key_types = [(c, columns[c]) for c in target.upsert_key]
-    cur.execute("SAVEPOINT tally_deletes")
-    try:
-        upsert.delete_keys(cur, target.sink_table, key_types, deletes)
-    except Exception as exc:
-        if not poison.is_data_error(exc):
-            raise
-        cur.execute("ROLLBACK TO SAVEPOINT tally_deletes")
-    else:
-        cur.execute("RELEASE SAVEPOINT tally_deletes")
+    if _whole(cur, "tally_deletes", lambda: upsert.delete_keys(cur, target.sink_table, key_types, deletes)):
         return
     refused = poison.find_poison(cur, lambda some: upsert.delete_keys(cur, target.sink_table, key_types, some),
                                  [[delete] for delete in deletes])
+    _dead_letter_refused(target, plans, dead, [(deletes[index].partition, deletes[index].offset, error, 0)
+                                               for index, error in sorted(refused.items())])
+
+
+def _whole(cur, savepoint: str, write) -> bool:
+    """`write()` under a savepoint: True once done; False, rolled back to the savepoint, when the database refused
+    it for its data (the caller then finds the records at fault). Any other error is raised."""
+    name = sql.Identifier(savepoint)
+    cur.execute(sql.SQL("SAVEPOINT {}").format(name))
+    try:
+        write()
+    except Exception as exc:
+        if not poison.is_data_error(exc):
+            raise
+        cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
+        return False
+    cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
+    return True
+
+
+def _dead_letter_refused(target: Target, plans: list[_Plan], dead: list[tuple],
+                         refused: list[tuple[int, int, str, int]]) -> None:
+    """Each (partition, offset, the database's error, the rows it did not write) becomes a dead letter, or, under
+    the "stop" policy, stops the batch."""
     records = {(r.partition, r.offset): r for plan in plans for r in plan.records}
     by_partition = {plan.partition: plan for plan in plans}
-    for index in sorted(refused):
-        delete = deletes[index]
-        record, error = records[(delete.partition, delete.offset)], f"database refused: {refused[index]}"
+    for partition, offset, reason, rows in refused:
+        record, error = records[(partition, offset)], f"database refused: {reason}"
         if target.stop_on_bad_record:
-            raise StopOnBadRecord(f"partition {delete.partition} offset {delete.offset}: {error}")
-        dead.append((delete.partition, delete.offset, record.key, record.value, error))
-        by_partition[delete.partition].dead_letters += 1
+            raise StopOnBadRecord(f"partition {partition} offset {offset}: {error}")
+        dead.append((partition, offset, record.key, record.value, error))
+        plan = by_partition[partition]
+        plan.rows_written -= rows
+        plan.dead_letters += 1
 
 
 def _write_rows(cur, target: Target, rows: list[tuple], faults: FaultInjector, replaying: bool) -> None:
