@@ -40,13 +40,15 @@ def env_str(name, default):
 
 
 def env_bool(name, default):
+    """true/false, 1/0, yes/no, on/off; "" is unset, as for env_choice: an empty KAFKA_SSL_CHECK_HOSTNAME or
+    SESSION_COOKIE_SECURE in a deployment's file must not turn a check off."""
     value = os.environ.get(name)
-    if value is None:
+    if value is None or not value.strip():
         return default
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
-    if lowered in ("0", "false", "no", "off", ""):
+    if lowered in ("0", "false", "no", "off"):
         return False
     _fail(name, value, "a boolean (true/false, 1/0, yes/no, on/off)")
 

@@ -81,6 +81,15 @@ def test_debug_is_off_unless_asked_for_even_in_development():
     assert settings_value("DEBUG", DEBUG="true") == "True"
 
 
+def test_an_empty_boolean_is_unset_so_a_check_it_guards_stays_on():
+    # A deployment's file with KAFKA_SSL_CHECK_HOSTNAME= (or SESSION_COOKIE_SECURE=) read "" as false: host-name
+    # checks and secure cookies went off without anyone asking.
+    assert settings_value("KAFKA_SSL_CHECK_HOSTNAME", KAFKA_SSL_CHECK_HOSTNAME="") == "True"
+    assert settings_value("SESSION_COOKIE_SECURE", SESSION_COOKIE_SECURE=" ") == "True"
+    assert settings_value("KAFKA_SSL_CHECK_HOSTNAME", KAFKA_SSL_CHECK_HOSTNAME="false") == "False"
+    assert settings_value("DEBUG", DEBUG="") == "False"
+
+
 def test_the_developer_stack_turns_debug_on_for_its_processes(monkeypatch):
     from dashboard.management.commands.devstack import developer_environment
 
