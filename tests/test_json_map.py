@@ -38,6 +38,23 @@ def types_table(transactional_db):
         cur.execute("DROP TABLE IF EXISTS jm_types")
 
 
+@pytest.fixture
+def column_table(transactional_db):
+    """column_table(name, columns): a table of `columns` (SQL) and the provenance columns, dropped afterwards."""
+    made = []
+
+    def make(name: str, columns: str) -> str:
+        with connection.cursor() as cur:
+            cur.execute(sql.SQL("CREATE TABLE {} ({}, source_topic text NOT NULL, source_partition integer NOT NULL, "
+                                "source_offset bigint NOT NULL)").format(sql.Identifier(name), sql.SQL(columns)))
+        made.append(name)
+        return name
+    yield make
+    with connection.cursor() as cur:
+        for name in made:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def compiled(table, mapping=None):
     with connection.cursor() as cur:
         return json_map.plan_for_table(cur.cursor, table, mapping or {}).transform()
@@ -147,45 +164,30 @@ def test_the_generated_row_and_the_column_converter_store_the_same_values(types_
     assert stored[0] == stored[1] and len(stored[0]) == len(values)
 
 
-def test_a_numeric_with_a_negative_scale_rounds_as_postgresql_does(transactional_db):
+def test_a_numeric_with_a_negative_scale_rounds_as_postgresql_does(column_table):
     # numeric(2,-3) was read as scale 2045: every value failed with decimal.InvalidOperation (a dead letter).
+    transform = compiled(column_table("jm_thousands", "n numeric(2,-3)"))
+    rows = [transform.rows(record({"n": value}, offset))[0] + ("t", 0, offset)
+            for offset, value in enumerate([12345, 12345.6, "12500", -499])]
+    with pytest.raises(BadRecord, match=r"too many digits for numeric\(2,-3\)"):
+        transform.rows(record({"n": "123456"}))
     with connection.cursor() as cur:
-        cur.execute("CREATE TABLE jm_thousands (n numeric(2,-3), source_topic text NOT NULL, "
-                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
-    try:
-        transform = compiled("jm_thousands")
-        rows = [transform.rows(record({"n": value}, offset))[0] + ("t", 0, offset)
-                for offset, value in enumerate([12345, 12345.6, "12500", -499])]
-        with pytest.raises(BadRecord, match=r"too many digits for numeric\(2,-3\)"):
-            transform.rows(record({"n": "123456"}))
-        with connection.cursor() as cur:
-            sinks.copy_rows(cur.cursor, "jm_thousands", ["n", "source_topic", "source_partition", "source_offset"],
-                            rows)
-            cur.execute("SELECT n::text FROM jm_thousands ORDER BY source_offset")
-            assert [n for (n,) in cur.fetchall()] == ["12000", "12000", "13000", "0"]
-    finally:
-        with connection.cursor() as cur:
-            cur.execute("DROP TABLE jm_thousands")
+        sinks.copy_rows(cur.cursor, "jm_thousands", ["n", "source_topic", "source_partition", "source_offset"], rows)
+        cur.execute("SELECT n::text FROM jm_thousands ORDER BY source_offset")
+        assert [n for (n,) in cur.fetchall()] == ["12000", "12000", "13000", "0"]
 
 
-def test_a_numeric_wider_than_28_digits_takes_its_values(transactional_db):
+def test_a_numeric_wider_than_28_digits_takes_its_values(column_table):
     # Rounding to the scale ran in Python's default 28-digit context: a uint256 into numeric(78,0) failed with an
     # opaque decimal.InvalidOperation (a dead letter PostgreSQL would have written), as did 1e30 into numeric(8,2).
-    with connection.cursor() as cur:
-        cur.execute("CREATE TABLE jm_wide (wei numeric(78,0), amount numeric(8,2), source_topic text NOT NULL, "
-                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
-    try:
-        transform = compiled("jm_wide")
-        uint256 = str(2 ** 256 - 1)
-        assert transform.rows(record({"wei": uint256}))[0][0] == uint256
-        assert transform.rows(record({"wei": "12345678901234567890123456789.5"}))[0][0] == (
-            "12345678901234567890123456790")
-        for too_long in (1e30, "1e30", "1e5000"):
-            with pytest.raises(BadRecord, match=r"column amount \(from amount\): too many digits for numeric"):
-                transform.rows(record({"amount": too_long}))
-    finally:
-        with connection.cursor() as cur:
-            cur.execute("DROP TABLE jm_wide")
+    transform = compiled(column_table("jm_wide", "wei numeric(78,0), amount numeric(8,2)"))
+    uint256 = str(2 ** 256 - 1)
+    assert transform.rows(record({"wei": uint256}))[0][0] == uint256
+    assert transform.rows(record({"wei": "12345678901234567890123456789.5"}))[0][0] == (
+        "12345678901234567890123456790")
+    for too_long in (1e30, "1e30", "1e5000"):
+        with pytest.raises(BadRecord, match=r"column amount \(from amount\): too many digits for numeric"):
+            transform.rows(record({"amount": too_long}))
 
 
 def test_a_long_number_is_read_as_a_float_only_where_the_float_is_that_number():
@@ -251,19 +253,12 @@ def test_map_sources_take_paths_array_elements_and_the_records_own_fields(types_
     assert dict(zip(names, row, strict=True))["label"] is None
 
 
-def test_an_unmapped_column_takes_the_top_level_field_of_its_name_even_with_a_dot(transactional_db):
+def test_an_unmapped_column_takes_the_top_level_field_of_its_name_even_with_a_dot(column_table):
     # The column's name was read as a source: "user.id" as the path user -> id (NULL, silently), "x." refused to
     # compile at all.
-    with connection.cursor() as cur:
-        cur.execute('CREATE TABLE jm_dots ("user.id" bigint, "x." text, "@key" text, source_topic text NOT NULL, '
-                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
-    try:
-        transform = compiled("jm_dots")
-        assert transform.rows(record({"user.id": 5, "user": {"id": 6}, "x.": "y", "@key": "z"}, key=b"k")) == (
-            (5, "y", "z"),)
-    finally:
-        with connection.cursor() as cur:
-            cur.execute("DROP TABLE jm_dots")
+    transform = compiled(column_table("jm_dots", '"user.id" bigint, "x." text, "@key" text'))
+    assert transform.rows(record({"user.id": 5, "user": {"id": 6}, "x.": "y", "@key": "z"}, key=b"k")) == (
+        (5, "y", "z"),)
 
 
 def test_a_key_or_header_that_is_not_utf8_is_a_bad_record_not_replacement_characters(types_table):

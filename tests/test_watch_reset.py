@@ -33,17 +33,25 @@ def write(table: str, ids) -> None:
                         [value])
 
 
+def watch_of_ten(make_topic, table: str, name: str, *, rows, committed: int, settle_seconds: int = 0):
+    """A topic of the values 1..10, the team's table holding `rows`, its group (named after the watch) committed
+    at `committed`, and a watch of them auditing by value: (watch, topic, group)."""
+    topic, group = make_topic(name), f"{name}-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
+    write(table, rows)
+    admin.commit_offsets(group, topic, {0: committed})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name=name, group=group, topic=topic, sink_table=table,
+                                                        record_id="value", row_id="id",
+                                                        settle_seconds=settle_seconds))
+    return watch, topic, group
+
+
 def test_a_reset_behind_a_commit_not_yet_settled_is_audited_from_the_reset_commit(make_topic, table_name):
     """The group commits 10, then is reset to 6 before that commit settled (the settled mark is at 4): the range
     up to 10 is audited once the consumer has committed past it again, not as soon as the old commit of 10 is
     settle-seconds old, when the consumer has not read those records a second time yet."""
-    topic, group = make_topic("unsettled"), f"unsettled-{uuid.uuid4().hex[:6]}"
-    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
-    write(table_name, range(1, 11))
-    admin.commit_offsets(group, topic, {0: 4})
-    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="unsettled", group=group, topic=topic,
-                                                        sink_table=table_name, record_id="value", row_id="id",
-                                                        settle_seconds=30))
+    watch, topic, group = watch_of_ten(make_topic, table_name, "unsettled", rows=range(1, 11), committed=4,
+                                       settle_seconds=30)
     now = timezone.now()
     watch_audit.check_watch(watch, now=now)
     assert watch_audit.check_watch(watch, now=now + timedelta(seconds=30)).partitions[0]["settled_offset"] == 4
@@ -62,24 +70,20 @@ def test_a_reset_behind_a_commit_not_yet_settled_is_audited_from_the_reset_commi
 
 
 def test_a_reset_behind_the_audit_reopens_the_ranges_and_finds_the_rewritten_records(make_topic, table_name):
-    topic = make_topic("reset")
-    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
-    write(table_name, [v for v in range(1, 11) if v != 3])   # the record with value 3 (offset 2) was lost
-    admin.commit_offsets("reset-group", topic, {0: 10})
-    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="reset", group="reset-group", topic=topic,
-                                                        sink_table=table_name, record_id="value", row_id="id",
-                                                        settle_seconds=0))
+    # The record with value 3 (offset 2) was lost.
+    watch, topic, group = watch_of_ten(make_topic, table_name, "reset", rows=[v for v in range(1, 11) if v != 3],
+                                       committed=10)
     now = timezone.now()
     first = watch_audit.check_watch(watch, now=now)
     assert (first.checked, first.lost, first.duplicated) == (10, 1, 0)
 
-    admin.commit_offsets("reset-group", topic, {0: 5})   # the team resets the group to offset 5
+    admin.commit_offsets(group, topic, {0: 5})   # the team resets the group to offset 5
     reset = watch_audit.check_watch(watch, now=now + timedelta(seconds=30))
     assert reset.status == "ERR" and reset.partitions[0]["settled_offset"] == 5
     assert (reset.checked, reset.lost, as_offsets(reset.lost_offsets)) == (5, 1, {(0, 2)})
 
     write(table_name, range(6, 11))   # it reads offsets 5..9 again and writes their rows a second time
-    admin.commit_offsets("reset-group", topic, {0: 10})
+    admin.commit_offsets(group, topic, {0: 10})
     after = watch_audit.check_watch(watch, now=now + timedelta(seconds=60))
     assert (after.checked, after.lost, after.duplicated) == (10, 1, 5)
     assert as_offsets(after.duplicated_offsets) == {(0, o) for o in range(5, 10)}
@@ -92,13 +96,7 @@ def test_a_group_deleted_and_read_again_from_the_start_is_a_reset_too(make_topic
     """The group's offsets vanish between two checks (the team deleted the group, or Kafka expired its offsets),
     then it reads from the start again: its next commit is behind the last one seen, so the records it writes a
     second time are found."""
-    topic, group = make_topic("regone"), f"regone-{uuid.uuid4().hex[:6]}"
-    produce(topic, [(None, str(v).encode()) for v in range(1, 11)])
-    write(table_name, range(1, 11))
-    admin.commit_offsets(group, topic, {0: 10})
-    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="regone", group=group, topic=topic,
-                                                        sink_table=table_name, record_id="value", row_id="id",
-                                                        settle_seconds=0))
+    watch, topic, group = watch_of_ten(make_topic, table_name, "regone", rows=range(1, 11), committed=10)
     now = timezone.now()
     assert watch_audit.check_watch(watch, now=now).clean
     assert admin.delete_groups([group]) == {group: "OK"}
