@@ -5,14 +5,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-from django.conf import settings
-from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine import db
 from tests.conftest import ROOT
+from tests.producing import send
 from tests.waiting import patience, wait_for  # noqa: F401 - re-exported: the suite's one wait helper
 
 CHAOS_SESSION_TIMEOUT_MS = "6000"  # as real Kafka's minimum: a killed member holds its partitions this long
@@ -20,14 +18,7 @@ CHAOS_SESSION_TIMEOUT_MS = "6000"  # as real Kafka's minimum: a killed member ho
 
 def produce_values(topic: str, values, partitions: int = 1) -> None:
     """Values as text, round-robin over the partitions (so each partition holds them in order)."""
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, linger_ms=5, acks="all")
-    deadline = time.monotonic() + 10
-    while len(producer.partitions_for(topic) or ()) < partitions and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for i, value in enumerate(values):
-        producer.send(topic, str(value).encode(), partition=i % partitions)
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(topic, [(i % partitions, None, str(value).encode()) for i, value in enumerate(values)])
 
 
 def sink_counts(table: str) -> collections.Counter:

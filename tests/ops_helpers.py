@@ -1,13 +1,12 @@
 """Helpers for the operating-layer tests: the demo topic and pipelines, producing, reading sinks row by row."""
 
-from django.conf import settings
 from django.db import connection
-from kafka import KafkaProducer
 
 from consumers.demo.classic import DEMO_PIPELINES, DEMO_TOPIC, seed_demo
 from consumers.engine import sinks
 from consumers.engine.python import run_pipeline
 from consumers.models import Pipeline
+from tests.producing import send
 from tests.sink_rows import provenance_rows
 from tests.waiting import wait_for  # noqa: F401 - re-exported: the suite's one wait helper
 
@@ -27,13 +26,8 @@ def drop_demo_sinks() -> None:
 
 def produce(first_value: int, last_value: int) -> None:
     """Append values first..last to the demo topic, spread as seed_demo spreads them."""
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
-    try:
-        for value in range(first_value, last_value + 1):
-            producer.send(DEMO_TOPIC, str(value).encode(), partition=(value - 1) % PARTITIONS)
-        producer.flush(timeout=30)
-    finally:
-        producer.close(timeout=5)
+    send(DEMO_TOPIC, [((value - 1) % PARTITIONS, None, str(value).encode())
+                      for value in range(first_value, last_value + 1)])
 
 
 def location(value: int) -> tuple[int, int]:

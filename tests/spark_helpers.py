@@ -2,10 +2,9 @@
 by row."""
 import contextlib
 
-from kafka import KafkaProducer
-
 from consumers.models import DeliveryMode, Engine, Pipeline
 from tests.conftest import drop_sink_tables
+from tests.producing import send
 from tests.sink_rows import provenance_rows as sink_rows  # noqa: F401 - re-exported for the Spark tests
 
 
@@ -30,14 +29,10 @@ def spark_pipelines():
 def produce_values(bootstrap, topic, count, partitions, first=1) -> dict[int, list[int]]:
     """Values first..first+count-1, value v to partition v % partitions; returns each partition's values in
     offset order (so log[p][offset] is the value at that offset)."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20)
     log = {p: [] for p in range(partitions)}
     for value in range(first, first + count):
-        partition = value % partitions
-        producer.send(topic, str(value).encode(), partition=partition)
-        log[partition].append(value)
-    producer.flush()
-    producer.close()
+        log[value % partitions].append(value)
+    send(topic, [(p, None, str(v).encode()) for p, values in log.items() for v in values], bootstrap=bootstrap)
     return log
 
 

@@ -3,7 +3,6 @@ reset policy: their records were produced since), written exactly once, reconcil
 "caught up". The embedded broker does not implement CreatePartitions, so the pipeline here stored positions
 when its topic had one partition, and the second one appears later."""
 import pytest
-from kafka import KafkaProducer
 
 from consumers.engine import caught_up, commit, db
 from consumers.engine.python import run_pipeline
@@ -12,6 +11,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.pipelines import create_pipeline
+from tests.producing import into, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_client")]
 
@@ -25,11 +25,7 @@ def test_a_partition_added_since_the_pipeline_started_is_read_from_its_start(tra
         conn = db.connect()
         commit.ensure_positions(conn, pipeline.pk, {0: 0})  # the pipeline's start: one partition then
         conn.close()
-        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
-        for value in range(1, 31):
-            producer.send(topic, str(value).encode(), partition=0 if value <= 20 else 1)
-        producer.flush()
-        producer.close()
+        send(topic, [*into(0, range(1, 21)), *into(1, range(21, 31))])
         assert not caught_up.topic_caught_up(pipeline).done  # partition 1 has no position yet: not caught up
         result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=90)
         assert result.reason == "caught_up", result.detail

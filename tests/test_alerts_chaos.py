@@ -4,7 +4,6 @@ reaches a real SMTP server names exactly the lost offsets. A real operator rewin
 import re
 
 import pytest
-from kafka import KafkaProducer
 
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
@@ -15,6 +14,7 @@ from consumers.engine import db, sinks
 from consumers.models import Pipeline
 from consumers.operations import rewind
 from consumers.reconciliation import reconcile
+from tests.producing import into, send
 from tests.test_alerts_worker import alerts_worker, smtp_inbox  # noqa: F401 - fixtures
 from tests.waiting import wait_for
 
@@ -75,11 +75,7 @@ def test_at_most_once_chaos_emails_a_loss_alert_naming_the_lost_offsets_and_a_re
     assert not [m for m in smtp_inbox.messages if "nums-exactly-once" in m["subject"]]
 
     # An operator skips 20 new records of the exactly-once pipeline on purpose: planned, no alert.
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    for value in range(RECORDS + 1, RECORDS + 21):
-        producer.send(DEMO_TOPIC, str(value).encode(), partition=0)
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(DEMO_TOPIC, into(0, range(RECORDS + 1, RECORDS + 21)))
     rewind.rewind("nums-exactly-once", "to-latest", actor="alice")
     reconcile.reconcile_pipeline(Pipeline.objects.get(name="nums-exactly-once"))
     mails_before = len(smtp_inbox.messages)

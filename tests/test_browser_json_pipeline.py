@@ -5,15 +5,14 @@ import json
 import uuid
 
 import pytest
-from django.conf import settings
 from django.db import connection
-from kafka import KafkaProducer
 from playwright.sync_api import expect
 from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
 from consumers.models import DeadLetter, Pipeline
 from tests.conftest import drop_sink_tables, screenshot_dir
+from tests.producing import send
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator
 
@@ -37,11 +36,7 @@ def orders() -> list[bytes]:
 @pytest.fixture
 def topic(make_topic):
     name = make_topic("browser-json", partitions=1)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for value in orders():
-        producer.send(name, value)
-    producer.flush(timeout=30)
-    producer.close()
+    send(name, [(None, None, value) for value in orders()])
     return name
 
 

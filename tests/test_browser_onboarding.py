@@ -3,13 +3,12 @@ the command line first), starts it and watches the header and buttons follow wit
 record, and switches the theme; the favicon is served."""
 
 import pytest
-from django.conf import settings
-from kafka import KafkaProducer
 from playwright.sync_api import expect
 
 from consumers.models import Pipeline
 from consumers.operations import actions
 from tests.conftest import screenshot_dir
+from tests.producing import into, send
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator
 from tests.waiting import patience
@@ -20,11 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.kafka, pytest.mark.django_db(tran
 @pytest.fixture
 def topic(make_topic):
     name = make_topic("browser-onboard")
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for value in range(10):
-        producer.send(name, str(value).encode())
-    producer.flush(timeout=30)
-    producer.close()
+    send(name, into(None, range(10)))
     return name
 
 

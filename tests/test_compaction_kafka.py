@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from kafka import KafkaProducer
 
 from consumers.demo.classic import DEMO_TOPIC
 from consumers.models import BatchLedger, DeadLetter, Pipeline
@@ -14,6 +13,7 @@ from consumers.operations.rewind import rewind
 from consumers.reconciliation import compaction, reconcile, trace
 from dashboard.timeline import ledger_timelines
 from tests.ops_helpers import EXACTLY_ONCE, catch_up, drop_demo_sinks, produce, seed, sink_rows
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -21,12 +21,7 @@ LATER = timedelta(days=django_settings.TALLY_LEDGER_KEEP_DAYS + 1)   # every row
 
 
 def produce_raw(partition: int, value: bytes) -> None:
-    producer = KafkaProducer(bootstrap_servers=django_settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    try:
-        producer.send(DEMO_TOPIC, value, partition=partition)
-        producer.flush(timeout=30)
-    finally:
-        producer.close(timeout=5)
+    send(DEMO_TOPIC, [(partition, None, value)])
 
 
 def answers(pipeline, picks):

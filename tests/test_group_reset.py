@@ -4,12 +4,13 @@ import json
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult
 from tests.commands import run_command
 from tests.ops_helpers import drop_demo_sinks, seed
+from tests.producing import numbered, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -20,11 +21,7 @@ GROUP = "billing-loader"
 def topic_with_group(kafka_bootstrap, make_topic):
     """A 2-partition topic with 10 records per partition and an outside group committed at 8 and 6."""
     topic = make_topic("orders", partitions=2)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
-    for i in range(20):
-        producer.send(topic, str(i + 1).encode(), partition=i % 2)
-    producer.flush()
-    producer.close()
+    send(topic, numbered(20, partitions=2))
     group = f"{GROUP}-{topic}"
     kafka_admin.commit_offsets(group, topic, {0: 8, 1: 6})
     return topic, group

@@ -2,22 +2,15 @@
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from consumers.models import LagSnapshot, Pipeline
 from consumers.operations import groups
 from consumers.reconciliation import snapshots
+from tests.producing import numbered, send
 
 pytestmark = pytest.mark.kafka
-
-
-def produce(bootstrap, topic, count, partitions):
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
-    for i in range(count):
-        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
-    producer.flush()
-    producer.close()
 
 
 @pytest.fixture
@@ -44,7 +37,7 @@ def member(kafka_bootstrap):
 def test_an_external_group_is_described_with_state_members_and_lag_per_partition(kafka_bootstrap, make_topic,
                                                                                    member, db):
     topic = make_topic("grp", partitions=2)
-    produce(kafka_bootstrap, topic, 60, partitions=2)
+    send(topic, numbered(60, partitions=2))
     member(topic, "g-external", {0: 10, 1: 30})
     report = groups.describe("g-external")
     assert report.state == "Stable" and len(report.members) == 1 and report.pipeline is None
@@ -57,7 +50,7 @@ def test_an_external_group_is_described_with_state_members_and_lag_per_partition
 def test_pipeline_groups_are_left_out_of_the_external_list_and_sampled_groups_get_a_snapshot(
         kafka_bootstrap, make_topic, member, db):
     topic = make_topic("grp-own")
-    produce(kafka_bootstrap, topic, 10, partitions=1)
+    send(topic, numbered(10))
     Pipeline.objects.create(name="own", topic=topic, group_id="g-own", sink_table="own_sink")
     member(topic, "g-own", {0: 4})
     member(topic, "g-other", {0: 6})
@@ -79,7 +72,7 @@ def test_describing_an_unknown_group_exits_1_and_a_known_one_prints_json(kafka_b
         call_command("groups", "describe", "nosuch")
     assert refused.value.returncode == 1
     topic = make_topic("grp-cli")
-    produce(kafka_bootstrap, topic, 5, partitions=1)
+    send(topic, numbered(5))
     member(topic, "g-cli", {0: 3})
     out = StringIO()
     call_command("groups", "describe", "g-cli", "--json", stdout=out)
@@ -98,7 +91,7 @@ def test_a_group_kafka_does_not_know_is_not_found_and_a_reset_of_it_is_refused_a
     from tests.views_helpers import make_operator
 
     topic = make_topic("grp-unknown")
-    produce(kafka_bootstrap, topic, 6, partitions=1)
+    send(topic, numbered(6))
     operator = Client()
     operator.force_login(make_operator())
 
@@ -146,7 +139,7 @@ def test_a_reset_confirmed_from_the_group_page_by_htmx_loads_the_group_page_inst
     from tests.views_helpers import make_operator
 
     topic = make_topic("grp-htmx")
-    produce(kafka_bootstrap, topic, 10, partitions=1)
+    send(topic, numbered(10))
     kafka_admin.commit_offsets("g-htmx", topic, {0: 3})
     operator = Client()
     operator.force_login(make_operator())

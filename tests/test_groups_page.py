@@ -4,7 +4,7 @@ import time
 import uuid
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer
 
 from consumers.engine.python import run_pipeline
 from consumers.models import Watch
@@ -13,6 +13,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from dashboard.templatetags.tally import duration
 from tests.conftest import drop_sink_tables
+from tests.producing import into, send
 from tests.views_helpers import make_viewer
 from tests.watch_helpers import produce
 
@@ -26,11 +27,7 @@ def test_durations_format_numbers_and_show_a_dash_for_anything_else(value, text)
 def ran_pipeline(make_topic, settings):
     table = f"gp_{uuid.uuid4().hex[:8]}"
     topic = make_topic("groups-page")
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for value in range(25):
-        producer.send(topic, str(value).encode())
-    producer.flush(timeout=30)
-    producer.close()
+    send(topic, into(None, range(25)))
     pipeline = pipeline_setup.create(PipelineSpec("groups-page", topic, table, create_table=True))
     yield pipeline
     drop_sink_tables([table])

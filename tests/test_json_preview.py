@@ -5,15 +5,14 @@ import json
 import uuid
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test import Client
-from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
 from consumers.models import DeadLetter, Pipeline
 from tests.conftest import drop_sink_tables
+from tests.producing import send
 from tests.views_helpers import make_operator
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -38,11 +37,8 @@ def orders():
 @pytest.fixture
 def topic(make_topic):
     name = make_topic("orders", partitions=1)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for i, record in enumerate(orders()):
-        producer.send(name, record if isinstance(record, bytes) else json.dumps(record).encode(), key=str(i).encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(name, [(None, str(i).encode(), record if isinstance(record, bytes) else json.dumps(record).encode())
+                for i, record in enumerate(orders())])
     return name
 
 
@@ -143,12 +139,9 @@ def test_the_api_refuses_bad_input_naming_the_field(operator, topic, table):
 def test_the_preview_shows_values_as_postgresql_prints_them_not_as_their_text_cast(operator, make_topic, kafka_client):
     """inet::text adds the netmask (10.0.0.1/32) where the table, psql and the API's readers show 10.0.0.1."""
     name = make_topic("hosts", partitions=1)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for record in ({"id": 1, "ip": "10.0.0.1", "net": "10.1.0.0/16"}, {"id": 2, "ip": None},
-                   {"id": 3, "ip": "999.1.1.1"}):
-        producer.send(name, json.dumps(record).encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(name, [(None, None, json.dumps(record).encode())
+                for record in ({"id": 1, "ip": "10.0.0.1", "net": "10.1.0.0/16"}, {"id": 2, "ip": None},
+                               {"id": 3, "ip": "999.1.1.1"})])
     table = f"hosts_{uuid.uuid4().hex[:8]}"
     with connection.cursor() as cursor:
         cursor.execute(sql.SQL(

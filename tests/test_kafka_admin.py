@@ -3,40 +3,32 @@ ListOffsets reply is too low)."""
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
+from tests.producing import numbered, send
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
 
-def produce(bootstrap, topic, count, partitions=1, linger_ms=50):
-    # linger_ms batches many records into one produce request: the case the embedded broker gets wrong
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, batch_size=1 << 20)
-    for i in range(count):
-        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
-    producer.flush()
-    producer.close()
-
-
 def test_high_watermark_is_right_for_multi_record_batches(kafka_bootstrap, make_topic):
     topic = make_topic("hw", partitions=3)
-    produce(kafka_bootstrap, topic, 1000, partitions=3)
+    send(topic, numbered(1000, partitions=3))
     marks = kafka_admin.watermarks(topic)
     assert {p: (w.log_start, w.high) for p, w in marks.items()} == {0: (0, 334), 1: (0, 333), 2: (0, 333)}
 
 
 def test_high_watermark_of_an_empty_partition_is_zero(kafka_bootstrap, make_topic):
     topic = make_topic("empty", partitions=2)
-    produce(kafka_bootstrap, topic, 5, partitions=1)
+    send(topic, numbered(5))
     assert kafka_admin.high_watermarks(topic) == {0: 5, 1: 0}
 
 
 def test_committed_offsets_and_commit_offsets_round_trip(kafka_bootstrap, make_topic):
     topic = make_topic("grp", partitions=2)
-    produce(kafka_bootstrap, topic, 10, partitions=2)
+    send(topic, numbered(10, partitions=2))
     assert kafka_admin.committed_offsets("g-round-trip", topic, [0, 1]) == {0: None, 1: None}
     kafka_admin.commit_offsets("g-round-trip", topic, {0: 3, 1: 5})
     assert kafka_admin.committed_offsets("g-round-trip", topic, [0, 1]) == {0: 3, 1: 5}
@@ -45,7 +37,7 @@ def test_committed_offsets_and_commit_offsets_round_trip(kafka_bootstrap, make_t
 def test_record_timestamps_give_the_time_of_the_record_at_an_offset(kafka_bootstrap, make_topic):
     topic = make_topic("ts")
     before = int(time.time() * 1000) - 1000
-    produce(kafka_bootstrap, topic, 20)
+    send(topic, numbered(20))
     stamps = kafka_admin.record_timestamps(topic, {0: 7})
     assert before <= stamps[0] <= int(time.time() * 1000) + 1000
     assert kafka_admin.record_timestamps(topic, {0: 20}) == {0: None}  # at the high watermark: no record
@@ -53,7 +45,7 @@ def test_record_timestamps_give_the_time_of_the_record_at_an_offset(kafka_bootst
 
 def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make_topic):
     topic = make_topic("desc")
-    produce(kafka_bootstrap, topic, 3)
+    send(topic, numbered(3))
     consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id="g-desc",
                              session_timeout_ms=6000, heartbeat_interval_ms=1000, auto_offset_reset="earliest")
     try:
@@ -82,7 +74,7 @@ def test_a_group_with_a_live_member_is_described_as_active(kafka_bootstrap, make
 
 def test_delete_groups_forgets_committed_offsets_and_tolerates_unknown_groups(kafka_bootstrap, make_topic):
     topic = make_topic("del")
-    produce(kafka_bootstrap, topic, 3)
+    send(topic, numbered(3))
     kafka_admin.commit_offsets("g-delete", topic, {0: 2})
     assert kafka_admin.delete_groups(["g-delete", "g-never-existed"]) == {"g-delete": "OK", "g-never-existed": "OK"}
     assert kafka_admin.committed_offsets("g-delete", topic, [0]) == {0: None}
@@ -111,7 +103,7 @@ def test_checks_reuse_one_admin_client_per_cluster_and_a_stale_one_is_replaced(k
 
 def test_offsets_for_a_time_after_the_newest_record_are_none_not_the_log_start(kafka_bootstrap, make_topic):
     topic = make_topic("by-time", partitions=1)
-    produce(kafka_bootstrap, topic, 5)
+    send(topic, numbered(5))
     newest = kafka_admin.record_timestamps(topic, {0: 4})[0]
     assert kafka_admin.offsets_for_time(topic, [0], newest - 60_000) == {0: 0}
     assert kafka_admin.offsets_for_time(topic, [0], newest + 3_600_000) == {0: None}   # no record that recent

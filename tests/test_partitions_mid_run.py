@@ -12,7 +12,7 @@ log end (the reset policy "latest") would skip them. kafka-python refreshes topi
 import threading
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer
 
 from consumers.engine import caught_up
 from consumers.engine import spark as spark_engine
@@ -23,6 +23,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.pipelines import create_pipeline
+from tests.producing import into, send
 from tests.test_engine import in_thread
 from tests.waiting import patience, wait_for
 
@@ -56,14 +57,6 @@ def hidden_partition(monkeypatch):
     monkeypatch.setattr(RdKafkaConsumer, "partitions", visible_rdkafka_partitions)
     monkeypatch.setattr(kafka_admin, "watermarks", visible_watermarks)
     return revealed
-
-
-def produce(bootstrap, topic, values, partition):
-    producer = KafkaProducer(bootstrap_servers=bootstrap)
-    for value in values:
-        producer.send(topic, str(value).encode(), partition=partition)
-    producer.flush()
-    producer.close()
 
 
 @pytest.mark.parametrize("mode", [DeliveryMode.EXACTLY_ONCE, DeliveryMode.AT_LEAST_ONCE, DeliveryMode.AT_MOST_ONCE])
@@ -109,11 +102,11 @@ def check_growth(pipeline, kafka_bootstrap, hidden_partition, stop, thread, hold
     topic = pipeline.topic
     try:
         wait_for(ready.exists, patience(120), what)
-        produce(kafka_bootstrap, topic, range(1, 21), partition=0)
+        send(topic, into(0, range(1, 21)))
         wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, partition=0, next_offset=20).exists(),
                  patience(60), "partition 0's records")
         assert caught_up.topic_caught_up(pipeline).done   # as far as anyone here can see: one partition
-        produce(kafka_bootstrap, topic, range(21, 31), partition=NEW)  # before the run can see the partition
+        send(topic, into(NEW, range(21, 31)))  # before the run can see the partition
         hidden_partition.set()
         wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, partition=NEW, next_offset=10).exists(),
                  patience(60), "the new partition's records")

@@ -7,7 +7,6 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
-from kafka import KafkaProducer
 
 from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
@@ -15,17 +14,9 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline
 from consumers.reconciliation import reconcile
 from tests.conftest import drop_sink_tables
+from tests.producing import numbered, send
 
 pytestmark = pytest.mark.kafka
-
-
-def produce(bootstrap, topic, count, partitions=1):
-    # linger_ms: many records per produce request, the case where the embedded broker's ListOffsets is low
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, batch_size=1 << 20)
-    for i in range(count):
-        producer.send(topic, str(i + 1).encode(), partition=i % partitions)
-    producer.flush()
-    producer.close()
 
 
 def read_records(topic, partition, start, end):
@@ -74,7 +65,7 @@ def pipelines(transactional_db):
 
 def test_lag_uses_the_true_high_watermark_of_multi_record_batches(kafka_bootstrap, make_topic, pipelines):
     topic = make_topic("rk-hw", partitions=2)
-    produce(kafka_bootstrap, topic, 600, partitions=2)
+    send(topic, numbered(600, partitions=2))
     pipeline, write = pipelines(topic)
     write(0, 0, 120)
     write(1, 0, 300)
@@ -90,7 +81,7 @@ def test_lag_uses_the_true_high_watermark_of_multi_record_batches(kafka_bootstra
 
 def test_a_kafka_offset_committed_beyond_the_database_is_counted_as_lost(kafka_bootstrap, make_topic, pipelines):
     topic = make_topic("rk-amo")
-    produce(kafka_bootstrap, topic, 50)
+    send(topic, numbered(50))
     pipeline, write = pipelines(topic, DeliveryMode.AT_MOST_ONCE)
     write(0, 0, 10)
     kafka_admin.commit_offsets(pipeline.group_id, topic, {0: 30})  # committed, then the crash: 10..29 never written
@@ -107,7 +98,7 @@ def test_a_kafka_offset_committed_beyond_the_database_is_counted_as_lost(kafka_b
 def test_the_reconcile_command_exits_1_on_loss_and_prints_the_json_report(kafka_bootstrap, make_topic, pipelines,
                                                                           capsys):
     topic = make_topic("rk-cmd")
-    produce(kafka_bootstrap, topic, 20)
+    send(topic, numbered(20))
     exact, write_exact = pipelines(topic)
     write_exact(0, 0, 20)
     call_command("reconcile", exact.name, "--json")  # exact: returns normally (exit code 0)

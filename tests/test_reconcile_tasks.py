@@ -3,12 +3,12 @@ pipelines into this test's database."""
 import pytest
 from django.conf import settings
 from django.db import connection
-from kafka import KafkaProducer
 
 from consumers.engine import commit, db, sinks
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.models import LagSnapshot, PipelineHealth
 from consumers.tasks.reconciliation import reconcile_all_task, take_lag_snapshots_task
+from tests.producing import numbered, send
 
 
 def test_the_beat_schedule_runs_reconciliation_snapshots_downsampling_compaction_and_retention():
@@ -27,11 +27,7 @@ def test_a_worker_reconciles_and_samples_every_pipeline(transactional_db, kafka_
     from consumers.models import Pipeline
 
     topic = make_topic("rk-task")
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
-    for i in range(40):
-        producer.send(topic, str(i + 1).encode(), partition=0)
-    producer.flush()
-    producer.close()
+    send(topic, numbered(40))
     pipeline = Pipeline.objects.create(name="rk-task", topic=topic, sink_table="rk_task_sink", epoch=1)
     with connection.cursor() as cur:
         sinks.ensure_sink_table(cur, pipeline.sink_table, resolve("int_value"), True)

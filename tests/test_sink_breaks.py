@@ -4,9 +4,7 @@ cycle; once the sink is repaired the reason goes away."""
 import uuid
 
 import pytest
-from django.conf import settings
 from django.db import connection
-from kafka import KafkaProducer
 
 from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
@@ -20,6 +18,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation import reconcile
 from tests.conftest import drop_sink_tables
 from tests.db_roles import acting_as, new_role
+from tests.producing import numbered, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -28,11 +27,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 def consumed(make_topic):
     table = f"brk_{uuid.uuid4().hex[:8]}"
     topic = make_topic("breaks", partitions=2)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for value in range(40):
-        producer.send(topic, str(value).encode(), partition=value % 2)
-    producer.flush(timeout=30)
-    producer.close()
+    send(topic, numbered(40, partitions=2, first=0))
     pipeline = pipeline_setup.create(PipelineSpec("breaks", topic, table, create_table=True))
     assert run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60).reason == "caught_up"
     ensure_default_rules()

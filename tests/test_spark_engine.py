@@ -12,6 +12,7 @@ from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, RunState
+from tests.producing import send
 from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
 from tests.waiting import patience
 
@@ -98,19 +99,14 @@ def test_at_least_once_resumes_from_kafkas_committed_offset(spark_pipeline, kafk
 
 
 def test_poison_values_become_dead_letters_and_the_spark_run_goes_on_to_the_end(spark_pipeline, kafka_bootstrap):
-    from kafka import KafkaProducer
 
     from consumers.models import DeadLetter
 
     pipeline = spark_pipeline("spark-poison", partitions=1)
     with connection.cursor() as cur:
         sinks.ensure_sink_table(cur, pipeline.sink_table, resolve("int_value"), True)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     values = [str(v).encode() if v % 4 else b"99999999999999999999" for v in range(1, 41)]
-    for value in values:
-        producer.send(pipeline.topic, value, partition=0)
-    producer.flush()
-    producer.close()
+    send(pipeline.topic, [(0, None, value) for value in values])
 
     result = run_pipeline(pipeline.name, batch_size=15, stop_when_caught_up=True, max_seconds=120)
 

@@ -4,11 +4,11 @@ offset planning."""
 import json
 
 import pytest
-from kafka import KafkaProducer
 
 from consumers.engine import spark_source as kafka_source
 from consumers.engine.spark_session import get_spark
 from consumers.kafka import admin as kafka_admin
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -20,12 +20,8 @@ def spark():
 
 def produce(bootstrap, topic, per_partition: dict[int, int]):
     """Values "p:i" for i in 0..n-1 per partition, many per produce request (multi-record batches)."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20)
-    for partition, count in per_partition.items():
-        for i in range(count):
-            producer.send(topic, f"{partition}:{i}".encode(), key=str(i).encode(), partition=partition)
-    producer.flush()
-    producer.close()
+    send(topic, [(partition, str(i).encode(), f"{partition}:{i}".encode())
+                 for partition, count in per_partition.items() for i in range(count)], bootstrap=bootstrap)
 
 
 def read(spark, bootstrap, topic, starting, ending):

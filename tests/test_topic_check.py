@@ -8,7 +8,6 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine import commit, db, sinks
@@ -17,6 +16,7 @@ from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.reconciliation import topic_check
+from tests.producing import numbered, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -31,15 +31,8 @@ def spark():
 
 def produce_nums(bootstrap, topic, count=VALUES, partitions=PARTITIONS) -> dict[int, list[int]]:
     """Values 1..count, value v to partition (v-1) % partitions; returns each partition's values in offset order."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20)
-    log = {p: [] for p in range(partitions)}
-    for value in range(1, count + 1):
-        partition = (value - 1) % partitions
-        producer.send(topic, str(value).encode(), partition=partition)
-        log[partition].append(value)
-    producer.flush()
-    producer.close()
-    return log
+    send(topic, numbered(count, partitions), bootstrap=bootstrap)
+    return {p: list(range(p + 1, count + 1, partitions)) for p in range(partitions)}
 
 
 def records(log, partition, offsets):

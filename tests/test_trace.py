@@ -17,6 +17,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation import trace as tracing
 from tests.chaos import EngineProcess
 from tests.conftest import drop_sink_tables
+from tests.producing import numbered, send
 from tests.views_helpers import make_viewer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -34,15 +35,6 @@ def tables():
     drop_sink_tables(created)
 
 
-def produce(topic, messages):
-    """messages: (partition, key, value) tuples, in order."""
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for partition, key, value in messages:
-        producer.send(topic, value, key=key, partition=partition)
-    producer.flush(timeout=30)
-    producer.close()
-
-
 def caught_up(name):
     assert run_pipeline(name, stop_when_caught_up=True, max_seconds=60).reason == "caught_up"
     return Pipeline.objects.get(name=name)
@@ -51,7 +43,7 @@ def caught_up(name):
 @pytest.fixture
 def consumed(make_topic, tables):
     topic = make_topic("trace", partitions=2)
-    produce(topic, [(i % 2, f"k{i}".encode(), str(i).encode()) for i in range(20)] + [(0, b"bad", b"not a number")])
+    send(topic, [(i % 2, f"k{i}".encode(), str(i).encode()) for i in range(20)] + [(0, b"bad", b"not a number")])
     pipeline = pipeline_setup.create(PipelineSpec("traced", topic, tables(), create_table=True))
     return caught_up(pipeline.name)
 
@@ -74,7 +66,7 @@ def test_a_rejected_record_is_dead_lettered_and_an_offset_past_the_end_not_yet_c
 
 def test_a_record_lost_by_an_at_most_once_crash_is_traced_as_lost(make_topic, tables, subprocess_env):
     topic = make_topic("trace-amo")
-    produce(topic, [(0, None, str(i).encode()) for i in range(30)])
+    send(topic, numbered(30, first=0))
     pipeline = pipeline_setup.create(PipelineSpec("traced-amo", topic, tables(), mode="at-most-once",
                                                   create_table=True))
     engine = EngineProcess(subprocess_env, pipeline.name, "--stop-when-caught-up", "--batch-size", "10",

@@ -7,7 +7,7 @@ import random
 import pytest
 from django.conf import settings
 from django.db import connection
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from psycopg2 import sql
 
 from consumers.engine import db
@@ -17,6 +17,7 @@ from consumers.operations.pipeline_setup import PipelineSpec
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from tests.chaos import run_killed_at, run_until_clean_exit
 from tests.conftest import drop_sink_tables
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -29,14 +30,13 @@ def produce_keyed(topic: str, seed: int) -> None:
     """RECORDS records over KEYS keys, each key in one partition (Kafka's key partitioner); about one in eight
     is a tombstone."""
     rng = random.Random(seed)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, linger_ms=5, acks="all")
+    messages = []
     for n in range(RECORDS):
         key = rng.randrange(KEYS)
         value = None if rng.random() < 0.125 else json.dumps({"status": rng.choice(["new", "paid", "sent"]),
                                                               "n": n}).encode()
-        producer.send(topic, value, key=str(key).encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+        messages.append((None, str(key).encode(), value))
+    send(topic, messages)
 
 
 def last_value_per_key(topic: str) -> dict[int, tuple[str, int]]:

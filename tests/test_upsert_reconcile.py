@@ -4,9 +4,7 @@ says which record wrote the current row."""
 import json
 
 import pytest
-from django.conf import settings
 from django.db import connection
-from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
@@ -15,6 +13,7 @@ from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.trace import trace
 from tests.commands import run_command
 from tests.conftest import drop_sink_tables
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -22,15 +21,16 @@ pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 RECORDS = [(1, "new"), (2, "new"), (1, "paid"), (3, "new"), (2, None), (1, "sent"), (4, "new"), (3, "paid")]
 
 
+def keyed_statuses(records):
+    """(key, status) pairs as keyed JSON records; a status of None is the key's tombstone."""
+    return [(None, str(key).encode(), None if status is None else json.dumps({"status": status}).encode())
+            for key, status in records]
+
+
 @pytest.fixture
 def keyed(make_topic):
     topic = make_topic("keyed", partitions=1)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for key, status in RECORDS:
-        producer.send(topic, None if status is None else json.dumps({"status": status}).encode(),
-                      key=str(key).encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(topic, keyed_statuses(RECORDS))
     table = f"state_{topic}".replace("-", "_")
     with connection.cursor() as cur:
         cur.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, status text NOT NULL, source_topic text "
@@ -156,12 +156,7 @@ def test_an_idle_pass_does_not_read_the_upsert_table_and_a_moved_position_is_che
     execute("INSERT INTO {} VALUES (9, 'ghost', %s, 0, 20)", keyed.sink_table, [keyed.topic])
     assert reconcile_pipeline(keyed).phantom == 0
     # ... and the pass after new records looks again, and still tells superseded from lost.
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for key, status in [(1, "closed"), (4, None), (1, "reopened")]:
-        producer.send(keyed.topic, None if status is None else json.dumps({"status": status}).encode(),
-                      key=str(key).encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(keyed.topic, keyed_statuses([(1, "closed"), (4, None), (1, "reopened")]))
     assert run_pipeline(keyed.name, stop_when_caught_up=True, max_seconds=60).reason == "caught_up"
     busy = reconcile_pipeline(keyed)
     part = busy.partitions[0]

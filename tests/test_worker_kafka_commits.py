@@ -4,8 +4,6 @@ line's run does: once caught up, Kafka's committed offset equals the database's,
 import uuid
 
 import pytest
-from django.conf import settings
-from kafka import KafkaProducer
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import DesiredState, Pipeline
@@ -13,18 +11,9 @@ from consumers.operations import actions, pipeline_setup
 from consumers.operations.pipeline_setup import PipelineSpec
 from tests.conftest import drop_sink_tables
 from tests.ops_helpers import wait_for
+from tests.producing import numbered, send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
-
-
-def produce(topic, values, partitions=2):
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
-    try:
-        for value in values:
-            producer.send(topic, str(value).encode(), partition=value % partitions)
-        producer.flush(timeout=30)
-    finally:
-        producer.close(timeout=5)
 
 
 @pytest.fixture
@@ -43,7 +32,7 @@ def test_after_a_worker_run_kafkas_committed_offsets_equal_the_databases(celery_
     if mode != "exactly-once":
         Pipeline.objects.filter(pk=worker_pipeline.pk).update(delivery_mode=mode.replace("-", "_"))
     topic, group = worker_pipeline.topic, worker_pipeline.group_id
-    produce(topic, range(100))
+    send(topic, numbered(100, partitions=2, first=0))
     actions.start(worker_pipeline.name)
     high = kafka_admin.high_watermarks(topic)
 
@@ -53,7 +42,7 @@ def test_after_a_worker_run_kafkas_committed_offsets_equal_the_databases(celery_
     wait_for(lambda: db_positions() == high, 60, f"the run to reach {high}")
     wait_for(lambda: kafka_admin.committed_offsets(group, topic) == db_positions(), 30,
              "Kafka's committed offsets to equal the database's while the run is idle")
-    produce(topic, range(100, 130))
+    send(topic, numbered(30, partitions=2, first=100))
     high = kafka_admin.high_watermarks(topic)
     wait_for(lambda: db_positions() == high, 60, f"the run to reach {high}")
     wait_for(lambda: kafka_admin.committed_offsets(group, topic) == db_positions(), 30,

@@ -97,13 +97,9 @@ def make_pipeline(name="orders", partitions=2, topic="orders-topic", delivery_mo
 
 
 def produce(bootstrap: str, topic: str, values, partition: int = 0) -> None:
-    from kafka import KafkaProducer
+    from tests.producing import into, send
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    for value in values:
-        producer.send(topic, value=str(value).encode(), partition=partition)
-    producer.flush(timeout=10)
-    producer.close(timeout=10)
+    send(topic, into(partition, values), bootstrap=bootstrap)
 
 
 def consumed_pipeline(bootstrap: str, topic: str, name: str, records: int):

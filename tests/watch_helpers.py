@@ -4,16 +4,14 @@ import collections
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from kafka import KafkaProducer
 from psycopg2 import sql
 
 from consumers.engine import db
+from tests.producing import send
 from tests.transactional_log import read_committed
 from tests.waiting import patience
 
@@ -36,14 +34,7 @@ def run_plain_consumer(env: dict, topic: str, group: str, table: str, order: str
 
 def produce(topic: str, records, partitions: int = 1) -> None:
     """records: (key, value) pairs, round-robin over the partitions unless keyed (then by key's hash)."""
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all", linger_ms=5)
-    deadline = time.monotonic() + 10
-    while len(producer.partitions_for(topic) or ()) < partitions and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for i, (key, value) in enumerate(records):
-        producer.send(topic, key=key, value=value, partition=None if key is not None else i % partitions)
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(topic, [(None if key is not None else i % partitions, key, value) for i, (key, value) in enumerate(records)])
 
 
 def read_topic(topic: str, timeout_s: float = 20.0) -> dict[tuple[int, int], tuple]:
