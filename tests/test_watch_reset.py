@@ -9,6 +9,7 @@ from django.utils import timezone
 from psycopg2 import sql
 
 from consumers.kafka import admin
+from consumers.kafka.admin import Watermarks
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit
@@ -113,3 +114,36 @@ def test_a_group_deleted_and_read_again_from_the_start_is_a_reset_too(make_topic
     admin.commit_offsets(group, topic, {0: 10})
     after = watch_audit.check_watch(watch, now=now + timedelta(seconds=90))
     assert (after.checked, after.lost, after.duplicated) == (10, 0, 10)
+
+
+class RetainedFrom:
+    """The watch's Kafka calls, with the log start moved to `log_start` (retention, DeleteRecords: the embedded
+    broker implements neither)."""
+
+    def __init__(self, log_start: int):
+        self.real, self.log_start = admin.on(), log_start
+
+    def watermarks(self, topic, *args, **kwargs):
+        return {p: Watermarks(max(m.log_start, self.log_start), m.high, m.stable)
+                for p, m in self.real.watermarks(topic, *args, **kwargs).items()}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_records_deleted_before_the_group_read_them_are_its_loss_not_the_audits(make_topic, table_name):
+    """The group committed 2 (its rows 1..2 written), then retention moved the log start to 6 before it read on:
+    offsets 2..5 never reached the table. That is ERR while the group sits behind the log start, and the range
+    says the group never read them; offsets 0..1, which it read, are the ones the audit could not judge."""
+    watch, topic, group = watch_of_ten(make_topic, table_name, "retained", rows=[1, 2], committed=2)
+    now = timezone.now()
+    behind = watch_audit.check_watch(watch, now=now, kafka=RetainedFrom(6))
+    assert behind.status == "ERR" and behind.partitions[0]["settled_offset"] == 6
+    assert [(r.start, r.end, r.note) for r in WatchRange.objects.filter(watch=watch).order_by("start")] == [
+        (0, 2, watch_audit.RETENTION_NOTE), (2, 6, watch_audit.DELETED_UNREAD_NOTE)]
+
+    write(table_name, range(7, 11))   # the consumer jumps to the log start and delivers 6..9
+    admin.commit_offsets(group, topic, {0: 10})
+    after = watch_audit.check_watch(watch, now=now + timedelta(seconds=30), kafka=RetainedFrom(6))
+    assert (after.checked, after.lost, after.partitions[0]["settled_offset"]) == (4, 0, 10)
+    assert WatchRange.objects.filter(watch=watch, note=watch_audit.DELETED_UNREAD_NOTE).count() == 1

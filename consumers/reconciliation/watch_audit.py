@@ -55,6 +55,8 @@ COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
 MATCH_WORK_MEM = "256MB"
 RETENTION_NOTE = "removed by retention before the audit read them: not audited"
+# Positions the log start passed while the group's committed offset was below them: the consumer never read them.
+DELETED_UNREAD_NOTE = "deleted by retention before the group read them: never delivered"
 
 
 class WatchCheckError(RuntimeError):
@@ -159,10 +161,13 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                     raise WatchCheckError(table_gone_message(watch))
             for p in rewound:
                 _reopen(watch, parts[p], now)
+            new_ranges = unread_ranges(parts, marks)
+            _store_ranges(watch, parts, new_ranges, now)   # before planning: they move the settled mark
             plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
             if plans:
-                new_ranges = _audit(watch, plans, marks, now, spark_threshold)
-        _store_ranges(watch, parts, new_ranges, now)
+                audited = _audit(watch, plans, marks, now, spark_threshold)
+                _store_ranges(watch, parts, audited, now)
+                new_ranges += audited
         _measure(watch, parts, marks, kafka, now, notes)
         evaluate(parts, alive, rewound, now, monitored.window_samples(watch=watch, now=now), watch.created_at)
         for wp in parts.values():
@@ -240,6 +245,27 @@ def plan_ranges(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[i
         if end > wp.settled_offset:
             plans[p] = (wp.settled_offset, min(max(wp.settled_offset, mark.log_start), end), end)
     return plans
+
+
+def unread_ranges(parts: dict, marks: dict) -> list["RangeResult"]:
+    """The ranges the log start passed while the group's committed offset was below it: the part the group had
+    committed (read) the audit can no longer judge; the rest the group never read, nor ever will."""
+    ranges = []
+    for p, wp in sorted(parts.items()):
+        mark = marks.get(p)
+        if mark is None or wp.committed is None or wp.committed >= mark.log_start \
+                or wp.settled_offset >= mark.log_start:
+            continue
+        read_to = max(wp.settled_offset, wp.committed)
+        if read_to > wp.settled_offset:
+            ranges.append(RangeResult(p, wp.settled_offset, read_to, note=RETENTION_NOTE))
+        ranges.append(RangeResult(p, read_to, mark.log_start, note=DELETED_UNREAD_NOTE))
+    return ranges
+
+
+def behind_log_start(wp: WatchPartition) -> bool:
+    """The group's committed offset is below the log start: records it has not read were deleted (a loss)."""
+    return wp.committed is not None and wp.log_start is not None and wp.committed < wp.log_start
 
 
 # --- the audit of the new ranges -------------------------------------------------------------------------
@@ -525,7 +551,8 @@ def evaluate(parts: dict, alive: bool, rewound: set, now: datetime, history: dic
     for p, wp in parts.items():
         wp.status = monitored.partition_status(
             history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or created_at,
-            alive=alive, rewound=p in rewound, incident=bool(wp.lost or wp.duplicated or wp.phantom), now=now)
+            alive=alive, rewound=p in rewound,
+            incident=bool(wp.lost or wp.duplicated or wp.phantom) or behind_log_start(wp), now=now)
 
 
 def group_alive(kafka, group_id: str, notes: list) -> bool:

@@ -105,7 +105,10 @@ def _observe_quiet(watch: Watch, parts: dict, reading: pass_kafka.PassKafka, now
     rewound = [p for p, wp in parts.items() if watch_audit.observe(wp, committed.get(p), now, watch.settle_seconds)]
     if rewound:
         return False
-    return not (watch.audits and watch_audit.plan_ranges(parts, marks, now - timedelta(seconds=watch.settle_seconds)))
+    cutoff = now - timedelta(seconds=watch.settle_seconds)
+    if not watch.audits:
+        return True
+    return not (watch_audit.unread_ranges(parts, marks) or watch_audit.plan_ranges(parts, marks, cutoff))
 
 
 def _measure(quiet: list[Watch], rows: dict, readings: dict, notes: dict, now: datetime) -> None:
