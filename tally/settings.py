@@ -123,14 +123,14 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "dashboard.lockout.locked_out"
 # Behind a proxy, the client address comes from X-Forwarded-For (set AXES_IPWARE_PROXY_COUNT to the
 # number of proxies); by default the socket's address.
-# The API's throttles read the same count (REST_FRAMEWORK["NUM_PROXIES"] below): with 0, X-Forwarded-For is
-# ignored everywhere, so a made-up header changes neither a lockout nor a throttle.
+# The API's throttles read the same count (REST_FRAMEWORK["NUM_PROXIES"] below), and lockouts take the throttles'
+# address (AXES_CLIENT_IP_CALLABLE): with 0, X-Forwarded-For is ignored everywhere, so a made-up header changes
+# neither a lockout nor a throttle.
 AXES_IPWARE_PROXY_COUNT = env_int("AXES_IPWARE_PROXY_COUNT", 0, minimum=0)
-if AXES_IPWARE_PROXY_COUNT:
-    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
 # The user name axes stores (its column holds 255 characters): cut and made storable, so a long or odd
 # name is a failed login like any other, never a database error.
 AXES_USERNAME_CALLABLE = "dashboard.lockout.client_username"
+AXES_CLIENT_IP_CALLABLE = "dashboard.lockout.client_address"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -227,6 +227,31 @@ def test_behind_one_trusted_proxy_the_throttle_keys_on_the_address_it_forwards(d
     assert other.status_code == 400  # another client behind the same proxy is not throttled by the first
 
 
+def test_behind_one_trusted_proxy_a_lockout_keys_on_the_address_it_forwards(db, settings):
+    """The proxy appends the client's address to X-Forwarded-For: a made-up address before it changes nothing,
+    and another client behind the same proxy is not locked out by the first one's failures."""
+    settings.AXES_IPWARE_PROXY_COUNT = 1
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    make_operator()
+    client = Client()
+    failures = [client.post("/accounts/login/", {"username": "otto", "password": "wrong"},
+                            headers={"X-Forwarded-For": f"6.6.6.{i}, 10.0.0.1"}).status_code for i in range(5)]
+    assert failures == [200] * 4 + [429]
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"10.0.0.1"}
+    other = Client().post("/accounts/login/", {"username": "otto", "password": PASSWORD},
+                          headers={"X-Forwarded-For": "10.0.0.2"})
+    assert other.status_code == 302
+
+
+def test_a_forwarded_address_that_is_not_an_address_is_a_failed_login_not_a_500(db, settings):
+    settings.AXES_IPWARE_PROXY_COUNT = 1
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    answer = Client().post("/accounts/login/", {"username": "otto", "password": "wrong"},
+                           headers={"X-Forwarded-For": "not-an-address"})
+    assert answer.status_code == 200
+    assert list(AccessAttempt.objects.values_list("ip_address", flat=True)) == ["127.0.0.1"]
+
+
 def test_the_throttle_counts_follow_the_lockout_setting(monkeypatch):
     """NUM_PROXIES is read from AXES_IPWARE_PROXY_COUNT when the settings load."""
     import importlib
