@@ -69,6 +69,29 @@ def test_both_a_password_and_a_password_file_are_refused(settings, monkeypatch, 
         clusters.get()
 
 
+def test_an_empty_password_variable_is_unset_as_every_other_empty_kafka_variable(settings, monkeypatch, tmp_path):
+    """A deployment's file that lists KAFKA_SSL_PASSWORD= or KAFKA_SASL_PASSWORD= blank sets no password: it was a
+    password, so a plain cluster was refused ("an ssl password is set") and a password file "set both"."""
+    monkeypatch.setenv("KAFKA_SSL_PASSWORD", "")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "")
+    assert clusters.get().ssl_password is None and clusters.get().sasl_password is None
+    settings.KAFKA_SECURITY_PROTOCOL = "SASL_PLAINTEXT"
+    settings.KAFKA_SASL_MECHANISM = "PLAIN"
+    settings.KAFKA_SASL_USERNAME = "tally"
+    settings.KAFKA_SASL_PASSWORD_FILE = str(tmp_path / "password")
+    (tmp_path / "password").write_text(PASSWORD)
+    assert clusters.client_kwargs(None)["sasl_plain_password"] == PASSWORD
+
+
+def test_a_password_variable_that_is_empty_says_so_when_a_client_is_built(monkeypatch):
+    monkeypatch.setenv("EMPTY_PASSWORD", "")
+    cluster = Cluster("prod", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_username="u", sasl_password=Secret(env="EMPTY_PASSWORD"))
+    with pytest.raises(ClusterConfigError, match="the SASL password is read from environment variable "
+                                                 "EMPTY_PASSWORD, which is empty"):
+        clusters.client_kwargs(cluster)
+
+
 @pytest.mark.parametrize(("changes", "problem"), [
     ({"security_protocol": "TLS"}, "security_protocol 'TLS' is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
     ({"security_protocol": "SASL_SSL"}, "sasl_mechanism '' is not one of PLAIN, SCRAM-SHA-256"),

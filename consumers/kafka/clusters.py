@@ -76,8 +76,9 @@ class Secret:
         """The value, read now (files are re-read: rotated passwords and tokens are picked up)."""
         if self.env:
             value = os.environ.get(self.env)
-            if value is None:
-                raise ClusterConfigError(cluster, f"{what} is read from {self}, which is not set")
+            if not value:   # an empty password is a blank line in a deployment's file, never a password
+                raise ClusterConfigError(cluster, f"{what} is read from {self}, which is "
+                                                  f"{'not set' if value is None else 'empty'}")
             return value
         try:
             return Path(self.file).read_text().strip()
@@ -208,12 +209,13 @@ def address(host: str, port: int) -> str:
 def default_cluster() -> Cluster:
     """The "default" cluster, from the environment (read into Django settings at start-up)."""
     def env_secret(name: str) -> Secret | None:
-        value_file = getattr(settings, f"{name}_FILE", "")
-        if os.environ.get(name) is not None and value_file:
+        # Empty is unset, as for every other KAFKA_* variable: a blank line in a deployment's file sets nothing.
+        value_file, given = getattr(settings, f"{name}_FILE", ""), bool(os.environ.get(name))
+        if given and value_file:
             raise ClusterConfigError(DEFAULT, f"set {name} or {name}_FILE, not both")
         if value_file:
             return Secret(file=value_file)
-        return Secret(env=name) if os.environ.get(name) is not None else None
+        return Secret(env=name) if given else None
 
     return Cluster(
         name=DEFAULT, bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS,
