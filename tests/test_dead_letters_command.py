@@ -58,6 +58,16 @@ def test_export_writes_csv_of_every_match_and_json_with_json(capsys, letters):  
     assert code == 0 and [(d["offset"], d["value"]) for d in json.loads(out)] == [(40, r"\xff\xfe")]
 
 
+def test_the_csv_export_quotes_a_value_a_spreadsheet_would_run_and_json_keeps_it_exact(capsys, letters):  # noqa: F811
+    orders = Pipeline.objects.get(name="orders")
+    DeadLetter.objects.create(pipeline=orders, partition=3, offset=1, value=b'=HYPERLINK("http://evil.example/")',
+                              error="BadRecord")
+    code, out, _ = run(capsys, "orders", "export", "--partition", "3")
+    assert code == 0 and [r["value"] for r in csv.DictReader(io.StringIO(out))] == ["'=HYPERLINK(\"http://evil.example/\")"]
+    code, out, _ = run(capsys, "orders", "export", "--partition", "3", "--json")
+    assert code == 0 and [d["value"] for d in json.loads(out)] == ['=HYPERLINK("http://evil.example/")']
+
+
 def test_discard_by_ids_with_a_reason(capsys, letters):  # noqa: F811
     ids = f"{letters[(0, 3)].pk},{letters[(0, 7)].pk}"
     code, out, _ = run(capsys, "orders", "discard", "--ids", ids, "--reason", "replayed by hand", "--actor", "ops")

@@ -150,6 +150,22 @@ def test_the_csv_export_holds_every_matching_dead_letter_not_only_one_page(viewe
     assert {r["state"] for r in rows} == {"pending"} and rows[5]["value"] == "v5"
 
 
+def test_a_producers_value_cannot_run_as_a_formula_when_the_csv_export_is_opened_in_a_spreadsheet(viewer_client,
+                                                                                                   letters):
+    """A topic's producer writes the key and value (and the error quotes them): a cell that a spreadsheet would
+    run as a formula (=, +, -, @, a tab or a carriage return first) starts with a quote, as OWASP advises."""
+    orders = Pipeline.objects.get(name="orders")
+    DeadLetter.objects.create(pipeline=orders, partition=3, offset=1, key=b'=HYPERLINK("http://evil.example/")',
+                              value=b"@SUM(1+1)*cmd|' /C calc'!A0", error="+bad\tvalue")
+    DeadLetter.objects.create(pipeline=orders, partition=3, offset=2, key=b"-2+3", value=b"\tx", error="plain")
+    response = viewer_client.get(f"{URL}export.csv?partition=3")
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [(r["key"], r["value"], r["error"]) for r in rows] == [
+        ("'=HYPERLINK(\"http://evil.example/\")", "'@SUM(1+1)*cmd|' /C calc'!A0", "'+bad\tvalue"),
+        ("'-2+3", "'\tx", "plain")]
+    assert [r["offset"] for r in rows] == ["1", "2"]
+
+
 def test_the_csv_export_has_the_error_value_and_state_of_each_filtered_dead_letter(viewer_client, letters):
     response = viewer_client.get(f"{URL}export.csv?state=any&partition=0")
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))

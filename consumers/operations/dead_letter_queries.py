@@ -109,6 +109,24 @@ def text(value) -> str | None:
     return bytes(value).decode("utf-8", "backslashreplace")
 
 
+# A cell starting with one of these runs as a formula when a CSV export is opened in a spreadsheet (OWASP's "CSV
+# injection"); keys, values and errors come from the topic's producers. JSON exports keep them exact.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_row(row: dict) -> list:
+    """One row of `dead_letters()` as CSV cells: None empty, a text a spreadsheet would run behind a quote."""
+    return [_csv_cell(value) for value in export_row(row).values()]
+
+
+def _csv_cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def export_row(row: dict) -> dict:
     """One row of `dead_letters()` with the export's names and JSON-friendly values."""
     out = {}

@@ -57,7 +57,8 @@ def dead_letter_list(request, name):
 @require_GET
 @login_required
 def export_csv(request, name):
-    """The filtered set (every page) as CSV, streamed; key and value as text (undecodable bytes escaped)."""
+    """The filtered set (every page) as CSV, streamed; key and value as text (undecodable bytes escaped), a cell
+    that a spreadsheet would run as a formula behind a quote (queries.csv_row)."""
     pipeline = get_object_or_404(Pipeline, name=name)
     filters = DeadLetterFilterForm(request.GET)
     if not filters.is_valid():
@@ -79,7 +80,7 @@ def _csv_lines(rows):
     writer = csv.writer(_Line())
     yield writer.writerow(queries.EXPORT_NAMES)
     for row in rows:
-        yield writer.writerow(["" if v is None else v for v in queries.export_row(row).values()])
+        yield writer.writerow(queries.csv_row(row))
 
 
 @require_POST

@@ -123,7 +123,7 @@ class Command(TallyCommand):
         writer = csv.writer(self.stdout, lineterminator="\n")
         writer.writerow(queries.EXPORT_NAMES)
         for row in rows.iterator():
-            writer.writerow(["" if v is None else v for v in queries.export_row(row).values()])
+            writer.writerow(queries.csv_row(row))
 
     def _act(self, name, action, options):
         ids = options["ids"]
