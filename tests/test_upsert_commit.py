@@ -125,3 +125,30 @@ def test_last_per_key_keeps_record_order_including_deletes():
     kept, gone = upsert.last_per_key(rows, deletes, [0])
     assert kept == [(1, "c", "t", 0, 3)] and gone == [upsert.Delete((2,), "t", 0, 4)]
     assert upsert.last_per_key(rows[:2], [], [0]) == (rows[:2], [])
+
+
+@pytest.mark.parametrize("key_type, first, second", [("citext", "Ann", "ANN"), ("char(5)", "ann", "ann  "),
+                                                     ("numeric", 1, 1.0)])
+def test_keys_postgresql_holds_equal_are_one_key_within_a_batch(transactional_db, key_type, first, second):
+    # 'Ann' and 'ANN' differ in Python but are one citext row: ON CONFLICT cannot touch it twice in one statement.
+    with connection.cursor() as cur:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        cur.execute(f"CREATE TABLE upsert_people (name {key_type} PRIMARY KEY, status text, "
+                    "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="people", topic="people", sink_table="upsert_people", transform="json",
+                                       upsert_key=["name"], delete_on_tombstone=True, epoch=1)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        target = commit.Target.for_pipeline(pipeline)
+        batch = [SourceRecord(0, 0, None, json.dumps({"name": first, "status": "new"}).encode()),
+                 SourceRecord(0, 1, None, json.dumps({"name": second, "status": "paid"}).encode())]
+        outcome = commit.commit_batch(conn, target, 1, {0: batch})[0]
+        assert (outcome.end_offset, outcome.dead_letters) == (2, 0)
+        with connection.cursor() as cur:
+            cur.execute("SELECT status, source_offset FROM upsert_people")
+            assert cur.fetchall() == [("paid", 1)]
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS upsert_people")

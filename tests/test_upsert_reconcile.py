@@ -165,3 +165,34 @@ def test_an_idle_pass_does_not_read_the_upsert_table_and_a_moved_position_is_che
     assert reconcile_pipeline(keyed, full=True).phantom == 1
     execute("DELETE FROM {} WHERE id = 9", keyed.sink_table)
     assert reconcile_pipeline(keyed, full=True).exact
+
+
+def test_keys_postgresql_holds_equal_supersede_each_other_in_the_write_and_the_reconciliation(make_topic):
+    # citext: 'ann' and 'ANN' are one row, as PostgreSQL's equality says, and so is a tombstone of 'BOB' for 'bob'.
+    topic = make_topic("people", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    for key, status in [("ann", "new"), ("ANN", "paid"), ("bob", "new"), ("BOB", None), ("carl", "new")]:
+        producer.send(topic, None if status is None else json.dumps({"status": status}).encode(), key=key.encode())
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    table = f"people_{topic}".replace("-", "_")
+    with connection.cursor() as cur:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        cur.execute(sql.SQL("CREATE TABLE {} (name citext PRIMARY KEY, status text NOT NULL, source_topic text "
+                            "NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+                    .format(sql.Identifier(table)).as_string(cur.cursor))
+    try:
+        pipeline = Pipeline.objects.create(name=topic, topic=topic, sink_table=table, transform="json",
+                                           json_map={"name": "@key"}, upsert_key=["name"], delete_on_tombstone=True)
+        result = run_pipeline(topic, stop_when_caught_up=True, max_seconds=60)
+        assert result.reason == "caught_up", result.detail
+        with connection.cursor() as cur:
+            cur.execute(sql.SQL("SELECT name, status, source_offset FROM {} ORDER BY name")
+                        .format(sql.Identifier(table)).as_string(cur.cursor))
+            assert cur.fetchall() == [("ANN", "paid", 1), ("carl", "new", 4)]
+        part = reconcile_pipeline(pipeline, full=True).partitions[0]
+        assert (part.lost, part.superseded, part.deleted) == (0, 2, 1), part
+        older = trace(pipeline, 0, 0)
+        assert older.verdict == "superseded" and "offset 1" in older.explanation
+    finally:
+        drop_sink_tables([table])

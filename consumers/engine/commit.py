@@ -189,8 +189,7 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             rows, dead = _transform(target, plans, verbatim=not replaying)
             deletes = [d for plan in plans for d in plan.deletes]
             if target.upsert_key:  # the last record per key wins (consumers/engine/upsert.py)
-                rows, deletes = upsert.last_per_key(rows, deletes, upsert.key_indexes(target.transform,
-                                                                                     target.upsert_key))
+                rows, deletes = _last_per_key(cur, target, rows, deletes)
             _write_verbatim(cur, target, plans, rows, dead, faults)
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if deletes:
@@ -214,6 +213,14 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     skipped_only = [PartitionOutcome(p, positions[p], positions[p], 0, 0, 0, len(batches[p]))
                     for p in partitions if p not in {plan.partition for plan in plans}]
     return outcomes + skipped_only
+
+
+def _last_per_key(cur, target: Target, rows: list[tuple], deletes: list) -> tuple[list[tuple], list]:
+    """Upsert: the rows and deletes of each key's last record, keys being equal as PostgreSQL says."""
+    indexes = upsert.key_indexes(target.transform, target.upsert_key)
+    keys = [tuple(row[i] for i in indexes) for row in rows] + [delete.key for delete in deletes]
+    same = upsert.same_keys(cur, upsert.key_types(target.transform, target.upsert_key), keys)
+    return upsert.last_per_key(rows, deletes, indexes, same)
 
 
 def check_epoch(cur, pipeline_id: int, epoch: int) -> None:

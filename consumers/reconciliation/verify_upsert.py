@@ -15,7 +15,7 @@ gaps and overlaps are checked as in append mode (consumers/reconciliation/verify
 """
 from psycopg2 import sql
 
-from consumers.engine import tables
+from consumers.engine import tables, upsert
 from consumers.engine.transforms import SourceRecord, Transform
 from consumers.models import DeadLetter
 from consumers.reconciliation import verify
@@ -66,7 +66,7 @@ def verify_upsert_range(cur, shape: SinkShape, pipeline_id: int, partition: int,
         return result
     result.holes = result.records - len(records)
     result.records = len(records)
-    latest, unreadable = last_record_per_key(records, dead, transform, upsert_key, delete_on_tombstone)
+    latest, unreadable = last_record_per_key(cur, records, dead, transform, upsert_key, delete_on_tombstone)
     rows = _rows_of_keys(cur, shape, transform, upsert_key, list(latest))
     lost, current, deleted = [], 0, 0
     for key, (offset, is_delete) in latest.items():
@@ -94,25 +94,30 @@ def verify_upsert_range(cur, shape: SinkShape, pipeline_id: int, partition: int,
     return result
 
 
-def last_record_per_key(records, dead: set[int], transform: Transform, upsert_key: tuple[str, ...],
+def last_record_per_key(cur, records, dead: set[int], transform: Transform, upsert_key: tuple[str, ...],
                         delete_on_tombstone: bool) -> tuple[dict, list[int]]:
     """({key: (offset of its last record, is a tombstone)}, offsets of records that are not dead letters
-    yet cannot be keyed by the transform now). The one reading of "the latest record per key"."""
+    yet cannot be keyed by the transform now). The one reading of "the latest record per key": keys are equal as
+    PostgreSQL says, as the writer judges them (consumers/engine/upsert.py), and each is named by its first record."""
     names = [name for name, _ in transform.columns]
     indexes = [names.index(column) for column in upsert_key]
-    latest, unreadable = {}, []
+    keyed, unreadable = [], []
     for record in records:
         if record.offset in dead:
             continue
         try:
             if record.value is None and delete_on_tombstone and transform.tombstone_key is not None:
-                latest[tuple(transform.tombstone_key(record))] = (record.offset, True)
+                keyed.append((tuple(transform.tombstone_key(record)), record.offset, True))
                 continue
             row = transform.rows(record)[0]
         except Exception:  # a record the pipeline should have dead-lettered: it is neither written nor accounted
             unreadable.append(record.offset)
             continue
-        latest[tuple(row[i] for i in indexes)] = (record.offset, False)
+        keyed.append((tuple(row[i] for i in indexes), record.offset, False))
+    same = upsert.same_keys(cur, upsert.key_types(transform, upsert_key), [key for key, _, _ in keyed]) or {}
+    latest = {}
+    for key, offset, is_delete in keyed:
+        latest[same.get(key, key)] = (offset, is_delete)
     return latest, unreadable
 
 
@@ -173,9 +178,10 @@ def fate(cur, table: str, topic: str, transform: Transform, upsert_key: tuple[st
     later: list = []
     read_ranges(topic, {record.partition: (record.offset + 1, position)}, lambda p, batch: later.extend(batch),
                 cluster=cluster)
+    # The record itself first, so that its key names the group of the later records PostgreSQL holds equal to it.
     latest, _ = last_record_per_key(
-        [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp, r.headers) for r in later], set(),
-        transform, upsert_key, delete_on_tombstone)
+        cur, [record] + [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp, r.headers) for r in later],
+        set(), transform, upsert_key, delete_on_tombstone)
     offset, deleted = latest.get(key, (None, False))
     if deleted:
         return "superseded", f"its key's row ({key_text}) was deleted by the tombstone at offset {offset}", None
