@@ -1,6 +1,7 @@
 """`--transform json` against the real PostgreSQL: the table's own types decide each conversion; every bad
 value becomes a dead letter that names its column, source and value, and the good rows land."""
 import json
+import re
 from decimal import Decimal
 
 import pytest
@@ -188,6 +189,33 @@ def test_a_numeric_wider_than_28_digits_takes_its_values(column_table):
     for too_long in (1e30, "1e30", "1e5000"):
         with pytest.raises(BadRecord, match=r"column amount \(from amount\): too many digits for numeric"):
             transform.rows(record({"amount": too_long}))
+
+
+def test_a_json_array_fills_an_array_column_each_element_converted_as_its_type(column_table):
+    # A JSON array went to PostgreSQL as its JSON text ("[1, 2]"): every record was a dead letter, "malformed array
+    # literal", where a user expects the array.
+    transform = compiled(column_table("jm_arrays", "tags text[], counts integer[], prices numeric(6,2)[], "
+                                      "codes varchar(3)[], docs jsonb[], grid integer[]"))
+    fields = {"tags": ["a", "b c", None, "x,y", 'q"r', "NULL", "back\\slash"], "counts": [1, 2.0, "3"],
+              "prices": [19.999, "5"], "codes": ["abc", "de  "], "docs": [{"a": [1]}, [2], "s", None],
+              "grid": [[1, 2], [3, 4]]}
+    rows = [transform.rows(record(fields, 0))[0] + ("t", 0, 0),
+            transform.rows(record({"tags": "{x,y}", "counts": []}, 1))[0] + ("t", 0, 1)]
+    with connection.cursor() as cur:
+        sinks.copy_rows(cur.cursor, "jm_arrays", [name for name, _ in transform.columns] +
+                        ["source_topic", "source_partition", "source_offset"], rows)
+        cur.execute("SELECT tags, counts, prices::text[], codes, docs::text[], grid FROM jm_arrays "
+                    "ORDER BY source_offset")
+        assert cur.fetchall() == [
+            (["a", "b c", None, "x,y", 'q"r', "NULL", "back\\slash"], [1, 2, 3], ["20.00", "5.00"], ["abc", "de "],
+             ['{"a": [1]}', "[2]", '"s"', None], [[1, 2], [3, 4]]),
+            (["x", "y"], [], None, None, None, None)]
+    for column, value, reason in [("counts", [1, "x"], "element 1: not an integer for integer"),
+                                  ("grid", [[1], [2, 2 ** 40]], "element 1.1: out of range for integer"),
+                                  ("codes", ["abcd"], "element 0: longer than character varying(3)"),
+                                  ("counts", 5, "not an array for integer[]")]:
+        with pytest.raises(BadRecord, match=rf"column {column} \(from {column}\): {re.escape(reason)}"):
+            transform.rows(record({column: value}))
 
 
 def test_a_long_number_is_read_as_a_float_only_where_the_float_is_that_number():

@@ -19,6 +19,7 @@ SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` 
 `@key.PATH` (a path into a JSON key), `@timestamp` (the record's timestamp), `@partition`, `@offset` or
 `@header:NAME` (a header's value as text).
 """
+import dataclasses
 import functools
 import json
 import math
@@ -142,6 +143,7 @@ class Column:
     precision: int | None = None
     scale: int | None = None
     length: int | None = None
+    element: str | None = None  # an array's element type (typname): int4 for integer[]; precision etc. are its
 
     @property
     def required(self) -> bool:
@@ -157,21 +159,24 @@ def read_columns(cursor, table: str) -> list[Column] | None:
     cursor.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), COALESCE(b.typname, t.typname), "
         "NOT a.attnotnull AND NOT COALESCE(t.typnotnull, false), a.atthasdef OR a.attidentity <> '', "
-        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END "
+        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END, e.typname "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
         "LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype "
+        "LEFT JOIN pg_type e ON COALESCE(b.typcategory, t.typcategory) = 'A' "
+        "AND left(COALESCE(b.typname, t.typname), 1) = '_' AND e.oid = COALESCE(b.typelem, t.typelem) "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [sql.Identifier(table).as_string(cursor)])
     columns = []
-    for name, pg_type, base, nullable, has_default, generated, typmod in cursor.fetchall():
+    for name, pg_type, base, nullable, has_default, generated, typmod, element in cursor.fetchall():
         precision = scale = length = None
-        if base == "numeric" and typmod is not None and typmod >= 4:
+        kind = element or base  # an array's typmod is its elements'
+        if kind == "numeric" and typmod is not None and typmod >= 4:
             # The scale is an 11-bit signed number: numeric(2,-3) rounds to thousands (PostgreSQL 15 and later).
             precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (((typmod - 4) & 0x7FF) ^ 0x400) - 0x400
-        elif base in ("varchar", "bpchar") and typmod is not None and typmod >= 4:
+        elif kind in ("varchar", "bpchar") and typmod is not None and typmod >= 4:
             length = typmod - 4
         columns.append(Column(name, pg_type, base, nullable, has_default or generated, generated,
-                              precision, scale, length))
+                              precision, scale, length, element))
     return columns
 
 
@@ -482,6 +487,42 @@ def _finite(value) -> bool:
     return True
 
 
+def _array(column: Column):
+    """A JSON array (of arrays, for more dimensions) -> the array's text, each element converted as a column of the
+    element's type would convert it ("2" into integer[] is 2, an object or array into jsonb[] is its JSON); null
+    elements are NULL. A string is the array's own text ("{a,b}"), for PostgreSQL to read."""
+    element_type = column.pg_type.rstrip("[]")
+    convert_element = converter(Column(column.name, element_type, column.element, True, False,
+                                       precision=column.precision, scale=column.scale, length=column.length))
+
+    json_elements = column.element in ("json", "jsonb")
+
+    def literal(items, path: str) -> str:
+        cells = []
+        for index, item in enumerate(items):
+            if item is None:
+                cells.append("NULL")
+            elif type(item) is list and not json_elements:  # a dimension more; in jsonb[], a JSON value
+                cells.append(literal(item, f"{path}{index}."))
+            else:
+                try:
+                    text = str(convert_element(item))
+                except ValueError as exc:
+                    raise ValueError(f"element {path}{index}: {exc}") from None
+                cells.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        return "{" + ",".join(cells) + "}"
+
+    as_text = _text(dataclasses.replace(column, length=None))  # the length is the elements'
+
+    def convert(value):
+        if type(value) is list:
+            return literal(value, "")
+        if type(value) is str:
+            return as_text(value)
+        raise ValueError(f"not an array for {column.pg_type}")
+    return convert
+
+
 CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _numeric, "float4": _float,
               "float8": _float, "bool": _boolean, "timestamptz": _timestamptz, "timestamp": _timestamp,
               "date": _date, "uuid": _uuid, "jsonb": _json, "json": _json,
@@ -490,6 +531,8 @@ CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _
 
 def converter(column: Column) -> Callable:
     # Any other type: its text goes to PostgreSQL, whose input function decides (a refusal is a dead letter).
+    if column.element is not None:
+        return _array(column)
     return CONVERTERS.get(column.base, _text)(column)
 
 
