@@ -191,6 +191,19 @@ def test_a_numeric_wider_than_28_digits_takes_its_values(column_table):
             transform.rows(record({"amount": too_long}))
 
 
+def test_a_date_column_takes_the_date_written_in_a_timestamp_as_postgresql_reads_it(types_table):
+    # A timestamp with an offset went to its UTC date: 23:30 at -05:00 on January 1 was stored as January 2.
+    transform = compiled(types_table)
+    day = [name for name, _ in transform.columns].index("day")
+    texts = ["2024-01-01T23:30:00-05:00", "2024-01-01T00:30:00+05:30", "2024-01-01 23:30:00Z",
+             "2024-01-01T23:59:59.9999999", "2024-01-01T12:00:00"]
+    with connection.cursor() as cur:
+        for text in texts:
+            cur.execute("SELECT %s::date::text", [text])
+            stored = transform.rows(record({"must": 1, "day": text}))[0][day]
+            assert stored == cur.fetchone()[0] == "2024-01-01", text
+
+
 def test_a_json_array_fills_an_array_column_each_element_converted_as_its_type(column_table):
     # A JSON array went to PostgreSQL as its JSON text ("[1, 2]"): every record was a dead letter, "malformed array
     # literal", where a user expects the array.

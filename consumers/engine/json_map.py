@@ -446,9 +446,11 @@ def _timestamp(column: Column):
 
 def _date(column: Column):
     def convert(value):
-        if type(value) is str and len(value) == 10:
+        if type(value) is str:
+            # The date as written, as PostgreSQL reads the text: an offset does not move it to another day.
             try:
-                return date.fromisoformat(value).isoformat()
+                return (date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value).date()
+                        ).isoformat()
             except ValueError:
                 raise ValueError("not an ISO-8601 date") from None
         return _instant(value).astimezone(UTC).date().isoformat()
