@@ -204,6 +204,37 @@ def test_a_date_column_takes_the_date_written_in_a_timestamp_as_postgresql_reads
             assert stored == cur.fetchone()[0] == "2024-01-01", text
 
 
+@pytest.fixture
+def domains(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute("CREATE DOMAIN jm_status AS text DEFAULT 'new'; "
+                    "CREATE DOMAIN jm_rank AS integer NOT NULL DEFAULT 9; "
+                    "CREATE DOMAIN jm_positive AS integer CHECK (VALUE > 0)")
+    yield
+    with connection.cursor() as cur:
+        cur.execute("DROP DOMAIN IF EXISTS jm_status, jm_rank, jm_positive CASCADE")
+
+
+def test_a_domains_default_fills_its_column_and_its_check_makes_a_dead_letter(domains, column_table):
+    # A domain's DEFAULT was not read as a default: the column was written NULL (jm_status), or every record
+    # was a dead letter "missing, and the column is NOT NULL" (jm_rank), where PostgreSQL fills in the default.
+    table = column_table("jm_domains", "id bigint NOT NULL, status jm_status, rank jm_rank, qty jm_positive")
+    pipeline = Pipeline.objects.create(name="jm", topic="orders", sink_table=table, transform="json", epoch=1)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        outcome = commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1, {0: [
+            record({"id": 1}, 0), record({"id": 2, "qty": 3}, 1), record({"id": 3, "qty": -5}, 2)]})[0]
+    finally:
+        conn.close()
+    assert (outcome.rows_written, outcome.dead_letters) == (2, 1)
+    with connection.cursor() as cur:
+        cur.execute("SELECT id, status, rank, qty FROM jm_domains ORDER BY id")
+        assert cur.fetchall() == [(1, "new", 9, None), (2, "new", 9, 3)]
+    error = DeadLetter.objects.get(pipeline=pipeline).error
+    assert 'violates check constraint "jm_positive_check"' in error and "column qty" in error
+
+
 def test_a_json_array_fills_an_array_column_each_element_converted_as_its_type(column_table):
     # A JSON array went to PostgreSQL as its JSON text ("[1, 2]"): every record was a dead letter, "malformed array
     # literal", where a user expects the array.

@@ -138,7 +138,7 @@ class Column:
     pg_type: str            # format_type(): "numeric(12,2)", "character varying(20)", ...
     base: str               # the base type's typname: int8, numeric, varchar, timestamptz, jsonb, ...
     nullable: bool
-    has_default: bool       # a default or an identity: PostgreSQL fills it when the column is not written
+    has_default: bool       # a default, an identity or a domain's default: PostgreSQL fills it when not written
     generated: bool = False
     precision: int | None = None
     scale: int | None = None
@@ -152,13 +152,14 @@ class Column:
 
 def read_columns(cursor, table: str) -> list[Column] | None:
     """The table's columns in order (None when there is no such table), from pg_catalog: domains are read as
-    their base type."""
+    their base type, and a domain's DEFAULT is the column's default when the column has none of its own."""
     cursor.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(cursor)])
     if cursor.fetchone()[0] is None:
         return None
     cursor.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), COALESCE(b.typname, t.typname), "
-        "NOT a.attnotnull AND NOT COALESCE(t.typnotnull, false), a.atthasdef OR a.attidentity <> '', "
+        "NOT a.attnotnull AND NOT COALESCE(t.typnotnull, false), "
+        "a.atthasdef OR a.attidentity <> '' OR t.typdefaultbin IS NOT NULL, "
         "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END, e.typname "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
         "LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype "
