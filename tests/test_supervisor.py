@@ -14,6 +14,7 @@ from consumers.engine import runs
 from consumers.engine.lifecycle import RunResult
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, EndReason, Pipeline, RunState
 from consumers.operations import actions, supervisor
+from tests.commands import pipeline_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -253,3 +254,27 @@ def test_the_reason_of_a_whole_restart_names_the_run_that_is_not_live(running, q
     assert result.action == "restarted"
     assert f"run {dead.pk} on worker-2 (pid 4242) stopped heartbeating 60 s ago" in result.detail
     assert f"run {live.pk}" not in result.detail   # the live run is not why: it read "stopped heartbeating 0 s ago"
+
+
+def test_a_restart_with_fewer_runs_keeps_that_many_and_the_supervisor_leaves_them_alone(running, enqueued, capsys):
+    # `restart --runs 1` of a pipeline of two runs: the supervisor read one live run of two as a death, restarted
+    # the pipeline whole with two runs and counted an attempt, undoing the operator's choice.
+    Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
+    code, out, _ = pipeline_command(capsys, "restart", "orders", "--runs", "1", "--actor", "alice")
+    assert code == 0 and "1 run(s) enqueued" in out and "runs 2 -> 1" in out
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    assert pipeline.parallel_runs == 1
+    entry = ActionLog.objects.get(action="restart", actor="alice")
+    assert entry.params["runs"] == 1 and entry.params["parallel_runs_before"] == 2
+    run_row(pipeline, heartbeat_age=1)                      # its one run, settled long ago
+    assert decision().action == "ok"   # one of one live, not "only 1 of its 2"
+    assert Pipeline.objects.get(pk=running.pk).epoch == pipeline.epoch
+
+
+def test_runs_a_spark_pipeline_cannot_hold_are_refused_and_recorded(running, enqueued, capsys):
+    Pipeline.objects.filter(pk=running.pk).update(engine="spark")
+    code, _, err = pipeline_command(capsys, "restart", "orders", "--runs", "2")
+    assert code == 1 and "the spark engine runs one driver per pipeline" in err
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    assert (pipeline.epoch, pipeline.parallel_runs, enqueued) == (running.epoch, 1, [])
+    assert ActionLog.objects.get().result == ActionResult.REFUSED

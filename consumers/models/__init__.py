@@ -21,6 +21,7 @@ from consumers.models.pipeline import (
     PipelineError,
     ResetPolicy,
     RunState,
+    runs_problem,
 )
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
 from consumers.models.text import error_text
@@ -31,6 +32,6 @@ __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
     "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
     "KafkaClient", "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
-    "Pipeline", "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "Status", "TopicCheckJob",
+    "Pipeline", "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "runs_problem", "Status", "TopicCheckJob",
     "TopicCheckStatus", "OFFSETS_LISTED", "Watch", "WatchFinding", "WatchPartition", "WatchRange", "error_text",
 ]

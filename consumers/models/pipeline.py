@@ -33,6 +33,18 @@ class Engine(models.TextChoices):
     SPARK = "spark", "Spark Structured Streaming"
 
 
+def runs_problem(runs: int, engine: str) -> str | None:
+    """Why a pipeline of `engine` cannot run in `runs` processes, or None: one rule for create, apply and the
+    actions that enqueue runs."""
+    if not 1 <= runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
+        return (f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE} (TALLY_MAX_RUNS_PER_PIPELINE), "
+                f"got {runs}")
+    if runs > 1 and engine == Engine.SPARK:
+        return ("the spark engine runs one driver per pipeline and spreads the work over its executors: use "
+                "runs = 1, or the python engine")
+    return None
+
+
 class DesiredState(models.TextChoices):
     RUNNING = "running", "running"
     PAUSED = "paused", "paused"

@@ -18,7 +18,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from consumers.access import record_refusal
-from consumers.models import ActionLog, ActionResult, DesiredState, PartitionOffset, Pipeline, PipelineError, error_text
+from consumers.models import (
+    ActionLog,
+    ActionResult,
+    DesiredState,
+    PartitionOffset,
+    Pipeline,
+    PipelineError,
+    error_text,
+    runs_problem,
+)
 from consumers.operations.errors import Refused
 
 log = logging.getLogger("tally.actions")
@@ -75,18 +84,17 @@ def restart(name, actor: str = "cli", runs: int | None = None) -> ActionLog:
 def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -> ActionLog:
     """Do `action` on the pipeline `name` (a name or a Pipeline). Returns the ActionLog row; raises
     Refused (with `.action_log` set) when the action is not allowed now. `runs`: how many runs to enqueue
-    (default: the pipeline's `parallel_runs`)."""
+    (default: the pipeline's `parallel_runs`, which another number replaces from now on, audited)."""
     if action not in TRANSITIONS:
         raise ValueError(f"Unknown action {action!r}: use one of {', '.join(ACTIONS)}.")
     transition = TRANSITIONS[action]
-    params = {"runs": runs} if transition.enqueue_run and runs not in (None, 1) else {}
+    params = {"runs": runs} if transition.enqueue_run and runs is not None else {}
     enqueue_failures: list[str] = []
     pipeline = lookup(name, action, actor, params)
     if runs is None:
         runs = pipeline.parallel_runs
-    if not 1 <= runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
-        refuse(pipeline, action, actor, params,
-               f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE}, got {runs}.")
+    if transition.enqueue_run and (problem := runs_problem(runs, pipeline.engine)):
+        refuse(pipeline, action, actor, params, f"Cannot {action} pipeline {pipeline.name!r}: {problem}.")
     with transaction.atomic():
         locked = Pipeline.objects.select_for_update().get(pk=pipeline.pk)
         problem = busy_reason(locked)
@@ -97,9 +105,16 @@ def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -
             entry = None  # written after the rollback below, so the refusal is recorded
         else:
             before = positions(locked)
+            done = f"{action}: desired state {transition.to}"
+            if transition.enqueue_run and runs != locked.parallel_runs:
+                # Durably: the supervisor keeps parallel_runs live, and would restart back to the old number.
+                params["parallel_runs_before"] = locked.parallel_runs
+                Pipeline.objects.filter(pk=locked.pk).update(parallel_runs=runs)
             epoch = set_state(locked, transition.to, enqueue_runs=runs if transition.enqueue_run else 0,
                               enqueue_failures=enqueue_failures)
-            done = f"{action}: desired state {transition.to}, epoch {epoch}"
+            done += f", epoch {epoch}"
+            if "parallel_runs_before" in params:
+                done += f", runs {params['parallel_runs_before']} -> {runs}"
             entry = ActionLog.objects.create(
                 pipeline=locked, action=action, actor=actor, params={**params, "epoch": epoch},
                 offsets_before=before, offsets_after=before, result=ActionResult.DONE,

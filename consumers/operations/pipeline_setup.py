@@ -44,6 +44,7 @@ from consumers.models import (
     KafkaClient,
     LogTruncatedPolicy,
     Pipeline,
+    runs_problem,
 )
 from consumers.operations.errors import DeleteRefused, Invalid
 
@@ -241,13 +242,8 @@ def _check_reading(spec: PipelineSpec, problems: dict) -> None:
         elif spec.isolation_level != IsolationLevel.READ_COMMITTED and spec.engine == Engine.SPARK:
             problems["isolation_level"] = ("the spark engine reads read_committed only: use the python engine for "
                                            "read_uncommitted")
-    if "runs" not in problems:
-        if not 1 <= spec.runs <= settings.TALLY_MAX_RUNS_PER_PIPELINE:
-            problems["runs"] = (f"runs must be between 1 and {settings.TALLY_MAX_RUNS_PER_PIPELINE} "
-                                f"(TALLY_MAX_RUNS_PER_PIPELINE), got {spec.runs}")
-        elif spec.runs > 1 and spec.engine == Engine.SPARK:
-            problems["runs"] = ("the spark engine runs one driver per pipeline and spreads the work over its "
-                                "executors: use runs = 1, or the python engine")
+    if "runs" not in problems and (problem := runs_problem(spec.runs, spec.engine)):
+        problems["runs"] = problem
     if "kafka_client" not in problems:
         problem = _kafka_client_problem(spec)
         if problem:

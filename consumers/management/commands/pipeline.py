@@ -71,8 +71,8 @@ class Command(SubcommandsCommand):
         for action in actions.ACTIONS:
             run = self.subcommand(commands, action, f"{action.capitalize()} a pipeline (audited).", "name")
             run.add_argument("--runs", type=int, default=None,
-                             help="start/resume/restart: how many runs to enqueue this time (they share the "
-                                  "partitions; default: the pipeline's --runs).")
+                             help="start/resume/restart: how many runs share the partitions from now on "
+                                  "(default: the pipeline's --runs, which this changes).")
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
