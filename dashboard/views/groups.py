@@ -7,7 +7,7 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.http import urlencode
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
 from consumers.access import can_operate, form_errors, record_refusal
@@ -97,9 +97,13 @@ def _not_found(request, group_id, cluster, message, fragment=None):
     return render_page(request, "group.html", context, fragment=fragment, status=404)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def group_reset(request, group_id):
+    if request.method == "GET":
+        # Kafka allows "/" in a group id: /groups/etl/reset/ is also the page of the group "etl/reset". The reset
+        # itself is POST only, so a GET here can only mean that page.
+        return group_detail(request, f"{group_id}/reset")
     if not can_operate(request.user):
         return refuse_viewer(request, None, fragment="panel")
     form = GroupResetForm(request.POST)
