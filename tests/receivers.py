@@ -17,6 +17,7 @@ class Receiver:
         self.status, self.text = status, text
         self.headers: dict[str, str] = {}  # sent with every answer (e.g. Retry-After)
         self.requests: list[dict] = []
+        self.answers: list[tuple[int, str]] = []   # (status, text) for the next requests, in turn; then status, text
         self.slow = False
         self.release = threading.Event()
         self._server = None
@@ -38,8 +39,9 @@ class Receiver:
                     receiver.release.wait(HOLD_LIMIT_SECONDS)
                     return  # the client has gone: no answer
                 receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                answer = receiver.text.encode()
-                self.send_response(receiver.status)
+                status, text = receiver.answers.pop(0) if receiver.answers else (receiver.status, receiver.text)
+                answer = text.encode()
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
                 for name, value in receiver.headers.items():
                     self.send_header(name, value)

@@ -85,6 +85,21 @@ def test_test_reports_the_receivers_answer_and_pagerduty_resolves_its_test_incid
     assert entry.result == ActionResult.DONE and "HTTP 202" in entry.message
 
 
+def test_a_pagerduty_test_whose_resolve_fails_says_its_test_incident_stays_open(receiver):
+    # The answer was the resolve's error alone: it read as if nothing was sent, while an incident stayed open.
+    receiver.answers = [(202, '{"status":"success"}'), (500, "resolve broke")]
+    run("add", "pager", "--kind", "pagerduty", "--url", f"{receiver.url}/v2/enqueue", "--routing-key", ROUTING_KEY)
+
+    error = str(refused("test", "pager"))
+
+    dedup_key = receiver.bodies()[0]["dedup_key"]
+    assert "trigger: HTTP 202" in error and "resolve failed: HTTP 500: resolve broke" in error
+    assert f"the test incident {dedup_key} stays open: resolve it in PagerDuty" in error
+    assert_no_secret(error)
+    entry = ActionLog.objects.get(action="alert_channel_test")
+    assert entry.result == ActionResult.FAILED and dedup_key in entry.message
+
+
 def test_a_failed_test_exits_1_with_the_reason_and_no_secret():
     down = Receiver()
     run("add", "chat", "--kind", "slack", "--url", f"{down.url}/services/T1/B2/{SLACK_TOKEN}")
