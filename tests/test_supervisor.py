@@ -160,6 +160,39 @@ def test_a_pipeline_whose_run_task_waits_in_the_queue_gets_no_second_task(runnin
     assert pipeline.waiting_for_worker(later) and not pipeline.waiting_for_worker(pipeline.waiting_since)
 
 
+@pytest.fixture
+def pipeline_queue(celery_app_for_tests, settings):
+    """The run tasks' queue in the test Redis, emptied afterwards."""
+    settings.TALLY_PIPELINE_QUEUE = "supervisor-test-runs"
+    yield settings.TALLY_PIPELINE_QUEUE
+    with celery_app_for_tests.connection_for_write() as connection:
+        connection.default_channel.queue_purge(settings.TALLY_PIPELINE_QUEUE)
+
+
+def test_run_tasks_lost_from_the_queue_are_sent_again_once_a_redelivery_would_have_come(running, queued,
+                                                                                      pipeline_queue, settings):
+    # The supervisor waited for lost tasks for ever (Redis lost its data, a purge, a worker killed between
+    # receiving a task and taking it): "waiting for a worker" while every worker was idle.
+    settings.TALLY_TASK_REDELIVERY_SECONDS = 60
+    assert decision().action == "restarted"          # its task never reaches the broker: lost
+    since = Pipeline.objects.get(pk=running.pk).waiting_since
+    assert supervisor.supervise(now=since + timedelta(seconds=74))[0].action == "waiting_for_worker"
+    result = supervisor.supervise(now=since + timedelta(seconds=76))[0]
+    assert result.action == "restarted" and "no longer in the queue and no worker took them: lost" in result.detail
+    assert queued == [(running.pk, 1), (running.pk, 1)]
+    entry = ActionLog.objects.filter(actor="supervisor").latest("pk")
+    assert "attempt 2" in entry.message and "lost" in entry.message
+
+
+def test_run_tasks_in_the_queue_are_waited_for_however_long(running, queued, pipeline_queue, settings):
+    settings.TALLY_TASK_REDELIVERY_SECONDS = 60
+    assert decision().action == "restarted"
+    actions.send_run(0, 0)                           # a task in the queue (another pipeline's, say)
+    since = Pipeline.objects.get(pk=running.pk).waiting_since
+    assert supervisor.supervise(now=since + timedelta(hours=1))[0].action == "waiting_for_worker"
+    assert queued == [(running.pk, 1)]
+
+
 def test_a_taken_run_task_ends_the_wait(running, queued):
     supervisor.supervise()
     pipeline = Pipeline.objects.get(pk=running.pk)

@@ -180,6 +180,17 @@ def send_run(pipeline_id: int, epoch: int, settled_peers: int = 0) -> str:
             .apply_async(queue=settings.TALLY_PIPELINE_QUEUE).id)
 
 
+def queued_run_tasks() -> int | None:
+    """How many tasks wait in the pipeline queue, by the broker's count; None when the broker cannot be asked."""
+    try:
+        with current_app.connection_for_read() as connection:
+            connection.ensure_connection(max_retries=1)
+            return connection.default_channel.queue_declare(queue=settings.TALLY_PIPELINE_QUEUE).message_count
+    except Exception as exc:  # kombu's OperationalError and friends: the broker is down or unreachable
+        log.warning("could not count the run tasks queued: %s: %s", type(exc).__name__, exc)
+        return None
+
+
 def lookup(name, action: str, actor: str, params: dict) -> Pipeline:
     """The pipeline called `name` (or `name` itself if it is a Pipeline); an unknown name is refused."""
     if isinstance(name, Pipeline):

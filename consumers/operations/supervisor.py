@@ -88,6 +88,10 @@ def _died_on_this_host(run: ConsumerRun) -> bool:
 def _supervise_one(pipeline: Pipeline, now) -> Decision:
     runs = live_runs(pipeline, now)
     if pipeline.runs_waiting and len(runs) < pipeline.parallel_runs:
+        if _run_tasks_lost(pipeline, now):
+            return _restart_or_give_up(pipeline, f"its {pipeline.runs_waiting} run task(s) of epoch {pipeline.epoch}, "
+                                                 f"queued since {pipeline.waiting_since:%H:%M:%S}, are no longer in "
+                                                 f"the queue and no worker took them: lost", now)
         # Its run tasks are still in the queue: enqueueing more would only pile duplicates behind them.
         # Past TALLY_WORKER_WAIT_SECONDS the page and the no-consumer alert say it waits for a worker.
         return Decision(pipeline.name, Verdict.WAITING_FOR_WORKER,
@@ -125,6 +129,17 @@ def _restart_or_give_up(pipeline: Pipeline, reason: str, now) -> Decision:
     if pipeline.restart_attempts >= settings.TALLY_SUPERVISOR_MAX_ATTEMPTS:
         return _give_up(pipeline, reason)
     return _restart(pipeline, reason, now)
+
+
+def _run_tasks_lost(pipeline: Pipeline, now) -> bool:
+    """The run tasks the pipeline waits for left the broker without a worker taking them (Redis lost its data, a
+    purge, a worker killed between receiving a task and taking it): an empty queue, once a task a dead worker
+    had reserved would have been redelivered (TALLY_TASK_REDELIVERY_SECONDS) and taken (a lease). A queue that
+    holds tasks may hold them: waiting on is never wrong then, only a second task would be."""
+    patience = timedelta(seconds=settings.TALLY_TASK_REDELIVERY_SECONDS + settings.TALLY_RUN_LEASE_SECONDS)
+    if pipeline.waiting_since is None or now - pipeline.waiting_since < patience:
+        return False
+    return actions.queued_run_tasks() == 0
 
 
 def _one_died(pipeline: Pipeline, runs: list[ConsumerRun]) -> bool:
@@ -185,7 +200,7 @@ def _restart(pipeline: Pipeline, reason: str, now) -> Decision:
         claimed = Pipeline.objects.filter(
             Q(restart_after__isnull=True) | Q(restart_after__lte=now), pk=pipeline.pk,
             desired_state=DesiredState.RUNNING, epoch=pipeline.epoch,
-            restart_attempts=pipeline.restart_attempts, runs_waiting=0,
+            restart_attempts=pipeline.restart_attempts, runs_waiting=pipeline.runs_waiting,
         ).bump_epoch(restart_attempts=F("restart_attempts") + 1, restart_after=now + timedelta(seconds=wait),
                      last_error=PipelineError.RESTARTED.text(reason), updated_at=now, runs_waiting=runs,
                      waiting_since=now)
