@@ -1,6 +1,7 @@
 """The supervisor's decisions against the real database: restart a pipeline that should run but has no
 live run (with the reason, a new epoch and backoff), leave live ones alone, claim each restart once, and
 give up after the bounded number of attempts. (The real beat + worker path is in test_celery_pipelines.py.)"""
+import dataclasses
 import os
 import socket
 import subprocess
@@ -14,7 +15,10 @@ from consumers.engine import runs
 from consumers.engine.lifecycle import RunResult
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, EndReason, Pipeline, RunState
 from consumers.operations import actions, supervisor
+from tests.chaos import produce_values
 from tests.commands import pipeline_command
+from tests.pipelines import create_pipeline
+from tests.sink_rows import sink_offsets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -311,3 +315,28 @@ def test_runs_a_spark_pipeline_cannot_hold_are_refused_and_recorded(running, enq
     pipeline = Pipeline.objects.get(pk=running.pk)
     assert (pipeline.epoch, pipeline.parallel_runs, enqueued) == (running.epoch, 1, [])
     assert ActionLog.objects.get().result == ActionResult.REFUSED
+
+
+@pytest.mark.kafka
+def test_a_stop_that_lands_as_a_run_starts_fences_that_run_instead_of_being_joined_by_it(
+        kafka_bootstrap, make_topic, table, queued, monkeypatch):
+    # The task checked its epoch, then the engine joined the pipeline's epoch as it then was: the stop's own.
+    # The stopped pipeline kept consuming, and nothing would ever fence it.
+    topic = make_topic("stop-race")
+    produce_values(topic, range(1, 6))
+    pipeline = create_pipeline("raced", topic, table)
+    actions.start("raced")
+    epoch = Pipeline.objects.get(pk=pipeline.pk).epoch
+    python_engine = runs.engine_for(pipeline.engine)
+
+    def stopped_as_it_starts(name, options):
+        actions.stop(name, actor="bob")
+        return python_engine(name, dataclasses.replace(options, max_seconds=15))   # bounded, without the fix
+
+    monkeypatch.setattr(runs, "engine_for", lambda kind: stopped_as_it_starts)
+    result = runs.run_here(pipeline.pk, epoch)
+
+    assert result["reason"] == EndReason.FENCED and result["records"] == 0
+    run = ConsumerRun.objects.get(pipeline=pipeline)
+    assert (run.epoch, run.state) == (epoch, RunState.FENCED)
+    assert sink_offsets(table) == []

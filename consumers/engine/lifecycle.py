@@ -1,6 +1,6 @@
 """One pipeline run's life cycle, the same for every engine (python.py, spark.py).
 
-    pipeline = load_pipeline(name)                  # UnknownPipeline if there is none
+    pipeline = load_pipeline(name, epoch)           # UnknownPipeline if there is none
     run = Run(pipeline, Engine.PYTHON, task_id=...)  # joins the pipeline's current epoch: a ConsumerRun row
     kafka = KafkaPositions(pipeline, consumer)       # Kafka's copy of the positions
     loop:
@@ -12,11 +12,11 @@
 
 An engine differs only in how it fetches records and where it calls `commit.commit_batch`.
 
-Epochs (docs/architecture.md "Epochs and runs"): a run joins the pipeline's current epoch when it starts. It
-ends when its heartbeat sees a newer epoch or a deleted pipeline (`RunEnded("fenced")`), or when the commit
-protocol refuses a write of an older epoch inside its transaction (commit.Fenced). A run ends with an
-EndReason (consumers/models); RUN_STATE says which ConsumerRun state that is, and HALT_REASONS leave their
-reason on the pipeline.
+Epochs (docs/architecture.md "Epochs and runs"): a run joins the epoch its task was sent for, or (a foreground
+run) the pipeline's current epoch when it starts. It ends when its heartbeat sees a newer epoch or a deleted
+pipeline (`RunEnded("fenced")`), or when the commit protocol refuses a write of an older epoch inside its
+transaction (commit.Fenced). A run ends with an EndReason (consumers/models); RUN_STATE says which ConsumerRun
+state that is, and HALT_REASONS leave their reason on the pipeline.
 """
 import logging
 import os
@@ -107,11 +107,17 @@ def cluster_unusable(pipeline: Pipeline, exc: Exception) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {exc}"
 
 
-def load_pipeline(name: str) -> Pipeline:
+def load_pipeline(name: str, epoch: int | None = None) -> Pipeline:
+    """The pipeline, as the run will join it: at `epoch` when the run was started for one (a run task checks the
+    pipeline still runs at its epoch, then starts its engine; an action that lands in between made a newer
+    epoch for itself, a stop's say, which the run must not join: it joins its own, and is fenced at once)."""
     try:
-        return Pipeline.objects.get(name=name)
+        pipeline = Pipeline.objects.get(name=name)
     except Pipeline.DoesNotExist:
         raise UnknownPipeline(f"No pipeline named {name!r}.") from None
+    if epoch is not None:
+        pipeline.epoch = epoch
+    return pipeline
 
 
 def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:

@@ -25,6 +25,7 @@ class RunOptions:
     max_seconds: float | None = None          # end after this long, whatever is left
     faults: FaultInjector = NO_FAULTS         # crash points, for the chaos tests
     task_id: str = ""                         # the Celery task that runs it, kept on the run's row
+    epoch: int | None = None                  # the epoch it was started for (a run task's); None: the current one
     peers: int = 0                            # python: one of this many runs started together (--processes)
     on_worker_death: Callable[[], None] | None = None   # spark: called once per Python worker that died committing
 

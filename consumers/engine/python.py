@@ -66,7 +66,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     PipelineEngine interface). `options.peers`: this run is one of that many started together (`run_pipeline
     --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S), so each takes its
     share at once instead of all of them first and handing most over a second later."""
-    pipeline = load_pipeline(name)
+    pipeline = load_pipeline(name, options.epoch)
     engine = _Engine(pipeline, stop=options.stop or threading.Event(),
                      batch_size=options.batch_size or pipeline.batch_size, delay_ms=options.delay_ms,
                      stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,

@@ -94,7 +94,7 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
             return dict(hosts.SHUTTING_DOWN)
         _stop_events[key] = stop
     try:
-        result = engine(pipeline.name, RunOptions(stop=stop, task_id=task_id))
+        result = engine(pipeline.name, RunOptions(stop=stop, task_id=task_id, epoch=epoch))
     finally:
         with _lock:
             _stop_events.pop(key, None)

@@ -64,7 +64,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time (the PipelineEngine
     interface). `options.on_worker_death()` is called once per Python worker that died committing (see
     --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
-    return SparkRun(load_pipeline(name), stop=options.stop, batch_size=options.batch_size,
+    return SparkRun(load_pipeline(name, options.epoch), stop=options.stop, batch_size=options.batch_size,
                     delay_ms=options.delay_ms, stop_when_caught_up=options.stop_when_caught_up,
                     max_seconds=options.max_seconds, faults=options.faults, task_id=options.task_id,
                     on_worker_death=options.on_worker_death).run()
