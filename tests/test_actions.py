@@ -110,3 +110,12 @@ def test_an_abandoned_running_action_no_longer_blocks_the_pipeline(pipeline, enq
     ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="carol", result=ActionResult.RUNNING,
                              created_at=timezone.now() - actions.STALE_ACTION_AFTER * 2)
     assert actions.start("orders").result == ActionResult.DONE
+
+
+def test_runs_given_to_an_action_that_enqueues_no_run_is_a_usage_error_that_changes_nothing(pipeline, enqueued, capsys):
+    # `pipeline stop orders --runs 3` said "stop: done" and dropped the number: the operator may have meant restart.
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    for action in ("stop", "pause"):
+        code, _, err = run_command(capsys, action, "orders", "--runs", "3")
+        assert code == 2 and "unrecognized arguments: --runs 3" in err
+    assert (reloaded(pipeline).desired_state, pipeline.epoch, pipeline.parallel_runs) == (DesiredState.RUNNING, 0, 1)

@@ -70,9 +70,10 @@ class Command(SubcommandsCommand):
         apply.add_argument("--dry-run", action="store_true", help="Print what would change; change nothing.")
         for action in actions.ACTIONS:
             run = self.subcommand(commands, action, f"{action.capitalize()} a pipeline (audited).", "name")
-            run.add_argument("--runs", type=int, default=None,
-                             help="start/resume/restart: how many runs share the partitions from now on "
-                                  "(default: the pipeline's --runs, which this changes).")
+            if actions.TRANSITIONS[action].enqueue_run:   # stop and pause start no run: --runs is a usage error
+                run.add_argument("--runs", type=int, default=None,
+                                 help="How many runs share the partitions from now on (default: the pipeline's "
+                                      "--runs, which this changes).")
         for sub in commands.choices.values():
             sub.add_argument("--actor", default="cli", help="Who asks (for the action log).")
 
@@ -80,7 +81,7 @@ class Command(SubcommandsCommand):
         if command not in actions.ACTIONS:
             return super().handle(*args, command=command, **options)
         try:
-            entry = actions.perform(command, options["name"], options["actor"], runs=options["runs"])
+            entry = actions.perform(command, options["name"], options["actor"], runs=options.get("runs"))
         except actions.ActionRefused as exc:
             raise refused(str(exc)) from None
         if entry.result == ActionResult.FAILED:   # e.g. no run enqueued (the task broker down): not done
