@@ -281,6 +281,20 @@ def test_a_run_is_begun_before_its_engine_starts(running, monkeypatch):
     assert len(seen) == 1 and seen[0] >= before + timedelta(seconds=15)
 
 
+def test_a_run_that_fails_after_an_operator_restarted_its_pipeline_leaves_no_error_on_the_new_epoch(
+        running, queued, monkeypatch):
+    # The failure of a run the restart replaced was written on the pipeline: its page said "run failed" while the
+    # new epoch's run read on, and nothing cleared it.
+    def fails_as_it_is_replaced(name, options):
+        actions.restart(name, actor="alice")
+        return RunResult(pipeline=name, reason=EndReason.ERROR, detail="KafkaUnreachable: no broker")
+
+    monkeypatch.setattr(runs, "engine_for", lambda kind: fails_as_it_is_replaced)
+    assert runs.run_here(running.pk, running.epoch)["reason"] == EndReason.ERROR
+    pipeline = Pipeline.objects.get(pk=running.pk)
+    assert (pipeline.epoch, pipeline.last_error) == (running.epoch + 1, "")
+
+
 def test_the_reason_of_a_whole_restart_names_the_run_that_is_not_live(running, queued):
     Pipeline.objects.filter(pk=running.pk).update(parallel_runs=2)
     running.refresh_from_db()

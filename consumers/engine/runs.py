@@ -150,7 +150,8 @@ def _after_run(pipeline: Pipeline, result) -> None:
                                  result=ActionResult.FAILED, message=PipelineError.HALTED.text(detail, result.reason),
                                  finished_at=timezone.now())
     elif result.reason == "error":
-        Pipeline.objects.filter(pk=pipeline.pk).set_error(PipelineError.RUN_FAILED, detail)
+        # Only on the epoch it ran in: an action since (a restart, a stop) left its own state and error.
+        Pipeline.objects.filter(pk=pipeline.pk, epoch=pipeline.epoch).set_error(PipelineError.RUN_FAILED, detail)
 
 
 def stop_all_runs(reason: str = "worker shutting down") -> int:
