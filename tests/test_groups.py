@@ -169,7 +169,7 @@ def test_a_group_whose_id_ends_with_reset_or_holds_url_characters_has_its_page_a
     from tests.views_helpers import make_operator
 
     topic = make_topic("grp-url")
-    produce(kafka_bootstrap, topic, 10, partitions=1)
+    send(topic, numbered(10))
     operator = Client()
     operator.force_login(make_operator())
     for group in ("etl/reset", "a b%?#/reset", "a b%?#"):

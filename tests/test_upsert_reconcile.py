@@ -170,11 +170,7 @@ def test_an_idle_pass_does_not_read_the_upsert_table_and_a_moved_position_is_che
 def test_keys_postgresql_holds_equal_supersede_each_other_in_the_write_and_the_reconciliation(make_topic):
     # citext: 'ann' and 'ANN' are one row, as PostgreSQL's equality says, and so is a tombstone of 'BOB' for 'bob'.
     topic = make_topic("people", partitions=1)
-    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
-    for key, status in [("ann", "new"), ("ANN", "paid"), ("bob", "new"), ("BOB", None), ("carl", "new")]:
-        producer.send(topic, None if status is None else json.dumps({"status": status}).encode(), key=key.encode())
-    producer.flush(timeout=30)
-    producer.close(timeout=5)
+    send(topic, keyed_statuses([("ann", "new"), ("ANN", "paid"), ("bob", "new"), ("BOB", None), ("carl", "new")]))
     table = f"people_{topic}".replace("-", "_")
     with connection.cursor() as cur:
         cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
