@@ -234,3 +234,17 @@ def test_checking_a_good_cluster_in_a_bad_file_names_the_bad_table(clusters_file
     assert (result.ok, result.step) == (False, "settings")
     assert result.error.startswith("Kafka cluster 'pay': the clusters file is invalid: bootstrap_servers must be")
     assert result.error.endswith("[clusters.bad])")
+
+
+def test_a_refused_describe_configs_is_an_error_not_a_topic_without_settings():
+    """kafka-python drops each resource's error code from a DescribeConfigs reply: the factory's admin client
+    raises it, so a topic the principal may not describe does not read as one of the default cleanup.policy."""
+    from kafka.errors import TopicAuthorizationFailedError
+    from kafka.protocol.admin import DescribeConfigsResponse
+
+    Result = DescribeConfigsResponse.DescribeConfigsResult
+    refused = DescribeConfigsResponse(throttle_time_ms=0, results=[Result(
+        error_code=29, error_message="Topic authorization failed.", resource_type=2, resource_name="orders",
+        configs=[])])
+    with pytest.raises(TopicAuthorizationFailedError, match="orders"):
+        clusters._AdminClient._describe_configs_process_responses([refused], "all")

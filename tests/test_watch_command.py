@@ -215,3 +215,85 @@ start_from = 2020-01-02T03:04:05
     assert code == 1 and "day.start_from: a date alone is not a start: write a date and time, e.g. " \
                          "2020-01-02T00:00:00Z" in err
     assert not Watch.objects.filter(name="day").exists()
+
+
+class CleanupPolicy:
+    """The watch's Kafka calls, with the topic's cleanup.policy as given (`None`: the broker refuses to describe
+    the topic's configs, as a secured cluster without the DESCRIBE_CONFIGS ACL does). The embedded broker never
+    compacts, so a compacted-away record is stood for by a transaction marker: read_committed, both are a
+    position without a record."""
+
+    def __init__(self, policy: str | None):
+        from consumers.kafka import admin
+
+        self.real, self.policy = admin.on(), policy
+
+    def cleanup_policy(self, topic, *args, **kwargs):
+        from kafka.errors import TopicAuthorizationFailedError
+
+        if self.policy is None:
+            raise TopicAuthorizationFailedError("DescribeConfigs refused")
+        return self.policy
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def offset_watch_with_a_row_at_a_hole(make_topic, team_table, name: str):
+    """Offsets 0..2 committed in a transaction (its marker at 3), the group committed at 4 and a row at every
+    offset 0..3: the row at 3 is where a consumer read a record that compaction removed since."""
+    from consumers.kafka import admin
+    from consumers.operations import watch_setup
+    from tests.transactional_log import produce_transactions
+
+    topic = make_topic(name)
+    produce_transactions(topic, [([1, 2, 3], True)])
+    insert(team_table, [(v, 0, v) for v in range(4)])
+    group = f"{name}-group"
+    admin.commit_offsets(group, topic, {0: 4})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name=name, group=group, topic=topic, sink_table=team_table,
+                                                        record_id="offset", row_id="part,off", settle_seconds=0))
+    return watch
+
+
+@pytest.mark.parametrize("policy", ["compact", "compact,delete"])
+def test_a_row_at_a_hole_of_a_compacted_topic_is_not_a_phantom(make_topic, team_table, policy):
+    from consumers.reconciliation import watch_audit
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "compacted")
+    report = watch_audit.check_watch(watch, kafka=CleanupPolicy(policy))
+    assert (report.checked, report.lost, report.phantom, report.status) == (3, 0, 0, "OK")
+    assert any("compacted" in note and f"cleanup.policy={policy}" in note for note in report.notes), report.notes
+
+
+def test_a_row_at_a_hole_of_a_deleting_topic_is_a_phantom(make_topic, team_table):
+    from consumers.reconciliation import watch_audit
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "deleting")
+    report = watch_audit.check_watch(watch, kafka=CleanupPolicy("delete"))
+    assert (report.checked, report.phantom, report.status) == (3, 1, "ERR")
+
+
+def test_a_refused_describe_configs_judges_no_hole_and_says_why(make_topic, team_table):
+    from consumers.reconciliation import watch_audit
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "refused")
+    report = watch_audit.check_watch(watch, kafka=CleanupPolicy(None))
+    assert (report.checked, report.lost, report.phantom, report.status, report.error) == (3, 0, 0, "OK", "")
+    assert any("cleanup.policy could not be read" in note and "TopicAuthorizationFailedError" in note
+               for note in report.notes), report.notes
+
+
+def test_the_cleanup_policy_is_read_from_the_broker(make_topic, kafka_bootstrap):
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from consumers.kafka import admin
+
+    compacted = f"compacted-{uuid.uuid4().hex[:8]}"
+    client = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        client.create_topics([NewTopic(compacted, 1, 1, topic_configs={"cleanup.policy": "compact,delete"})])
+    finally:
+        client.close()
+    assert admin.cleanup_policy(compacted) == "compact,delete"
+    assert admin.cleanup_policy(make_topic("plain")) == "delete"

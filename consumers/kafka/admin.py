@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaConnectionError
 from kafka.structs import OffsetAndMetadata
 
@@ -365,6 +366,16 @@ def read_records(topic: str, offsets: dict[int, list[int]], timeout_s: float = 1
     return found
 
 
+def cleanup_policy(topic: str, cluster=None) -> str:
+    """The topic's cleanup.policy: "delete", "compact" or "compact,delete". A topic whose configs the broker
+    lists without it has Kafka's default, "delete" (real Kafka lists every config; the embedded broker only
+    those the topic was created with). Raises when the broker refuses (no DESCRIBE_CONFIGS ACL on the topic)."""
+    described = shared_read(cluster, lambda admin: admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all"))
+    entry = described.get("topic", {}).get(topic, {}).get("cleanup.policy")
+    return (entry or {}).get("value") or "delete"
+
+
 @dataclass
 class GroupDescription:
     group_id: str
@@ -551,7 +562,7 @@ class ClusterAdmin:
              "committed_offsets", "committed_offsets_of_groups", "group_committed_offsets", "commit_offsets",
              "offsets_for_time", "record_timestamps", "record_timestamps_of_topics", "read_records",
              "list_groups", "describe_group", "describe_groups", "delete_groups", "read_record",
-             "find_records_by_key")
+             "find_records_by_key", "cleanup_policy")
 
     def __init__(self, cluster=None):
         self.cluster = cluster

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from django.conf import settings
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import errors as kafka_errors
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
 from consumers.kafka.errors import ClusterConfigError
@@ -421,6 +422,17 @@ class _AdminClient(KafkaAdminClient):
         except ValueError:
             obj["authorized_operations"] = None
             return obj
+
+    @classmethod
+    def _describe_configs_process_responses(cls, responses, config_filter="modified"):
+        # kafka-python drops each resource's error code: a refusal (TopicAuthorizationFailed) would read as a
+        # resource without settings, e.g. a topic of the default cleanup.policy.
+        for response in responses:
+            for result in response.results:
+                error = kafka_errors.for_code(result.error_code)
+                if error is not kafka_errors.NoError:
+                    raise error(f"{result.resource_name}: {result.error_message}")
+        return super()._describe_configs_process_responses(responses, config_filter)
 
 
 def _request_timeout_ms() -> int:

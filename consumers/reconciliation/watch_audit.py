@@ -57,6 +57,11 @@ MATCH_WORK_MEM = "256MB"
 RETENTION_NOTE = "removed by retention before the audit read them: not audited"
 # Positions the log start passed while the group's committed offset was below them: the consumer never read them.
 DELETED_UNREAD_NOTE = "deleted by retention before the group read them: never delivered"
+COMPACTED_NOTE = ("compacted topic (cleanup.policy={policy}): a position without a record may hold a record the "
+                  "consumer read before compaction removed it, so rows there are not counted as phantoms")
+UNKNOWN_POLICY_NOTE = ("the topic's cleanup.policy could not be read ({reason}; grant DESCRIBE_CONFIGS on the topic): "
+                       "a position without a record may be a compacted record, so rows there are not counted as "
+                       "phantoms")
 
 
 class WatchCheckError(RuntimeError):
@@ -136,14 +141,15 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
         return _failed(watch, f"Kafka: {type(exc).__name__}: {exc}", now)
     notes: list[str] = []
     alive = group_alive(kafka, watch.group_id, notes)
+    phantoms = watch.audits and watch.record_id == record_ids.OFFSET and phantoms_judged(kafka, watch.topic, notes)
     try:
-        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold)
+        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold, phantoms)
     except WatchCheckError as exc:  # the transaction rolled back: nothing settled, the reason is stored
         return _failed(watch, str(exc), now)
 
 
 def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settle: int, notes: list,
-                  now: datetime, kafka, spark_threshold: int | None = None) -> WatchReport:
+                  now: datetime, kafka, spark_threshold: int | None = None, phantoms: bool = True) -> WatchReport:
     new_ranges: list[RangeResult] = []
     with transaction.atomic():
         Watch.objects.select_for_update().filter(pk=watch.pk).first()
@@ -165,7 +171,7 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
             _store_ranges(watch, parts, new_ranges, now)   # before planning: they move the settled mark
             plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
             if plans:
-                audited = _audit(watch, plans, marks, now, spark_threshold)
+                audited = _audit(watch, plans, marks, now, spark_threshold, phantoms)
                 _store_ranges(watch, parts, audited, now)
                 new_ranges += audited
         _measure(watch, parts, marks, kafka, now, notes)
@@ -330,8 +336,8 @@ class _Loader:
             self.buffer, self.lines = io.StringIO(), 0
 
 
-def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None
-           ) -> list[RangeResult]:
+def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None,
+           phantoms: bool = True) -> list[RangeResult]:
     by_offset = watch.record_id == record_ids.OFFSET
     columns = watch.row_columns
     with connection.cursor() as wrapper:
@@ -342,10 +348,11 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
         if _on_spark(plans, spark_threshold):
-            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type)
+            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms)
         else:
             try:
-                counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns)
+                counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns,
+                                                             phantoms)
             except psycopg2.Error as exc:  # the table changed under the watch (a column's type, the grant): ERR
                 raise WatchCheckError(f"table {watch.sink_table!r} could not be audited: {type(exc).__name__}: "
                                       f"{exc.diag.message_primary or exc}") from exc
@@ -382,6 +389,23 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
     return ranges
 
 
+def phantoms_judged(kafka, topic: str, notes: list) -> bool:
+    """Whether a row at a position without a record is a phantom (offset ids). Not on a compacted topic: a consumer
+    that read a record before compaction removed it rightly has a row there, and reading the topic cannot tell a
+    compacted record from a transaction marker. A policy that cannot be read (no DESCRIBE_CONFIGS ACL) judges no
+    hole either: a finding is a claim the audit can prove, and a false phantom would be an ERR, stored for good,
+    on every compacted topic of a secured cluster. The note says which of the two it was."""
+    try:
+        policy = kafka.cleanup_policy(topic)
+    except Exception as exc:  # noqa: BLE001 - the audit goes on; only the phantoms are not judged
+        notes.append(UNKNOWN_POLICY_NOTE.format(reason=type(exc).__name__))
+        return False
+    if "compact" in policy.replace(" ", "").split(","):
+        notes.append(COMPACTED_NOTE.format(policy=policy))
+        return False
+    return True
+
+
 def table_gone_message(watch: Watch) -> str:
     return f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist"
 
@@ -411,7 +435,7 @@ def _on_spark(plans: dict, threshold: int | None) -> bool:
 
 
 def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, by_offset: bool,
-                         columns: list[str]) -> tuple[dict, dict]:
+                         columns: list[str], phantoms: bool = True) -> tuple[dict, dict]:
     """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
     ends = {p: end for p, (_, _, end) in plans.items()}
     loader = _Loader(cur, watch, id_type, ends)
@@ -430,7 +454,7 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
         cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(
             sql.Identifier(WRITTEN), watch_match.written_sql(table, columns, by_offset, RELATIONS)))
         cur.execute(sql.SQL("ANALYZE {}").format(RELATIONS["written"]))
-    findings = watch_match.findings_sql(table, columns, by_offset, watch.keyed, RELATIONS)
+    findings = watch_match.findings_sql(table, columns, by_offset, watch.keyed, RELATIONS, phantoms=phantoms)
     cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS {}").format(sql.Identifier(FOUND), findings))
     superseded = {}
     if watch.keyed:
@@ -439,7 +463,8 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     return loader.counts, superseded
 
 
-def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None) -> tuple[dict, dict]:
+def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, phantoms: bool = True
+                    ) -> tuple[dict, dict]:
     """The same match on Spark executors (consumers/reconciliation/watch_spark.py); the findings in `found`."""
     from consumers.reconciliation import watch_spark
 
@@ -448,7 +473,7 @@ def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | 
     log.info("watch %s: matching %s records on Spark", watch.name,
              sum(end - first for _, first, end in plans.values()))
     try:
-        return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"])
+        return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"], phantoms=phantoms)
     except WatchCheckError:
         raise
     except Exception as exc:  # Spark, JDBC or Kafka: the check fails with the reason's kind, nothing settles

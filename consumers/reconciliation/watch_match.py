@@ -9,7 +9,7 @@ and the team's table. Output, one row per finding: (partition, "offset", kind, e
     lost        a record with no row (keyed: its id's latest record has no row, or a tombstone's row is still
                 there -- the delete was lost);
     duplicated  a record with more rows than records that name them; `extra` = the rows beyond those;
-    phantom     (offset ids) a row at a position of the range that holds no record.
+    phantom     (offset ids, not on a compacted topic) a row at a position of the range that holds no record.
 Ids repeated in the range (not keyed): n records and m rows of one id deliver its first m records; the
 rest are lost, and m - n extra rows are counted on its first record.
 
@@ -88,7 +88,8 @@ SELECT w.partition, w."offset", 'duplicated', w.n_rows - 1 FROM {written} w
 JOIN {records} r ON w.partition = r.partition AND w."offset" = r."offset" WHERE w.n_rows > 1
 """
 
-# Offset ids: rows at positions of the settled ranges that hold no record (a marker, an aborted record).
+# Offset ids: rows at positions of the settled ranges that hold no record (a marker, an aborted record). Not on a
+# compacted topic: there a position without a record may be one the consumer read before compaction removed it.
 PHANTOM_BY_OFFSET = """
 SELECT t.{part}, t.{off}, 'phantom' AS kind, 0 AS extra FROM {table} t
 JOIN {ranges} g ON t.{part} = g.partition AND t.{off} >= g.start AND t.{off} < g."end"
@@ -124,9 +125,12 @@ def written_sql(table: str | tuple[str, ...], columns: list[str], by_offset: boo
 
 
 def findings_sql(table: str | tuple[str, ...], columns: list[str], by_offset: bool, keyed: bool,
-                 relations: dict) -> sql.Composed:
+                 relations: dict, *, phantoms: bool = True) -> sql.Composed:
     """The statement that lists every finding, given the relations `records`, `written` and `ranges` (their
-    names in `relations`, as psycopg2.sql objects)."""
+    names in `relations`, as psycopg2.sql objects). `phantoms`: whether a row at a position without a record is
+    one (not on a compacted topic, where the consumer may have read a record compaction removed since)."""
+    if by_offset and not phantoms:
+        return sql.SQL(MATCH_BY_OFFSET).format(**_names(relations))
     if by_offset:
         part, off = (sql.Identifier(c) for c in columns)
         phantom = sql.SQL(PHANTOM_BY_OFFSET).format(part=part, off=off, table=_table(table),

@@ -121,9 +121,11 @@ def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
             .option("numPartitions", str(partitions)).load())
 
 
-def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relation) -> tuple[dict, dict]:
+def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relation, *, phantoms: bool = True
+          ) -> tuple[dict, dict]:
     """Run the audit of `plans` on Spark; every finding is COPYed into `found_relation` (partition, "offset",
-    kind, extra) through `cur`. Returns ({partition: {records, ignored, unreadable}}, {partition: superseded})."""
+    kind, extra) through `cur`. Returns ({partition: {records, ignored, unreadable}}, {partition: superseded}).
+    `phantoms`: as watch_match.findings_sql."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -154,7 +156,7 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
             written.createOrReplaceTempView(names["written"])
         counts = _counts(records, by_offset)
         findings = spark.sql(spark_sql(watch_match.findings_sql(names["team"], columns, by_offset, watch.keyed,
-                                                                views), cur))
+                                                                views, phantoms=phantoms), cur))
         _copy_found(cur, found_relation, findings)
         superseded = {}
         if watch.keyed:
