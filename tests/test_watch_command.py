@@ -297,3 +297,15 @@ def test_the_cleanup_policy_is_read_from_the_broker(make_topic, kafka_bootstrap)
         client.close()
     assert admin.cleanup_policy(compacted) == "compact,delete"
     assert admin.cleanup_policy(make_topic("plain")) == "delete"
+
+
+def test_two_rows_at_a_hole_of_a_compacted_topic_are_a_duplicate(make_topic, team_table):
+    """The consumer wrote the record compaction removed since twice: whatever that position held, one record at
+    most was there, so the second row is a duplicate (the one phantom rule a compacted topic still allows)."""
+    from consumers.reconciliation import watch_audit
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "twice")
+    insert(team_table, [(3, 0, 3)])
+    report = watch_audit.check_watch(watch, kafka=CleanupPolicy("compact"))
+    assert (report.checked, report.phantom, report.duplicated, report.status) == (3, 0, 1, "ERR")
+    assert report.duplicated_offsets == [{"partition": 0, "offset": 3}]
