@@ -5,12 +5,12 @@ the admin's list."""
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from alerts.models import Alert, Mute
 from consumers.access import can_operate, can_view, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult, Pipeline
+from tests.alert_rows import open_alert
 from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
 
 
@@ -122,13 +122,6 @@ def test_a_viewer_still_reads_everything(db):
     assert not ActionLog.objects.exists()
 
 
-def firing_alert() -> Alert:
-    pipeline = Pipeline.objects.get_or_create(name="orders", defaults={"topic": "t", "sink_table": "sink_orders"})[0]
-    rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
-    now = timezone.now()
-    return Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
-                                started_at=now, last_seen_at=now)
-
 
 @pytest.mark.parametrize("path,action", [("/alerts/{alert}/acknowledge/", "acknowledge_alert"),
                                          ("/alerts/{alert}/mute/", "mute_alert"),
@@ -137,7 +130,7 @@ def firing_alert() -> Alert:
                                          ("/alerts/rules/{rule}/", "alert_rule"),
                                          ("/alerts/rules/new/", "alert_rule")])
 def test_a_viewers_refusal_on_the_alert_pages_is_audited(db, path, action):
-    alert = firing_alert()
+    alert = open_alert("orders")
     response = signed_in(make_viewer()).post(path.format(alert=alert.pk, rule=alert.rule_id),
                                              {"minutes": "10", "name": "x", "kind": "lost"})
     assert response.status_code == 403

@@ -9,7 +9,7 @@ from alerts.models import Alert, AlertState, Mute
 from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, Pipeline
 from consumers.operations import actions
 from tests.admin_support import client_for, messages_of, post_action, staff_operator, staff_viewer
-from tests.test_alerts_views import make_alert
+from tests.alert_rows import open_alert
 from tests.views_helpers import make_pipeline
 
 PIPELINES = "/admin/consumers/pipeline/"
@@ -94,7 +94,7 @@ def test_a_viewer_repeating_the_action_parameter_is_refused_as_django_reads_it_a
         enqueued, changelist, actions_posted, index, logged_as):
     orders = make_pipeline("orders")
     ids = {PIPELINES: [orders.pk], DEAD_LETTERS: list(DeadLetter.objects.values_list("pk", flat=True)),
-           ALERTS: [make_alert("orders").pk]}[changelist]
+           ALERTS: [open_alert("orders").pk]}[changelist]
     client = client_for(staff_viewer())
 
     refused = post_action(client, changelist, actions_posted, ids, index=index)
@@ -179,7 +179,7 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
 
 
 def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_refused():
-    first, second = make_alert("orders"), make_alert("payments")
+    first, second = open_alert("orders"), open_alert("payments")
     viewer = client_for(staff_viewer())
     assert viewer.get(ALERTS).status_code == 200
     assert post_action(viewer, ALERTS, "acknowledge_alerts", [first.pk], index="0").status_code == 403
@@ -203,7 +203,7 @@ def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_re
     ({"minutes": "90", "reason": "x" * 201}, "The reason is longer than 200 characters."),
 ])
 def test_a_mute_from_the_admin_with_bad_input_says_why_mutes_nothing_and_is_audited(fields, problem):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     client = client_for(staff_operator())
 
     refused = post_action(client, ALERTS, "mute_alerts", [alert.pk], index="0", **fields)

@@ -7,8 +7,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
+from alerts.models import AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
 from consumers.models import ActionLog, ActionResult
+from tests.alert_rows import open_alert
 from tests.views_helpers import PASSWORD, make_pipeline
 
 pytestmark = pytest.mark.django_db
@@ -48,15 +49,9 @@ def test_adding_changing_and_deleting_a_rule_in_the_admin_is_audited(root):
     assert ActionLog.objects.order_by("pk")[1].params["changed"] == ["threshold"]
 
 
-def firing_alert(pipeline) -> Alert:
-    rule = AlertRule.objects.create(name="admin-made loss", kind=RuleKind.LOST, pipeline=pipeline)
-    now = timezone.now()
-    return Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
-                                started_at=now, last_seen_at=now)
-
 
 def test_alerts_are_read_only_in_the_admin(root):
-    alert = firing_alert(make_pipeline(with_history=False))
+    alert = open_alert(make_pipeline(with_history=False), summary="3 lost")
     root.post(f"/admin/alerts/alert/{alert.pk}/change/", {"state": AlertState.RESOLVED, "summary": "fine"})
     assert root.post(f"/admin/alerts/alert/{alert.pk}/delete/", {"post": "yes"}).status_code == 403
     alert.refresh_from_db()
@@ -75,7 +70,7 @@ def test_lifting_a_mute_in_the_admin_is_audited(root):
 
 
 def test_the_outbox_is_read_only_in_the_admin_so_no_notification_is_changed_or_deleted_unaudited(root):
-    alert, now = firing_alert(make_pipeline(with_history=False)), timezone.now()
+    alert, now = open_alert(make_pipeline(with_history=False)), timezone.now()
     pending = Notification.objects.create(alert=alert, kind=NotificationKind.FIRED, recipients=["ops@example.com"],
                                           subject="3 lost", body_text="3 lost", body_html="<p>3 lost</p>",
                                           created_at=now, next_attempt_at=now)

@@ -10,6 +10,7 @@ from alerts import evaluate
 from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
 from alerts.rules import Finding
 from consumers.models import ActionLog, Pipeline, Watch
+from tests.alert_rows import open_alert
 
 
 @pytest.fixture
@@ -32,19 +33,10 @@ def client_for(user, **kwargs):
     return client
 
 
-def make_alert(name, state=AlertState.FIRING, summary="3 lost records (partition 0: offsets 1-3)"):
-    pipeline = Pipeline.objects.get_or_create(name=name, defaults={"topic": name, "sink_table": name})[0]
-    rule = AlertRule.objects.get_or_create(name=f"{name} loss", kind=RuleKind.LOST, pipeline=pipeline)[0]
-    now = timezone.now()
-    return Alert.objects.create(rule=rule, pipeline=pipeline, state=state, summary=summary, facts={"count": 3},
-                                started_at=now, last_seen_at=now,
-                                resolved_at=now if state == AlertState.RESOLVED else None)
-
-
 def test_the_page_lists_open_alerts_and_filters_by_state_and_pipeline(viewer):
-    make_alert("orders")
-    make_alert("payments", summary="lag 900 records > 500")
-    old = make_alert("refunds", state=AlertState.RESOLVED, summary="resolved thing")
+    open_alert("orders")
+    open_alert("payments", summary="lag 900 records > 500")
+    old = open_alert("refunds", state=AlertState.RESOLVED, summary="resolved thing")
     client = client_for(viewer)
 
     page = client.get("/alerts/").content.decode()
@@ -58,7 +50,7 @@ def test_the_page_lists_open_alerts_and_filters_by_state_and_pipeline(viewer):
 
 
 def test_an_htmx_filter_request_gets_only_the_table(viewer):
-    make_alert("orders")
+    open_alert("orders")
     response = client_for(viewer).get("/alerts/", {"state": "all"}, headers={"HX-Request": "true"})
     body = response.content.decode()
     assert body.lstrip().startswith('<div id="alert-table"') and "<html" not in body
@@ -66,7 +58,7 @@ def test_an_htmx_filter_request_gets_only_the_table(viewer):
 
 
 def test_a_viewer_sees_no_action_buttons_and_cannot_acknowledge_or_mute(viewer):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     client = client_for(viewer)
     assert "Acknowledge" not in client.get("/alerts/").content.decode()
 
@@ -80,7 +72,7 @@ def test_a_viewer_sees_no_action_buttons_and_cannot_acknowledge_or_mute(viewer):
 
 
 def test_an_operator_acknowledges_from_the_page_without_javascript(operator):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     client = client_for(operator, enforce_csrf_checks=True)
     page = client.get("/alerts/")
     assert "Acknowledge" in page.content.decode()
@@ -95,7 +87,7 @@ def test_an_operator_acknowledges_from_the_page_without_javascript(operator):
 
 
 def test_a_form_post_without_a_csrf_token_is_refused(operator):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     response = client_for(operator, enforce_csrf_checks=True).post(f"/alerts/{alert.pk}/acknowledge/")
     assert response.status_code == 403
     alert.refresh_from_db()
@@ -103,7 +95,7 @@ def test_a_form_post_without_a_csrf_token_is_refused(operator):
 
 
 def test_an_operator_mutes_an_alerts_rule_for_its_pipeline(operator):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     before = timezone.now()
     response = client_for(operator).post(f"/alerts/{alert.pk}/mute/", {"minutes": "240", "reason": "deploy"})
     assert response.status_code == 302
@@ -120,8 +112,8 @@ def test_the_page_redirects_anonymous_users_to_login(db):
 
 
 def test_the_api_lists_alerts_with_filters(viewer):
-    make_alert("orders")
-    make_alert("payments", state=AlertState.RESOLVED)
+    open_alert("orders")
+    open_alert("payments", state=AlertState.RESOLVED)
     client = client_for(viewer)
 
     open_alerts = client.get("/api/alerts/").json()["alerts"]
@@ -133,7 +125,7 @@ def test_the_api_lists_alerts_with_filters(viewer):
 
 
 def test_an_unknown_state_filter_is_refused_not_read_as_open(viewer):
-    make_alert("orders")
+    open_alert("orders")
     client = client_for(viewer)
 
     api = client.get("/api/alerts/", {"state": "bogus"})
@@ -156,7 +148,7 @@ def test_the_alert_list_documents_its_filters_in_the_schema(viewer):
 
 
 def test_the_api_refuses_actions_by_viewers_and_everything_to_anonymous_users(viewer):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     client = client_for(viewer)
     assert client.post(f"/api/alerts/{alert.pk}/acknowledge/").status_code == 403
     assert client.post(f"/api/alerts/{alert.pk}/mute/", {"minutes": 5}).status_code == 403
@@ -167,7 +159,7 @@ def test_the_api_refuses_actions_by_viewers_and_everything_to_anonymous_users(vi
 
 
 def test_the_api_acknowledges_once_and_mutes(operator):
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     client = client_for(operator)
 
     first = client.post(f"/api/alerts/{alert.pk}/acknowledge/")
@@ -191,7 +183,7 @@ def test_the_api_acknowledges_once_and_mutes(operator):
 def test_a_script_acknowledges_with_a_token(operator):
     from rest_framework.authtoken.models import Token
 
-    alert = make_alert("orders")
+    alert = open_alert("orders")
     token = Token.objects.create(user=operator)
     response = Client().post(f"/api/alerts/{alert.pk}/acknowledge/", headers={"Authorization": f"Token {token.key}"})
     assert response.status_code == 200 and response.json()["alert"]["state"] == "acknowledged"
@@ -199,15 +191,12 @@ def test_a_script_acknowledges_with_a_token(operator):
 
 def make_watch_alert(name, rule_kind=RuleKind.LOST):
     watch = Watch.objects.create(name=name, group_id=f"team-{name}", topic=name)
-    rule = AlertRule.objects.get_or_create(name=f"any {rule_kind}", kind=rule_kind, pipeline=None)[0]
-    now = timezone.now()
-    return Alert.objects.create(rule=rule, watch=watch, state=AlertState.FIRING, summary=f"{name}: 2 lost records",
-                                facts={"count": 2}, started_at=now, last_seen_at=now)
+    return open_alert(watch, kind=rule_kind, summary=f"{name}: 2 lost records")
 
 
 def test_a_watchs_alert_links_to_its_watch_filters_by_its_name_and_is_muted_for_that_watch_only(operator):
     alert, other = make_watch_alert("billing"), make_watch_alert("shipping")
-    orders = make_alert("orders")
+    orders = open_alert("orders")
     client = client_for(operator)
 
     page = client.get("/alerts/").content.decode()
@@ -235,7 +224,7 @@ def test_a_watchs_alert_links_to_its_watch_filters_by_its_name_and_is_muted_for_
 def test_the_filter_offers_a_deleted_pipelines_name_so_its_alerts_stay_filtered_when_the_state_changes(viewer):
     """The admin's and the emails' links filter by a deleted pipeline's name: the select shows it selected, so
     changing the state (the form is sent whole) keeps the filter."""
-    gone, kept = make_alert("gone", state=AlertState.RESOLVED), make_alert("kept")
+    gone, kept = open_alert("gone", state=AlertState.RESOLVED), open_alert("kept")
     Pipeline.objects.filter(name="gone").delete()
     page = client_for(viewer).get("/alerts/", {"state": "all", "pipeline": "gone"}).content.decode()
     assert f'id="alert-{gone.pk}"' in page and f'id="alert-{kept.pk}"' not in page
@@ -244,7 +233,7 @@ def test_the_filter_offers_a_deleted_pipelines_name_so_its_alerts_stay_filtered_
 
 
 def test_a_mute_of_every_pipeline_and_watch_covers_both(operator):
-    alert, orders = make_watch_alert("billing"), make_alert("orders")
+    alert, orders = make_watch_alert("billing"), open_alert("orders")
     mute = Mute.mute(rule=None, minutes=10, user="olga")
     assert mute.scope_label == "all pipelines and watches"
     assert alert.active_mute() == mute and orders.active_mute() == mute

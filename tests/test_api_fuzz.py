@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, settings
 from rest_framework.throttling import SimpleRateThrottle
 from schemathesis.config import SchemathesisConfig
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from alerts.models import Mute
 from consumers.models import PartitionOffset, Pipeline
+from tests.alert_rows import open_alert
 from tests.api_schema import RAW_SCHEMA, SCHEMA, assert_documented
 from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
@@ -100,7 +101,7 @@ def check_answer(client: Client, role: str, case) -> None:
     before = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
     if "alert_id" in (case.path_parameters or {}):
         # The alerts API: on a real alert, else every generated id is a 404 and nothing behind it is reached.
-        case.path_parameters["alert_id"] = firing_alert(pipeline).pk
+        case.path_parameters["alert_id"] = open_alert(pipeline).pk
     muted_before = Mute.objects.count()
     response = send(client, case)
     # 503 is an outage said plainly (a JSON error); 500 is a crash.
@@ -119,12 +120,3 @@ def check_answer(client: Client, role: str, case) -> None:
     assert after == before
     if not 200 <= response.status_code < 300:  # a refused request changes nothing, on the alerts API too
         assert Mute.objects.count() == muted_before
-
-
-def firing_alert(pipeline) -> Alert:
-    from django.utils import timezone
-
-    rule = AlertRule.objects.get_or_create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)[0]
-    now = timezone.now()
-    return Alert.objects.filter(rule=rule).first() or Alert.objects.create(
-        rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost", started_at=now, last_seen_at=now)

@@ -9,8 +9,9 @@ import time_machine
 from axes.models import AccessAttempt
 from django.test import Client
 
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from alerts.models import Alert, AlertState, Mute
 from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, PartitionOffset, Pipeline
+from tests.alert_rows import open_alert
 from tests.views_helpers import PASSWORD, fresh_throttles, make_operator, make_pipeline  # noqa: F401 - autouse fixture
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -32,15 +33,6 @@ def assert_nothing_changed(pipeline, offsets):
     assert not ActionLog.objects.exclude(result=ActionResult.REFUSED).exists()
     assert Pipeline.objects.get(pk=pipeline.pk).desired_state == DesiredState.STOPPED
     assert not DeadLetter.objects.filter(discarded_at__isnull=False).exists()
-
-
-def make_alert(pipeline) -> Alert:
-    from django.utils import timezone
-
-    rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
-    now = timezone.now()
-    return Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="3 lost",
-                                facts={}, started_at=now, last_seen_at=now)
 
 
 WRITE_URLS = ["/api/pipelines/orders/rewind", "/api/pipelines/orders/actions/start",
@@ -76,7 +68,7 @@ def test_deeply_nested_json_on_the_token_endpoint_is_a_400(db):
                                   '{"reason": "\\udfff"}'])
 def test_nested_and_unstorable_bodies_are_400s_on_every_write_endpoint(operator_client, orders, url, body):
     pipeline, offsets = orders
-    alert = make_alert(pipeline)
+    alert = open_alert(pipeline)
     response = operator_client.post(url.replace("ALERT", str(alert.pk)), body, content_type="application/json")
     assert response.status_code == 400, (url, response.content[:300])
     answer = response.json()
@@ -100,7 +92,7 @@ def test_a_body_over_the_size_limit_is_a_413(operator_client, orders, settings):
                                   '{"minutes": 10, "extra": 1}', '{"reason": "' + "r" * 201 + '"}'])
 def test_a_mute_with_a_loose_body_is_a_400_naming_the_problem(operator_client, orders, body):
     pipeline, offsets = orders
-    alert = make_alert(pipeline)
+    alert = open_alert(pipeline)
     response = operator_client.post(f"/api/alerts/{alert.pk}/mute/", body, content_type="application/json")
     assert response.status_code == 400, (body, response.content)
     assert "errors" in response.json()
@@ -111,7 +103,7 @@ def test_a_mute_with_a_loose_body_is_a_400_naming_the_problem(operator_client, o
 
 def test_a_good_mute_still_mutes(operator_client, orders):
     pipeline, _ = orders
-    alert = make_alert(pipeline)
+    alert = open_alert(pipeline)
     response = operator_client.post(f"/api/alerts/{alert.pk}/mute/", {"minutes": 5, "reason": "deploy"},
                                     content_type="application/json")
     assert response.status_code == 200, response.content
@@ -122,7 +114,7 @@ def test_a_good_mute_still_mutes(operator_client, orders):
                                                ("[]", "application/json")])
 def test_acknowledge_takes_no_body_but_an_empty_object(operator_client, orders, body, content_type):
     pipeline, _ = orders
-    alert = make_alert(pipeline)
+    alert = open_alert(pipeline)
     response = operator_client.post(f"/api/alerts/{alert.pk}/acknowledge/", body, content_type=content_type)
     assert 400 <= response.status_code < 500, response.content
     assert Alert.objects.get().acknowledged_at is None
@@ -130,7 +122,7 @@ def test_acknowledge_takes_no_body_but_an_empty_object(operator_client, orders, 
 
 def test_a_mute_reason_longer_than_its_column_is_refused_on_the_page(operator_client, orders):
     pipeline, _ = orders
-    alert = make_alert(pipeline)
+    alert = open_alert(pipeline)
     response = operator_client.post(f"/alerts/{alert.pk}/mute/", {"minutes": "5", "reason": "r" * 201})
     assert response.status_code == 302
     assert not Mute.objects.exists()
