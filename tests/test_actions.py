@@ -119,3 +119,23 @@ def test_runs_given_to_an_action_that_enqueues_no_run_is_a_usage_error_that_chan
         code, _, err = run_command(capsys, action, "orders", "--runs", "3")
         assert code == 2 and "unrecognized arguments: --runs 3" in err
     assert (reloaded(pipeline).desired_state, pipeline.epoch, pipeline.parallel_runs) == (DesiredState.RUNNING, 0, 1)
+
+
+@pytest.mark.parametrize("action,state", [
+    ("start", DesiredState.STOPPED), ("resume", DesiredState.PAUSED), ("restart", DesiredState.RUNNING)])
+def test_an_action_that_enqueues_a_run_on_a_cluster_no_longer_configured_is_refused_and_recorded(
+        pipeline, enqueued, action, state):
+    # It was "done, 1 run(s) enqueued", and the run failed later in the worker.
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=state, cluster="gone")
+    with pytest.raises(actions.ActionRefused, match="Kafka cluster 'gone': no such cluster .*TALLY_KAFKA_CLUSTERS"):
+        actions.perform(action, "orders", "bob")
+    assert (reloaded(pipeline).desired_state, pipeline.epoch) == (state, 0)
+    assert enqueued == []
+    entry = ActionLog.objects.get()
+    assert (entry.action, entry.actor, entry.result) == (action, "bob", ActionResult.REFUSED)
+    assert "no such cluster" in entry.message
+
+
+def test_a_pipeline_on_a_cluster_no_longer_configured_can_still_be_stopped(pipeline, enqueued):
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING, cluster="gone")
+    assert actions.stop("orders").result == ActionResult.DONE

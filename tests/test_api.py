@@ -105,6 +105,17 @@ def test_an_operator_starts_and_pauses_a_pipeline_and_a_refusal_is_409(operator_
 
 
 @pytest.mark.django_db
+def test_starting_a_pipeline_whose_cluster_is_not_configured_is_a_409_that_names_it(operator_client):
+    Pipeline.objects.filter(pk=make_pipeline().pk).update(cluster="gone")
+    refused = operator_client.post("/api/pipelines/orders/actions/start")
+    assert refused.status_code == 409
+    assert "Kafka cluster 'gone': no such cluster" in refused.json()["error"]
+    assert "TALLY_KAFKA_CLUSTERS" in refused.json()["error"]
+    assert (Pipeline.objects.get().desired_state, Pipeline.objects.get().epoch) == (DesiredState.STOPPED, 0)
+    assert ActionLog.objects.get().result == "refused"
+
+
+@pytest.mark.django_db
 def test_an_action_on_something_that_does_not_exist_is_a_404_and_logged_as_refused(operator_client):
     make_pipeline()
     assert operator_client.post("/api/pipelines/orders/actions/explode").status_code == 404

@@ -18,6 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from consumers.access import record_refusal
+from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -94,6 +96,8 @@ def perform(action: str, name, actor: str = "cli", *, runs: int | None = None) -
     if runs is None:
         runs = pipeline.parallel_runs
     if transition.enqueue_run and (problem := runs_problem(runs, pipeline.engine)):
+        refuse(pipeline, action, actor, params, f"Cannot {action} pipeline {pipeline.name!r}: {problem}.")
+    if transition.enqueue_run and (problem := cluster_problem(pipeline)):
         refuse(pipeline, action, actor, params, f"Cannot {action} pipeline {pipeline.name!r}: {problem}.")
     with transaction.atomic():
         locked = Pipeline.objects.select_for_update().get(pk=pipeline.pk)
@@ -199,6 +203,16 @@ def lookup(name, action: str, actor: str, params: dict) -> Pipeline:
     if pipeline is None:
         refuse(None, action, actor, {**params, "pipeline": name}, f"No pipeline named {name!r}.")
     return pipeline
+
+
+def cluster_problem(consumed) -> str | None:
+    """Why the cluster a pipeline or watch names cannot be used (not configured, or its settings are wrong), or
+    None. Asked before anything moves: a run, a rewind or a check on it would only fail later."""
+    try:
+        clusters.get(consumed.cluster or clusters.DEFAULT)
+    except ClusterConfigError as exc:
+        return str(exc)
+    return None
 
 
 def busy_reason(pipeline: Pipeline) -> str | None:
