@@ -114,6 +114,19 @@ def test_a_refused_action_shows_why(operator_client, pipeline):
     assert Pipeline.objects.get().desired_state == DesiredState.STOPPED
 
 
+def test_an_action_on_an_unknown_verb_or_pipeline_is_a_404_logged_as_refused_like_the_apis(operator_client, pipeline):
+    assert operator_client.post("/pipelines/orders/actions/explode/").status_code == 404
+    assert operator_client.post("/pipelines/nosuch/actions/start/", HTTP_HX_REQUEST="true").status_code == 404
+    refusals = ActionLog.objects.order_by("pk")
+    assert [(r.action, r.pipeline, r.result, r.params["path"]) for r in refusals] == [
+        ("explode", pipeline, "refused", "/pipelines/orders/actions/explode/"),
+        ("start", None, "refused", "/pipelines/nosuch/actions/start/")]
+    assert "not found: Unknown action 'explode'" in refusals[0].message
+    assert "not found: No pipeline named 'nosuch'" in refusals[1].message
+    unchanged = Pipeline.objects.get()
+    assert (unchanged.desired_state, unchanged.epoch) == (DesiredState.STOPPED, pipeline.epoch)
+
+
 def test_csrf_is_enforced_on_actions(pipeline):
     client = Client(enforce_csrf_checks=True)
     client.force_login(make_operator())

@@ -6,7 +6,7 @@ import functools
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import redirect
 from django.views.decorators.http import require_http_methods, require_POST
 
 from consumers.access import can_operate, record_refusal, refused_action
@@ -61,9 +61,13 @@ def add_page(view):
 @require_POST
 @login_required
 def pipeline_action(request, name, action):
-    pipeline = get_object_or_404(Pipeline, name=name)
-    if action not in actions.ACTIONS:
-        raise Http404(f"No action {action!r}")
+    pipeline = Pipeline.objects.filter(name=name).first()
+    if pipeline is None or action not in actions.ACTIONS:
+        error = (f"No pipeline named {name!r}." if pipeline is None else
+                 f"Unknown action {action!r}: use one of {', '.join(actions.ACTIONS)}.")
+        # Audited as the API audits it: a POST that names nothing is still an operator's refused request.
+        record_refusal(request.user, action, f"not found: {error}", pipeline=pipeline, params={"path": request.path})
+        raise Http404(error)
     if not can_operate(request.user):
         return refuse_viewer(request, pipeline)
     try:
