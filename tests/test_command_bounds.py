@@ -43,3 +43,12 @@ def test_groups_refuses_an_unknown_cluster_before_asking_kafka(argv):
     with pytest.raises(CommandError, match="Refused: Kafka cluster 'nowhere': no such cluster") as refused:
         call_command("groups", *argv, "--cluster", "nowhere")
     assert refused.value.returncode == 1
+
+
+@pytest.mark.parametrize("json", [[], ["--json"]])
+def test_kafka_check_of_an_unknown_cluster_says_only_that_and_records_nothing(json, capsys):
+    # It printed "Cluster nowhere: ? (?, authentication: ?)" first, and recorded a status for a cluster that is not.
+    code, out, err = run_command(capsys, "kafka", "check", "nowhere", *json)
+    assert (code, out) == (1, "")
+    assert err.strip() == ("CommandError: Refused: Kafka cluster 'nowhere': no such cluster (configured: default; "
+                           "more clusters come from the file TALLY_KAFKA_CLUSTERS names)")

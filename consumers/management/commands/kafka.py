@@ -13,7 +13,7 @@ from django.db import DatabaseError
 from consumers.kafka import clusters
 from consumers.kafka.check import check_cluster
 from consumers.kafka.errors import ClusterConfigError
-from consumers.management.cli import SubcommandsCommand
+from consumers.management.cli import SubcommandsCommand, refused
 from consumers.models import ClusterStatus
 
 STEPS = ("settings", "resolve", "connect", "tls", "authenticate", "metadata")
@@ -32,6 +32,8 @@ class Command(SubcommandsCommand):
         self.list_clusters(options["json"])
 
     def do_check(self, **options) -> None:
+        if options["cluster"]:
+            _refuse_unknown(options["cluster"])
         try:
             names = [options["cluster"]] if options["cluster"] else clusters.names()
         except ClusterConfigError as exc:
@@ -86,3 +88,15 @@ class Command(SubcommandsCommand):
             self.stdout.write(f"{row['name']:<20} {row['bootstrap_servers']:<40} {row['security_protocol']:<15} "
                               f"{row['mechanism']}  ({row['source']})")
 
+
+def _refuse_unknown(name: str) -> None:
+    """A name that is not configured has no steps to walk: say only that (its header was all "?"), and record no
+    status for a cluster that does not exist."""
+    try:
+        if name in clusters.names():
+            return
+        clusters.get(name)
+    except ClusterConfigError as exc:
+        if exc.cluster == name:
+            raise refused(str(exc)) from None
+        # Else the clusters file itself is wrong: the check's settings step says where.
