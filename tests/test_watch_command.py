@@ -2,12 +2,14 @@
 written), exit codes 0 clean / 1 findings or refused / 2 usage, and `check --json`'s fields."""
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from psycopg2 import sql
 
-from consumers.models import ActionLog, Watch, WatchPartition
+from consumers.models import RANGES_SHOWN, ActionLog, Watch, WatchPartition, WatchRange
 from tests.commands import run_command
 from tests.watch_helpers import produce
 
@@ -115,6 +117,21 @@ def test_check_exits_1_with_findings_and_lists_them_as_partition_and_offset(make
     assert code == 0 and shown["ranges"][0]["lost_offsets"] == [2] and shown["ranges"][0]["end"] == 5
     code, out, _ = run_command(capsys, "watch", "list")
     assert code == 0 and "byvalue" in out and "byoffset" in out and "ERR" in out
+
+
+def test_show_lists_the_newest_ranges_as_the_api_does_and_more_on_asking(capsys):
+    # It listed every range: a watch with a finding at every check grows by thousands of ranges a day.
+    watch = Watch.objects.create(name="busy", group_id="team", topic="orders")
+    now = timezone.now()
+    WatchRange.objects.bulk_create(WatchRange(watch=watch, partition=0, start=i, end=i + 1, records=1, lost=1,
+                                              checked_at=now + timedelta(seconds=i)) for i in range(RANGES_SHOWN + 5))
+    code, out, err = run_command(capsys, "watch", "show", "busy", "--json")
+    starts = [r["start"] for r in json.loads(out)["ranges"]]
+    assert code == 0 and (len(starts), min(starts)) == (RANGES_SHOWN, 5)
+    assert f"the newest {RANGES_SHOWN} of {RANGES_SHOWN + 5} ranges; --limit N for more" in err
+    code, out, err = run_command(capsys, "watch", "show", "busy", "--limit", "1000")
+    assert code == 0 and out.count("lost 1") == RANGES_SHOWN + 5 and err == ""
+    assert run_command(capsys, "watch", "show", "busy", "--limit", "0")[0] == 2
 
 
 def test_a_clean_check_exits_0_and_an_idle_check_reads_nothing_new(make_topic, team_table, capsys):

@@ -26,12 +26,13 @@ from consumers.models.pipeline import (
 from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
 from consumers.models.text import error_text
 from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
-from consumers.models.watch import OFFSETS_LISTED, Watch, WatchFinding, WatchPartition, WatchRange
+from consumers.models.watch import OFFSETS_LISTED, RANGES_SHOWN, Watch, WatchFinding, WatchPartition, WatchRange
 
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",
     "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
     "KafkaClient", "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
     "Pipeline", "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "runs_problem", "Status", "TopicCheckJob",
-    "TopicCheckStatus", "OFFSETS_LISTED", "Watch", "WatchFinding", "WatchPartition", "WatchRange", "error_text",
+    "TopicCheckStatus", "OFFSETS_LISTED", "RANGES_SHOWN", "Watch", "WatchFinding", "WatchPartition", "WatchRange",
+    "error_text",
 ]

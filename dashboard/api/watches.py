@@ -10,7 +10,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
 from consumers.api_base import REFUSALS, answers, refuse_fields
-from consumers.models import Watch, WatchRange
+from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.operations.errors import Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
@@ -23,8 +23,6 @@ from dashboard.api.inputs import (
     refuse_invalid,
 )
 from dashboard.api.views import OPERATE
-
-RANGES_SHOWN = 200   # the newest ranges per detail answer; `watch show --json` lists them all
 
 
 class WatchCreateInput(StrictSerializer):

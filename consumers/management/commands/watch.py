@@ -10,13 +10,14 @@ from operator import itemgetter
 from django.core.management.base import CommandError
 
 from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused, whole_number
-from consumers.models import Watch, WatchRange
+from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_file, watch_setup
 from consumers.operations.watch_setup import Invalid, WatchSpec
 from consumers.reconciliation import watch_audit
 
 # --settle-seconds out of range is a usage error (exit 2), as every malformed option is.
 SETTLE_SECONDS = whole_number(0, watch_setup.MAX_SETTLE_SECONDS)
+MAX_RANGES_LISTED = 1_000_000   # a bound for --limit: a number past it is a typo, not a watch's history
 
 
 class Command(SubcommandsCommand):
@@ -45,7 +46,11 @@ class Command(SubcommandsCommand):
         create.add_argument("--keyed", action="store_true",
                             help="An update stream the consumer upserts: one row per id, for its latest record.")
         self.subcommand(commands, "list", "Every watch with its group, topic, status and lag.", json=True)
-        self.subcommand(commands, "show", "One watch: settings, partitions and findings per range.", "name", json=True)
+        show = self.subcommand(commands, "show", "One watch: settings, partitions and findings of its newest ranges.",
+                               "name", json=True)
+        show.add_argument("--limit", type=whole_number(1, MAX_RANGES_LISTED), default=RANGES_SHOWN, metavar="N",
+                          help=f"List the newest N ranges (default {RANGES_SHOWN}, as the API's watch detail; "
+                               "/watches/NAME/findings.csv has every finding).")
         self.subcommand(commands, "delete", "Delete a watch (its group and table are not touched).", "name")
         apply = self.subcommand(commands, "apply", "Create watches from a TOML file ([watches.NAME] tables); "
                                                    "idempotent.", "file")
@@ -82,11 +87,16 @@ class Command(SubcommandsCommand):
             ("LAG", ">10", lambda row: "" if row["lag_records"] is None else str(row["lag_records"])),
             ("TABLE", "", lambda row: row["sink_table"] or "-")])
 
-    def do_show(self, *, name, json: bool, **options):
+    def do_show(self, *, name, limit: int, json: bool, **options):
         watch = _watch(name)
         data = as_dict(watch)
         data["partitions"] = [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")]
-        data["ranges"] = [range_json(r) for r in WatchRange.objects.filter(watch=watch).order_by("partition", "start")]
+        ranges = WatchRange.objects.filter(watch=watch)
+        newest = sorted(ranges.order_by("-checked_at", "partition", "-start")[:limit],
+                        key=lambda r: (r.partition, r.start))
+        data["ranges"] = [range_json(r) for r in newest]
+        if len(newest) == limit and (total := ranges.count()) > limit:
+            self.stderr.write(f"Note: the newest {limit} of {total} ranges; --limit N for more.")
         if json:
             self.stdout.write(as_json(data))
             return
