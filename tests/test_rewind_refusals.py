@@ -177,3 +177,20 @@ def test_an_action_taken_once_the_rewind_is_done_is_not_undone_by_the_rewind_res
     assert positions(EXACTLY_ONCE) == {0: 6, 1: 6}
     pipeline.refresh_from_db()
     assert (pipeline.desired_state, enqueued, result.resumed) == (DesiredState.STOPPED, [], False)
+
+
+def test_a_rewind_of_a_pipeline_whose_cluster_is_not_configured_is_a_409_naming_it_and_nothing_moves(consumed, client):
+    """It was a 503, 'Kafka cannot be used now', as if waiting would help: the clusters file no longer has it."""
+    from tests.views_helpers import make_operator
+
+    Pipeline.objects.filter(name=EXACTLY_ONCE).update(cluster="gone")
+    before = state()
+    client.force_login(make_operator())
+    for dry_run in (True, False):
+        response = client.post(f"/api/pipelines/{EXACTLY_ONCE}/rewind", {"mode": "to-earliest", "dry_run": dry_run},
+                               content_type="application/json")
+        assert response.status_code == 409, response.content
+        assert "Kafka cluster 'gone': no such cluster" in response.json()["error"]
+    refusals = ActionLog.objects.filter(action="rewind").order_by("created_at")
+    assert [(e.dry_run, e.result) for e in refusals] == [(True, ActionResult.REFUSED), (False, ActionResult.REFUSED)]
+    assert state() == before

@@ -92,6 +92,9 @@ def rewind(name, mode: str, value=None, *, partitions: list[int] | None = None, 
     params = {"mode": mode, "value": None if value is None else str(value), "partitions": partitions or "all",
               "rollback_sink": rollback_sink}
     pipeline = actions.lookup(name, ACTION, actor, params)
+    if problem := actions.cluster_problem(pipeline):   # not Kafka being down (a 503): waiting would not help
+        actions.refuse(pipeline, ACTION, actor, params, f"Cannot rewind pipeline {pipeline.name!r}: {problem}. "
+                                                        "Nothing was changed.", dry_run=dry_run)
     if rollback_sink and pipeline.is_upsert:
         actions.refuse(pipeline, ACTION, actor, params, UPSERT_ROLLBACK_REFUSED, dry_run=dry_run)
     if rollback_sink and not _sink_exists(pipeline):
