@@ -235,6 +235,28 @@ def test_a_domains_default_fills_its_column_and_its_check_makes_a_dead_letter(do
     assert 'violates check constraint "jm_positive_check"' in error and "column qty" in error
 
 
+def test_a_domain_over_a_domain_is_read_as_its_innermost_base_type(column_table):
+    # Only the outer domain was resolved: the column's base was the inner domain, so the mapping gave its text to
+    # PostgreSQL, which refused 5.0 for integer (a dead letter), and a varchar(3) under two domains lost its length.
+    with connection.cursor() as cur:
+        cur.execute("CREATE DOMAIN jm_inner AS integer NOT NULL; CREATE DOMAIN jm_outer AS jm_inner; "
+                    "CREATE DOMAIN jm_code_inner AS varchar(3); CREATE DOMAIN jm_code AS jm_code_inner")
+    try:
+        table = column_table("jm_nested", "plain integer, nested jm_outer, code jm_code")
+        with connection.cursor() as cur:
+            columns = {c.name: c for c in json_map.read_columns(cur.cursor, table)}
+        assert (columns["nested"].base, columns["nested"].required) == ("int4", True)
+        assert (columns["code"].base, columns["code"].length) == ("varchar", 3)
+        transform = compiled(table)
+        assert transform.rows(record({"plain": 5.0, "nested": 5.0, "code": "ab"}))[0] == (5, 5, "ab")
+        with pytest.raises(BadRecord, match="longer than"):
+            transform.rows(record({"nested": 1, "code": "abcd"}))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS jm_nested; DROP DOMAIN IF EXISTS jm_code, jm_code_inner, jm_outer, "
+                        "jm_inner")
+
+
 def test_a_json_array_fills_an_array_column_each_element_converted_as_its_type(column_table):
     # A JSON array went to PostgreSQL as its JSON text ("[1, 2]"): every record was a dead letter, "malformed array
     # literal", where a user expects the array.

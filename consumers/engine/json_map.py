@@ -152,17 +152,23 @@ class Column:
 
 def read_columns(cursor, table: str) -> list[Column] | None:
     """The table's columns in order (None when there is no such table), from pg_catalog: domains are read as
-    their base type, and a domain's DEFAULT is the column's default when the column has none of its own."""
+    their innermost base type (a domain may be over another), and a domain's DEFAULT is the column's default when
+    the column has none of its own."""
     cursor.execute("SELECT to_regclass(%s)", [sql.Identifier(table).as_string(cursor)])
     if cursor.fetchone()[0] is None:
         return None
     cursor.execute(
+        # A domain over a domain: walked down to its base type, gathering NOT NULL and the nearest typmod on the way.
+        "WITH RECURSIVE domains (oid, base, not_null, typmod) AS ("
+        "SELECT oid, typbasetype, typnotnull, typtypmod FROM pg_type WHERE typtype = 'd' UNION ALL "
+        "SELECT d.oid, i.typbasetype, d.not_null OR i.typnotnull, CASE WHEN d.typmod >= 0 THEN d.typmod "
+        "ELSE i.typtypmod END FROM domains d JOIN pg_type i ON i.oid = d.base AND i.typtype = 'd') "
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), COALESCE(b.typname, t.typname), "
-        "NOT a.attnotnull AND NOT COALESCE(t.typnotnull, false), "
+        "NOT a.attnotnull AND NOT COALESCE(d.not_null, false), "
         "a.atthasdef OR a.attidentity <> '' OR t.typdefaultbin IS NOT NULL, "
-        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END, e.typname "
+        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE d.typmod END, e.typname "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-        "LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype "
+        "LEFT JOIN (domains d JOIN pg_type b ON b.oid = d.base AND b.typtype <> 'd') ON d.oid = t.oid "
         "LEFT JOIN pg_type e ON COALESCE(b.typcategory, t.typcategory) = 'A' "
         "AND left(COALESCE(b.typname, t.typname), 1) = '_' AND e.oid = COALESCE(b.typelem, t.typelem) "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
