@@ -152,3 +152,30 @@ def test_keys_postgresql_holds_equal_are_one_key_within_a_batch(transactional_db
         conn.close()
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS upsert_people")
+
+
+@pytest.mark.parametrize("batches", [[[0, 1, 2]], [[0], [1], [2]], [[0, 1], [2]]])
+def test_the_stored_key_spelling_is_the_last_records_however_records_fall_into_batches(transactional_db, batches):
+    # A new key took the last record's spelling within a batch ('ANN') but the first across batches ('ann'): ON
+    # CONFLICT DO UPDATE left the key as it was, so the sink depended on batch boundaries.
+    with connection.cursor() as cur:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        cur.execute("CREATE TABLE upsert_people (name citext PRIMARY KEY, status text, source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="people", topic="people", sink_table="upsert_people", transform="json",
+                                       upsert_key=["name"], epoch=1)
+    records = [SourceRecord(0, offset, None, json.dumps({"name": name, "status": status}).encode())
+               for offset, (name, status) in enumerate([("ann", "new"), ("Ann", "paid"), ("ANN", "shipped")])]
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        target = commit.Target.for_pipeline(pipeline)
+        for offsets in batches:
+            commit.commit_batch(conn, target, 1, {0: [records[offset] for offset in offsets]})
+        with connection.cursor() as cur:
+            cur.execute("SELECT name, status, source_offset FROM upsert_people")
+            assert cur.fetchall() == [("ANN", "shipped", 2)]
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS upsert_people")
