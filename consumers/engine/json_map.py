@@ -144,6 +144,13 @@ class Column:
     scale: int | None = None
     length: int | None = None
     element: str | None = None  # an array's element type (typname): int4 for integer[]; precision etc. are its
+    collation: str | None = None  # a nondeterministic collation ('a' = 'A'), qualified and quoted as SQL
+
+    @property
+    def sql_type(self) -> str:
+        """The type as casts must name it: with a nondeterministic collation, which makes equal what Python
+        does not (the upsert's keys, consumers/engine/upsert.py)."""
+        return self.pg_type if self.collation is None else f"{self.pg_type} COLLATE {self.collation}"
 
     @property
     def required(self) -> bool:
@@ -166,15 +173,17 @@ def read_columns(cursor, table: str) -> list[Column] | None:
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), COALESCE(b.typname, t.typname), "
         "NOT a.attnotnull AND NOT COALESCE(d.not_null, false), "
         "a.atthasdef OR a.attidentity <> '' OR t.typdefaultbin IS NOT NULL, "
-        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE d.typmod END, e.typname "
+        "a.attgenerated <> '', CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE d.typmod END, e.typname, "
+        "CASE WHEN NOT c.collisdeterministic THEN quote_ident(n.nspname) || '.' || quote_ident(c.collname) END "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "LEFT JOIN (pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace) ON c.oid = a.attcollation "
         "LEFT JOIN (domains d JOIN pg_type b ON b.oid = d.base AND b.typtype <> 'd') ON d.oid = t.oid "
         "LEFT JOIN pg_type e ON COALESCE(b.typcategory, t.typcategory) = 'A' "
         "AND left(COALESCE(b.typname, t.typname), 1) = '_' AND e.oid = COALESCE(b.typelem, t.typelem) "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [sql.Identifier(table).as_string(cursor)])
     columns = []
-    for name, pg_type, base, nullable, has_default, generated, typmod, element in cursor.fetchall():
+    for name, pg_type, base, nullable, has_default, generated, typmod, element, collation in cursor.fetchall():
         precision = scale = length = None
         kind = element or base  # an array's typmod is its elements'
         if kind == "numeric" and typmod is not None and typmod >= 4:
@@ -183,7 +192,7 @@ def read_columns(cursor, table: str) -> list[Column] | None:
         elif kind in ("varchar", "bpchar") and typmod is not None and typmod >= 4:
             length = typmod - 4
         columns.append(Column(name, pg_type, base, nullable, has_default or generated, generated,
-                              precision, scale, length, element))
+                              precision, scale, length, element, collation))
     return columns
 
 
@@ -590,7 +599,7 @@ class JsonPlan:
             def tombstone_key(record: SourceRecord):
                 return tuple(finish(get(None, record)) for get, finish in key_cells)
 
-        return Transform(NAME, tuple((w.column.name, w.column.pg_type) for w in self.columns), row,
+        return Transform(NAME, tuple((w.column.name, w.column.sql_type) for w in self.columns), row,
                          description="JSON fields onto the table's columns, by the table's types",
                          tombstone_key=tombstone_key, takes_polled_records=True)
 

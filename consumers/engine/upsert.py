@@ -14,6 +14,7 @@ exactly once with the offsets, as in append mode:
 Keys are judged per partition order: a keyed topic keeps each key in one partition, as Kafka's partitioner
 does; a key found in two partitions of one batch takes the record of the higher partition.
 """
+import re
 from typing import NamedTuple
 
 from psycopg2 import sql
@@ -23,8 +24,9 @@ from consumers.engine import poison, sinks
 
 # Key types whose values, as the JSON mapping's converters give them, are equal in Python exactly when they are in
 # PostgreSQL (with the same Python type). Keys of any other type (citext, char(n), numeric, timestamptz, a domain,
-# ...) are grouped by PostgreSQL itself.
+# text of a nondeterministic collation -- "text COLLATE ...", ...) are grouped by PostgreSQL itself.
 PYTHON_EQUAL_TYPES = {"smallint": int, "integer": int, "bigint": int, "text": str, "character varying": str}
+_LENGTH = re.compile(r"\([0-9]+\)$")  # character varying(20) is compared as character varying
 
 
 class Delete(NamedTuple):
@@ -75,7 +77,7 @@ def same_keys(cur, types: list[str], keys: list[tuple]) -> dict[tuple, tuple] | 
     """{key: the first of `keys` that PostgreSQL holds equal to it}, by the key types' own equality (the one their
     unique index uses); None when Python's equality is PostgreSQL's for these keys. A key PostgreSQL cannot read
     as its type stands for itself: writing it makes its record a dead letter."""
-    if all(PYTHON_EQUAL_TYPES.get(pg_type.partition("(")[0]) is type(key[i]) for key in keys
+    if all(PYTHON_EQUAL_TYPES.get(_LENGTH.sub("", pg_type)) is type(key[i]) for key in keys
            for i, pg_type in enumerate(types)):
         return None
     distinct = list(dict.fromkeys(keys))
