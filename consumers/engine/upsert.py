@@ -15,6 +15,7 @@ Keys are judged per partition order: a keyed topic keeps each key in one partiti
 does; a key found in two partitions of one batch takes the record of the higher partition.
 """
 import re
+from decimal import Decimal
 from typing import NamedTuple
 
 from psycopg2 import sql
@@ -22,11 +23,33 @@ from psycopg2.extras import execute_values
 
 from consumers.engine import poison, sinks
 
-# Key types whose values, as the JSON mapping's converters give them, are equal in Python exactly when they are in
-# PostgreSQL (with the same Python type). Keys of any other type (citext, char(n), numeric, timestamptz, a domain,
-# text of a nondeterministic collation -- "text COLLATE ...", ...) are grouped by PostgreSQL itself.
-PYTHON_EQUAL_TYPES = {"smallint": int, "integer": int, "bigint": int, "text": str, "character varying": str}
 _LENGTH = re.compile(r"\([0-9]+\)$")  # character varying(20) is compared as character varying
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_PLAIN_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+def _of_type(kind: type):
+    return lambda value: value if type(value) is kind else None
+
+
+def _uuid_key(value):
+    # The JSON mapping writes a uuid as its canonical text, in which equal uuids are one string.
+    return value if type(value) is str and _CANONICAL_UUID.fullmatch(value) else None
+
+
+def _numeric_key(value):
+    # 1, 1.0 and 01.00 are one numeric, and one Decimal (equal, and hashed alike, as an int is).
+    if type(value) is int:
+        return value
+    return Decimal(value) if type(value) is str and _PLAIN_DECIMAL.fullmatch(value) else None
+
+
+# Key types whose values Python can compare as PostgreSQL does: each maps a key value to what to compare it by, or
+# to None when it cannot say (another spelling, another Python type), and then PostgreSQL groups the batch's keys.
+# Any other type (citext, char(n), numeric(p,s), timestamptz, a domain, text of a nondeterministic collation --
+# "text COLLATE ...") is always grouped by PostgreSQL.
+PYTHON_KEYS = {"smallint": _of_type(int), "integer": _of_type(int), "bigint": _of_type(int), "text": _of_type(str),
+               "character varying": _of_type(str), "uuid": _uuid_key, "numeric": _numeric_key}
 
 
 class Delete(NamedTuple):
@@ -77,34 +100,63 @@ def same_keys(cur, types: list[str], keys: list[tuple]) -> dict[tuple, tuple] | 
     """{key: the first of `keys` that PostgreSQL holds equal to it}, by the key types' own equality (the one their
     unique index uses); None when Python's equality is PostgreSQL's for these keys. A key PostgreSQL cannot read
     as its type stands for itself: writing it makes its record a dead letter."""
-    if all(PYTHON_EQUAL_TYPES.get(_LENGTH.sub("", pg_type)) is type(key[i]) for key in keys
-           for i, pg_type in enumerate(types)):
-        return None
+    judged = _judged_in_python(types, keys)
+    if judged is not None:
+        return None if judged == keys else _firsts(keys, judged)
     distinct = list(dict.fromkeys(keys))
-    same = {key: key for key in distinct}
     if len(distinct) < 2:
-        return same
-    cells = sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(t)) for t in types)  # types read from the catalog
-    casts = sql.SQL("({})").format(cells)
-    refused = poison.find_poison(cur, lambda some: _read_keys(cur, casts, some), [[key] for key in distinct])
+        return {key: key for key in distinct}
+    ranked: list[list[int]] = []
+    refused = poison.find_poison(cur, lambda some: ranked.append(_ranks(cur, types, some)), [[key] for key in distinct])
+    if not refused:
+        return _firsts(distinct, ranked[0])
+    # The ranks of the halves bisection wrote are not comparable: the readable keys are ranked again.
+    same = {key: key for key in distinct}
     readable = [key for index, key in enumerate(distinct) if index not in refused]
-    if len(readable) < 2:
-        return same
-    # Equal keys are peers in their own order: one rank each group.
-    cur.execute(sql.SQL("SELECT dense_rank() OVER (ORDER BY {0}), i FROM (VALUES {1}) AS v ({0}, i) ORDER BY i").format(
-        sql.SQL(", ").join(sql.Identifier(f"k{i}") for i in range(len(types))),
-        sql.SQL(", ").join([sql.SQL("({}, %s)").format(cells)] * len(readable))),
-        [part for index, key in enumerate(readable) for part in (*key, index)])
-    first: dict[int, tuple] = {}
-    for rank, index in cur.fetchall():
-        same[readable[index]] = first.setdefault(rank, readable[index])
+    if len(readable) > 1:
+        same.update(_firsts(readable, _ranks(cur, types, readable)))
     return same
 
 
-def _read_keys(cur, casts, keys: list[tuple]) -> None:
-    """PostgreSQL reads each key as the key's types, or refuses one (a data error)."""
-    cur.execute(sql.SQL("SELECT 1 FROM (VALUES {}) AS v").format(sql.SQL(", ").join([casts] * len(keys))),
-                [part for key in keys for part in key])
+def _judged_in_python(types: list[str], keys: list[tuple]) -> list[tuple] | None:
+    """What Python compares each key by, or None when PostgreSQL must judge one of them."""
+    judges = [PYTHON_KEYS.get(_LENGTH.sub("", pg_type)) for pg_type in types]
+    if None in judges:
+        return None
+    if len(judges) == 1:  # the common case, kept cheap: a batch has tens of thousands of keys
+        judge = judges[0]
+        judged = [(judge(value),) for value, in keys]
+    else:
+        judged = [tuple(judge(value) for judge, value in zip(judges, key, strict=True)) for key in keys]
+    return None if any(None in values for values in judged) else judged
+
+
+def _firsts(keys: list[tuple], groups: list) -> dict[tuple, tuple]:
+    """{key: the first key of its group}, where groups[i] names the group of keys[i]."""
+    first: dict = {}
+    return {key: first.setdefault(group, key) for key, group in zip(keys, groups, strict=True)}
+
+
+def _ranks(cur, types: list[str], keys: list[tuple]) -> list[int]:
+    """Each key's dense rank in its types' own order, as PostgreSQL reads the key (equal keys share a rank); a
+    key PostgreSQL cannot read as its types raises a data error. One text array a key column: a batch's keys are
+    one parameter each, not a row of casts each."""
+    names = [sql.Identifier(f"k{i}") for i in range(len(types))]
+    cur.execute(sql.SQL("SELECT dense_rank() OVER (ORDER BY {}) FROM unnest({}) WITH ORDINALITY AS v ({}, i) "
+                        "ORDER BY i").format(
+        sql.SQL(", ").join(sql.SQL("{}::{}").format(name, sql.SQL(t)) for name, t in zip(names, types, strict=True)),
+        sql.SQL(", ").join([sql.SQL("%s::text[]")] * len(types)), sql.SQL(", ").join(names)),
+        [[_as_text(key[i]) for key in keys] for i in range(len(types))])
+    return [rank for rank, in cur.fetchall()]
+
+
+def _as_text(value) -> str | None:
+    """A key value as PostgreSQL's input text of its type."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | memoryview):
+        return "\\x" + bytes(value).hex()
+    return str(value)
 
 
 def write_rows(cur, table: str, columns: list[str], upsert_key: tuple[str, ...], rows: list[tuple]) -> None:
