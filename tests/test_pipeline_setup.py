@@ -216,6 +216,33 @@ def test_delete_is_refused_while_running_and_keeps_the_action_log(capsys, topic,
     assert code == 1 and "No pipeline named 'orders'" in err
 
 
+def test_a_stopped_pipeline_whose_killed_run_never_said_it_ended_can_be_deleted_once_its_lease_is_over(
+        capsys, topic, table, monkeypatch, settings):
+    # A SIGKILLed engine host (OOM) leaves its run's row "running"; only the supervisor of a running pipeline
+    # declares such a run crashed. Once the pipeline is stopped, the dead run must not block the delete forever.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from consumers.models import ConsumerRun, RunState
+    from consumers.operations import actions
+
+    monkeypatch.setattr(actions, "enqueue_run", lambda *args, **kwargs: [])
+    pipeline = pipeline_setup.create(PipelineSpec("orders", topic, table, create_table=True))
+    actions.start("orders")
+    pipeline.refresh_from_db()
+    run = ConsumerRun.objects.create(pipeline=pipeline, epoch=pipeline.epoch, host="worker-1", pid=4242,
+                                     state=RunState.RUNNING, heartbeat_at=timezone.now())
+    actions.stop("orders")
+    code, _, err = run_command(capsys, "delete", "orders")
+    assert code == 1 and "has live runs" in err          # still within its lease: it may be ending
+    ConsumerRun.objects.filter(pk=run.pk).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS + 1))
+    code, _, err = run_command(capsys, "delete", "orders")
+    assert (code, err) == (0, "")
+    assert not Pipeline.objects.filter(name="orders").exists()
+
+
 def test_runs_are_stored_shown_and_refused_outside_their_bounds_or_for_spark(capsys, topic, table, settings):
     settings.TALLY_MAX_RUNS_PER_PIPELINE = 4
     for runs, expected in (("0", "runs must be between 1 and 4"), ("5", "runs must be between 1 and 4")):

@@ -448,9 +448,12 @@ def delete(name: str, actor: str = "cli") -> None:
         pipeline = Pipeline.objects.select_for_update().filter(name=name).first()
         if pipeline is None:
             raise DeleteRefused(f"No pipeline named {name!r}.")
-        if pipeline.desired_state != DesiredState.STOPPED or pipeline.runs.unended().exists():
-            raise DeleteRefused(f"Pipeline {name!r} is {pipeline.desired_state} or has live runs: "
-                                f"`pipeline stop {name}` first.")
+        if pipeline.desired_state != DesiredState.STOPPED:
+            raise DeleteRefused(f"Pipeline {name!r} is {pipeline.desired_state}: `pipeline stop {name}` first.")
+        # Alive, not unended: a killed run never says it ended, and must not block the delete forever.
+        if pipeline.runs.alive(timezone.now()).exists():
+            raise DeleteRefused(f"Pipeline {name!r} is stopped but still has live runs: try again when they "
+                                f"have ended (within {settings.TALLY_RUN_LEASE_SECONDS} s).")
         # The entries lose their link with the row: keep the name in their parameters.
         for entry in ActionLog.objects.filter(pipeline=pipeline).exclude(params__has_key="pipeline"):
             entry.params = {**entry.params, "pipeline": name}
