@@ -6,12 +6,14 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from consumers.engine import runs
+from consumers.engine import commit, db, runs
 from consumers.engine.lifecycle import RunResult
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, EndReason, Pipeline, RunState
 from consumers.operations import actions, supervisor
@@ -80,6 +82,30 @@ def test_a_pipeline_whose_run_stopped_heartbeating_gets_a_new_run_of_a_new_epoch
     entry = ActionLog.objects.get()
     assert (entry.action, entry.actor, entry.result) == ("restart", "supervisor", ActionResult.DONE)
     assert "attempt 1" in entry.message and "stopped heartbeating" in entry.message
+
+
+def test_a_run_frozen_inside_its_batch_transaction_does_not_block_its_restart(running, enqueued, settings):
+    # A hung engine host (stopped, swapped out, cut off from the worker) froze a run's writer inside the commit
+    # protocol's transaction, after step 1 locked the pipeline row FOR SHARE. Its heartbeat stopped with it, so the
+    # supervisor restarts the pipeline: the epoch bump must not wait on the frozen transaction for ever (nor
+    # would an operator's stop). PostgreSQL ends a transaction left idle for a lease.
+    settings.TALLY_RUN_LEASE_SECONDS = 2
+    db.close_pool()   # engine connections opened from now on, under this lease
+    run_row(running, heartbeat_age=20)
+
+    def supervise_in_thread():
+        try:
+            return decision().action
+        finally:
+            connection.close()
+
+    # The frozen transaction is given back (rolled back) before the supervisor's thread is waited for.
+    with ThreadPoolExecutor(1) as pool, db.engine_connection() as frozen:
+        with frozen.cursor() as cursor:
+            cursor.execute(commit._SHARE_PIPELINE, [running.pk])
+        assert pool.submit(supervise_in_thread).result(timeout=30) == "restarted"
+    running.refresh_from_db()
+    assert running.epoch == 6
 
 
 def test_a_run_whose_process_died_on_this_host_is_dead_before_its_lease_runs_out(running, enqueued):

@@ -15,11 +15,15 @@ import psycopg2
 from django.conf import settings
 
 
-def connect(application_name: str = "tally"):
+def connect(application_name: str = "tally", idle_in_transaction_seconds: int | None = None):
+    """A new connection; with `idle_in_transaction_seconds`, PostgreSQL ends its session when a transaction
+    of it waits that long for its client."""
     db = settings.DATABASES["default"]
     params = {"dbname": db["NAME"], "user": db.get("USER") or None, "password": db.get("PASSWORD") or None,
               "host": db.get("HOST") or None, "port": db.get("PORT") or None,
               "application_name": application_name}
+    if idle_in_transaction_seconds:
+        params["options"] = f"-c idle_in_transaction_session_timeout={idle_in_transaction_seconds * 1000}"
     conn = psycopg2.connect(**{k: v for k, v in params.items() if v is not None})
     conn.autocommit = False
     return conn
@@ -55,7 +59,10 @@ class ConnectionPool:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None or conn.closed:
-                conn = connect(self.application_name)
+                # A batch's transaction whose process froze (a hung engine host) holds the pipeline row and the
+                # positions locked: the supervisor's restart and an operator's stop would wait on it for ever.
+                # Past a lease the run counts as dead anyway, so PostgreSQL ends that transaction then.
+                conn = connect(self.application_name, settings.TALLY_RUN_LEASE_SECONDS)
             yield conn
         finally:
             if conn is not None:
