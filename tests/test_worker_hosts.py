@@ -16,7 +16,7 @@ import yaml
 from django.db.models import Max, Min
 
 from consumers.kafka import admin as kafka_admin
-from consumers.models import BatchLedger, ConsumerRun, Pipeline
+from consumers.models import BatchLedger, ConsumerRun, Pipeline, RunState
 from consumers.operations import actions
 from tests.chaos import produce_values, sink_counts, split_reported, wait_for
 from tests.conftest import ROOT, drop_sink_tables, stop_process_group
@@ -209,4 +209,21 @@ def test_a_parked_run_whose_host_is_killed_comes_back_and_misses_nothing(product
              "the supervisor to restart the pipeline")
     wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
     assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    assert worker.poll() is None
+
+
+@pytest.mark.chaos
+def test_a_killed_hosts_runs_are_declared_crashed_by_their_worker_with_the_hosts_exit(production_worker,
+                                                                                       make_pipeline):
+    # In docker-compose.yml the supervisor runs in the `tasks` container: it cannot see the worker's pids, so only
+    # the worker, which saw its host exit, can say at once that the runs it held are gone (no beat runs here).
+    worker, _ = production_worker
+    pipeline = make_pipeline(2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
+    os.kill(run.pid, signal.SIGKILL)
+    run = wait_for(lambda: (row := ConsumerRun.objects.get(pk=run.pk)).ended_at and row, 30,
+                   "the worker to declare the run crashed")
+    assert run.state == RunState.CRASHED
+    assert f"its engine host process (pid {run.pid}) exited -9" in run.end_reason
     assert worker.poll() is None

@@ -9,8 +9,8 @@ engine_host`, consumers/engine/host_process.py) and each hosts many runs, one th
 The Celery task stays the run's door: it picks a host (`HostPool.run`), sends it the run and waits for its
 result, as it waited for an in-thread run before. A host reads commands as JSON lines on its stdin and writes
 results as JSON lines on its stdout. It stops its runs cleanly when its stdin closes (the worker is gone) or on
-SIGTERM, and a run it held when it died ends "error" here. The run's ConsumerRun row names the host's pid, so
-the supervisor sees a dead host's runs as dead at once and restarts their pipelines.
+SIGTERM, and a run it held when it died ends "error" here, its ConsumerRun row declared crashed, so the
+supervisor sees a dead host's runs as dead at once (wherever it runs) and restarts their pipelines.
 """
 import json
 import logging
@@ -21,6 +21,7 @@ import uuid
 from concurrent.futures import Future
 
 from django.conf import settings
+from django.utils import timezone
 
 log = logging.getLogger("tally.runs")
 
@@ -90,9 +91,27 @@ class Host:
             pending, self.pending = self.pending, {}
         if pending:
             log.error("engine host %d (pid %d) exited %s holding %d run(s)", self.number, self.pid, code, len(pending))
+        detail = f"its engine host process (pid {self.pid}) exited {code}"
+        if pending:
+            self._declare_crashed(list(pending), detail)
         for _, future in pending.values():
-            future.set_result({"reason": "error", "records": 0,
-                               "detail": f"its engine host process (pid {self.pid}) exited {code}"})
+            future.set_result({"reason": "error", "records": 0, "detail": detail})
+
+    def _declare_crashed(self, keys: list[str], reason: str) -> None:
+        """The runs this host held never said they ended. Say it for them now: a supervisor on another machine
+        (docker-compose.yml's `tasks`) cannot see this pid and would wait out their lease, and a page would
+        show them dead with no reason. Keys are the runs' task ids; the pid keeps a reused task id apart."""
+        from django.db import connection
+
+        from consumers.models import ConsumerRun
+
+        try:
+            ConsumerRun.objects.filter(task_id__in=[key for key in keys if key], pid=self.pid).declare_crashed(
+                reason, timezone.now())
+        except Exception:  # the futures below must still end the tasks
+            log.exception("engine host %d (pid %d): its runs could not be declared crashed", self.number, self.pid)
+        finally:
+            connection.close()   # this reader thread ends here
 
 
 # What a run task taken after the worker's warm shutdown began returns instead of starting a run.
