@@ -227,3 +227,32 @@ def test_a_killed_hosts_runs_are_declared_crashed_by_their_worker_with_the_hosts
     assert run.state == RunState.CRASHED
     assert f"its engine host process (pid {run.pid}) exited -9" in run.end_reason
     assert worker.poll() is None
+
+
+@pytest.mark.chaos
+def test_a_hung_host_is_killed_by_its_worker_and_its_pipeline_comes_back_elsewhere_with_every_record_once(
+        production_worker, make_pipeline):
+    # A host that stops answering (SIGSTOP here; a deadlock, a swapped-out process) must not keep its runs' tasks
+    # waiting for ever, nor take the restarted runs the worker places by load: the worker kills it after a lease
+    # of silence, as if it had died, and its pipelines are restarted on the hosts that answer.
+    worker, start_beat = production_worker
+    pipeline = make_pipeline(2)
+    produce_values(pipeline.topic, range(1, 101), 2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
+    wait_for(lambda: caught_up(pipeline), 60, "the run to catch up")
+    start_beat()
+    hung = psutil.Process(run.pid)
+    hung.suspend()
+    try:
+        produce_values(pipeline.topic, range(101, 201), 2)
+        wait_for(lambda: not hung.is_running() or hung.status() == psutil.STATUS_ZOMBIE, 60,
+                 "the worker to kill its hung engine host")
+    finally:
+        if hung.is_running():
+            hung.resume()
+    wait_for(lambda: (found := live_runs(pipeline)) and found[0].pid != run.pid, 90,
+             "the supervisor to restart the pipeline on another host")
+    wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(200)
+    assert worker.poll() is None

@@ -2,7 +2,8 @@
 Celery worker that started it (consumers/engine/hosts.py has the worker's side and the why).
 
 Commands arrive as JSON lines on stdin: `{"op": "run", "key", "pipeline_id", "epoch", "task_id", "settled_peers"}`
-starts a run, `{"op": "stop", "key"}` asks one run (or every run, key "*") to stop cleanly. Each run's result goes
+starts a run, `{"op": "stop", "key"}` asks one run (or every run, key "*") to stop cleanly, `{"op": "ping"}` is
+answered with a line of key "" (the worker kills a host silent for a run's lease). Each run's result goes
 back as one JSON line `{"key", "result"}` on the process's original stdout; everything else printed goes to
 stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone) or on SIGTERM (even
 while the worker lives on), every run is asked to stop, and the process exits once they have ended: commands are
@@ -62,6 +63,8 @@ class HostProcess:
                 self._start(command)
             elif command.get("op") == "stop":
                 self._stop(command.get("key"), command.get("reason") or "asked by the worker")
+            elif command.get("op") == "ping":
+                self._write("", {"pong": True})   # the worker's watchdog (hosts.py) kills a host that stays silent
         self.close("the worker is gone")
 
     def _start(self, command: dict) -> None:

@@ -10,13 +10,15 @@ The Celery task stays the run's door: it picks a host (`HostPool.run`), sends it
 result, as it waited for an in-thread run before. A host reads commands as JSON lines on its stdin and writes
 results as JSON lines on its stdout. It stops its runs cleanly when its stdin closes (the worker is gone) or on
 SIGTERM, and a run it held when it died ends "error" here, its ConsumerRun row declared crashed, so the
-supervisor sees a dead host's runs as dead at once (wherever it runs) and restarts their pipelines.
+supervisor sees a dead host's runs as dead at once (wherever it runs) and restarts their pipelines. A host that
+answers no ping for a run's lease (hung) is killed and treated the same way (`HostPool._watch`).
 """
 import json
 import logging
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 
@@ -38,7 +40,10 @@ class Host:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.pending: dict[str, tuple[int, Future]] = {}
         self.alive = True
+        self.heard_at: float | None = None   # monotonic time of its last line; None until it first answers
+        self.killed_because = ""
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()   # the pool's threads and its watchdog write commands: one line at a time
         threading.Thread(target=self._read_results, name=f"tally-engine-host-{number}", daemon=True).start()
         log.info("engine host %d started (pid %d)", number, self.process.pid)
 
@@ -68,14 +73,26 @@ class Host:
 
     def send(self, message: dict) -> None:
         try:
-            self.process.stdin.write(json.dumps(message) + "\n")
-            self.process.stdin.flush()
+            with self._send_lock:
+                self.process.stdin.write(json.dumps(message) + "\n")
+                self.process.stdin.flush()
         except (BrokenPipeError, OSError, ValueError) as exc:
             # The host is gone: its reader thread ends its runs.
             log.warning("engine host %d (pid %d) did not take a command: %s", self.number, self.pid, exc)
 
+    def silent_for(self, now: float) -> float:
+        """Seconds since the host last answered (0 while it has never answered: it is still loading Django)."""
+        return 0.0 if self.heard_at is None else now - self.heard_at
+
+    def kill(self, reason: str) -> None:
+        """End a host that stopped answering: its reader then ends its runs as for a host that died."""
+        self.killed_because = reason
+        log.error("engine host %d (pid %d) %s: killing it", self.number, self.pid, reason)
+        self.process.kill()
+
     def _read_results(self) -> None:
         for line in self.process.stdout:
+            self.heard_at = time.monotonic()
             try:
                 message = json.loads(line)
             except ValueError:
@@ -91,7 +108,8 @@ class Host:
             pending, self.pending = self.pending, {}
         if pending:
             log.error("engine host %d (pid %d) exited %s holding %d run(s)", self.number, self.pid, code, len(pending))
-        detail = f"its engine host process (pid {self.pid}) exited {code}"
+        detail = f"its engine host process (pid {self.pid}) " + (
+            f"{self.killed_because} and was killed" if self.killed_because else f"exited {code}")
         if pending:
             self._declare_crashed(list(pending), detail)
         for _, future in pending.values():
@@ -128,6 +146,7 @@ class HostPool:
         self._lock = threading.Lock()
         self._numbers = 0
         self._stopping = False   # after stop_all (warm shutdown) no run starts: it would never be asked to stop
+        self._watching = False
 
     def run(self, pipeline_id: int, epoch: int, *, task_id: str = "", settled_peers: int = 0) -> dict:
         """Run the pipeline in one of the hosts and wait for the run's result (a dict, as runs.run_here's)."""
@@ -177,6 +196,25 @@ class HostPool:
         while len(self.hosts) < self.size:
             self._numbers += 1
             self.hosts.append(Host(self._numbers))
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, name="tally-engine-host-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Ping every host a few times a lease; kill one silent for a whole lease. A hung host (stopped, deadlocked,
+        swapped out) would otherwise hold its runs' tasks for ever and, as the least loaded host, take restarted
+        runs that never begin. Its runs stopped heartbeating with it, so the supervisor counts them dead anyway."""
+        while True:
+            lease = settings.TALLY_RUN_LEASE_SECONDS
+            now = time.monotonic()
+            with self._lock:
+                hosts = [host for host in self.hosts if host.alive]
+            for host in hosts:
+                if host.silent_for(now) > lease:
+                    host.kill(f"did not answer for {host.silent_for(now):.0f} s")
+                else:
+                    host.send({"op": "ping"})
+            time.sleep(lease / 4)
 
 
 _pool: HostPool | None = None
