@@ -1,8 +1,8 @@
 """Pipeline runs inside a Celery worker: one long-lived task per run, stopped cleanly on warm shutdown.
 
-The task takes the run (`run_in_worker`): kafka-python runs go to one of the worker's engine host processes
-(consumers/engine/hosts.py, so that busy pipelines use every core), Spark runs stay in the worker's own process,
-where its one Spark driver lives. Either way the run itself is `run_here`.
+The task takes the run (`run_in_worker`): Python-engine runs (either Kafka client) go to one of the worker's
+engine host processes (consumers/engine/hosts.py, so that busy pipelines use every core), Spark runs stay in the
+worker's own process, where its one Spark driver lives. Either way the run itself is `run_here`.
 
 The task keeps its lease through the ConsumerRun heartbeat the engine writes (at most about a second
 apart); the supervisor (consumers/operations/supervisor.py) restarts a pipeline whose runs stopped heartbeating.
