@@ -9,11 +9,13 @@ from django.db import connection
 from kafka import KafkaProducer
 from psycopg2 import sql
 
+from consumers.engine import db
 from consumers.engine import python as python_engine
 from consumers.engine import spark as spark_engine
 from consumers.engine.spark_session import get_spark
 from consumers.models import DeadLetter, Engine, Pipeline
 from tests.conftest import drop_sink_tables
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -83,3 +85,68 @@ def test_spark_writes_the_same_table_as_the_python_engine(transactional_db, kafk
         assert any("tombstone" in e for _, _, e in letters[Engine.PYTHON]) == bool(expected)
     finally:
         drop_sink_tables(list(tables.values()))
+
+
+# Today's mapping rules on both engines: a JSON array into text[], a date from a timestamp with an offset, a domain
+# over a domain (5.0 into an integer domain), a domain's DEFAULT, and an upsert key of a nondeterministic collation
+# whose spellings are one key within a batch and across batches, and whose tombstone deletes the other spelling.
+TYPES_DDL = ("CREATE TABLE {table} (name text COLLATE tally_ci NOT NULL UNIQUE, tags text[], day date, qty {qty}, "
+             "region {region}, source_topic text NOT NULL, source_partition integer NOT NULL, "
+             "source_offset bigint NOT NULL)")
+TYPES_RECORDS = [
+    (b"Ann", {"tags": ["a", "b,c"], "day": "2024-02-01", "qty": 2}),
+    (b"bob", {"tags": [1, None], "day": "2024-01-01T23:30:00-05:00", "qty": 5.0}),
+    (b"ANN", {"tags": ["a", "b,c"], "day": 1_709_251_200_000, "qty": "9"}),
+    (b"Dee", {"tags": ["d"], "day": "2024-04-01", "qty": 1}),
+    (b"DEE", None),                                     # a tombstone: deletes Dee's row
+    (b"eve", {"tags": ["e"], "day": "2024-05-01", "qty": 0}),      # the domain's CHECK refuses it
+    (b"ann", {"tags": ["x"], "day": "2024-06-01", "qty": 5.5}),    # not an integer: Ann's row stays
+]
+
+
+def test_spark_maps_arrays_dates_domains_and_collated_upsert_keys_as_the_python_engine(transactional_db, make_topic):
+    get_spark()
+    topic = make_topic("json-types")
+    send(topic, [(0, key, None if value is None else json.dumps(value).encode()) for key, value in TYPES_RECORDS])
+    suffix = topic.rsplit("-", 1)[1]
+    inner, qty, region = (f"tally_{name}_{suffix}" for name in ("int", "qty", "region"))
+    with connection.cursor() as cur:
+        cur.execute("CREATE COLLATION IF NOT EXISTS tally_ci (provider = icu, locale = 'und-u-ks-level2', "
+                    "deterministic = false)")
+        cur.execute(sql.SQL("CREATE DOMAIN {} AS integer NOT NULL").format(sql.Identifier(inner)))
+        cur.execute(sql.SQL("CREATE DOMAIN {} AS {} CHECK (VALUE > 0)").format(sql.Identifier(qty),
+                                                                                sql.Identifier(inner)))
+        cur.execute(sql.SQL("CREATE DOMAIN {} AS text NOT NULL DEFAULT 'eu'").format(sql.Identifier(region)))
+    tables = {}
+    try:
+        for engine in (Engine.PYTHON, Engine.SPARK):
+            table = tables[engine] = f"types_{engine}_{suffix}"
+            with connection.cursor() as cur:
+                cur.execute(sql.SQL(TYPES_DDL).format(table=sql.Identifier(table), qty=sql.Identifier(qty),
+                                                      region=sql.Identifier(region)))
+            Pipeline.objects.create(name=f"{engine}-{topic}", topic=topic, sink_table=table, transform="json",
+                                    json_map={"name": "@key"}, engine=engine, upsert_key=["name"],
+                                    delete_on_tombstone=True, group_id=f"{engine}-{topic}")
+        # Two records a batch: 'Ann' and 'ANN' fall into different batches.
+        python = python_engine.run_pipeline(f"python-{topic}", batch_size=2, stop_when_caught_up=True, max_seconds=60)
+        spark = spark_engine.run_pipeline(f"spark-{topic}", batch_size=2, stop_when_caught_up=True, max_seconds=180)
+        assert (python.reason, spark.reason) == ("caught_up", "caught_up"), (python.detail, spark.detail)
+        rows = {}
+        for engine, table in tables.items():
+            with connection.cursor() as cur:
+                cur.execute(sql.SQL("SELECT name, tags::text, day::text, qty, region, source_offset FROM {} "
+                                    "ORDER BY source_offset").format(sql.Identifier(table)))
+                rows[engine] = cur.fetchall()
+        assert rows[Engine.PYTHON] == [("bob", "{1,NULL}", "2024-01-01", 5, "eu", 1),
+                                       ("ANN", '{a,"b,c"}', "2024-03-01", 9, "eu", 2)]
+        assert rows[Engine.SPARK] == rows[Engine.PYTHON]
+        letters = {engine: sorted(DeadLetter.objects.filter(pipeline__engine=engine).values_list("offset", "error"))
+                   for engine in tables}
+        assert [offset for offset, _ in letters[Engine.PYTHON]] == [5, 6]
+        assert letters[Engine.SPARK] == letters[Engine.PYTHON]
+    finally:
+        drop_sink_tables(list(tables.values()))
+        db.close_pool()   # its sessions' upsert staging tables use the domains too
+        with connection.cursor() as cur:
+            for domain in (qty, inner, region):
+                cur.execute(sql.SQL("DROP DOMAIN IF EXISTS {}").format(sql.Identifier(domain)))

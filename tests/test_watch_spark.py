@@ -15,6 +15,7 @@ from consumers.kafka import admin
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_spark
+from tests.test_watch_command import CleanupPolicy
 from tests.transactional_log import mixed_transactions, produce_transactions
 from tests.watch_helpers import as_offsets, produce, read_topic
 
@@ -50,14 +51,14 @@ def commit_all(group: str, topic: str) -> None:
     admin.commit_offsets(group, topic, {p: mark.high for p, mark in admin.watermarks(topic).items()})
 
 
-def audit_both(spark_matches, **spec):
-    """Two watches of the same group, topic and table; one checked on PostgreSQL, one on Spark. Returns
-    both reports and what each stored (ranges, findings)."""
+def audit_both(spark_matches, kafka=None, **spec):
+    """Two watches of the same group, topic and table; one checked on PostgreSQL, one on Spark (`kafka`: the
+    watch's Kafka calls, the cluster's by default). Returns both reports and what each stored (ranges, findings)."""
     results = []
     for engine, threshold in (("pg", 0), ("spark", 1)):
         watch, _ = watch_setup.create(watch_setup.WatchSpec(name=f"{engine}-{uuid.uuid4().hex[:6]}",
                                                             settle_seconds=0, **spec))
-        report = watch_audit.check_watch(watch, now=timezone.now(), spark_threshold=threshold)
+        report = watch_audit.check_watch(watch, now=timezone.now(), kafka=kafka, spark_threshold=threshold)
         assert not report.error, report.error
         ranges = sorted((r.partition, r.start, r.end, r.records, r.ignored, r.superseded, r.unreadable, r.lost,
                          r.duplicated, r.phantom, r.lost_offsets, r.duplicated_offsets, r.phantom_offsets, r.note)
@@ -122,6 +123,27 @@ def test_offset_ids_with_transaction_markers_a_phantom_and_an_ignored_record(spa
     assert pg.checked == len(records) and sum(r[4] for r in ranges) == 1
     assert as_offsets(pg.lost_offsets) == {lost} and as_offsets(pg.duplicated_offsets) == {doubled}
     assert pg.phantom == 1 and [r[12] for r in ranges] == [[holes[0]]]
+
+
+def test_offset_ids_on_a_compacted_topic_count_a_second_row_at_a_hole_and_no_phantom(spark, make_topic, table_name,
+                                                                                   spark_matches):
+    topic = make_topic("compacted", partitions=1)
+    produce_transactions(topic, mixed_transactions(2, size=3))
+    records = sorted(read_topic(topic))
+    holes = sorted(set(range(admin.watermarks(topic)[0].high)) - {o for _, o in records})
+    execute(sql.SQL("CREATE TABLE {} (part integer, off bigint)").format(sql.Identifier(table_name)))
+    # Positions compaction may have emptied since the consumer read them: one row is no finding, two are.
+    rows = records + [(0, holes[0]), (0, holes[0]), (0, holes[1])]
+    execute(sql.SQL("INSERT INTO {} (part, off) VALUES (%s, %s)").format(sql.Identifier(table_name)), rows)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit_all(group, topic)
+
+    pg, ranges, findings = audit_both(spark_matches, kafka=CleanupPolicy("compact"), group=group, topic=topic,
+                                      sink_table=table_name, record_id="offset", row_id="part,off")
+
+    assert (pg.checked, pg.lost, pg.phantom, pg.duplicated) == (len(records), 0, 0, 1)
+    assert findings == [(0, holes[0], "duplicated", 1)]
+    assert any("cleanup.policy=compact" in note for note in pg.notes)
 
 
 def test_keyed_updates_with_superseded_records_a_lost_delete_and_a_lost_latest(spark, make_topic, table_name,
