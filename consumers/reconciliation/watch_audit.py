@@ -11,7 +11,8 @@ One check (`check_watch`), per partition:
   3. Each record's id goes into a temporary table (COPY), and one set-based statement matches them with the
      team's table (consumers/reconciliation/watch_match.py, the one definition of the matching). A check of
      at least WATCH_SPARK_THRESHOLD records runs the same statements on Spark executors instead
-     (consumers/reconciliation/watch_spark.py), ids derived by the same function (record_ids.derive).
+     (consumers/reconciliation/watch_spark.py), ids derived by the same function (record_ids.derive), unless
+     the row-id column's collation is nondeterministic ('a' = 'A'): Spark compares text by its bytes.
   4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind; `WatchFinding`, all
      of them) and the mark moves:
      the next check reads only what was committed and settled since.
@@ -347,7 +348,7 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
             raise WatchCheckError(table_gone_message(watch))
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
-        if _on_spark(plans, spark_threshold):
+        if _on_spark(plans, spark_threshold) and spark_compares_ids(cur, watch, id_type):
             counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms)
         else:
             try:
@@ -432,6 +433,22 @@ def _on_spark(plans: dict, threshold: int | None) -> bool:
     WATCH_SPARK_THRESHOLD unless a check names its own; 0: never)."""
     threshold = settings.WATCH_SPARK_THRESHOLD if threshold is None else threshold
     return threshold > 0 and sum(end - first for _, first, end in plans.values()) >= threshold
+
+
+def spark_compares_ids(cur, watch: Watch, id_type: str | None) -> bool:
+    """Whether Spark holds the watch's ids equal as PostgreSQL does: not for a row-id column of a nondeterministic
+    collation, where 'Ann' names the row 'ann' in PostgreSQL but no row on Spark, which compares text bytes."""
+    if id_type is None:
+        return True
+    cur.execute("SELECT c.collisdeterministic FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation "
+                "WHERE a.attrelid = %s::regclass AND a.attname = %s",
+                [sink_checks.quoted(cur, table_names.split(watch.sink_table)), watch.row_columns[0]])
+    found = cur.fetchone()
+    if found is None or found[0]:
+        return True
+    log.info("watch %s: matching in PostgreSQL: the collation of %s is nondeterministic", watch.name,
+             watch.row_columns[0])
+    return False
 
 
 def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, by_offset: bool,
