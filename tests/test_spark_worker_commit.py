@@ -2,14 +2,18 @@
 driver: Spark retries the task, the driver (and its JVM) stays up, and the exactly-once sink still holds every
 value once."""
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
+import psycopg2
 import pytest
+from django.db import connection
 
-from consumers.engine import spark_commit
+from consumers.engine import commit, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.spark import SparkRun
 from consumers.engine.spark_commit import SliceJob, crash_points, task_faults
 from consumers.engine.spark_session import TASK_ATTEMPTS
+from consumers.models import Engine, Pipeline
 from tests.waiting import patience
 
 
@@ -85,3 +89,31 @@ def test_the_spark_demo_pipeline_loses_workers_not_its_driver_and_stays_exactly_
     events = [event for _, event in result["timeline"]]
     assert events.count("started") == 1 and events[-1] == "done"      # one driver for the whole run
     assert events.count("worker died") == result["restarts"] >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slice_transaction_frozen_on_an_executor_does_not_block_a_stop_for_ever(settings):
+    # An executor frozen (stopped, swapped out, cut off) inside its slice's transaction holds the pipeline row FOR
+    # SHARE: Spark's driver, still heartbeating, waits for the task, and an operator's stop (an epoch bump) would
+    # wait on the row for ever. As on the Python engine's connections, PostgreSQL ends it after a run's lease.
+    settings.TALLY_RUN_LEASE_SECONDS = 2
+    pipeline = Pipeline.objects.create(name="frozen", topic="frozen", sink_table="spark_frozen", engine=Engine.SPARK,
+                                       epoch=1)
+    run = SparkRun(pipeline, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
+                   faults=NO_FAULTS, task_id="")
+    frozen = psycopg2.connect(**run._slice_job().dsn)   # as commit_task connects on the executor
+    pool = ThreadPoolExecutor(1)
+
+    def stop():
+        try:
+            return pipeline.bump_epoch()
+        finally:
+            connection.close()
+
+    try:
+        with frozen.cursor() as cursor:
+            cursor.execute(commit._SHARE_PIPELINE, [pipeline.pk])   # the slice's step 1, then nothing more
+        assert pool.submit(stop).result(timeout=30) == 2
+    finally:
+        frozen.close()   # before the pool is waited for: a stop still waiting then ends
+        pool.shutdown()

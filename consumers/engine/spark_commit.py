@@ -247,9 +247,14 @@ def _outcome_arrow_schema():
                       (part.split() for part in OUTCOME_SCHEMA.split(", "))])
 
 
-def dsn_from_settings(database: dict) -> dict:
-    """psycopg2 keyword arguments for the executors, from Django's DATABASES["default"]."""
+def dsn_from_settings(database: dict, idle_in_transaction_seconds: int | None = None) -> dict:
+    """psycopg2 keyword arguments for the executors, from Django's DATABASES["default"]. With
+    `idle_in_transaction_seconds`, PostgreSQL ends a slice's transaction that waits that long for its executor (a
+    frozen one holds the pipeline row FOR SHARE: a stop, restart or rewind would wait on it for ever), as it ends
+    the Python engine's (consumers/engine/db.py)."""
     params = {"dbname": database["NAME"], "user": database.get("USER") or None,
               "password": database.get("PASSWORD") or None, "host": database.get("HOST") or None,
               "port": database.get("PORT") or None}
+    if idle_in_transaction_seconds:
+        params["options"] = f"-c idle_in_transaction_session_timeout={idle_in_transaction_seconds * 1000}"
     return {k: v for k, v in params.items() if v is not None}
