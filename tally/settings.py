@@ -248,6 +248,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {}
 TALLY_SINK_SCHEMA = env_str("TALLY_SINK_SCHEMA", "public")
 # A run whose heartbeat (written about every second) is older than the lease is considered dead.
 TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
+# PostgreSQL ends an engine transaction that waits this long for its process (frozen, cut off), so its locks do not
+# block restarts, stops and rewinds for ever. Well above a lease: a batch's transform runs inside its transaction,
+# and a slow one must not be cut off. 0: no limit.
+TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = env_int("TALLY_ENGINE_IDLE_TRANSACTION_SECONDS", 120, minimum=0)
 TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)
 TALLY_SUPERVISOR_BACKOFF_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_SECONDS", 5, minimum=1)
 TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS", 300, minimum=1)

@@ -95,8 +95,8 @@ def test_the_spark_demo_pipeline_loses_workers_not_its_driver_and_stays_exactly_
 def test_a_slice_transaction_frozen_on_an_executor_does_not_block_a_stop_for_ever(settings):
     # An executor frozen (stopped, swapped out, cut off) inside its slice's transaction holds the pipeline row FOR
     # SHARE: Spark's driver, still heartbeating, waits for the task, and an operator's stop (an epoch bump) would
-    # wait on the row for ever. As on the Python engine's connections, PostgreSQL ends it after a run's lease.
-    settings.TALLY_RUN_LEASE_SECONDS = 2
+    # wait on the row for ever. As on the Python engine's connections, PostgreSQL ends it after a while.
+    settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
     pipeline = Pipeline.objects.create(name="frozen", topic="frozen", sink_table="spark_frozen", engine=Engine.SPARK,
                                        epoch=1)
     run = SparkRun(pipeline, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,

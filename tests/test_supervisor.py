@@ -84,12 +84,27 @@ def test_a_pipeline_whose_run_stopped_heartbeating_gets_a_new_run_of_a_new_epoch
     assert "attempt 1" in entry.message and "stopped heartbeating" in entry.message
 
 
+@pytest.mark.django_db
+def test_an_engine_transaction_waits_far_longer_than_a_lease_before_postgresql_ends_it(settings):
+    # A batch's transform runs inside its transaction: ended after a lease, a transform slower than that would fail
+    # its batch at every retry. The limit only has to end a frozen process's transaction some time.
+    settings.TALLY_RUN_LEASE_SECONDS = 2
+    db.close_pool()
+    try:
+        with db.engine_connection() as conn, conn.cursor() as cur:
+            cur.execute("SHOW idle_in_transaction_session_timeout")
+            assert cur.fetchone()[0] == "2min"
+    finally:
+        db.close_pool()
+
+
 def test_a_run_frozen_inside_its_batch_transaction_does_not_block_its_restart(running, enqueued, settings):
     # A hung engine host (stopped, swapped out, cut off from the worker) froze a run's writer inside the commit
     # protocol's transaction, after step 1 locked the pipeline row FOR SHARE. Its heartbeat stopped with it, so the
     # supervisor restarts the pipeline: the epoch bump must not wait on the frozen transaction for ever (nor
-    # would an operator's stop). PostgreSQL ends a transaction left idle for a lease.
+    # would an operator's stop). PostgreSQL ends a transaction left idle that long.
     settings.TALLY_RUN_LEASE_SECONDS = 2
+    settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
     db.close_pool()   # engine connections opened from now on, under this lease
     run_row(running, heartbeat_age=20)
 

@@ -61,8 +61,9 @@ class ConnectionPool:
             if conn is None or conn.closed:
                 # A batch's transaction whose process froze (a hung engine host) holds the pipeline row and the
                 # positions locked: the supervisor's restart and an operator's stop would wait on it for ever.
-                # Past a lease the run counts as dead anyway, so PostgreSQL ends that transaction then.
-                conn = connect(self.application_name, settings.TALLY_RUN_LEASE_SECONDS)
+                # Its run counts as dead after a lease; PostgreSQL ends the transaction a while later (a batch's
+                # transform, inside the transaction, may take longer than a lease and must not be cut off).
+                conn = connect(self.application_name, settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS)
             yield conn
         finally:
             if conn is not None:

@@ -296,7 +296,8 @@ class SparkRun:
     def _slice_job(self) -> spark_commit.SliceJob:
         if self._job is None:
             self._job = spark_commit.SliceJob(
-                dsn=spark_commit.dsn_from_settings(settings.DATABASES["default"], settings.TALLY_RUN_LEASE_SECONDS),
+                dsn=spark_commit.dsn_from_settings(settings.DATABASES["default"],
+                                                 settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS),
                 pipeline_id=self.pipeline.pk, topic=self.pipeline.topic, sink_table=self.pipeline.sink_table,
                 transform=self.pipeline.transform, exactly_once=self.target.exactly_once,
                 stop_on_bad_record=self.target.stop_on_bad_record, epoch=self.epoch,
