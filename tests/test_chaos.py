@@ -6,10 +6,12 @@ import random
 import signal
 import time
 
+import psutil
 import pytest
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ConsumerRun, DeliveryMode, PartitionOffset, Pipeline
+from consumers.operations.rewind import rewind
 from tests.chaos import (
     EngineProcess,
     ledger_batches,
@@ -163,6 +165,32 @@ def test_a_zombie_from_an_older_epoch_writes_nothing_after_a_restart(chaos_pipel
     runs = {run.epoch: run for run in ConsumerRun.objects.filter(pipeline=pipeline)}
     assert runs[restarted_epoch - 1].state == "fenced" and runs[restarted_epoch].state == "stopped"
     assert_positions_at_high_watermarks(pipeline)
+
+
+def test_an_at_least_once_run_hung_past_its_lease_cannot_undo_a_rewind_by_committing_its_kafka_offsets(
+        chaos_pipeline, subprocess_env, settings):
+    # The classic modes resume from Kafka's committed offsets. A run frozen between a batch's DB commit and its
+    # Kafka commit for longer than its lease counts as dead, so a rewind goes ahead; when the run wakes it must
+    # not put its old position back over the rewind's, or the next run skips what the rewind gave back.
+    pipeline = chaos_pipeline(100, DeliveryMode.AT_LEAST_ONCE)
+    settings.TALLY_RUN_LEASE_SECONDS = 3
+    env = dict(subprocess_env, TALLY_RUN_LEASE_SECONDS="3")
+    zombie = EngineProcess(env, pipeline.name, *BATCH, "--crash-at", "after-db-commit@3/stop")
+    try:
+        frozen = psutil.Process(zombie.pid)
+        wait_for(lambda: frozen.status() == psutil.STATUS_STOPPED, 60, "the run to freeze after its third batch")
+        result = rewind(pipeline.name, "to-earliest", rollback_sink=True, actor="alice")
+        assert result.action_log.result == "done", result.message
+        os.kill(zombie.pid, signal.SIGCONT)
+        assert zombie.wait(30) != 0
+        assert "fenced" in zombie.output()
+    finally:
+        if zombie.poll() is None:
+            os.kill(zombie.pid, signal.SIGCONT)
+        zombie.kill()
+    assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0]) == {0: 0}
+    assert run_until_clean_exit(env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == every_value_once(100)
 
 
 def test_when_one_of_two_runs_is_killed_its_partitions_move_and_nothing_is_lost_or_doubled(

@@ -100,13 +100,17 @@ def test_an_unknown_pipeline_is_refused_by_name():
         load_pipeline("nope")
 
 
-def _positions(mode, consumer=None):
-    return KafkaPositions(Pipeline(name="p", topic="nums", group_id="g", delivery_mode=mode), consumer)
+def _positions(pipeline, mode, consumer=None):
+    """Kafka's copy of a run's positions at the pipeline's epoch: a commit waited for checks that epoch."""
+    Pipeline.objects.filter(pk=pipeline.pk).update(group_id="g", delivery_mode=mode)
+    pipeline.refresh_from_db()
+    return KafkaPositions(pipeline, consumer)
 
 
-def test_exactly_once_commits_asynchronously_through_the_runs_own_consumer_and_once_synchronously_at_a_clean_end():
+def test_exactly_once_commits_asynchronously_through_the_runs_own_consumer_and_once_synchronously_at_a_clean_end(
+        pipeline):
     consumer = RecordingConsumer()
-    kafka = _positions(DeliveryMode.EXACTLY_ONCE, consumer)
+    kafka = _positions(pipeline, DeliveryMode.EXACTLY_ONCE, consumer)
     kafka.after_db_commit({0: 10})
     kafka.after_db_commit({1: 4})
     kafka.finish("caught_up")
@@ -114,24 +118,24 @@ def test_exactly_once_commits_asynchronously_through_the_runs_own_consumer_and_o
     assert consumer.commits == [("async", {0: 10}), ("async", {1: 4}), ("sync", {0: 10, 1: 4})]
 
 
-def test_a_fenced_run_leaves_kafka_as_its_last_commits_left_it():
+def test_a_fenced_run_leaves_kafka_as_its_last_commits_left_it(pipeline):
     consumer = RecordingConsumer()
-    kafka = _positions(DeliveryMode.EXACTLY_ONCE, consumer)
+    kafka = _positions(pipeline, DeliveryMode.EXACTLY_ONCE, consumer)
     kafka.after_db_commit({0: 10})
     kafka.finish("fenced")
     assert consumer.commits == [("async", {0: 10})]
 
 
-def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypatch):
+def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(pipeline, monkeypatch):
     member = RecordingConsumer()
-    at_least_once = _positions(DeliveryMode.AT_LEAST_ONCE, member)
+    at_least_once = _positions(pipeline, DeliveryMode.AT_LEAST_ONCE, member)
     at_least_once.after_db_commit({0: 10})
     at_least_once.finish("stopped")
     assert member.commits == [("sync", {0: 10})]
     opened = []   # an engine without a consumer of its own (Spark's driver): one is opened on first use
     monkeypatch.setattr(lifecycle.clusters, "consumer",
                         lambda cluster, **config: opened.append(config) or RecordingKafkaConsumer(member))
-    group_less = _positions(DeliveryMode.EXACTLY_ONCE)
+    group_less = _positions(pipeline, DeliveryMode.EXACTLY_ONCE)
     group_less.after_db_commit({0: 7})
     group_less.after_db_commit({0: 9})
     group_less.finish("stopped")
@@ -139,18 +143,32 @@ def test_at_least_once_and_a_group_less_committer_wait_for_each_commit(monkeypat
     assert len(opened) == 1 and opened[0]["group_id"] == "g" and not opened[0]["enable_auto_commit"]
 
 
-def test_a_failed_advisory_commit_is_retried_at_a_clean_end():
+@pytest.mark.parametrize("mode", [DeliveryMode.AT_LEAST_ONCE, DeliveryMode.AT_MOST_ONCE])
+def test_a_run_of_an_older_epoch_commits_nothing_to_kafka_and_ends_fenced(pipeline, mode):
+    # The classic modes resume from Kafka: a run that a rewind's pause fenced (frozen past its lease, then woken)
+    # must not put its old positions back over the rewind's.
+    consumer = RecordingConsumer()
+    kafka = _positions(pipeline, mode, consumer)
+    pipeline.bump_epoch()
+    with pytest.raises(RunEnded, match="writer epoch 3 is fenced") as ended:
+        kafka.before_write({0: 10}) if mode == DeliveryMode.AT_MOST_ONCE else kafka.after_db_commit({0: 10})
+    assert ended.value.reason == "fenced"
+    kafka.finish("stopped")   # a clean end's last commit is skipped, not raised
+    assert consumer.commits == []
+
+
+def test_a_failed_advisory_commit_is_retried_at_a_clean_end(pipeline):
     consumer = RecordingConsumer(fail=True)
-    kafka = _positions(DeliveryMode.AT_LEAST_ONCE, consumer)
+    kafka = _positions(pipeline, DeliveryMode.AT_LEAST_ONCE, consumer)
     kafka.after_db_commit({0: 10})   # logged, not raised: the DB holds the position
     consumer.fail = False
     kafka.finish("stopped")
     assert consumer.commits == [("sync", {0: 10})]
 
 
-def test_at_most_once_commits_before_the_write_only_and_never_writes_without_it():
+def test_at_most_once_commits_before_the_write_only_and_never_writes_without_it(pipeline):
     consumer = RecordingConsumer()
-    kafka = _positions(DeliveryMode.AT_MOST_ONCE, consumer)
+    kafka = _positions(pipeline, DeliveryMode.AT_MOST_ONCE, consumer)
     kafka.before_write({0: 10})
     kafka.after_db_commit({0: 10})   # the position was Kafka's already
     kafka.finish("stopped")

@@ -4,8 +4,9 @@
 cleanup, no `finally`, no transaction commit) with probability 0.3. `--crash-at after-write@3` kills it at
 the third pass through `after-write` exactly: every batch passes each point once (each point counts its own
 passes, so a writer thread running behind the poll loop does not shift the count), which makes a crash
-schedule repeatable (the demo's seeded schedule). Used by chaos tests and demos to reproduce every failure
-of every delivery mode.
+schedule repeatable (the demo's seeded schedule). `after-db-commit@3/stop` stops the process there instead
+(SIGSTOP: a hung process, a long GC pause, a stuck VM) until someone sends it SIGCONT. Used by chaos tests and
+demos to reproduce every failure of every delivery mode.
 """
 import os
 import random
@@ -34,6 +35,7 @@ class FaultInjector:
         self.points = dict(points or {})
         self.rng = rng or random.Random()
         self.at_pass = {point: set(numbers) for point, numbers in (at_pass or {}).items()}  # 1 = the first pass
+        self.stop_at: set[tuple[str, int]] = set()   # (point, pass) where the process stops (SIGSTOP) instead
         self.passes: dict[str, int] = {}
         # Spark: every point is an executor task's, and the task's Python worker dies instead of the driver
         # (see consumers/engine/spark_commit.py); `at_pass` then numbers batch attempts, task retries included.
@@ -44,14 +46,17 @@ class FaultInjector:
         """Parse "POINT[:PROBABILITY]" and "POINT@PASS" items (a list, or one comma-separated string)."""
         if isinstance(specs, str):
             specs = [s for s in specs.split(",") if s]
-        points, at_pass = {}, {}
+        points, at_pass, stop_at = {}, {}, set()
         for spec in specs or []:
             if "@" in spec:
                 point, _, number = spec.partition("@")
+                number, stop, _ = number.partition("/stop")
                 _check_point(point)
                 if not number.isdigit() or int(number) < 1:
                     raise ValueError(f"Bad pass number {number!r} in {spec!r}: use a whole number from 1")
                 at_pass.setdefault(point, set()).add(int(number))
+                if stop:
+                    stop_at.add((point, int(number)))
                 continue
             point, _, probability = spec.partition(":")
             _check_point(point)
@@ -62,7 +67,9 @@ class FaultInjector:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"Crash probability must be within [0, 1], got {p}")
             points[point] = p
-        return cls(points, at_pass=at_pass, in_worker=in_worker)
+        faults = cls(points, at_pass=at_pass, in_worker=in_worker)
+        faults.stop_at = stop_at
+        return faults
 
     def armed(self, point: str) -> bool:
         return point in self.points or point in self.at_pass
@@ -70,7 +77,11 @@ class FaultInjector:
     def maybe_crash(self, point: str) -> None:
         if point in self.at_pass:
             self.passes[point] = self.passes.get(point, 0) + 1
-            if self.passes[point] in self.at_pass[point]:
+            if (point, self.passes[point]) in self.stop_at:
+                sys.stderr.write(f"crash-at: fault {point}@{self.passes[point]} fired: SIGSTOP to pid {os.getpid()}\n")
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif self.passes[point] in self.at_pass[point]:
                 sys.stderr.write(f"crash-at: fault {point}@{self.passes[point]} fired: SIGKILL to pid {os.getpid()}\n")
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from consumers.engine import beat, commit
+from consumers.engine import beat, commit, db
 from consumers.engine.consumer import EngineConsumer, KafkaPythonConsumer
 from consumers.kafka import clusters
 from consumers.models import (
@@ -224,6 +224,11 @@ class KafkaPositions:
     asynchronously when the run's own consumer (polled by the run) commits. At-most-once: the position
     itself, committed before the write (the classic loss), so the batch is never written without it.
 
+    A commit that is waited for is fenced like a batch: it is sent holding the pipeline row FOR SHARE at the
+    run's epoch (`_commit_in_epoch`), so a restart's or rewind's epoch bump waits for it, and a run frozen past
+    its lease (counted dead, so a rewind went ahead) that wakes up is fenced instead of putting its old
+    positions back over the rewind's, which the classic modes would resume from.
+
     `consumer` is the run's own consumer (either client: consumers/engine/consumer.py `EngineConsumer`),
     polled by the run so asynchronous commits complete; it joins no group and commits as the group's simple
     consumer. An engine without one (Spark's driver) passes None and a kafka-python consumer is opened on
@@ -232,6 +237,7 @@ class KafkaPositions:
 
     def __init__(self, pipeline: Pipeline, consumer: EngineConsumer | None = None, *, client_id: str = ""):
         self.topic, self.group_id, self.cluster = pipeline.topic, pipeline.group_id, pipeline.cluster
+        self.pipeline_id, self.epoch = pipeline.pk, pipeline.epoch
         self.client_id = client_id or f"tally-{pipeline.name}"
         self.mode = pipeline.delivery_mode
         self._consumer, self._own = consumer, consumer is None
@@ -261,7 +267,10 @@ class KafkaPositions:
     def finish(self, reason: str) -> None:
         """A clean end with commits unconfirmed: one last synchronous commit leaves Kafka's lag exact."""
         if reason in CLEAN_REASONS:
-            self.settle()
+            try:
+                self.settle()
+            except RunEnded as fenced:   # a newer epoch's positions stand: the run ends as it was going to
+                log.info("%s: last Kafka offset commit skipped: %s", self.group_id, fenced.detail)
 
     def settle(self) -> None:
         """Commits unconfirmed: one synchronous commit of every position (a run ending, or parking)."""
@@ -279,16 +288,33 @@ class KafkaPositions:
             self._consumer = None
 
     def _commit(self, ends: dict[int, int], *, wait: bool) -> bool:
-        """True when the commit is known to have succeeded (or was sent); a failure is logged."""
+        """True when the commit is known to have succeeded (or was sent); a failure is logged. Raises
+        RunEnded("fenced") when a newer epoch exists (a commit waited for only)."""
         if not ends:
             return True
         try:
             consumer = self._group_less() if self._consumer is None else self._consumer
-            consumer.commit(ends, wait=wait)
+            if wait:
+                self._commit_in_epoch(consumer, ends)
+            else:
+                consumer.commit(ends, wait=False)
+        except commit.Fenced as exc:
+            raise RunEnded("fenced", f"{exc}; Kafka's offsets {ends} were not committed") from None
         except Exception as exc:  # the caller decides whether a failed commit matters (before_write)
             log.warning("%s: Kafka offset commit %s failed: %s", self.group_id, ends, exc)
             return False
         return True
+
+    def _commit_in_epoch(self, consumer: EngineConsumer, ends: dict[int, int]) -> None:
+        """Commit to Kafka while holding the pipeline row FOR SHARE at this run's epoch (commit.check_epoch): an
+        epoch bump (restart, stop, a rewind's pause) waits until the commit is done, and a commit after it is
+        refused. A run frozen inside holds the row until PostgreSQL ends its transaction after a lease
+        (db.ConnectionPool): the bump then goes ahead, and the COMMIT below fails, so the run ends."""
+        with db.engine_connection() as conn:
+            with conn.cursor() as cur:
+                commit.check_epoch(cur, self.pipeline_id, self.epoch)
+            consumer.commit(ends, wait=True)
+            conn.commit()
 
     def _group_less(self) -> EngineConsumer:
         self._consumer = KafkaPythonConsumer(

@@ -201,7 +201,8 @@ def _execute(pipeline, spec, partitions, rollback_sink, entry) -> RewindResult:
 
 def _wait_for_runs_to_end(pipeline: Pipeline, epoch: int) -> None:
     """The pause fenced the runs; wait until they have left (they commit or drop their batch in flight and
-    close their Kafka consumer), so that no old run commits Kafka offsets over the rewind's."""
+    close their Kafka consumer). A run past its lease is not waited for: if it wakes, its Kafka commits are
+    refused at its old epoch (lifecycle.KafkaPositions), so it cannot commit over the rewind's offsets."""
     deadline = time.monotonic() + settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS
     while True:
         alive = list(ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now())

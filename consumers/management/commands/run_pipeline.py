@@ -37,6 +37,7 @@ class Command(TallyCommand):
         parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this many seconds.")
         parser.add_argument("--crash-at", action="append", default=[], metavar="POINT[:PROBABILITY]",
                             help=f"Kill this process (SIGKILL) at a fault point; repeatable or comma-separated. "
+                                 f"POINT@N/stop stops it (SIGSTOP) at the N-th pass instead, until SIGCONT. "
                                  f"Points: {', '.join(POINTS)}.")
         parser.add_argument("--crash-in-worker", action="store_true",
                             help="Spark: --crash-at kills the committing executor task's Python worker, not the driver "
