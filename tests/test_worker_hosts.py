@@ -256,3 +256,18 @@ def test_a_hung_host_is_killed_by_its_worker_and_its_pipeline_comes_back_elsewhe
     wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
     assert sink_counts(pipeline.sink_table) == every_value_once(200)
     assert worker.poll() is None
+
+
+@pytest.mark.chaos
+def test_a_run_whose_worker_was_killed_ends_stopped_saying_its_worker_is_gone(production_worker, make_pipeline):
+    # SIGKILL of the worker alone (an OOM kill picks one process): its hosts see their commands end and stop their
+    # runs cleanly. The run's row must say why, not read as an operator's stop.
+    worker, _ = production_worker
+    pipeline = make_pipeline(2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
+    worker.send_signal(signal.SIGKILL)
+    run = wait_for(lambda: (row := ConsumerRun.objects.get(pk=run.pk)).ended_at and row, 30,
+                   "the host to stop the run")
+    assert run.state == RunState.STOPPED
+    assert run.end_reason.startswith(f"stopped: its worker is gone: engine host pid {run.pid} saw its commands end")

@@ -65,7 +65,7 @@ class HostProcess:
                 self._stop(command.get("key"), command.get("reason") or "asked by the worker")
             elif command.get("op") == "ping":
                 self._write("", {"pong": True})   # the worker's watchdog (hosts.py) kills a host that stays silent
-        self.close("the worker is gone")
+        self.close(f"its worker is gone: engine host pid {os.getpid()} saw its commands end and stopped its runs")
 
     def _start(self, command: dict) -> None:
         with self._lock:
@@ -98,7 +98,7 @@ class HostProcess:
         if key == STOP_ALL:
             runs.stop_all_runs(reason)
         elif key:
-            runs.stop_run(key)
+            runs.stop_run(key, reason)
 
 
 def main() -> None:

@@ -16,6 +16,24 @@ from consumers.engine.lifecycle import RunResult
 PEERS_WAIT_S = 30.0   # runs started together wait at most this long for each other (python engine, run tasks)
 
 
+class StopEvent(threading.Event):
+    """A run's stop flag that keeps why it was set, for the run's end reason: a bare "stopped" does not say
+    that the run's worker went away or shut down."""
+
+    def __init__(self):
+        super().__init__()
+        self.reason = ""
+
+    def stop(self, reason: str = "") -> None:
+        self.reason = self.reason or reason
+        self.set()
+
+
+def why_stopped(stop, detail: str = "") -> str:
+    """A stopped run's end detail: why its stop flag was set (a StopEvent's reason), then `detail`."""
+    return "; ".join(part for part in (getattr(stop, "reason", ""), detail) if part)
+
+
 @dataclass(frozen=True)
 class RunOptions:
     stop: threading.Event | None = None       # set it to end the run cleanly after the batch in hand

@@ -45,7 +45,7 @@ from consumers.engine.lifecycle import (
     cluster_unusable,
     load_pipeline,
 )
-from consumers.engine.options import PEERS_WAIT_S, RunOptions
+from consumers.engine.options import PEERS_WAIT_S, RunOptions, why_stopped
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import KafkaUnreachable
@@ -128,6 +128,8 @@ class _Engine:
             reason, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
             self._shutdown(reason)
+        if reason == "stopped":
+            detail = why_stopped(self.stop, detail)
         db.take_turn()   # runs ending together (a shutdown) write their ends a few at a time
         try:
             return self.lifecycle.finish(reason, detail)

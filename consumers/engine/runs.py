@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from consumers.engine import db, hosts
 from consumers.engine.lifecycle import HALT_REASONS
-from consumers.engine.options import PEERS_WAIT_S, RunOptions, engine_for
+from consumers.engine.options import PEERS_WAIT_S, RunOptions, StopEvent, engine_for
 from consumers.models import ConsumerRun, DesiredState, Engine, Pipeline, PipelineError
 
 # A fenced run ends within about a second (engine heartbeat) plus its consumer's close (up to 5 s).
@@ -27,7 +27,7 @@ OLDER_RUNS_WAIT_S = 20.0
 log = logging.getLogger("tally.runs")
 
 _lock = threading.Lock()
-_stop_events: dict[str, threading.Event] = {}
+_stop_events: dict[str, StopEvent] = {}
 # Set by the worker's warm shutdown. A run task the worker had already taken still starts after it (Celery runs
 # what it reserved): such a run was never asked to stop, ran on and kept the worker from exiting. It ends at once
 # instead, and the supervisor restarts the pipeline on a worker that is not going away.
@@ -87,7 +87,7 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
         return {"reason": "skipped", "detail": f"{pipeline.name} moved on while this run waited"}
     Pipeline.objects.filter(pk=pipeline_id, epoch=epoch).run_begun(timezone.now())
     engine = engine_for(pipeline.engine)
-    stop = threading.Event()
+    stop = StopEvent()
     key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
     with _lock:
         if _shutting_down.is_set():
@@ -161,7 +161,7 @@ def stop_all_runs(reason: str = "worker shutting down") -> int:
         _shutting_down.set()
         events = list(_stop_events.values())
     for event in events:
-        event.set()
+        event.stop(reason)
     pool = hosts.existing_pool()
     hosted = pool.stop_all(reason) if pool is not None else 0
     if events or hosted:
@@ -169,12 +169,13 @@ def stop_all_runs(reason: str = "worker shutting down") -> int:
     return len(events) + hosted
 
 
-def stop_run(key: str) -> bool:
-    """Ask the run started with `key` to stop. Returns whether this process holds it."""
+def stop_run(key: str, reason: str = "") -> bool:
+    """Ask the run started with `key` to stop (`reason` goes into its end reason). Returns whether this process
+    holds it."""
     with _lock:
         event = _stop_events.get(key)
     if event is not None:
-        event.set()
+        event.stop(reason)
     return event is not None
 
 
