@@ -308,8 +308,9 @@ class KafkaPositions:
     def _commit_in_epoch(self, consumer: EngineConsumer, ends: dict[int, int]) -> None:
         """Commit to Kafka while holding the pipeline row FOR SHARE at this run's epoch (commit.check_epoch): an
         epoch bump (restart, stop, a rewind's pause) waits until the commit is done, and a commit after it is
-        refused. A run frozen inside holds the row until PostgreSQL ends its transaction after a lease
-        (db.ConnectionPool): the bump then goes ahead, and the COMMIT below fails, so the run ends."""
+        refused. A run frozen inside holds the row until PostgreSQL ends its transaction
+        (TALLY_ENGINE_IDLE_TRANSACTION_SECONDS, db.ConnectionPool): the bump then goes ahead, and the COMMIT below
+        fails, so the run ends."""
         with db.engine_connection() as conn:
             with conn.cursor() as cur:
                 commit.check_epoch(cur, self.pipeline_id, self.epoch)
