@@ -242,7 +242,9 @@ def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
     os.killpg(worker.pid, signal.SIGTERM)               # Celery's warm shutdown
     worker.wait(timeout=30)
     run.refresh_from_db()
-    assert run.state == RunState.STOPPED and run.end_reason.startswith("stopped: worker shutting down")
+    # The group's signal reaches the worker and its hosts at once: whichever stops the run first gives the reason.
+    assert run.state == RunState.STOPPED
+    assert run.end_reason.startswith(("stopped: worker shutting down", "stopped: engine host got SIGTERM"))
 
 
 def test_two_runs_share_the_partitions_and_write_each_record_once(ops_env):

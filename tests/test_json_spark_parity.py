@@ -14,7 +14,7 @@ from consumers.engine import python as python_engine
 from consumers.engine import spark as spark_engine
 from consumers.engine.spark_session import get_spark
 from consumers.models import DeadLetter, Engine, Pipeline
-from tests.conftest import drop_sink_tables
+from tests.conftest import drop_sink_tables, leftover_connections
 from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -146,7 +146,8 @@ def test_spark_maps_arrays_dates_domains_and_collated_upsert_keys_as_the_python_
         assert letters[Engine.SPARK] == letters[Engine.PYTHON]
     finally:
         drop_sink_tables(list(tables.values()))
-        db.close_pool()   # its sessions' upsert staging tables use the domains too
+        db.close_pool()   # its sessions' upsert staging tables use the domains too, until their servers exit
+        leftover_connections(keep=lambda row: row[0].startswith("tally-engine"))
         with connection.cursor() as cur:
             for domain in (qty, inner, region):
                 cur.execute(sql.SQL("DROP DOMAIN IF EXISTS {}").format(sql.Identifier(domain)))
