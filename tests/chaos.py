@@ -78,8 +78,14 @@ class EngineProcess:
 
     def kill(self) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
+            self.process.send_signal(signal.SIGKILL)   # ends a stopped (SIGSTOP) process too
         self.process.wait(timeout=10)
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.kill()
 
     def output(self) -> str:
         self.log.seek(0)

@@ -148,8 +148,7 @@ def test_at_most_once_loses_values_after_kills_between_the_kafka_commit_and_the_
 
 def test_a_zombie_from_an_older_epoch_writes_nothing_after_a_restart(chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(200, partitions=2)
-    zombie = EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "50")
-    try:
+    with EngineProcess(subprocess_env, pipeline.name, *BATCH, "--delay-ms", "50") as zombie:
         wait_for(lambda: ledger_batches(pipeline.pk) >= 2, 60, "the first engine's batches")
         os.kill(zombie.pid, signal.SIGSTOP)   # frozen mid-batch (a long GC pause, a stuck VM)
         restarted_epoch = Pipeline.objects.get(pk=pipeline.pk).bump_epoch()  # the operator restarts the pipeline
@@ -157,10 +156,6 @@ def test_a_zombie_from_an_older_epoch_writes_nothing_after_a_restart(chaos_pipel
         os.kill(zombie.pid, signal.SIGCONT)   # the zombie wakes up holding records it polled long ago
         assert zombie.wait(30) != 0
         assert "fenced" in zombie.output()
-    finally:
-        if zombie.poll() is None:
-            os.kill(zombie.pid, signal.SIGCONT)
-        zombie.kill()
     assert sink_counts(pipeline.sink_table) == every_value_once(200)
     runs = {run.epoch: run for run in ConsumerRun.objects.filter(pipeline=pipeline)}
     assert runs[restarted_epoch - 1].state == "fenced" and runs[restarted_epoch].state == "stopped"
@@ -175,8 +170,7 @@ def test_an_at_least_once_run_hung_past_its_lease_cannot_undo_a_rewind_by_commit
     pipeline = chaos_pipeline(100, DeliveryMode.AT_LEAST_ONCE)
     settings.TALLY_RUN_LEASE_SECONDS = 3
     env = dict(subprocess_env, TALLY_RUN_LEASE_SECONDS="3")
-    zombie = EngineProcess(env, pipeline.name, *BATCH, "--crash-at", "after-db-commit@3/stop")
-    try:
+    with EngineProcess(env, pipeline.name, *BATCH, "--crash-at", "after-db-commit@3/stop") as zombie:
         frozen = psutil.Process(zombie.pid)
         wait_for(lambda: frozen.status() == psutil.STATUS_STOPPED, 60, "the run to freeze after its third batch")
         result = rewind(pipeline.name, "to-earliest", rollback_sink=True, actor="alice")
@@ -184,10 +178,6 @@ def test_an_at_least_once_run_hung_past_its_lease_cannot_undo_a_rewind_by_commit
         os.kill(zombie.pid, signal.SIGCONT)
         assert zombie.wait(30) != 0
         assert "fenced" in zombie.output()
-    finally:
-        if zombie.poll() is None:
-            os.kill(zombie.pid, signal.SIGCONT)
-        zombie.kill()
     assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0]) == {0: 0}
     assert run_until_clean_exit(env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     assert sink_counts(pipeline.sink_table) == every_value_once(100)

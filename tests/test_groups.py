@@ -1,16 +1,28 @@
 """Consumer groups that Tally does not run, read from the real embedded broker."""
+import json
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
+from django.urls import reverse
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from consumers.models import LagSnapshot, Pipeline
+from consumers.kafka import admin as kafka_admin
+from consumers.models import ActionLog, LagSnapshot, Pipeline
 from consumers.operations import groups
 from consumers.reconciliation import snapshots
 from tests.producing import numbered, send
+from tests.views_helpers import client_of, make_operator
 
 pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def operator(db):
+    """A test client signed in as an operator."""
+    return client_of(make_operator())
 
 
 @pytest.fixture
@@ -63,11 +75,6 @@ def test_pipeline_groups_are_left_out_of_the_external_list_and_sampled_groups_ge
 
 
 def test_describing_an_unknown_group_exits_1_and_a_known_one_prints_json(kafka_bootstrap, make_topic, member, db):
-    import json
-    from io import StringIO
-
-    from django.core.management import CommandError, call_command
-
     with pytest.raises(CommandError, match="no consumer group 'nosuch'") as refused:
         call_command("groups", "describe", "nosuch")
     assert refused.value.returncode == 1
@@ -80,20 +87,9 @@ def test_describing_an_unknown_group_exits_1_and_a_known_one_prints_json(kafka_b
 
 
 def test_a_group_kafka_does_not_know_is_not_found_and_a_reset_of_it_is_refused_and_creates_nothing(
-        kafka_bootstrap, make_topic, db):
-    import json
-
-    from django.core.management import CommandError, call_command
-    from django.test import Client
-
-    from consumers.kafka import admin as kafka_admin
-    from consumers.models import ActionLog
-    from tests.views_helpers import make_operator
-
+        kafka_bootstrap, make_topic, operator):
     topic = make_topic("grp-unknown")
     send(topic, numbered(6))
-    operator = Client()
-    operator.force_login(make_operator())
 
     page = operator.get("/groups/nosuch/")
     body = page.content.decode()
@@ -132,17 +128,10 @@ def test_a_group_kafka_does_not_know_is_not_found_and_a_reset_of_it_is_refused_a
 
 
 def test_a_reset_confirmed_from_the_group_page_by_htmx_loads_the_group_page_instead_of_nesting_it_in_the_panel(
-        kafka_bootstrap, make_topic, db):
-    from django.test import Client
-
-    from consumers.kafka import admin as kafka_admin
-    from tests.views_helpers import make_operator
-
+        kafka_bootstrap, make_topic, operator):
     topic = make_topic("grp-htmx")
     send(topic, numbered(10))
     kafka_admin.commit_offsets("g-htmx", topic, {0: 3})
-    operator = Client()
-    operator.force_login(make_operator())
     reset = {"topic": topic, "mode": "to-latest", "value": "", "partitions": ""}
 
     preview = operator.post("/groups/g-htmx/reset/", {**reset, "step": "preview"}, HTTP_HX_REQUEST="true")
@@ -160,18 +149,9 @@ def test_a_reset_confirmed_from_the_group_page_by_htmx_loads_the_group_page_inst
 
 
 def test_a_group_whose_id_ends_with_reset_or_holds_url_characters_has_its_page_and_its_reset(
-        kafka_bootstrap, make_topic, db):
-    from django.test import Client
-    from django.urls import reverse
-
-    from consumers.kafka import admin as kafka_admin
-    from consumers.models import ActionLog
-    from tests.views_helpers import make_operator
-
+        kafka_bootstrap, make_topic, operator):
     topic = make_topic("grp-url")
     send(topic, numbered(10))
-    operator = Client()
-    operator.force_login(make_operator())
     for group in ("etl/reset", "a b%?#/reset", "a b%?#"):
         kafka_admin.commit_offsets(group, topic, {0: 3})
         page = operator.get(reverse("group", kwargs={"group_id": group}))

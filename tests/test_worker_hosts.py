@@ -189,16 +189,22 @@ def test_a_pipeline_with_two_runs_splits_its_partitions_and_survives_a_sigkill_o
     assert worker.poll() is None                                   # the worker itself lived on
 
 
-@pytest.mark.chaos
-def test_a_parked_run_whose_host_is_killed_comes_back_and_misses_nothing(production_worker, make_pipeline):
-    # The compose worker parks runs idle for TALLY_PARK_IDLE_SECONDS (their consumer closed); a SIGKILL of the host
-    # then, and records produced while it is down, still end in the sink once each.
-    worker, start_beat = production_worker
+def caught_up_on_a_hundred(make_pipeline):
+    """A two-partition pipeline started on the values 1..100 and caught up with them: (pipeline, its live run)."""
     pipeline = make_pipeline(2)
     produce_values(pipeline.topic, range(1, 101), 2)
     actions.start(pipeline.name)
     run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
     wait_for(lambda: caught_up(pipeline), 60, "the run to catch up")
+    return pipeline, run
+
+
+@pytest.mark.chaos
+def test_a_parked_run_whose_host_is_killed_comes_back_and_misses_nothing(production_worker, make_pipeline):
+    # The compose worker parks runs idle for TALLY_PARK_IDLE_SECONDS (their consumer closed); a SIGKILL of the host
+    # then, and records produced while it is down, still end in the sink once each.
+    worker, start_beat = production_worker
+    pipeline, run = caught_up_on_a_hundred(make_pipeline)
     parked = f"{pipeline.name}: run {run.pk} parks at"
     wait_for(lambda: parked in Path(worker.log_path).read_text(errors="replace"), 60, "the idle run to park")
     start_beat()
@@ -236,11 +242,7 @@ def test_a_hung_host_is_killed_by_its_worker_and_its_pipeline_comes_back_elsewhe
     # waiting for ever, nor take the restarted runs the worker places by load: the worker kills it after a lease
     # of silence, as if it had died, and its pipelines are restarted on the hosts that answer.
     worker, start_beat = production_worker
-    pipeline = make_pipeline(2)
-    produce_values(pipeline.topic, range(1, 101), 2)
-    actions.start(pipeline.name)
-    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
-    wait_for(lambda: caught_up(pipeline), 60, "the run to catch up")
+    pipeline, run = caught_up_on_a_hundred(make_pipeline)
     start_beat()
     hung = psutil.Process(run.pid)
     hung.suspend()
