@@ -5,7 +5,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from psycopg2 import sql
 
@@ -16,6 +17,7 @@ from consumers.kafka import admin
 from consumers.models import ActionLog, ActionResult, LagSnapshot, Watch
 from consumers.operations import watch_setup
 from consumers.reconciliation import snapshots, watch_audit
+from tests.producing import into, send
 from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
@@ -148,3 +150,57 @@ def test_alerts_on_a_watch_fire_once_and_resolve_once(make_topic, table_name, se
     gone = Alert.objects.get(pk=lost_alert.pk)
     assert gone.state == AlertState.RESOLVED and gone.pipeline_label == "alerting" and gone.is_gone
     assert Notification.objects.filter(alert=gone, kind="resolved").count() == 1
+
+
+def compacted_topic(kafka_bootstrap) -> str:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    topic = f"compacted-{uuid.uuid4().hex[:8]}"
+    client = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        client.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+    finally:
+        client.close()
+    return topic
+
+
+def watch_with_history(topic: str, table: str, checks: int, now) -> Watch:
+    """A team's consumer of a compacted topic (offset ids) that loses the first record of every batch of 5, and a
+    real check after each batch, 30 s apart: a range with a finding per check, never merged, as a watch checked
+    every 30 s keeps them."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (part integer, off bigint)").format(sql.Identifier(table))
+                    .as_string(cur.cursor))
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="history", group="history-group", topic=topic,
+                                                        sink_table=table, record_id="offset", row_id="part,off",
+                                                        settle_seconds=0))
+    for i in range(checks):
+        send(topic, into(0, range(5 * i, 5 * i + 5)))
+        with connection.cursor() as cur:
+            for offset in range(5 * i + 1, 5 * i + 5):
+                cur.execute(sql.SQL("INSERT INTO {} (part, off) VALUES (0, %s)").format(sql.Identifier(table))
+                            .as_string(cur.cursor), [offset])
+        admin.commit_offsets("history-group", topic, {0: 5 * i + 5})
+        assert watch_audit.check_watch(watch, now=now + timedelta(seconds=30 * i)).lost == i + 1
+    return Watch.objects.get(pk=watch.pk)
+
+
+def plan_of_newest_ranges(client, url: str) -> str:
+    """The plan PostgreSQL chooses for the query of `url` that reads the watch's newest ranges, sequential scans
+    off (a test's few rows would rather be scanned): an index that serves the query is then used."""
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    [query] = [q["sql"] for q in captured.captured_queries
+               if 'FROM "consumers_watchrange"' in q["sql"] and "LIMIT" in q["sql"]]
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute(f"EXPLAIN {query}")
+        return "\n".join(row[0] for row in cur.fetchall())
+
+
+def test_the_page_and_the_api_read_the_newest_ranges_from_an_index_without_sorting(kafka_bootstrap, table_name):
+    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=3, now=timezone.now())
+    viewer = client_of(make_viewer())
+    for url in (f"/watches/{watch.name}/", f"/api/watches/{watch.name}/"):
+        plan = plan_of_newest_ranges(viewer, url)
+        assert "watch_range_newest_idx" in plan and "Sort" not in plan, plan

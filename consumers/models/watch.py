@@ -104,6 +104,13 @@ class WatchPartition(models.Model):
         return self.committed
 
 
+class WatchRangeQuerySet(models.QuerySet):
+    def newest(self):
+        """Newest first, in the order watch_range_newest_idx holds them: a watch's page reads its first
+        RANGES_SHOWN from the index, never sorting a history of hundreds of thousands of ranges."""
+        return self.order_by("-checked_at", "partition", "-start")
+
+
 class WatchRange(models.Model):
     """One settled range [start, end) of positions of one partition, and what its audit found. Records
     counts the data records the range held (holes — transaction markers, aborted records — are positions
@@ -128,9 +135,12 @@ class WatchRange(models.Model):
     engine = models.CharField(max_length=10, default="postgres")
     checked_at = models.DateTimeField(default=timezone.now)
 
+    objects = WatchRangeQuerySet.as_manager()
+
     class Meta:
         ordering = ["watch", "partition", "start"]
-        indexes = [models.Index(fields=["watch", "partition", "start"], name="watch_range_idx")]
+        indexes = [models.Index(fields=["watch", "partition", "start"], name="watch_range_idx"),
+                   models.Index(fields=["watch", "-checked_at", "partition", "-start"], name="watch_range_newest_idx")]
 
     @property
     def findings(self) -> bool:

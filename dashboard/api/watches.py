@@ -88,7 +88,7 @@ def watch_detail(request, name):
     if request.method == "DELETE":
         watch_setup.delete(name, actor=request.user.username)
         return Response({"deleted": name})
-    ranges = WatchRange.objects.filter(watch=watch).order_by("-checked_at", "partition")[:RANGES_SHOWN]
+    ranges = WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN]
     lost, duplicated = watch_audit.listed_offsets(watch)
     return Response({**watch_json(watch),
                      "partitions": [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")],

@@ -40,7 +40,7 @@ def watch_detail(request, name):
     watch = get_object_or_404(Watch, name=name)
     partitions = list(watch.partitions.order_by("partition"))
     lost, duplicated = watch_audit.listed_offsets(watch)
-    ranges = list(WatchRange.objects.filter(watch=watch).order_by("-checked_at", "partition", "-start")[:RANGES_SHOWN])
+    ranges = list(WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN])
     context = {"nav": "watches", "watch": watch, "row": monitored.of_watch(watch, partitions),
                "partitions": partitions, "ranges": ranges, "lost_offsets": lost, "duplicated_offsets": duplicated,
                "chart": lag_history(watch, [p.partition for p in partitions])}

@@ -92,7 +92,7 @@ class Command(SubcommandsCommand):
         data = as_dict(watch)
         data["partitions"] = [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")]
         ranges = WatchRange.objects.filter(watch=watch)
-        newest = sorted(ranges.order_by("-checked_at", "partition", "-start")[:limit],
+        newest = sorted(ranges.newest()[:limit],
                         key=lambda r: (r.partition, r.start))
         data["ranges"] = [range_json(r) for r in newest]
         if len(newest) == limit and (total := ranges.count()) > limit:

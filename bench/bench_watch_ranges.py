@@ -1,0 +1,152 @@
+"""Benchmark: the query of a watch's page and API that reads its newest ranges, after a long history. Not run by CI.
+
+    /path/to/python bench/bench_watch_ranges.py [--ranges 300000] [--partitions 3] [--repeat 5] [--drop]
+
+Uses its own database (default `tally_bench_watch_ranges`, migrated afresh). Seeds one watch with `--ranges` ranges,
+as a watch with a finding at every 30 s check keeps them (ranges with findings are never merged): one lost record per
+range, the ranges of each check 30 s after the last one's, dealt over the partitions. Then runs EXPLAIN ANALYZE of
+the query the page and the API issue (WatchRange.objects.filter(watch=...).newest()[:RANGES_SHOWN]), `--repeat`
+times (median execution time), first without the index `watch_range_newest_idx` (as before migration 0021), then
+with it, and prints the plan's nodes of each.
+"""
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+INDEX = "watch_range_newest_idx"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranges", type=int, default=300_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_watch_ranges")
+    parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
+    return parser.parse_args()
+
+
+def admin_connection(url):
+    import psycopg2
+
+    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
+                            dbname="postgres")
+    conn.autocommit = True
+    return conn
+
+
+def recreate_database(url, drop_only: bool = False) -> None:
+    from psycopg2 import sql
+
+    admin = admin_connection(url)
+    with admin.cursor() as cur:
+        name = sql.Identifier(url.path.lstrip("/"))
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
+        if not drop_only:
+            cur.execute(sql.SQL("CREATE DATABASE {}").format(name))
+    admin.close()
+
+
+def setup_django(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
+    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
+    os.environ["DEBUG"] = "0"
+    recreate_database(urlparse(database_url))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def seed(ranges: int, partitions: int):
+    """One watch and its history: range i is partition i % P, offsets [10k, 10k + 10) of its partition (k = i // P),
+    one lost record, checked at check i // P (30 s apart)."""
+    from django.db import connection
+
+    from consumers.models import Watch
+
+    watch = Watch.objects.create(name="long-history", group_id="team", topic="orders", sink_table="orders",
+                                 record_id="value", row_id="id")
+    with connection.cursor() as cur:
+        cur.execute("""
+            INSERT INTO consumers_watchrange (watch_id, partition, start, "end", records, ignored, superseded,
+                unreadable, lost, duplicated, phantom, lost_offsets, duplicated_offsets, phantom_offsets, note,
+                engine, checked_at)
+            SELECT %s, i %% %s, (i / %s) * 10, (i / %s) * 10 + 10, 10, 0, 0, 0, 1, 0, 0,
+                   jsonb_build_array((i / %s) * 10), '[]', '[]', '', 'postgres',
+                   now() - make_interval(secs => 30 * (%s - i / %s))
+            FROM generate_series(0, %s - 1) i""",
+                    [watch.pk, partitions, partitions, partitions, partitions, ranges // partitions + 1, partitions,
+                     ranges])
+        cur.execute("ANALYZE consumers_watchrange")
+    return watch
+
+
+def page_query(watch) -> str:
+    from django.db import connection
+
+    from consumers.models import RANGES_SHOWN, WatchRange
+
+    query, params = WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN].query.sql_with_params()
+    with connection.cursor() as cur:
+        return cur.cursor.mogrify(query, params).decode()
+
+
+def explain(query: str, repeat: int) -> tuple[float, list[str]]:
+    """The median execution time (ms) of `repeat` EXPLAIN ANALYZE runs, and the plan's node lines of the last."""
+    from django.db import connection
+
+    times, plan = [], []
+    with connection.cursor() as cur:
+        for _ in range(repeat):
+            cur.execute(f"EXPLAIN (ANALYZE, BUFFERS) {query}")
+            lines = [row[0] for row in cur.fetchall()]
+            times.append(float(next(line for line in lines if line.startswith("Execution Time")).split()[2]))
+            plan = [line.strip() for line in lines if "->" in line or line.startswith(("Limit", "Index", "Sort"))]
+    return statistics.median(times), plan
+
+
+def main():
+    args = parse_args()
+    setup_django(args.database_url)
+    from django.db import connection
+
+    from consumers.models import WatchRange
+
+    watch = seed(args.ranges, args.partitions)
+    query = page_query(watch)
+    index = next(i for i in WatchRange._meta.indexes if i.name == INDEX)
+    with connection.schema_editor() as editor:
+        editor.remove_index(WatchRange, index)
+    before = explain(query, args.repeat)
+    with connection.schema_editor() as editor:
+        editor.add_index(WatchRange, index)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE consumers_watchrange")
+    after = explain(query, args.repeat)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM consumers_watchrange WHERE watch_id = %s", [watch.pk])
+        count = cur.fetchone()[0]
+        cur.execute("SELECT version()")
+        version = cur.fetchone()[0].split(" on ")[0]
+    print(f"{version}; load average {os.getloadavg()[0]:.1f}; {count:,} ranges of one watch, "
+          f"{args.partitions} partitions; median of {args.repeat} EXPLAIN ANALYZE")
+    for label, (ms, plan) in (("without " + INDEX, before), ("with " + INDEX, after)):
+        print(f"\n{label}: {ms:.3f} ms")
+        for line in plan:
+            print("   ", line)
+    if args.drop:
+        connection.close()
+        recreate_database(urlparse(args.database_url), drop_only=True)
+
+
+if __name__ == "__main__":
+    main()
