@@ -14,7 +14,7 @@ from alerts import evaluate
 from alerts.defaults import ensure_default_rules
 from alerts.models import Alert, AlertRule, AlertState, Notification, RuleKind
 from consumers.kafka import admin
-from consumers.models import ActionLog, ActionResult, LagSnapshot, Watch
+from consumers.models import RANGES_SHOWN, ActionLog, ActionResult, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import snapshots, watch_audit
 from tests.producing import into, send
@@ -204,3 +204,22 @@ def test_the_page_and_the_api_read_the_newest_ranges_from_an_index_without_sorti
     for url in (f"/watches/{watch.name}/", f"/api/watches/{watch.name}/"):
         plan = plan_of_newest_ranges(viewer, url)
         assert "watch_range_newest_idx" in plan and "Sort" not in plan, plan
+
+
+def test_the_page_lists_as_many_ranges_as_the_api_and_says_when_older_ones_were_left_out(kafka_bootstrap,
+                                                                                          table_name):
+    now = timezone.now()
+    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=2, now=now)
+    viewer = client_of(make_viewer())
+    page = viewer.get("/watches/history/").content.decode()
+    assert page.count('<tr id="range-') == 2 and 'id="ranges-bound"' not in page
+
+    # Older history, as months of checks leave it: a range with a finding per check, never merged.
+    WatchRange.objects.bulk_create(WatchRange(watch=watch, partition=1, start=10 * i, end=10 * i + 10, records=10,
+                                              lost=1, checked_at=now - timedelta(days=1, seconds=30 * i))
+                                   for i in range(RANGES_SHOWN))
+    page = viewer.get("/watches/history/").content.decode()
+    assert page.count('<tr id="range-') == RANGES_SHOWN
+    assert len(viewer.get("/api/watches/history/").json()["ranges"]) == RANGES_SHOWN
+    assert '<tr id="range-0-5">' in page and '<tr id="range-0-0">' in page   # the real checks' ranges, newest
+    assert f"The newest {RANGES_SHOWN} ranges" in page and 'id="ranges-bound"' in page

@@ -15,8 +15,8 @@ from consumers.models.reconciliation import Status
 # Offsets listed per range and per finding kind: enough to trace a demo's losses one by one, small enough
 # for one JSON column when a whole range is lost.
 OFFSETS_LISTED = 1000
-# Ranges a watch's detail lists, newest first (the API, `watch show`): a watch with a finding at every check adds
-# thousands a day, and findings.csv has them all.
+# Ranges a watch's detail lists, newest first (its page, the API, `watch show`): a watch with a finding at every
+# check adds thousands a day, and findings.csv has them all.
 RANGES_SHOWN = 200
 
 

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET
 
 from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
-from consumers.models import LagSnapshot, Watch, WatchRange
+from consumers.models import RANGES_SHOWN, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.operations.errors import Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
@@ -23,7 +23,6 @@ from dashboard.views.common import render_page
 
 CHART_WINDOW = timedelta(hours=6)
 CHART_MAX_POINTS = 720
-RANGES_SHOWN = 100
 
 
 @require_GET
@@ -40,9 +39,10 @@ def watch_detail(request, name):
     watch = get_object_or_404(Watch, name=name)
     partitions = list(watch.partitions.order_by("partition"))
     lost, duplicated = watch_audit.listed_offsets(watch)
-    ranges = list(WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN])
+    ranges = list(WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN + 1])  # one more: were any left out?
     context = {"nav": "watches", "watch": watch, "row": monitored.of_watch(watch, partitions),
-               "partitions": partitions, "ranges": ranges, "lost_offsets": lost, "duplicated_offsets": duplicated,
+               "partitions": partitions, "ranges": ranges[:RANGES_SHOWN], "ranges_shown": RANGES_SHOWN,
+               "ranges_left_out": len(ranges) > RANGES_SHOWN, "lost_offsets": lost, "duplicated_offsets": duplicated,
                "chart": lag_history(watch, [p.partition for p in partitions])}
     return render_page(request, "watch.html", context)
 
