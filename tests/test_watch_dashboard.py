@@ -223,3 +223,22 @@ def test_the_page_lists_as_many_ranges_as_the_api_and_says_when_older_ones_were_
     assert len(viewer.get("/api/watches/history/").json()["ranges"]) == RANGES_SHOWN
     assert '<tr id="range-0-5">' in page and '<tr id="range-0-0">' in page   # the real checks' ranges, newest
     assert f"The newest {RANGES_SHOWN} ranges" in page and 'id="ranges-bound"' in page
+
+
+def test_the_page_and_the_api_say_why_phantoms_are_not_counted_on_a_compacted_topic(kafka_bootstrap, table_name):
+    from tests.api_schema import RAW_SCHEMA, assert_documented, operation
+
+    now = timezone.now()
+    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=2, now=now)
+    note = watch_audit.COMPACTED_NOTE.format(policy="compact")
+    assert watch.last_notes == [note]
+    watch_audit.check_all(now=now + timedelta(minutes=1))   # a pass with nothing new to audit reads no policy
+    assert Watch.objects.get(pk=watch.pk).last_notes == [note]
+
+    viewer = client_of(make_viewer())
+    page = viewer.get("/watches/history/").content.decode()
+    assert 'id="watch-notes"' in page and "rows there are not counted as phantoms" in page
+    detail = viewer.get("/api/watches/history/")
+    assert detail.json()["last_notes"] == [note]
+    assert_documented(operation("GET", "/api/watches/{name}/"), detail, "GET", "/api/watches/history/")
+    assert "last_notes" in RAW_SCHEMA["components"]["schemas"]["WatchDetail"]["properties"]

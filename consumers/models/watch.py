@@ -51,6 +51,8 @@ class Watch(models.Model):
     lag_seconds = models.FloatField(null=True, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    last_notes = models.JSONField(default=list, blank=True, help_text=(
+        "What the last check noted, e.g. why rows at positions without a record are not counted as phantoms."))
 
     class Meta:
         ordering = ["name"]

@@ -63,6 +63,7 @@ COMPACTED_NOTE = ("compacted topic (cleanup.policy={policy}): a position without
 UNKNOWN_POLICY_NOTE = ("the topic's cleanup.policy could not be read ({reason}; grant DESCRIBE_CONFIGS on the topic): "
                        "a position without a record may be a compacted record, so rows there are not counted as "
                        "phantoms")
+POLICY_NOTES = (COMPACTED_NOTE.partition("{")[0], UNKNOWN_POLICY_NOTE.partition("{")[0])
 
 
 class WatchCheckError(RuntimeError):
@@ -606,20 +607,27 @@ def group_alive(kafka, group_id: str, notes: list) -> bool:
 
 
 def _summarise(watch: Watch, parts: dict, new_ranges: list, notes: list, now: datetime) -> WatchReport:
-    summarise(watch, parts.values(), now)
+    summarise(watch, parts.values(), now, notes)
     Watch.objects.filter(pk=watch.pk).update(status=watch.status, lag_records=watch.lag_records,
-                                             lag_seconds=watch.lag_seconds, checked_at=now, last_error="")
+                                             lag_seconds=watch.lag_seconds, checked_at=now, last_error="",
+                                             last_notes=notes)
     return report_of(watch, parts.values(), listed_offsets(watch), new_ranges, notes)
 
 
-def summarise(watch: Watch, rows, now: datetime) -> None:
-    """The watch's status (its worst partition's), lag in records (their sum) and in seconds (their most),
-    set on `watch` (not saved)."""
+def summarise(watch: Watch, rows, now: datetime, notes: list[str]) -> None:
+    """The watch's status (its worst partition's), lag in records (their sum) and in seconds (their most), and
+    the check's notes, set on `watch` (not saved)."""
     lags = [wp.lag_records for wp in rows if wp.lag_records is not None]
     ages = [wp.lag_seconds for wp in rows if wp.lag_seconds is not None]
     watch.status = monitored.worst(wp.status for wp in rows)
     watch.lag_records, watch.lag_seconds = sum(lags) if lags else None, max(ages) if ages else None
-    watch.checked_at, watch.last_error = now, ""
+    watch.checked_at, watch.last_error, watch.last_notes = now, "", list(notes)
+
+
+def audit_notes(notes: list[str]) -> list[str]:
+    """The notes on how the audit judged phantoms (phantoms_judged): a pass that audits nothing reads no
+    cleanup.policy, and what the audited ranges show was judged so; it keeps them."""
+    return [n for n in notes if n.startswith(POLICY_NOTES)]
 
 
 def report_of(watch: Watch, rows, listed: tuple[list, list], new_ranges: list, notes: list) -> WatchReport:

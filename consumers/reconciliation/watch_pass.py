@@ -30,7 +30,7 @@ log = logging.getLogger("tally.watch")
 # What measuring a quiet watch changes: only these columns are written, so nothing else of a row is overwritten.
 MEASURED = ["commits_seen", "committed", "moved_at", "log_start", "high_watermark", "lag_records", "lag_seconds",
             "status", "checked_at"]
-SUMMARISED = ["status", "lag_records", "lag_seconds", "checked_at", "last_error"]
+SUMMARISED = ["status", "lag_records", "lag_seconds", "checked_at", "last_error", "last_notes"]
 
 
 def check_all(*, kafka=None, now: datetime | None = None) -> list[watch_audit.WatchReport]:
@@ -75,7 +75,7 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
                  and _observe_quiet(w, rows[w.pk], readings[w.cluster], now)]
         if not quiet:
             return {}
-        notes = {w.pk: [] for w in quiet}
+        notes = {w.pk: watch_audit.audit_notes(w.last_notes) for w in quiet}
         _measure(quiet, rows, readings, notes, now)
         history = monitored.watches_window_samples([w.pk for w in quiet], now=now)
         for watch in quiet:
@@ -84,7 +84,7 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
             watch_audit.evaluate(parts, alive, set(), now, history.get(watch.pk, {}), watch.created_at)
             for wp in parts.values():
                 wp.checked_at = now
-            watch_audit.summarise(watch, parts.values(), now)
+            watch_audit.summarise(watch, parts.values(), now, notes[watch.pk])
         row_updates.update_columns([wp for w in quiet for wp in rows[w.pk].values()], MEASURED)
         row_updates.update_columns(quiet, SUMMARISED)
         findings = defaultdict(list)

@@ -492,6 +492,9 @@ class WatchDetailSerializer(WatchSerializer):
     partitions = serializers.ListField(child=OBJECT())
     lost_offsets = serializers.ListField(child=OBJECT(), help_text="{partition, offset} of each lost record listed")
     duplicated_offsets = serializers.ListField(child=OBJECT())
+    last_notes = serializers.ListField(child=serializers.CharField(), help_text=(
+        "The last check's notes, e.g. why rows at positions without a record are not counted as phantoms "
+        "(a compacted topic, or a cleanup.policy that could not be read)"))
     ranges = WatchRangeSerializer(many=True)
 
 

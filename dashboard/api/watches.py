@@ -92,7 +92,7 @@ def watch_detail(request, name):
     lost, duplicated = watch_audit.listed_offsets(watch)
     return Response({**watch_json(watch),
                      "partitions": [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")],
-                     "lost_offsets": lost, "duplicated_offsets": duplicated,
+                     "lost_offsets": lost, "duplicated_offsets": duplicated, "last_notes": watch.last_notes,
                      "ranges": [range_json(r) for r in ranges]})
 
 
