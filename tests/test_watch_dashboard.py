@@ -242,3 +242,19 @@ def test_the_page_and_the_api_say_why_phantoms_are_not_counted_on_a_compacted_to
     assert detail.json()["last_notes"] == [note]
     assert_documented(operation("GET", "/api/watches/{name}/"), detail, "GET", "/api/watches/history/")
     assert "last_notes" in RAW_SCHEMA["components"]["schemas"]["WatchDetail"]["properties"]
+
+
+def test_the_apis_ranges_with_every_kind_of_finding_match_the_schema(kafka_bootstrap, table_name):
+    from tests.api_schema import assert_documented, operation
+
+    now = timezone.now()
+    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=1, now=now)
+    WatchRange.objects.create(watch=watch, partition=1, start=0, end=10, records=9, ignored=1, superseded=1,
+                              unreadable=1, lost=1, lost_offsets=[4], duplicated=2, duplicated_offsets=[[6, 2]],
+                              phantom=1, phantom_offsets=[8], checked_at=now - timedelta(days=1))
+    WatchRange.objects.create(watch=watch, partition=1, start=10, end=20,
+                              note=watch_audit.DELETED_UNREAD_NOTE, checked_at=now - timedelta(days=1))
+    detail = client_of(make_viewer()).get("/api/watches/history/")
+    ranges = {r["start"]: r for r in detail.json()["ranges"] if r["partition"] == 1}
+    assert ranges[0]["duplicated_offsets"] == [[6, 2]] and ranges[10]["note"] == watch_audit.DELETED_UNREAD_NOTE
+    assert_documented(operation("GET", "/api/watches/{name}/"), detail, "GET", "/api/watches/history/")

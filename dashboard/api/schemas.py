@@ -480,11 +480,18 @@ class WatchRangeSerializer(serializers.Serializer):
     start = serializers.IntegerField()
     end = serializers.IntegerField()
     records = serializers.IntegerField()
+    ignored = serializers.IntegerField()
+    superseded = serializers.IntegerField()
+    unreadable = serializers.IntegerField()
     lost = serializers.IntegerField()
     duplicated = serializers.IntegerField()
     phantom = serializers.IntegerField()
     lost_offsets = serializers.ListField(child=serializers.IntegerField())
-    duplicated_offsets = serializers.ListField(child=serializers.IntegerField())
+    duplicated_offsets = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2),
+        help_text="[offset, extra rows] pairs")
+    phantom_offsets = serializers.ListField(child=serializers.IntegerField())
+    note = serializers.CharField(help_text="why the range was not audited, or what it holds; empty otherwise")
     checked_at = serializers.DateTimeField()
 
 
