@@ -18,10 +18,12 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_database  # noqa: E402 - bench/ is on the path as the script's folder
+
 BATCHES_PER_PARTITION = 200
 BATCH = 500
 SNAPSHOT_MINUTES = 6 * 60
@@ -35,37 +37,6 @@ def parse_args():
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_dash")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
     return parser.parse_args()
-
-
-def admin_connection(url):
-    import psycopg2
-
-    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
-                            dbname="postgres")
-    conn.autocommit = True
-    return conn
-
-
-def setup_django(database_url: str):
-    from psycopg2 import sql
-
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
-    os.environ.setdefault("TALLY_DEVELOPMENT", "1")  # a checkout's bench is development, like manage.py
-    url = urlparse(database_url)
-    name = url.path.lstrip("/")
-    admin = admin_connection(url)
-    with admin.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
-        if not cur.fetchone():
-            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    admin.close()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def fill(pipelines: int, partitions: int) -> None:
@@ -155,7 +126,7 @@ def measure(client, url: str, repeat: int, **headers) -> dict:
 
 def main():
     args = parse_args()
-    setup_django(args.database_url)
+    bench_database.setup_django(args.database_url, fresh=False, debug=None)
     fill(args.pipelines, args.partitions)
     import django
     from django.contrib.auth import get_user_model
@@ -166,7 +137,13 @@ def main():
     from django.conf import settings
 
     settings.ALLOWED_HOSTS = ["testserver"]
+    from django.contrib.auth.models import Group
+
+    from dashboard.roles import VIEWERS, setup_roles
+
+    setup_roles()   # the pages answer a viewer; a user with no role gets a 403
     user, _ = get_user_model().objects.get_or_create(username="bench")
+    user.groups.add(Group.objects.get(name=VIEWERS))
     client = Client()
     client.force_login(user)
     name = "bench-000"
@@ -188,15 +165,7 @@ def main():
         print(f"| {label} | {result['median_ms']:.1f} | {result['p95_ms']:.1f} | {result['queries']} | "
               f"{result['bytes']:,} |")
     if args.drop:
-        from django.db import connections
-        from psycopg2 import sql
-
-        connections.close_all()
-        url = urlparse(args.database_url)
-        admin = admin_connection(url)
-        with admin.cursor() as cur:
-            cur.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(url.path.lstrip("/"))))
-        admin.close()
+        bench_database.drop_database(args.database_url)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_database  # noqa: E402 - bench/ is on the path as the script's folder
+
 BATCH = 100              # records per batch
 BATCHES_PER_SECOND = 10  # across the pipeline's partitions
 NAME = "history"
@@ -43,38 +45,6 @@ def parse_args():
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_history")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
     return parser.parse_args()
-
-
-def admin_connection(url):
-    import psycopg2
-
-    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
-                            dbname="postgres")
-    conn.autocommit = True
-    return conn
-
-
-def setup_django(database_url: str):
-    from psycopg2 import sql
-
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
-    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
-    os.environ["DEBUG"] = "0"
-    url = urlparse(database_url)
-    name = url.path.lstrip("/")
-    admin = admin_connection(url)
-    with admin.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
-        if not cur.fetchone():
-            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    admin.close()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 class FakeKafka:
@@ -247,7 +217,7 @@ def ledger_size() -> tuple[int, int]:
 
 def main():
     args = parse_args()
-    setup_django(args.database_url)
+    bench_database.setup_django(args.database_url, fresh=False)
     ends = fill(args.batches, args.partitions)
     import django
     from django.conf import settings
@@ -287,15 +257,7 @@ def main():
         print(f"ledger: {rows:,} rows, {size / 2**20:.1f} MiB (table and indexes)")
         measure_all(client, ends, args.repeat, f"after compaction: {rows:,} ledger rows")
     if args.drop:
-        from django.db import connections
-        from psycopg2 import sql
-
-        connections.close_all()
-        url = urlparse(args.database_url)
-        admin = admin_connection(url)
-        with admin.cursor() as cur:
-            cur.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(url.path.lstrip("/"))))
-        admin.close()
+        bench_database.drop_database(args.database_url)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_database  # noqa: E402 - bench/ is on the path as the script's folder
+
 TABLE = "bench_watch_rows"
 
 
@@ -40,37 +42,6 @@ def parse_args():
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
     parser.add_argument("--spark", action="store_true", help="Also audit the same data on Spark and compare.")
     return parser.parse_args()
-
-
-def admin_connection(url):
-    import psycopg2
-
-    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
-                            dbname="postgres")
-    conn.autocommit = True
-    return conn
-
-
-def setup_django(database_url: str):
-    from psycopg2 import sql
-
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
-    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
-    os.environ["DEBUG"] = "0"
-    url = urlparse(database_url)
-    admin = admin_connection(url)
-    with admin.cursor() as cur:
-        name = url.path.lstrip("/")
-        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    admin.close()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def produce(topic: str, records: int, partitions: int) -> None:
@@ -171,7 +142,7 @@ def main():
     process = broker.start_broker(port)
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{port}"
     try:
-        setup_django(args.database_url)
+        bench_database.setup_django(args.database_url, fresh=True)
         from consumers.kafka import admin
         from consumers.operations import watch_setup
 
@@ -218,16 +189,7 @@ def main():
         clusters.close_shared_admins()   # before the broker goes: they would keep reconnecting to it
         broker.stop_broker(process)
         if args.drop:
-            from django.db import connections
-
-            connections.close_all()
-            url = urlparse(args.database_url)
-            from psycopg2 import sql
-
-            admin_conn = admin_connection(url)
-            with admin_conn.cursor() as cur:
-                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(url.path.lstrip("/"))))
-            admin_conn.close()
+            bench_database.drop_database(args.database_url)
 
 
 if __name__ == "__main__":

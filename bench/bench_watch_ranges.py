@@ -14,10 +14,12 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import bench_database  # noqa: E402 - bench/ is on the path as the script's folder
+
 INDEX = "watch_range_newest_idx"
 
 
@@ -29,41 +31,6 @@ def parse_args():
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_watch_ranges")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
     return parser.parse_args()
-
-
-def admin_connection(url):
-    import psycopg2
-
-    conn = psycopg2.connect(host=url.hostname, port=url.port or 5432, user=url.username or "postgres",
-                            dbname="postgres")
-    conn.autocommit = True
-    return conn
-
-
-def recreate_database(url, drop_only: bool = False) -> None:
-    from psycopg2 import sql
-
-    admin = admin_connection(url)
-    with admin.cursor() as cur:
-        name = sql.Identifier(url.path.lstrip("/"))
-        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
-        if not drop_only:
-            cur.execute(sql.SQL("CREATE DATABASE {}").format(name))
-    admin.close()
-
-
-def setup_django(database_url: str) -> None:
-    os.environ["DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tally.settings")
-    os.environ.setdefault("TALLY_DEVELOPMENT", "1")
-    os.environ["DEBUG"] = "0"
-    recreate_database(urlparse(database_url))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def seed(ranges: int, partitions: int):
@@ -116,7 +83,7 @@ def explain(query: str, repeat: int) -> tuple[float, list[str]]:
 
 def main():
     args = parse_args()
-    setup_django(args.database_url)
+    bench_database.setup_django(args.database_url, fresh=True)
     from django.db import connection
 
     from consumers.models import WatchRange
@@ -144,8 +111,7 @@ def main():
         for line in plan:
             print("   ", line)
     if args.drop:
-        connection.close()
-        recreate_database(urlparse(args.database_url), drop_only=True)
+        bench_database.drop_database(args.database_url)
 
 
 if __name__ == "__main__":
