@@ -236,14 +236,15 @@ def kafka_bootstrap():
 
 @pytest.fixture
 def make_topic(kafka_bootstrap):
-    """Create a uniquely named topic: make_topic("nums", partitions=3) -> "nums-1a2b3c"."""
+    """Create a uniquely named topic: make_topic("nums", partitions=3) -> "nums-1a2b3c"; `configs` are the topic's
+    settings (make_topic("c", configs={"cleanup.policy": "compact"}))."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
 
-    def create(prefix="t", partitions=1):
+    def create(prefix="t", partitions=1, configs: dict | None = None):
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs or {})])
         return name
 
     yield create

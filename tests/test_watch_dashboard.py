@@ -22,6 +22,7 @@ from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
+COMPACT = {"cleanup.policy": "compact"}
 
 
 @pytest.mark.chaos
@@ -152,17 +153,6 @@ def test_alerts_on_a_watch_fire_once_and_resolve_once(make_topic, table_name, se
     assert Notification.objects.filter(alert=gone, kind="resolved").count() == 1
 
 
-def compacted_topic(kafka_bootstrap) -> str:
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    topic = f"compacted-{uuid.uuid4().hex[:8]}"
-    client = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        client.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
-    finally:
-        client.close()
-    return topic
-
 
 def watch_with_history(topic: str, table: str, checks: int, now) -> Watch:
     """A team's consumer of a compacted topic (offset ids) that loses the first record of every batch of 5, and a
@@ -198,18 +188,18 @@ def plan_of_newest_ranges(client, url: str) -> str:
         return "\n".join(row[0] for row in cur.fetchall())
 
 
-def test_the_page_and_the_api_read_the_newest_ranges_from_an_index_without_sorting(kafka_bootstrap, table_name):
-    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=3, now=timezone.now())
+def test_the_page_and_the_api_read_the_newest_ranges_from_an_index_without_sorting(make_topic, table_name):
+    watch = watch_with_history(make_topic("compacted", configs=COMPACT), table_name, checks=3, now=timezone.now())
     viewer = client_of(make_viewer())
     for url in (f"/watches/{watch.name}/", f"/api/watches/{watch.name}/"):
         plan = plan_of_newest_ranges(viewer, url)
         assert "watch_range_newest_idx" in plan and "Sort" not in plan, plan
 
 
-def test_the_page_lists_as_many_ranges_as_the_api_and_says_when_older_ones_were_left_out(kafka_bootstrap,
+def test_the_page_lists_as_many_ranges_as_the_api_and_says_when_older_ones_were_left_out(make_topic,
                                                                                           table_name):
     now = timezone.now()
-    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=2, now=now)
+    watch = watch_with_history(make_topic("compacted", configs=COMPACT), table_name, checks=2, now=now)
     viewer = client_of(make_viewer())
     page = viewer.get("/watches/history/").content.decode()
     assert page.count('<tr id="range-') == 2 and 'id="ranges-bound"' not in page
@@ -225,11 +215,11 @@ def test_the_page_lists_as_many_ranges_as_the_api_and_says_when_older_ones_were_
     assert f"The newest {RANGES_SHOWN} ranges" in page and 'id="ranges-bound"' in page
 
 
-def test_the_page_and_the_api_say_why_phantoms_are_not_counted_on_a_compacted_topic(kafka_bootstrap, table_name):
+def test_the_page_and_the_api_say_why_phantoms_are_not_counted_on_a_compacted_topic(make_topic, table_name):
     from tests.api_schema import RAW_SCHEMA, assert_documented, operation
 
     now = timezone.now()
-    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=2, now=now)
+    watch = watch_with_history(make_topic("compacted", configs=COMPACT), table_name, checks=2, now=now)
     note = watch_audit.COMPACTED_NOTE.format(policy="compact")
     assert watch.last_notes == [note]
     watch_audit.check_all(now=now + timedelta(minutes=1))   # a pass with nothing new to audit reads no policy
@@ -244,11 +234,11 @@ def test_the_page_and_the_api_say_why_phantoms_are_not_counted_on_a_compacted_to
     assert "last_notes" in RAW_SCHEMA["components"]["schemas"]["WatchDetail"]["properties"]
 
 
-def test_the_apis_ranges_with_every_kind_of_finding_match_the_schema(kafka_bootstrap, table_name):
+def test_the_apis_ranges_with_every_kind_of_finding_match_the_schema(make_topic, table_name):
     from tests.api_schema import assert_documented, operation
 
     now = timezone.now()
-    watch = watch_with_history(compacted_topic(kafka_bootstrap), table_name, checks=1, now=now)
+    watch = watch_with_history(make_topic("compacted", configs=COMPACT), table_name, checks=1, now=now)
     WatchRange.objects.create(watch=watch, partition=1, start=0, end=10, records=9, ignored=1, superseded=1,
                               unreadable=1, lost=1, lost_offsets=[4], duplicated=2, duplicated_offsets=[[6, 2]],
                               phantom=1, phantom_offsets=[8], checked_at=now - timedelta(days=1))
