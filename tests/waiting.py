@@ -5,7 +5,8 @@ multiplied by PATIENCE, so the same test passes on a machine loaded by other wor
 parallel run). Set TALLY_TEST_PATIENCE to scale every deadline at once.
 """
 import os
-import time
+
+from consumers import waiting
 
 PATIENCE = float(os.environ.get("TALLY_TEST_PATIENCE", "3"))
 
@@ -18,11 +19,7 @@ def patience(seconds: float) -> float:
 def wait_for(condition, timeout: float, what: str, interval: float = 0.1):
     """Poll `condition` until it returns something truthy and return that; fail after patience(timeout)."""
     limit = patience(timeout)
-    deadline = time.monotonic() + limit
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
-        time.sleep(interval)
+    result = waiting.wait_until(condition, limit, interval)
+    if not result:
+        raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
+    return result

@@ -26,6 +26,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from psycopg2 import sql
 
+from consumers import waiting
 from consumers.demo.runner import DemoRunner
 from consumers.demo.schedule import MAX_SEED, crash_schedule
 from consumers.engine import db, sinks
@@ -290,14 +291,10 @@ def _try(function, *args):
 
 
 def _wait_until(check: Callable, what: str, timeout_s: float = TOPIC_TIMEOUT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise DemoError(f"Timed out after {timeout_s:.0f} s waiting for {what}.")
-        time.sleep(0.2)
+    result = waiting.wait_until(check, timeout_s)
+    if not result:
+        raise DemoError(f"Timed out after {timeout_s:.0f} s waiting for {what}.")
+    return result
 
 
 # --- the run with crashes --------------------------------------------------------------------------

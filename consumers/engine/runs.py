@@ -16,6 +16,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
+from consumers import waiting
 from consumers.engine import db, hosts
 from consumers.engine.lifecycle import HALT_REASONS
 from consumers.engine.options import PEERS_WAIT_S, RunOptions, StopEvent, engine_for
@@ -106,24 +107,20 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
 def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
     """Wait (bounded) until the runs this one replaces have left. They were fenced by the epoch bump and
     end within about a second; starting while they still hold partitions would only wait for them."""
-    deadline = time.monotonic() + OLDER_RUNS_WAIT_S
-    while time.monotonic() < deadline:
-        if not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now()).exists():
-            return True
-        _pause(0.2)
-    return False
+    return waiting.wait_until(
+        lambda: not ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now()).exists(),
+        OLDER_RUNS_WAIT_S, pause=_pause)
 
 
 def _wait_for_settled_peers(pipeline: Pipeline, epoch: int, peers: int) -> None:
     """Start only after `peers` runs of this epoch have their partitions: they take their shares one at a time.
     Bounded: with fewer partitions than runs some peers never get any, and this run joins anyway."""
-    deadline = time.monotonic() + PEERS_WAIT_S
-    while time.monotonic() < deadline:
+    def settled_or_moved_on() -> bool:
         settled = ConsumerRun.objects.filter(pipeline=pipeline, epoch=epoch).alive(timezone.now()).exclude(
             assigned_partitions=[]).count()
-        if settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0:
-            return
-        _pause(0.2)
+        return settled >= peers or Pipeline.objects.filter(pk=pipeline.pk, epoch=epoch).count() == 0
+
+    waiting.wait_until(settled_or_moved_on, PEERS_WAIT_S, pause=_pause)
 
 
 def _pause(seconds: float) -> None:

@@ -8,7 +8,8 @@ import ctypes
 import signal
 import socket
 import subprocess
-import time
+
+from consumers import waiting
 
 
 class BrokerError(RuntimeError):
@@ -83,13 +84,13 @@ def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds
     stdout = log_file if log_file is not None else subprocess.DEVNULL
     process = subprocess.Popen(broker_command(port, host, advertised), stdout=stdout, stderr=subprocess.STDOUT,
                                start_new_session=True, preexec_fn=_die_with_parent)
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
+    def accepting() -> bool:
         if process.poll() is not None:
             raise BrokerError(f"The embedded broker exited with code {process.returncode} during start-up.")
-        if is_reachable(f"{host}:{port}", timeout=0.2):
-            return process
-        time.sleep(0.1)
+        return is_reachable(f"{host}:{port}", timeout=0.2)
+
+    if waiting.wait_until(accepting, wait_seconds, interval=0.1):
+        return process
     stop_broker(process)
     raise BrokerError(f"The embedded broker did not accept connections on {host}:{port} "
                       f"within {wait_seconds:.0f} s.")

@@ -12,7 +12,6 @@ The real run, in this order (docs/architecture.md "Rewinds"):
   5. resume the pipeline if it was running (a new epoch, a run enqueued).
 """
 import logging
-import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -20,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
+from consumers import waiting
 from consumers.engine import sinks
 from consumers.engine.sink_checks import table_exists
 from consumers.engine.tables import table
@@ -203,16 +203,16 @@ def _wait_for_runs_to_end(pipeline: Pipeline, epoch: int) -> None:
     """The pause fenced the runs; wait until they have left (they commit or drop their batch in flight and
     close their Kafka consumer). A run past its lease is not waited for: if it wakes, its Kafka commits are
     refused at its old epoch (lifecycle.KafkaPositions), so it cannot commit over the rewind's offsets."""
-    deadline = time.monotonic() + settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS
-    while True:
-        alive = list(ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now())
-                     .values_list("pk", flat=True))
-        if not alive:
-            return
-        if time.monotonic() > deadline:
-            raise Refused(f"Run(s) {', '.join(map(str, alive))} of pipeline {pipeline.name!r} did not end within "
-                          f"{settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS} s of the pause; nothing was moved.")
-        time.sleep(0.2)
+    def alive() -> list[int]:
+        return list(ConsumerRun.objects.filter(pipeline=pipeline, epoch__lt=epoch).alive(timezone.now())
+                    .values_list("pk", flat=True))
+
+    if waiting.wait_until(lambda: not alive(), settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS):
+        return
+    left = alive()
+    if left:
+        raise Refused(f"Run(s) {', '.join(map(str, left))} of pipeline {pipeline.name!r} did not end within "
+                      f"{settings.TALLY_REWIND_STOP_TIMEOUT_SECONDS} s of the pause; nothing was moved.")
 
 
 def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool,
