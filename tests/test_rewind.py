@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, BatchLedger, PartitionOffset, Pipeline
 from consumers.operations.rewind import rewind
 from tests.ops_helpers import (
@@ -161,3 +162,45 @@ def test_a_classic_rewind_without_roll_back_replays_into_the_sink_and_the_duplic
     catch_up(AT_LEAST_ONCE)
     replayed = [v for v in range(1, TOTAL + 1) if (v - 1) // 2 >= 10]
     assert sink_rows(AT_LEAST_ONCE) == sorted(expected_rows(range(1, TOTAL + 1)) + expected_rows(replayed))
+
+
+def crashed_before_its_kafka_commit(name, committed):
+    """The at-least-once crash between the DB commit and the Kafka commit: the sink holds every record up to
+    the log end (15 per partition), Kafka's committed offsets are left behind at `committed`."""
+    catch_up(name)
+    pipeline = Pipeline.objects.get(name=name)
+    kafka_admin.commit_offsets(pipeline.group_id, pipeline.topic, {0: committed, 1: committed},
+                               cluster=pipeline.cluster)
+    assert positions(name) == {0: 15, 1: 15}
+
+
+def test_an_at_least_once_rewind_counts_the_records_it_gives_back_from_what_the_sink_holds(demo):
+    crashed_before_its_kafka_commit(AT_LEAST_ONCE, 10)
+    dry = rewind(AT_LEAST_ONCE, "to-offset", "5", rollback_sink=True, dry_run=True)
+    assert [(m.current, m.new, m.reprocess, m.skip) for m in dry.moves] == [(10, 5, 10, 0), (10, 5, 10, 0)]
+    assert dry.as_dict()["reprocess"] == 20 and "20 record(s) to reprocess, 0 to skip" in dry.message
+    assert "where the sink was written up to, past Kafka's committed offsets: p0 15, p1 15" in dry.message
+    assert dry.rows_to_delete == {0: 10, 1: 10}
+
+    done = rewind(AT_LEAST_ONCE, "to-offset", "5", rollback_sink=True)
+    assert done.rows_deleted == {0: 10, 1: 10}
+    assert "20 record(s) to reprocess, 0 to skip" in done.message
+    assert catch_up(AT_LEAST_ONCE).records == 20            # what the summary said it gives back
+    assert sink_rows(AT_LEAST_ONCE) == expected_rows(range(1, TOTAL + 1))
+
+
+def test_an_at_least_once_rewind_that_keeps_the_sink_says_how_many_records_it_writes_again(demo):
+    crashed_before_its_kafka_commit(AT_LEAST_ONCE, 10)
+    done = rewind(AT_LEAST_ONCE, "shift-by", "-4")           # shift-by moves from where it resumes: Kafka's 10
+    assert [(m.current, m.new, m.reprocess) for m in done.moves] == [(10, 6, 9), (10, 6, 9)]
+    catch_up(AT_LEAST_ONCE)
+    again = [v for v in range(1, TOTAL + 1) if (v - 1) // 2 >= 6]
+    assert len(again) == done.as_dict()["reprocess"] == 18
+    assert sink_rows(AT_LEAST_ONCE) == sorted(expected_rows(range(1, TOTAL + 1)) + expected_rows(again))
+
+
+def test_an_at_least_once_rewind_forward_skips_nothing_the_sink_already_holds(demo):
+    crashed_before_its_kafka_commit(AT_LEAST_ONCE, 10)
+    dry = rewind(AT_LEAST_ONCE, "to-latest", dry_run=True)
+    assert [(m.current, m.new, m.reprocess, m.skip) for m in dry.moves] == [(10, 15, 0, 0), (10, 15, 0, 0)]
+    assert "0 record(s) to reprocess, 0 to skip" in dry.message

@@ -137,16 +137,25 @@ class PartitionMove:
     new: int
     log_start: int
     high_watermark: int
+    # How far the records were already delivered, where that is not `current`: an at-least-once pipeline
+    # resumes from Kafka's committed offset, but may have written past it (a crash between its DB commit and
+    # its Kafka commit), and what a rewind gives back or skips is counted from what was written.
+    delivered: int | None = None
 
     @property
     def reprocess(self) -> int:
-        """Records that will be read again (the new offset is behind the current one)."""
-        return max(0, self.current - self.new) if self.current is not None else 0
+        """Records that will be read again (the new offset is behind the delivered position)."""
+        done = self._done()
+        return max(0, done - self.new) if done is not None else 0
 
     @property
     def skip(self) -> int:
-        """Records that will never be read (the new offset is ahead of the current one)."""
-        return max(0, self.new - self.current) if self.current is not None else 0
+        """Records that will never be read (the new offset is ahead of the delivered position)."""
+        done = self._done()
+        return max(0, self.new - done) if done is not None else 0
+
+    def _done(self) -> int | None:
+        return self.current if self.delivered is None else self.delivered
 
     def as_dict(self) -> dict:
         return {"partition": self.partition, "current": self.current, "new": self.new,
@@ -172,9 +181,11 @@ def choose_partitions(topic: str, requested: list[int] | None, cluster=None) -> 
 
 
 def resolve_offsets(spec: OffsetSpec, topic: str, partitions: list[int], current: dict[int, int | None],
-                    marks: dict[int, "kafka_admin.Watermarks"] | None = None, cluster=None) -> list[PartitionMove]:
+                    marks: dict[int, "kafka_admin.Watermarks"] | None = None, cluster=None,
+                    delivered: dict[int, int] | None = None) -> list[PartitionMove]:
     """New offset per partition for `spec`; raise Refused if any target lies outside its partition's
-    [log start, high watermark] or needs a current position the partition does not have."""
+    [log start, high watermark] or needs a current position the partition does not have. `delivered`: how far
+    a partition's records were delivered where that is past `current` (PartitionMove.delivered)."""
     marks = marks or kafka_admin.watermarks(topic, partitions, cluster=cluster)
     by_time = {}
     if spec.moment is not None:
@@ -201,7 +212,7 @@ def resolve_offsets(spec: OffsetSpec, topic: str, partitions: list[int], current
             problems.append(f"partition {p}: offset {new} is outside [{mark.log_start}, {mark.high}] "
                             f"(log start, high watermark)")
             continue
-        moves.append(PartitionMove(p, here, new, mark.log_start, mark.high))
+        moves.append(PartitionMove(p, here, new, mark.log_start, mark.high, (delivered or {}).get(p)))
     if problems:
         raise Refused(f"{spec.describe()} refused: " + "; ".join(problems) + ". Nothing was changed.")
     return moves

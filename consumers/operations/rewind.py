@@ -128,20 +128,27 @@ def plan(pipeline: Pipeline, spec: OffsetSpec, partitions: list[int] | None = No
     """Per partition: the current position, the new one, and how many records are re-read or skipped."""
     chosen = choose_partitions(pipeline.topic, partitions, cluster=pipeline.cluster)
     marks = kafka_admin.watermarks(pipeline.topic, chosen, cluster=pipeline.cluster)
-    return resolve_offsets(spec, pipeline.topic, chosen, current_positions(pipeline, chosen, marks), marks,
-                   cluster=pipeline.cluster)
+    current, delivered = current_positions(pipeline, chosen, marks)
+    return resolve_offsets(spec, pipeline.topic, chosen, current, marks, cluster=pipeline.cluster,
+                           delivered=delivered)
 
 
-def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> dict[int, int]:
+def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> tuple[dict[int, int], dict[int, int]]:
     """Where each partition resumes: the DB's next_offset for exactly-once; Kafka's committed offset for
-    the classic modes (they resume from it). A partition never consumed starts by the reset policy."""
+    the classic modes (they resume from it). A partition never consumed starts by the reset policy.
+    And, where it is further, how far the sink was written (the DB's next_offset): an at-least-once run that
+    crashed between its DB commit and its Kafka commit wrote past where it resumes, so a rewind gives back
+    (or skips) records counted from there, and roll back sink deletes their rows."""
     stored = dict(PartitionOffset.objects.filter(pipeline=pipeline, partition__in=partitions)
                   .values_list("partition", "next_offset"))
+    resume = dict(stored)
     if not pipeline.is_exactly_once:
         committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions,
                                                   cluster=pipeline.cluster)
-        stored.update({p: o for p, o in committed.items() if o is not None})
-    return {p: stored[p] if p in stored else pipeline.initial_position(marks[p]) for p in partitions}
+        resume.update({p: o for p, o in committed.items() if o is not None})
+    resume = {p: resume[p] if p in resume else pipeline.initial_position(marks[p]) for p in partitions}
+    written = {p: stored[p] for p in partitions if p in stored and stored[p] > resume[p]}
+    return resume, written
 
 
 def _dry_run(pipeline, spec, partitions, rollback_sink, actor, params) -> RewindResult:
@@ -282,6 +289,9 @@ def _summary(spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool, 
     parts = ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
     text = (f"{spec.describe()}: {parts}; {sum(m.reprocess for m in moves)} record(s) to reprocess, "
             f"{sum(m.skip for m in moves)} to skip")
+    if written := [m for m in moves if m.delivered is not None]:
+        text += (f" (counted from where the sink was written up to, past Kafka's committed offsets: "
+                 f"{', '.join(f'p{m.partition} {m.delivered}' for m in written)})")
     if rollback_sink and deleted is not None:
         text += (f"; sink rows at or beyond the new offsets {'to delete' if planned else 'deleted'}: "
                  f"{sum(deleted.values())}")
