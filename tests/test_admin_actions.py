@@ -357,3 +357,15 @@ def test_the_admins_select_all_replay_is_refused_and_audited_when_dead_letters_a
         assert not DeadLetter.objects.exists()
     finally:
         drop_sink_tables([orders.sink_table])
+
+
+def test_a_replay_from_kafka_in_the_admin_of_a_pipeline_whose_cluster_is_gone_is_refused_naming_it():
+    orders = make_pipeline("orders")
+    Pipeline.objects.filter(pk=orders.pk).update(cluster="gone")
+    letters = list(DeadLetter.objects.values_list("pk", flat=True))
+    done = post_action(client_for(staff_operator()), DEAD_LETTERS, "replay_dead_letters_from_kafka", letters,
+                       step="execute", expected="1")
+    assert any("Cannot replay dead letters of pipeline 'orders' from Kafka: Kafka cluster 'gone': no such cluster"
+               in m for m in messages_of(done)), messages_of(done)
+    assert DeadLetter.objects.count() == 1
+    assert ActionLog.objects.get(action="replay_dead_letters").result == ActionResult.REFUSED

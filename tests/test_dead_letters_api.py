@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay
+from consumers.models import ActionLog, ActionResult, DeadLetter, DeadLetterReplay, Pipeline
 from tests.test_dead_letters import consume, fix_transform, pipeline, rows_in_provenance_order, values  # noqa: F401 (fixture)
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
 
@@ -145,3 +145,24 @@ def test_the_api_docs_page_lists_the_dead_letter_endpoints(viewer_client):
         assert f"<code>{path}</code>" in html
     listing = re.search(r"<code>/api/pipelines/\{name\}/dead-letters</code>.*?</tr>", html, re.S).group(0)
     assert "?error, ?limit, ?offset_from, ?offset_to, ?page, ?partition, ?state" in listing
+
+
+def test_a_replay_from_kafka_of_a_pipeline_whose_cluster_is_not_configured_is_a_409_naming_it(operator_client,
+                                                                                              letters):  # noqa: F811
+    """It said "Kafka did not answer", as if Kafka were down: Kafka was never asked, the clusters file no longer has
+    the cluster. By ids and by a filter, refused before anything is read, audited, nothing changed."""
+    Pipeline.objects.filter(name="orders").update(cluster="gone")
+    before = snapshot()
+    by_ids = post(operator_client, "/replay", {"ids": [letters[(0, 3)].pk], "source": "kafka"})
+    by_filter = post(operator_client, "/replay", {"filter": {"partition": 0}, "count": 3, "source": "kafka"})
+    for response in (by_ids, by_filter):
+        assert response.status_code == 409
+        error = response.json()["error"]
+        assert error.startswith("Cannot replay dead letters of pipeline 'orders' from Kafka: Kafka cluster 'gone': "
+                                "no such cluster (configured: default;")
+        assert error.endswith("Nothing was changed.") and "did not answer" not in error
+    assert snapshot() == before
+    entries = ActionLog.objects.order_by("pk")
+    assert [(e.action, e.result) for e in entries] == [("replay_dead_letters", ActionResult.REFUSED)] * 2
+    assert [e.message for e in entries] == [by_ids.json()["error"], by_filter.json()["error"]]
+    assert by_ids.json()["action_id"] == entries[0].pk

@@ -94,9 +94,16 @@ def test_discard_all_matching_takes_the_pending_dead_letters_the_filters_match(c
     (["orders", "discard", "--all-matching", "--partition", "7", "--reason", "r"],
      "Refused: No pending dead letters of pipeline 'orders' match the filters; nothing was changed."),
     (["nope", "replay", "--all-matching"], "Refused: No pipeline named 'nope'."),
+    (["gone-cluster", "replay", "--ids", "LETTER", "--from-kafka"],
+     "Refused: Cannot replay dead letters of pipeline 'orders' from Kafka: Kafka cluster 'gone': no such cluster"),
+    (["gone-cluster", "replay", "--all-matching", "--from-kafka"],
+     "Refused: Cannot replay dead letters of pipeline 'orders' from Kafka: Kafka cluster 'gone': no such cluster"),
 ])
 def test_refusals_exit_1_with_the_reason_on_stderr_and_change_nothing(capsys, letters, argv, message):  # noqa: F811
     ids = {"LETTER": str(letters[(0, 3)].pk), "OTHER": str(letters["other"].pk)}
+    if argv[0] == "gone-cluster":   # the clusters file no longer has its cluster: refused, not "Kafka is down"
+        Pipeline.objects.filter(name="orders").update(cluster="gone")
+        argv = ["orders", *argv[1:]]
     argv = [",".join(ids.get(i, i) for i in a.split(",")) for a in argv]
     message = message.replace("OTHER", ids["OTHER"])
     before = snapshot()

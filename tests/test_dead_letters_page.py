@@ -285,3 +285,17 @@ def test_a_replay_the_sink_refuses_is_a_422_that_changes_nothing(operator_client
     assert "failed and changed nothing" in response.content.decode()
     assert DeadLetter.objects.filter(pk=letter.pk).exists() and not DeadLetterReplay.objects.exists()
     assert ActionLog.objects.get(action="replay_dead_letters").result == ActionResult.FAILED
+
+
+def test_the_pages_replay_needs_no_kafka_cluster_so_it_replays_one_that_is_no_longer_configured(operator_client,
+                                                                                              pipeline):  # noqa: F811
+    """The page replays the stored copies, which read nothing from Kafka: the cluster gone from the clusters file
+    (a replay from Kafka is refused then, naming it) does not stop it."""
+    orders = pipeline()
+    consume(orders, {0: values(10)})
+    fix_transform(orders)
+    Pipeline.objects.filter(pk=orders.pk).update(cluster="gone")
+    ids = list(DeadLetter.objects.order_by("offset").values_list("pk", flat=True))
+    html = operator_client.post(URL + "replay/", {"ids": ids}).content.decode()
+    assert '<li data-result="replayed">replayed: <b>2</b></li>' in html
+    assert DeadLetterReplay.objects.count() == 2

@@ -38,6 +38,7 @@ from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.tables import table
 from consumers.engine.transforms import SourceRecord, Transform, for_pipeline
 from consumers.kafka import admin as kafka_admin
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import (
     ActionLog,
     ActionResult,
@@ -146,6 +147,10 @@ def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stor
     params["ids"] = ids
     if source not in SOURCES:
         actions.refuse(pipeline, REPLAY, actor, params, f"Unknown source {source!r}: use one of {', '.join(SOURCES)}.")
+    if source == "kafka" and (problem := actions.cluster_problem(pipeline)):
+        # Not Kafka being down: the clusters file no longer has the cluster (or its settings are wrong), so waiting
+        # would not help. A replay of the stored copies needs no cluster and goes on.
+        _refuse_cluster(pipeline, actor, params, problem)
     if pipeline.is_upsert:
         actions.refuse(pipeline, REPLAY, actor, params,
                        "Pipeline keeps one row per key (upsert): a replayed old record would overwrite newer rows. "
@@ -182,6 +187,8 @@ def _read_from_kafka(pipeline, ids, actor, params) -> dict[tuple[int, int], tupl
         wanted.setdefault(partition, []).append(offset)
     try:
         found = kafka_admin.read_records(pipeline.topic, wanted, cluster=pipeline.cluster)
+    except ClusterConfigError as exc:  # settings found wrong only when a client is built (a secret file gone)
+        _refuse_cluster(pipeline, actor, params, str(exc))
     except Exception as exc:  # Kafka unreachable: a refusal with the reason, nothing changed
         actions.refuse(pipeline, REPLAY, actor, params, f"Kafka did not answer: {exc}")
     missing = [f"p{p}@{o}" for p, offsets in sorted(wanted.items()) for o in offsets if (p, o) not in found]
@@ -190,6 +197,11 @@ def _read_from_kafka(pipeline, ids, actor, params) -> dict[tuple[int, int], tupl
                        f"Kafka no longer holds {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} "
                        f"(retention or compaction): replay from the stored value instead. Nothing was changed.")
     return found
+
+
+def _refuse_cluster(pipeline, actor, params, problem: str):
+    actions.refuse(pipeline, REPLAY, actor, params, f"Cannot replay dead letters of pipeline {pipeline.name!r} from "
+                                                    f"Kafka: {problem}. Nothing was changed.")
 
 
 def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, source, actor, params,
