@@ -5,7 +5,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline, Watch
+from consumers.models import ActionLog, DesiredState, PartitionOffset, Pipeline, TopicCheckJob, Watch
 from tests.views_helpers import PASSWORD, consumed_pipeline, drop_sink, make_operator, make_pipeline
 
 
@@ -113,6 +113,22 @@ def test_starting_a_pipeline_whose_cluster_is_not_configured_is_a_409_that_names
     assert "TALLY_KAFKA_CLUSTERS" in refused.json()["error"]
     assert (Pipeline.objects.get().desired_state, Pipeline.objects.get().epoch) == (DesiredState.STOPPED, 0)
     assert ActionLog.objects.get().result == "refused"
+
+
+@pytest.mark.django_db
+def test_a_topic_check_of_a_pipeline_whose_cluster_is_not_configured_is_refused_naming_it_and_queues_nothing(
+        operator_client):
+    """It was queued (202), to fail in the worker when Spark could not read the cluster: refused up front, as start
+    and rewind are, from the API and from the page."""
+    Pipeline.objects.filter(pk=make_pipeline().pk).update(cluster="gone")
+    refused = operator_client.post("/api/pipelines/orders/topic-checks", {}, content_type="application/json")
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith("Cannot check the topic of pipeline 'orders': Kafka cluster 'gone': "
+                                              "no such cluster (configured: default;")
+    page = operator_client.post("/topic-checks/request/", {"pipeline": "orders", "next": "/"}, follow=True)
+    assert "Kafka cluster &#x27;gone&#x27;: no such cluster" in page.content.decode()
+    assert not TopicCheckJob.objects.exists()
+    assert list(ActionLog.objects.values_list("action", "result")) == [("topic_check", "refused")] * 2
 
 
 @pytest.mark.django_db

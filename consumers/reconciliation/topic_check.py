@@ -29,6 +29,7 @@ from psycopg2 import sql
 from consumers.engine import db
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
 
 log = logging.getLogger("tally.spark.topic_check")
@@ -325,6 +326,12 @@ def check_topic(topic: str, group_id: str, table: str, key_column: str, value_pa
 def create_job(pipeline: Pipeline, requested_by: str = "") -> TopicCheckJob:
     """Store a queued topic check job of `pipeline` (refused with TopicCheckError when it cannot be checked)."""
     spec = topic_check_spec(pipeline)
+    try:
+        # A cluster gone from the clusters file (or with wrong settings) is refused now, naming it: queued, the job
+        # would only fail in the worker, and waiting would not help.
+        clusters.get(pipeline.cluster or clusters.DEFAULT)
+    except ClusterConfigError as exc:
+        raise TopicCheckError(f"Cannot check the topic of pipeline {pipeline.name!r}: {exc}.") from None
     return TopicCheckJob.objects.create(pipeline=pipeline, topic=spec.topic, group_id=spec.group_id, table=spec.table,
                                         key_column=spec.key_column, value_parser=spec.value_parser,
                                         requested_by=requested_by)
