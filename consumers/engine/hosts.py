@@ -11,7 +11,8 @@ result, as it waited for an in-thread run before. A host reads commands as JSON 
 results as JSON lines on its stdout. It stops its runs cleanly when its stdin closes (the worker is gone) or on
 SIGTERM, and a run it held when it died ends "error" here, its ConsumerRun row declared crashed, so the
 supervisor sees a dead host's runs as dead at once (wherever it runs) and restarts their pipelines. A host that
-answers no ping for a run's lease (hung) is killed and treated the same way (`HostPool._watch`).
+answers no ping for a run's lease (hung) is killed and treated the same way (`HostPool.check_hosts`), and so is
+one that never answers within START_LIMIT_S of its start (hung while loading Django).
 """
 import json
 import logging
@@ -27,6 +28,10 @@ from django.utils import timezone
 
 log = logging.getLogger("tally.runs")
 
+# How long a new host may take to load Django and answer its first ping. Far above a lease: on a loaded machine
+# loading took longer than one, and a host killed for it would only be started again, just as slowly.
+START_LIMIT_S = 120
+
 STOP_ALL = "*"
 
 
@@ -40,6 +45,7 @@ class Host:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.pending: dict[str, tuple[int, Future]] = {}
         self.alive = True
+        self.started_at = time.monotonic()
         self.heard_at: float | None = None   # monotonic time of its last line; None until it first answers
         self.killed_because = ""
         self._lock = threading.Lock()
@@ -81,8 +87,14 @@ class Host:
             log.warning("engine host %d (pid %d) did not take a command: %s", self.number, self.pid, exc)
 
     def silent_for(self, now: float) -> float:
-        """Seconds since the host last answered (0 while it has never answered: it is still loading Django)."""
-        return 0.0 if self.heard_at is None else now - self.heard_at
+        """Seconds since the host last answered, or since it started while it has never answered."""
+        return now - (self.started_at if self.heard_at is None else self.heard_at)
+
+    def hung(self, now: float, lease: float) -> bool:
+        """Silent for a lease once it has answered; for START_LIMIT_S (or a lease, if longer) before that: it may
+        still be loading Django."""
+        limit = lease if self.heard_at is not None else max(lease, START_LIMIT_S)
+        return self.silent_for(now) > limit
 
     def kill(self, reason: str) -> None:
         """End a host that stopped answering: its reader then ends its runs as for a host that died."""
@@ -205,16 +217,20 @@ class HostPool:
         swapped out) would otherwise hold its runs' tasks for ever and, as the least loaded host, take restarted
         runs that never begin. Its runs stopped heartbeating with it, so the supervisor counts them dead anyway."""
         while True:
-            lease = settings.TALLY_RUN_LEASE_SECONDS
-            now = time.monotonic()
-            with self._lock:
-                hosts = [host for host in self.hosts if host.alive]
-            for host in hosts:
-                if host.silent_for(now) > lease:
-                    host.kill(f"did not answer for {host.silent_for(now):.0f} s")
-                else:
-                    host.send({"op": "ping"})
-            time.sleep(lease / 4)
+            self.check_hosts(time.monotonic())
+            time.sleep(settings.TALLY_RUN_LEASE_SECONDS / 4)
+
+    def check_hosts(self, now: float) -> None:
+        """One round of the watchdog at monotonic time `now`: kill the hung hosts, ping the others."""
+        lease = settings.TALLY_RUN_LEASE_SECONDS
+        with self._lock:
+            hosts = [host for host in self.hosts if host.alive]
+        for host in hosts:
+            if host.hung(now, lease):
+                since = "" if host.heard_at is not None else " since it started"
+                host.kill(f"did not answer for {host.silent_for(now):.0f} s{since}")
+            else:
+                host.send({"op": "ping"})
 
 
 _pool: HostPool | None = None
