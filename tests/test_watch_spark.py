@@ -147,16 +147,18 @@ def test_offset_ids_on_a_compacted_topic_count_a_second_row_at_a_hole_and_no_pha
     assert any("cleanup.policy=compact" in note for note in pg.notes)
 
 
+@pytest.mark.parametrize("column", ["text COLLATE tally_ci", "citext"], ids=["collation", "citext"])
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
-def test_ids_of_a_case_insensitive_collation_are_matched_as_postgresql_compares_them(spark, make_topic, table_name,
-                                                                                    spark_matches, keyed):
+def test_case_insensitive_ids_are_matched_as_postgresql_compares_them(spark, make_topic, table_name, spark_matches,
+                                                                      keyed, column):
     # Spark compares text by its bytes: 'Ann' would be lost there and delivered in PostgreSQL, where the row-id
-    # column's nondeterministic collation makes it equal to the row 'ann'.
+    # column's nondeterministic collation, or its type citext, makes it equal to the row 'ann'.
     topic = make_topic("people")
     produce(topic, [(None, name.encode()) for name in ("Ann", "bob", "Cy", "Dee", "Dee")])
     execute(sql.SQL("CREATE COLLATION IF NOT EXISTS tally_ci (provider = icu, locale = 'und-u-ks-level2', "
                     "deterministic = false)"))
-    execute(sql.SQL("CREATE TABLE {} (name text COLLATE tally_ci)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS citext"))
+    execute(sql.SQL("CREATE TABLE {} (name {})").format(sql.Identifier(table_name), sql.SQL(column)))
     execute(sql.SQL("INSERT INTO {} (name) VALUES (%s)").format(sql.Identifier(table_name)),
             [["ann"], ["BOB"], ["DEE"], ["dee"]])
     group = f"g-{uuid.uuid4().hex[:6]}"

@@ -130,15 +130,14 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
 
 
 def column_type(pg_type: str) -> str:
-    """The temporary id column's type: the row-id column's own where it is a number or a uuid (so the join
-    can use the table's index), text for the text types."""
+    """The temporary id column's type: the row-id column's own where it is a number, a uuid or citext (so the
+    join can use the table's index, and ids are equal as the column's values are: 'Ann' names the citext row
+    'ann'), text for the other text types."""
     base = pg_type.split("(")[0]
     if base in ("smallint", "integer", "bigint"):
         return "bigint"
-    if base == "numeric":
-        return "numeric"
-    if base == "uuid":
-        return "uuid"
+    if base in ("numeric", "uuid", "citext"):
+        return base
     return "text"
 
 

@@ -12,7 +12,8 @@ One check (`check_watch`), per partition:
      team's table (consumers/reconciliation/watch_match.py, the one definition of the matching). A check of
      at least WATCH_SPARK_THRESHOLD records runs the same statements on Spark executors instead
      (consumers/reconciliation/watch_spark.py), ids derived by the same function (record_ids.derive), unless
-     the row-id column's collation is nondeterministic ('a' = 'A'): Spark compares text by its bytes.
+     the row-id column is citext or its collation is nondeterministic ('a' = 'A'): Spark compares text by its
+     bytes.
   4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind; `WatchFinding`, all
      of them) and the mark moves:
      the next check reads only what was committed and settled since.
@@ -437,10 +438,14 @@ def _on_spark(plans: dict, threshold: int | None) -> bool:
 
 
 def spark_compares_ids(cur, watch: Watch, id_type: str | None) -> bool:
-    """Whether Spark holds the watch's ids equal as PostgreSQL does: not for a row-id column of a nondeterministic
-    collation, where 'Ann' names the row 'ann' in PostgreSQL but no row on Spark, which compares text bytes."""
+    """Whether Spark holds the watch's ids equal as PostgreSQL does: not for a row-id column of type citext or of a
+    nondeterministic collation, where 'Ann' names the row 'ann' in PostgreSQL but no row on Spark, which compares
+    text bytes."""
     if id_type is None:
         return True
+    if record_ids.column_type(id_type) == "citext":
+        log.info("watch %s: matching in PostgreSQL: %s is citext", watch.name, watch.row_columns[0])
+        return False
     cur.execute("SELECT c.collisdeterministic FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation "
                 "WHERE a.attrelid = %s::regclass AND a.attname = %s",
                 [sink_checks.quoted(cur, table_names.split(watch.sink_table)), watch.row_columns[0]])
