@@ -171,6 +171,22 @@ def test_case_insensitive_ids_are_matched_as_postgresql_compares_them(spark, mak
     assert pg.duplicated == (1 if keyed else 0)
 
 
+def test_ids_of_a_char_column_are_matched_as_postgresql_compares_them(spark, make_topic, table_name, spark_matches):
+    # char(n) ignores trailing blanks: the record 'bob  ' names the row 'bob'. Compared as text, 'bob  ' would be
+    # lost in PostgreSQL; on Spark, which reads the rows blank-padded ('ann  '), 'ann' would be.
+    topic = make_topic("people")
+    produce(topic, [(None, name.encode()) for name in ("ann", "bob  ", "cy")])
+    execute(sql.SQL("CREATE TABLE {} (name char(5))").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} (name) VALUES (%s)").format(sql.Identifier(table_name)), [["ann"], ["bob"]])
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit_all(group, topic)
+
+    pg, _, _ = audit_both(spark_matches, matched_on_spark=False, group=group, topic=topic, sink_table=table_name,
+                          record_id="value", row_id="name")
+
+    assert as_offsets(pg.lost_offsets) == {(0, 2)} and pg.checked == 3
+
+
 def test_keyed_updates_with_superseded_records_a_lost_delete_and_a_lost_latest(spark, make_topic, table_name,
                                                                               spark_matches):
     topic = make_topic("updates", partitions=2)

@@ -130,14 +130,17 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
 
 
 def column_type(pg_type: str) -> str:
-    """The temporary id column's type: the row-id column's own where it is a number, a uuid or citext (so the
-    join can use the table's index, and ids are equal as the column's values are: 'Ann' names the citext row
-    'ann'), text for the other text types."""
+    """The temporary id column's type: the row-id column's own where it is a number, a uuid, citext or char(n)
+    (so the join can use the table's index, and ids are equal as the column's values are: 'Ann' names the citext
+    row 'ann', 'bob  ' the char(5) row 'bob'; char(n) without its length, which would refuse a longer id), text
+    for the other text types."""
     base = pg_type.split("(")[0]
     if base in ("smallint", "integer", "bigint"):
         return "bigint"
     if base in ("numeric", "uuid", "citext"):
         return base
+    if base in ("character", "bpchar"):
+        return "bpchar"
     return "text"
 
 

@@ -12,8 +12,8 @@ One check (`check_watch`), per partition:
      team's table (consumers/reconciliation/watch_match.py, the one definition of the matching). A check of
      at least WATCH_SPARK_THRESHOLD records runs the same statements on Spark executors instead
      (consumers/reconciliation/watch_spark.py), ids derived by the same function (record_ids.derive), unless
-     the row-id column is citext or its collation is nondeterministic ('a' = 'A'): Spark compares text by its
-     bytes.
+     the row-id column is citext, char(n) or of a nondeterministic collation ('a' = 'A'): Spark compares text
+     by its bytes.
   4. The range's findings are stored (`WatchRange`, the first 1,000 offsets of each kind; `WatchFinding`, all
      of them) and the mark moves:
      the next check reads only what was committed and settled since.
@@ -440,11 +440,11 @@ def _on_spark(plans: dict, threshold: int | None) -> bool:
 def spark_compares_ids(cur, watch: Watch, id_type: str | None) -> bool:
     """Whether Spark holds the watch's ids equal as PostgreSQL does: not for a row-id column of type citext or of a
     nondeterministic collation, where 'Ann' names the row 'ann' in PostgreSQL but no row on Spark, which compares
-    text bytes."""
+    text bytes; nor of type char(n), whose equality ignores trailing blanks (Spark reads the rows padded)."""
     if id_type is None:
         return True
-    if record_ids.column_type(id_type) == "citext":
-        log.info("watch %s: matching in PostgreSQL: %s is citext", watch.name, watch.row_columns[0])
+    if record_ids.column_type(id_type) in ("citext", "bpchar"):
+        log.info("watch %s: matching in PostgreSQL: %s is %s", watch.name, watch.row_columns[0], id_type)
         return False
     cur.execute("SELECT c.collisdeterministic FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation "
                 "WHERE a.attrelid = %s::regclass AND a.attname = %s",
