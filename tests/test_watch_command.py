@@ -309,6 +309,51 @@ def test_the_cleanup_policy_is_read_from_the_broker(make_topic):
     assert admin.cleanup_policy(make_topic("plain")) == "delete"
 
 
+@pytest.fixture
+def describe_configs_refused(monkeypatch):
+    """The broker refuses DescribeConfigs as Kafka does without the DESCRIBE_CONFIGS ACL: the request succeeds and
+    the topic's result carries TOPIC_AUTHORIZATION_FAILED with no configs. Returns the requests sent, counted."""
+    from kafka.future import Future
+    from kafka.net.manager import KafkaConnectionManager
+    from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
+
+    sent = []
+    real = KafkaConnectionManager.send
+
+    def send(manager, request, *args, **kwargs):
+        if not isinstance(request, DescribeConfigsRequest):
+            return real(manager, request, *args, **kwargs)
+        sent.append(request)
+        result = DescribeConfigsResponse.DescribeConfigsResult
+        return Future().success(DescribeConfigsResponse(throttle_time_ms=0, results=[
+            result(error_code=29, error_message="Topic authorization failed.", resource_type=resource_type,
+                   resource_name=name, configs=[]) for resource_type, name, _ in request.resources]))
+
+    monkeypatch.setattr(KafkaConnectionManager, "send", send)
+    return sent
+
+
+def test_a_refused_cleanup_policy_is_asked_once_and_raises(make_topic, describe_configs_refused):
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from consumers.kafka import admin
+
+    compacted = make_topic("compacted", configs={"cleanup.policy": "compact"})
+    with pytest.raises(TopicAuthorizationFailedError):
+        admin.cleanup_policy(compacted)
+    assert len(describe_configs_refused) == 1
+
+
+def test_a_check_the_broker_refuses_the_policy_judges_no_hole(make_topic, team_table, describe_configs_refused):
+    from consumers.reconciliation import watch_audit
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "secured")
+    report = watch_audit.check_watch(watch)
+    assert (report.checked, report.phantom, report.status, report.error) == (3, 0, "OK", ""), report.notes
+    assert any("TopicAuthorizationFailedError" in note for note in report.notes), report.notes
+    assert len(describe_configs_refused) == 1
+
+
 def test_two_rows_at_a_hole_of_a_compacted_topic_are_a_duplicate(make_topic, team_table):
     """The consumer wrote the record compaction removed since twice: whatever that position held, one record at
     most was there, so the second row is a duplicate (the one phantom rule a compacted topic still allows)."""

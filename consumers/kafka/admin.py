@@ -49,13 +49,16 @@ def admin_session(cluster=None):
 def shared_read(cluster, call):
     """`call(admin_client)` on the cluster's shared admin client (clusters.shared_admin), for read-only calls
     that run on every check. A reused client whose connection went stale (a broker restart) fails once: the
-    call is tried once more on a new client, so only a second failure is reported."""
+    call is tried once more on a new client, so only a second failure is reported. A broker's refusal (no
+    ACL) is its answer, not a stale connection: it is raised at once, asked once."""
     try:
         with clusters.shared_admin(cluster) as client:
             return call(client)
     except KafkaUnreachable:  # a cluster that cannot be used (its preflight says why): no retry
         raise
     except Exception as exc:  # noqa: BLE001 - the retry below reports the real failure
+        if clusters.broker_refused(exc):
+            raise
         log.info("shared admin client of %s failed (%s); trying a new one", cluster or clusters.DEFAULT,
                  type(exc).__name__)
     with clusters.shared_admin(cluster) as client:

@@ -546,7 +546,8 @@ def shared_admin(cluster: "Cluster | str | None" = None):
     """The process's admin client of the cluster, built (after a preflight) at first use and reused by every
     later call: building one costs a bootstrap and a metadata round trip, which dominated checks that run
     every few seconds. Calls on one client are serialised. A call that fails drops the client (and the
-    cluster's passed preflight), so the next call starts from a new, checked connection."""
+    cluster's passed preflight), so the next call starts from a new, checked connection; not one the broker
+    refused (broker_refused): its connection is sound."""
     cluster = get(cluster)
     key = (os.getpid(), repr(cluster))
     with _shared_guard:
@@ -556,7 +557,9 @@ def shared_admin(cluster: "Cluster | str | None" = None):
             slot[0] = admin(preflight(cluster))
         try:
             yield slot[0]
-        except Exception:
+        except Exception as exc:
+            if broker_refused(exc):
+                raise
             client, slot[0] = slot[0], None
             _passed.pop(repr(cluster), None)
             try:
@@ -564,6 +567,12 @@ def shared_admin(cluster: "Cluster | str | None" = None):
             except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
                 log.debug("closing the shared admin client of %s failed", cluster.name, exc_info=True)
             raise
+
+
+def broker_refused(exc: BaseException) -> bool:
+    """Whether `exc` is a broker's answer that no retry changes (an error code such as TOPIC_AUTHORIZATION_FAILED:
+    no ACL), rather than a failed connection: asking again, on any client, gets the same answer."""
+    return isinstance(exc, kafka_errors.BrokerResponseError) and not exc.retriable
 
 
 def close_shared_admins() -> None:
