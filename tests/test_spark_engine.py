@@ -6,15 +6,24 @@ import time
 import pytest
 from django.db import connection, connections
 
-from consumers.engine import commit, db, sinks
+from consumers.engine import commit, db, runs, sinks
 from consumers.engine.spark import run_pipeline
 from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import BatchLedger, ConsumerRun, DeliveryMode, Engine, PartitionOffset, RunState
+from consumers.models import (
+    BatchLedger,
+    ConsumerRun,
+    DeliveryMode,
+    DesiredState,
+    Engine,
+    PartitionOffset,
+    Pipeline,
+    RunState,
+)
 from tests.producing import send
 from tests.spark_helpers import expected_rows, produce_values, sink_rows, spark_pipelines
-from tests.waiting import patience
+from tests.waiting import patience, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -83,7 +92,9 @@ def test_a_newer_epoch_fences_the_run_and_nothing_of_the_old_epoch_lands_after_i
     assert BatchLedger.objects.filter(pipeline=pipeline).count() >= 1
     written = PartitionOffset.objects.get(pipeline=pipeline).next_offset
     assert 0 < written < 3000 and len(sink_rows(pipeline.sink_table)) == written
-    assert ConsumerRun.objects.get(pipeline=pipeline).state == RunState.FENCED
+    run = ConsumerRun.objects.get(pipeline=pipeline)
+    # Why, as a Python-engine run says it: the newer epoch it saw, or the commit it was refused.
+    assert run.state == RunState.FENCED and run.end_reason.startswith("fenced: ") and "epoch" in run.end_reason
 
 
 def test_at_least_once_resumes_from_kafkas_committed_offset(spark_pipeline, kafka_bootstrap):
@@ -116,3 +127,31 @@ def test_poison_values_become_dead_letters_and_the_spark_run_goes_on_to_the_end(
     assert [d.offset for d in letters] == [v - 1 for v in range(4, 41, 4)]
     assert all(d.error.startswith("database refused: 22003") for d in letters)
     assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 40
+
+
+def test_a_stopped_run_says_why_it_was_stopped_as_a_python_engine_run_does(spark_pipeline, kafka_bootstrap):
+    pipeline = spark_pipeline("spark-stopped", partitions=1)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    produce_values(kafka_bootstrap, pipeline.topic, 20, partitions=1)
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = runs.run_here(pipeline.pk, pipeline.epoch, key="spark-stopped")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: PartitionOffset.objects.filter(pipeline=pipeline, next_offset=20).exists(), 120,
+                 "the run to commit the records")
+    finally:
+        # A warm shutdown stops a worker's Spark runs this way (runs.stop_all_runs).
+        runs.stop_run("spark-stopped", "worker shutting down (SIGTERM)")
+        thread.join(timeout=patience(60))
+    assert not thread.is_alive()
+    assert outcome["result"]["reason"] == "stopped"
+    assert outcome["result"]["detail"] == "worker shutting down (SIGTERM)"
+    run = ConsumerRun.objects.get(pipeline=pipeline)
+    assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped: worker shutting down (SIGTERM)")

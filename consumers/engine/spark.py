@@ -39,7 +39,7 @@ from django.conf import settings
 from consumers.engine import caught_up, commit, db, json_map, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS
 from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
-from consumers.engine.options import RunOptions
+from consumers.engine.options import RunOptions, why_stopped
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.engine.transforms import JSON
@@ -134,6 +134,8 @@ class SparkRun:
                 self.conn.close()
                 self.kafka.close()
             shutil.rmtree(checkpoint, ignore_errors=True)
+        if reason == "stopped":   # why: a worker shutting down, or gone (the Python engine's end reasons)
+            detail = why_stopped(self.stop, detail)
         return self.lifecycle.finish(reason, detail)
 
     def _starting_positions(self) -> dict[int, int]:
