@@ -12,6 +12,7 @@ from tests.admin_support import client_for, messages_of, post_action, staff_oper
 from tests.api_schema import assert_documented, operation
 from tests.commands import run_command
 from tests.kafka_down import kafka_refusal
+from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
 from tests.views_helpers import make_operator, make_pipeline, make_viewer
 
 PIPELINES = "/admin/consumers/pipeline/"
@@ -163,3 +164,51 @@ def test_a_watch_whose_topic_was_found_just_before_kafka_went_down_answers_400_n
     [problem] = response.json()["errors"]["topic"]
     assert problem["message"].startswith("cannot read the offsets of topic 'more-topic' in Kafka: KafkaTimeoutError")
     assert not Watch.objects.exists()
+
+
+# A replay of dead letters from Kafka reads their records first: Kafka down is the same 503 (exit 1, a message in the
+# admin), audited, before anything changes. It was a 409 "Kafka did not answer", as if the request were wrong.
+
+def replay_refusals() -> list[ActionLog]:
+    entries = list(ActionLog.objects.filter(action="replay_dead_letters").order_by("pk"))
+    assert all(e.result == ActionResult.REFUSED and kafka_refusal(e.message) for e in entries), \
+        [(e.result, e.message) for e in entries]
+    return entries
+
+
+@pytest.mark.parametrize("body", [{"ids": ["LETTER"], "source": "kafka"},
+                                  {"filter": {"partition": 0}, "count": 3, "source": "kafka"}])
+def test_a_replay_from_kafka_from_the_api_answers_503_with_the_reason_audited_and_changes_nothing(
+        kafka_went_down, client, letters, body):  # noqa: F811
+    client.force_login(make_operator())
+    body = {**body, **({"ids": [letters[(0, 3)].pk]} if "ids" in body else {})}
+    before = snapshot()
+    path = "/api/pipelines/orders/dead-letters/replay"
+    response = client.post(path, body, content_type="application/json")
+    assert_documented(operation("post", "/api/pipelines/{name}/dead-letters/replay"), response, "post", path)
+    assert response.status_code == 503
+    [entry] = replay_refusals()
+    assert response.json() == {"error": entry.message, "action_id": entry.pk}
+    assert "KafkaTimeoutError: Unable to bootstrap" in entry.message
+    assert snapshot() == before
+
+
+@pytest.mark.django_db(transaction=True)   # a command closes the database connections when it ends
+def test_the_dead_letters_command_replaying_from_kafka_exits_1_with_the_reason(kafka_went_down, capsys,
+                                                                              letters):  # noqa: F811
+    before = snapshot()
+    code, _, err = run_command(capsys, "dead_letters", "orders", "replay", "--ids", str(letters[(0, 3)].pk),
+                               "--from-kafka")
+    [entry] = replay_refusals()
+    assert code == 1
+    assert f"Refused: {entry.message}" in err and "Traceback" not in err
+    assert snapshot() == before
+
+
+def test_the_admins_replay_from_kafka_reports_the_refusal(kafka_went_down, letters):  # noqa: F811
+    before = snapshot()
+    done = post_action(client_for(staff_operator()), "/admin/consumers/deadletter/", "replay_dead_letters_from_kafka",
+                       [letters[(0, 3)].pk], step="execute", expected="1")
+    [entry] = replay_refusals()
+    assert messages_of(done) == [f"Pipeline orders: replay refused: {entry.message}"]
+    assert snapshot() == before

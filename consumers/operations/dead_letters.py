@@ -49,6 +49,7 @@ from consumers.models import (
     Pipeline,
 )
 from consumers.operations import actions
+from consumers.operations.errors import KAFKA_ERRORS, Unavailable
 
 log = logging.getLogger("tally.dead_letters")
 
@@ -140,7 +141,8 @@ def refuse_unknown(pipeline: Pipeline, action: str, actor: str, params: dict, id
 def replay(pipeline, dead_letter_ids, actor: str = "cli", *, source: str = "stored",
            faults: FaultInjector = NO_FAULTS) -> DeadLetterResult:
     """Replay the dead letters `dead_letter_ids` of `pipeline` (a name or a Pipeline). Raises Refused
-    (recorded in the action log, nothing changed) on bad input."""
+    (recorded in the action log, nothing changed) on bad input, and its Unavailable when source="kafka" and Kafka
+    cannot be read now."""
     params = {"ids": [str(i) for i in dead_letter_ids][:MAX_PER_CALL], "source": source}
     pipeline = actions.lookup(pipeline, REPLAY, actor, params)
     ids = _clean_ids(pipeline, REPLAY, actor, params, dead_letter_ids)
@@ -189,8 +191,8 @@ def _read_from_kafka(pipeline, ids, actor, params) -> dict[tuple[int, int], tupl
         found = kafka_admin.read_records(pipeline.topic, wanted, cluster=pipeline.cluster)
     except ClusterConfigError as exc:  # settings found wrong only when a client is built (a secret file gone)
         _refuse_cluster(pipeline, actor, params, str(exc))
-    except Exception as exc:  # Kafka unreachable: a refusal with the reason, nothing changed
-        actions.refuse(pipeline, REPLAY, actor, params, f"Kafka did not answer: {exc}")
+    except KAFKA_ERRORS as exc:  # Kafka down or refusing the read: not the request's fault, doors answer 503
+        actions.refuse(pipeline, REPLAY, actor, params, str(Unavailable.of(exc)), kind=Unavailable)
     missing = [f"p{p}@{o}" for p, offsets in sorted(wanted.items()) for o in offsets if (p, o) not in found]
     if missing:
         actions.refuse(pipeline, REPLAY, actor, params,

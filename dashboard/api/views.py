@@ -74,6 +74,8 @@ KAFKA_REFUSED = OpenApiResponse(RefusalSerializer, description="Kafka did not an
 DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
                               extra={409: PolymorphicProxySerializer("DeadLetterRefusal", [
                                   schemas.DeadLetterStoppedSerializer, RefusalSerializer], None)})
+# A replay from Kafka reads the records before anything changes: Kafka down is a 503, as for a rewind.
+REPLAY_ANSWERS = {**DEAD_LETTER_ANSWERS, 503: KAFKA_REFUSED}
 OPERATE = [IsAuthenticated, OperatorForWrites]
 
 
@@ -255,8 +257,9 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
             reason=data.get("reason", ""), source=data.get("source", "stored")))
     else:
         ended = dead_letter_batches.attempt(action, lambda: call(pipeline, data, request.user.username))
-    if ended.refusal:
-        return _refused(ended.refusal)
+    if ended.refusal:  # Kafka down (a replay from Kafka): audited by the operation, nothing was changed
+        return _refused(ended.refusal, status=http.HTTP_503_SERVICE_UNAVAILABLE
+                        if isinstance(ended.refusal, Unavailable) else None)
     if ended.stopped:
         return Response({"error": ended.stopped.message(), **ended.stopped.as_dict()}, status=http.HTTP_409_CONFLICT)
     if ended.failed:
@@ -264,13 +267,14 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     return Response(ended.result.as_dict())
 
 
-@extend_schema(responses=DEAD_LETTER_ANSWERS, request=DeadLetterReplayInput)
+@extend_schema(responses=REPLAY_ANSWERS, request=DeadLetterReplayInput)
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def replay_dead_letters(request, name):
     """Body: {"ids": [..], "source": "stored" (default) or "kafka" (re-read the records)}. Replays them through the
     pipeline's current transform, exactly once → counts per result (replayed, still_bad, already_in_sink, gone,
-    discarded, not_yet_consumed) and one outcome per dead letter. Ids that are not this pipeline's: 409.
+    discarded, not_yet_consumed) and one outcome per dead letter. Ids that are not this pipeline's: 409; Kafka
+    down (source "kafka"): 503.
     Instead of ids, {"filter": {error, partition, offset_from, offset_to}, "count": N}: every pending dead letter the
     filter matches (as the list shows them), in batches of 1,000 → totals and one action id per batch; 409 when it
     matches nothing or not N (some came or went since the client counted)."""
