@@ -38,6 +38,7 @@ from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
+from consumers.operations import actions
 from consumers.reconciliation import monitored, watch_match
 
 log = logging.getLogger("tally.watch")
@@ -126,6 +127,20 @@ def check_all(*, kafka=None, now: datetime | None = None) -> list[WatchReport]:
     from consumers.reconciliation import watch_pass
 
     return watch_pass.check_all(kafka=kafka, now=now)
+
+
+CHECK = "check_watch"   # the action log's name of an operator's check (its refusals: a check itself is a read)
+
+
+def check_now(watch: Watch, *, actor: str = "cli", settle_seconds: int | None = None) -> WatchReport:
+    """An operator's check (the API, `watch check`). A watch whose cluster is no longer configured (or whose settings
+    are wrong) is refused up front naming the cluster (Refused, audited), its stored state unchanged, as start and
+    rewind are: the check would only store an ERR, and waiting would not help. The periodic pass (check_all) still
+    records the problem on the watch: that is monitoring, not an operator's request."""
+    if problem := actions.cluster_problem(watch):
+        actions.refuse(None, CHECK, actor, {"watch": watch.name, "cluster": watch.cluster},
+                       f"Cannot check watch {watch.name!r}: {problem}. Nothing was changed.")
+    return check_watch(watch, settle_seconds=settle_seconds)
 
 
 def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetime | None = None,

@@ -9,10 +9,10 @@ from rest_framework import status as http
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
-from consumers.api_base import REFUSALS, answers, refuse_fields
+from consumers.api_base import REFUSALS, REFUSED, answers, refuse_fields
 from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.operations.errors import Unavailable
+from consumers.operations.errors import Refused, Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard.api import schemas
 from dashboard.api.inputs import (
@@ -22,7 +22,7 @@ from dashboard.api.inputs import (
     StrictStringField,
     refuse_invalid,
 )
-from dashboard.api.views import OPERATE
+from dashboard.api.views import OPERATE, _refused
 
 
 class WatchCreateInput(StrictSerializer):
@@ -96,16 +96,22 @@ def watch_detail(request, name):
                      "ranges": [range_json(r) for r in ranges]})
 
 
-@extend_schema(request=WatchCheckInput, responses=answers(schemas.WatchCheckSerializer), operation_id="watches_check")
+@extend_schema(request=WatchCheckInput, responses=answers(schemas.WatchCheckSerializer, extra={409: REFUSED}),
+               operation_id="watches_check")
 @api_view(["POST"])
 @permission_classes(OPERATE)
 def watch_check(request, name):
-    """Operators: check now (audit what settled since the last check); the answer is `watch check --json`'s."""
+    """Operators: check now (audit what settled since the last check); the answer is `watch check --json`'s. 409 when
+    the watch's cluster is no longer configured: audited, nothing changed."""
     watch = get_object_or_404(Watch, name=name)
     body = WatchCheckInput(data=request.data)
     if not body.is_valid():
-        return refuse_invalid(request, body, "check_watch")
-    report = watch_audit.check_watch(watch, settle_seconds=body.validated_data["settle_seconds"])
+        return refuse_invalid(request, body, watch_audit.CHECK)
+    try:
+        report = watch_audit.check_now(watch, actor=request.user.username,
+                                       settle_seconds=body.validated_data["settle_seconds"])
+    except Refused as exc:
+        return _refused(exc)
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
 
 

@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 from consumers.management.cli import SubcommandsCommand, as_json, not_valid, refused, whole_number
 from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_file, watch_setup
+from consumers.operations.errors import Refused
 from consumers.operations.watch_setup import Invalid, WatchSpec
 from consumers.reconciliation import watch_audit
 
@@ -120,9 +121,12 @@ class Command(SubcommandsCommand):
     def do_apply(self, *, file, dry_run, actor, **options):
         self.apply_file(watch_file.apply, file=file, actor=actor, dry_run=dry_run)
 
-    def do_check(self, *, name, settle_seconds, json: bool, **options):
+    def do_check(self, *, name, settle_seconds, json: bool, actor, **options):
         watch = _watch(name)
-        report = watch_audit.check_watch(watch, settle_seconds=settle_seconds)
+        try:
+            report = watch_audit.check_now(watch, actor=actor, settle_seconds=settle_seconds)
+        except Refused as exc:  # its cluster is no longer configured: audited by the check
+            raise refused(str(exc)) from None
         if json:
             self.stdout.write(as_json(report.as_json()))
         else:
