@@ -1,7 +1,9 @@
-"""A watch whose Kafka cluster is no longer configured (the clusters file dropped it): a check asked for by an
-operator is refused up front naming the cluster (409 from the API, exit 1 from the command), audited, the watch's
-stored state unchanged, as start, rewind and a replay from Kafka are; the periodic pass keeps recording the problem
-on the watch (monitoring)."""
+"""A watch or a pipeline whose Kafka cluster is no longer configured (the clusters file dropped it): a check asked
+for by an operator is refused up front naming the cluster (409 from the API, exit 1 from the command), audited, the
+watch's stored state unchanged, as start, rewind and a replay from Kafka are; the periodic pass keeps recording the
+problem on the watch (monitoring). A trace, a read, is refused naming the cluster too (409, exit 1, on the pages),
+not reported as Kafka being down (503), and not audited."""
+import html
 import json
 
 import pytest
@@ -9,12 +11,12 @@ from django.db import connection
 from psycopg2 import sql
 
 from consumers.kafka import admin as kafka_admin
-from consumers.models import ActionLog, ActionResult, Status, Watch, WatchPartition, WatchRange
+from consumers.models import ActionLog, ActionResult, Pipeline, Status, Watch, WatchPartition, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit
 from tests.api_schema import assert_documented, operation
 from tests.commands import run_command
-from tests.views_helpers import client_of, make_operator
+from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -91,3 +93,50 @@ def test_a_check_of_a_watch_on_a_configured_cluster_is_not_refused(team_watch, c
     code, out, _ = run_command(capsys, "watch", "check", "team", "--json")
     assert code == 0 and json.loads(out)["checked"] == 5
     assert not ActionLog.objects.filter(action="check_watch").exists()
+
+
+# A trace reads Kafka and changes nothing: refused naming the cluster, a 409 as for any action on it (not the 503 of
+# a Kafka that is down: waiting would not help), and not audited, as no read's refusal of its query is.
+
+@pytest.fixture
+def orders(team_watch):
+    """The pipeline orders on payments, reading the watch's topic."""
+    return Pipeline.objects.create(name="orders", topic=team_watch.topic, sink_table="sink_orders", cluster="payments")
+
+
+@pytest.mark.parametrize("query", ["partition=0&offset=2", "key=k7"])
+def test_a_trace_of_a_pipeline_whose_cluster_is_gone_is_a_409_naming_it(orders, payments, query):
+    viewer = client_of(make_viewer())
+    path = f"/api/pipelines/orders/trace?{query}"
+    assert viewer.get(path).status_code == 200
+    payments()
+    answer = viewer.get(path)
+    assert_documented(operation("get", "/api/pipelines/{name}/trace"), answer, "get", path)
+    assert answer.status_code == 409
+    assert answer.json()["error"].startswith(f"Cannot trace a record of pipeline 'orders': {GONE}")
+    assert answer.json()["field"] is None
+    page = viewer.get(f"/pipelines/orders/trace/?{query}", HTTP_HX_REQUEST="true")
+    assert page.status_code == 409
+    assert f"Cannot trace a record of pipeline 'orders': {GONE}" in html.unescape(page.content.decode())
+    assert not ActionLog.objects.exclude(action="create_watch").exists()   # a read: not audited
+
+
+def test_the_trace_command_of_a_pipeline_whose_cluster_is_gone_exits_1_naming_it(orders, payments, capsys):
+    payments()
+    code, _, err = run_command(capsys, "trace", "orders", "--partition", "0", "--offset", "2")
+    assert code == 1 and f"Refused: Cannot trace a record of pipeline 'orders': {GONE}" in err
+
+
+def test_a_trace_of_a_watch_whose_cluster_is_gone_is_a_409_naming_it(team_watch, payments):
+    operator = client_of(make_operator())
+    path = "/api/watches/team/trace?partition=0&offset=2"
+    assert operator.get(path).status_code == 200
+    payments()
+    answer = operator.get(path)
+    assert_documented(operation("get", "/api/watches/{name}/trace"), answer, "get", path)
+    assert answer.status_code == 409
+    assert answer.json()["error"].startswith(f"Cannot trace a record of watch 'team': {GONE}")
+    page = operator.get("/watches/team/trace/?partition=0&offset=2", HTTP_HX_REQUEST="true")
+    assert page.status_code == 409
+    assert f"Cannot trace a record of watch 'team': {GONE}" in html.unescape(page.content.decode())
+    assert not ActionLog.objects.exclude(action="create_watch").exists()   # a read: not audited

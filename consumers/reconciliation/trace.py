@@ -30,8 +30,9 @@ from consumers.engine import sinks
 from consumers.engine.transforms import SourceRecord, for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
+from consumers.kafka.errors import ClusterConfigError
 from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
-from consumers.operations.errors import Unavailable
+from consumers.operations.errors import Refused, Unavailable
 from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 from consumers.reconciliation import verify_upsert
 
@@ -47,12 +48,16 @@ class TraceRefused(ValueError):
 
 
 @contextlib.contextmanager
-def kafka_reads():
-    """A trace's Kafka reads: a cluster that cannot be used now (also one that went down after its check passed:
-    kafka-python's own errors) raises errors.Unavailable, which doors answer with a 503; anything else Kafka
-    says no to (a topic that does not exist) is the request's TraceRefused."""
+def kafka_reads(traced: str):
+    """A trace's Kafka reads of `traced` ("pipeline 'orders'"): a cluster no longer configured, or whose settings are
+    wrong, raises errors.Refused naming it, which doors answer with a 409 (waiting would not help); a cluster that
+    cannot be used now (also one that went down after its check passed: kafka-python's own errors) raises
+    errors.Unavailable, which doors answer with a 503; anything else Kafka says no to (a topic that does not exist)
+    is the request's TraceRefused."""
     try:
         yield
+    except ClusterConfigError as exc:  # before KafkaUnreachable, its base: not an outage
+        raise Refused(f"Cannot trace a record of {traced}: {exc}.") from None
     except (kafka_admin.KafkaUnreachable, KafkaError) as exc:
         raise Unavailable.of(exc) from None
     except kafka_admin.KafkaAdminError as exc:
@@ -117,9 +122,10 @@ def preview(data: bytes | memoryview | None) -> str | None:
 
 def trace(pipeline: Pipeline, partition: int, offset: int) -> Trace:
     """Where the record at (pipeline's topic, partition, offset) went. Raises TraceRefused for a request that
-    cannot be traced, errors.Unavailable when Kafka cannot be read now."""
+    cannot be traced, errors.Refused when the pipeline's cluster is no longer configured, errors.Unavailable when
+    Kafka cannot be read now."""
     check_position(partition, offset)
-    with kafka_reads():
+    with kafka_reads(f"pipeline {pipeline.name!r}"):
         partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
         if partition not in partitions:
             raise TraceRefused(f"partition: topic {pipeline.topic!r} has no partition {partition} "
@@ -165,7 +171,7 @@ def _batch(b: BatchLedger, offset: int) -> dict:
 def find_by_key(pipeline: Pipeline, key: str) -> tuple[list[kafka_admin.KafkaRecord], int]:
     """(records of the pipeline's topic with this key, among the newest KEY_SCAN_LIMIT per partition,
     records scanned). Raises as trace()."""
-    with kafka_reads():
+    with kafka_reads(f"pipeline {pipeline.name!r}"):
         partitions = kafka_admin.partitions_for(pipeline.topic, cluster=pipeline.cluster)
         return kafka_admin.find_records_by_key(pipeline.topic, key.encode(), partitions, KEY_SCAN_LIMIT,
                                               cluster=pipeline.cluster)

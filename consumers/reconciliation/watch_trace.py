@@ -54,7 +54,7 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
               .order_by("-checked_at").first())
     if stored is not None:
         result.finding = {"kind": stored.kind, "extra": stored.extra, "checked_at": stored.checked_at.isoformat()}
-    with kafka_reads():
+    with kafka_reads(f"watch {watch.name!r}"):
         found = kafka_admin.read_record(watch.topic, partition, offset, cluster=watch.cluster)
     if found is not None:
         result.record = {"key": preview(found.key), "value": preview(found.value),

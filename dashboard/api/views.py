@@ -77,6 +77,13 @@ DEAD_LETTER_ANSWERS = answers(schemas.DeadLetterActionSerializer,
 # A replay from Kafka reads the records before anything changes: Kafka down is a 503, as for a rewind.
 REPLAY_ANSWERS = {**DEAD_LETTER_ANSWERS, 503: KAFKA_REFUSED}
 OPERATE = [IsAuthenticated, OperatorForWrites]
+# A trace is a read: refused, it changes nothing and is not audited.
+TRACE_ANSWERS = {
+    400: schemas.TraceErrorSerializer,
+    409: OpenApiResponse(schemas.TraceErrorSerializer, description="The Kafka cluster it names is no longer "
+                                                                   "configured, or its settings are wrong"),
+    503: OpenApiResponse(schemas.TraceErrorSerializer, description="Kafka cannot be read now"),
+}
 
 
 def _refused(exc: Refused, status: int | None = None) -> Response:
@@ -297,7 +304,7 @@ def discard_dead_letters(request, name):
 
 @extend_schema(responses=answers(PolymorphicProxySerializer("TraceAnswer", [schemas.TraceSerializer,
                                                                              schemas.KeyTraceSerializer], None),
-                                 extra={400: schemas.TraceErrorSerializer, 503: schemas.TraceErrorSerializer}),
+                                 extra=TRACE_ANSWERS),
                parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int),
                                             OpenApiParameter("key", str)])
 @api_view(["GET"])
@@ -317,6 +324,8 @@ def trace_record(request, name):
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
     except Unavailable as exc:  # Kafka cannot be read now
         return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+    except Refused as exc:  # its cluster is no longer configured
+        return Response({"error": str(exc), "field": None}, status=http.HTTP_409_CONFLICT)
 
 
 @extend_schema(responses=answers(schemas.ActionSerializer, extra={409: REFUSED, 503: schemas.ActionSerializer}),

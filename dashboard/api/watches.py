@@ -22,7 +22,7 @@ from dashboard.api.inputs import (
     StrictStringField,
     refuse_invalid,
 )
-from dashboard.api.views import OPERATE, _refused
+from dashboard.api.views import OPERATE, TRACE_ANSWERS, _refused
 
 
 class WatchCreateInput(StrictSerializer):
@@ -115,8 +115,7 @@ def watch_check(request, name):
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
 
 
-@extend_schema(responses=answers(schemas.WatchTraceSerializer, extra={400: schemas.TraceErrorSerializer,
-                                                                      503: schemas.TraceErrorSerializer}),
+@extend_schema(responses=answers(schemas.WatchTraceSerializer, extra=TRACE_ANSWERS),
                parameters=[OpenApiParameter("partition", int), OpenApiParameter("offset", int)],
                operation_id="watches_trace")
 @api_view(["GET"])
@@ -132,6 +131,8 @@ def watch_trace_record(request, name):
         return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
     except Unavailable as exc:  # Kafka cannot be read now
         return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+    except Refused as exc:  # its cluster is no longer configured
+        return Response({"error": str(exc), "field": None}, status=http.HTTP_409_CONFLICT)
 
 
 @extend_schema(responses={(200, "text/csv"): str, **REFUSALS}, operation_id="watches_findings_csv")

@@ -14,7 +14,7 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import RANGES_SHOWN, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.operations.errors import Unavailable
+from consumers.operations.errors import Refused, Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard import consumer_rows
 from dashboard.forms import ClusterField
@@ -63,6 +63,8 @@ def trace_finding(request, name):
             context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
         except Unavailable as exc:  # Kafka cannot be read now: htmx swaps 503 too
             context["error"], status = str(exc), 503
+        except Refused as exc:  # its cluster is no longer configured: htmx swaps 409 too
+            context["error"], status = str(exc), 409
     return render_page(request, "watch_trace.html", context, fragment="result", status=status)
 
 
