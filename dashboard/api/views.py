@@ -86,7 +86,7 @@ TRACE_ANSWERS = {
 }
 
 
-def _refused(exc: Refused, status: int | None = None) -> Response:
+def refusal_response(exc: Refused, status: int | None = None) -> Response:
     entry = getattr(exc, "action_log", None)
     return Response({"error": str(exc), "action_id": entry.pk if entry else None},
                     status=status or http.HTTP_409_CONFLICT)
@@ -265,7 +265,7 @@ def _dead_letter_action(request, name, action: str, serializer_class, call) -> R
     else:
         ended = dead_letter_batches.attempt(action, lambda: call(pipeline, data, request.user.username))
     if ended.refusal:  # Kafka down (a replay from Kafka): audited by the operation, nothing was changed
-        return _refused(ended.refusal, status=http.HTTP_503_SERVICE_UNAVAILABLE
+        return refusal_response(ended.refusal, status=http.HTTP_503_SERVICE_UNAVAILABLE
                         if isinstance(ended.refusal, Unavailable) else None)
     if ended.stopped:
         return Response({"error": ended.stopped.message(), **ended.stopped.as_dict()}, status=http.HTTP_409_CONFLICT)
@@ -345,7 +345,7 @@ def pipeline_action(request, name, action):
     try:
         entry = actions.perform(action, pipeline, actor=request.user.username)
     except Refused as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return Response(_action_json(entry), status=_status_of(entry))
 
 
@@ -366,9 +366,9 @@ def pipeline_rewind(request, name):
                                 rollback_sink=data["rollback_sink"], dry_run=data["dry_run"],
                                 actor=request.user.username)
     except Unavailable as exc:  # Kafka down or refusing a request: audited by the operation, nothing was changed
-        return _refused(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        return refusal_response(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     except Refused as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return Response(result.as_dict())
 
 
@@ -440,11 +440,11 @@ def group_reset_view(request, group_id):
                                          partitions=data["partitions"], execute=data["execute"],
                                          actor=request.user.username, cluster=_cluster_param(request))
     except NotFound as exc:
-        return _refused(exc, status=http.HTTP_404_NOT_FOUND)
+        return refusal_response(exc, status=http.HTTP_404_NOT_FOUND)
     except Unavailable as exc:  # Kafka down or refusing a request: audited by the operation, nothing was changed
-        return _refused(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
+        return refusal_response(exc, status=http.HTTP_503_SERVICE_UNAVAILABLE)
     except Refused as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return Response(result.as_dict())
 
 

@@ -22,7 +22,7 @@ from dashboard.api.inputs import (
     StrictStringField,
     refuse_invalid,
 )
-from dashboard.api.views import OPERATE, TRACE_ANSWERS, _refused
+from dashboard.api.views import OPERATE, TRACE_ANSWERS, refusal_response
 
 
 class WatchCreateInput(StrictSerializer):
@@ -111,7 +111,7 @@ def watch_check(request, name):
         report = watch_audit.check_now(watch, actor=request.user.username,
                                        settle_seconds=body.validated_data["settle_seconds"])
     except Refused as exc:
-        return _refused(exc)
+        return refusal_response(exc)
     return Response({**report.as_json(), "error": report.error or None, "notes": report.notes})
 
 
