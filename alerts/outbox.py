@@ -11,7 +11,9 @@ Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per c
      whose oldest row waits for its retry is left out of the pick, so its backlog never starves the others);
   2. claim the row with a conditional UPDATE (one sender wins; the claim pushes `next_attempt_at` ahead);
   3. send it through its kind (alerts/channels/); a 2xx (or SMTP's acceptance) sets `delivered_at` and the
-     row is never picked again; a failure records the scrubbed reason and the next attempt time;
+     row is never picked again; a failure records the scrubbed reason and the next attempt time, or gives the
+     row up at once when the receiver refused the message itself (a 400, 413 or 422: sent again, it would be
+     refused again, and it would hold the channel's later messages behind it);
   4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell.
 A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
 payload's `id` (and the webhook's `X-Tally-Delivery`) lets a receiver drop the repeat.
@@ -181,7 +183,7 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
                 continue  # its channel was deleted meanwhile, and its outbox with it
             outcome = _send(notification, session, clock)
             counts[outcome] += 1
-            if outcome != "sent":
+            if outcome == "failed":   # it waits for its retry: the channel's newer rows wait behind it
                 blocked.add(channel_id)
     return counts
 
@@ -195,7 +197,7 @@ def _send(notification: Notification, session: Session, clock) -> str:
         reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"
         reason = error_text(redact(reason, secrets))
         now = clock()   # the backoff counts from the failure, which may have taken the whole timeout
-        give_up = _gives_up(notification, now)
+        give_up = getattr(error, "final", False) or _gives_up(notification, now)
         Notification.objects.filter(pk=notification.pk).update(
             last_error=reason, answer=short(reason), next_attempt_at=now + _delay(notification, now, error),
             failed_at=now if give_up else None)

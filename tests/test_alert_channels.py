@@ -474,3 +474,31 @@ def test_slack_names_a_watch_as_a_watch_and_counts_one_record_as_one_record():
     buttons = next(b for b in blocks if b["type"] == "actions")["elements"]
     assert buttons[0]["text"]["text"] == "Open the watch"
     assert any(b.get("text", {}).get("text") == "• partition 0: 1 record, offsets 3" for b in blocks)
+
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+def test_a_message_the_receiver_refuses_as_invalid_is_given_up_at_once_and_holds_back_nothing_behind_it(receiver,
+                                                                                                         status):
+    """Sent again, the same body gets the same answer: retried for 72 h, it would hold every later message of
+    its channel (they go in order) for as long."""
+    receiver.answers = [(status, '{"status":"invalid event","message":"Event object is invalid"}')]
+    add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+    fire_loss("orders")
+    fire_loss("payments", at=at(1))
+
+    assert deliver_due(now=at(1)) == {"sent": 1, "failed": 0, "gave_up": 1}
+    refused = Notification.objects.get(channel__name="pager", alert__pipeline__name="orders")
+    assert refused.failed_at == at(1) and refused.delivered_at is None
+    assert refused.last_error.startswith(f"HTTP {status}: ") and "invalid event" in refused.last_error
+    assert [e["payload"]["component"] for e in receiver.bodies()] == ["orders", "payments"]
+    assert deliver_due(now=at(3600)) == {"sent": 0, "failed": 0, "gave_up": 0}   # never sent again
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 410])
+def test_a_receiver_refusing_the_channels_url_or_key_is_retried_so_its_messages_go_out_once_it_is_fixed(receiver,
+                                                                                                     status):
+    receiver.answers = [(status, "invalid_token")]
+    add_channel("chat", "slack", f"{receiver.url}/services/{SECRET_TOKEN}")
+    fire_loss()
+    assert deliver_due(now=T0) == {"sent": 0, "failed": 1, "gave_up": 0}
+    assert deliver_due(now=at(5)) == {"sent": 1, "failed": 0, "gave_up": 0}

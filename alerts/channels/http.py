@@ -1,6 +1,7 @@
 """One JSON POST with timeouts (requests), shared by the webhook, Slack and PagerDuty kinds. Anything but a
 2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body,
-and on a 429 or 503 the receiver's `Retry-After` (the outbox waits at least that long, within a cap)."""
+and on a 429 or 503 the receiver's `Retry-After` (the outbox waits at least that long, within a cap). A 400, 413
+or 422 refuses the message itself and is final: the outbox gives that message up rather than retry it."""
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -12,6 +13,11 @@ from alerts.channels.base import Answer, DeliveryFailed, redact, short
 USER_AGENT = "Tally-Alerts/1"
 # The answers whose Retry-After says when to come back (RFC 9110: 503; RFC 6585: 429).
 RETRY_AFTER_STATUSES = (429, 503)
+# The answers that refuse the body itself (malformed, too large, invalid: Slack's invalid_payload, PagerDuty's
+# "invalid event"): the same body gets the same answer however often it is sent, and retried it would hold every
+# later message of its channel. Other 4xx (401, 403, 404, 410) are about the channel's URL or key, which an
+# operator fixes: those are retried, and the messages go out once they are.
+REFUSED_STATUSES = (400, 413, 422)
 
 
 def timeout() -> tuple[float, float]:
@@ -38,7 +44,7 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
     if not 200 <= response.status_code < 300:
         retry_after = (retry_after_of(response.headers.get("Retry-After"))
                        if response.status_code in RETRY_AFTER_STATUSES else None)
-        raise DeliveryFailed(str(answer), retry_after=retry_after)
+        raise DeliveryFailed(str(answer), retry_after=retry_after, final=response.status_code in REFUSED_STATUSES)
     return answer
 
 
