@@ -502,3 +502,19 @@ def test_a_receiver_refusing_the_channels_url_or_key_is_retried_so_its_messages_
     fire_loss()
     assert deliver_due(now=T0) == {"sent": 0, "failed": 1, "gave_up": 0}
     assert deliver_due(now=at(5)) == {"sent": 1, "failed": 0, "gave_up": 0}
+
+
+def test_slack_shows_a_summary_quoting_mrkdwn_control_characters_as_written_in_the_text_too():
+    """A status alert's summary quotes the pipeline's last error, which may quote a record: `<!channel>` there
+    must not notify a whole Slack channel, in the blocks or in the top-level text (its notifications)."""
+    from alerts.channels.slack import message
+    from alerts.payloads import channel_test_payload
+
+    payload = channel_test_payload(Channel(name="chat"), now=T0)
+    payload["summary"] = "status ERR: bad record <!channel> a&b <https://evil.example|click>"
+
+    sent = message(payload)
+    escaped = "status ERR: bad record &lt;!channel&gt; a&amp;b &lt;https://evil.example|click&gt;"
+    assert sent["text"] == f"TEST (test): {escaped}"
+    assert sent["blocks"][1]["text"]["text"] == escaped
+    assert sent["blocks"][0]["text"]["text"].endswith("<!channel> a&b <https://evil.example|click>")  # plain_text

@@ -58,7 +58,9 @@ def message(payload: dict) -> dict:
     reminder = f" · reminder {payload['reminder']}" if payload["event"] == "reminder" else ""
     blocks.append({"type": "context", "elements": [
         {"type": "mrkdwn", "text": f"Tally · {payload['severity']}{reminder} · event at {payload['event_at']}"}]})
-    return {"text": headline(payload), "blocks": blocks}
+    # The top-level text is mrkdwn too (Slack's notifications show it): escaped like the blocks. The header above
+    # is plain_text, shown as written.
+    return {"text": _escape(headline(payload)), "blocks": blocks}
 
 
 def _post(channel, payload, session) -> Answer:
