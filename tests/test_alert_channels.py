@@ -20,7 +20,7 @@ from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
-from consumers.models import ActionLog, PartitionHealth, Status
+from consumers.models import ActionLog, PartitionHealth, Status, Watch
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
 from tests.receivers import Receiver
 from tests.test_alerts_email import T0, lost, make_pipeline, report_health
@@ -518,3 +518,17 @@ def test_slack_shows_a_summary_quoting_mrkdwn_control_characters_as_written_in_t
     assert sent["text"] == f"TEST (test): {escaped}"
     assert sent["blocks"][1]["text"]["text"] == escaped
     assert sent["blocks"][0]["text"]["text"].endswith("<!channel> a&b <https://evil.example|click>")  # plain_text
+
+
+def test_pagerduty_names_a_watch_as_a_watch_in_its_link(receiver):
+    from alerts import evaluate
+
+    add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+    rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
+    watch = Watch.objects.create(name="billing", group_id="team-billing", topic="billing")
+    evaluate.apply(rule, watch, evaluate.Finding("2 lost records"), T0, evaluate.EvaluationReport())
+    deliver_due(now=T0)
+
+    trigger = receiver.bodies()[0]
+    assert trigger["links"][0] == {"href": "https://tally.example.com/watches/billing/", "text": "Watch billing"}
+    assert trigger["payload"]["custom_details"]["target"]["type"] == "watch"

@@ -30,7 +30,8 @@ def event(routing_key: str, payload: dict) -> dict:
                                        "values": payload["values"], "event": payload["event"],
                                        "reminder": payload["reminder"], "facts": payload["facts"]}},
         "client": "Tally", "client_url": payload["links"]["alerts"],
-        "links": [{"href": payload["links"]["pipeline"], "text": f"Pipeline {payload['target']['name']}"},
+        "links": [{"href": payload["links"]["pipeline"],
+                   "text": f"{payload['target']['type'].capitalize()} {payload['target']['name']}"},
                   {"href": payload["links"]["alerts"], "text": "Alerts"}],
     }
 
