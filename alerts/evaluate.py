@@ -5,7 +5,9 @@ For each pipeline and each rule that applies to it, in one transaction holding t
                                   the "fired" email;
   - firing and open            -> refresh its facts; queue a reminder when `next_reminder_at` is due
                                   (firing only: acknowledging stops reminders);
-  - not firing and open        -> resolve it and queue the "resolved" email (if a "fired" one went out).
+  - not firing and open        -> resolve it and queue the "resolved" email (if a "fired" one went out);
+  - open, but its rule was edited to another kind -> resolve it as above, then treat the rule as having
+                                  no open alert (what it finds now is a new incident, with its own dedup_key).
 A mute holds every email of its rule/pipeline; an alert that fired while muted gets its "fired" email when
 the mute ends, if it still fires. Running evaluation twice at the same `now` changes nothing.
 """
@@ -71,6 +73,14 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
         alert = (Alert.objects.select_for_update(of=("self",)).select_related("rule", "pipeline", "watch")
                  .filter(rule=rule, **about, state__in=OPEN_STATES).first())
         muted = Mute.active_for(rule, **about, now=now).exists()
+        if alert is not None and alert.rule_kind and alert.rule_kind != rule.kind:
+            # The rule was edited to watch something else: the incident it opened is over (said so, and resolved
+            # where it was told), and what the rule finds now is a new one, told as fired.
+            alert.facts = {**(alert.facts or {}),
+                           "resolved_because": f"rule {rule.name!r} changed from {alert.rule_kind} to {rule.kind}"}
+            Alert.objects.filter(pk=alert.pk).update(facts=alert.facts)
+            _resolve(alert, now, muted, report)
+            alert = None
         if finding is None:
             if alert is not None:
                 _resolve(alert, now, muted, report)

@@ -142,7 +142,8 @@ class Alert(models.Model):
 
     @property
     def kind(self) -> str:
-        return self.rule.kind if self.rule_id else self.rule_kind
+        """What it fired for: the kind kept when it opened (its rule's kind may have been edited since)."""
+        return self.rule_kind or (self.rule.kind if self.rule_id else "")
 
     @property
     def is_gone(self) -> bool:

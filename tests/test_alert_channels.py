@@ -532,3 +532,28 @@ def test_pagerduty_names_a_watch_as_a_watch_in_its_link(receiver):
     trigger = receiver.bodies()[0]
     assert trigger["links"][0] == {"href": "https://tally.example.com/watches/billing/", "text": "Watch billing"}
     assert trigger["payload"]["custom_details"]["target"]["type"] == "watch"
+
+
+def test_a_rule_edited_to_another_kind_resolves_its_open_incident_and_opens_one_for_what_it_now_finds(receiver):
+    """An open loss alert must not become a lag alert in place: the loss incident would stay open under the lag's
+    numbers, and nobody would be told that lag fired."""
+    add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+    pipeline = fire_loss()
+    deliver_due(now=T0)
+    rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
+    rule.kind, rule.threshold = RuleKind.LAG_RECORDS, 100
+    rule.save()
+    PartitionHealth.objects.filter(pipeline=pipeline).update(lag_records=500)
+
+    report = evaluate_all(now=at(60))
+    deliver_due(now=at(60))
+
+    loss, lag = Alert.objects.filter(rule=rule).order_by("pk")
+    assert (loss.state, loss.kind, loss.resolved_at) == (AlertState.RESOLVED, "lost", at(60))
+    assert loss.facts["resolved_because"] == "rule 'Lost records' changed from lost to lag_records"
+    assert (lag.state, lag.kind, lag.summary) == (AlertState.FIRING, "lag_records", "lag 500 records > 100")
+    assert report.resolved == ["orders/Lost records"] and report.fired == ["orders/Lost records"]
+    events = [(e["event_action"], e["dedup_key"]) for e in receiver.bodies()]
+    assert events == [("trigger", f"tally-alert-{loss.pk}"), ("resolve", f"tally-alert-{loss.pk}"),
+                      ("trigger", f"tally-alert-{lag.pk}")]
+    assert receiver.bodies()[2]["payload"]["class"] == "lag_records"
