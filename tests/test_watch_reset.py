@@ -1,9 +1,11 @@
 """A group whose offsets are reset behind what the watch already settled: the re-read records are audited
-again, so what the consumer writes a second time is found."""
+again, so what the consumer writes a second time is found. A topic deleted and created again under the same name
+is not such a reset: it is reported, and none of its records is mixed into the old topic's audit."""
 import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from psycopg2 import sql
@@ -12,7 +14,7 @@ from consumers.kafka import admin
 from consumers.kafka.admin import Watermarks
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import watch_audit
+from consumers.reconciliation import watch_audit, watch_pass
 from tests.watch_helpers import as_offsets, drop_tables, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -147,3 +149,43 @@ def test_records_deleted_before_the_group_read_them_are_its_loss_not_the_audits(
     after = watch_audit.check_watch(watch, now=now + timedelta(seconds=30), kafka=RetainedFrom(6))
     assert (after.checked, after.lost, after.partitions[0]["settled_offset"]) == (4, 0, 10)
     assert WatchRange.objects.filter(watch=watch, note=watch_audit.DELETED_UNREAD_NOTE).count() == 1
+
+
+def recreate(topic: str) -> None:
+    """The team deletes the topic and creates it again under the same name: its offsets start again from 0, and
+    Kafka drops the groups' commits on it."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS)
+    try:
+        client.delete_topics([topic])
+        client.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("through", ["check", "pass"])
+def test_a_topic_deleted_and_created_again_is_reported_not_audited_as_the_old_one(make_topic, table_name, through):
+    """The watch audited offsets 0..9 of the old topic (value 3 lost). The team re-creates the topic; its consumer
+    reads the new one from offset 0 and commits 10 again (a check sees the same commit: nothing to audit) or 30
+    (a check would read offsets 10..29 of the new topic as if they followed the old one). Either way the watch
+    says the topic was re-created, ERR, and audits nothing of the new topic on top of the old one's ranges."""
+    watch, topic, group = watch_of_ten(make_topic, table_name, f"recreated-{through}", committed=10,
+                                       rows=[v for v in range(1, 11) if v != 3])
+    now = timezone.now()
+    assert watch_audit.check_watch(watch, now=now).lost == 1
+    recreate(topic)
+    new_records = 10 if through == "pass" else 30
+    produce(topic, [(None, str(v).encode()) for v in range(101, 101 + new_records)])
+    write(table_name, range(101, 101 + new_records))
+    admin.commit_offsets(group, topic, {0: new_records})
+    later = now + timedelta(seconds=30)
+    if through == "pass":
+        [report] = [r for r in watch_pass.check_all(now=later) if r.watch == watch.name]
+    else:
+        report = watch_audit.check_watch(watch, now=later)
+    assert report.status == "ERR" and "deleted and created again" in report.error, report
+    assert (report.checked, report.lost, report.partitions[0]["settled_offset"]) == (10, 1, 10)
+    watch.refresh_from_db()
+    assert "deleted and created again" in watch.last_error
+    assert sum(r.records for r in WatchRange.objects.filter(watch=watch)) == 10

@@ -98,6 +98,9 @@ class Watermarks:
     # The last stable offset (read_committed): a consumer cannot pass an open transaction, so lag and
     # "caught up" are measured against it. None when the broker's Fetch reply did not carry it.
     stable: int | None = None
+    # The topic's id (KIP-516) in the metadata the marks were read with: a topic deleted and created again under
+    # the same name has another, and its offsets start again. None when the broker gives none (before Kafka 2.8).
+    topic_id: str | None = None
 
     @property
     def end(self) -> int:
@@ -105,6 +108,11 @@ class Watermarks:
         if self.stable is not None and self.log_start <= self.stable <= self.high:
             return self.stable
         return self.high
+
+
+def topic_id_of(marks: dict[int, Watermarks]) -> str:
+    """The topic id one topic's watermarks were read with; "" when the broker gave none."""
+    return next((m.topic_id for m in marks.values() if m.topic_id), "")
 
 
 def watermarks(topic: str, partitions: list[int] | None = None, timeout_s: float = 10.0,
@@ -158,7 +166,18 @@ def _read_watermarks(consumer: KafkaConsumer, tps: list, timeout_s: float) -> di
         # even when the listed end is exact; on an empty partition the fetch still carries it.
         consumer.seek(tp, max(starts[tp], listed_ends[tp] - 1))
     high = _fetch_high_watermarks(consumer, tps, timeout_s)
-    return {tp: Watermarks(starts[tp], max(high[tp], listed_ends[tp]), stable.get(tp)) for tp in tps}
+    ids = _topic_ids(consumer, {tp.topic for tp in tps})
+    return {tp: Watermarks(starts[tp], max(high[tp], listed_ends[tp]), stable.get(tp), ids.get(tp.topic))
+            for tp in tps}
+
+
+def _topic_ids(consumer: KafkaConsumer, topics: set[str]) -> dict[str, str]:
+    """The topics' ids from the metadata the consumer read (Metadata v10+), {topic: id} of those it has one for."""
+    topic_id = getattr(getattr(consumer, "_cluster", None), "topic_id", None)
+    if topic_id is None:  # another kafka-python: no ids, so a re-created topic goes unnoticed, as before
+        return {}
+    found = {topic: topic_id(topic) for topic in topics}
+    return {topic: str(found_id) for topic, found_id in found.items() if found_id is not None}
 
 
 def _record_last_stable_offsets(consumer: KafkaConsumer) -> dict:

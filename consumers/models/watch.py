@@ -26,6 +26,9 @@ class Watch(models.Model):
     topic = models.CharField(max_length=249)
     cluster = models.CharField(max_length=100, default="default",
                                help_text="The Kafka cluster the group reads (default: the KAFKA_* settings).")
+    topic_id = models.CharField(max_length=36, blank=True, default="", help_text=(
+        "The topic's id (KIP-516) the watch audits: a topic deleted and created again under its name has another. "
+        "Empty: the broker gives none (or not seen yet)."))
     # The audit: all empty for a watch of lag and status only.
     # `table` (on the search_path) or `schema.table`: consumers/engine/table_names.py (63 + 1 + 63 characters).
     sink_table = models.CharField(max_length=127, blank=True, default="",

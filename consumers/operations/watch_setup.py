@@ -86,6 +86,7 @@ class Validated:
 
     start_offsets: dict[int, int]
     notes: list[str]
+    topic_id: str = ""   # the topic's id (KIP-516) the start offsets were read from; "" when Kafka gives none
 
 
 def validate(spec: WatchSpec) -> Validated:
@@ -119,14 +120,14 @@ def validate(spec: WatchSpec) -> Validated:
     if problems:
         raise Invalid(problems)
     try:
-        starts = _start_offsets(spec.topic, partitions, spec.start_from, moment, spec.cluster)
+        starts, topic_id = _start_offsets(spec.topic, partitions, spec.start_from, moment, spec.cluster)
     except KAFKA_ERRORS as exc:  # Kafka went down (or refused) since the topic was checked: the same field problem
         raise Invalid({"topic": f"cannot read the offsets of topic {spec.topic!r} in Kafka: "
                                 f"{type(exc).__name__}: {exc}"}) from None
     notes = _commit_notes(spec, partitions)
     if id_spec is not None and spec.keyed:
         notes.append("keyed: for each id, its latest committed record must have its row; a tombstone expects none")
-    return Validated(starts, notes)
+    return Validated(starts, notes, topic_id)
 
 
 # The longest text each field stores (the model's max_length), checked before anything is written.
@@ -283,14 +284,17 @@ def _check_topic(topic: str, problems: dict, cluster: str):
     return partitions
 
 
-def _start_offsets(topic: str, partitions: list[int], start_from: str, moment, cluster: str) -> dict[int, int]:
+def _start_offsets(topic: str, partitions: list[int], start_from: str, moment, cluster: str
+                   ) -> tuple[dict[int, int], str]:
+    """Where the audit of each partition starts, and the id of the topic they are offsets of."""
     marks = kafka_admin.watermarks(topic, partitions, cluster=cluster)
+    topic_id = kafka_admin.topic_id_of(marks)
     if start_from == "earliest":
-        return {p: m.log_start for p, m in marks.items()}
+        return {p: m.log_start for p, m in marks.items()}, topic_id
     if start_from == "latest":
-        return {p: m.high for p, m in marks.items()}
+        return {p: m.high for p, m in marks.items()}, topic_id
     found = kafka_admin.offsets_for_time(topic, partitions, int(moment.timestamp() * 1000), cluster=cluster)
-    return {p: (found.get(p) if found.get(p) is not None else m.high) for p, m in marks.items()}
+    return {p: (found.get(p) if found.get(p) is not None else m.high) for p, m in marks.items()}, topic_id
 
 
 def _commit_notes(spec: WatchSpec, partitions: list[int]) -> list[str]:
@@ -309,6 +313,7 @@ def create(spec: WatchSpec, actor: str = "cli") -> tuple[Watch, list[str]]:
     checked = validate(spec)
     with transaction.atomic():
         watch = Watch.objects.create(name=spec.name, group_id=spec.group, topic=spec.topic, cluster=spec.cluster,
+                                     topic_id=checked.topic_id,
                                      sink_table=spec.sink_table, record_id=spec.record_id,
                                      row_id=",".join(spec.columns), start_from=spec.start_from,
                                      settle_seconds=spec.settle_seconds, ignore=list(spec.ignore), keyed=spec.keyed)

@@ -157,6 +157,10 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
         committed = kafka.committed_offsets(watch.group_id, watch.topic, sorted(marks))
     except Exception as exc:  # Kafka down or the topic gone: ERR with the reason, nothing moves
         return _failed(watch, f"Kafka: {type(exc).__name__}: {exc}", now)
+    recreated = topic_recreated(watch, marks)
+    if recreated:   # its offsets name other records now: nothing is observed, audited or measured
+        return _failed(watch, recreated, now)
+    adopt_topic_id(watch, marks)
     notes: list[str] = []
     alive = group_alive(kafka, watch.group_id, notes)
     phantoms = watch.audits and watch.record_id == record_ids.OFFSET and phantoms_judged(kafka, watch.topic, notes)
@@ -198,6 +202,28 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
             wp.checked_at = now
             wp.save()
         return _summarise(watch, parts, new_ranges, notes, now)
+
+
+def topic_recreated(watch: Watch, marks: dict) -> str:
+    """Why the topic is no longer the one the watch audited, or "": deleted and created again under its name (another
+    topic id), its offsets start again from 0, so the settled marks and ranges are the old topic's. Auditing on would
+    take the new topic's records from the old mark on for the rest of the old one (and a group reset for a rewind):
+    the watch says so instead, until it is created again."""
+    now_id = kafka_admin.topic_id_of(marks)
+    if not (watch.topic_id and now_id) or now_id == watch.topic_id:
+        return ""
+    return (f"topic {watch.topic!r} was deleted and created again (its id was {watch.topic_id}, it is {now_id}): its "
+            "offsets start again, and what this watch audited was the old topic's records; delete the watch and "
+            "create it again to audit the new topic")
+
+
+def adopt_topic_id(watch: Watch, marks: dict) -> None:
+    """A watch that has no topic id yet (created before watches kept one, or on a broker that gave none) takes the
+    one Kafka gives now."""
+    now_id = kafka_admin.topic_id_of(marks)
+    if now_id and not watch.topic_id:
+        Watch.objects.filter(pk=watch.pk, topic_id="").update(topic_id=now_id)
+        watch.topic_id = now_id
 
 
 # --- commits and settling --------------------------------------------------------------------------------

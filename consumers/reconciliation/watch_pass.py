@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchPartition, WatchRange
 from consumers.reconciliation import monitored, pass_kafka, row_updates, watch_audit
 
@@ -101,6 +102,8 @@ def _observe_quiet(watch: Watch, parts: dict, reading: pass_kafka.PassKafka, now
     marks = reading.watermarks(watch.topic)
     if any(p not in parts for p in marks):   # the check creates the new partition's row
         return False
+    if watch_audit.topic_recreated(watch, marks) or (kafka_admin.topic_id_of(marks) and not watch.topic_id):
+        return False   # the check says the topic was re-created (ERR), or takes the topic's id for the watch
     committed = reading.committed_offsets(watch.group_id, watch.topic, sorted(marks))
     rewound = [p for p, wp in parts.items() if watch_audit.observe(wp, committed.get(p), now, watch.settle_seconds)]
     if rewound:
