@@ -12,6 +12,7 @@ from consumers.kafka import admin
 from consumers.models import WatchFinding
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_trace
+from tests.db_roles import acting_as, new_role
 from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
 
@@ -129,3 +130,28 @@ def test_a_record_an_ignore_spec_names_traces_as_ignored_with_offset_ids_too(mak
     assert (skipped.verdict, skipped.expected_id, skipped.rows_found) == ("ignored", [0, 1], 0)
     assert "json:type=heartbeat" in skipped.explanation
     assert watch_trace.trace(watch, 0, 2).verdict == "delivered"
+
+
+def test_a_trace_of_a_table_tally_may_no_longer_read_says_the_grant_instead_of_failing(make_topic, table_name):
+    """The team revoked Tally's SELECT on its table after the watch was made: the trace is refused naming the grant
+    to give back (the API's 400, the page's 422), as validation refuses such a table, not answered with a 500."""
+    topic, group = make_topic("revoked"), f"revoked-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, b"1"), (None, b"2")])
+    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 2})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="revoked", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        settle_seconds=0))
+    assert watch_audit.check_watch(watch).lost == 1
+    operator = client_of(make_operator())
+    with new_role("tally_web") as role:   # Tally's database user, with every grant but the team's table
+        execute(sql.SQL("GRANT ALL ON ALL TABLES IN SCHEMA public TO {}").format(role))
+        execute(sql.SQL("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}").format(role))
+        execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table_name), role))
+        with acting_as(role):
+            api = operator.get("/api/watches/revoked/trace?partition=0&offset=1")
+            page = operator.get("/watches/revoked/trace/?partition=0&offset=1")
+    said = f"the database user may not read {table_name!r}: GRANT SELECT ON it to Tally's database user"
+    assert (api.status_code, api.json()["error"]) == (400, said)
+    assert page.status_code == 422 and said.replace("'", "&#x27;") in page.content.decode()

@@ -91,6 +91,17 @@ def create_table_sql(cursor, table: str, transform: Transform, exactly_once: boo
     return sql.SQL("CREATE TABLE {} ({});").format(sql.Identifier(table), sql.SQL(", ").join(body)).as_string(cursor)
 
 
+def may_read(cursor, table: str | tuple[str, ...]) -> bool:
+    """SELECT on the table (a watched team's table: Tally only reads it) for the database user."""
+    cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, 'SELECT')", [quoted(cursor, table)])
+    return cursor.fetchone()[0]
+
+
+def read_refused(table: str) -> str:
+    """What a database user without SELECT on a watched table is told, wherever it is found out."""
+    return f"the database user may not read {table!r}: GRANT SELECT ON it to Tally's database user"
+
+
 def has_privileges(cursor, table: str, update: bool = False) -> bool:
     """SELECT, INSERT and DELETE (and UPDATE, for an upsert pipeline) for the database user."""
     cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, %s)",

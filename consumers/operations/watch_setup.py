@@ -256,11 +256,8 @@ def _check_audit(spec: WatchSpec, problems: dict):
                                       f"hold {'a partition or an offset' if id_spec.columns == 2 else 'a record id'}"
                                       f": use a column of type {', '.join(allowed)}")
                 return None
-        cursor.execute("SELECT has_table_privilege(current_user, %s::regclass, 'SELECT')",
-                       [sink_checks.quoted(cursor, parts)])
-        if not cursor.fetchone()[0]:
-            problems["sink_table"] = (f"the database user may not read {table!r}: GRANT SELECT ON it to Tally's "
-                                      "database user")
+        if not sink_checks.may_read(cursor, parts):
+            problems["sink_table"] = sink_checks.read_refused(table)
     return id_spec
 
 

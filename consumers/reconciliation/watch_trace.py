@@ -63,6 +63,9 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
         types = sink_checks.table_columns(wrapper.cursor, table_names.split(watch.sink_table))
         if types is None or any(c not in types for c in watch.row_columns):
             raise TraceRefused(f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist")
+        if not sink_checks.may_read(wrapper.cursor, table_names.split(watch.sink_table)):
+            # A grant revoked since the watch was made: said as validation says it, not a failed query
+            raise TraceRefused(sink_checks.read_refused(watch.sink_table))
         ignored = _expected_id(watch, result, found, types)
         if result.expected_id is not None:
             result.rows_found, result.rows = _rows(wrapper.cursor, watch, result.expected_id)
