@@ -8,10 +8,11 @@ import pytest
 from django.db import connection
 from psycopg2 import sql
 
+from consumers.engine import sink_checks
 from consumers.kafka import admin
 from consumers.models import WatchFinding
 from consumers.operations import watch_setup
-from consumers.reconciliation import watch_audit, watch_trace
+from consumers.reconciliation import watch_audit, watch_pass, watch_trace
 from tests.db_roles import acting_as, new_role
 from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
@@ -155,3 +156,28 @@ def test_a_trace_of_a_table_tally_may_no_longer_read_says_the_grant_instead_of_f
     said = f"the database user may not read {table_name!r}: GRANT SELECT ON it to Tally's database user"
     assert (api.status_code, api.json()["error"]) == (400, said)
     assert page.status_code == 422 and said.replace("'", "&#x27;") in page.content.decode()
+
+
+@pytest.mark.parametrize("through", ["check", "pass"])
+def test_a_quiet_watch_of_a_table_tally_may_no_longer_read_is_err_with_the_grant(make_topic, table_name, through):
+    """A dropped table is an ERR at every check, not only one with a range to audit; so is a table whose SELECT was
+    revoked: a watch with nothing new to audit does not stay OK while Tally could not read a new range."""
+    topic, group = make_topic("quiet"), f"quiet-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, b"1")])
+    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 1})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name=f"quiet-{through}", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        settle_seconds=0))
+    assert watch_audit.check_watch(watch).status == "OK"
+    with new_role("tally_beat") as role:
+        execute(sql.SQL("GRANT ALL ON ALL TABLES IN SCHEMA public TO {}").format(role))
+        execute(sql.SQL("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}").format(role))
+        execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(table_name), role))
+        with acting_as(role):
+            if through == "pass":
+                [report] = [r for r in watch_pass.check_all() if r.watch == watch.name]
+            else:
+                report = watch_audit.check_watch(watch)
+    assert (report.status, report.error) == ("ERR", sink_checks.read_refused(table_name))

@@ -183,10 +183,11 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
         keep = max(settle, watch.settle_seconds)
         rewound = {p for p, wp in parts.items() if observe(wp, committed.get(p), now, keep)}
         if watch.audits:
-            # Every check, not only one with records to audit: a dropped table is an ERR until it is back.
+            # Every check, not only one with records to audit: a dropped table (or one Tally may no longer read) is
+            # an ERR until it is back.
             with connection.cursor() as cursor:
                 if tables_gone(cursor.cursor, [watch]):
-                    raise WatchCheckError(table_gone_message(watch))
+                    raise WatchCheckError(table_problem(cursor.cursor, watch))
             for p in rewound:
                 _reopen(watch, parts[p], now)
             new_ranges = unread_ranges(parts, marks)
@@ -454,15 +455,26 @@ def table_gone_message(watch: Watch) -> str:
     return f"table {watch.sink_table!r} or its column(s) {watch.row_id} no longer exist"
 
 
+def table_problem(cursor, watch: Watch) -> str:
+    """Why a watch tables_gone named cannot audit its table: gone, or no longer readable by the database user."""
+    table = table_names.split(watch.sink_table)
+    columns = sink_checks.table_columns(cursor, table)
+    if columns is None or any(c not in columns for c in watch.row_columns):
+        return table_gone_message(watch)
+    return sink_checks.read_refused(watch.sink_table)
+
+
 def tables_gone(cursor, watches) -> set[int]:
     """The ids of the auditing watches among `watches` whose table, or a column of its row id, no longer
-    exists: one query for them all (a beat pass asks it of every quiet watch)."""
+    exists, or whose table the database user may no longer read (its SELECT revoked): one query for them all (a
+    beat pass asks it of every quiet watch)."""
     auditing = [w for w in watches if w.audits]
     if not auditing:
         return set()
     cursor.execute(
         "SELECT w.id FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS w(id, relation, columns) "
-        "WHERE to_regclass(w.relation) IS NULL OR EXISTS ("
+        "WHERE to_regclass(w.relation) IS NULL"
+        " OR NOT has_table_privilege(current_user, to_regclass(w.relation), 'SELECT') OR EXISTS ("
         "  SELECT 1 FROM unnest(string_to_array(w.columns, ',')) AS c(name) WHERE NOT EXISTS ("
         "    SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass(w.relation) AND a.attname = c.name"
         "    AND a.attnum > 0 AND NOT a.attisdropped))",
