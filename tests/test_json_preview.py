@@ -168,3 +168,24 @@ def test_the_preview_shows_values_as_postgresql_prints_them_not_as_their_text_ca
         assert DeadLetter.objects.get(pipeline__name="hosts", offset=2).error == refused
     finally:
         drop_sink_tables([table])
+
+
+def test_a_table_whose_own_id_is_an_identity_is_previewed_as_the_run_writes_it(operator, make_topic, kafka_client):
+    # The preview's temporary copy of the table kept the identity's NOT NULL without its sequence: every record was
+    # shown as the dead letter 'null value in column "id"', where the run writes them all.
+    name = make_topic("accounts", partitions=1)
+    send(name, [(None, None, json.dumps({"account": account}).encode()) for account in ("a", "b")])
+    table = f"accounts_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL(
+            "CREATE TABLE {} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account text NOT NULL, "
+            "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, "
+            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(table)))
+    try:
+        fields = {**form(name, table), "name": "accounts", "map": {}}
+        response = operator.post("/api/pipelines/preview", fields, content_type="application/json")
+        assert response.status_code == 200, response.content
+        assert [(r["row"], r["dead_letter"]) for r in response.json()["records"]] == [
+            ({"account": "a"}, None), ({"account": "b"}, None)]
+    finally:
+        drop_sink_tables([table])

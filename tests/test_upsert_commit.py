@@ -201,3 +201,28 @@ def test_the_stored_key_spelling_is_the_last_records_however_records_fall_into_b
         conn.close()
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS upsert_people")
+
+
+def test_a_table_whose_own_id_is_an_identity_takes_upserts_and_each_key_keeps_its_id(transactional_db):
+    # The staging copy of the sink (LIKE ... INCLUDING DEFAULTS) kept the identity's NOT NULL without its sequence:
+    # every record was a dead letter, 'null value in column "id" of relation "upsert_<table>"'.
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE upsert_accounts (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                    "account text NOT NULL UNIQUE, status text, source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="accounts", topic="accounts", sink_table="upsert_accounts",
+                                       transform="json", json_map={"account": "@key"}, upsert_key=["account"], epoch=1)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        target = commit.Target.for_pipeline(pipeline)
+        commit.commit_batch(conn, target, 1, {0: [rec(0, "a", {"status": "new"}), rec(1, "b", {"status": "new"})]})
+        outcome = commit.commit_batch(conn, target, 1, {0: [rec(2, "a", {"status": "paid"})]})[0]
+        assert outcome.dead_letters == 0 and not DeadLetter.objects.exists()
+        with connection.cursor() as cur:
+            cur.execute("SELECT account, id, status, source_offset FROM upsert_accounts ORDER BY account")
+            assert cur.fetchall() == [("a", 1, "paid", 2), ("b", 2, "new", 1)]
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS upsert_accounts")

@@ -13,6 +13,10 @@ from psycopg2.extensions import encodings
 from consumers.engine.transforms import Transform
 
 PROVENANCE = ("source_topic", "source_partition", "source_offset")
+# A staging copy of a sink (LIKE) must fill what the sink fills for the columns a batch does not write: LIKE copies
+# every NOT NULL, but an identity's sequence and a generated column's expression only when asked, so without them a
+# table whose own id is an identity refused every staged row (null value in column "id").
+LIKE_SINK = sql.SQL("INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING GENERATED")
 
 
 def provenance_columns(transform: Transform) -> tuple[str, ...]:
@@ -124,8 +128,8 @@ def insert_rows_skipping_existing(cursor, table: str, columns: list[str], rows, 
     """COPY into a transaction-local staging table, then insert what the sink does not have yet
     (ON CONFLICT on the provenance key DO NOTHING). Returns the number of rows inserted."""
     staging = f"staging_{table}"[:63]
-    cursor.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-                   .format(sql.Identifier(staging), sql.Identifier(table)))
+    cursor.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} {}) ON COMMIT DELETE ROWS")
+                   .format(sql.Identifier(staging), sql.Identifier(table), LIKE_SINK))
     copy_rows(cursor, staging, columns, rows)
     column_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     cursor.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO NOTHING").format(

@@ -165,8 +165,8 @@ def _as_text(value) -> str | None:
 def write_rows(cur, table: str, columns: list[str], upsert_key: tuple[str, ...], rows: list[tuple]) -> None:
     """Insert or update each row in place, on the sink's unique key on `upsert_key`."""
     staging = f"upsert_{table}"[:63]
-    cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-                .format(sql.Identifier(staging), sql.Identifier(table)))
+    cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} {}) ON COMMIT DELETE ROWS")
+                .format(sql.Identifier(staging), sql.Identifier(table), sinks.LIKE_SINK))
     sinks.copy_rows(cur, staging, columns, rows)
     column_list = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     # The key columns too: keys PostgreSQL holds equal may be spelled differently ('ann', 'ANN' in citext), and the

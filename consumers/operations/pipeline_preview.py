@@ -125,8 +125,8 @@ def _through_postgresql(table: str, columns: list[str], rows: list[tuple]) -> No
     staging = sql.Identifier("tally_preview")
     with transaction.atomic(), connection.cursor() as wrapper:
         cur = wrapper.cursor
-        cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP")
-                    .format(staging, sql.Identifier(table)))
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {} {} INCLUDING CONSTRAINTS) ON COMMIT DROP")
+                    .format(staging, sql.Identifier(table), sinks.LIKE_SINK))
         for shown, row in rows:
             cur.execute("SAVEPOINT tally_preview_row")
             try:
