@@ -136,6 +136,23 @@ def test_a_duplicate_of_the_tables_own_unique_key_or_a_missing_foreign_key_is_a_
             cur.execute("DROP TABLE poison_parent CASCADE")
 
 
+def test_a_row_an_exclusion_constraint_refuses_is_a_dead_letter(make_target):
+    # Two bookings of one room (EXCLUDE ... WITH =, as with && on ranges): 23P01 refused the whole batch as SinkError,
+    # and the run ended and was not restarted, where a unique key's duplicate is a dead letter.
+    make, conn = make_target
+    pipeline, target = make("int_value")
+    commit.ensure_positions(conn, pipeline.pk, {0: 0})
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("ALTER TABLE {} ADD EXCLUDE USING btree (id WITH =)").format(
+            sql.Identifier(pipeline.sink_table)).as_string(cur.cursor))
+    [outcome] = commit.commit_batch(conn, target, 1, batch([b"1", b"2", b"1", b"3"]))
+    assert (outcome.rows_written, outcome.dead_letters, outcome.end_offset) == (3, 1, 4)
+    assert sink_offsets(pipeline.sink_table) == [0, 1, 3]
+    letter = DeadLetter.objects.get(pipeline=pipeline)
+    assert letter.offset == 2 and letter.error.startswith("database refused: 23P01 conflicting key value violates "
+                                                          "exclusion constraint")
+
+
 def test_a_missing_sink_table_is_a_sink_error_not_a_data_error(make_target):
     make, conn = make_target
     pipeline, target = make("int_value")

@@ -4,7 +4,8 @@ bigint, a NUL character in text, a lone surrogate, invalid JSON for jsonb).
 Database errors are told apart by SQLSTATE class, the one stable contract PostgreSQL gives:
   * data   — class 22 (data exception) and the row-level integrity checks 23502 (NOT NULL), 23503 (a foreign
              key the record names that does not exist), 23514 (CHECK) and 23505 on a unique key of the table's
-             own (an order id written twice): the record's fault. The batch is bisected under savepoints to find
+             own (an order id written twice), or 23P01 on an exclusion constraint of its own (a room booked twice
+             for one night): the record's fault. The batch is bisected under savepoints to find
              the records, which become dead letters; the other records commit in the same transaction.
   * transient — class 08 (connection), 40 (serialization failure, deadlock) and 57P (server shutting
              down): the batch is rolled back and the run ends; the supervisor starts a new one.
@@ -21,6 +22,7 @@ from consumers.engine.sinks import UnencodableValue
 
 DATA_CODES = {"23502", "23503", "23514"}
 UNIQUE_VIOLATION = "23505"
+EXCLUSION_VIOLATION = "23P01"  # a unique key's kind of refusal by another operator (&&): the record's too
 TRANSIENT_CLASSES = ("08", "40")
 TRANSIENT_CODES = {"57P01", "57P02", "57P03"}
 # The context PostgreSQL gives a COPY row it refuses for one column's value: 'COPY t, line 1, column ip: "999.1"'.
@@ -33,13 +35,14 @@ def is_data_error(exc: BaseException) -> bool:
     if isinstance(exc, UnencodableValue):
         return True
     code = getattr(exc, "pgcode", None) or ""
-    if code == UNIQUE_VIOLATION:
+    if code in (UNIQUE_VIOLATION, EXCLUSION_VIOLATION):
         return _own_unique_key(exc)
     return code.startswith("22") or code in DATA_CODES
 
 
 def _own_unique_key(exc: BaseException) -> bool:
-    """A unique violation on a key of the table's own, not on Tally's provenance key (nor one it cannot name)."""
+    """A unique (or exclusion) violation on a key of the table's own, not on Tally's provenance key (nor one it cannot
+    name): 'Key (id)=(1) already exists.', 'Key (id)=(1) conflicts with existing key (id)=(1).'"""
     found = _UNIQUE_KEY.match(getattr(getattr(exc, "diag", None), "message_detail", None) or "")
     return found is not None and "source_offset" not in found.group(1)
 
