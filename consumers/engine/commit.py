@@ -8,12 +8,12 @@ Steps of `commit_batch`, in ONE PostgreSQL transaction:
      logs have holes (transaction markers, aborted and compacted records). The classic modes write what
      they were given, as the classic consumers do.
   4. Transform each record; a rejected record becomes a dead letter (or stops the batch, by policy).
-  5. COPY the sink rows under a savepoint. If PostgreSQL refuses the DATA (SQLSTATE class 22: a number
-     too big for its column, a NUL character, ...), roll back to the savepoint and bisect the batch to
-     find the poison records (consumers/engine/poison.py); they become dead letters with the database's
-     error text (or stop the batch, by policy) and the other rows are written. Any other database error
-     (missing table, permission, disk full) refuses the whole batch as SinkError. Then insert dead letters
-     and one ledger row per partition.
+  5. COPY the sink rows under a savepoint, deferred constraints checked then, not at COMMIT. If PostgreSQL
+     refuses the DATA (SQLSTATE class 22: a number too big for its column, a NUL character, ...), roll back
+     to the savepoint and bisect the batch to find the poison records (consumers/engine/poison.py); they
+     become dead letters with the database's error text (or stop the batch, by policy) and the other rows
+     are written. Any other database error (missing table, permission, disk full) refuses the whole batch
+     as SinkError. Then insert dead letters and one ledger row per partition.
   6. Set `next_offset` = the consumer's position after the poll (past any trailing hole); the ledger row
      keeps [first offset, that position) and the count of records actually present.
   7. COMMIT.
@@ -190,6 +190,9 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             deletes = [d for plan in plans for d in plan.deletes]
             if target.upsert_key:  # the last record per key wins (consumers/engine/upsert.py)
                 rows, deletes = _last_per_key(cur, target, rows, deletes)
+            # A sink's DEFERRABLE INITIALLY DEFERRED foreign or unique key would be checked at COMMIT, past the poison
+            # search, refusing the whole batch for one record: checked at each write, it refuses that record's.
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
             _write_verbatim(cur, target, plans, rows, dead, faults)
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if deletes:
