@@ -68,6 +68,22 @@ def test_upsert_without_a_unique_constraint_on_the_key_is_refused_with_the_sql_t
     assert pipeline.upsert_key == ["order_id"] and pipeline.delete_on_tombstone and pipeline.is_upsert
 
 
+def test_a_deferrable_unique_key_on_the_upsert_key_is_refused_with_the_sql_that_fixes_it(capsys, topic, table):
+    # ON CONFLICT cannot use a DEFERRABLE key as its arbiter (55000): the pipeline was created, and each of its
+    # batches was refused as SinkError.
+    create_table(table, constraint=", UNIQUE (order_id) DEFERRABLE")
+    argv = ["create", "orders", "--topic", topic, "--sink-table", table, "--transform", "json",
+            "--map", "order_id=@key", "--upsert-key", "order_id"]
+    code, _, err = run_command(capsys, *argv)
+    assert code == 1 and not Pipeline.objects.exists()
+    fix = f'ALTER TABLE "{table}" ADD CONSTRAINT "{table}_upsert_key" UNIQUE ("order_id");'
+    assert fix in err
+    with connection.cursor() as cursor:
+        cursor.execute(fix)
+    code, _, err = run_command(capsys, *argv)
+    assert code == 0, err
+
+
 def test_tombstones_need_the_key_from_the_record_key_and_an_upsert_key(capsys, topic, table):
     create_table(table, constraint=", UNIQUE (order_id)")
     code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,

@@ -51,11 +51,11 @@ def missing_column_fixes(cursor, table: str, transform: Transform, columns: dict
 
 
 def has_unique_key(cursor, table: str, columns) -> bool:
-    """A unique index (or constraint) on exactly `columns`, in any order, without predicate or expression:
-    what INSERT ... ON CONFLICT (columns) needs."""
+    """A unique index (or constraint) on exactly `columns`, in any order, without predicate or expression, and not
+    DEFERRABLE (indimmediate): what INSERT ... ON CONFLICT (columns) needs (it refuses a deferrable arbiter)."""
     cursor.execute("SELECT array_agg(a.attname::text) FROM pg_index i "
                    "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-                   "WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indpred IS NULL "
+                   "WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indimmediate AND i.indpred IS NULL "
                    "AND i.indexprs IS NULL GROUP BY i.indexrelid", [quoted(cursor, table)])
     wanted = set(columns)
     return any(set(row[0]) == wanted for row in cursor.fetchall())
