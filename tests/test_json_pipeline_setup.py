@@ -37,6 +37,17 @@ def test_create_stores_the_mapping_and_show_prints_it(capsys, topic, table):
     assert '"order_id": "id"' in out
 
 
+def test_a_table_whose_own_id_is_an_identity_takes_a_json_pipeline(capsys, topic, table):
+    # An identity has no default in the catalog (atthasdef), so its NOT NULL column was called one the transform must
+    # write, and every door refused the table: 'columns id ... are NOT NULL without a default'.
+    create_table(table, constraint=", id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                                   "UNIQUE (source_topic, source_partition, source_offset)")
+    code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,
+                               "--transform", "json", "--map", "order_id=id")
+    assert code == 0, err
+    assert Pipeline.objects.get(name="orders").json_map == {"order_id": "id"}
+
+
 def test_a_mapping_that_does_not_fit_the_table_is_refused_and_nothing_is_created(capsys, topic, table):
     create_table(table)
     code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,

@@ -26,7 +26,9 @@ def table_columns(cursor, table: str | tuple[str, ...]) -> dict | None:
     cursor.execute("SELECT to_regclass(%s)", [quoted(cursor, table)])
     if cursor.fetchone()[0] is None:
         return None
-    cursor.execute("SELECT attname, format_type(atttypid, atttypmod), attnotnull AND NOT atthasdef, attnotnull "
+    # An identity fills its column as a default does, though the catalog keeps it apart (attidentity, not atthasdef).
+    cursor.execute("SELECT attname, format_type(atttypid, atttypmod), "
+                   "attnotnull AND NOT atthasdef AND attidentity = '', attnotnull "
                    "FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
                    [quoted(cursor, table)])
     return {name: {"type": pg_type, "required": required, "not_null": not_null}
