@@ -18,6 +18,7 @@ from consumers.models import (
     ConsumerRun,
     DeadLetter,
     DeadLetterReplay,
+    DesiredState,
     Pipeline,
     RunState,
     TopicCheckJob,
@@ -56,6 +57,34 @@ def test_runs_go_once_ended_or_silent_past_their_setting_and_live_ones_stay(pipe
 
     assert set(ConsumerRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk}
     assert not ConsumerRun.objects.filter(pk__in=[old.pk, silent.pk]).exists()
+
+
+def test_a_pipelines_last_run_and_its_current_epochs_runs_stay_whatever_their_age(settings):
+    # A pipeline halted on a bad record waits for an operator for as long as it takes: its halted run is what
+    # keeps the supervisor from restarting it (Pipeline.halted_run) and what the page and the no-consumer alert
+    # quote. Deleted after TALLY_RETAIN_RUNS_DAYS, the pipeline was restarted into the same bad record.
+    settings.TALLY_RETAIN_RUNS_DAYS = 30
+    halted = Pipeline.objects.create(name="halted", topic="t", sink_table="s", epoch=3,
+                                     desired_state=DesiredState.RUNNING)
+    older = ConsumerRun.objects.create(pipeline=halted, epoch=2, host="h", pid=1, state=RunState.STOPPED,
+                                       started_at=ago(80), heartbeat_at=ago(70), ended_at=ago(70))
+    peer = ConsumerRun.objects.create(pipeline=halted, epoch=3, host="h", pid=2, state=RunState.STOPPED,
+                                      started_at=ago(62), heartbeat_at=ago(60), ended_at=ago(60))
+    failed = ConsumerRun.objects.create(pipeline=halted, epoch=3, host="h", pid=3, state=RunState.FAILED,
+                                        started_at=ago(61), heartbeat_at=ago(60), ended_at=ago(60),
+                                        end_reason="bad_record: offset 7")
+    stopped = Pipeline.objects.create(name="stopped", topic="t", sink_table="s", epoch=9)
+    last = ConsumerRun.objects.create(pipeline=stopped, epoch=8, host="h", pid=4, state=RunState.STOPPED,
+                                      started_at=ago(400), heartbeat_at=ago(399), ended_at=ago(399))
+    before = ConsumerRun.objects.create(pipeline=stopped, epoch=7, host="h", pid=5, state=RunState.STOPPED,
+                                        started_at=ago(500), heartbeat_at=ago(499), ended_at=ago(499))
+
+    assert retention.apply(now=NOW)["runs"] == 2
+
+    assert set(ConsumerRun.objects.values_list("pk", flat=True)) == {peer.pk, failed.pk, last.pk}
+    assert not ConsumerRun.objects.filter(pk__in=[older.pk, before.pk]).exists()
+    assert halted.halted_run() == failed
+    assert [c["past_retention"] for c in retention.counts(now=NOW) if c["name"] == "runs"] == [0]
 
 
 def test_the_action_log_of_the_last_n_days_is_never_deleted(pipeline, settings):

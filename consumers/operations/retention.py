@@ -1,6 +1,7 @@
 """Retention of Tally's own tables: what is past its setting goes, in bounded batches, from Celery beat.
 
-    runs            ConsumerRun rows that ended (or last heartbeat) more than TALLY_RETAIN_RUNS_DAYS ago
+    runs            ConsumerRun rows that ended (or last heartbeat) more than TALLY_RETAIN_RUNS_DAYS ago, except a
+                    pipeline's last run and its current epoch's runs (a halted run holds its pipeline)
     dead letters    replayed ones (their DeadLetterReplay rows: the sink rows now account for the offset) after
                     TALLY_RETAIN_DEAD_LETTERS_DAYS; discarded ones keep their row -- offset, error and reason, which
                     reconciliation counts for the offset -- and lose their payload (key and value)
@@ -20,7 +21,7 @@ from axes.models import AccessLog
 from django.conf import settings
 from django.contrib.sessions.models import Session
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from consumers.models import (
@@ -59,8 +60,13 @@ ACTION_LOG = Kind("action log", "TALLY_RETAIN_ACTION_LOG_DAYS")
 
 def expired_runs(now: datetime):
     cutoff = RUNS.cutoff(now)
+    # A pipeline's current epoch and last run stay, whatever their age: a run that halted it holds it for an
+    # operator (the supervisor reads it, Pipeline.halted_run), and the page and the no-consumer alert say when
+    # and how it last ran. A few rows per pipeline.
+    newest = ConsumerRun.objects.filter(pipeline=OuterRef("pipeline")).order_by("-started_at", "-pk").values("pk")[:1]
     # A run killed without a word keeps its live state: silent for the whole retention period, it is long gone.
-    return ConsumerRun.objects.filter(Q(ended_at__lt=cutoff) | Q(ended_at__isnull=True, heartbeat_at__lt=cutoff))
+    return (ConsumerRun.objects.filter(Q(ended_at__lt=cutoff) | Q(ended_at__isnull=True, heartbeat_at__lt=cutoff))
+            .exclude(epoch=F("pipeline__epoch")).exclude(pk=Subquery(newest)))
 
 
 def expired_replays(now: datetime):
