@@ -10,7 +10,18 @@ from django.db import connection
 from django.utils import timezone
 
 from alerts import retention as alert_retention
-from alerts.models import Alert, AlertRule, AlertState, Mute, RuleKind
+from alerts.models import (
+    Alert,
+    AlertRule,
+    AlertState,
+    Channel,
+    ChannelKind,
+    Mute,
+    Notification,
+    NotificationKind,
+    RuleKind,
+)
+from alerts.outbox import routed_channels
 from consumers.admin_history import ledger_facts
 from consumers.models import (
     ActionLog,
@@ -154,11 +165,42 @@ def test_resolved_alerts_and_ended_mutes_go_and_open_alerts_stay_whatever_their_
     Mute.objects.create(rule=rule, pipeline=pipeline, until=ago(181))
     kept_mute = Mute.objects.create(rule=rule, pipeline=pipeline, until=ago(-1))
 
-    assert alert_retention.apply(now=NOW) == {"alerts": 1, "mutes": 1}
+    assert alert_retention.apply(now=NOW) == {"alerts": 1, "mutes": 1, "notifications": 0}
 
     assert set(Alert.objects.values_list("pk", flat=True)) == {recent.pk, firing.pk}
     assert not Alert.objects.filter(pk=old.pk).exists()
     assert list(Mute.objects.values_list("pk", flat=True)) == [kept_mute.pk]
+
+
+def test_an_alert_firing_for_months_keeps_its_recent_reminders_not_every_one_it_ever_sent(pipeline, settings):
+    # A loss nobody acknowledges stays firing, reminded hourly by default: 24 messages a day per receiver, each with
+    # its rendered bodies, kept while the alert is open. Past TALLY_RETAIN_ALERTS_DAYS the reminders sent go; the
+    # "fired" message stays, and so does each channel's newest message (it is how a resolve finds who heard it).
+    settings.TALLY_RETAIN_ALERTS_DAYS = 180
+    rule = AlertRule.objects.create(name="loss", kind=RuleKind.LOST, pipeline=pipeline)
+    firing = Alert.objects.create(rule=rule, pipeline=pipeline, state=AlertState.FIRING, summary="s", facts={},
+                                  started_at=ago(400), last_seen_at=ago(0))
+    slack = Channel.objects.create(name="ops", kind=ChannelKind.WEBHOOK, url="https://hooks.example/x")
+    added_later = Channel.objects.create(name="late", kind=ChannelKind.WEBHOOK, url="https://hooks.example/y")
+
+    def message(kind, sequence, days, channel=None, delivered=True):
+        return Notification.objects.create(
+            alert=firing, channel=channel, kind=kind, sequence=sequence, subject="s", body_text="t", body_html="h",
+            created_at=ago(days), next_attempt_at=ago(days), delivered_at=ago(days) if delivered else None)
+
+    fired = [message(NotificationKind.FIRED, 0, 400), message(NotificationKind.FIRED, 0, 400, slack)]
+    old = [message(NotificationKind.REMINDER, n, 400 - n) for n in range(1, 200)]
+    old += [message(NotificationKind.REMINDER, n, 400 - n, slack) for n in range(1, 200)]
+    only_heard = message(NotificationKind.REMINDER, 5, 395, added_later)     # its only message: the resolve needs it
+    undelivered = message(NotificationKind.REMINDER, 200, 200, slack, delivered=False)   # still in the outbox
+    recent = [message(NotificationKind.REMINDER, 300, 100), message(NotificationKind.REMINDER, 300, 100, slack)]
+
+    assert alert_retention.apply(now=NOW)["notifications"] == len(old)
+
+    assert set(Notification.objects.values_list("pk", flat=True)) == {
+        n.pk for n in [*fired, only_heard, undelivered, *recent]}
+    assert list(routed_channels(firing, NotificationKind.RESOLVED)) == [slack, added_later]
+    assert alert_retention.apply(now=NOW)["notifications"] == 0
 
 
 def test_the_admin_page_counts_each_kind_and_what_is_past_retention(pipeline, admin_client, settings):
