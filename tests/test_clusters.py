@@ -1,6 +1,7 @@
 """Cluster settings: the default cluster from the environment, more from a TOML file, validation with clear
 errors, and secrets that never appear in a repr, a spec or a message."""
 import pickle
+import re
 
 import pytest
 from kafka.cluster import collect_hosts
@@ -248,3 +249,24 @@ def test_a_refused_describe_configs_is_an_error_not_a_topic_without_settings():
         configs=[])])
     with pytest.raises(TopicAuthorizationFailedError, match="orders"):
         clusters._AdminClient._describe_configs_process_responses([refused], "all")
+
+
+def test_an_empty_secret_file_says_so_when_a_client_is_built_as_an_empty_variable_does(tmp_path):
+    """A password file a sidecar has not written yet (or `echo > file`) was read as an empty password: the broker
+    refused it as 'a wrong user name or password?', or the key could not be unlocked. It names the file."""
+    empty = tmp_path / "secret"
+    empty.write_text("\n")
+    said = re.escape(f"is read from file {empty}, which is empty")
+    sasl = Cluster("prod", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                   sasl_username="u", sasl_password=Secret(file=str(empty)))
+    with pytest.raises(ClusterConfigError, match="the SASL password " + said):
+        clusters.client_kwargs(sasl)
+    pki = make_pki(tmp_path, client_key_password="the key's password")
+    key = Cluster("prod", "b:1", security_protocol="SSL", ssl_certfile=str(pki.client_cert),
+                  ssl_keyfile=str(pki.client_key), ssl_password=Secret(file=str(empty)))
+    with pytest.raises(ClusterConfigError, match="the ssl password " + said):
+        clusters.client_kwargs(key)
+    oauth = Cluster("prod", "b:1", security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+                    sasl_oauth_token_file=str(empty))
+    with pytest.raises(ClusterConfigError, match="the OAUTHBEARER token " + said):
+        clusters.client_kwargs(oauth)["sasl_oauth_token_provider"].token()

@@ -82,9 +82,12 @@ class Secret:
                                                   f"{'not set' if value is None else 'empty'}")
             return value
         try:
-            return Path(self.file).read_text().strip()
+            value = Path(self.file).read_text().strip()
         except OSError as exc:
             raise ClusterConfigError(cluster, f"{what} cannot be read from {self}: {exc.strerror}") from None
+        if not value:   # a file not written yet (a sidecar's), or `echo > file`: the broker would only say "refused"
+            raise ClusterConfigError(cluster, f"{what} is read from {self}, which is empty")
+        return value
 
 
 @dataclass(frozen=True)
