@@ -1,5 +1,6 @@
 """No Docker engine here: parse docker-compose.yml and check it agrees with the settings."""
 import re
+import shlex
 
 import yaml
 
@@ -110,3 +111,26 @@ def test_the_production_worker_reads_with_librdkafka_parks_idle_runs_and_its_ima
         own = ("TALLY_KAFKA_CLIENT", "TALLY_PARK_IDLE_SECONDS")
         assert {k: v for k, v in worker_env.items() if k not in own} == web_env
     assert 'pip install --no-cache-dir ".[spark,rdkafka]"' in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_deploy_guides_first_commands_give_the_default_cluster_its_sasl_password(settings, monkeypatch, tmp_path):
+    """docs/deploy.md's first block, as written: the variables it exports and the files it writes into ./kafka
+    (mounted at /etc/tally/kafka), through the external compose file, make a default cluster whose client gets the
+    password. It wrote the password file without naming it, so Tally was refused: 'needs ... a password'."""
+    from consumers.kafka import clusters
+
+    block = re.search(r"```sh\n(.*?)```", (ROOT / "docs" / "deploy.md").read_text(), re.S).group(1)
+    mounted = tmp_path / "kafka"
+    mounted.mkdir()
+    passed = load_external()["x-tally-env"]
+    monkeypatch.delenv("KAFKA_SASL_PASSWORD", raising=False)
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            for name, _, value in (word.partition("=") for word in words[1:]):
+                if name.startswith("KAFKA_"):
+                    assert name in passed, name
+                    setattr(settings, name, value.replace("/etc/tally/kafka/", f"{mounted}/"))
+        elif words[:2] == ["echo", "-n"] and words[3] == ">":
+            (mounted / words[4].removeprefix("kafka/")).write_text(words[2])
+    assert clusters.client_kwargs(None)["sasl_plain_password"] == "the password"
