@@ -107,7 +107,7 @@ def test_the_stack_closes_its_own_kafka_client_before_the_broker_stops(monkeypat
             self.closed = True
 
     client = Client()
-    monkeypatch.setitem(clusters._shared, (os.getpid(), "demo-cluster"), (threading.Lock(), [client]))
+    monkeypatch.setitem(clusters._shared, (os.getpid(), "demo", "demo-cluster"), (threading.Lock(), [client]))
     command = devstack.Command()
     command.children = {}
     command.stop_all()

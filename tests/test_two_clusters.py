@@ -149,3 +149,20 @@ def test_an_operator_picks_the_cluster_in_the_pipeline_and_watch_forms(two_clust
     assert operator.post("/watches/new/", watch).status_code == 400
     assert operator.post("/watches/new/", {**watch, "cluster": "second"})["Location"] == "/watches/second-team/"
     assert Watch.objects.get(name="second-team").cluster == "second"
+
+
+def test_a_cluster_moved_in_the_file_is_read_from_its_new_brokers_and_its_old_admin_client_is_closed(
+        two_clusters, kafka_bootstrap, settings):
+    """The web app and the workers read the clusters file again when it changes, without a restart. The process's
+    shared admin client of the cluster's old settings was kept open for ever, its IO thread reconnecting to brokers
+    the cluster no longer names (with the old credentials); the next call on the new settings closes it."""
+    topic = f"only-second-{uuid.uuid4().hex[:8]}"   # a topic the default cluster's broker does not have
+    fill("second", topic, range(1, 3))
+    assert topic in kafka_admin.shared_read("second", lambda client: client.list_topics())
+    with clusters.shared_admin("second") as old_client:
+        pass
+    path = settings.TALLY_KAFKA_CLUSTERS
+    with open(path, "w") as moved:   # a comment too: the file's size changes, whatever its time stamp's grain
+        moved.write(f'# moved\n[clusters.second]\nbootstrap_servers = "{kafka_bootstrap}"\n')
+    assert topic not in kafka_admin.shared_read("second", lambda client: client.list_topics())
+    assert old_client._closed

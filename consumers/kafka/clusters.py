@@ -538,8 +538,8 @@ def preflight(cluster: "Cluster | str | None" = None, timeout_s: float | None = 
 
 # --- one admin client per cluster and process ------------------------------------------------------------
 
-# {(pid, cluster): (lock, [client or None])}. Keyed by process id: a forked worker builds its own client
-# instead of sharing its parent's sockets.
+# {(pid, cluster name, cluster): (lock, [client or None])}. Keyed by process id: a forked worker builds its own
+# client instead of sharing its parent's sockets.
 _shared: dict = {}
 _shared_guard = threading.Lock()
 
@@ -552,9 +552,11 @@ def shared_admin(cluster: "Cluster | str | None" = None):
     cluster's passed preflight), so the next call starts from a new, checked connection; not one the broker
     refused (broker_refused): its connection is sound."""
     cluster = get(cluster)
-    key = (os.getpid(), repr(cluster))
+    key = (os.getpid(), cluster.name, repr(cluster))
     with _shared_guard:
         lock, slot = _shared.setdefault(key, (threading.Lock(), [None]))
+        earlier = [entry for other, entry in _shared.items() if other[:2] == key[:2] and other != key]
+    _close_idle(cluster.name, earlier)
     with lock:
         if slot[0] is None:
             slot[0] = admin(preflight(cluster))
@@ -570,6 +572,24 @@ def shared_admin(cluster: "Cluster | str | None" = None):
             except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
                 log.debug("closing the shared admin client of %s failed", cluster.name, exc_info=True)
             raise
+
+
+def _close_idle(name: str, entries: list) -> None:
+    """Close the clients of a cluster's earlier settings (the clusters file changed): each has an IO thread that
+    would go on reconnecting, for the life of the process, to brokers the cluster no longer names. One in use
+    now is closed by a later call."""
+    for lock, slot in entries:
+        if not lock.acquire(blocking=False):
+            continue
+        try:
+            client, slot[0] = slot[0], None
+        finally:
+            lock.release()
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - a client of settings no longer used: nothing depends on it
+                log.debug("closing an admin client of %s's earlier settings failed", name, exc_info=True)
 
 
 def broker_refused(exc: BaseException) -> bool:
