@@ -270,3 +270,33 @@ def test_an_empty_secret_file_says_so_when_a_client_is_built_as_an_empty_variabl
                     sasl_oauth_token_file=str(empty))
     with pytest.raises(ClusterConfigError, match="the OAUTHBEARER token " + said):
         clusters.client_kwargs(oauth)["sasl_oauth_token_provider"].token()
+
+
+def test_a_password_or_token_sent_unencrypted_is_named_by_kafka_check_the_clusters_page_and_its_api(
+        transactional_db, clusters_file, monkeypatch, capsys):
+    """SASL_PLAINTEXT with PLAIN or OAUTHBEARER puts the password or token on the network in clear; Kafka allows it
+    (a private network), so Tally does too, but says so wherever the cluster is shown. SCRAM never sends the
+    password, and SASL_SSL encrypts it: no warning."""
+    from django.test import Client
+
+    from tests.commands import run_command
+    from tests.views_helpers import make_viewer
+
+    monkeypatch.setenv("PLAIN_PASSWORD", PASSWORD)
+    table = 'bootstrap_servers = "localhost:1"\nsasl_username = "u"\nsasl_password_env = "PLAIN_PASSWORD"\n'
+    clusters_file(f'[clusters.clear]\n{table}security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "PLAIN"\n'
+                  f'[clusters.scram]\n{table}security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "SCRAM-SHA-256"\n'
+                  f'[clusters.tls]\n{table}security_protocol = "SASL_SSL"\nsasl_mechanism = "PLAIN"\n')
+    warning = "SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted: use SASL_SSL"
+    code, out, _ = run_command(capsys, "kafka", "check", "clear")
+    assert code == 1 and f"  warning      {warning}\n" in out
+    assert "warning" not in run_command(capsys, "kafka", "check", "scram")[1]
+    assert run_command(capsys, "kafka", "clusters", "--json")[1].count(warning) == 1
+    viewer = Client()
+    viewer.force_login(make_viewer())
+    assert viewer.get("/clusters/").content.decode().count(warning) == 1
+    shown = {c["name"]: c["warning"] for c in viewer.get("/api/clusters/").json()["clusters"]}
+    assert shown == {"default": None, "clear": warning, "scram": None, "tls": None}
+    oauth = Cluster("oauth", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                    sasl_oauth_token_file="/run/token")
+    assert oauth.warning == "SASL OAUTHBEARER over SASL_PLAINTEXT sends the token unencrypted: use SASL_SSL"

@@ -37,6 +37,7 @@ class CheckResult:
     bootstrap_servers: str
     protocol: str
     mechanism: str
+    warning: str = ""       # Cluster.warning: settings that work but expose a secret
     ok: bool = False
     step: str = ""          # the step that failed
     cause: str = ""         # unreachable, TLS verification, authentication, settings
@@ -61,7 +62,7 @@ class CheckResult:
 
     def as_dict(self) -> dict:
         return {"cluster": self.cluster, "bootstrap_servers": self.bootstrap_servers, "protocol": self.protocol,
-                "mechanism": self.mechanism, "ok": self.ok, "step": self.step or None,
+                "mechanism": self.mechanism, "warning": self.warning or None, "ok": self.ok, "step": self.step or None,
                 "cause": self.cause or None, "error": self.error or None, "passed": self.passed,
                 "brokers": self.brokers, "topics": self.topics, "seconds": round(self.seconds, 3)}
 
@@ -79,7 +80,8 @@ def check_cluster(cluster, timeout_s: float = CHECK_TIMEOUT_S, read_metadata: bo
             detail = exc.problem if exc.cluster == name else f"the clusters file is invalid: {exc.problem}"
             return CheckResult(name, "", "", "", step="settings", cause=SETTINGS,
                                detail=detail, seconds=time.monotonic() - started)
-    result = CheckResult(cluster.name, cluster.bootstrap_servers, cluster.security_protocol, cluster.mechanism)
+    result = CheckResult(cluster.name, cluster.bootstrap_servers, cluster.security_protocol, cluster.mechanism,
+                         cluster.warning)
     deadline = started + timeout_s
     try:
         try:

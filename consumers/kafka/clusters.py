@@ -155,6 +155,15 @@ class Cluster:
         return "TLS client certificate" if self.ssl_certfile else "none"
 
     @property
+    def warning(self) -> str:
+        """What the settings allow but a person must know: Kafka accepts PLAIN and OAUTHBEARER over SASL_PLAINTEXT
+        (a private network), which puts the password or token on the network in clear. SCRAM never sends it."""
+        if self.security_protocol == "SASL_PLAINTEXT" and self.sasl_mechanism in ("PLAIN", "OAUTHBEARER"):
+            secret = "password" if self.sasl_mechanism == "PLAIN" else "token"
+            return f"SASL {self.sasl_mechanism} over SASL_PLAINTEXT sends the {secret} unencrypted: use SASL_SSL"
+        return ""
+
+    @property
     def servers(self) -> list[tuple[str, int]]:
         return parse_servers(self.bootstrap_servers)
 
@@ -336,7 +345,7 @@ def describe(cluster: Cluster) -> dict:
             "security_protocol": cluster.security_protocol, "mechanism": cluster.mechanism,
             "ssl_cafile": cluster.ssl_cafile or None, "ssl_certfile": cluster.ssl_certfile or None,
             "ssl_check_hostname": cluster.ssl_check_hostname, "sasl_username": cluster.sasl_username or None,
-            "password_from": secrets_from(cluster), "source": cluster.source}
+            "password_from": secrets_from(cluster), "warning": cluster.warning or None, "source": cluster.source}
 
 
 def secrets_from(cluster: Cluster) -> str | None:

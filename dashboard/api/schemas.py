@@ -363,6 +363,9 @@ class ClusterSerializer(serializers.Serializer):
     name = serializers.CharField()
     bootstrap_servers = serializers.CharField()
     security_protocol = serializers.CharField()
+    warning = serializers.CharField(allow_null=True, help_text="Settings that work but send a password or token "
+                                                               "unencrypted (SASL PLAIN or OAUTHBEARER over "
+                                                               "SASL_PLAINTEXT)")
     reachable = serializers.BooleanField()
     check = OBJECT(help_text="Each step of the check and, on failure, the step, cause and detail")
     last_error = serializers.CharField(allow_null=True)

@@ -63,6 +63,8 @@ class Command(SubcommandsCommand):
     def print_result(self, result) -> None:
         self.stdout.write(f"Cluster {result.cluster}: {result.bootstrap_servers or '?'} "
                           f"({result.protocol or '?'}, authentication: {result.mechanism or '?'})")
+        if result.warning:
+            self.stdout.write(f"  {'warning':<13}{result.warning}")
         for step in STEPS:
             if step in result.passed:
                 self.stdout.write(f"  {step:<13}ok")
@@ -87,6 +89,8 @@ class Command(SubcommandsCommand):
         for row in rows:
             self.stdout.write(f"{row['name']:<20} {row['bootstrap_servers']:<40} {row['security_protocol']:<15} "
                               f"{row['mechanism']}  ({row['source']})")
+            if row["warning"]:
+                self.stdout.write(f"  warning: {row['warning']}")
 
 
 def _refuse_unknown(name: str) -> None:
