@@ -300,3 +300,11 @@ def test_a_password_or_token_sent_unencrypted_is_named_by_kafka_check_the_cluste
     oauth = Cluster("oauth", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
                     sasl_oauth_token_file="/run/token")
     assert oauth.warning == "SASL OAUTHBEARER over SASL_PLAINTEXT sends the token unencrypted: use SASL_SSL"
+
+
+def test_the_file_takes_a_protocol_and_mechanism_in_any_case_as_the_environment_does(clusters_file):
+    """KAFKA_SECURITY_PROTOCOL=sasl_ssl is SASL_SSL (librdkafka's own spelling); the file refused it."""
+    clusters_file('[clusters.prod]\nbootstrap_servers = "b:1"\nsecurity_protocol = "sasl_ssl"\n'
+                  'sasl_mechanism = "scram-sha-512"\nsasl_username = "u"\nsasl_password_env = "P"\n')
+    prod = clusters.get("prod")
+    assert (prod.security_protocol, prod.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")

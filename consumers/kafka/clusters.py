@@ -302,6 +302,8 @@ def _cluster_from_table(path: Path, name: str, table) -> Cluster:
                                            f"{'boolean' if expected is bool else 'string'}")
         if key in PATH_KEYS and value:
             value = str((path.parent / value).resolve()) if not os.path.isabs(value) else value
+        if key in ("security_protocol", "sasl_mechanism"):   # as KAFKA_* (tally/env.py): sasl_ssl is SASL_SSL
+            value = value.strip().upper()
         values[key] = value
     if isinstance(values.get("bootstrap_servers"), list):
         values["bootstrap_servers"] = ",".join(str(s) for s in values["bootstrap_servers"])
