@@ -5,7 +5,6 @@ read-only here (their changes are the actions, audited), a mute may be lifted (a
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
-from django.core.exceptions import PermissionDenied
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -16,7 +15,7 @@ from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import MAX_MUTE_REASON, mute_problem, parse_minutes
 from alerts.rule_forms import AlertRuleForm
-from consumers.access import can_operate, form_errors, record_refusal
+from consumers.access import AuditedRefusal, can_operate, form_errors, record_refusal
 from consumers.admin_actions import posted_action
 from consumers.admin_base import ReadOnlyAdmin
 from consumers.models import ActionLog, ActionResult
@@ -129,10 +128,10 @@ class AlertAdmin(ReadOnlyAdmin):
         if action in ALERT_ACTIONS and not can_operate(request.user):
             ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isdigit()]
             message = f"{request.user.get_username()} is not an operator: only operators can acknowledge or mute."
-            for alert in Alert.objects.filter(pk__in=ids).select_related("pipeline"):
-                record_refusal(request.user, action.removesuffix("s"), message, pipeline=alert.pipeline,
-                               params={"alert": alert.pk, "via": "admin"})
-            raise PermissionDenied(message)
+            for alert in Alert.objects.filter(pk__in=ids).select_related("pipeline") or [None]:
+                record_refusal(request.user, action.removesuffix("s"), message, pipeline=alert and alert.pipeline,
+                               params={"alert": alert and alert.pk, "via": "admin"})
+            raise AuditedRefusal(message)
         return super().changelist_view(request, extra_context)
 
     @admin.display(description="dashboard")

@@ -11,6 +11,7 @@ that is refused changes nothing but this row.
 """
 import logging
 
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
@@ -24,6 +25,11 @@ VIEW_PERMISSION = "consumers.view_pipeline"
 
 # A refusal records what was tried, not whole request bodies.
 MAX_PARAM_CHARS = 200
+
+
+class AuditedRefusal(PermissionDenied):
+    """A 403 whose refusal the door has written to the action log already. The admin site writes every other
+    PermissionDenied its views raise (consumers.admin_site), so this one is not written twice."""
 
 
 def can_operate(user) -> bool:

@@ -7,12 +7,11 @@ is refused with 403, and the refusal is written to the action log with the actor
 """
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from consumers.access import can_operate, form_errors, record_refusal
+from consumers.access import AuditedRefusal, can_operate, form_errors, record_refusal
 from consumers.offset_move_forms import RewindForm
 from consumers.operations import actions, dead_letter_batches
 from consumers.operations import dead_letters as dead_letter_ops
@@ -57,7 +56,7 @@ class OperatorActionsMixin:
         action = posted_action(request)
         if action in self.operator_actions and not can_operate(request.user):
             self.log_refusal(request, action, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
-            raise PermissionDenied("Only operators can run this action.")
+            raise AuditedRefusal("Only operators can run this action.")
         return super().changelist_view(request, extra_context)
 
     def log_refusal(self, request, action: str, selected_ids: list[str]) -> None:

@@ -7,7 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 
-from consumers.access import can_operate, can_view, form_errors, record_refusal
+from consumers.access import AuditedRefusal, can_operate, can_view, form_errors, record_refusal
 from consumers.offset_move_forms import GroupResetForm
 from consumers.operations import group_reset as group_resets
 from consumers.operations import groups as kafka_groups
@@ -34,7 +34,7 @@ def _refuse_viewer(request, group_ids: list[str]) -> None:
     message = f"{request.user.get_username()} is not an operator: only operators can reset consumer groups."
     for group_id in group_ids or [""]:
         record_refusal(request.user, group_resets.ACTION, message, group_id=group_id, params={"via": "admin"})
-    raise PermissionDenied(message)
+    raise AuditedRefusal(message)
 
 
 def group_reset(request, site):

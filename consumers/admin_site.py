@@ -1,13 +1,37 @@
 """Tally's admin site: Django's, plus the views for things without a model (consumer groups that Tally
 does not run), listed on the index beside the models of the consumers app."""
+import functools
+
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
+from django.core.exceptions import PermissionDenied
 from django.urls import path, reverse
 
 
 class TallyAdminSite(admin.AdminSite):
     site_header = "Tally administration"
     site_title = "Tally admin"
+
+    def admin_view(self, view, cacheable=False):
+        """Django's, with every refusal written to the action log, as at every other door: Django's own 403s (a
+        viewer posting an add, change or delete form) say nothing anywhere else. A view that wrote its refusal
+        already raises AuditedRefusal."""
+        from consumers.access import AuditedRefusal, actor_of, record_refusal, refused_action
+
+        inner = super().admin_view(view, cacheable)
+
+        @functools.wraps(inner)
+        def audited(request, *args, **kwargs):
+            try:
+                return inner(request, *args, **kwargs)
+            except AuditedRefusal:
+                raise
+            except PermissionDenied as exc:
+                record_refusal(request.user, refused_action(request, "admin"),
+                               str(exc) or f"{actor_of(request.user)} has no permission for this in the admin",
+                               params={"via": "admin", "path": request.path, "method": request.method})
+                raise
+        return audited
 
     def get_urls(self):
         from consumers import admin_groups, admin_history

@@ -8,7 +8,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -18,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import Token, TokenProxy
 
-from consumers.access import actor_of, record_refusal, role_of
+from consumers.access import AuditedRefusal, actor_of, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
 
 SHOWN_CHARS = 4
@@ -176,7 +175,7 @@ class MaskedTokenAdmin(TokenAdmin):
         if not self.can_revoke(request):
             record_refusal(request.user, "revoke_token", f"{actor_of(request.user)} may not revoke API tokens",
                            params={"via": "admin", "user_id": user_id})
-            raise PermissionDenied
+            raise AuditedRefusal
         if token is None:
             self.message_user(request, "That user has no API token (revoked already?).", messages.WARNING)
             return redirect("admin:authtoken_tokenproxy_changelist")
