@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from consumers.engine import beat, commit, db
+from consumers.engine import beat, commit, db, json_map
 from consumers.engine.consumer import EngineConsumer, KafkaPythonConsumer
 from consumers.kafka import clusters
 from consumers.models import (
@@ -118,6 +118,22 @@ def load_pipeline(name: str, epoch: int | None = None) -> Pipeline:
     if epoch is not None:
         pipeline.epoch = epoch
     return pipeline
+
+
+def target_of(pipeline: Pipeline) -> commit.Target:
+    """Where the run writes. A json mapping that no longer fits its table (a mapped column dropped, or made
+    GENERATED ALWAYS AS IDENTITY) is RunEnded as a sink error saying why: a restart would not cure it."""
+    try:
+        return commit.Target.for_pipeline(pipeline)
+    except json_map.MappingInvalid as exc:
+        raise RunEnded(EndReason.SINK_ERROR, f"the mapping no longer fits sink table {pipeline.sink_table!r}: "
+                                             f"{exc}") from None
+
+
+def ended_at_start(pipeline: Pipeline, engine: str, task_id: str, ended: RunEnded) -> RunResult:
+    """A run refused before it began (`target_of`) ends as one that began would: its run row ended with the reason,
+    and a halt left on the pipeline for the supervisor to leave alone, rather than an exception out of the task."""
+    return Run(pipeline, engine, task_id=task_id).finish(ended.reason, ended.detail)
 
 
 def record_halt(pipeline_id: int, epoch: int, reason: str, detail: str) -> None:

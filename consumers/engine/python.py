@@ -43,7 +43,9 @@ from consumers.engine.lifecycle import (
     RunEnded,
     RunResult,
     cluster_unusable,
+    ended_at_start,
     load_pipeline,
+    target_of,
 )
 from consumers.engine.options import PEERS_WAIT_S, RunOptions, why_stopped
 from consumers.kafka import admin as kafka_admin
@@ -67,10 +69,13 @@ def run(name: str, options: RunOptions) -> RunResult:
     --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S), so each takes its
     share at once instead of all of them first and handing most over a second later."""
     pipeline = load_pipeline(name, options.epoch)
-    engine = _Engine(pipeline, stop=options.stop or threading.Event(),
-                     batch_size=options.batch_size or pipeline.batch_size, delay_ms=options.delay_ms,
-                     stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
-                     faults=options.faults, task_id=options.task_id, peers=options.peers)
+    try:
+        engine = _Engine(pipeline, stop=options.stop or threading.Event(),
+                         batch_size=options.batch_size or pipeline.batch_size, delay_ms=options.delay_ms,
+                         stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
+                         faults=options.faults, task_id=options.task_id, peers=options.peers)
+    except RunEnded as ended:
+        return ended_at_start(pipeline, Engine.PYTHON, options.task_id, ended)
     return engine.run()
 
 
@@ -85,7 +90,7 @@ class _Engine:
         self.pipeline = pipeline
         self.peers = peers
         self.peers_deadline = time.monotonic() + PEERS_WAIT_S if peers > 1 else None
-        self.target = commit.Target.for_pipeline(pipeline)
+        self.target = target_of(pipeline)
         self.epoch = pipeline.epoch
         self.mode = pipeline.delivery_mode
         self.positions_from_db = pipeline.is_exactly_once

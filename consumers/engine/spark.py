@@ -38,7 +38,16 @@ from django.conf import settings
 
 from consumers.engine import caught_up, commit, db, json_map, log_bounds, sinks, spark_commit
 from consumers.engine.faults import NO_FAULTS
-from consumers.engine.lifecycle import KafkaPositions, Run, RunEnded, RunResult, cluster_unusable, load_pipeline
+from consumers.engine.lifecycle import (
+    KafkaPositions,
+    Run,
+    RunEnded,
+    RunResult,
+    cluster_unusable,
+    ended_at_start,
+    load_pipeline,
+    target_of,
+)
 from consumers.engine.options import RunOptions, why_stopped
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
@@ -64,10 +73,14 @@ def run(name: str, options: RunOptions) -> RunResult:
     """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time (the PipelineEngine
     interface). `options.on_worker_death()` is called once per Python worker that died committing (see
     --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
-    return SparkRun(load_pipeline(name, options.epoch), stop=options.stop, batch_size=options.batch_size,
-                    delay_ms=options.delay_ms, stop_when_caught_up=options.stop_when_caught_up,
-                    max_seconds=options.max_seconds, faults=options.faults, task_id=options.task_id,
-                    on_worker_death=options.on_worker_death).run()
+    pipeline = load_pipeline(name, options.epoch)
+    try:
+        spark_run = SparkRun(pipeline, stop=options.stop, batch_size=options.batch_size, delay_ms=options.delay_ms,
+                             stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
+                             faults=options.faults, task_id=options.task_id, on_worker_death=options.on_worker_death)
+    except RunEnded as ended:
+        return ended_at_start(pipeline, Engine.SPARK, options.task_id, ended)
+    return spark_run.run()
 
 
 def run_pipeline(name: str, **options) -> RunResult:
@@ -88,7 +101,7 @@ class SparkRun:
         self.task_id = task_id
         self.on_worker_death = on_worker_death
         self.epoch = pipeline.epoch
-        self.target = commit.Target.for_pipeline(pipeline)
+        self.target = target_of(pipeline)
         # The executors compile the mapping from this plan, read here once from the sink table's catalog.
         self.json_plan = json_map.plan_for_pipeline(pipeline) if pipeline.transform == JSON else None
         self.mode = pipeline.delivery_mode
