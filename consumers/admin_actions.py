@@ -176,7 +176,7 @@ def _act_on_letters(modeladmin, request, pipeline, action: str, ids, **kwargs):
     if ended.refusal:
         report(modeladmin, request, pipeline.name, f"{action} refused: {ended.refusal}", ok=False)
     elif ended.stopped:
-        report(modeladmin, request, pipeline.name, f"{action} stopped: {ended.stopped.message()}", ok=False)
+        report(modeladmin, request, pipeline.name, ended.stopped.message(), ok=False)
     elif ended.failed:   # the other pipelines still go on
         report(modeladmin, request, pipeline.name, ended.failed, ok=False)
     return ended.result

@@ -6,6 +6,7 @@ Used by the page, the API, the Django admin and the `dead_letters` command, so t
 nothing changed, before the first batch): an id that is not the pipeline's, a selection that matches nothing, and
 a selection whose size is no longer the one the operator confirmed (dead letters came or went since they looked).
 """
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from consumers.operations import dead_letters as dead_letter_ops
 from consumers.operations.errors import Refused
 
 ACTIONS = {"replay": dead_letter_ops.REPLAY, "discard": dead_letter_ops.DISCARD}
+# A refusal says its call changed nothing ("Kafka: ...; nothing was changed"): true of that batch, not of the batches
+# before it, so the answer for them all quotes the refusal without it.
+_NOTHING_CHANGED = re.compile(r"[.;]?\s*nothing was changed\.?", re.IGNORECASE)
 
 
 @dataclass
@@ -25,7 +29,8 @@ class BatchesResult:
     ids: int                      # dead letters asked for
     batches: int
     done: list = field(default_factory=list)   # one DeadLetterResult per committed batch
-    failed: str = ""              # why batch len(done) + 1 failed (the later ones were not tried)
+    failed: str = ""              # why batch len(done) + 1 was refused or failed (the later ones were not tried)
+    refused: bool = False         # it was refused (audited), rather than failed and rolled back
     failed_ids: list = field(default_factory=list)   # that batch's ids
     untouched: int = 0            # ids of that batch and the ones after it
 
@@ -41,20 +46,27 @@ class BatchesResult:
         return ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in sorted(self.counts.items())) or "nothing"
 
     def message(self) -> str:
-        """One line for a page or a log: what was done and, after a failure, what was not."""
+        """One line for a page or a log: what was done and, after a failure, what was not and why. The batches done
+        come first, with their action log entries: a refusal's own "nothing was changed" would read as the whole
+        action's."""
         if not self.failed:
             return f"{self.action}: {self.ids} dead letter(s) in {self.batches} batch(es): {self.totals_text()}"
         first, last = self.failed_ids[0], self.failed_ids[-1]
-        done = self.ids - self.untouched
-        return (f"batch {len(self.done) + 1}/{self.batches} ({len(self.failed_ids)} id(s), {first}..{last}): "
-                f"{self.failed}. Batches 1-{len(self.done)} ({done} dead letter(s)) were done and stay done; the "
-                f"other {self.untouched} were not touched")
+        number = len(self.done) + 1
+        batches_done = "batch 1" if number == 2 else f"batches 1-{number - 1}"
+        entries = ", ".join(f"#{result.action_log.pk}" for result in self.done)
+        return (f"{self.action.capitalize()} stopped at batch {number} of {self.batches}. Done and kept: "
+                f"{batches_done}, {self.ids - self.untouched} dead letter(s): {self.totals_text()} (action log "
+                f"{entries}). Not done: batch {number} ({len(self.failed_ids)} "
+                f"id(s), {first}..{last}){' and the ones after it' if number < self.batches else ''}, "
+                f"{self.untouched} dead letter(s) untouched, since it was "
+                f"{'refused' if self.refused else 'rolled back'}: {self.failed}")
 
     def as_dict(self) -> dict:
         return {"pipeline": self.pipeline, "action": ACTIONS[self.action], "ids": self.ids, "batches": self.batches,
                 "batches_done": len(self.done), "action_ids": [r.action_log.pk for r in self.done],
                 "counts": self.counts, "messages": [r.message for r in self.done], "failed": self.failed,
-                "dead_letters": [o.as_dict() for r in self.done for o in r.outcomes]}
+                "untouched": self.untouched, "dead_letters": [o.as_dict() for r in self.done for o in r.outcomes]}
 
 
 def matching_ids(pipeline: Pipeline, filters: queries.Filters) -> list[int]:
@@ -102,8 +114,8 @@ def act_on_ids(pipeline, action: str, ids, *, actor: str, reason: str = "", sour
         except Exception as exc:  # that call changed nothing (refused, or rolled back and audited as failed)
             if not outcome.done:
                 raise
-            outcome.failed = (str(exc) if isinstance(exc, Refused)
-                              else f"the {action} failed and changed nothing: {type(exc).__name__}: {exc}")
+            outcome.refused = isinstance(exc, Refused)
+            outcome.failed = _NOTHING_CHANGED.sub("", str(exc)) if outcome.refused else f"{type(exc).__name__}: {exc}"
             outcome.failed_ids, outcome.untouched = batch, sum(len(b) for b in batches[number - 1:])
             raise BatchesFailed(outcome) from exc
         outcome.done.append(result)

@@ -286,9 +286,12 @@ class DeadLetterActionSerializer(serializers.Serializer):
     action_ids = serializers.ListField(child=serializers.IntegerField(), required=False)
     messages = serializers.ListField(child=serializers.CharField(), required=False)
     failed = serializers.CharField(required=False, allow_blank=True)
+    untouched = serializers.IntegerField(required=False)
 
 
 class DeadLetterStoppedSerializer(DeadLetterActionSerializer):
+    """A batch after the first was refused or failed: `error` says what the batches before it did (`counts`,
+    `action_ids`), which stay done, and why the `untouched` rest was not."""
     error = serializers.CharField()
 
 

@@ -284,7 +284,8 @@ def replay_dead_letters(request, name):
     down (source "kafka"): 503.
     Instead of ids, {"filter": {error, partition, offset_from, offset_to}, "count": N}: every pending dead letter the
     filter matches (as the list shows them), in batches of 1,000 → totals and one action id per batch; 409 when it
-    matches nothing or not N (some came or went since the client counted)."""
+    matches nothing or not N (some came or went since the client counted). A batch after the first refused (Kafka
+    down too) or failed: 409 saying what the batches before it did (they stay done) and why the rest was not."""
     return _dead_letter_action(request, name, dead_letter_ops.REPLAY, DeadLetterReplayInput,
                                lambda pipeline, data, actor: dead_letter_ops.replay(pipeline, data["ids"], actor=actor,
                                                                                     source=data["source"]))
