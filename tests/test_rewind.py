@@ -204,3 +204,16 @@ def test_an_at_least_once_rewind_forward_skips_nothing_the_sink_already_holds(de
     dry = rewind(AT_LEAST_ONCE, "to-latest", dry_run=True)
     assert [(m.current, m.new, m.reprocess, m.skip) for m in dry.moves] == [(10, 15, 0, 0), (10, 15, 0, 0)]
     assert "0 record(s) to reprocess, 0 to skip" in dry.message
+
+
+def test_a_second_at_least_once_rewind_before_catch_up_counts_what_the_sink_still_holds_past_it(demo):
+    # The first rewind keeps the sink (rows up to 15) and moves the DB's position back to 10 with Kafka's: the second
+    # counted from 10, as if the sink ended there, and said 5 records per partition where 10 are written again.
+    catch_up(AT_LEAST_ONCE)
+    rewind(AT_LEAST_ONCE, "to-offset", "10")
+    dry = rewind(AT_LEAST_ONCE, "to-offset", "5", rollback_sink=True, dry_run=True)
+    assert [(m.current, m.new, m.reprocess, m.skip) for m in dry.moves] == [(10, 5, 10, 0), (10, 5, 10, 0)]
+    assert dry.rows_to_delete == {0: 10, 1: 10}
+    done = rewind(AT_LEAST_ONCE, "to-offset", "5")
+    assert done.as_dict()["reprocess"] == 20
+    assert catch_up(AT_LEAST_ONCE).records == 20             # what the summary said it gives back

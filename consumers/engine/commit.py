@@ -184,7 +184,8 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             positions, replay_until = _lock_positions(cur, target, partitions, fetches)
             plans = [_plan_partition(target, p, batches[p], fetches[p], positions.get(p)) for p in partitions]
             plans = [plan for plan in plans if plan.records or plan.end > plan.first]
-            replaying = any(replay_until.get(plan.partition) is not None and plan.records
+            # The classic modes keep replay_until only for rewinds to count from: they write their replays again.
+            replaying = target.exactly_once and any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
             rows, dead = _transform(target, plans, verbatim=not replaying)
             deletes = [d for plan in plans for d in plan.deletes]

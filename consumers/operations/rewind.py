@@ -5,7 +5,7 @@ The real run, in this order (docs/architecture.md "Rewinds"):
   2. plan and validate (refusals here leave everything as it was);
   3. pause and fence: desired state `paused`, epoch bumped; wait until the runs have ended;
   4. plan again from the settled positions, then in ONE PostgreSQL transaction: move `next_offset`,
-     set `replay_until` (exactly-once, sink kept) or delete the sink rows at or beyond the new offset
+     set `replay_until` (sink kept: how far it was written) or delete the sink rows at or beyond the new offset
      (roll back sink), mark ledger rows `superseded_from`, move `PartitionHealth.verified_offset` back,
      commit Kafka's group offsets (advisory for exactly-once; required for the classic modes, which
      resume from Kafka, so a failure there rolls everything back), and finish the action log entry;
@@ -139,9 +139,12 @@ def current_positions(pipeline: Pipeline, partitions: list[int], marks) -> tuple
     And, where it is further, how far the sink was written (the DB's next_offset): an at-least-once run that
     crashed between its DB commit and its Kafka commit wrote past where it resumes, so a rewind gives back
     (or skips) records counted from there, and roll back sink deletes their rows."""
-    stored = dict(PartitionOffset.objects.filter(pipeline=pipeline, partition__in=partitions)
-                  .values_list("partition", "next_offset"))
-    resume = dict(stored)
+    rows = PartitionOffset.objects.filter(pipeline=pipeline, partition__in=partitions).values_list(
+        "partition", "next_offset", "replay_until")
+    resume = {p: n for p, n, _ in rows}
+    # The classic modes write a replay again: after a rewind that kept the sink, it was written up to replay_until
+    # (until the pipeline passes it), not only up to the moved-back position.
+    stored = {p: n if pipeline.is_exactly_once else max(n, until or n) for p, n, until in rows}
     if not pipeline.is_exactly_once:
         committed = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, partitions,
                                                   cluster=pipeline.cluster)
@@ -251,8 +254,9 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
 
 def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_until, *, keep_sink: bool) -> None:
     replay_until = None
-    if keep_sink and pipeline.is_exactly_once:
-        # Rows up to the old position may exist: replays below it are inserted idempotently.
+    if keep_sink:
+        # Rows up to the old position may exist: exactly-once inserts replays below it idempotently, and a later
+        # rewind of any mode counts what it gives back from there, not from the moved-back position.
         replay_until = max(x for x in (old, old_until, move.new) if x is not None)
         replay_until = replay_until if replay_until > move.new else None
     cursor.execute(sql.SQL("INSERT INTO {} (pipeline_id, partition, next_offset, replay_until, updated_at) "
