@@ -1,9 +1,10 @@
-"""API tokens in the admin: listed masked, never in clear. A token made here is shown once, in the message
-that confirms it; after that only its first characters identify it. A token has no page of its own here (its
-name is its key, which Django's object pages print in their titles, Django's delete page included), so it is
-revoked on a page of ours that names it masked. Making and revoking a token are in the action log, and so is
-every change of a user's role made in the admin: in the user admin (its groups, permissions, superuser or active
-flag, or its deletion) and in the group admin (a group's permissions, or its deletion, change its members' roles)."""
+"""API tokens in the admin (django-rest-knox's, which the database keeps as a digest and the key's first
+characters): listed masked, never in clear. A token made here is shown once, in the message that confirms it;
+after that only its first characters identify it. A token has no page of its own here, and Django's delete page
+leads to a page of ours that revokes it, names it masked and writes the action log. Making and revoking a token
+are in the action log, and so is every change of a user's role made in the admin: in the user admin (its groups,
+permissions, superuser or active flag, or its deletion) and in the group admin (a group's permissions, or its
+deletion, change its members' roles)."""
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
@@ -14,8 +15,9 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
-from rest_framework.authtoken.admin import TokenAdmin
-from rest_framework.authtoken.models import Token, TokenProxy
+from knox.admin import AuthTokenCreateForm
+from knox.models import AuthToken
+from knox.settings import knox_settings
 
 from consumers.access import AuditedRefusal, actor_of, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
@@ -27,11 +29,11 @@ def masked(key: str) -> str:
     return f"{key[:SHOWN_CHARS]}…" if key else ""
 
 
-def token_label(token: Token) -> str:
-    return f"API token {masked(token.key)} of {token.user.get_username()}"
+def token_label(token: AuthToken) -> str:
+    return f"API token {masked(token.token_key)} of {token.user.get_username()}"
 
 
-admin.site.unregister(TokenProxy)
+admin.site.unregister(AuthToken)
 admin.site.unregister(User)
 admin.site.unregister(Group)
 
@@ -72,7 +74,8 @@ def snapshots(users) -> dict:
 
 @admin.register(User)
 class TokenMaskingUserAdmin(UserAdmin):
-    """Django's user admin, except that deleting a user lists its API token masked (Django names it by its key),
+    """Django's user admin, except that deleting a user lists its API tokens masked (Django names them by their
+    digests),
     and a change of a user's role is written to the action log (who, which user, before and after)."""
 
     def save_model(self, request, obj, form, change):
@@ -97,7 +100,8 @@ class TokenMaskingUserAdmin(UserAdmin):
 
     def get_deleted_objects(self, objs, request):
         to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
-        keys = {token.key: token_label(token) for token in Token.objects.filter(user__in=objs).select_related("user")}
+        keys = {str(token): token_label(token)
+                for token in AuthToken.objects.filter(user__in=objs).select_related("user")}
 
         def mask(item):
             if isinstance(item, list):
@@ -135,16 +139,33 @@ class RoleAuditingGroupAdmin(GroupAdmin):
         log_role_changes(request, before, why=f"group {names} deleted")
 
 
-@admin.register(TokenProxy)
-class MaskedTokenAdmin(TokenAdmin):
-    list_display = ("masked_key", "user", "created", "revoke_link")
+class NewTokenForm(AuthTokenCreateForm):
+    """knox's form (the key made, its digest kept), for a user only: the token lives TALLY_API_TOKEN_TTL_DAYS, as
+    one made by `POST /api/token`."""
+
+    class Meta(AuthTokenCreateForm.Meta):
+        fields = ["user"]
+
+    def save(self, commit=True):
+        token = super().save(commit=False)
+        token.expiry = knox_settings.TOKEN_TTL and timezone.now() + knox_settings.TOKEN_TTL
+        if commit:
+            token.save()
+        return token
+
+
+@admin.register(AuthToken)
+class MaskedTokenAdmin(admin.ModelAdmin):
+    form = NewTokenForm
+    list_display = ("masked_key", "user", "created", "expiry", "revoke_link")
+    list_select_related = ("user",)
     fields = ("user",)
     search_fields = ("user__username",)
     ordering = ("-created",)
 
     @admin.display(description="key")
     def masked_key(self, obj):
-        return masked(obj.key)
+        return masked(obj.token_key)
 
     def has_change_permission(self, request, obj=None):
         return False  # a token is made, never edited
@@ -152,58 +173,67 @@ class MaskedTokenAdmin(TokenAdmin):
     def has_view_permission(self, request, obj=None):
         return obj is None and super().has_view_permission(request, obj)
 
-    def has_delete_permission(self, request, obj=None):
-        return False  # Django's confirmation page names the object: its key
+    def delete_view(self, request, object_id, extra_context=None):
+        # Django's delete page writes no action log: revoking is ours. (The delete permission stays Django's, so
+        # deleting a user, which takes its tokens with it, is not refused for them.)
+        return redirect("admin:knox_authtoken_revoke", object_id)
+
+    def get_actions(self, request):
+        return {}  # no bulk delete: each token is revoked on its own page, audited
 
     @admin.display(description="revoke")
     def revoke_link(self, obj):
-        url = reverse("admin:authtoken_tokenproxy_revoke", args=[obj.user_id])
+        url = reverse("admin:knox_authtoken_revoke", args=[obj.pk])
         return format_html('<a href="{}" class="tally-revoke">Revoke…</a>', url)
 
     def get_urls(self):
-        revoke = path("<int:user_id>/revoke/", self.admin_site.admin_view(self.revoke_view),
-                      name="authtoken_tokenproxy_revoke")
+        # A token is named by its digest (its primary key): not the key, and of no use to authenticate.
+        revoke = path("<str:digest>/revoke/", self.admin_site.admin_view(self.revoke_view),
+                      name="knox_authtoken_revoke")
         return [revoke, *super().get_urls()]
 
     def can_revoke(self, request) -> bool:
-        # Django's own delete permission on tokens (superusers have it); the delete page itself stays closed.
-        return super().has_delete_permission(request)
+        return self.has_delete_permission(request)  # Django's own delete permission on tokens (superusers have it)
 
-    def revoke_view(self, request, user_id: int):
+    def revoke_view(self, request, digest: str):
         """GET: which token would be revoked (masked); POST: revoke it (delete it: it stops working at once)."""
-        token = Token.objects.select_related("user").filter(user_id=user_id).first()
+        token = AuthToken.objects.select_related("user").filter(digest=digest).first()
         if not self.can_revoke(request):
             record_refusal(request.user, "revoke_token", f"{actor_of(request.user)} may not revoke API tokens",
-                           params={"via": "admin", "user_id": user_id})
+                           params={"via": "admin", **({"user": token.user.get_username(),
+                                                       "key": masked(token.token_key)} if token else {})})
             raise AuditedRefusal
         if token is None:
-            self.message_user(request, "That user has no API token (revoked already?).", messages.WARNING)
-            return redirect("admin:authtoken_tokenproxy_changelist")
+            self.message_user(request, "No such API token (revoked already, or expired?).", messages.WARNING)
+            return redirect("admin:knox_authtoken_changelist")
         if request.method == "POST":
-            owner, key = token.user.get_username(), masked(token.key)
+            owner, key = token.user.get_username(), masked(token.token_key)
             token.delete()
             ActionLog.objects.create(action="revoke_token", actor=actor_of(request.user), result=ActionResult.DONE,
                                      params={"via": "admin", "user": owner, "key": key},
                                      message=f"revoked the API token {key} of {owner}", finished_at=timezone.now())
             self.message_user(request, f"Revoked the API token {key} of {owner}: it no longer authenticates.",
                               messages.SUCCESS)
-            return redirect("admin:authtoken_tokenproxy_changelist")
+            return redirect("admin:knox_authtoken_changelist")
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Revoke an API token",
-                   "owner": token.user, "key": masked(token.key), "created": token.created}
-        return TemplateResponse(request, "admin/authtoken/revoke_token.html", context)
+                   "owner": token.user, "key": masked(token.token_key), "created": token.created,
+                   "expiry": token.expiry}
+        return TemplateResponse(request, "admin/knox/revoke_token.html", context)
 
     def log_addition(self, request, obj, message):
-        # Django's LogEntry names the object by str(token), its key, and the admin's "Recent actions" and a
-        # user's delete page show it: the entry names the token masked instead.
+        # Django's LogEntry names the object by str(token), its digest: the entry names the token masked, as
+        # the admin's "Recent actions" and a user's delete page show it.
         entry = super().log_addition(request, obj, message)
         LogEntry.objects.filter(pk=entry.pk).update(object_repr=token_label(obj))
         return entry
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
+        owner, key = obj.user.get_username(), masked(obj.token_key)
         ActionLog.objects.create(action="make_token", actor=actor_of(request.user), result=ActionResult.DONE,
-                                 params={"via": "admin", "user": obj.user.get_username(), "key": masked(obj.key)},
-                                 message=f"made the API token {masked(obj.key)} of {obj.user.get_username()}",
-                                 finished_at=timezone.now())
-        self.message_user(request, f"Token for {obj.user}: {obj.key} — copy it now: it is not shown again.",
-                          messages.WARNING)
+                                 params={"via": "admin", "user": owner, "key": key},
+                                 message=f"made the API token {key} of {owner}", finished_at=timezone.now())
+        # The only time the key is known: knox keeps its digest.
+        until = f"until {obj.expiry:%Y-%m-%d %H:%M} UTC" if obj.expiry else "until revoked"
+        self.message_user(request, f"Token for {owner}: {form.token} ({until}) — copy it now: it is not shown "
+                                   "again.", messages.WARNING)

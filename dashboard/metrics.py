@@ -8,9 +8,9 @@ Scrapes authenticate like the API: a logged-in session, or `Authorization: Token
 from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
+from knox.auth import TokenAuthentication
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from consumers.access import can_view, record_refusal

@@ -1,5 +1,6 @@
 """Tally settings. Every deployment-specific value comes from the environment (see README)."""
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -66,7 +67,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",  # API tokens, stored as digests (REST_KNOX below)
     "drf_spectacular",
     "consumers",
     "dashboard",
@@ -147,7 +148,7 @@ USE_TZ = True
 # JSON API (dashboard/api/): session auth for the browser, token auth for scripts; JSON only.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
-                                       "rest_framework.authentication.TokenAuthentication"],
+                                       "knox.auth.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "consumers.api_base.HasRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
@@ -165,6 +166,14 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"anon": env_rate("API_THROTTLE_ANON", "60/min"),
                                "user": env_rate("API_THROTTLE_USER", "600/min"),
                                "token": env_rate("API_THROTTLE_TOKEN", "10/min")},
+}
+# API tokens (django-rest-knox): each `POST /api/token` or one made in the admin is a new token, shown once; the
+# database keeps its digest and first characters. It lives TALLY_API_TOKEN_TTL_DAYS (0: until revoked).
+TALLY_API_TOKEN_TTL_DAYS = env_int("TALLY_API_TOKEN_TTL_DAYS", 90, minimum=0)
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=TALLY_API_TOKEN_TTL_DAYS) if TALLY_API_TOKEN_TTL_DAYS else None,
+    "AUTH_HEADER_PREFIX": "Token",   # `Authorization: Token <key>`, as before
+    "AUTO_REFRESH": False,           # a token used every day still expires: scripts are given a new one
 }
 # The largest JSON body the API reads (the largest real one, 1,000 dead-letter ids, is about 20 KB).
 TALLY_MAX_BODY_BYTES = env_int("TALLY_MAX_BODY_BYTES", 1_048_576, minimum=1024)

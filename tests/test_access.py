@@ -5,13 +5,13 @@ the admin's list."""
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 from alerts.models import Alert, Mute
 from consumers.access import can_operate, can_view, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult, Pipeline
 from tests.alert_rows import open_alert
-from tests.views_helpers import PASSWORD, make_operator, make_pipeline, make_viewer
+from tests.views_helpers import PASSWORD, api_token, make_operator, make_pipeline, make_viewer
 
 
 def signed_in(user) -> Client:
@@ -77,9 +77,9 @@ def test_a_user_without_a_role_sees_only_a_page_saying_so(nobody, url):
                                  "/api/alerts/", "/api/me", "/api/schema/"])
 def test_the_api_refuses_a_user_without_a_role_by_session_and_by_token(nobody, url):
     make_pipeline(with_history=False)
-    token = Token.objects.create(user=nobody)
+    key = api_token(nobody)
     by_session = signed_in(nobody).get(url)
-    by_token = Client().get(url, headers={"Authorization": f"Token {token.key}"})
+    by_token = Client().get(url, headers={"Authorization": f"Token {key}"})
     for response in (by_session, by_token):
         assert response.status_code == 403, (url, response.content[:200])
         assert b"orders" not in response.content
@@ -88,11 +88,11 @@ def test_the_api_refuses_a_user_without_a_role_by_session_and_by_token(nobody, u
 
 
 def test_metrics_by_token_needs_a_role_too(nobody):
-    token = Token.objects.create(user=nobody)
-    response = Client().get("/metrics", headers={"Authorization": f"Token {token.key}"})
+    key = api_token(nobody)
+    response = Client().get("/metrics", headers={"Authorization": f"Token {key}"})
     assert response.status_code == 403 and b"tally_" not in response.content
-    viewer_token = Token.objects.create(user=make_viewer())
-    assert Client().get("/metrics", headers={"Authorization": f"Token {viewer_token.key}"}).status_code == 200
+    viewer_key = api_token(make_viewer())
+    assert Client().get("/metrics", headers={"Authorization": f"Token {viewer_key}"}).status_code == 200
 
 
 @pytest.mark.parametrize("url,data", [("/pipelines/orders/actions/start/", {}),
@@ -139,67 +139,78 @@ def test_a_viewers_refusal_on_the_alert_pages_is_audited(db, path, action):
     assert not Mute.objects.exists() and Alert.objects.get().acknowledged_at is None
 
 
+TOKENS = "/admin/knox/authtoken/"
+
+
 def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
     admin = User.objects.create_superuser("root", password=PASSWORD)
     operator = make_operator()
-    token = Token.objects.create(user=operator)
+    key = api_token(operator)
+    token = AuthToken.objects.get(user=operator)
     client = signed_in(admin)
-    listing = client.get("/admin/authtoken/tokenproxy/").content.decode()
-    assert token.key not in listing and f"{token.key[:4]}…" in listing
+    listing = client.get(TOKENS).content.decode()
+    assert key not in listing and f"{key[:4]}…" in listing and key[:15] not in listing
     for page in ("change", "delete"):
-        detail = client.get(f"/admin/authtoken/tokenproxy/{operator.pk}/{page}/")
-        assert token.key.encode() not in detail.content
-    made = client.post("/admin/authtoken/tokenproxy/add/", {"user": admin.pk}, follow=True).content.decode()
-    new_key = Token.objects.get(user=admin).key
-    assert new_key in made and "not shown again" in made
-    assert new_key not in client.get("/admin/authtoken/tokenproxy/").content.decode()
+        detail = client.get(f"{TOKENS}{token.pk}/{page}/")
+        assert key.encode() not in detail.content
+    made = client.post(f"{TOKENS}add/", {"user": admin.pk}, follow=True).content.decode()
+    new = AuthToken.objects.get(user=admin)
+    shown = made.split("Token for root: ")[1].split(" ")[0]
+    assert shown.startswith(new.token_key) and "not shown again" in made
+    assert Client().get("/api/me", HTTP_AUTHORIZATION=f"Token {shown}").status_code == 200
+    assert new.expiry is not None   # TALLY_API_TOKEN_TTL_DAYS, as the API's
+    assert shown not in client.get(TOKENS).content.decode()
     # Django's own pages that name objects by str(): "Recent actions", and a user's delete page (its token and
     # the admin's log entry of making it) name the token masked.
-    assert new_key not in client.get("/admin/").content.decode()
-    assert f"API token {new_key[:4]}… of root" in client.get("/admin/").content.decode()
+    assert shown not in client.get("/admin/").content.decode()
+    assert f"API token {shown[:4]}… of root" in client.get("/admin/").content.decode()
     for user in (admin, operator):
         page = client.get(f"/admin/auth/user/{user.pk}/delete/").content.decode()
-        assert token.key not in page and new_key not in page
-    assert f"API token {token.key[:4]}… of otto" in page   # the operator's, the loop's last page
+        assert key not in page and shown not in page
+    assert f"API token {key[:4]}… of otto" in page   # the operator's, the loop's last page
 
 
 def test_an_api_token_is_revoked_from_the_admin_audited_without_its_key_in_clear(db):
     admin = User.objects.create_superuser("root", password=PASSWORD)
     operator = make_operator()
-    token = Token.objects.create(user=operator)
+    key, other = api_token(operator), api_token(operator)
+    token = AuthToken.objects.get(token_key=key[:15])
     client = signed_in(admin)
-    listing = client.get("/admin/authtoken/tokenproxy/").content.decode()
-    page = f"/admin/authtoken/tokenproxy/{operator.pk}/revoke/"
+    listing = client.get(TOKENS).content.decode()
+    page = f"{TOKENS}{token.pk}/revoke/"
     assert page in listing
     confirm = client.get(page)
-    assert confirm.status_code == 200 and token.key not in confirm.content.decode()
-    assert f"{token.key[:4]}…" in confirm.content.decode() and Token.objects.filter(pk=token.pk).exists()
+    assert confirm.status_code == 200 and key not in confirm.content.decode()
+    assert f"{key[:4]}…" in confirm.content.decode() and AuthToken.objects.filter(pk=token.pk).exists()
     done = client.post(page, follow=True).content.decode()
-    assert "Revoked the API token" in done and token.key not in done
-    assert not Token.objects.filter(user=operator).exists()
-    refused = Client().get("/api/me", HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert "Revoked the API token" in done and key not in done
+    assert not AuthToken.objects.filter(pk=token.pk).exists()
+    refused = Client().get("/api/me", HTTP_AUTHORIZATION=f"Token {key}")
     assert refused.status_code in (401, 403) and "Invalid token" in refused.content.decode()
+    assert Client().get("/api/me", HTTP_AUTHORIZATION=f"Token {other}").status_code == 200  # its other token
     entry = ActionLog.objects.get(action="revoke_token")
     assert (entry.actor, entry.result, entry.params["user"]) == ("root", ActionResult.DONE, "otto")
-    assert token.key not in str(entry.params) + entry.message
+    assert key[:15] not in str(entry.params) + entry.message
 
 
 def test_staff_without_the_permission_cannot_revoke_a_token_and_the_refusal_is_audited(db):
     operator = make_operator()
-    token = Token.objects.create(user=operator)
+    api_token(operator)
+    token = AuthToken.objects.get(user=operator)
     staff = User.objects.create_user("sam", password=PASSWORD, is_staff=True)
-    response = signed_in(staff).post(f"/admin/authtoken/tokenproxy/{operator.pk}/revoke/")
-    assert response.status_code == 403 and Token.objects.filter(pk=token.pk).exists()
+    response = signed_in(staff).post(f"{TOKENS}{token.pk}/revoke/")
+    assert response.status_code == 403 and AuthToken.objects.filter(pk=token.pk).exists()
     refusal = ActionLog.objects.get()
     assert (refusal.actor, refusal.action, refusal.result) == ("sam", "revoke_token", ActionResult.REFUSED)
 
 
 def test_a_token_made_in_the_admin_is_audited_masked(db):
     admin = User.objects.create_superuser("root", password=PASSWORD)
-    signed_in(admin).post("/admin/authtoken/tokenproxy/add/", {"user": admin.pk})
-    key = Token.objects.get(user=admin).key
+    signed_in(admin).post(f"{TOKENS}add/", {"user": admin.pk})
+    token = AuthToken.objects.get(user=admin)
     entry = ActionLog.objects.get(action="make_token")
-    assert entry.actor == "root" and key not in str(entry.params) + entry.message
+    assert entry.actor == "root" and entry.params["key"] == f"{token.token_key[:4]}…"
+    assert token.token_key not in str(entry.params) + entry.message
 
 
 def user_form(user, **changes) -> dict:

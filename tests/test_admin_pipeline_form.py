@@ -31,7 +31,7 @@ def add_form(topic, table, **overrides):
 
 @pytest.mark.parametrize("overrides,field", [({"sink_table": "auth_user"}, "sink_table"),
                                              ({"sink_table": "public.auth_user"}, "sink_table"),
-                                             ({"sink_table": "authtoken_token"}, "sink_table"),
+                                             ({"sink_table": "knox_authtoken"}, "sink_table"),
                                              ({"topic": "absent-topic"}, "topic"),
                                              ({"sink_table": "axes_anything"}, "sink_table"),
                                              ({"transform": "..x"}, "transform"),

@@ -11,6 +11,7 @@ from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, Rule
 from alerts.rules import Finding
 from consumers.models import ActionLog, Pipeline, Watch
 from tests.alert_rows import open_alert
+from tests.views_helpers import api_token
 
 
 @pytest.fixture
@@ -181,11 +182,9 @@ def test_the_api_acknowledges_once_and_mutes(operator):
 
 
 def test_a_script_acknowledges_with_a_token(operator):
-    from rest_framework.authtoken.models import Token
-
     alert = open_alert("orders")
-    token = Token.objects.create(user=operator)
-    response = Client().post(f"/api/alerts/{alert.pk}/acknowledge/", headers={"Authorization": f"Token {token.key}"})
+    key = api_token(operator)
+    response = Client().post(f"/api/alerts/{alert.pk}/acknowledge/", headers={"Authorization": f"Token {key}"})
     assert response.status_code == 200 and response.json()["alert"]["state"] == "acknowledged"
 
 

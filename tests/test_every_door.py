@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 from django.urls import URLResolver, get_resolver
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 from alerts.models import Channel
 from consumers.models import ActionLog, ActionResult, Watch
@@ -84,10 +84,10 @@ def world(db, kafka_bootstrap):
     Watch.objects.create(name="billing", group_id="team-billing", topic="billing")
     Channel.objects.create(name="ops", kind="webhook", url="https://hooks.example.com/tally")
     viewer, operator = staff_viewer(), staff_operator()
-    Token.objects.create(user=operator)
+    token, _ = AuthToken.objects.create(user=operator)
     values = {"action": "start", "group_id": "team-billing", "rule_id": alert.rule_id, "alert_id": alert.pk,
-              "user_id": operator.pk, "id": operator.pk, "object_id": pipeline.pk, "content_type_id": "1",
-              "uidb64": "MQ", "token": "set-password"}
+              "user_id": operator.pk, "digest": token.digest, "id": operator.pk, "object_id": pipeline.pk,
+              "content_type_id": "1", "uidb64": "MQ", "token": "set-password"}
 
     def fill(route: str, name: str) -> str:
         def value(match):

@@ -2,10 +2,9 @@
 partition, for a logged-in user or a token, and nobody else."""
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.authtoken.models import Token
 
 from dashboard.metrics import STATUSES
-from tests.views_helpers import make_pipeline, make_viewer
+from tests.views_helpers import api_token, make_pipeline, make_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -49,10 +48,10 @@ def test_metrics_report_every_pipeline_and_partition_from_reconciliation(client)
 
 def test_metrics_accept_a_token_and_refuse_anonymous_scrapes(client):
     make_pipeline("orders")
-    token = Token.objects.create(user=make_viewer())
+    key = api_token(make_viewer())
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Token wrong").status_code == 401
-    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Token {token.key}")
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Token {key}")
     assert response.status_code == 200
     assert b'tally_pipeline_lag_records{cluster="default",delivery_mode="exactly_once",pipeline="orders"' in (
         response.content)

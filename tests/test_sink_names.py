@@ -12,7 +12,7 @@ def test_a_dotted_quoted_or_odd_name_is_refused(table):
     assert name_problem(table) is not None
 
 
-@pytest.mark.parametrize("table,owner", [("auth_user", "auth.User"), ("authtoken_token", "authtoken.Token"),
+@pytest.mark.parametrize("table,owner", [("auth_user", "auth.User"), ("knox_authtoken", "knox.AuthToken"),
                                          ("axes_accessattempt", "axes.AccessAttempt"),
                                          ("dashboard_mute", "alerts.Mute"), ("AUTH_USER", "auth.User"),
                                          ("consumers_pipeline", "consumers.Pipeline"),
@@ -57,7 +57,7 @@ def test_in_public_a_new_name_is_fine(db):
         assert schema_problem(cursor, "brand_new_sink") is None
 
 
-@pytest.mark.parametrize("table", ["auth_user", "public.auth_user", "authtoken_token"])
+@pytest.mark.parametrize("table", ["auth_user", "public.auth_user", "knox_authtoken"])
 def test_pipeline_setup_refuses_them_before_looking_at_columns(db, table):
     with pytest.raises(Invalid) as refused:
         validate(PipelineSpec(name="p", topic="", sink_table=table, create_table=True))

@@ -14,7 +14,7 @@ from tests.views_helpers import PASSWORD, make_operator
 pytestmark = pytest.mark.django_db
 
 TABLES = ["auth_user", "public.auth_user", '"elsewhere"."orders"', "elsewhere.orders", "pg_catalog.pg_class",
-          "consumers_pipeline", "consumers_new_thing", "django_session", "authtoken_token", "alerts_alert"]
+          "consumers_pipeline", "consumers_new_thing", "django_session", "knox_authtoken", "alerts_alert"]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 from alerts.models import Alert, AlertRule, AlertState, Channel, Mute, RuleKind
 from consumers.models import ActionLog, ActionResult, DeadLetter, PartitionOffset, Pipeline, TopicCheckJob, Watch
@@ -140,7 +140,7 @@ def snapshot(pipeline, alert) -> dict:
         "rules": AlertRule.objects.count(), "channels": Channel.objects.count(),
         "dead_letters": sorted(DeadLetter.objects.values_list("pk", "discarded_at", "replay_attempts")),
         "alert": (alert.state, alert.acknowledged_at), "mutes": Mute.objects.count(),
-        "topic_checks": TopicCheckJob.objects.count(), "tokens": Token.objects.count(),
+        "topic_checks": TopicCheckJob.objects.count(), "tokens": AuthToken.objects.count(),
         "actions": ActionLog.objects.exclude(result=ActionResult.REFUSED).count(),
     }
 
@@ -232,7 +232,7 @@ def test_the_token_endpoint_takes_any_broken_body_without_a_5xx(db):
         cache.clear()
         response = Client().post("/api/token", encoded(body), content_type="application/json")
         assert 400 <= response.status_code < 500, response.content[:300]
-        assert not Token.objects.exists()
+        assert not AuthToken.objects.exists()
 
     check()
 

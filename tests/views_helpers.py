@@ -58,6 +58,13 @@ def make_operator(username="otto"):
     return make_user(username, OPERATORS)
 
 
+def api_token(user) -> str:
+    """A new API token of `user` (knox keeps its digest): the key, known only now."""
+    from knox.models import AuthToken
+
+    return AuthToken.objects.create(user=user)[1]
+
+
 def make_pipeline(name="orders", partitions=2, topic="orders-topic", delivery_mode=DeliveryMode.EXACTLY_ONCE,
                   lost=0, duplicated=0, status="OK", with_history=True):
     """A pipeline at offset 100 on every partition, reconciled, with a ledger whose partition 0 has a gap

@@ -26,7 +26,10 @@ class ApiRootSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`")
+    token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`. Shown in this answer "
+                                            "only: Tally keeps its digest")
+    expiry = serializers.DateTimeField(allow_null=True, help_text="When it stops working "
+                                       "(TALLY_API_TOKEN_TTL_DAYS); null: until revoked")
 
 
 class MeSerializer(serializers.Serializer):
