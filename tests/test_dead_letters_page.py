@@ -299,3 +299,21 @@ def test_the_pages_replay_needs_no_kafka_cluster_so_it_replays_one_that_is_no_lo
     html = operator_client.post(URL + "replay/", {"ids": ids}).content.decode()
     assert '<li data-result="replayed">replayed: <b>2</b></li>' in html
     assert DeadLetterReplay.objects.count() == 2
+
+
+def test_a_refused_discard_keeps_the_selection_and_the_reason_and_shows_why_beside_the_reason(operator_client,
+                                                                                              letters):
+    chosen = [letters[(0, 3)].pk, letters[(1, 5)].pk]
+    response = operator_client.post(URL + "discard/", {"ids": chosen, "reason": "   ", "state": "pending"})
+    html = response.content.decode()
+    assert response.status_code == 422
+    checked = sorted(int(i) for i in re.findall(r'name="ids" value="(\d+)"[^>]* checked', html))
+    assert checked == sorted(chosen)   # the operator ticks them once, not again after every refusal
+    reason = re.search(r'<input type="text" name="reason" id="discard-reason"[^>]*>\s*(<[^>]*>)(.*?)<', html, re.S)
+    assert 'aria-invalid="true"' in reason.group(0) and 'aria-describedby="discard-reason-error"' in reason.group(0)
+    assert 'id="discard-reason-error"' in reason.group(1)
+    assert reason.group(2) == "Say why these dead letters are discarded."
+    # A reason typed, then refused for another reason (an id not of this pipeline), is kept as typed.
+    kept = operator_client.post(URL + "discard/", {"ids": [letters["other"].pk], "reason": "load test"})
+    assert kept.status_code == 422
+    assert re.search(r'id="discard-reason"[^>]* value="load test"', kept.content.decode())

@@ -26,10 +26,10 @@ EXPORT_CHUNK = 500
 
 
 def _render(request, pipeline, filters: DeadLetterFilterForm, *, outcome=None, error: str = "", status: int = 200,
-            batches_outcome=None, confirm=None):
+            batches_outcome=None, confirm=None, kept=None):
     context = {"nav": "overview", "pipeline": pipeline, "form": filters, "can_operate": can_operate(request.user),
                "outcome": outcome, "error": error, "pending": queries.pending_count(pipeline),
-               "batches_outcome": batches_outcome, "confirm": confirm}
+               "batches_outcome": batches_outcome, "confirm": confirm, "kept": kept or {}}
     if filters.is_valid():
         paginator = Paginator(queries.dead_letters(pipeline, filters.filters()), PAGE_SIZE)
         context["query"] = urlencode(filters.query())
@@ -106,18 +106,24 @@ def _act(request, name, action: str, form_class, call):
     if request.POST.get("all_matching"):
         return _act_on_matching(request, pipeline, action, filters)
     form = form_class(request.POST)
+    # A refusal shows the table again with the operator's ticks and reason as they were, so that fixing the one
+    # thing refused is one more click, not selecting everything again (the ids stay strings, as the boxes send them).
+    kept = {"ids": request.POST.getlist("ids"), "reason": request.POST.get("reason", "")}
     # Every field is checked before anything is done, the carried filters included: a 422 changes nothing.
     if not form.is_valid() or not filters.is_valid():
         bad = form if not form.is_valid() else filters
         record_refusal(request.user, action, f"bad input: {form_errors(bad)}", pipeline=pipeline,
                        params={"ids": request.POST.getlist("ids")[:20]})
-        return _render(request, pipeline, filters, error=_plain(bad), status=422)
+        # The reason's error goes beside its field; the others above the table.
+        kept["reason_error"] = " ".join(bad.errors.get("reason", ()))   # (the filters have no reason)
+        others = " ".join(e for field, errors in bad.errors.items() if field != "reason" for e in errors)
+        return _render(request, pipeline, filters, error=others, status=422, kept=kept)
     try:
         result = call(pipeline, form.cleaned_data, request.user.username)
     except Refused as exc:  # audited by the domain; nothing was changed
-        return _render(request, pipeline, filters, error=str(exc), status=422)
+        return _render(request, pipeline, filters, error=str(exc), status=422, kept=kept)
     except Exception as exc:  # rolled back and audited as failed (e.g. a transform that no longer fits the sink)
-        return _render(request, pipeline, filters, status=422,
+        return _render(request, pipeline, filters, status=422, kept=kept,
                        error=f"The {action.replace('_', ' ')} failed and changed nothing: {type(exc).__name__}: {exc}")
     return _render(request, pipeline, filters, outcome=result)
 
