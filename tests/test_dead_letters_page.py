@@ -317,3 +317,13 @@ def test_a_refused_discard_keeps_the_selection_and_the_reason_and_shows_why_besi
     kept = operator_client.post(URL + "discard/", {"ids": [letters["other"].pk], "reason": "load test"})
     assert kept.status_code == 422
     assert re.search(r'id="discard-reason"[^>]* value="load test"', kept.content.decode())
+
+
+def test_the_pipeline_pages_recent_dead_letters_say_which_were_discarded(viewer_client, letters):
+    html = viewer_client.get("/pipelines/orders/").content.decode()
+    table = re.search(r'<table class="striped" id="dead-letters">(.*?)</table>', html, re.S).group(1)
+    states = {int(offset): state for state, offset in
+              re.findall(r'<tr data-state="(\w+)"><td class="num">\d+</td><td class="num">(\d+)</td>', table)}
+    assert states == {3: "pending", 7: "pending", 40: "pending", 5: "pending", 90: "pending", 91: "discarded"}
+    discarded = re.search(r'<tr data-state="discarded">.*?</tr>', table, re.S).group(0)
+    assert ">discarded<" in discarded and " by otto: test data" in discarded
