@@ -75,8 +75,7 @@ def snapshots(users) -> dict:
 @admin.register(User)
 class TokenMaskingUserAdmin(UserAdmin):
     """Django's user admin, except that deleting a user lists its API tokens masked (Django names them by their
-    digests),
-    and a change of a user's role is written to the action log (who, which user, before and after)."""
+    digests), and a change of a user's role is written to the action log (who, which user, before and after)."""
 
     def save_model(self, request, obj, form, change):
         # Groups and permissions are saved after the row (save_related): the role before the change is read now.
