@@ -10,6 +10,7 @@ import pytest
 
 from consumers.engine import commit
 from consumers.engine.faults import FaultInjector
+from consumers.engine.options import RunOptions
 from consumers.engine.spark import SparkRun, run_pipeline
 from consumers.engine.spark_session import get_spark, stop_spark
 from consumers.models import BatchLedger, DeliveryMode, PartitionOffset, Pipeline
@@ -76,9 +77,9 @@ def test_python_workers_killed_mid_commit_on_executors_lose_and_duplicate_nothin
     log = produce_values(kafka_bootstrap, pipeline.topic, 600, partitions=3)
     # Every slice's first attempt dies inside its open transaction: its executor Python worker SIGKILLs
     # itself after writing part (mid-write) or all (after-write) of the rows. Spark retries the task.
-    run = SparkRun(Pipeline.objects.get(pk=pipeline.pk), stop=None, batch_size=150, delay_ms=0,
-                   stop_when_caught_up=True, max_seconds=patience(200), task_id="",
-                   faults=FaultInjector({"mid-write": 0.5, "after-write": 1.0}))
+    run = SparkRun(Pipeline.objects.get(pk=pipeline.pk), RunOptions(
+        batch_size=150, stop_when_caught_up=True, max_seconds=patience(200),
+        faults=FaultInjector({"mid-write": 0.5, "after-write": 1.0})))
 
     result = run.run()
 

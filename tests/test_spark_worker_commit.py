@@ -10,6 +10,7 @@ from django.db import connection
 
 from consumers.engine import commit, spark_commit
 from consumers.engine.faults import NO_FAULTS, FaultInjector
+from consumers.engine.options import RunOptions
 from consumers.engine.spark import SparkRun
 from consumers.engine.spark_commit import SliceJob, crash_points, task_faults
 from consumers.engine.spark_session import TASK_ATTEMPTS
@@ -99,8 +100,7 @@ def test_a_slice_transaction_frozen_on_an_executor_does_not_block_a_stop_for_eve
     settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
     pipeline = Pipeline.objects.create(name="frozen", topic="frozen", sink_table="spark_frozen", engine=Engine.SPARK,
                                        epoch=1)
-    run = SparkRun(pipeline, stop=None, batch_size=None, delay_ms=0, stop_when_caught_up=False, max_seconds=None,
-                   faults=NO_FAULTS, task_id="")
+    run = SparkRun(pipeline, RunOptions())
     frozen = psycopg2.connect(**run._slice_job().dsn)   # as commit_task connects on the executor
     pool = ThreadPoolExecutor(1)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumers.engine.faults import NO_FAULTS, FaultInjector
-from consumers.engine.lifecycle import RunResult
+from consumers.engine.lifecycle import RunEnded, RunResult, ended_at_start, load_pipeline
 
 PEERS_WAIT_S = 30.0   # runs started together wait at most this long for each other (python engine, run tasks)
 
@@ -51,6 +51,26 @@ class RunOptions:
 class PipelineEngine(Protocol):
     def __call__(self, name: str, options: RunOptions) -> RunResult:
         """Run pipeline `name` until stopped, fenced, caught up (if asked) or out of time."""
+
+
+class EngineRun(Protocol):
+    """One run of a pipeline on an engine, built for the pipeline at its epoch; building it may refuse the
+    pipeline (RunEnded, e.g. its table no longer fits its mapping)."""
+
+    def __init__(self, pipeline, options: RunOptions): ...
+
+    def run(self) -> RunResult: ...
+
+
+def run_engine(engine_run: type[EngineRun], engine: str, name: str, options: RunOptions) -> RunResult:
+    """What each engine's `run` does: join the pipeline at the options' epoch, build the engine's run, run it. A
+    run refused while being built ends as one that began would (lifecycle.ended_at_start)."""
+    pipeline = load_pipeline(name, options.epoch)
+    try:
+        run = engine_run(pipeline, options)
+    except RunEnded as ended:
+        return ended_at_start(pipeline, engine, options.task_id, ended)
+    return run.run()
 
 
 def engine_for(engine: str) -> PipelineEngine:

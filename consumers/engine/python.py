@@ -43,11 +43,9 @@ from consumers.engine.lifecycle import (
     RunEnded,
     RunResult,
     cluster_unusable,
-    ended_at_start,
-    load_pipeline,
     target_of,
 )
-from consumers.engine.options import PEERS_WAIT_S, RunOptions, why_stopped
+from consumers.engine.options import PEERS_WAIT_S, RunOptions, run_engine, why_stopped
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import KafkaUnreachable
@@ -68,15 +66,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     PipelineEngine interface). `options.peers`: this run is one of that many started together (`run_pipeline
     --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S), so each takes its
     share at once instead of all of them first and handing most over a second later."""
-    pipeline = load_pipeline(name, options.epoch)
-    try:
-        engine = _Engine(pipeline, stop=options.stop or threading.Event(),
-                         batch_size=options.batch_size or pipeline.batch_size, delay_ms=options.delay_ms,
-                         stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
-                         faults=options.faults, task_id=options.task_id, peers=options.peers)
-    except RunEnded as ended:
-        return ended_at_start(pipeline, Engine.PYTHON, options.task_id, ended)
-    return engine.run()
+    return run_engine(_Engine, Engine.PYTHON, name, options)
 
 
 def run_pipeline(name: str, **options) -> RunResult:
@@ -85,18 +75,19 @@ def run_pipeline(name: str, **options) -> RunResult:
 
 
 class _Engine:
-    def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
-                 faults, task_id, peers=0):
+    def __init__(self, pipeline: Pipeline, options: RunOptions):
         self.pipeline = pipeline
-        self.peers = peers
-        self.peers_deadline = time.monotonic() + PEERS_WAIT_S if peers > 1 else None
+        self.peers = options.peers
+        self.peers_deadline = time.monotonic() + PEERS_WAIT_S if self.peers > 1 else None
         self.target = target_of(pipeline)
         self.epoch = pipeline.epoch
         self.mode = pipeline.delivery_mode
         self.positions_from_db = pipeline.is_exactly_once
-        self.stop, self.batch_size, self.delay_s = stop, batch_size, delay_ms / 1000
-        self.stop_when_caught_up, self.max_seconds = stop_when_caught_up, max_seconds
-        self.faults, self.task_id = faults, task_id
+        self.stop = options.stop or threading.Event()
+        self.batch_size = options.batch_size or pipeline.batch_size
+        self.delay_s = options.delay_ms / 1000
+        self.stop_when_caught_up, self.max_seconds = options.stop_when_caught_up, options.max_seconds
+        self.faults, self.task_id = options.faults, options.task_id
         self.in_flight: Future | None = None
         self.fetched: dict[int, int] = {}  # partition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0

@@ -44,11 +44,9 @@ from consumers.engine.lifecycle import (
     RunEnded,
     RunResult,
     cluster_unusable,
-    ended_at_start,
-    load_pipeline,
     target_of,
 )
-from consumers.engine.options import RunOptions, why_stopped
+from consumers.engine.options import RunOptions, run_engine, why_stopped
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.engine.transforms import JSON
@@ -73,14 +71,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time (the PipelineEngine
     interface). `options.on_worker_death()` is called once per Python worker that died committing (see
     --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
-    pipeline = load_pipeline(name, options.epoch)
-    try:
-        spark_run = SparkRun(pipeline, stop=options.stop, batch_size=options.batch_size, delay_ms=options.delay_ms,
-                             stop_when_caught_up=options.stop_when_caught_up, max_seconds=options.max_seconds,
-                             faults=options.faults, task_id=options.task_id, on_worker_death=options.on_worker_death)
-    except RunEnded as ended:
-        return ended_at_start(pipeline, Engine.SPARK, options.task_id, ended)
-    return spark_run.run()
+    return run_engine(SparkRun, Engine.SPARK, name, options)
 
 
 def run_pipeline(name: str, **options) -> RunResult:
@@ -89,17 +80,16 @@ def run_pipeline(name: str, **options) -> RunResult:
 
 
 class SparkRun:
-    def __init__(self, pipeline: Pipeline, *, stop, batch_size, delay_ms, stop_when_caught_up, max_seconds,
-                 faults, task_id, on_worker_death=None):
+    def __init__(self, pipeline: Pipeline, options: RunOptions):
         self.pipeline = pipeline
-        self.stop = stop
-        self.records_per_trigger = batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
-        self.delay_per_record_s = (delay_ms or 0) / 1000  # as the Python engine: simulated work per record
-        self.stop_when_caught_up = stop_when_caught_up
-        self.max_seconds = max_seconds
-        self.faults = faults
-        self.task_id = task_id
-        self.on_worker_death = on_worker_death
+        self.stop = options.stop
+        self.records_per_trigger = options.batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
+        self.delay_per_record_s = options.delay_ms / 1000  # as the Python engine: simulated work per record
+        self.stop_when_caught_up = options.stop_when_caught_up
+        self.max_seconds = options.max_seconds
+        self.faults = options.faults
+        self.task_id = options.task_id
+        self.on_worker_death = options.on_worker_death
         self.epoch = pipeline.epoch
         self.target = target_of(pipeline)
         # The executors compile the mapping from this plan, read here once from the sink table's catalog.
