@@ -47,6 +47,17 @@ class TraceRefused(ValueError):
         self.field = field
 
 
+REFUSALS = (TraceRefused, Refused)   # what a trace refuses with, at every door; nothing is changed
+
+
+def refusal_status(exc: Exception, bad_request: int = 400) -> int:
+    """The HTTP status of a trace's refusal (one of REFUSALS): the request's own fault (400 from the API, 422 on a
+    page, whose form shows why), Kafka that cannot be read now (503), or a cluster no longer configured (409)."""
+    if isinstance(exc, TraceRefused):
+        return bad_request
+    return 503 if isinstance(exc, Unavailable) else 409
+
+
 @contextlib.contextmanager
 def kafka_reads(traced: str):
     """A trace's Kafka reads of `traced` ("pipeline 'orders'"): a cluster no longer configured, or whose settings are

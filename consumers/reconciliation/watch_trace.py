@@ -15,9 +15,17 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
-from consumers.reconciliation.trace import MAX_ROWS, TraceRefused, kafka_reads, parse_request, preview
+from consumers.reconciliation.trace import (
+    MAX_ROWS,
+    REFUSALS,
+    TraceRefused,
+    kafka_reads,
+    parse_request,
+    preview,
+    refusal_status,
+)
 
-__all__ = ["TraceRefused", "WatchTrace", "findings_csv", "parse_request", "trace"]
+__all__ = ["REFUSALS", "TraceRefused", "WatchTrace", "findings_csv", "parse_request", "refusal_status", "trace"]
 
 
 @dataclass

@@ -324,12 +324,9 @@ def trace_record(request, name):
             traces = [tracing.trace(pipeline, r.partition, r.offset) for r in records[-10:]]
             return Response({"key": key, "scanned": scanned, "traces": [t.as_json() for t in traces]})
         return Response(tracing.trace(pipeline, partition, offset).as_json())
-    except tracing.TraceRefused as exc:
-        return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
-    except Unavailable as exc:  # Kafka cannot be read now
-        return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
-    except Refused as exc:  # its cluster is no longer configured
-        return Response({"error": str(exc), "field": None}, status=http.HTTP_409_CONFLICT)
+    except tracing.REFUSALS as exc:
+        return Response({"error": str(exc), "field": getattr(exc, "field", "") or None},
+                        status=tracing.refusal_status(exc))
 
 
 @extend_schema(responses=answers(schemas.ActionSerializer, extra={409: REFUSED, 503: schemas.ActionSerializer}),

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from consumers.api_base import REFUSALS, REFUSED, answers, refuse_fields
 from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.operations.errors import Refused, Unavailable
+from consumers.operations.errors import Refused
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard.api import schemas
 from dashboard.api.inputs import (
@@ -127,12 +127,9 @@ def watch_trace_record(request, name):
     try:
         partition, offset, _ = watch_trace.parse_request({k: v for k, v in request.query_params.items() if k != "key"})
         return Response(watch_trace.trace(watch, partition, offset).as_json())
-    except watch_trace.TraceRefused as exc:
-        return Response({"error": str(exc), "field": exc.field or None}, status=http.HTTP_400_BAD_REQUEST)
-    except Unavailable as exc:  # Kafka cannot be read now
-        return Response({"error": str(exc), "field": None}, status=http.HTTP_503_SERVICE_UNAVAILABLE)
-    except Refused as exc:  # its cluster is no longer configured
-        return Response({"error": str(exc), "field": None}, status=http.HTTP_409_CONFLICT)
+    except watch_trace.REFUSALS as exc:
+        return Response({"error": str(exc), "field": getattr(exc, "field", "") or None},
+                        status=watch_trace.refusal_status(exc))
 
 
 @extend_schema(responses={(200, "text/csv"): str, **REFUSALS}, operation_id="watches_findings_csv")

@@ -5,7 +5,6 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from consumers.models import Pipeline
-from consumers.operations.errors import Refused, Unavailable
 from consumers.reconciliation import trace as tracing
 from dashboard.views.common import render_page
 
@@ -25,10 +24,6 @@ def trace_record(request, name):
                 context["traces"] = [tracing.trace(pipeline, r.partition, r.offset) for r in records[-10:]]
             else:
                 context["traces"] = [tracing.trace(pipeline, partition, offset)]
-        except tracing.TraceRefused as exc:
-            context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
-        except Unavailable as exc:  # Kafka cannot be read now: htmx swaps 503 too
-            context["error"], status = str(exc), 503
-        except Refused as exc:  # its cluster is no longer configured: htmx swaps 409 too
-            context["error"], status = str(exc), 409
+        except tracing.REFUSALS as exc:  # htmx swaps these statuses too: the form shows why
+            context["error"], status = str(exc), tracing.refusal_status(exc, bad_request=422)
     return render_page(request, "trace.html", context, fragment="result", status=status)

@@ -14,7 +14,6 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import RANGES_SHOWN, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.operations.errors import Refused, Unavailable
 from consumers.reconciliation import monitored, watch_audit, watch_trace
 from dashboard import consumer_rows
 from dashboard.forms import ClusterField
@@ -59,12 +58,8 @@ def trace_finding(request, name):
         try:
             partition, offset, _ = watch_trace.parse_request({k: v for k, v in request.GET.items() if k != "key"})
             context["t"] = watch_trace.trace(watch, partition, offset)
-        except watch_trace.TraceRefused as exc:
-            context["error"], status = str(exc), 422  # htmx swaps 422: the form shows why
-        except Unavailable as exc:  # Kafka cannot be read now: htmx swaps 503 too
-            context["error"], status = str(exc), 503
-        except Refused as exc:  # its cluster is no longer configured: htmx swaps 409 too
-            context["error"], status = str(exc), 409
+        except watch_trace.REFUSALS as exc:  # htmx swaps these statuses too: the form shows why
+            context["error"], status = str(exc), watch_trace.refusal_status(exc, bad_request=422)
     return render_page(request, "watch_trace.html", context, fragment="result", status=status)
 
 

@@ -8,7 +8,6 @@ from django.core.management.base import CommandError
 
 from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline
-from consumers.operations.errors import Refused
 from consumers.reconciliation import trace as tracing
 
 MAX_KEY_MATCHES = 10
@@ -43,7 +42,7 @@ class Command(TallyCommand):
                 traces = [tracing.trace(found, r.partition, r.offset) for r in records[-MAX_KEY_MATCHES:]]
             else:
                 traces = [tracing.trace(found, partition, offset)]
-        except (tracing.TraceRefused, Refused) as exc:  # Refused: its cluster is gone, or Kafka cannot be read now
+        except tracing.REFUSALS as exc:
             raise refused(str(exc)) from None
         if options["json"]:
             self.stdout.write(json.dumps([t.as_json() for t in traces], indent=2, default=str))
