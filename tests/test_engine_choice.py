@@ -1,4 +1,5 @@
 """Which engine runs a pipeline: one choice, shared by the Celery run and `run_pipeline`."""
+import inspect
 import subprocess
 import sys
 
@@ -6,17 +7,18 @@ import pytest
 
 from consumers.engine import python as python_engine
 from consumers.engine import spark as spark_engine
-from consumers.engine.options import RunOptions, engine_for
+from consumers.engine.options import RunOptions, engine_for, with_keywords
 from tests.commands import run_command
 from tests.conftest import ROOT
 
 
-def test_each_engine_name_maps_to_its_engine_and_keywords_build_the_same_options(monkeypatch):
+def test_each_engine_name_maps_to_its_engine_and_keywords_build_the_same_options():
     assert engine_for("python") is python_engine.run
     assert engine_for("spark") is spark_engine.run
+    assert inspect.unwrap(python_engine.run_pipeline) is python_engine.run
+    assert inspect.unwrap(spark_engine.run_pipeline) is spark_engine.run
     seen = []
-    monkeypatch.setattr(python_engine, "run", lambda name, options: seen.append((name, options)))
-    python_engine.run_pipeline("orders", batch_size=7, stop_when_caught_up=True)
+    with_keywords(lambda name, options: seen.append((name, options)))("orders", batch_size=7, stop_when_caught_up=True)
     assert seen == [("orders", RunOptions(batch_size=7, stop_when_caught_up=True))]
 
 

@@ -2,8 +2,8 @@
 
 `RunOptions` is the one spelling of a run's options; `PipelineEngine` is what `engine_for(engine)` returns: a
 callable taking the pipeline's name and its options (not `Engine`: that name is the pipeline field's choices).
-Each engine's `run_pipeline(name, **options)` builds the options from keywords, for callers that name only a few
-of them.
+Each engine's `run_pipeline(name, **options)` (`with_keywords(run)`) builds the options from keywords, for callers
+that name only a few of them; `run_engine` is what both engines' `run` do.
 """
 import threading
 from collections.abc import Callable
@@ -71,6 +71,15 @@ def run_engine(engine_run: type[EngineRun], engine: str, name: str, options: Run
     except RunEnded as ended:
         return ended_at_start(pipeline, engine, options.task_id, ended)
     return run.run()
+
+
+def with_keywords(run: PipelineEngine) -> Callable[..., RunResult]:
+    """An engine's `run` taking the options as keywords (RunOptions' fields), for callers that name only a few."""
+    def run_pipeline(name: str, **options) -> RunResult:
+        return run(name, RunOptions(**options))
+
+    run_pipeline.__wrapped__ = run   # inspect.unwrap(engine.run_pipeline) is the engine's run
+    return run_pipeline
 
 
 def engine_for(engine: str) -> PipelineEngine:

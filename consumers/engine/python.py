@@ -45,7 +45,7 @@ from consumers.engine.lifecycle import (
     cluster_unusable,
     target_of,
 )
-from consumers.engine.options import PEERS_WAIT_S, RunOptions, run_engine, why_stopped
+from consumers.engine.options import PEERS_WAIT_S, RunOptions, run_engine, why_stopped, with_keywords
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import KafkaUnreachable
@@ -69,9 +69,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     return run_engine(_Engine, Engine.PYTHON, name, options)
 
 
-def run_pipeline(name: str, **options) -> RunResult:
-    """`run` with the options as keywords (RunOptions' fields)."""
-    return run(name, RunOptions(**options))
+run_pipeline = with_keywords(run)
 
 
 class _Engine:

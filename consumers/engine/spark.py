@@ -46,7 +46,7 @@ from consumers.engine.lifecycle import (
     cluster_unusable,
     target_of,
 )
-from consumers.engine.options import RunOptions, run_engine, why_stopped
+from consumers.engine.options import RunOptions, run_engine, why_stopped, with_keywords
 from consumers.engine.spark_session import TASK_ATTEMPTS, get_spark
 from consumers.engine.spark_source import cluster_options, kafka_format, offsets_json
 from consumers.engine.transforms import JSON
@@ -74,9 +74,7 @@ def run(name: str, options: RunOptions) -> RunResult:
     return run_engine(SparkRun, Engine.SPARK, name, options)
 
 
-def run_pipeline(name: str, **options) -> RunResult:
-    """`run` with the options as keywords (RunOptions' fields)."""
-    return run(name, RunOptions(**options))
+run_pipeline = with_keywords(run)
 
 
 class SparkRun:
