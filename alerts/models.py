@@ -4,6 +4,7 @@ The database keeps alerts honest: at most one open alert per (rule, pipeline) (a
 state changes are conditional UPDATEs, and every email is an outbox row unique per (alert, kind,
 sequence) and channel, so one state never produces two messages however often evaluation runs.
 """
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -66,6 +67,21 @@ class AlertRule(models.Model):
         return {status.strip().upper() for status in (self.statuses or DEFAULT_STATUSES).split(",") if status.strip()}
 
 
+class Installation(models.Model):
+    """This installation of Tally: one row, made with a random key by the migration that creates the database's
+    tables, so two installations (or a database created again) never share it. PagerDuty's dedup_keys name it,
+    so installations sharing an integration key never fold into or close each other's incidents."""
+
+    ONE = 1
+    id = models.PositiveSmallIntegerField(primary_key=True, default=ONE)   # one row: its key is the primary key's
+    key = models.UUIDField(default=uuid.uuid4, editable=False)
+
+    @classmethod
+    def current(cls) -> "Installation":
+        """The row; made again if it is missing (a flushed test database is a new installation)."""
+        return cls.objects.get_or_create(pk=cls.ONE)[0]
+
+
 class AlertState(models.TextChoices):
     FIRING = "firing", "firing"
     ACKNOWLEDGED = "acknowledged", "acknowledged"
@@ -101,6 +117,9 @@ class Alert(models.Model):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True, default="")
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # The PagerDuty dedup_key of an alert opened before keys named the installation: its incident closes with the
+    # key it was opened with. Empty for the others (alerts.payloads.dedup_key derives theirs).
+    legacy_dedup_key = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:
         db_table = "dashboard_alert"  # created when alerts lived in the dashboard app

@@ -3,7 +3,7 @@ when it is queued, so a retry hours later still carries the original times and v
 
 Its shape is documented, with a JSON schema, in docs/alerts.md; tests validate real payloads against it.
 """
-from alerts.models import NotificationKind, RuleKind
+from alerts.models import Installation, NotificationKind, RuleKind
 from alerts.notify import alerts_url, subject_url
 
 SCHEMA_VERSION = 1
@@ -27,8 +27,10 @@ def cluster_name(monitored) -> str:
 
 
 def dedup_key(alert) -> str:
-    """One per incident (alert), the same for its trigger, reminders and resolve: PagerDuty's dedup_key."""
-    return f"tally-alert-{alert.pk}"
+    """One per incident (alert), the same for its trigger, reminders and resolve: PagerDuty's dedup_key. It names
+    the installation: alert ids alone repeat across installations sharing an integration key, and in a database
+    created again. An alert opened before keeps the key its incident was opened with."""
+    return alert.legacy_dedup_key or f"tally-{Installation.current().key.hex}-alert-{alert.pk}"
 
 
 def build(alert, kind: str, sequence: int, now) -> dict:

@@ -20,6 +20,7 @@ from alerts.defaults import ensure_default_rules
 from alerts.evaluate import evaluate_all
 from alerts.models import Alert, AlertRule, AlertState, Channel, Notification, RuleKind
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
+from alerts.payloads import dedup_key
 from consumers.models import ActionLog, PartitionHealth, Status, Watch
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
 from tests.receivers import Receiver
@@ -554,6 +555,6 @@ def test_a_rule_edited_to_another_kind_resolves_its_open_incident_and_opens_one_
     assert (lag.state, lag.kind, lag.summary) == (AlertState.FIRING, "lag_records", "lag 500 records > 100")
     assert report.resolved == ["orders/Lost records"] and report.fired == ["orders/Lost records"]
     events = [(e["event_action"], e["dedup_key"]) for e in receiver.bodies()]
-    assert events == [("trigger", f"tally-alert-{loss.pk}"), ("resolve", f"tally-alert-{loss.pk}"),
-                      ("trigger", f"tally-alert-{lag.pk}")]
+    assert events == [("trigger", dedup_key(loss)), ("resolve", dedup_key(loss)), ("trigger", dedup_key(lag))]
+    assert dedup_key(loss) != dedup_key(lag)
     assert receiver.bodies()[2]["payload"]["class"] == "lag_records"

@@ -1,0 +1,86 @@
+"""PagerDuty incidents are this installation's: the dedup_key names the installation, so two Tally
+installations sharing an integration key (or a database created again) never fold into or close each other's
+incidents; and an incident opened before that still closes with the key it was opened with."""
+import importlib
+
+import pytest
+from django.apps import apps
+from django.db import connection
+
+from alerts import payloads
+from alerts.models import Alert, Installation, Notification
+from alerts.outbox import deliver_due
+from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
+from tests.receivers import Receiver
+from tests.test_alert_channels import (
+    add_channel,
+    alert_settings,  # noqa: F401 - an autouse fixture
+    at,
+    fire_loss,
+    resolve,
+)
+from tests.test_alerts_email import T0
+
+migration = importlib.import_module("alerts.migrations.0006_installation_dedup_keys")
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def pager(receiver):
+    return add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+
+
+def run_migration(function):
+    with connection.schema_editor() as editor:
+        function(apps, editor)
+
+
+def test_the_dedup_key_names_this_installation_and_the_alert(receiver):
+    pager(receiver)
+    fire_loss()
+    deliver_due(now=T0)
+    [event] = receiver.bodies()
+    assert Installation.objects.get().key.hex in event["dedup_key"]
+    assert event["dedup_key"].endswith(f"-{Alert.objects.get().pk}")
+
+
+def test_a_database_created_again_gives_the_same_alert_id_another_key(receiver):
+    """A new database numbers its alerts from 1 again: under the old database's key, its alerts would fold into
+    (or resolve) the incidents the old one opened."""
+    pager(receiver)
+    fire_loss()
+    deliver_due(now=T0)
+    [event] = receiver.bodies()
+    Installation.objects.all().delete()
+    run_migration(migration.create_installation)   # what a new database's migrations do
+    assert payloads.dedup_key(Alert.objects.get()) != event["dedup_key"]
+
+
+def test_an_incident_opened_before_installation_ids_resolves_with_the_key_it_was_opened_with(receiver):
+    pager(receiver)
+    pipeline = fire_loss()
+    alert = Alert.objects.get()
+    old_key = f"tally-alert-{alert.pk}"   # what Tally sent before installation ids
+    for row in Notification.objects.filter(alert=alert):
+        row.payload = {**row.payload, "dedup_key": old_key}
+        row.save()
+    deliver_due(now=T0)
+    run_migration(migration.remember_old_dedup_keys)   # the upgrade, with the incident open
+    resolve(pipeline, at(60))
+    deliver_due(now=at(60))
+    assert [(e["event_action"], e["dedup_key"]) for e in receiver.bodies()] == [("trigger", old_key),
+                                                                               ("resolve", old_key)]
+
+
+def test_a_new_alert_after_the_upgrade_gets_the_installations_key(receiver):
+    pager(receiver)
+    run_migration(migration.remember_old_dedup_keys)
+    fire_loss()
+    deliver_due(now=T0)
+    [event] = receiver.bodies()
+    assert Installation.objects.get().key.hex in event["dedup_key"]
