@@ -214,8 +214,13 @@ def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRu
 
 
 def acknowledge(alert: Alert, user: str, now=None) -> bool:
-    """firing -> acknowledged, in the operators' action log with the actor."""
-    changed = alert.acknowledge(user, now)
+    """firing -> acknowledged, in the operators' action log with the actor; the channels that heard it fire are
+    told in the same transaction (alerts.outbox.queue_acknowledged)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        changed = alert.acknowledge(user, now)
+        if changed:
+            outbox.queue_acknowledged(alert, now)
     if changed:
         _log_action(alert, "acknowledge_alert", user, {}, f"acknowledged alert {alert.pk}: {alert.summary}", now)
     else:

@@ -258,6 +258,8 @@ class NotificationKind(models.TextChoices):
     FIRED = "fired", "fired"
     REMINDER = "reminder", "reminder"
     RESOLVED = "resolved", "resolved"
+    # An operator took the alert: told to the channels that heard it fire and have a word for it (PagerDuty).
+    ACKNOWLEDGED = "acknowledged", "acknowledged"
 
 
 class ChannelKind(models.TextChoices):
@@ -344,7 +346,7 @@ class Notification(models.Model):
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
     channel = models.ForeignKey(Channel, null=True, blank=True, on_delete=models.CASCADE,
                                 related_name="notifications")
-    kind = models.CharField(max_length=10, choices=NotificationKind.choices)
+    kind = models.CharField(max_length=15, choices=NotificationKind.choices)
     sequence = models.PositiveIntegerField(default=0, help_text="Reminder number; 0 for fired/resolved.")
     recipients = models.JSONField(default=list)
     subject = models.CharField(max_length=300)

@@ -44,7 +44,11 @@ def subject_url(alert) -> str:
 
 
 SUBJECT_PREFIX = {NotificationKind.FIRED: "FIRING", NotificationKind.REMINDER: "STILL FIRING",
-                  NotificationKind.RESOLVED: "RESOLVED"}
+                  NotificationKind.RESOLVED: "RESOLVED", NotificationKind.ACKNOWLEDGED: "ACKNOWLEDGED"}
+
+
+def subject(alert, kind: str) -> str:
+    return f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline_label}: {alert.summary}"[:300].replace("\n", " ")
 
 
 def render(alert, kind: str, sequence: int, now) -> dict:
@@ -55,7 +59,6 @@ def render(alert, kind: str, sequence: int, now) -> dict:
         "now": now, "pipeline_url": subject_url(alert), "alerts_url": alerts_url(alert),
         "firing_for": now - alert.started_at,
     }
-    subject = f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline_label}: {alert.summary}"
-    return {"subject": subject[:300].replace("\n", " "),
+    return {"subject": subject(alert, kind),
             "body_text": render_to_string("emails/alert.txt", context),
             "body_html": render_to_string("emails/alert.html", context)}

@@ -29,7 +29,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from alerts import notify, payloads
-from alerts.channels import DeliveryFailed, Session, kind_of, redact
+from alerts.channels import KINDS, DeliveryFailed, Session, kind_of, redact
 from alerts.channels.base import short
 from alerts.models import Channel, ChannelKind, Notification, NotificationKind
 from consumers.models import error_text
@@ -124,6 +124,20 @@ def queue_for_new_channels(alert, now) -> list[Notification]:
             if row is not None]
 
 
+def queue_acknowledged(alert, now) -> list[Notification]:
+    """An operator's acknowledge, for the enabled channels that heard the alert fire and whose kind has a word
+    for it (PagerDuty acknowledges the incident; Slack gets a line). Email and webhooks get nothing: the next
+    message they see is the resolve. Returns the rows created."""
+    kinds = [name for name, module in KINDS.items() if getattr(module, "ACKNOWLEDGES", False)]
+    channels = list(routed_channels(alert, NotificationKind.RESOLVED).filter(enabled=True, kind__in=kinds))
+    if not channels:
+        return []
+    kind = NotificationKind.ACKNOWLEDGED
+    rendered = {"subject": notify.subject(alert, kind), "body_text": "", "body_html": ""}
+    return [row for row in _to_channels(alert, channels, kind, 0, now, rendered, payloads.build(alert, kind, 0, now))
+            if row is not None]
+
+
 def _to_channels(alert, channels, kind, sequence, now, rendered: dict, payload: dict) -> list:
     created = []
     for channel in channels:
@@ -163,8 +177,9 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
                                           failed_at__isnull=True, next_attempt_at__gt=now)
     # A disabled channel holds what is new, but still hears the "resolved" of an alert it heard fire (in order,
     # behind anything older it holds): a channel disabled because its only rule was deleted would otherwise leave
-    # the PagerDuty incident that rule opened open for good.
-    held = Q(channel__enabled=False) & ~Q(kind=NotificationKind.RESOLVED)
+    # the PagerDuty incident that rule opened open for good. An acknowledge queued before it was disabled goes
+    # too: held, it would hold that resolve behind it.
+    held = Q(channel__enabled=False) & ~Q(kind__in=(NotificationKind.RESOLVED, NotificationKind.ACKNOWLEDGED))
     due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
                .exclude(held).exclude(Exists(waiting)).order_by("created_at", "pk")
                .values_list("pk", "channel_id", "created_at")[:limit])

@@ -14,7 +14,7 @@ SEVERITY = {
     RuleKind.LAG_RECORDS: "warning", RuleKind.LAG_SECONDS: "warning", RuleKind.DEAD_LETTERS: "warning",
 }
 EVENT_TEXT = {NotificationKind.FIRED: "firing", NotificationKind.REMINDER: "still firing",
-              NotificationKind.RESOLVED: "resolved"}
+              NotificationKind.RESOLVED: "resolved", NotificationKind.ACKNOWLEDGED: "acknowledged"}
 
 
 def _iso(moment):

@@ -1,5 +1,6 @@
 """PagerDuty Events API v2: "trigger" when an alert fires (reminders trigger again with the same dedup_key,
-which PagerDuty folds into the open incident) and "resolve" when it resolves. The dedup_key is one per
+which PagerDuty folds into the open incident), "acknowledge" when an operator acknowledges it in Tally and
+"resolve" when it resolves. The dedup_key is one per
 alert, so the incident opened by the trigger is the one the resolve closes. The URL is configurable
 (a regional endpoint, a proxy, a local receiver in tests); the routing key is the secret."""
 import json
@@ -11,6 +12,10 @@ from alerts.payloads import channel_test_payload, headline
 
 # PagerDuty refuses a summary over 1,024 characters.
 MAX_SUMMARY = 1024
+# An operator's acknowledge in Tally acknowledges the incident: nobody else is paged for it meanwhile.
+ACKNOWLEDGES = True
+# Events that only move the incident: its key is all PagerDuty needs.
+SHORT_ACTIONS = {"resolved": "resolve", "acknowledged": "acknowledge"}
 
 
 def url_of(channel) -> str:
@@ -18,8 +23,9 @@ def url_of(channel) -> str:
 
 
 def event(routing_key: str, payload: dict) -> dict:
-    if payload["event"] == "resolved":
-        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": payload["dedup_key"]}
+    if payload["event"] in SHORT_ACTIONS:
+        return {"routing_key": routing_key, "event_action": SHORT_ACTIONS[payload["event"]],
+                "dedup_key": payload["dedup_key"]}
     return {
         "routing_key": routing_key, "event_action": "trigger", "dedup_key": payload["dedup_key"],
         "payload": {"summary": headline(payload)[:MAX_SUMMARY], "source": f"tally/{payload['target']['name']}",

@@ -6,7 +6,10 @@ from alerts.channels.base import Answer, mask_url, unused_settings, url_problem,
 from alerts.channels.http import post_json
 from alerts.payloads import channel_test_payload, headline
 
-ICON = {"fired": ":rotating_light:", "reminder": ":bell:", "resolved": ":white_check_mark:", "test": ":wave:"}
+ICON = {"fired": ":rotating_light:", "reminder": ":bell:", "resolved": ":white_check_mark:", "test": ":wave:",
+        "acknowledged": ":eyes:"}
+# A channel that heard the alert fire is told, in one line, who took it.
+ACKNOWLEDGES = True
 # Slack refuses a section field over 2,000 characters and a header over 150; partitions listed at most.
 MAX_FIELD = 1900
 MAX_PARTITIONS = 10
@@ -33,7 +36,16 @@ def _partitions(facts: dict) -> str:
     return "\n".join(lines)[:MAX_FIELD]
 
 
+def acknowledged(payload: dict) -> dict:
+    """One line: the room that saw it fire knows someone has it."""
+    who = payload.get("acknowledged_by") or "an operator"
+    text = f"{ICON['acknowledged']} {_escape(headline(payload))}: taken by {_escape(who)}"
+    return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text[:MAX_FIELD]}}]}
+
+
 def message(payload: dict) -> dict:
+    if payload["event"] == "acknowledged":
+        return acknowledged(payload)
     target, rule = payload["target"], payload["rule"]
     fields = [f"*Rule*\n{_escape(rule['name'])} ({_escape(rule['kind'])})",
               f"*{target['type'].capitalize()}*\n<{payload['links']['pipeline']}|{_escape(target['name'])}>",
