@@ -2,7 +2,10 @@
 detail for everyone signed in, acknowledge and mute for operators (403 for viewers)."""
 import functools
 
+from django.core.paginator import EmptyPage, Paginator
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils.http import urlencode
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework import status as http
@@ -32,6 +35,9 @@ from consumers.api_base import (
 )
 
 OPERATE = [IsAuthenticated, OperatorForWrites]
+# An alert firing for months has thousands of notifications: the detail answers one page of them.
+DEFAULT_NOTIFICATIONS_PER_PAGE = 50
+MAX_NOTIFICATIONS_PER_PAGE = 500
 
 
 class MuteInput(StrictSerializer):
@@ -48,6 +54,15 @@ class AlertListQuery(serializers.Serializer):
                                     help_text="open (firing or acknowledged), a single state, or all")
     pipeline = serializers.CharField(required=False, default="", max_length=100,
                                      help_text="A pipeline's or a watch's name")
+
+
+class AlertDetailQuery(serializers.Serializer):
+    """Query parameters of GET /api/alerts/ID/: which page of its notifications (newest first)."""
+
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_NOTIFICATIONS_PER_PAGE,
+                                     default=DEFAULT_NOTIFICATIONS_PER_PAGE, help_text="Notifications per page")
+    page = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1, default=1,
+                                    help_text="From 1, newest first")
 
 
 def _alert(alert_id: int) -> Alert:
@@ -69,17 +84,36 @@ def alert_list(request):
     return Response({"alerts": [alert.as_json() for alert in alerts[:PAGE_SIZE]]})
 
 
-@extend_schema(operation_id="alerts_detail", responses=answers(AlertDetailSerializer))
+@extend_schema(operation_id="alerts_detail", responses=answers(AlertDetailSerializer), parameters=[AlertDetailQuery])
 @api_view(["GET"])
 def alert_detail(request, alert_id):
+    """The alert, and one page of its notifications, newest first (?limit=N, at most 500; ?page=N), with their
+    count and the next page's link (null on the last), as the dead-letter API pages."""
     alert = _alert(alert_id)
-    data = alert.as_json()
-    data["notifications"] = [{"channel": n.channel.name if n.channel_id else None, "kind": n.kind,
-                              "sequence": n.sequence, "attempts": n.attempts,
-                              "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
-                              "last_error": n.last_error or None}
-                             for n in alert.notifications.select_related("channel").order_by("created_at", "pk")]
-    return Response(data)
+    query = AlertDetailQuery(data=request.query_params)
+    if not query.is_valid():
+        return Response({"errors": field_errors(query.errors)}, status=http.HTTP_400_BAD_REQUEST)
+    limit, number = query.validated_data["limit"], query.validated_data["page"]
+    paginator = Paginator(alert.notifications.select_related("channel").order_by("-created_at", "-pk"), limit)
+    try:
+        page = paginator.page(number)
+    except EmptyPage:  # past the last page: nothing, said plainly (a client pages until `next` is null)
+        rows, following = [], None
+    else:
+        rows = [_notification_json(n) for n in page.object_list]
+        following = None
+        if page.has_next():
+            path = reverse("alerts_api:detail", kwargs={"alert_id": alert.pk})
+            following = request.build_absolute_uri(f"{path}?{urlencode({'limit': limit, 'page': number + 1})}")
+    return Response({**alert.as_json(), "notifications_count": paginator.count, "notifications_page": number,
+                     "notifications_pages": paginator.num_pages, "notifications_next": following,
+                     "notifications": rows})
+
+
+def _notification_json(n) -> dict:
+    return {"channel": n.channel.name if n.channel_id else None, "kind": n.kind, "sequence": n.sequence,
+            "attempts": n.attempts, "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
+            "last_error": n.last_error or None}
 
 
 def _alert_action(action: str, body_class, answer):

@@ -37,7 +37,11 @@ class NotificationSerializer(serializers.Serializer):
 
 
 class AlertDetailSerializer(AlertSerializer):
-    notifications = NotificationSerializer(many=True)
+    notifications_count = serializers.IntegerField(help_text="All of the alert's notifications")
+    notifications_page = serializers.IntegerField()
+    notifications_pages = serializers.IntegerField()
+    notifications_next = serializers.URLField(allow_null=True, help_text="The next page; null on the last")
+    notifications = NotificationSerializer(many=True, help_text="One page of them, newest first")
 
 
 class AlertAnswerSerializer(serializers.Serializer):

@@ -76,7 +76,7 @@ def test_the_alert_history_of_a_deleted_pipeline_is_listed_on_the_page_and_the_a
     assert sorted((a["pipeline"], a["rule"], a["kind"]) for a in api) == [("orders", "Any loss", "lost"),
                                                                            ("orders", "Orders lag", "lag_records")]
     detail = viewer_client.get(f"/api/alerts/{history['firing'].pk}/").json()
-    assert [n["kind"] for n in detail["notifications"]] == ["fired", "resolved"]
+    assert [n["kind"] for n in detail["notifications"]] == ["resolved", "fired"]   # newest first
 
 
 def test_an_alert_of_a_deleted_pipeline_cannot_be_muted(capsys, history, operator_client):
