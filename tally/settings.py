@@ -341,6 +341,11 @@ SPARK_JDBC_JAR = env_str("SPARK_JDBC_JAR", "/usr/share/java/postgresql.jar")
 # A Celery worker starts its Spark driver (JVM, session, Python workers) when it starts, in the background,
 # so the first Spark run it gets -- the demo's -- does not wait tens of seconds for a JVM. `make run` sets it.
 SPARK_WARM_ON_WORKER_START = env_bool("SPARK_WARM_ON_WORKER_START", False)
+# A running topic check writes a heartbeat about every fifth of this; one silent for longer lost its worker (killed,
+# a lost machine) and is ended as failed by the periodic pass below. Long: a JVM's start or a full GC may be slow.
+TALLY_TOPIC_CHECK_LEASE_SECONDS = env_int("TALLY_TOPIC_CHECK_LEASE_SECONDS", 120, minimum=10)
+CELERY_BEAT_SCHEDULE["topic-checks-fail-stale"] = {"task": "consumers.fail_stale_topic_checks", "schedule": 30,
+                                                   "options": {"expires": 30}}
 
 # --- Email and alerts --------------------------------------------------------------------------------
 EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"

@@ -1,4 +1,7 @@
 """Topic check jobs: a topic range checked against a sink table, key by key, with Spark."""
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -15,6 +18,34 @@ class TopicCheckJobQuerySet(models.QuerySet):
         """Checks of a pipeline's own sink table: the only ones anybody is shown. (Checks once took any
         table; the results of those may hold other tables' keys.)"""
         return self.filter(pipeline__isnull=False, table=models.F("pipeline__sink_table"))
+
+    def claim(self, now: datetime) -> int:
+        """A worker takes a queued check (once: a duplicated task finds it taken)."""
+        return self.filter(status=TopicCheckStatus.QUEUED).update(
+            status=TopicCheckStatus.RUNNING, progress=0.0, progress_message="starting", heartbeat_at=now)
+
+    def heartbeat(self, now: datetime) -> int:
+        """A running check's worker is still there. A check already declared failed stays failed."""
+        return self.filter(status=TopicCheckStatus.RUNNING).update(heartbeat_at=now)
+
+    def stale(self, now: datetime):
+        """Running checks whose worker stopped answering: no heartbeat within the lease (SIGKILL, a lost machine:
+        the task is not acknowledged late, so nobody would ever run or end it). Checks running from before
+        heartbeats were written have none."""
+        return self.filter(models.Q(heartbeat_at__lt=now - topic_check_lease()) | models.Q(heartbeat_at__isnull=True),
+                           status=TopicCheckStatus.RUNNING)
+
+    def fail_stale(self, now: datetime) -> int:
+        """End the stale checks as failed, saying why, so that an operator sees it and requests another."""
+        lease = settings.TALLY_TOPIC_CHECK_LEASE_SECONDS
+        return self.stale(now).update(
+            status=TopicCheckStatus.FAILED, finished_at=now,
+            error=f"its worker stopped answering: no heartbeat for {lease} s (killed or lost); request it again")
+
+
+def topic_check_lease() -> timedelta:
+    """How long a running check stays running after its last heartbeat."""
+    return timedelta(seconds=settings.TALLY_TOPIC_CHECK_LEASE_SECONDS)
 
 
 class TopicCheckJob(models.Model):
@@ -33,6 +64,7 @@ class TopicCheckJob(models.Model):
     requested_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # written while it runs (TopicCheckJobQuerySet.stale)
 
     objects = TopicCheckJobQuerySet.as_manager()
 

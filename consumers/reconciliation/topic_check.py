@@ -16,13 +16,15 @@ other table (users, sessions, tokens) can be read through a topic check. A faile
 names the pipeline and the kind of failure, never the values Spark or the database saw.
 """
 import logging
+import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
@@ -31,6 +33,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
+from consumers.models.topic_check import topic_check_lease
 
 log = logging.getLogger("tally.spark.topic_check")
 
@@ -360,8 +363,7 @@ def enqueue_job(job_id: int) -> bool:
 
 def run_topic_check_job(job_id: int) -> TopicCheckJob:
     """Run a stored job, recording progress, and its result or error. Idempotent on a finished job."""
-    claimed = TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.QUEUED).update(
-        status=TopicCheckStatus.RUNNING, progress=0.0, progress_message="starting")
+    claimed = TopicCheckJob.objects.filter(pk=job_id).claim(timezone.now())
     job = TopicCheckJob.objects.get(pk=job_id)
     if not claimed:
         return job  # already running or finished (a retried or duplicated task)
@@ -369,6 +371,36 @@ def run_topic_check_job(job_id: int) -> TopicCheckJob:
     def progress(fraction: float, message: str) -> None:
         TopicCheckJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
 
+    with _heartbeat(job_id):
+        _run_claimed(job, progress)
+    job.refresh_from_db()
+    return job
+
+
+@contextmanager
+def _heartbeat(job_id: int):
+    """Heartbeats of a running check, from a thread: Spark's actions report no progress for minutes. A worker
+    killed stops them, and TopicCheckJobQuerySet.fail_stale ends the check as failed."""
+    stop = threading.Event()
+
+    def beat():
+        try:
+            while not stop.wait(topic_check_lease().total_seconds() / 5):
+                TopicCheckJob.objects.filter(pk=job_id).heartbeat(timezone.now())
+        finally:
+            connection.close()  # the thread's own connection
+
+    thread = threading.Thread(target=beat, name=f"tally-topic-check-{job_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _run_claimed(job: TopicCheckJob, progress: Callable[[float, str], None]) -> None:
+    job_id = job.pk
     try:
         if job.pipeline is None:
             raise TopicCheckError("The topic check's pipeline no longer exists.")
@@ -382,8 +414,6 @@ def run_topic_check_job(job_id: int) -> TopicCheckJob:
     else:
         TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.DONE, result=report, progress=1.0,
                                                        progress_message="done", finished_at=timezone.now())
-    job.refresh_from_db()
-    return job
 
 
 

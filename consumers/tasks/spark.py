@@ -1,4 +1,5 @@
-"""Celery tasks of the Spark area: the topic check job. Thin: consumers/reconciliation/topic_check.py does the work.
+"""Celery tasks of the Spark area: the topic check job, and the end of those whose worker died. Thin:
+consumers/reconciliation/topic_check.py does the work.
 
 The task starts a SparkSession on first use in the worker process (one per process, reused): run it in a
 worker with the threads or solo pool, never prefork (a JVM gateway does not survive a fork). With
@@ -20,6 +21,16 @@ def run_topic_check_task(job_id: int):
 
     job = run_topic_check_job(job_id)
     return job.status
+
+
+@shared_task(name="consumers.fail_stale_topic_checks", ignore_result=True)
+def fail_stale_topic_checks_task() -> int:
+    """Beat: running checks whose worker stopped answering end as failed (consumers/models/topic_check.py)."""
+    from django.utils import timezone
+
+    from consumers.models import TopicCheckJob
+
+    return TopicCheckJob.objects.fail_stale(timezone.now())
 
 
 log = logging.getLogger("tally.spark")
