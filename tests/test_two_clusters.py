@@ -166,3 +166,25 @@ def test_a_cluster_moved_in_the_file_is_read_from_its_new_brokers_and_its_old_ad
         moved.write(f'# moved\n[clusters.second]\nbootstrap_servers = "{kafka_bootstrap}"\n')
     assert topic not in kafka_admin.shared_read("second", lambda client: client.list_topics())
     assert old_client._closed
+
+
+def test_a_cluster_removed_from_the_file_has_its_admin_client_closed_at_the_next_read_of_the_file(
+        two_clusters, settings):
+    """Nothing asks for a removed cluster again, so closing at the cluster's next call (as for a changed one) left
+    its client open, reconnecting for the life of the process; it is closed when the file without it is read."""
+    with clusters.shared_admin("second") as old_client:
+        pass
+    with open(settings.TALLY_KAFKA_CLUSTERS, "w") as removed:
+        removed.write("# second removed\n")
+
+    assert clusters.names() == [clusters.DEFAULT]
+    assert old_client._closed
+
+
+def test_a_cluster_removed_while_its_admin_client_is_in_use_has_it_closed_once_the_call_ends(two_clusters, settings):
+    with clusters.shared_admin("second") as client:
+        with open(settings.TALLY_KAFKA_CLUSTERS, "w") as removed:
+            removed.write("# second removed\n")
+        assert clusters.names() == [clusters.DEFAULT]
+        assert not client._closed   # the call in progress goes on
+    assert client._closed

@@ -261,6 +261,7 @@ def file_clusters() -> dict[str, Cluster]:
     if key not in _file_cache:
         _file_cache.clear()
         _file_cache[key] = _parse_file(Path(path))
+        _close_removed(set(_file_cache[key]))
     return _file_cache[key]
 
 
@@ -565,30 +566,35 @@ def shared_admin(cluster: "Cluster | str | None" = None):
     cluster = get(cluster)
     key = (os.getpid(), cluster.name, repr(cluster))
     with _shared_guard:
-        lock, slot = _shared.setdefault(key, (threading.Lock(), [None]))
-        earlier = [entry for other, entry in _shared.items() if other[:2] == key[:2] and other != key]
+        entry = _shared.setdefault(key, (threading.Lock(), [None]))
+        earlier = [other_entry for other, other_entry in _shared.items() if other[:2] == key[:2] and other != key]
+    lock, slot = entry
     _close_idle(cluster.name, earlier)
-    with lock:
-        if slot[0] is None:
-            slot[0] = admin(preflight(cluster))
-        try:
-            yield slot[0]
-        except Exception as exc:
-            if broker_refused(exc):
-                raise
-            client, slot[0] = slot[0], None
-            _passed.pop(repr(cluster), None)
+    try:
+        with lock:
+            if slot[0] is None:
+                slot[0] = admin(preflight(cluster))
             try:
-                client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
-                log.debug("closing the shared admin client of %s failed", cluster.name, exc_info=True)
-            raise
+                yield slot[0]
+            except Exception as exc:
+                if broker_refused(exc):
+                    raise
+                client, slot[0] = slot[0], None
+                _passed.pop(repr(cluster), None)
+                try:
+                    client.close()
+                except Exception:  # noqa: BLE001 - closing a broken client must not hide why it broke
+                    log.debug("closing the shared admin client of %s failed", cluster.name, exc_info=True)
+                raise
+    finally:
+        if _shared.get(key) is not entry:   # the cluster left the clusters file during this call (_close_removed)
+            _close_idle(cluster.name, [entry])
 
 
 def _close_idle(name: str, entries: list) -> None:
-    """Close the clients of a cluster's earlier settings (the clusters file changed): each has an IO thread that
-    would go on reconnecting, for the life of the process, to brokers the cluster no longer names. One in use
-    now is closed by a later call."""
+    """Close the clients of a cluster's earlier settings (the clusters file changed or no longer has it): each has
+    an IO thread that would go on reconnecting, for the life of the process, to brokers the cluster no longer
+    names. One in use now is closed by a later call."""
     for lock, slot in entries:
         if not lock.acquire(blocking=False):
             continue
@@ -601,6 +607,17 @@ def _close_idle(name: str, entries: list) -> None:
                 client.close()
             except Exception:  # noqa: BLE001 - a client of settings no longer used: nothing depends on it
                 log.debug("closing an admin client of %s's earlier settings failed", name, exc_info=True)
+
+
+def _close_removed(kept: set[str]) -> None:
+    """Close the clients of clusters gone from the clusters file (`kept`: the names it holds now). Nothing asks
+    for them again, so they would never reach _close_idle: each would keep its IO thread reconnecting for the
+    life of the process. One in use now is closed when its call ends (shared_admin)."""
+    with _shared_guard:
+        gone = [key for key in _shared if key[0] == os.getpid() and key[1] != DEFAULT and key[1] not in kept]
+        entries = {key: _shared.pop(key) for key in gone}
+    for key, entry in entries.items():
+        _close_idle(key[1], [entry])
 
 
 def broker_refused(exc: BaseException) -> bool:
