@@ -96,7 +96,7 @@ def test_the_beat_ends_the_checks_whose_worker_stopped_answering(orders, setting
 
     app.loader.import_default_modules()
     entry = settings.CELERY_BEAT_SCHEDULE["topic-checks-fail-stale"]
-    assert app.tasks[entry["task"]] is fail_stale_topic_checks_task
+    assert entry["task"] == fail_stale_topic_checks_task.name and entry["task"] in app.tasks
     check = check_of(orders, status=TopicCheckStatus.RUNNING, heartbeat_at=timezone.now() - timedelta(days=1))
 
     assert fail_stale_topic_checks_task() == 1
