@@ -415,6 +415,17 @@ def client_kwargs(cluster: "Cluster | str | None" = None) -> dict:
     return kwargs
 
 
+def check_settings(cluster: "Cluster | str | None" = None) -> Cluster:
+    """Read what building a client reads, without connecting: the cluster configured, its secrets (environment or
+    file) and TLS files usable, and an OAUTHBEARER token file. Raises ClusterConfigError naming the cluster, as the
+    build (or authentication) would: doors that refuse before anything moves ask this instead of waiting for it."""
+    cluster = get(cluster)
+    client_kwargs(cluster)
+    if cluster.uses_sasl and cluster.sasl_mechanism == "OAUTHBEARER":
+        FileTokenProvider(cluster).token()   # read at each authentication, not at the build
+    return cluster
+
+
 def _sasl_settings(cluster: Cluster, names: tuple[str, str, str, str], token_source) -> dict:
     """The cluster's SASL settings under one client's names for (mechanism, token source, username, password):
     OAUTHBEARER takes a token source made for the cluster, every other mechanism a username and password."""

@@ -206,10 +206,11 @@ def lookup(name, action: str, actor: str, params: dict) -> Pipeline:
 
 
 def cluster_problem(consumed) -> str | None:
-    """Why the cluster a pipeline or watch names cannot be used (not configured, or its settings are wrong), or
-    None. Asked before anything moves: a run, a rewind or a check on it would only fail later."""
+    """Why the cluster a pipeline or watch names cannot be used (not configured, or its settings are wrong, also
+    those read only when a client is built: a secret file removed or empty), or None. Asked before anything
+    moves: a run, a rewind or a check on it would only fail later."""
     try:
-        clusters.get(consumed.cluster or clusters.DEFAULT)
+        clusters.check_settings(consumed.cluster or clusters.DEFAULT)
     except ClusterConfigError as exc:
         return str(exc)
     return None

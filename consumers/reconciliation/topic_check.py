@@ -330,9 +330,9 @@ def create_job(pipeline: Pipeline, requested_by: str = "") -> TopicCheckJob:
     """Store a queued topic check job of `pipeline` (refused with TopicCheckError when it cannot be checked)."""
     spec = topic_check_spec(pipeline)
     try:
-        # A cluster gone from the clusters file (or with wrong settings) is refused now, naming it: queued, the job
-        # would only fail in the worker, and waiting would not help.
-        clusters.get(pipeline.cluster or clusters.DEFAULT)
+        # A cluster gone from the clusters file (or with wrong settings, a secret file removed) is refused now, naming
+        # it: queued, the job would only fail in the worker, and waiting would not help.
+        clusters.check_settings(pipeline.cluster or clusters.DEFAULT)
     except ClusterConfigError as exc:
         raise TopicCheckError(f"Cannot check the topic of pipeline {pipeline.name!r}: {exc}.") from None
     return TopicCheckJob.objects.create(pipeline=pipeline, topic=spec.topic, group_id=spec.group_id, table=spec.table,

@@ -1,0 +1,80 @@
+"""A cluster whose settings are found wrong only when a Kafka client is built (its SASL password file removed or
+empty): start, rewind and an operator's watch check refuse up front naming the cluster and the file (409 from the
+API, exit 1 from the command), audited, nothing changed, as a trace and a dead-letter replay from Kafka do. They
+asked only whether the cluster was configured, so a start was accepted and every run failed, a rewind went on to
+Kafka, and a watch check stored an ERR."""
+import pytest
+
+from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline, Watch
+from tests.commands import run_command
+from tests.views_helpers import client_of, make_operator
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["removed", "empty"])
+def password(request, settings, tmp_path):
+    """The cluster payments (SASL), whose password file was removed or emptied. Returns what a refusal says."""
+    secret = tmp_path / "payments-password"
+    if request.param == "empty":
+        secret.write_text("\n")
+    configured = tmp_path / "clusters.toml"
+    configured.write_text('[clusters.payments]\nbootstrap_servers = "127.0.0.1:9"\n'
+                          'security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "PLAIN"\n'
+                          f'sasl_username = "tally"\nsasl_password_file = "{secret}"\n')
+    settings.TALLY_KAFKA_CLUSTERS = str(configured)
+    if request.param == "removed":
+        return f"Kafka cluster 'payments': the SASL password cannot be read from file {secret}: No such file"
+    return f"Kafka cluster 'payments': the SASL password is read from file {secret}, which is empty"
+
+
+@pytest.fixture
+def orders(password):
+    return Pipeline.objects.create(name="orders", topic="orders", sink_table="sink_orders", cluster="payments")
+
+
+def unchanged(pipeline) -> tuple:
+    pipeline = Pipeline.objects.get(pk=pipeline.pk)
+    return pipeline.desired_state, pipeline.epoch
+
+
+def test_a_start_is_a_409_naming_the_cluster_and_its_password_file_and_changes_nothing(orders, password):
+    refused = client_of(make_operator()).post("/api/pipelines/orders/actions/start")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith(f"Cannot start pipeline 'orders': {password}")
+    assert unchanged(orders) == (DesiredState.STOPPED, 0)
+    assert list(ActionLog.objects.values_list("action", "result")) == [("start", ActionResult.REFUSED)]
+
+
+def test_a_rewind_exits_1_naming_the_cluster_and_its_password_file_and_changes_nothing(orders, password, capsys):
+    code, _, err = run_command(capsys, "rewind", "orders", "--to-earliest", "--execute")
+
+    assert code == 1 and f"Cannot rewind pipeline 'orders': {password}" in err
+    assert unchanged(orders) == (DesiredState.STOPPED, 0)
+    assert list(ActionLog.objects.values_list("action", "result")) == [("rewind", ActionResult.REFUSED)]
+
+
+def test_a_watch_check_is_refused_naming_the_cluster_and_its_password_file_and_stores_nothing(password, capsys):
+    watch = Watch.objects.create(name="team", group_id="team-loader", topic="orders", cluster="payments")
+    before = list(Watch.objects.values())
+
+    code, _, err = run_command(capsys, "watch", "check", "team", "--json")
+    refused = client_of(make_operator()).post("/api/watches/team/check", {}, content_type="application/json")
+
+    assert code == 1 and f"Cannot check watch 'team': {password}" in err
+    assert refused.status_code == 409 and refused.json()["error"].startswith(f"Cannot check watch 'team': {password}")
+    assert list(Watch.objects.values()) == before
+    assert [(e.action, e.result, e.cluster) for e in ActionLog.objects.order_by("pk")] == [
+        ("check_watch", ActionResult.REFUSED, watch.cluster)] * 2
+
+
+def test_a_topic_check_is_refused_naming_the_cluster_and_its_password_file_and_queues_nothing(orders, password):
+    from consumers.models import TopicCheckJob
+
+    refused = client_of(make_operator()).post("/api/pipelines/orders/topic-checks", {}, content_type="application/json")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith(f"Cannot check the topic of pipeline 'orders': {password}")
+    assert not TopicCheckJob.objects.exists()
+    assert list(ActionLog.objects.values_list("action", "result")) == [("topic_check", ActionResult.REFUSED)]
