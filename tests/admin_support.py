@@ -1,6 +1,5 @@
 """Helpers for the admin's tests: staff users in each role, and posting a changelist action. No tests here."""
 from django.contrib.admin import helpers
-from django.test import Client
 
 from tests.views_helpers import make_operator, make_viewer
 
@@ -17,12 +16,6 @@ def staff_operator(username="otto"):
 
 def staff_viewer(username="vera"):
     return staff(make_viewer(username))
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def post_action(client, changelist: str, action: str, ids, **fields):

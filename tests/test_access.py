@@ -11,13 +11,15 @@ from alerts.models import Alert, Mute
 from consumers.access import can_operate, can_view, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult, Pipeline
 from tests.alert_rows import open_alert
-from tests.views_helpers import PASSWORD, api_token, make_operator, make_pipeline, make_viewer
-
-
-def signed_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.views_helpers import (
+    PASSWORD,
+    api_token,
+    client_of,
+    make_operator,
+    make_pipeline,
+    make_superuser,
+    make_viewer,
+)
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_a_refusal_that_cannot_be_written_is_logged_not_raised(db, monkeypatch, 
                                  "/pipelines/orders/dead-letters/", "/pipelines/orders/rewind/"])
 def test_a_user_without_a_role_sees_only_a_page_saying_so(nobody, url):
     make_pipeline(with_history=False)
-    response = signed_in(nobody).get(url)
+    response = client_of(nobody).get(url)
     assert response.status_code == 403, (url, response.status_code)
     body = response.content.decode()
     assert "no role" in body.lower() and "orders" not in body
@@ -78,7 +80,7 @@ def test_a_user_without_a_role_sees_only_a_page_saying_so(nobody, url):
 def test_the_api_refuses_a_user_without_a_role_by_session_and_by_token(nobody, url):
     make_pipeline(with_history=False)
     key = api_token(nobody)
-    by_session = signed_in(nobody).get(url)
+    by_session = client_of(nobody).get(url)
     by_token = Client().get(url, headers={"Authorization": f"Token {key}"})
     for response in (by_session, by_token):
         assert response.status_code == 403, (url, response.content[:200])
@@ -101,7 +103,7 @@ def test_metrics_by_token_needs_a_role_too(nobody):
                                       ("/alerts/rules/new/", {"name": "x", "kind": "lost"})])
 def test_a_user_without_a_role_is_refused_every_write_and_nothing_changes(nobody, url, data):
     pipeline = make_pipeline(with_history=False)
-    response = signed_in(nobody).post(url, data)
+    response = client_of(nobody).post(url, data)
     assert response.status_code == 403, (url, response.status_code)
     assert Pipeline.objects.get().desired_state == pipeline.desired_state and Pipeline.objects.count() == 1
     assert not ActionLog.objects.exclude(result=ActionResult.REFUSED).exists()
@@ -109,14 +111,14 @@ def test_a_user_without_a_role_is_refused_every_write_and_nothing_changes(nobody
 
 
 def test_a_user_without_a_role_can_still_sign_out(nobody):
-    client = signed_in(nobody)
+    client = client_of(nobody)
     assert client.post("/accounts/logout/").status_code == 302
     assert "_auth_user_id" not in client.session
 
 
 def test_a_viewer_still_reads_everything(db):
     make_pipeline(with_history=False)
-    client = signed_in(make_viewer())
+    client = client_of(make_viewer())
     for url in ("/", "/pipelines/orders/", "/alerts/", "/metrics", "/api/pipelines/"):
         assert client.get(url).status_code == 200, url
     assert not ActionLog.objects.exists()
@@ -131,7 +133,7 @@ def test_a_viewer_still_reads_everything(db):
                                          ("/alerts/rules/new/", "alert_rule")])
 def test_a_viewers_refusal_on_the_alert_pages_is_audited(db, path, action):
     alert = open_alert("orders")
-    response = signed_in(make_viewer()).post(path.format(alert=alert.pk, rule=alert.rule_id),
+    response = client_of(make_viewer()).post(path.format(alert=alert.pk, rule=alert.rule_id),
                                              {"minutes": "10", "name": "x", "kind": "lost"})
     assert response.status_code == 403
     refusal = ActionLog.objects.get()
@@ -143,11 +145,11 @@ TOKENS = "/admin/knox/authtoken/"
 
 
 def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
-    admin = User.objects.create_superuser("root", password=PASSWORD)
+    admin = make_superuser()
     operator = make_operator()
     key = api_token(operator)
     token = AuthToken.objects.get(user=operator)
-    client = signed_in(admin)
+    client = client_of(admin)
     listing = client.get(TOKENS).content.decode()
     assert key not in listing and f"{key[:4]}…" in listing and key[:15] not in listing
     for page in ("change", "delete"):
@@ -171,11 +173,11 @@ def test_api_tokens_are_listed_masked_in_the_admin_and_shown_once_when_made(db):
 
 
 def test_an_api_token_is_revoked_from_the_admin_audited_without_its_key_in_clear(db):
-    admin = User.objects.create_superuser("root", password=PASSWORD)
+    admin = make_superuser()
     operator = make_operator()
     key, other = api_token(operator), api_token(operator)
     token = AuthToken.objects.get(token_key=key[:15])
-    client = signed_in(admin)
+    client = client_of(admin)
     listing = client.get(TOKENS).content.decode()
     page = f"{TOKENS}{token.pk}/revoke/"
     assert page in listing
@@ -198,15 +200,15 @@ def test_staff_without_the_permission_cannot_revoke_a_token_and_the_refusal_is_a
     api_token(operator)
     token = AuthToken.objects.get(user=operator)
     staff = User.objects.create_user("sam", password=PASSWORD, is_staff=True)
-    response = signed_in(staff).post(f"{TOKENS}{token.pk}/revoke/")
+    response = client_of(staff).post(f"{TOKENS}{token.pk}/revoke/")
     assert response.status_code == 403 and AuthToken.objects.filter(pk=token.pk).exists()
     refusal = ActionLog.objects.get()
     assert (refusal.actor, refusal.action, refusal.result) == ("sam", "revoke_token", ActionResult.REFUSED)
 
 
 def test_a_token_made_in_the_admin_is_audited_masked(db):
-    admin = User.objects.create_superuser("root", password=PASSWORD)
-    signed_in(admin).post(f"{TOKENS}add/", {"user": admin.pk})
+    admin = make_superuser()
+    client_of(admin).post(f"{TOKENS}add/", {"user": admin.pk})
     token = AuthToken.objects.get(user=admin)
     entry = ActionLog.objects.get(action="make_token")
     assert entry.actor == "root" and entry.params["key"] == f"{token.token_key[:4]}…"
@@ -225,7 +227,7 @@ def test_a_role_change_in_the_user_admin_is_audited_with_who_whom_and_the_roles_
     from django.contrib.auth.models import Group
 
     from dashboard.roles import OPERATORS
-    admin = signed_in(User.objects.create_superuser("root", password=PASSWORD))
+    admin = client_of(make_superuser())
     viewer = make_viewer()
     page = f"/admin/auth/user/{viewer.pk}/change/"
 
@@ -248,7 +250,7 @@ def test_a_group_change_or_a_deletion_in_the_admin_is_audited_for_each_member_wh
     from django.contrib.auth.models import Group
 
     from dashboard.roles import OPERATORS, VIEWERS
-    admin = signed_in(User.objects.create_superuser("root", password=PASSWORD))
+    admin = client_of(make_superuser())
     operator, viewer = make_operator(), make_viewer()
     operators = Group.objects.get(name=OPERATORS)
 

@@ -8,9 +8,9 @@ import pytest
 from alerts.models import Alert, AlertState, Mute
 from consumers.models import ActionLog, ActionResult, DeadLetter, DesiredState, Pipeline
 from consumers.operations import actions
-from tests.admin_support import client_for, messages_of, post_action, staff_operator, staff_viewer
+from tests.admin_support import messages_of, post_action, staff_operator, staff_viewer
 from tests.alert_rows import open_alert
-from tests.views_helpers import make_pipeline
+from tests.views_helpers import client_of, make_pipeline
 
 PIPELINES = "/admin/consumers/pipeline/"
 DEAD_LETTERS = "/admin/consumers/deadletter/"
@@ -30,7 +30,7 @@ def test_an_operator_starts_three_pipelines_and_each_result_is_reported_on_its_o
         enqueued, django_capture_on_commit_callbacks):
     orders, payments, refunds = make_pipeline("orders"), make_pipeline("payments"), make_pipeline("refunds")
     Pipeline.objects.filter(pk=payments.pk).update(desired_state=DesiredState.RUNNING)
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
 
     with django_capture_on_commit_callbacks(execute=True):
         response = post_action(client, PIPELINES, "start", [orders.pk, payments.pk, refunds.pk], index="0")
@@ -50,7 +50,7 @@ def test_an_operator_starts_three_pipelines_and_each_result_is_reported_on_its_o
 
 def test_pause_stop_resume_and_restart_from_the_admin_move_state_and_epoch(enqueued):
     orders = make_pipeline("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     for action, state in [("start", "running"), ("pause", "paused"), ("resume", "running"), ("restart", "running"),
                           ("stop", "stopped")]:
         post_action(client, PIPELINES, action, [orders.pk], index="0")
@@ -63,7 +63,7 @@ def test_pause_stop_resume_and_restart_from_the_admin_move_state_and_epoch(enque
 
 def test_a_viewer_sees_read_only_pages_without_actions_and_a_posted_action_is_refused_and_audited(enqueued):
     orders = make_pipeline("orders")
-    client = client_for(staff_viewer())
+    client = client_of(staff_viewer())
     page = client.get(PIPELINES)
     assert page.status_code == 200 and b"orders" in page.content
     assert b'name="action"' not in page.content   # no action dropdown, no checkboxes
@@ -95,7 +95,7 @@ def test_a_viewer_repeating_the_action_parameter_is_refused_as_django_reads_it_a
     orders = make_pipeline("orders")
     ids = {PIPELINES: [orders.pk], DEAD_LETTERS: list(DeadLetter.objects.values_list("pk", flat=True)),
            ALERTS: [open_alert("orders").pk]}[changelist]
-    client = client_for(staff_viewer())
+    client = client_of(staff_viewer())
 
     refused = post_action(client, changelist, actions_posted, ids, index=index)
 
@@ -109,7 +109,7 @@ def test_a_viewer_repeating_the_action_parameter_is_refused_as_django_reads_it_a
 
 def test_an_operator_sees_the_actions_in_the_changelists():
     make_pipeline("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     page = client.get(PIPELINES).content.decode()
     for action in ("start", "stop", "pause", "resume", "restart", "rewind"):
         assert f'value="{action}"' in page
@@ -119,7 +119,7 @@ def test_an_operator_sees_the_actions_in_the_changelists():
 
 def test_the_rewind_action_asks_for_the_form_and_bad_input_is_refused_audited_and_moves_nothing():
     orders, payments = make_pipeline("orders"), make_pipeline("payments")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
 
     form = post_action(client, PIPELINES, "rewind", [orders.pk, payments.pk], index="0")
     assert form.status_code == 200
@@ -146,7 +146,7 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
             sinks.ensure_sink_table(cursor, pipeline.sink_table, resolve("int_value"), True)
     try:
         Pipeline.objects.filter(pk=orders.pk).update(transform="tests.replay_transforms.lenient_int")
-        client = client_for(staff_operator())
+        client = client_of(staff_operator())
         letters = list(DeadLetter.objects.order_by("pipeline__name").values_list("pk", flat=True))
 
         page = post_action(client, DEAD_LETTERS, "replay_dead_letters", letters, index="0")
@@ -180,12 +180,12 @@ def test_dead_letters_are_replayed_per_pipeline_and_discarded_only_with_a_reason
 
 def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_refused():
     first, second = open_alert("orders"), open_alert("payments")
-    viewer = client_for(staff_viewer())
+    viewer = client_of(staff_viewer())
     assert viewer.get(ALERTS).status_code == 200
     assert post_action(viewer, ALERTS, "acknowledge_alerts", [first.pk], index="0").status_code == 403
     assert ActionLog.objects.get(action="acknowledge_alert").result == ActionResult.REFUSED
 
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     post_action(client, ALERTS, "acknowledge_alerts", [first.pk, second.pk], index="0")
     assert set(Alert.objects.values_list("state", "acknowledged_by")) == {(AlertState.ACKNOWLEDGED, "otto")}
     post_action(client, ALERTS, "mute_alerts", [first.pk], index="0", minutes="90", reason="maintenance")
@@ -204,7 +204,7 @@ def test_operators_acknowledge_and_mute_alerts_from_the_admin_and_viewers_are_re
 ])
 def test_a_mute_from_the_admin_with_bad_input_says_why_mutes_nothing_and_is_audited(fields, problem):
     alert = open_alert("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
 
     refused = post_action(client, ALERTS, "mute_alerts", [alert.pk], index="0", **fields)
 
@@ -217,7 +217,7 @@ def test_a_mute_from_the_admin_with_bad_input_says_why_mutes_nothing_and_is_audi
 
 
 def test_a_viewer_cannot_reset_consumer_groups_and_the_refusal_is_audited():
-    client = client_for(staff_viewer())
+    client = client_of(staff_viewer())
     response = client.post("/admin/consumers/groups/reset/", {"group": ["billing-etl"], "step": "execute",
                                                              "topic": "t", "mode": "to-earliest"})
     assert response.status_code == 403
@@ -228,7 +228,7 @@ def test_a_viewer_cannot_reset_consumer_groups_and_the_refusal_is_audited():
 
 def test_admin_rows_link_to_the_dashboard_and_the_pipeline_page_links_back_for_staff():
     orders = make_pipeline("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     assert b'href="/pipelines/orders/"' in client.get(PIPELINES).content
     assert b'href="/pipelines/orders/"' in client.get(DEAD_LETTERS).content
     page = client.get("/pipelines/orders/").content.decode()
@@ -238,13 +238,13 @@ def test_admin_rows_link_to_the_dashboard_and_the_pipeline_page_links_back_for_s
     assert filtered.status_code == 200 and b"not-a-number" in filtered.content
 
     from tests.views_helpers import make_operator
-    not_staff = client_for(make_operator("olaf"))
+    not_staff = client_of(make_operator("olaf"))
     assert b'id="admin-link"' not in not_staff.get("/pipelines/orders/").content
 
 
 def test_the_desired_state_is_not_editable_in_the_change_form():
     orders = make_pipeline("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Permission
     user = get_user_model().objects.get(username="otto")
@@ -255,7 +255,7 @@ def test_the_desired_state_is_not_editable_in_the_change_form():
 
 def test_the_admin_index_lists_consumer_groups_beside_the_models_for_viewers_and_operators():
     for user in (staff_viewer(), staff_operator()):
-        index = client_for(user).get("/admin/").content.decode()
+        index = client_of(user).get("/admin/").content.decode()
         assert 'href="/admin/consumers/groups/"' in index and "Consumer groups (not run by Tally)" in index
         assert 'href="/admin/consumers/pipeline/"' in index
 
@@ -266,7 +266,7 @@ def test_the_admins_select_all_discards_more_than_1000_dead_letters_in_batches_e
                                     for o in range(100, 2600)])
     total = DeadLetter.objects.filter(pipeline=orders).count()   # make_pipeline's own one and the 2,500
     assert total == 2501 and DeadLetter.objects.filter(pipeline=other).exists()
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"   # filtered to orders, then "Select all 2500"
     first_page = list(DeadLetter.objects.filter(pipeline=orders).order_by("-pk").values_list("pk", flat=True)[:100])
     page = post_action(client, changelist, "discard_dead_letters", first_page, index="0", select_across="1")
@@ -289,7 +289,7 @@ def test_the_admins_select_all_discard_is_refused_and_audited_when_dead_letters_
     orders = make_pipeline("orders")
     DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=b"v", error="Boom")
                                     for o in range(100, 103)])
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"
     shown = list(DeadLetter.objects.filter(pipeline=orders).values_list("pk", flat=True))
     page = post_action(client, changelist, "discard_dead_letters", shown, index="0", select_across="1")
@@ -331,7 +331,7 @@ def test_the_admins_select_all_replay_is_refused_and_audited_when_dead_letters_a
     DeadLetter.objects.filter(pipeline=orders).delete()
     DeadLetter.objects.bulk_create([DeadLetter(pipeline=orders, partition=0, offset=o, value=f"#{o}".encode(),
                                                error="Boom") for o in range(10, 14)])
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     changelist = f"{DEAD_LETTERS}?pipeline__id__exact={orders.pk}"   # filtered, then "Select all 4"
     shown = list(DeadLetter.objects.values_list("pk", flat=True))
     try:
@@ -363,7 +363,7 @@ def test_a_replay_from_kafka_in_the_admin_of_a_pipeline_whose_cluster_is_gone_is
     orders = make_pipeline("orders")
     Pipeline.objects.filter(pk=orders.pk).update(cluster="gone")
     letters = list(DeadLetter.objects.values_list("pk", flat=True))
-    done = post_action(client_for(staff_operator()), DEAD_LETTERS, "replay_dead_letters_from_kafka", letters,
+    done = post_action(client_of(staff_operator()), DEAD_LETTERS, "replay_dead_letters_from_kafka", letters,
                        step="execute", expected="1")
     assert any("Cannot replay dead letters of pipeline 'orders' from Kafka: Kafka cluster 'gone': no such cluster"
                in m for m in messages_of(done)), messages_of(done)

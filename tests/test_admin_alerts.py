@@ -3,14 +3,12 @@ is in the action log; alerts and mutes change through the audited actions only (
 a mute is audited."""
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
-from django.test import Client
 from django.utils import timezone
 
 from alerts.models import AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
 from consumers.models import ActionLog, ActionResult
 from tests.alert_rows import open_alert
-from tests.views_helpers import PASSWORD, make_pipeline
+from tests.views_helpers import client_of, make_pipeline, make_superuser
 
 pytestmark = pytest.mark.django_db
 RULES = "/admin/alerts/alertrule/"
@@ -18,9 +16,7 @@ RULES = "/admin/alerts/alertrule/"
 
 @pytest.fixture
 def root():
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password=PASSWORD))
-    return client
+    return client_of(make_superuser())
 
 
 def rule_form(**overrides):

@@ -8,8 +8,8 @@ import pytest
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, PartitionOffset
-from tests.admin_support import client_for, messages_of, post_action, staff_operator
-from tests.views_helpers import consumed_pipeline, drop_sink, produce
+from tests.admin_support import messages_of, post_action, staff_operator
+from tests.views_helpers import client_of, consumed_pipeline, drop_sink, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -37,7 +37,7 @@ def test_an_operator_rewinds_three_pipelines_with_one_preview_and_one_confirmati
     refunds = consumed_pipeline(kafka_bootstrap, make_topic("adm-refunds"), "adm-refunds", 3)
     selected = [orders.pk, payments.pk, refunds.pk]
     try:
-        client = client_for(staff_operator())
+        client = client_of(staff_operator())
         rewind = {"mode": "shift-by", "value": "-5", "partitions": "", "rollback_sink": "on"}
 
         preview = post_action(client, PIPELINES, "rewind", selected, step="preview", **rewind)
@@ -83,7 +83,7 @@ def test_an_operator_resets_an_external_group_from_the_admin_after_a_preview(kaf
     group = f"billing-{uuid.uuid4().hex[:6]}"
     produce(kafka_bootstrap, topic, range(40))
     kafka_admin.commit_offsets(group, topic, {0: 25})
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
 
     listed = client.get("/admin/consumers/groups/")
     assert group in listed.content.decode() and f'href="/groups/{group}/"' in listed.content.decode()
@@ -123,7 +123,7 @@ def test_the_execute_button_acts_only_on_what_its_preview_showed_not_on_a_refuse
     kafka_admin.commit_offsets(group, topic, {0: 10})
     refused_group = f"refunds-{uuid.uuid4().hex[:6]}"   # not known to Kafka yet: refused in the preview
     try:
-        client = client_for(staff_operator())
+        client = client_of(staff_operator())
         preview = post_action(client, PIPELINES, "rewind", [orders.pk, refunds.pk], step="preview",
                               mode="to-offset", value="25", partitions="")
         assert "Execute: rewind 1 pipeline" in preview.content.decode()
@@ -160,7 +160,7 @@ def test_an_operator_replays_dead_letters_from_kafka_in_the_admin(kafka_bootstra
         letters = list(DeadLetter.objects.values_list("pk", flat=True))
         assert len(letters) == 2
 
-        done = post_action(client_for(staff_operator()), "/admin/consumers/deadletter/",
+        done = post_action(client_of(staff_operator()), "/admin/consumers/deadletter/",
                            "replay_dead_letters_from_kafka", letters, step="execute", expected="2")
 
         assert "Pipeline adm-replay: replay: 2 replayed into the sink" in messages_of(done)

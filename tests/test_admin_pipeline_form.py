@@ -2,14 +2,12 @@
 every change made there is in the action log; a refused form changes nothing."""
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
-from django.test import Client
 
 from consumers.engine import sinks
 from consumers.engine.transforms import resolve
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline
-from tests.views_helpers import PASSWORD, make_pipeline
+from tests.views_helpers import client_of, make_pipeline, make_superuser
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 ADD = "/admin/consumers/pipeline/add/"
@@ -17,9 +15,7 @@ ADD = "/admin/consumers/pipeline/add/"
 
 @pytest.fixture
 def admin_client():
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password=PASSWORD))
-    return client
+    return client_of(make_superuser())
 
 
 def add_form(topic, table, **overrides):

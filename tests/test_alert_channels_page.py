@@ -8,19 +8,13 @@ from alerts import channel_actions
 from alerts.models import AlertRule, Channel
 from consumers.models import ActionLog, ActionResult
 from tests.receivers import Receiver
-from tests.views_helpers import make_operator, make_viewer
+from tests.views_helpers import client_of, make_operator, make_viewer
 
 SLACK_TOKEN = "xoxb-PAGE-T0KEN-123456"
 ROUTING_KEY = "PAGE-R0UTING-KEY-777"
 HMAC_SECRET = "page-HMAC-secret-999"
 
 pytestmark = pytest.mark.django_db
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -38,7 +32,7 @@ def assert_no_secret(text: str):
 
 
 def test_a_viewer_reads_the_masked_list_without_buttons(channels):
-    page = client_for(make_viewer()).get("/alerts/channels/").content.decode()
+    page = client_of(make_viewer()).get("/alerts/channels/").content.decode()
     assert 'id="channel-chat"' in page and "https://hooks.slack.com/••••••••" in page
     assert "routing key <code>••••••••</code>" in page and "signed" in page
     assert "Send a test" not in page and "New channel" not in page
@@ -46,7 +40,7 @@ def test_a_viewer_reads_the_masked_list_without_buttons(channels):
 
 
 def test_a_viewers_attempts_are_refused_and_audited(channels):
-    client = client_for(make_viewer())
+    client = client_of(make_viewer())
     attempts = [("/alerts/channels/new/", {"name": "x", "kind": "webhook", "url": "https://example.com/"}),
                 ("/alerts/channels/chat/", {"name": "chat", "kind": "slack", "url": "https://example.com/"}),
                 ("/alerts/channels/chat/test/", {}), ("/alerts/channels/chat/delete/", {})]
@@ -62,7 +56,7 @@ def test_a_viewers_attempts_are_refused_and_audited(channels):
 
 def test_an_operator_adds_a_slack_channel_routed_to_one_rule_and_never_sees_its_token_again():
     rule = AlertRule.objects.create(name="orders lag", kind="lag_records", threshold=10)
-    client = client_for(make_operator())
+    client = client_of(make_operator())
     response = client.post("/alerts/channels/new/", {"name": "chat", "kind": "slack", "url":
                                                      f"https://hooks.slack.com/services/T1/B2/{SLACK_TOKEN}",
                                                      "rules": [rule.pk], "enabled": "on"})
@@ -83,7 +77,7 @@ def test_an_operator_adds_a_slack_channel_routed_to_one_rule_and_never_sees_its_
 
 
 def test_bad_input_is_a_400_naming_the_field_audited_and_nothing_is_saved():
-    client = client_for(make_operator())
+    client = client_of(make_operator())
     response = client.post("/alerts/channels/new/", {"name": "pager", "kind": "pagerduty", "url": "nope"})
     page = response.content.decode()
     assert response.status_code == 400
@@ -97,7 +91,7 @@ def test_an_operator_tests_a_channel_and_sees_the_receivers_answer():
     receiver = Receiver(status=200, text="ok").start()
     try:
         channel_actions.save(Channel(name="hooks", kind="webhook", url=f"{receiver.url}/x/{SLACK_TOKEN}"), "test")
-        client = client_for(make_operator())
+        client = client_of(make_operator())
         client.post("/alerts/channels/hooks/test/")
         page = client.get("/alerts/channels/").content.decode()
     finally:
@@ -111,13 +105,13 @@ def test_a_failing_channel_shows_failing_on_its_page(channels):
 
     Channel.objects.filter(name="hooks").update(failing_since=timezone.now(), consecutive_failures=7,
                                                 last_error="connection failed: [Errno 111] Connection refused")
-    page = client_for(make_viewer()).get("/alerts/channels/").content.decode()
+    page = client_of(make_viewer()).get("/alerts/channels/").content.decode()
     row = page.split('id="channel-hooks"')[1].split("</tr>")[0]
     assert 'data-state="failing"' in page and ">failing</span>" in row and "Connection refused" in row
 
 
 def test_the_api_lists_masked_channels_and_refuses_viewers(channels):
-    viewer = client_for(make_viewer())
+    viewer = client_of(make_viewer())
     listed = viewer.get("/api/alerts/channels/")
     assert listed.status_code == 200
     assert {c["name"]: c.get("routing_key") for c in listed.json()["channels"]}["pager"] == "••••••••"
@@ -133,7 +127,7 @@ def test_the_api_lists_masked_channels_and_refuses_viewers(channels):
 
 
 def test_the_api_adds_with_strict_types_and_deletes():
-    operator = client_for(make_operator())
+    operator = client_of(make_operator())
     bad = operator.post("/api/alerts/channels/", {"name": "pager", "kind": "pagerduty", "routing_key": ROUTING_KEY,
                                                   "enabled": "yes"}, content_type="application/json")
     assert bad.status_code == 400 and "enabled" in bad.json()["errors"]
@@ -155,7 +149,7 @@ def test_the_api_adds_with_strict_types_and_deletes():
 
 def test_the_admin_validates_and_never_renders_a_secret(channels):
     admin = User.objects.create_superuser("root", "root@example.com", "pw-root-123")
-    client = client_for(admin)
+    client = client_of(admin)
     chat = Channel.objects.get(name="chat")
     pages = [client.get("/admin/alerts/channel/").content.decode(),
              client.get(f"/admin/alerts/channel/{chat.pk}/change/").content.decode()]
@@ -179,7 +173,7 @@ def test_the_rules_page_names_the_channels_each_rule_reaches(channels):
     lag = AlertRule.objects.create(name="orders lag", kind="lag_records", threshold=10)
     other = AlertRule.objects.create(name="orders loss", kind="lost")
     channel_actions.save(Channel(name="lag-pager", kind="pagerduty", routing_key="k"), "test", [lag])
-    page = client_for(make_viewer()).get("/alerts/rules/").content.decode()
+    page = client_of(make_viewer()).get("/alerts/rules/").content.decode()
     lag_row = page.split(f'id="rule-{lag.pk}"')[1].split("</tr>")[0]
     other_row = page.split(f'id="rule-{other.pk}"')[1].split("</tr>")[0]
     assert "<td>chat, hooks, lag-pager, pager</td>" in lag_row
@@ -187,7 +181,7 @@ def test_the_rules_page_names_the_channels_each_rule_reaches(channels):
 
 
 def test_a_channel_changing_kind_keeps_no_secret_of_its_old_kind(channels):
-    client = client_for(make_operator())
+    client = client_of(make_operator())
     response = client.post("/alerts/channels/hooks/", {"kind": "pagerduty", "routing_key": "NEW-KEY", "enabled": "on"})
     assert response.status_code == 302, ActionLog.objects.filter(result=ActionResult.REFUSED).first().message
     channel = Channel.objects.get(name="hooks")
@@ -199,7 +193,7 @@ def test_a_channel_changing_kind_keeps_no_secret_of_its_old_kind(channels):
 def test_a_new_url_keeps_no_saved_secret_until_it_is_entered_again(channels, name, secret_field, secret):
     """Whoever edits a channel may not send its saved routing key (or sign with its saved secret) to a host of
     their own: a changed URL asks for the secret again, and nothing changes until it is given."""
-    client = client_for(make_operator())
+    client = client_of(make_operator())
     kind = Channel.objects.get(name=name).kind
     refused = client.post(f"/alerts/channels/{name}/", {"kind": kind, "url": "https://attacker.example/in",
                                                          "enabled": "on"})

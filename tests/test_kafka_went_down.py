@@ -8,12 +8,12 @@ from django.db import connection
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
-from tests.admin_support import client_for, messages_of, post_action, staff_operator
+from tests.admin_support import messages_of, post_action, staff_operator
 from tests.api_schema import assert_documented, operation
 from tests.commands import run_command
 from tests.kafka_down import kafka_refusal
 from tests.test_dead_letters_page import letters, snapshot  # noqa: F401 (fixture)
-from tests.views_helpers import make_operator, make_pipeline, make_viewer
+from tests.views_helpers import client_of, make_operator, make_pipeline, make_viewer
 
 PIPELINES = "/admin/consumers/pipeline/"
 
@@ -70,7 +70,7 @@ def test_the_rewind_command_exits_1_with_the_reason_and_is_audited(transactional
 
 def test_the_admin_rewind_action_reports_the_refusal_of_each_pipeline(db, kafka_went_down):
     orders = make_pipeline("orders")
-    client = client_for(staff_operator())
+    client = client_of(staff_operator())
     preview = post_action(client, PIPELINES, "rewind", [orders.pk], mode="to-earliest", partitions="", step="preview")
     assert preview.status_code == 200
     executed = post_action(client, PIPELINES, "rewind", [orders.pk], mode="to-earliest", partitions="",
@@ -207,7 +207,7 @@ def test_the_dead_letters_command_replaying_from_kafka_exits_1_with_the_reason(k
 
 def test_the_admins_replay_from_kafka_reports_the_refusal(kafka_went_down, letters):  # noqa: F811
     before = snapshot()
-    done = post_action(client_for(staff_operator()), "/admin/consumers/deadletter/", "replay_dead_letters_from_kafka",
+    done = post_action(client_of(staff_operator()), "/admin/consumers/deadletter/", "replay_dead_letters_from_kafka",
                        [letters[(0, 3)].pk], step="execute", expected="1")
     [entry] = replay_refusals()
     assert messages_of(done) == [f"Pipeline orders: replay refused: {entry.message}"]

@@ -58,6 +58,10 @@ def make_operator(username="otto"):
     return make_user(username, OPERATORS)
 
 
+def make_superuser(username="root"):
+    return get_user_model().objects.create_superuser(username, password=PASSWORD)
+
+
 def api_token(user) -> str:
     """A new API token of `user` (knox keeps its digest): the key, known only now."""
     from knox.models import AuthToken
