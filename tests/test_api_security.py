@@ -217,14 +217,22 @@ def test_with_the_broker_down_a_topic_check_is_failed_at_once_not_queued_forever
     assert not TopicCheckJob.objects.filter(status=TopicCheckStatus.QUEUED).exists()
 
 
+def locked_out(client, url, failed_status):
+    """otto's four wrong passwords at `url` are answered `failed_status`, the fifth 429; then his right password
+    is refused too (429): that answer."""
+    for _ in range(4):
+        assert client.post(url, {"username": "otto", "password": "wrong"}).status_code == failed_status
+    assert client.post(url, {"username": "otto", "password": "wrong"}).status_code == 429
+    locked = client.post(url, {"username": "otto", "password": PASSWORD})
+    assert locked.status_code == 429
+    return locked
+
+
 def test_logins_are_locked_out_after_repeated_failures(db):
     make_operator()
     client = Client()
-    for _ in range(4):
-        assert client.post("/accounts/login/", {"username": "otto", "password": "wrong"}).status_code == 200
-    assert client.post("/accounts/login/", {"username": "otto", "password": "wrong"}).status_code == 429
-    locked = client.post("/accounts/login/", {"username": "otto", "password": PASSWORD})
-    assert locked.status_code == 429 and "Too many failed logins" in locked.content.decode()
+    locked = locked_out(client, "/accounts/login/", failed_status=200)
+    assert "Too many failed logins" in locked.content.decode()
     assert "_auth_user_id" not in client.session
     # Another user from the same address is not locked out by otto's failures.
     make_viewer()
@@ -242,11 +250,8 @@ def token_endpoint_is_locked_out_and_throttled():
     cache.clear()
     make_operator()
     client = Client()
-    for _ in range(4):
-        assert client.post("/api/token", {"username": "otto", "password": "wrong"}).status_code == 400
-    assert client.post("/api/token", {"username": "otto", "password": "wrong"}).status_code == 429
-    locked = client.post("/api/token", {"username": "otto", "password": PASSWORD})
-    assert locked.status_code == 429 and "token" not in locked.json()
+    locked = locked_out(client, "/api/token", failed_status=400)
+    assert "token" not in locked.json()
     cache.clear()
     statuses = [client.post("/api/token", {"username": f"nobody{i}", "password": "x"}).status_code for i in range(12)]
     assert statuses[:10] == [400] * 10 and statuses[10:] == [429, 429]  # scope "token": 10 a minute
