@@ -98,6 +98,24 @@ def test_a_check_of_a_watch_on_a_configured_cluster_is_not_refused(team_watch, c
 # A trace reads Kafka and changes nothing: refused naming the cluster, a 409 as for any action on it (not the 503 of
 # a Kafka that is down: waiting would not help), and not audited, as no read's refusal of its query is.
 
+def trace_refused(client, payments, kind, name, query):
+    """A trace of the pipeline or watch `name` answers until payments is dropped, then the API and the page refuse it
+    (409) naming the cluster, unaudited. Returns the API's answer."""
+    kinds = {"pipeline": "pipelines", "watch": "watches"}[kind]
+    path = f"/api/{kinds}/{name}/trace?{query}"
+    assert client.get(path).status_code == 200
+    payments()
+    answer = client.get(path)
+    assert_documented(operation("get", f"/api/{kinds}/{{name}}/trace"), answer, "get", path)
+    assert answer.status_code == 409
+    assert answer.json()["error"].startswith(f"Cannot trace a record of {kind} '{name}': {GONE}")
+    page = client.get(f"/{kinds}/{name}/trace/?{query}", HTTP_HX_REQUEST="true")
+    assert page.status_code == 409
+    assert f"Cannot trace a record of {kind} '{name}': {GONE}" in html.unescape(page.content.decode())
+    assert not ActionLog.objects.exclude(action="create_watch").exists()   # a read: not audited
+    return answer
+
+
 @pytest.fixture
 def orders(team_watch):
     """The pipeline orders on payments, reading the watch's topic."""
@@ -106,19 +124,8 @@ def orders(team_watch):
 
 @pytest.mark.parametrize("query", ["partition=0&offset=2", "key=k7"])
 def test_a_trace_of_a_pipeline_whose_cluster_is_gone_is_a_409_naming_it(orders, payments, query):
-    viewer = client_of(make_viewer())
-    path = f"/api/pipelines/orders/trace?{query}"
-    assert viewer.get(path).status_code == 200
-    payments()
-    answer = viewer.get(path)
-    assert_documented(operation("get", "/api/pipelines/{name}/trace"), answer, "get", path)
-    assert answer.status_code == 409
-    assert answer.json()["error"].startswith(f"Cannot trace a record of pipeline 'orders': {GONE}")
+    answer = trace_refused(client_of(make_viewer()), payments, "pipeline", "orders", query)
     assert answer.json()["field"] is None
-    page = viewer.get(f"/pipelines/orders/trace/?{query}", HTTP_HX_REQUEST="true")
-    assert page.status_code == 409
-    assert f"Cannot trace a record of pipeline 'orders': {GONE}" in html.unescape(page.content.decode())
-    assert not ActionLog.objects.exclude(action="create_watch").exists()   # a read: not audited
 
 
 def test_the_trace_command_of_a_pipeline_whose_cluster_is_gone_exits_1_naming_it(orders, payments, capsys):
@@ -128,15 +135,4 @@ def test_the_trace_command_of_a_pipeline_whose_cluster_is_gone_exits_1_naming_it
 
 
 def test_a_trace_of_a_watch_whose_cluster_is_gone_is_a_409_naming_it(team_watch, payments):
-    operator = client_of(make_operator())
-    path = "/api/watches/team/trace?partition=0&offset=2"
-    assert operator.get(path).status_code == 200
-    payments()
-    answer = operator.get(path)
-    assert_documented(operation("get", "/api/watches/{name}/trace"), answer, "get", path)
-    assert answer.status_code == 409
-    assert answer.json()["error"].startswith(f"Cannot trace a record of watch 'team': {GONE}")
-    page = operator.get("/watches/team/trace/?partition=0&offset=2", HTTP_HX_REQUEST="true")
-    assert page.status_code == 409
-    assert f"Cannot trace a record of watch 'team': {GONE}" in html.unescape(page.content.decode())
-    assert not ActionLog.objects.exclude(action="create_watch").exists()   # a read: not audited
+    trace_refused(client_of(make_operator()), payments, "watch", "team", "partition=0&offset=2")
