@@ -40,19 +40,32 @@ def test_the_beat_schedule_runs_alert_evaluation_periodically():
     assert 0 < entry["schedule"] <= 300
 
 
+def pipeline_that_lost(name, partition, offsets: range):
+    """The pipeline `name` reading nums, reconciled OK but for the records at `offsets` of `partition`, lost."""
+    pipeline = Pipeline.objects.create(name=name, topic="nums", sink_table=name.replace("-", "_"))
+    lost = len(offsets)
+    PartitionHealth.objects.create(pipeline=pipeline, partition=partition, lost=lost,
+                                   findings=[{"kind": "lost", "start": offsets.start, "end": offsets.stop,
+                                              "count": lost}])
+    PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=lost)
+    return pipeline
+
+
+def evaluate_twice_in_the_worker():
+    """Two beats' evaluations, run by the worker: the second finds the alert already notified."""
+    from alerts.tasks import evaluate_alerts_task
+
+    for _ in range(2):
+        evaluate_alerts_task.apply_async().get(timeout=patience(60))
+
+
 @pytest.mark.celery
 @pytest.mark.django_db(transaction=True)
 def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worker, smtp_inbox):
-    from alerts.tasks import evaluate_alerts_task
-
     ensure_default_rules()
-    pipeline = Pipeline.objects.create(name="worker-nums", topic="nums", sink_table="worker_nums")
-    PartitionHealth.objects.create(pipeline=pipeline, partition=1, lost=2,
-                                   findings=[{"kind": "lost", "start": 30, "end": 32, "count": 2}])
-    PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=2)
+    pipeline = pipeline_that_lost("worker-nums", partition=1, offsets=range(30, 32))
 
-    evaluate_alerts_task.apply_async().get(timeout=patience(60))
-    evaluate_alerts_task.apply_async().get(timeout=patience(60))
+    evaluate_twice_in_the_worker()
 
     assert [m["subject"] for m in smtp_inbox.messages] == [
         "[Tally] FIRING: worker-nums: 2 lost records (partition 1: offsets 30-31)"]
@@ -66,20 +79,15 @@ def test_the_evaluation_task_in_a_real_worker_fires_once_and_emails(alerts_worke
 def test_the_evaluation_task_in_a_real_worker_delivers_a_channels_outbox(alerts_worker):
     from alerts import channel_actions
     from alerts.models import Channel
-    from alerts.tasks import evaluate_alerts_task
     from tests.receivers import Receiver
 
     receiver = Receiver().start()
     try:
         ensure_default_rules()
         channel_actions.save(Channel(name="hooks", kind="webhook", url=f"{receiver.url}/in", secret="s"), "test")
-        pipeline = Pipeline.objects.create(name="worker-hooks", topic="nums", sink_table="worker_hooks")
-        PartitionHealth.objects.create(pipeline=pipeline, partition=0, lost=1,
-                                       findings=[{"kind": "lost", "start": 4, "end": 5, "count": 1}])
-        PipelineHealth.objects.create(pipeline=pipeline, status=Status.OK, lost=1)
+        pipeline_that_lost("worker-hooks", partition=0, offsets=range(4, 5))
 
-        evaluate_alerts_task.apply_async().get(timeout=patience(60))
-        evaluate_alerts_task.apply_async().get(timeout=patience(60))
+        evaluate_twice_in_the_worker()
     finally:
         receiver.stop()
 
