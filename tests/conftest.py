@@ -406,6 +406,19 @@ def table():
 
 
 @pytest.fixture
+def orders_table(transactional_db):
+    """An empty table of order ids (and a note) for the topic check, under a name of its own; dropped afterwards."""
+    from django.db import connection
+    from psycopg2 import sql
+
+    name = f"orders_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("CREATE TABLE {} (order_id bigint, note text)").format(sql.Identifier(name)))
+    yield name
+    drop_sink_tables([name])
+
+
+@pytest.fixture
 def demo(transactional_db, kafka_bootstrap, settings):
     """The demo pipelines on the test broker, with real Kafka's minimum session timeout (a killed member
     holds its partitions until its session expires); their sink tables are dropped afterwards."""

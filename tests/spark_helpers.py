@@ -1,6 +1,9 @@
 """Helpers shared by the Spark engine tests: make Spark pipelines, produce the classic values, read a sink row
-by row."""
+by row; ask plain SQL what a Spark job reports."""
 import contextlib
+
+from django.db import connection
+from psycopg2 import sql
 
 from consumers.models import DeliveryMode, Engine, Pipeline
 from tests.conftest import drop_sink_tables
@@ -38,3 +41,10 @@ def produce_values(bootstrap, topic, count, partitions, first=1) -> dict[int, li
 
 def expected_rows(log) -> list[tuple[int, int, int]]:
     return [(p, offset, value) for p in sorted(log) for offset, value in enumerate(log[p])]
+
+
+def sql_rows(query: sql.Composable, *params) -> list[tuple]:
+    """What plain SQL answers, to set beside what a Spark job reports."""
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall()

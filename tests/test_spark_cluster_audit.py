@@ -4,37 +4,26 @@ import random
 
 import pytest
 from django.db import connection
+from psycopg2 import sql
 
 from consumers.engine.spark_session import get_spark
 from consumers.kafka import admin as kafka_admin
 from consumers.reconciliation import topic_check
-from tests.spark_helpers import produce_values
+from tests.spark_helpers import produce_values, sql_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
-@pytest.fixture
-def orders(transactional_db):
+def test_the_table_is_read_on_executors_in_disjoint_key_ranges_that_cover_every_key(on_spark_cluster,
+                                                                                    orders_table):
     with connection.cursor() as cur:
-        cur.execute("CREATE TABLE cluster_orders (order_id bigint, note text)")
-    yield "cluster_orders"
-    with connection.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS cluster_orders")
-
-
-def sql_rows(query, *params):
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
-def test_the_table_is_read_on_executors_in_disjoint_key_ranges_that_cover_every_key(on_spark_cluster, orders):
-    with connection.cursor() as cur:
-        cur.execute("INSERT INTO cluster_orders (order_id) SELECT g FROM generate_series(1, 1000) g")
-        cur.execute("INSERT INTO cluster_orders (order_id) VALUES (1), (1000), (500), (NULL)")
+        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT g FROM generate_series(1, 1000) g").format(
+            sql.Identifier(orders_table)))
+        cur.execute(sql.SQL("INSERT INTO {} (order_id) VALUES (1), (1000), (500), (NULL)").format(
+            sql.Identifier(orders_table)))
     spark = get_spark()
 
-    written = topic_check.extract_written(spark, orders, "order_id")
+    written = topic_check.extract_written(spark, orders_table, "order_id")
 
     assert written.rdd.getNumPartitions() == 2  # one range per executor core of the two workers
     per_task = written.rdd.mapPartitions(lambda rows: [sorted((r.key, r.written) for r in rows)]).collect()
@@ -45,7 +34,7 @@ def test_the_table_is_read_on_executors_in_disjoint_key_ranges_that_cover_every_
 
 
 def test_the_topic_check_on_the_cluster_agrees_with_a_plain_sql_count(on_spark_cluster, kafka_bootstrap, make_topic,
-                                                                orders):
+                                                                orders_table):
     topic = make_topic("cluster-orders", partitions=3)
     log = produce_values(kafka_bootstrap, topic, 3000, partitions=3)
     committed = {0: 900, 1: 1000, 2: 700}
@@ -55,14 +44,16 @@ def test_the_topic_check_on_the_cluster_agrees_with_a_plain_sql_count(on_spark_c
     written = [v for v in consumed if rng.random() > 0.02]
     written += rng.sample(written, 30) + [7001, 7002, 7003]
     with connection.cursor() as cur:
-        cur.execute("INSERT INTO cluster_orders (order_id) SELECT unnest(%s::bigint[])", [written])
+        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT unnest(%s::bigint[])").format(
+            sql.Identifier(orders_table)), [written])
 
-    report = topic_check.check_topic(topic, "cluster-orders-loader", orders, "order_id", "int_value")
+    report = topic_check.check_topic(topic, "cluster-orders-loader", orders_table, "order_id", "int_value")
 
-    (missing,), = sql_rows("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) WHERE NOT EXISTS "
-                           "(SELECT 1 FROM cluster_orders WHERE order_id = c.k)", consumed)
-    duplicated = dict(sql_rows("SELECT order_id, count(*) FROM cluster_orders GROUP BY order_id "
-                               "HAVING count(*) > 1"))
+    table = sql.Identifier(orders_table)
+    (missing,), = sql_rows(sql.SQL("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) WHERE NOT EXISTS "
+                                   "(SELECT 1 FROM {} WHERE order_id = c.k)").format(table), consumed)
+    duplicated = dict(sql_rows(sql.SQL("SELECT order_id, count(*) FROM {} GROUP BY order_id "
+                                       "HAVING count(*) > 1").format(table)))
     assert report["records_read"] == len(consumed) == 2600
     assert report["rows_read"] == len(written)
     assert report["missing_count"] == missing > 0

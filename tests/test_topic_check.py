@@ -17,6 +17,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.reconciliation import topic_check
 from tests.producing import numbered, send
+from tests.spark_helpers import sql_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -115,21 +116,6 @@ def test_at_least_once_with_crashes_names_the_values_written_twice(spark, classi
     assert (report["missing_count"], report["unexpected_count"]) == (0, 0)
 
 
-@pytest.fixture
-def orders_table(transactional_db):
-    with connection.cursor() as cur:
-        cur.execute("CREATE TABLE check_orders (order_id bigint, note text)")
-    yield "check_orders"
-    with connection.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS check_orders")
-
-
-def sql_count(query, *params):
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
 def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_bootstrap, make_topic, orders_table):
     topic = make_topic("orders", partitions=3)
     produce_nums(kafka_bootstrap, topic, count=2000, partitions=3)
@@ -141,15 +127,18 @@ def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_boot
     written += rng.sample(written, 40) + rng.sample(written, 5)          # some written twice or three times
     written += [5001, 5002]                                              # never in the topic
     with connection.cursor() as cur:
-        cur.execute("INSERT INTO check_orders (order_id) SELECT unnest(%s::bigint[])", [written])
+        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT unnest(%s::bigint[])").format(
+            sql.Identifier(orders_table)), [written])
 
     report = topic_check.check_topic(topic, "orders-loader", orders_table, "order_id", "int_value")
 
-    (missing,), = sql_count("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
-                            "WHERE NOT EXISTS (SELECT 1 FROM check_orders WHERE order_id = c.k)", consumed)
-    duplicated = dict(sql_count("SELECT order_id, count(*) FROM check_orders GROUP BY order_id HAVING count(*) > 1"))
-    (unexpected,), = sql_count("SELECT count(DISTINCT order_id) FROM check_orders WHERE NOT order_id = ANY(%s)",
-                               consumed)
+    table = sql.Identifier(orders_table)
+    (missing,), = sql_rows(sql.SQL("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
+                                   "WHERE NOT EXISTS (SELECT 1 FROM {} WHERE order_id = c.k)").format(table), consumed)
+    duplicated = dict(sql_rows(sql.SQL("SELECT order_id, count(*) FROM {} GROUP BY order_id "
+                                       "HAVING count(*) > 1").format(table)))
+    (unexpected,), = sql_rows(sql.SQL("SELECT count(DISTINCT order_id) FROM {} WHERE NOT order_id = ANY(%s)").format(
+        table), consumed)
     assert report["records_read"] == sum(committed.values()) == len(consumed)
     assert report["missing_count"] == missing > 0
     assert report["duplicated"] == {str(k): n for k, n in duplicated.items()} and len(duplicated) > 0
