@@ -1,5 +1,5 @@
 """Helpers shared by the Spark engine tests: make Spark pipelines, produce the classic values, read a sink row
-by row; ask plain SQL what a Spark job reports."""
+by row; fill a table of order ids and ask plain SQL what the topic check reports of it."""
 import contextlib
 
 from django.db import connection
@@ -43,8 +43,24 @@ def expected_rows(log) -> list[tuple[int, int, int]]:
     return [(p, offset, value) for p in sorted(log) for offset, value in enumerate(log[p])]
 
 
-def sql_rows(query: sql.Composable, *params) -> list[tuple]:
-    """What plain SQL answers, to set beside what a Spark job reports."""
+def insert_order_ids(table: str, order_ids: list[int]) -> None:
     with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
+        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT unnest(%s::bigint[])").format(sql.Identifier(table)),
+                    [order_ids])
+
+
+def plain_sql_check(table: str, consumed: list[int]) -> tuple[int, dict[int, int], int]:
+    """What plain SQL says of the table's order ids against the `consumed` ones, to set beside the topic check's
+    report: (how many consumed are missing, {duplicated id: rows}, how many distinct ids were never consumed)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
+                            "WHERE NOT EXISTS (SELECT 1 FROM {} WHERE order_id = c.k)").format(sql.Identifier(table)),
+                    [consumed])
+        (missing,), = cur.fetchall()
+        cur.execute(sql.SQL("SELECT order_id, count(*) FROM {} GROUP BY order_id HAVING count(*) > 1").format(
+            sql.Identifier(table)))
+        duplicated = dict(cur.fetchall())
+        cur.execute(sql.SQL("SELECT count(DISTINCT order_id) FROM {} WHERE NOT order_id = ANY(%s)").format(
+            sql.Identifier(table)), [consumed])
+        (unexpected,), = cur.fetchall()
+    return missing, duplicated, unexpected

@@ -9,7 +9,7 @@ from psycopg2 import sql
 from consumers.engine.spark_session import get_spark
 from consumers.kafka import admin as kafka_admin
 from consumers.reconciliation import topic_check
-from tests.spark_helpers import produce_values, sql_rows
+from tests.spark_helpers import insert_order_ids, plain_sql_check, produce_values
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -43,17 +43,11 @@ def test_the_topic_check_on_the_cluster_agrees_with_a_plain_sql_count(on_spark_c
     rng = random.Random(16)
     written = [v for v in consumed if rng.random() > 0.02]
     written += rng.sample(written, 30) + [7001, 7002, 7003]
-    with connection.cursor() as cur:
-        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT unnest(%s::bigint[])").format(
-            sql.Identifier(orders_table)), [written])
+    insert_order_ids(orders_table, written)
 
     report = topic_check.check_topic(topic, "cluster-orders-loader", orders_table, "order_id", "int_value")
 
-    table = sql.Identifier(orders_table)
-    (missing,), = sql_rows(sql.SQL("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) WHERE NOT EXISTS "
-                                   "(SELECT 1 FROM {} WHERE order_id = c.k)").format(table), consumed)
-    duplicated = dict(sql_rows(sql.SQL("SELECT order_id, count(*) FROM {} GROUP BY order_id "
-                                       "HAVING count(*) > 1").format(table)))
+    missing, duplicated, _ = plain_sql_check(orders_table, consumed)
     assert report["records_read"] == len(consumed) == 2600
     assert report["rows_read"] == len(written)
     assert report["missing_count"] == missing > 0

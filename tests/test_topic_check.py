@@ -17,7 +17,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.reconciliation import topic_check
 from tests.producing import numbered, send
-from tests.spark_helpers import sql_rows
+from tests.spark_helpers import insert_order_ids, plain_sql_check
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -126,19 +126,11 @@ def test_lost_and_duplicated_keys_agree_with_a_plain_sql_count(spark, kafka_boot
     written = [v for v in consumed if rng.random() > 0.03]               # some lost
     written += rng.sample(written, 40) + rng.sample(written, 5)          # some written twice or three times
     written += [5001, 5002]                                              # never in the topic
-    with connection.cursor() as cur:
-        cur.execute(sql.SQL("INSERT INTO {} (order_id) SELECT unnest(%s::bigint[])").format(
-            sql.Identifier(orders_table)), [written])
+    insert_order_ids(orders_table, written)
 
     report = topic_check.check_topic(topic, "orders-loader", orders_table, "order_id", "int_value")
 
-    table = sql.Identifier(orders_table)
-    (missing,), = sql_rows(sql.SQL("SELECT count(*) FROM unnest(%s::bigint[]) AS c(k) "
-                                   "WHERE NOT EXISTS (SELECT 1 FROM {} WHERE order_id = c.k)").format(table), consumed)
-    duplicated = dict(sql_rows(sql.SQL("SELECT order_id, count(*) FROM {} GROUP BY order_id "
-                                       "HAVING count(*) > 1").format(table)))
-    (unexpected,), = sql_rows(sql.SQL("SELECT count(DISTINCT order_id) FROM {} WHERE NOT order_id = ANY(%s)").format(
-        table), consumed)
+    missing, duplicated, unexpected = plain_sql_check(orders_table, consumed)
     assert report["records_read"] == sum(committed.values()) == len(consumed)
     assert report["missing_count"] == missing > 0
     assert report["duplicated"] == {str(k): n for k, n in duplicated.items()} and len(duplicated) > 0
