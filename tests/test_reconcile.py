@@ -187,16 +187,22 @@ def test_a_verified_range_is_not_read_again_until_a_full_reverification(setup):
     assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).lost == 1  # the finding is kept
 
 
+def rewound(pipeline, to, **position):
+    """What a rewind to offset `to` stores, as consumers/operations/rewind.py does: the ledger superseded from there,
+    the position (with `position`'s other fields) and the verified offset moved back to it."""
+    BatchLedger.objects.filter(pipeline=pipeline, end_offset__gt=to).update(superseded_from=to)
+    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=to, **position)
+    PartitionHealth.objects.filter(pipeline=pipeline).update(verified_offset=to)
+
+
 def test_a_rewind_with_superseded_ledger_rows_is_not_an_incident(setup):
     pipeline, write = setup()
     write(0, range(0, 50))
     kafka = FakeKafka(high={0: 50}, committed={0: 50})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     # The operator rewinds to 20 and rolls back the sink, as consumers/operations/rewind.py does.
-    BatchLedger.objects.filter(pipeline=pipeline, end_offset__gt=20).update(superseded_from=20)
+    rewound(pipeline, to=20)
     run_sql(f"DELETE FROM {pipeline.sink_table} WHERE source_offset >= 20")
-    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=20)
-    PartitionHealth.objects.filter(pipeline=pipeline).update(verified_offset=20)
     ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="cli", result="done",
                              offsets_after={"0": 20})
     write(0, range(20, 50))  # replayed
@@ -210,9 +216,7 @@ def test_a_rewind_that_keeps_the_sink_does_not_make_phantoms_of_the_replay_windo
     write(0, range(0, 50))
     kafka = FakeKafka(high={0: 50}, committed={0: 50})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
-    BatchLedger.objects.filter(pipeline=pipeline, end_offset__gt=30).update(superseded_from=30)
-    PartitionOffset.objects.filter(pipeline=pipeline).update(next_offset=30, replay_until=50)
-    PartitionHealth.objects.filter(pipeline=pipeline).update(verified_offset=30)
+    rewound(pipeline, to=30, replay_until=50)
     during = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     assert during.exact and during.phantom == 0
     write(0, range(30, 50))
