@@ -62,6 +62,12 @@ def write(conn, pipeline, partition, offsets, *, start=None, end=None, epoch=1, 
                                fetches={partition: commit.Fetch(start, end)})
 
 
+def write_batches(conn, pipeline, offsets: range, size, epoch=1):
+    """`offsets` of partition 0 written in batches of `size` (the last may be shorter), one commit each."""
+    for first in range(offsets.start, offsets.stop, size):
+        write(conn, pipeline, 0, list(range(first, min(first + size, offsets.stop))), epoch=epoch)
+
+
 def answers(pipeline, kafka, offsets):
     """Everything compaction must not change: a full reconciliation, the timeline, and traces."""
     report = reconcile.reconcile_pipeline(pipeline, full=True, kafka=kafka)
@@ -104,15 +110,13 @@ def conn(made):
 
 def test_compaction_merges_runs_between_dead_letters_and_epochs_and_every_answer_stays_the_same(made, conn):
     pipeline, _ = made()
-    for first in range(0, 50, 10):
-        write(conn, pipeline, 0, list(range(first, first + 10)))
+    write_batches(conn, pipeline, range(0, 50), 10)
     write(conn, pipeline, 0, list(range(50, 60)), value="not a number")       # every record dead-lettered
     held = set(range(0, 75)) - {62, 63}
     write(conn, pipeline, 0, [o for o in range(60, 70) if o in held], start=60, end=70)  # crossed two holes
     write(conn, pipeline, 0, list(range(70, 75)))
     Pipeline.objects.filter(pk=pipeline.pk).update(epoch=2)                   # a restart: a new epoch
-    for first in range(75, 100, 5):
-        write(conn, pipeline, 0, list(range(first, first + 5)), epoch=2)
+    write_batches(conn, pipeline, range(75, 100), 5, epoch=2)
     write(conn, pipeline, 1, list(range(0, 5)), epoch=2)
     write(conn, pipeline, 1, list(range(5, 9)), epoch=2)
     kafka = TraceKafka({0: held | set(range(75, 100)), 1: set(range(9))}, high={0: 100, 1: 9},
@@ -136,8 +140,7 @@ def test_compaction_merges_runs_between_dead_letters_and_epochs_and_every_answer
 
 def test_pages_and_the_api_draw_a_compacted_ledger(made, conn, admin_client):
     pipeline, _ = made()
-    for first in range(0, 40, 10):
-        write(conn, pipeline, 0, list(range(first, first + 10)))
+    write_batches(conn, pipeline, range(0, 40), 10)
     reconcile.reconcile_pipeline(pipeline, kafka=TraceKafka({0: set(range(40))}, high={0: 40}, committed={0: 40}))
     compact()
     assert ledger_rows(pipeline) == [(0, 40, 40, 4, 1)]
@@ -177,8 +180,7 @@ def test_gaps_overlaps_notes_and_rewound_rows_keep_their_rows(made, conn):
 
 def test_a_rewind_with_sink_rollback_into_a_compacted_range_and_the_replay_stay_exact(made, conn):
     pipeline, _ = made()
-    for first in range(0, 100, 10):
-        write(conn, pipeline, 0, list(range(first, first + 10)))
+    write_batches(conn, pipeline, range(0, 100), 10)
     kafka = TraceKafka({0: set(range(100))}, high={0: 100}, committed={0: 100})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     compact()
@@ -191,8 +193,7 @@ def test_a_rewind_with_sink_rollback_into_a_compacted_range_and_the_replay_stay_
         deleted = sinks.delete_rows_from(cursor, pipeline.sink_table, pipeline.topic, 0, 45)
         rewind._move_position(cursor, pipeline, move, 100, None, keep_sink=False)
     assert deleted == 55 and not LedgerSummary.objects.filter(pipeline=pipeline).exists()
-    for first in range(45, 100, 11):
-        write(conn, pipeline, 0, list(range(first, min(first + 11, 100))), epoch=2)
+    write_batches(conn, pipeline, range(45, 100), 11, epoch=2)
 
     result, timelines, verdicts, traced = answers(pipeline, kafka, [(0, 30), (0, 50), (0, 99)])
     assert result[:5] == (0, 0, 0, 0, 0)
@@ -205,12 +206,10 @@ def test_a_rewind_with_sink_rollback_into_a_compacted_range_and_the_replay_stay_
 
 def test_rows_of_the_recent_past_and_unverified_rows_stay_whole(made, conn):
     pipeline, _ = made()
-    for first in range(0, 50, 10):
-        write(conn, pipeline, 0, list(range(first, first + 10)))
+    write_batches(conn, pipeline, range(0, 50), 10)
     kafka = TraceKafka({0: set(range(80))}, high={0: 80}, committed={0: 80})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
-    for first in range(50, 80, 10):
-        write(conn, pipeline, 0, list(range(first, first + 10)))           # not verified yet
+    write_batches(conn, pipeline, range(50, 80), 10)  # not verified yet
     assert compaction.compact_all().rows_merged == 0                       # committed just now: kept whole
     compact()
     assert ledger_rows(pipeline) == [(0, 50, 50, 5, 1), (50, 60, 10, 1, 1), (60, 70, 10, 1, 1), (70, 80, 10, 1, 1)]
@@ -222,11 +221,9 @@ def test_rows_of_the_recent_past_and_unverified_rows_stay_whole(made, conn):
 
 def test_compaction_works_in_bounded_steps_that_resume_where_they_stopped(made, conn, monkeypatch):
     pipeline, _ = made()
-    for first in range(0, 120, 4):
-        write(conn, pipeline, 0, list(range(first, first + 4)))
+    write_batches(conn, pipeline, range(0, 120), 4)
     write(conn, pipeline, 0, [120], value="x")                              # a dead letter closes the run
-    for first in range(121, 141, 4):
-        write(conn, pipeline, 0, list(range(first, first + 4)))
+    write_batches(conn, pipeline, range(121, 141), 4)
     kafka = TraceKafka({0: set(range(141))}, high={0: 141}, committed={0: 141})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     monkeypatch.setattr(compaction, "STEP_ROWS", 7)
@@ -239,8 +236,7 @@ def test_compaction_works_in_bounded_steps_that_resume_where_they_stopped(made, 
 
 def test_a_compaction_killed_inside_a_step_leaves_the_ledger_as_it_was(made, conn, subprocess_env):
     pipeline, _ = made()
-    for first in range(0, 60, 6):
-        write(conn, pipeline, 0, list(range(first, first + 6)))
+    write_batches(conn, pipeline, range(0, 60), 6)
     kafka = TraceKafka({0: set(range(60))}, high={0: 60}, committed={0: 60})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     before = ledger_rows(pipeline)
@@ -265,8 +261,7 @@ def test_the_beat_task_compacts_on_a_real_worker(made, conn, celery_worker):
     from consumers.tasks.reconciliation import compact_ledger_task
 
     pipeline, _ = made()
-    for first in range(0, 30, 5):
-        write(conn, pipeline, 0, list(range(first, first + 5)))
+    write_batches(conn, pipeline, range(0, 30), 5)
     BatchLedger.objects.filter(pipeline=pipeline).update(committed_at=compaction.database_now() - LATER)  # old
     kafka = TraceKafka({0: set(range(30))}, high={0: 30}, committed={0: 30})
     reconcile.reconcile_pipeline(pipeline, kafka=kafka)
