@@ -87,11 +87,18 @@ def test_reset_keeps_the_demo_pipelines_history_and_stops_a_running_one_through_
     assert run.ended_at is not None and run.end_reason == "demo reset"
 
 
+def recreate_as_auto_creation_does():
+    """The demo topic created again with the broker's default partition count (4 here), as a client still reading
+    it makes the broker do."""
+    from kafka.admin import NewTopic
+
+    with kafka_admin.admin_session() as admin:
+        admin.create_topics([NewTopic(DEMO_TOPIC, 4, 1)])
+
+
 def test_a_topic_a_client_brings_back_during_the_reset_is_deleted_again(demo, monkeypatch):
     # A consumer still reading the topic when the reset deletes it makes the broker create it again, with
     # its default partition count (auto-creation: real Kafka's default, the embedded broker always).
-    from kafka.admin import NewTopic
-
     from consumers.demo import classic
 
     seed_demo(records=30, reset=True)
@@ -99,8 +106,7 @@ def test_a_topic_a_client_brings_back_during_the_reset_is_deleted_again(demo, mo
 
     def reset_then_recreated_by_a_client():
         result = reset()
-        with kafka_admin.admin_session() as admin:
-            admin.create_topics([NewTopic(DEMO_TOPIC, 4, 1)])
+        recreate_as_auto_creation_does()
         return result
 
     monkeypatch.setattr(classic, "_reset", reset_then_recreated_by_a_client)
@@ -114,8 +120,6 @@ def test_a_topic_a_client_brings_back_during_the_reset_is_deleted_again(demo, mo
 
 def test_a_topic_a_client_brings_back_just_before_the_reset_creates_it_is_replaced(demo, monkeypatch):
     # The same, a moment later: between the reset's last look and its own create_topics.
-    from kafka.admin import NewTopic
-
     from consumers.demo import classic
 
     seed_demo(records=30, reset=True)
@@ -125,8 +129,7 @@ def test_a_topic_a_client_brings_back_just_before_the_reset_creates_it_is_replac
         notes = replace(partitions)
         if not comebacks:
             comebacks.append(1)
-            with kafka_admin.admin_session() as admin:
-                admin.create_topics([NewTopic(DEMO_TOPIC, 4, 1)])
+            recreate_as_auto_creation_does()
         return notes
 
     monkeypatch.setattr(classic, "_replace_recreated_topic", then_recreated_by_a_client)
