@@ -1,6 +1,29 @@
-"""Read a sink table row by row: the helpers behind the tests' exactness checks."""
+"""Make a sink table of a test's own columns; read a sink table row by row: the helpers behind the tests'
+exactness checks."""
+import contextlib
+import uuid
+
 from django.db import connection
 from psycopg2 import sql
+
+from tests.conftest import drop_sink_tables
+
+PROVENANCE = ("source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, "
+              "UNIQUE (source_topic, source_partition, source_offset)")
+
+
+@contextlib.contextmanager
+def made_sink_table(prefix: str, columns: str):
+    """Yields the name of a new table `<prefix>_<random>` of these columns (SQL) and the provenance columns a sink
+    table has; the table is dropped at the end."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL(f"CREATE TABLE {{}} ({columns}, {PROVENANCE})").format(sql.Identifier(name))
+                       .as_string(cursor.cursor))
+    try:
+        yield name
+    finally:
+        drop_sink_tables([name])
 
 
 def provenance_rows(table: str) -> list[tuple[int, int, int]]:

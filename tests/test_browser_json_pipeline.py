@@ -2,7 +2,6 @@
 shows the topic's first 20 records as the rows (or dead letters, with their reasons) the run would write, before
 anything is created; then the pipeline is created from the form and run, and it writes what the preview showed."""
 import json
-import uuid
 
 import pytest
 from django.db import connection
@@ -11,8 +10,9 @@ from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
 from consumers.models import DeadLetter, Pipeline
-from tests.conftest import drop_sink_tables, screenshot_dir
+from tests.conftest import screenshot_dir
 from tests.producing import send
+from tests.sink_rows import made_sink_table
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
 from tests.views_helpers import make_operator
 
@@ -42,15 +42,9 @@ def topic(make_topic):
 
 @pytest.fixture
 def table():
-    name = f"bj_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL(
-            "CREATE TABLE {} (order_id bigint NOT NULL, customer_name text, amount numeric(10,2) CHECK (amount >= 0), "
-            "ordered_at timestamptz, source text, source_topic text NOT NULL, source_partition integer NOT NULL, "
-            "source_offset bigint NOT NULL, UNIQUE (source_topic, source_partition, source_offset))")
-            .format(sql.Identifier(name)).as_string(cursor.cursor))
-    yield name
-    drop_sink_tables([name])
+    with made_sink_table("bj", "order_id bigint NOT NULL, customer_name text, amount numeric(10,2) CHECK "
+                         "(amount >= 0), ordered_at timestamptz, source text") as name:
+        yield name
 
 
 def shown_preview(browser_page) -> tuple[list[str], dict[int, list[str] | str]]:

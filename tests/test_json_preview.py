@@ -2,7 +2,6 @@
 the topic's first 20 records each as its row or its dead letter -- before anything is created. Then the
 pipeline is created with that mapping and run: it writes exactly what the preview showed."""
 import json
-import uuid
 
 import pytest
 from django.db import connection
@@ -11,13 +10,15 @@ from psycopg2 import sql
 
 from consumers.engine.python import run_pipeline
 from consumers.models import DeadLetter, Pipeline
-from tests.conftest import drop_sink_tables
 from tests.producing import send
+from tests.sink_rows import made_sink_table
 from tests.views_helpers import make_operator
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
 GIVEN_MAP = "order_id=id\nordered_at=at\nsku=items.0.sku"
+ORDER_COLUMNS = ("order_id bigint NOT NULL, customer_name text, amount numeric(10,2) CHECK (amount >= 0), "
+                 "ordered_at timestamptz, sku text, created_at timestamptz NOT NULL DEFAULT now()")
 
 
 def orders():
@@ -44,15 +45,8 @@ def topic(make_topic):
 
 @pytest.fixture
 def table():
-    name = f"orders_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL(
-            "CREATE TABLE {} (order_id bigint NOT NULL, customer_name text, amount numeric(10,2) CHECK (amount >= 0), "
-            "ordered_at timestamptz, sku text, created_at timestamptz NOT NULL DEFAULT now(), "
-            "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, "
-            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(name)))
-    yield name
-    drop_sink_tables([name])
+    with made_sink_table("orders", ORDER_COLUMNS) as name:
+        yield name
 
 
 @pytest.fixture
@@ -142,13 +136,7 @@ def test_the_preview_shows_values_as_postgresql_prints_them_not_as_their_text_ca
     send(name, [(None, None, json.dumps(record).encode())
                 for record in ({"id": 1, "ip": "10.0.0.1", "net": "10.1.0.0/16"}, {"id": 2, "ip": None},
                                {"id": 3, "ip": "999.1.1.1"})])
-    table = f"hosts_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL(
-            "CREATE TABLE {} (id bigint NOT NULL, ip inet, net cidr, source_topic text NOT NULL, "
-            "source_partition integer NOT NULL, source_offset bigint NOT NULL, "
-            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(table)))
-    try:
+    with made_sink_table("hosts", "id bigint NOT NULL, ip inet, net cidr") as table:
         fields = {**form(name, table), "name": "hosts", "map": {}}
         response = operator.post("/api/pipelines/preview", fields, content_type="application/json")
         assert response.status_code == 200, response.content
@@ -166,8 +154,6 @@ def test_the_preview_shows_values_as_postgresql_prints_them_not_as_their_text_ca
             written = [dict(zip(("id", "ip", "net"), row, strict=True)) for row in cursor.fetchall()]
         assert written == rows
         assert DeadLetter.objects.get(pipeline__name="hosts", offset=2).error == refused
-    finally:
-        drop_sink_tables([table])
 
 
 def test_a_table_whose_own_id_is_an_identity_is_previewed_as_the_run_writes_it(operator, make_topic, kafka_client):
@@ -175,17 +161,10 @@ def test_a_table_whose_own_id_is_an_identity_is_previewed_as_the_run_writes_it(o
     # shown as the dead letter 'null value in column "id"', where the run writes them all.
     name = make_topic("accounts", partitions=1)
     send(name, [(None, None, json.dumps({"account": account}).encode()) for account in ("a", "b")])
-    table = f"accounts_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL(
-            "CREATE TABLE {} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account text NOT NULL, "
-            "source_topic text NOT NULL, source_partition integer NOT NULL, source_offset bigint NOT NULL, "
-            "UNIQUE (source_topic, source_partition, source_offset))").format(sql.Identifier(table)))
-    try:
+    columns = "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account text NOT NULL"
+    with made_sink_table("accounts", columns) as table:
         fields = {**form(name, table), "name": "accounts", "map": {}}
         response = operator.post("/api/pipelines/preview", fields, content_type="application/json")
         assert response.status_code == 200, response.content
         assert [(r["row"], r["dead_letter"]) for r in response.json()["records"]] == [
             ({"account": "a"}, None), ({"account": "b"}, None)]
-    finally:
-        drop_sink_tables([table])
