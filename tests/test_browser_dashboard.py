@@ -2,6 +2,7 @@
 log in as viewer and operator, the overview updating live as records are produced and reconciled, a
 rewind dry run then its execution from the page, and a viewer who cannot act. Saves screenshots of the
 overview, the pipeline page and the demo page (to docs/screenshots/ with `make screenshots`)."""
+import contextlib
 import os
 import re
 import time
@@ -63,6 +64,19 @@ def log_in(page, live_server, user):
     expect(page.get_by_role("heading", name="Overview")).to_be_visible()
 
 
+@contextlib.contextmanager
+def reconciled_pipeline(bootstrap, topic, name, records):
+    """Yields a pipeline that has consumed `records` records of `topic`, reconciled; its sink is dropped at the end."""
+    from consumers.reconciliation.reconcile import reconcile_pipeline
+
+    pipeline = consumed_pipeline(bootstrap, topic, name, records)
+    try:
+        reconcile_pipeline(pipeline)
+        yield pipeline
+    finally:
+        drop_sink(pipeline.sink_table)
+
+
 def test_a_viewer_logs_in_sees_everything_and_cannot_act(page, live_server):
     make_pipeline("orders", lost=3, status="ERR")
     log_in(page, live_server, make_viewer())
@@ -94,9 +108,7 @@ def test_the_overview_updates_without_reload_when_records_are_produced(page, liv
     from consumers.reconciliation.reconcile import reconcile_pipeline
 
     topic = make_topic("live")
-    pipeline = consumed_pipeline(kafka_bootstrap, topic, "live-orders", 10)
-    try:
-        reconcile_pipeline(pipeline)
+    with reconciled_pipeline(kafka_bootstrap, topic, "live-orders", 10) as pipeline:
         log_in(page, live_server, make_operator())
         lag = page.locator("#pipeline-live-orders [data-field=lag_records]")
         expect(lag).to_have_text("0")
@@ -111,18 +123,11 @@ def test_the_overview_updates_without_reload_when_records_are_produced(page, liv
         expect(lag).to_have_text("0", timeout=patience(10) * 1000)
         expect(page.locator("#pipeline-live-orders [data-field=lost]")).to_have_text("0")
         assert page.evaluate("window.notReloaded") is True
-    finally:
-        drop_sink(pipeline.sink_table)
 
 
 @pytest.mark.kafka
 def test_an_operator_rewinds_from_the_page_after_a_dry_run(page, live_server, kafka_bootstrap, make_topic):
-    from consumers.reconciliation.reconcile import reconcile_pipeline
-
-    topic = make_topic("rewind")
-    pipeline = consumed_pipeline(kafka_bootstrap, topic, "rewind-orders", 20)
-    try:
-        reconcile_pipeline(pipeline)
+    with reconciled_pipeline(kafka_bootstrap, make_topic("rewind"), "rewind-orders", 20) as pipeline:
         log_in(page, live_server, make_operator())
         page.goto(f"{live_server.url}/pipelines/rewind-orders/")
         page.locator("#rewind-link").click()
@@ -140,8 +145,6 @@ def test_an_operator_rewinds_from_the_page_after_a_dry_run(page, live_server, ka
         expect(page).to_have_url(re.compile(r"/pipelines/rewind-orders/$"))
         assert PartitionOffset.objects.get(pipeline=pipeline).next_offset == 15
         expect(page.locator(".actions-log").first).to_contain_text("rewind")
-    finally:
-        drop_sink(pipeline.sink_table)
 
 
 def test_bad_rewind_input_shows_the_error_next_to_the_field(page, live_server):
