@@ -43,14 +43,21 @@ def watch_of(name, group, topic, table, record_id="value", row_id="id", **extra)
     return watch
 
 
+def watched_after_a_kill(env, names, topic, table, order, die_at_batch) -> Watch:
+    """The plain consumer (`order`) of `topic` into `table`, SIGKILLed in batch `die_at_batch` and run again to
+    the end of the topic; then a watch of its group."""
+    group = names("g")
+    assert run_plain_consumer(env, topic, group, table, order, die_at_batch=die_at_batch) == -9
+    assert run_plain_consumer(env, topic, group, table, order) == 0
+    return watch_of(names("w"), group, topic, table)
+
+
 def test_a_consumer_that_commits_before_it_writes_loses_exactly_the_records_the_watch_names(
         make_topic, subprocess_env, names):
     topic = make_topic("nums", partitions=2)
     produce(topic, [(None, str(v).encode()) for v in range(1, 101)], partitions=2)
-    group, table = names("g"), names("amo")
-    assert run_plain_consumer(subprocess_env, topic, group, table, "commit-then-write", die_at_batch=3) == -9
-    assert run_plain_consumer(subprocess_env, topic, group, table, "commit-then-write") == 0
-    watch = watch_of(names("w"), group, topic, table)
+    table = names("amo")
+    watch = watched_after_a_kill(subprocess_env, names, topic, table, "commit-then-write", die_at_batch=3)
 
     report = watch_audit.check_watch(watch, settle_seconds=0)
 
@@ -71,10 +78,8 @@ def test_a_consumer_that_writes_before_it_commits_duplicates_exactly_the_records
         make_topic, subprocess_env, names):
     topic = make_topic("nums", partitions=1)
     produce(topic, [(None, str(v).encode()) for v in range(1, 61)])
-    group, table = names("g"), names("alo")
-    assert run_plain_consumer(subprocess_env, topic, group, table, "write-then-commit", die_at_batch=2) == -9
-    assert run_plain_consumer(subprocess_env, topic, group, table, "write-then-commit") == 0
-    watch = watch_of(names("w"), group, topic, table)
+    table = names("alo")
+    watch = watched_after_a_kill(subprocess_env, names, topic, table, "write-then-commit", die_at_batch=2)
 
     report = watch_audit.check_watch(watch, settle_seconds=0)
 
@@ -124,10 +129,8 @@ def test_an_upsert_consumer_on_a_keyed_stream_loses_only_latest_records_and_lost
 def test_transaction_markers_and_aborted_records_are_never_lost(make_topic, subprocess_env, names):
     topic = make_topic("tx", partitions=1)
     committed = produce_transactions(topic, mixed_transactions(6, size=5))
-    group, table = names("g"), names("txrows")
-    assert run_plain_consumer(subprocess_env, topic, group, table, "commit-then-write", die_at_batch=2) == -9
-    assert run_plain_consumer(subprocess_env, topic, group, table, "commit-then-write") == 0
-    watch = watch_of(names("w"), group, topic, table)
+    table = names("txrows")
+    watch = watched_after_a_kill(subprocess_env, names, topic, table, "commit-then-write", die_at_batch=2)
 
     report = watch_audit.check_watch(watch, settle_seconds=0)
 
