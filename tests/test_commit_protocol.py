@@ -1,12 +1,12 @@
 """The commit protocol against the real PostgreSQL: replays skipped, gaps refused, zombies fenced,
 bad records dead-lettered — each batch all or nothing."""
 import pytest
-from django.db import connection
 
-from consumers.engine import commit, db, sinks
-from consumers.engine.transforms import SourceRecord, resolve
+from consumers.engine import commit, db
+from consumers.engine.transforms import SourceRecord
 from consumers.models import BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.sink_rows import sink_offsets
 
 
@@ -17,10 +17,7 @@ def records(partition, offsets, value=None):
 @pytest.fixture
 def pipeline_and_conn(transactional_db):
     def make(mode=DeliveryMode.EXACTLY_ONCE, transform="int_value"):
-        pipeline = Pipeline.objects.create(name=f"p-{mode}", topic="nums", sink_table=f"sink_{mode}",
-                                           delivery_mode=mode, transform=transform, epoch=1)
-        with connection.cursor() as cur:
-            sinks.ensure_sink_table(cur, pipeline.sink_table, resolve(transform), pipeline.is_exactly_once)
+        pipeline = create_pipeline(f"p-{mode}", "nums", f"sink_{mode}", transform, mode, epoch=1)
         return pipeline, commit.Target.for_pipeline(pipeline)
 
     conn = db.connect()

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from psycopg2 import sql
 
 from consumers.engine import commit, db, sinks
-from consumers.engine.transforms import SourceRecord, resolve
-from consumers.models import BadRecordPolicy, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from consumers.engine.transforms import SourceRecord
+from consumers.models import BadRecordPolicy, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset
 from tests.conftest import drop_sink_tables
+from tests.pipelines import create_pipeline
 from tests.sink_rows import sink_offsets
 
 OVERFLOW = b"99999999999999999999"  # > 2^63: Python parses it, bigint refuses it (22003)
@@ -29,12 +30,9 @@ def make_target(transactional_db):
     made = []
 
     def make(transform="json_event", mode=DeliveryMode.EXACTLY_ONCE, **fields):
-        name = f"poison-{len(made)}"
-        pipeline = Pipeline.objects.create(name=name, topic="t", sink_table=f"sink_poison_{len(made)}",
-                                           delivery_mode=mode, transform=transform, epoch=1, **fields)
+        pipeline = create_pipeline(f"poison-{len(made)}", "t", f"sink_poison_{len(made)}", transform, mode, epoch=1,
+                                   **fields)
         made.append(pipeline)
-        with connection.cursor() as cur:
-            sinks.ensure_sink_table(cur, pipeline.sink_table, resolve(transform), pipeline.is_exactly_once)
         return pipeline, commit.Target.for_pipeline(pipeline)
 
     conn = db.connect()
