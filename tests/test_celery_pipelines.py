@@ -95,6 +95,16 @@ def caught_up():
     return positions(EXACTLY_ONCE) == high
 
 
+def caught_up_run(ops_env):
+    """A worker started, then the pipeline: (the worker, its run once live and caught up)."""
+    start_worker, _ = ops_env
+    worker = start_worker()
+    actions.start(EXACTLY_ONCE)
+    run = wait_for(live_run, 30, "the first run")
+    wait_for(caught_up, 30, "the first run to catch up")
+    return worker, run
+
+
 # A worker that took the run task from Redis and was killed before it started it: the task is left unacknowledged.
 TAKE_THE_TASK_AND_DIE = """
 import os, signal
@@ -180,11 +190,7 @@ def test_a_pipeline_whose_worker_is_killed_comes_back_through_the_supervisor_and
 
 
 def test_a_restart_while_records_flow_fences_the_old_run_and_loses_or_duplicates_nothing(ops_env):
-    start_worker, _ = ops_env
-    start_worker()
-    actions.start(EXACTLY_ONCE)
-    first = wait_for(live_run, 30, "the first run")
-    wait_for(caught_up, 30, "the first run to catch up")
+    _, first = caught_up_run(ops_env)
 
     flowing = threading.Thread(target=_produce_slowly, args=(21, 220))
     flowing.start()
@@ -210,11 +216,7 @@ def _produce_slowly(first_value, last_value):
 
 
 def test_pause_ends_the_run_within_seconds_and_a_rewind_of_a_running_pipeline_resumes_it(ops_env):
-    start_worker, _ = ops_env
-    start_worker()
-    actions.start(EXACTLY_ONCE)
-    first = wait_for(live_run, 30, "the first run")
-    wait_for(caught_up, 30, "the first run to catch up")
+    _, first = caught_up_run(ops_env)
 
     paused_at = time.monotonic()
     actions.pause(EXACTLY_ONCE)
@@ -234,11 +236,7 @@ def test_pause_ends_the_run_within_seconds_and_a_rewind_of_a_running_pipeline_re
 
 
 def test_a_warm_shutdown_of_the_worker_stops_its_runs_cleanly(ops_env):
-    start_worker, _ = ops_env
-    worker = start_worker()
-    actions.start(EXACTLY_ONCE)
-    run = wait_for(live_run, 30, "the run")
-    wait_for(caught_up, 30, "the run to catch up")
+    worker, run = caught_up_run(ops_env)
     os.killpg(worker.pid, signal.SIGTERM)               # Celery's warm shutdown
     worker.wait(timeout=30)
     run.refresh_from_db()
