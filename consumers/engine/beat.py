@@ -1,5 +1,6 @@
 """One heartbeat for every run in this process: a thread that, about once a second, writes all their
-heartbeats in one statement and reads their pipelines' epochs and their peers in one query each.
+heartbeats in one statement (plus one progress update per run whose count or partitions moved), and reads their
+pipelines' epochs in one query and their peers in two (consumers/engine/shares.py `members_of`).
 
 Why: a run used to heartbeat, check its epoch and read its peers on its own (four small queries a second on a
 Django connection of its own, next to its engine connection). An engine host holds hundreds of runs

@@ -8,7 +8,9 @@ Steps of `commit_batch`, in ONE PostgreSQL transaction:
      logs have holes (transaction markers, aborted and compacted records). The classic modes write what
      they were given, as the classic consumers do.
   4. Transform each record; a rejected record becomes a dead letter (or stops the batch, by policy).
-  5. COPY the sink rows under a savepoint, deferred constraints checked then, not at COMMIT. If PostgreSQL
+  5. COPY the sink rows under a savepoint, deferred constraints checked then, not at COMMIT (the values a
+     transform takes verbatim go straight to COPY text; an upsert pipeline writes through
+     consumers/engine/upsert.py instead, and deletes its tombstones' keys). If PostgreSQL
      refuses the DATA (SQLSTATE class 22: a number too big for its column, a NUL character, ...), roll back
      to the savepoint and bisect the batch to find the poison records (consumers/engine/poison.py); they
      become dead letters with the database's error text (or stop the batch, by policy) and the other rows
@@ -168,7 +170,9 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
     `fetches` gives each partition's positions before and after the poll (a partition may have a fetch
     and no record: the poll crossed a hole). Without it, positions are inferred from the records.
     Returns one outcome per partition that had records or moved. Raises CommitRefused (rolled back) when
-    the writer is fenced, the batch has a gap, or a bad record meets the stop policy.
+    the writer is fenced, the batch has a gap, a bad record meets the stop policy (StopOnBadRecord), or the
+    database refuses the batch for a reason that is not its data (SinkError); a transient database error
+    (poison.is_transient: a lost connection, a deadlock) is raised as it is, rolled back.
     """
     fetches = dict(fetches or {})
     for p, records in batches.items():

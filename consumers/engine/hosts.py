@@ -1,4 +1,5 @@
-"""Engine host processes: where a Celery worker runs its kafka-python pipeline runs, so that they use every core.
+"""Engine host processes: where a Celery worker runs its Python-engine runs (either Kafka client), so that they use
+every core.
 
 Why (docs/architecture.md "Workers and cores"): a Python process holds one core at a time (the GIL), and a run's
 poll loop holds it while it decodes records, so runs executed in the worker's own threads share one core. A run

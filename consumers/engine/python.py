@@ -1,4 +1,5 @@
-"""The kafka-python engine: runs one pipeline in this process, in its delivery mode.
+"""The Python engine: runs one pipeline in this process, in its delivery mode, reading through either Kafka
+client (consumers/engine/consumer.py `EngineConsumer`: kafka-python by default, or librdkafka).
 
 Exactly-once, per poll, in this order:
   1. poll up to `batch_size` records (fault point `after-poll`);

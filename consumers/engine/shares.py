@@ -1,4 +1,5 @@
-"""Which partitions each exactly-once run of a pipeline reads: decided in the database, not by a Kafka group.
+"""Which partitions each Python-engine run of a pipeline reads, in every delivery mode: decided in the database, not
+by a Kafka group.
 
 Why not the consumer group: every join waits (the embedded broker about half the session timeout, real
 Kafka its initial rebalance delay for an empty group), and a killed member keeps its partitions until its
@@ -7,7 +8,7 @@ the epoch fences older runs, and the commit protocol skips records below the sto
 that read one partition for a while still write each record once. Runs therefore `assign()` partitions.
 
 The rule, applied by every run before a poll, at most once a second (`BALANCE_INTERVAL_S`), on the members
-the process's beat last read (`members_of`, one query for all the runs of a process):
+the process's beat last read (`members_of`, two queries for all the runs of a process):
   1. Members: the runs of the pipeline's current epoch that are alive (heartbeat within the lease,
      `ConsumerRun.objects.alive`) and whose process's session with PostgreSQL is open. The process's beat
      (consumers/engine/beat.py) holds one session advisory lock per run (`hold_session`) on its connection;
