@@ -1,6 +1,12 @@
-"""The refusal every operation raises (offset moves, rewinds, group resets, dead-letter actions, pipeline actions):
-bad input or an unsafe moment, nothing changed. `actions.refuse` records it in the action log first and attaches
-that entry (`action_log`), so a door can name it."""
+"""What every operation raises when it says no, nothing changed.
+
+- `Refused` (offset moves, rewinds, group resets, dead-letter actions, pipeline actions): bad input or an unsafe
+  moment. `actions.refuse` records it in the action log first and attaches that entry (`action_log`), so a door
+  can name it. `NotFound` (doors answer 404) and `Unavailable` (Kafka could not be used: 503) are kinds of it;
+  `as_refusal` turns a Kafka error (`KAFKA_ERRORS`) into the `Unavailable` it means.
+- `Invalid`: a spec's or an input's problems by field (pipelines, watches, channels, offset moves, dead-letter
+  ranges), shown beside each field by every door.
+- `DeleteRefused`: a pipeline or watch that cannot be deleted."""
 from kafka.errors import KafkaError
 
 from consumers.kafka.errors import KafkaAdminError

@@ -1,6 +1,6 @@
 """Consumer groups that Tally does not run: list them and describe state, members and lag per partition.
 
-The read side only (group offset resets are operator actions, in consumers/operations/rewind.py). Everything comes
+The read side only (group offset resets are operator actions, in consumers/operations/group_reset.py). Everything comes
 from Kafka through consumers/kafka/admin.py: the group's committed offsets, the high watermark from a
 fetch (the embedded broker's ListOffsets is too low for multi-record batches), and the timestamp of the
 record at the committed offset for lag in seconds.

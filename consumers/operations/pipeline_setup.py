@@ -1,8 +1,9 @@
 """Adding, changing and deleting pipelines without code: one validation behind every door.
 
-The command line (`manage.py pipeline create|apply|delete`), the dashboard's form and the declarative
-file (pipelines.toml) all build a `PipelineSpec` and call `validate()` / `create()` here, so the three
-doors accept and refuse the same things with the same messages. Every message says what to do next.
+The command line (`manage.py pipeline create|apply|delete`), the dashboard's form, the JSON API, the Django
+admin and the declarative file (pipelines.toml) all build a `PipelineSpec` and call `validate()` / `create()`
+(and, for a change, `check_update()` / `update()`) here, so every door accepts and refuses the same things with
+the same messages. Every message says what to do next.
 
 What a spec must satisfy before anything is written:
   1. a free, slug-like name; a consumer group no other pipeline uses (defaults to the name);

@@ -1,12 +1,15 @@
 """The supervisor (Celery beat, every few seconds): a pipeline that should run but has no live run gets
 a new one — its worker was killed, its host died, or the run failed.
 
-A run is live while its ConsumerRun row is running at the pipeline's current epoch and its heartbeat is
-younger than the lease (`TALLY_RUN_LEASE_SECONDS`); a run on this host whose process is gone is dead at
-once. Restarts back off exponentially (`restart_after`), stop after `TALLY_SUPERVISOR_MAX_ATTEMPTS`
-consecutive attempts (the pipeline is then stopped, with the reason), and every one is recorded in
-`Pipeline.last_error` and the action log (actor "supervisor"). Two supervisors never both restart one
-pipeline: each claims the restart with a conditional UPDATE and only the one whose row count is 1 enqueues.
+A run is live while its ConsumerRun row at the pipeline's current epoch has not ended (starting or running) and
+its heartbeat is younger than the lease (`TALLY_RUN_LEASE_SECONDS`: `ConsumerRun.objects.alive`); with
+`TALLY_SUPERVISOR_CHECK_LOCAL_PIDS`, a run on this host whose process is gone is dead at once. A pipeline of N
+runs with fewer than N live is restarted whole; one whose run halted (`lifecycle.HALT_REASONS`) is left for an
+operator; one whose run tasks still wait in the queue gets no more. Restarts back off exponentially
+(`restart_after`), stop after `TALLY_SUPERVISOR_MAX_ATTEMPTS` consecutive attempts (the pipeline is then stopped,
+with the reason), and every one is recorded in `Pipeline.last_error` and the action log (actor "supervisor"). Two
+supervisors never both restart one pipeline: each claims the restart with a conditional UPDATE and only the one
+whose row count is 1 enqueues.
 """
 import logging
 import os

@@ -20,7 +20,7 @@ So rewinds, gaps, overlaps, notes and dead letters keep their own rows, and a ru
 Work goes in bounded steps (`compact_step`): at most STEP_ROWS rows of one partition in one short transaction,
 holding locks only on the rows it merges; a rewind that trims them waits for the step or goes first (the rows
 it trimmed are then no longer taken). A step killed at any point rolls back whole: the ledger is either as
-before or compacted. Celery beat runs `compact_all` (consumers/tasks/history.py).
+before or compacted. Celery beat runs `compact_all` (consumers/tasks/reconciliation.py).
 """
 import logging
 import time

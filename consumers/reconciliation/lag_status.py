@@ -8,7 +8,7 @@ its consumers resume from) and adds what reconciliation knows. In order, the fir
           ledger gap or overlap, unrecoverable records (and: Kafka could not be read).
   REWIND  an operator rewound the pipeline within the window, or the position moved backwards: a planned
           replay, not an incident (Burrow's REWIND).
-  OK      the lag was zero at some sample of the window, or is zero now (Burrow rule 1).
+  OK      the lag was zero at some sample of the window, or is zero (or unknown) now (Burrow rule 1).
   STOP    lag > 0, the position has not moved for longer than the window, and no consumer is alive
           (Burrow rule 4: the consumer stopped).
   STALL   lag > 0, the position has not moved for longer than the window (or over every sample of a full

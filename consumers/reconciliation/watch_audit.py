@@ -147,7 +147,7 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
                 kafka=None, spark_threshold: int | None = None) -> WatchReport:
     """Audit what was committed and settled since the last check, measure lag and status, store it all.
     `kafka` is the Kafka admin calls (the watch's cluster's by default; a stand-in in tests; a pass over every
-    watch hands its reading of the cluster, watch_pass.KafkaReading).
+    watch hands its reading of the cluster, pass_kafka.PassKafka).
     `spark_threshold`: records from which the check matches on Spark (default: WATCH_SPARK_THRESHOLD)."""
     kafka = kafka or kafka_admin.on(watch.cluster)
     now = now or timezone.now()
