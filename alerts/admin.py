@@ -1,7 +1,7 @@
 """Admin for alert rules, alerts, mutes, channels and the outbox. Operators acknowledge and mute alerts from
 the alert list, through the same functions as the alerts page (alerts.evaluate). Rules are edited with the
 page's form (the same checks) and every change is in the action log; alerts, mutes and the outbox are
-read-only here (their changes are the actions, audited), a mute may be lifted (audited); the outbox is read-only."""
+read-only here (their changes are the actions, audited); a mute may be lifted (audited)."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm

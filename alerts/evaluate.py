@@ -1,15 +1,21 @@
 """Evaluation: turn rule checks into alert state changes and outbox messages. Idempotent and stored.
 
-For each pipeline and each rule that applies to it, in one transaction holding the open alert's row lock:
+For each pipeline and each rule that applies to it (`rules.rules_for`), then each watch and the global rules of
+the kinds a watch measures (`rules.rules_for_watch`), in one transaction holding the open alert's row lock:
   - firing and no open alert   -> create it (the partial unique index stops a concurrent twin) and queue
-                                  the "fired" email;
-  - firing and open            -> refresh its facts; queue a reminder when `next_reminder_at` is due
-                                  (firing only: acknowledging stops reminders);
-  - not firing and open        -> resolve it and queue the "resolved" email (if a "fired" one went out);
+                                  the "fired" message (the rule's recipients and its channels: alerts/outbox.py);
+  - firing and open            -> refresh its facts; queue "fired" for channels routed to it since it fired
+                                  (`outbox.queue_for_new_channels`); queue a reminder when `next_reminder_at` is
+                                  due (firing only: acknowledging stops reminders);
+  - not firing and open        -> resolve it and queue the "resolved" message (if a "fired" one went out);
   - open, but its rule was edited to another kind -> resolve it as above, then treat the rule as having
                                   no open alert (what it finds now is a new incident, with its own dedup_key).
-A mute holds every email of its rule/pipeline; an alert that fired while muted gets its "fired" email when
-the mute ends, if it still fires. Running evaluation twice at the same `now` changes nothing.
+Open alerts no rule applies to any more (disabled, overridden, their pipeline, watch or rule deleted) are resolved.
+A mute holds the "fired" message and the reminders of its rule for its pipeline or watch, and the "resolved" email;
+channels that heard an alert fire still hear it resolve. An alert that fired while muted gets its "fired" message
+when the mute ends, if it still fires. An operator's acknowledge (`acknowledge`) tells the channels that heard it
+fire and whose kind has a word for it (`outbox.queue_acknowledged`). Running evaluation twice at the same `now`
+changes nothing.
 """
 import logging
 from dataclasses import dataclass, field
@@ -132,7 +138,7 @@ def _resolve(alert: Alert, now, muted: bool, report: EvaluationReport) -> None:
 
 
 def resolve_gone(alerts, reason: str, now=None) -> list[str]:
-    """Resolve the open alerts among `alerts` (a queryset) because their pipeline or rule is going away: each
+    """Resolve the open alerts among `alerts` (a queryset) because their pipeline, watch or rule is going away: each
     keeps `reason` in its facts and gets its "resolved" email as evaluation would send it."""
     now = now or timezone.now()
     report = EvaluationReport(now=now.isoformat())
@@ -147,7 +153,7 @@ def resolve_gone(alerts, reason: str, now=None) -> list[str]:
 
 
 def evaluate_all(now=None) -> EvaluationReport:
-    """Evaluate every rule for every pipeline once. A failing check is recorded and skipped, never fatal."""
+    """Evaluate every rule for every pipeline and watch once. A failing check is recorded and skipped, never fatal."""
     now = now or timezone.now()
     report = EvaluationReport(now=now.isoformat())
     all_rules = list(AlertRule.objects.select_related("pipeline"))

@@ -1,8 +1,9 @@
 """Alerts: rules, the alerts they raise (firing -> acknowledged -> resolved), mutes, channels and the outbox.
 
-The database keeps alerts honest: at most one open alert per (rule, pipeline) (a partial unique index),
-state changes are conditional UPDATEs, and every email is an outbox row unique per (alert, kind,
-sequence) and channel, so one state never produces two messages however often evaluation runs.
+The database keeps alerts honest: at most one open alert per (rule, pipeline) and per (rule, watch) (partial
+unique indexes), state changes are conditional UPDATEs, and every notification (an email to the rule's recipients
+or a channel's message) is an outbox row unique per (alert, kind, sequence) and channel, so one state never
+produces two messages however often evaluation runs.
 """
 import uuid
 from datetime import timedelta

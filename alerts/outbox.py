@@ -5,6 +5,9 @@ Queue (inside evaluation's transaction, so a message exists if and only if its s
   one row for the rule's own email recipients (`channel=None`) and one per channel routed to the rule,
   each unique per (alert, channel, kind, sequence). A "resolved" goes to the channels that heard the alert
   fire, even during a mute: whoever was told an incident opened is told it closed (PagerDuty resolves it).
+  A channel routed to a firing alert after it fired gets its "fired" then (`queue_for_new_channels`), and an
+  operator's acknowledge goes to the channels that heard the alert fire and whose kind acknowledges
+  (`queue_acknowledged`: PagerDuty, Slack).
 Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per channel:
   1. pick due rows, oldest first; a channel's row waits while an older one of the same channel is pending,
      so a receiver that was down gets fired, reminder, resolved in that order once it is back (a channel

@@ -1,4 +1,5 @@
-"""Rule conditions: given what reconciliation stored for a pipeline, does a rule fire, and with which facts?
+"""Rule conditions: given what reconciliation (or a watch's check) stored for a pipeline or a watch, does a rule
+fire, and with which facts?
 
 Pure reads. Each check returns None (not firing) or a Finding with a one-line summary and the facts an
 operator needs (partitions, offset ranges, counts, measured value and threshold).

@@ -1,5 +1,5 @@
-"""History survives deletions: before a pipeline or an alert rule is deleted, its alerts still open are resolved
-(with their "resolved" email, if a "fired" one went out) and every alert of it keeps the names it was about.
+"""History survives deletions: before a pipeline, a watch or an alert rule is deleted, its alerts still open are
+resolved (with their "resolved" email, if a "fired" one went out) and every alert of it keeps the names it was about.
 The database then empties the links (SET_NULL); the alerts and their emails stay. A channel routed to a deleted
 rule alone is disabled, not widened to every rule."""
 from django.db.models.signals import pre_delete
