@@ -15,6 +15,11 @@ class Status(models.TextChoices):
     REWIND = "REWIND", "REWIND"
 
 
+# What lists, the API and /metrics show for something never measured (a pipeline never reconciled, a watch never
+# checked): not a Status, as nothing was evaluated, and never stored.
+UNKNOWN = "UNKNOWN"
+
+
 class PartitionHealthQuerySet(models.QuerySet):
     def verify_again_from(self, offset: int) -> int:
         """Move the incremental mark back to at most `offset`: reconciliation reads those offsets again (after a

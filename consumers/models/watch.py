@@ -10,7 +10,7 @@ export and the trace).
 from django.db import models
 from django.utils import timezone
 
-from consumers.models.reconciliation import Status
+from consumers.models.reconciliation import UNKNOWN, Status
 
 # Offsets listed per range and per finding kind: enough to trace a demo's losses one by one, small enough
 # for one JSON column when a whole range is lost.
@@ -64,6 +64,12 @@ class Watch(models.Model):
         return self.name
 
     @property
+    def reported_status(self) -> str:
+        """The status the last check measured; UNKNOWN before the first check (the row's default OK was never
+        measured: a watch just created must not read as healthy on a list, the API or /metrics)."""
+        return self.status if self.checked_at else UNKNOWN
+
+    @property
     def audits(self) -> bool:
         """It names a table: delivery is audited, not only lag."""
         return bool(self.sink_table)
@@ -107,6 +113,11 @@ class WatchPartition(models.Model):
     @property
     def position(self):
         return self.committed
+
+    @property
+    def reported_status(self) -> str:
+        """As Watch.reported_status, for this partition (one the topic gained since the last check too)."""
+        return self.status if self.checked_at else UNKNOWN
 
 
 class WatchRangeQuerySet(models.QuerySet):

@@ -94,10 +94,10 @@ class MonitoredConsumer:
 def of_watch(watch: Watch, partitions=None) -> MonitoredConsumer:
     rows = partitions if partitions is not None else list(WatchPartition.objects.filter(watch=watch))
     return MonitoredConsumer(
-        WATCH, watch.name, watch.group_id, watch.topic, watch.status, watch.lag_records, watch.lag_seconds,
+        WATCH, watch.name, watch.group_id, watch.topic, watch.reported_status, watch.lag_records, watch.lag_seconds,
         sum(p.lost for p in rows), sum(p.duplicated for p in rows), sum(p.phantom for p in rows), watch.checked_at,
-        [MonitoredPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds, p.status)
-         for p in sorted(rows, key=lambda p: p.partition)])
+        [MonitoredPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds,
+                            p.reported_status) for p in sorted(rows, key=lambda p: p.partition)])
 
 
 def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partitions=None) -> MonitoredConsumer:
@@ -117,7 +117,7 @@ def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partit
 # commits a partition saw), and groups the partitions itself rather than through a prefetch's manager per watch.
 WATCH_FIELDS = ("name", "group_id", "topic", "status", "lag_records", "lag_seconds", "checked_at")
 WATCH_PARTITION_FIELDS = ("watch_id", "partition", "committed", "high_watermark", "lag_records", "lag_seconds",
-                          "status", "lost", "duplicated", "phantom")
+                          "status", "checked_at", "lost", "duplicated", "phantom")
 
 
 def watches() -> list[MonitoredConsumer]:

@@ -715,7 +715,7 @@ def partition_json(wp: WatchPartition) -> dict:
     return {"partition": wp.partition, "start_offset": wp.start_offset, "settled_offset": wp.settled_offset,
             "committed": wp.committed, "log_start": wp.log_start, "high_watermark": wp.high_watermark,
             "lag_records": wp.lag_records, "lag_seconds": wp.lag_seconds, "checked": wp.checked, "lost": wp.lost,
-            "duplicated": wp.duplicated, "phantom": wp.phantom, "status": wp.status}
+            "duplicated": wp.duplicated, "phantom": wp.phantom, "status": wp.reported_status}
 
 
 def _failed(watch: Watch, reason: str, now: datetime) -> WatchReport:

@@ -448,7 +448,7 @@ class WatchPartitionSerializer(serializers.Serializer):
     high_watermark = serializers.IntegerField(allow_null=True)
     lag_records = serializers.IntegerField(allow_null=True)
     lag_seconds = serializers.FloatField(allow_null=True)
-    status = serializers.CharField()
+    status = serializers.CharField(help_text="OK, WARN, ERR, STALL, STOP, REWIND or UNKNOWN (never checked)")
 
 
 class WatchSerializer(serializers.Serializer):
@@ -456,7 +456,7 @@ class WatchSerializer(serializers.Serializer):
     name = serializers.CharField()
     group_id = serializers.CharField()
     topic = serializers.CharField()
-    status = serializers.CharField()
+    status = serializers.CharField(help_text="OK, WARN, ERR, STALL, STOP, REWIND or UNKNOWN (never checked)")
     lag_records = serializers.IntegerField(allow_null=True)
     lag_seconds = serializers.FloatField(allow_null=True)
     lost = serializers.IntegerField()

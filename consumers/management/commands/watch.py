@@ -156,7 +156,7 @@ def _watch(name: str) -> Watch:
 
 
 def as_dict(watch: Watch) -> dict:
-    return {"name": watch.name, **watch_setup.describe(watch), "status": watch.status,
+    return {"name": watch.name, **watch_setup.describe(watch), "status": watch.reported_status,
             "lag_records": watch.lag_records, "lag_seconds": watch.lag_seconds,
             "checked_at": watch.checked_at.isoformat() if watch.checked_at else None, "last_error": watch.last_error}
 
