@@ -36,6 +36,7 @@ logger = logging.getLogger("tally.alerts")
 class EvaluationReport:
     now: str = ""
     pipelines: int = 0
+    watches: int = 0
     checks: int = 0
     fired: list = field(default_factory=list)
     reminded: list = field(default_factory=list)
@@ -101,7 +102,9 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
                 return  # a concurrent evaluation opened it first; that one queues the email
         else:
             alert.summary, alert.facts, alert.last_seen_at = finding.summary[:300], finding.facts, now
-        report.firing.append({"alert": alert.pk, "pipeline": pipeline.name, "rule": rule.name,
+        # "pipeline" names the subject, a watch's too (as the API's alerts do); "kind" tells which it is.
+        report.firing.append({"alert": alert.pk, "kind": "watch" if isinstance(pipeline, Watch) else "pipeline",
+                              "pipeline": pipeline.name, "rule": rule.name,
                               "state": alert.state, "summary": alert.summary})
         if muted:
             report.muted.append(_label(rule, pipeline))
@@ -197,7 +200,10 @@ def _evaluate_subject(subject: Pipeline | Watch, view_class, rules: list[AlertRu
     noun = "watch" if isinstance(subject, Watch) else "pipeline"
     where = f"watch {subject.name}" if noun == "watch" else subject.name
     key = (None, subject.pk) if noun == "watch" else (subject.pk, None)
-    report.pipelines += 1
+    if noun == "watch":
+        report.watches += 1
+    else:
+        report.pipelines += 1
     try:
         view = view or view_class.load(subject, now)
     except Exception as error:  # noqa: BLE001 - one broken pipeline or watch must not silence the others

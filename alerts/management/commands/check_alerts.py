@@ -23,11 +23,14 @@ class Command(TallyCommand):
             self.stdout.write(json.dumps(report, indent=2))
             return
         for alert in report["firing"]:
-            self.stdout.write(f"FIRING  {alert['pipeline']}: {alert['summary']} [{alert['state']}]")
+            subject = f"watch {alert['pipeline']}" if alert["kind"] == "watch" else alert["pipeline"]
+            self.stdout.write(f"FIRING  {subject}: {alert['summary']} [{alert['state']}]")
         for label in report["resolved"]:
             self.stdout.write(f"RESOLVED {label}")
         for error in report["errors"]:
             self.stderr.write(f"ERROR {error}")
         emails = report["emails"]
-        self.stdout.write(f"{report['pipelines']} pipelines, {report['checks']} checks, {len(report['firing'])} firing"
+        watches = f"{report['watches']} watch{'' if report['watches'] == 1 else 'es'}"
+        self.stdout.write(f"{report['pipelines']} pipelines, {watches}, {report['checks']} checks, "
+                          f"{len(report['firing'])} firing"
                           + (f"; messages sent {emails['sent']}, failed {emails['failed']}" if emails else ""))
