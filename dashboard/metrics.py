@@ -14,11 +14,11 @@ from prometheus_client.core import GaugeMetricFamily
 from rest_framework.exceptions import AuthenticationFailed
 
 from consumers.access import can_view, record_refusal
-from consumers.models import ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
+from consumers.models import UNKNOWN, ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
 from consumers.reconciliation import monitored
 from dashboard import status as dashboard_status
 
-STATUSES = [s.value for s in Status] + ["UNKNOWN"]
+STATUSES = [s.value for s in Status] + [UNKNOWN]
 PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode", "cluster"]
 
 

@@ -11,6 +11,7 @@ from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
 from consumers.models import (
+    UNKNOWN,
     ActionLog,
     ConsumerRun,
     DeadLetter,
@@ -61,7 +62,7 @@ class PipelineRow:
 def _row(pipeline: Pipeline) -> PipelineRow:
     health = getattr(pipeline, "health", None)
     if health is None:
-        return PipelineRow(pipeline, "UNKNOWN", None, None, None, 0, 0, 0, 0, None)
+        return PipelineRow(pipeline, UNKNOWN, None, None, None, 0, 0, 0, 0, None)
     return PipelineRow(pipeline, health.status, health.lag_records, health.lag_seconds,
                        health.records_per_second, health.lost, health.duplicated, health.phantom,
                        health.dead_lettered, health.checked_at)

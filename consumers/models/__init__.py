@@ -23,7 +23,7 @@ from consumers.models.pipeline import (
     RunState,
     runs_problem,
 )
-from consumers.models.reconciliation import LagSnapshot, PartitionHealth, PipelineHealth, Status
+from consumers.models.reconciliation import UNKNOWN, LagSnapshot, PartitionHealth, PipelineHealth, Status
 from consumers.models.text import error_text
 from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 from consumers.models.watch import OFFSETS_LISTED, RANGES_SHOWN, Watch, WatchFinding, WatchPartition, WatchRange
@@ -33,6 +33,6 @@ __all__ = [
     "DeadLetter", "DeadLetterReplay", "DeliveryMode", "DesiredState", "EndReason", "Engine", "IsolationLevel",
     "KafkaClient", "LagSnapshot", "LedgerSummary", "LogTruncatedPolicy", "PartitionHealth", "PartitionOffset",
     "Pipeline", "PipelineError", "PipelineHealth", "ResetPolicy", "RunState", "runs_problem", "Status", "TopicCheckJob",
-    "TopicCheckStatus", "OFFSETS_LISTED", "RANGES_SHOWN", "Watch", "WatchFinding", "WatchPartition", "WatchRange",
-    "error_text",
+    "TopicCheckStatus", "OFFSETS_LISTED", "RANGES_SHOWN", "UNKNOWN", "Watch", "WatchFinding", "WatchPartition",
+    "WatchRange", "error_text",
 ]

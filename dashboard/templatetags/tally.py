@@ -5,18 +5,20 @@ from django import template
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
+from consumers.models import UNKNOWN
+
 register = template.Library()
 
 # Each status has a text, a colour class and a symbol: readable in grey-scale and by screen readers.
 STATUS_STYLE = {
     "OK": ("ok", "✓"), "WARN": ("warn", "▲"), "ERR": ("err", "✕"), "STALL": ("stall", "❚❚"),
-    "STOP": ("stop", "■"), "REWIND": ("rewind", "↺"), "UNKNOWN": ("unknown", "?"),
+    "STOP": ("stop", "■"), "REWIND": ("rewind", "↺"), UNKNOWN: ("unknown", "?"),
 }
 
 
 @register.simple_tag
 def status_badge(status):
-    return _badge((status or "UNKNOWN").upper())
+    return _badge((status or UNKNOWN).upper())
 
 
 @functools.lru_cache(maxsize=64)   # a handful of statuses, drawn hundreds of times on the overview
