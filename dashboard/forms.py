@@ -89,6 +89,8 @@ class PipelineForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 4, "placeholder": "order_id=id\ncustomer=customer.name"}),
         help_text="One COLUMN=SOURCE per line, for the columns that do not take the top-level field of their name: "
                   "a dotted path (items.0.sku), @key, @key.PATH, @timestamp, @partition, @offset or @header:NAME. "
+                  "A number into a timestamp or date column counts epoch milliseconds unless the source names its "
+                  "unit: sent_at=sent::seconds (or ::microseconds, ::nanoseconds). "
                   "Preview proposes one from the table's columns and the topic's records.")
     upsert_key = forms.CharField(required=False, max_length=1000, label="Upsert key",
                                  help_text="COLUMN[,COLUMN]: keep one row per key, updated in place (the table needs "

@@ -452,3 +452,82 @@ def test_a_replay_into_a_table_whose_own_id_is_an_identity_writes_the_records_it
     with connection.cursor() as cur:
         cur.execute(sql.SQL("SELECT id, n, source_offset FROM {} ORDER BY source_offset").format(sql.Identifier(table)))
         assert [(n, offset) for _, n, offset in cur.fetchall()] == [(0, 0), (1, 1), (2, 2)]
+
+
+# A number written into a timestamp, timestamptz or date column counts epoch milliseconds unless its source names
+# another unit (SOURCE::UNIT): 1714559400 read as milliseconds is a day in January 1970, silently.
+EPOCH_UNITS = [
+    ("at", "stamp", 1_714_559_400_000, "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::milliseconds", 1_714_559_400_000, "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::seconds", 1_714_559_400, "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::seconds", 1_714_559_400.25, "2024-05-01T10:30:00.250000+00:00"),
+    ("at", "stamp::seconds", 1_714_559_400.123456, "2024-05-01T10:30:00.123456+00:00"),  # time.time() in Python
+    ("at", "stamp::seconds", -86_400, "1969-12-31T00:00:00+00:00"),
+    ("at", "stamp::microseconds", 1_714_559_400_123_456, "2024-05-01T10:30:00.123456+00:00"),
+    # Finer than a microsecond: rounded half to even, as PostgreSQL rounds a finer fraction.
+    ("at", "stamp::nanoseconds", 1_714_559_400_123_456_500, "2024-05-01T10:30:00.123456+00:00"),
+    ("at", "stamp::nanoseconds", 1_714_559_400_123_457_500, "2024-05-01T10:30:00.123458+00:00"),
+    ("at", "meta.stamp::seconds", 1_714_559_400, "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::seconds", "2024-05-01T12:30:00+02:00", "2024-05-01T12:30:00+02:00"),  # text stays ISO-8601
+    ("local_at", "stamp::seconds", 1_714_559_400, "2024-05-01T10:30:00"),
+    ("day", "stamp::seconds", 1_714_559_400, "2024-05-01"),
+]
+
+
+@pytest.mark.parametrize(("column", "source", "value", "expected"), EPOCH_UNITS)
+def test_a_number_into_a_timestamp_counts_the_unit_its_source_names(types_table, column, source, value, expected):
+    transform = compiled(types_table, {column: source, "must": "id"})
+    path = source.partition("::")[0].split(".")
+    fields = {"id": 1, path[0]: value if len(path) == 1 else {path[1]: value}}
+    row = transform.rows(record(fields))[0]
+    assert row[[name for name, _ in transform.columns].index(column)] == expected
+
+
+@pytest.mark.parametrize(("source", "value", "reason"), [
+    ("stamp::seconds", 1_714_559_400_000, "epoch seconds out of range"),  # milliseconds read as seconds: year 56300
+    ("stamp::microseconds", 1.5, "not a whole number of epoch microseconds"),
+    ("stamp::milliseconds", 1.5, "epoch milliseconds"),
+    ("stamp::seconds", "1714559400", "epoch seconds are read from a JSON number, not from text"),
+    ("stamp::seconds", True, "not an ISO-8601 timestamp or epoch seconds"),
+    ("stamp::seconds", 1e300, "epoch seconds out of range"),
+])
+def test_a_number_its_unit_cannot_read_is_a_bad_record_naming_the_unit(types_table, source, value, reason):
+    transform = compiled(types_table, {"at": source, "must": "id"})
+    with pytest.raises(BadRecord) as caught:
+        transform.rows(record({"id": 1, "stamp": value}))
+    assert str(caught.value).startswith(f"column at (from {source}): ") and reason in str(caught.value)
+
+
+def test_an_array_of_timestamps_reads_its_numbers_in_the_unit(column_table):
+    transform = compiled(column_table("jm_stamps", "seen timestamptz[]"), {"seen": "seen::seconds"})
+    assert transform.rows(record({"seen": [1_714_559_400, None]})) == (
+        ('{"2024-05-01T10:30:00+00:00",NULL}',),)
+
+
+def test_a_unit_that_is_unknown_or_on_a_column_or_source_that_is_no_epoch_number_is_refused(types_table):
+    with connection.cursor() as cur, pytest.raises(json_map.MappingInvalid) as caught:
+        json_map.plan_for_table(cur.cursor, types_table, {
+            "at": "stamp::fortnights", "big": "n::seconds", "local_at": "@timestamp::seconds",
+            "day": "@header:sent::seconds", "must": "id"})
+    text = str(caught.value)
+    assert "--map at=stamp::fortnights: unknown unit 'fortnights'" in text and "::seconds" in text
+    assert "--map big=n::seconds: a unit reads a number as an epoch time" in text and "bigint" in text
+    assert "--map local_at=@timestamp::seconds: " in text and "--map day=@header:sent::seconds: " in text
+    # The same mapping without its units compiles: each refusal was the unit's.
+    with connection.cursor() as cur:
+        json_map.plan_for_table(cur.cursor, types_table, {"at": "stamp", "big": "n", "local_at": "@timestamp",
+                                                          "day": "@header:sent", "must": "id"})
+
+
+def test_the_commit_protocol_writes_epoch_seconds_as_their_instant(json_pipeline):
+    pipeline, conn = json_pipeline
+    pipeline.json_map = {"must": "id", "at": "sent::seconds"}
+    pipeline.save(update_fields=["json_map"])
+    commit.ensure_positions(conn, pipeline.pk, {0: 0})
+    outcomes = commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1, {0: [
+        record({"id": 1, "sent": 1_764_288_000}, 0), record({"id": 2, "sent": 1_764_288_000_000}, 1)]})
+    assert (outcomes[0].rows_written, outcomes[0].dead_letters) == (1, 1)
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("SELECT must, at FROM {}").format(sql.Identifier(pipeline.sink_table)))
+        assert [(must, at.isoformat()) for must, at in cur.fetchall()] == [(1, "2025-11-28T00:00:00+00:00")]
+    assert "epoch seconds out of range" in DeadLetter.objects.get(pipeline=pipeline, offset=1).error

@@ -223,3 +223,36 @@ def test_a_json_upsert_pipeline_changed_in_the_admin_keeps_its_map_and_key(capsy
     assert pipeline.json_map == {"order_id": "@key", "amount": "total"}   # what was typed, not ignored
     update = ActionLog.objects.filter(action="update").order_by("pk").last()
     assert "customer" in update.message and "amount" in update.message
+
+
+def test_every_door_takes_an_epoch_unit_on_a_timestamp_column_and_refuses_a_bad_one(capsys, tmp_path, topic, table,
+                                                                                     operator_client):
+    create_table(table)
+    code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,
+                               "--transform", "json", "--map", "ordered_at=at::fortnights")
+    assert code == 1 and "--map ordered_at=at::fortnights: unknown unit 'fortnights'" in err
+    code, _, err = run_command(capsys, "create", "orders", "--topic", topic, "--sink-table", table,
+                               "--transform", "json", "--map", "amount=total::seconds")
+    assert code == 1 and "a unit reads a number as an epoch time" in err and "numeric(10,2)" in err
+    fields = {"name": "orders", "topic": topic, "sink_table": table, "mode": "exactly-once", "transform": "json",
+              "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "stop"}
+    response = operator_client.post("/api/pipelines/", {**fields, "map": {"ordered_at": "at::weeks"}},
+                                    content_type="application/json")
+    assert response.status_code == 400 and "unknown unit 'weeks'" in response.json()["errors"]["map"][0]["message"]
+    page = operator_client.post("/pipelines/new/", {**fields, "group": "", "map": "customer=name::seconds"})
+    assert page.status_code == 400 and "a unit reads a number as an epoch time" in page.content.decode()
+    path = write(tmp_path, f'[pipelines.orders]\ntopic = "{topic}"\nsink_table = "{table}"\ntransform = "json"\n'
+                           'map = { ordered_at = "at::secs" }\n')
+    code, _, err = run_command(capsys, "apply", path)
+    assert code == 1 and "unknown unit 'secs'" in err
+    assert not Pipeline.objects.exists()
+
+    response = operator_client.post("/api/pipelines/", {**fields, "map": {"ordered_at": "at::seconds"}},
+                                    content_type="application/json")
+    assert response.status_code == 201, response.content
+    assert Pipeline.objects.get(name="orders").json_map == {"ordered_at": "at::seconds"}
+    path = write(tmp_path, f'[pipelines.orders]\ntopic = "{topic}"\nsink_table = "{table}"\n'
+                           'transform = "json"\nmap = { ordered_at = "sent.at::microseconds" }\n')
+    code, _, err = run_command(capsys, "apply", path)
+    assert code == 0, err
+    assert Pipeline.objects.get(name="orders").json_map == {"ordered_at": "sent.at::microseconds"}

@@ -88,15 +88,16 @@ def test_spark_writes_the_same_table_as_the_python_engine(transactional_db, kafk
 
 
 # Today's mapping rules on both engines: a JSON array into text[], a date from a timestamp with an offset, a domain
-# over a domain (5.0 into an integer domain), a domain's DEFAULT, and an upsert key of a nondeterministic collation
-# whose spellings are one key within a batch and across batches, and whose tombstone deletes the other spelling.
+# over a domain (5.0 into an integer domain), a domain's DEFAULT, epoch seconds (`seen::seconds`, a unit the plan
+# carries to the executors), and an upsert key of a nondeterministic collation whose spellings are one key within a
+# batch and across batches, and whose tombstone deletes the other spelling.
 TYPES_DDL = ("CREATE TABLE {table} (name text COLLATE tally_ci NOT NULL UNIQUE, tags text[], day date, qty {qty}, "
-             "region {region}, source_topic text NOT NULL, source_partition integer NOT NULL, "
+             "region {region}, seen timestamptz, source_topic text NOT NULL, source_partition integer NOT NULL, "
              "source_offset bigint NOT NULL)")
 TYPES_RECORDS = [
-    (b"Ann", {"tags": ["a", "b,c"], "day": "2024-02-01", "qty": 2}),
-    (b"bob", {"tags": [1, None], "day": "2024-01-01T23:30:00-05:00", "qty": 5.0}),
-    (b"ANN", {"tags": ["a", "b,c"], "day": 1_709_251_200_000, "qty": "9"}),
+    (b"Ann", {"tags": ["a", "b,c"], "day": "2024-02-01", "qty": 2, "seen": 1_706_745_600}),
+    (b"bob", {"tags": [1, None], "day": "2024-01-01T23:30:00-05:00", "qty": 5.0, "seen": 1_704_153_600.5}),
+    (b"ANN", {"tags": ["a", "b,c"], "day": 1_709_251_200_000, "qty": "9", "seen": 1_709_251_200}),
     (b"Dee", {"tags": ["d"], "day": "2024-04-01", "qty": 1}),
     (b"DEE", None),                                     # a tombstone: deletes Dee's row
     (b"eve", {"tags": ["e"], "day": "2024-05-01", "qty": 0}),      # the domain's CHECK refuses it
@@ -125,7 +126,8 @@ def test_spark_maps_arrays_dates_domains_and_collated_upsert_keys_as_the_python_
                 cur.execute(sql.SQL(TYPES_DDL).format(table=sql.Identifier(table), qty=sql.Identifier(qty),
                                                       region=sql.Identifier(region)))
             Pipeline.objects.create(name=f"{engine}-{topic}", topic=topic, sink_table=table, transform="json",
-                                    json_map={"name": "@key"}, engine=engine, upsert_key=["name"],
+                                    json_map={"name": "@key", "seen": "seen::seconds"}, engine=engine,
+                                    upsert_key=["name"],
                                     delete_on_tombstone=True, group_id=f"{engine}-{topic}")
         # Two records a batch: 'Ann' and 'ANN' fall into different batches.
         python = python_engine.run_pipeline(f"python-{topic}", batch_size=2, stop_when_caught_up=True, max_seconds=60)
@@ -134,11 +136,11 @@ def test_spark_maps_arrays_dates_domains_and_collated_upsert_keys_as_the_python_
         rows = {}
         for engine, table in tables.items():
             with connection.cursor() as cur:
-                cur.execute(sql.SQL("SELECT name, tags::text, day::text, qty, region, source_offset FROM {} "
-                                    "ORDER BY source_offset").format(sql.Identifier(table)))
+                cur.execute(sql.SQL("SELECT name, tags::text, day::text, qty, region, seen::text, source_offset "
+                                    "FROM {} ORDER BY source_offset").format(sql.Identifier(table)))
                 rows[engine] = cur.fetchall()
-        assert rows[Engine.PYTHON] == [("bob", "{1,NULL}", "2024-01-01", 5, "eu", 1),
-                                       ("ANN", '{a,"b,c"}', "2024-03-01", 9, "eu", 2)]
+        assert rows[Engine.PYTHON] == [("bob", "{1,NULL}", "2024-01-01", 5, "eu", "2024-01-02 00:00:00.5+00", 1),
+                                       ("ANN", '{a,"b,c"}', "2024-03-01", 9, "eu", "2024-03-01 00:00:00+00", 2)]
         assert rows[Engine.SPARK] == rows[Engine.PYTHON]
         letters = {engine: sorted(DeadLetter.objects.filter(pipeline__engine=engine).values_list("offset", "error"))
                    for engine in tables}

@@ -18,7 +18,12 @@ mapping. A run whose table changed under it so (lifecycle.target_of) ends as a s
 
 SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` (the key as text),
 `@key.PATH` (a path into a JSON key), `@timestamp` (the record's timestamp), `@partition`, `@offset` or
-`@header:NAME` (a header's value as text).
+`@header:NAME` (a header's value as text). A number written into a timestamp, timestamptz or date column
+(or an array of them) counts epoch milliseconds unless the source names its unit: `SOURCE::seconds`,
+`::milliseconds`, `::microseconds` or `::nanoseconds` (`created_at=ts::seconds`). The unit is a suffix of the
+source, so every door (`--map`, the API's and the form's `map`, pipelines.toml) takes it as it takes a source,
+and it is chosen when the plan compiles, never per record. "::" and not ":" because `@header:NAME` and real field
+names (`urn:...`) hold a colon, and a shell passes "::" unquoted.
 """
 import dataclasses
 import functools
@@ -29,7 +34,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 import orjson
 from psycopg2 import sql
@@ -45,6 +50,14 @@ SHOWN_VALUE_CHARS = 60  # a dead letter's error shows this much of the value tha
 INTEGER_RANGES = {"int2": (-2 ** 15, 2 ** 15 - 1), "int4": (-2 ** 31, 2 ** 31 - 1), "int8": (-2 ** 63, 2 ** 63 - 1)}
 TEXT_TYPES = ("text", "varchar", "bpchar", "name", "citext")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TIME_TYPES = ("timestamptz", "timestamp", "date")
+UNIT_MARK = "::"
+MILLISECONDS = "milliseconds"  # the unit of a number without one, as before units could be named
+# Each unit as a power of ten of a microsecond (PostgreSQL's resolution).
+EPOCH_UNITS = {"seconds": 6, MILLISECONDS: 3, "microseconds": 0, "nanoseconds": -3}
+# Beyond any timestamp PostgreSQL holds in any unit (294276 AD is ~9.3e18 microseconds): refused before int() makes
+# a huge integer of a number such as 1e300.
+_EPOCH_LIMIT = Decimal(10) ** 22
 # Rounding to a numeric's scale in Python's default context (28 digits) fails for wider numbers (numeric(78,0) holds
 # a uint256): this one holds any numeric(p,s) PostgreSQL allows (p <= 1000), and a number beyond it is too long.
 NUMERIC_CONTEXT = Context(prec=2100)
@@ -202,13 +215,37 @@ def read_columns(cursor, table: str) -> list[Column] | None:
 
 # --- sources ---------------------------------------------------------------------------------------------
 
+def split_unit(source: str) -> tuple[str, str | None]:
+    """(the source without its unit, the unit or None): `ts::seconds` -> ("ts", "seconds"). ValueError for a
+    unit that is not one."""
+    path, mark, unit = source.rpartition(UNIT_MARK)
+    if not mark:
+        return source, None
+    if unit not in EPOCH_UNITS:
+        raise ValueError(f"unknown unit {unit!r}: a number's epoch unit is "
+                         + ", ".join(f"::{name}" for name in EPOCH_UNITS) + f" (e.g. {path or 'ts'}::seconds)")
+    return path, unit
+
+
 def parse_source(source: str) -> tuple[str, tuple]:
-    """("value", path) | ("key", path) | ("timestamp"|"partition"|"offset", ()) | ("header", (name,)).
-    Raises ValueError with what is wrong."""
+    """("value", path) | ("key", path) | ("timestamp"|"partition"|"offset", ()) | ("header", (name,)), of the
+    source without its unit (split_unit). Raises ValueError with what is wrong."""
     if not isinstance(source, str) or not source:
         raise ValueError("a source must be a dotted path or @key, @timestamp, @partition, @offset, @header:NAME")
     if not source.isprintable():
         raise ValueError("a source is printable text (no control characters)")
+    source, unit = split_unit(source)
+    kind, steps = _parse_bare(source)
+    if unit is not None and (kind not in ("value", "key") or not steps):
+        # The record's timestamp is always milliseconds; a key or header is text, which a unit never reads.
+        raise ValueError(f"a unit reads a JSON number: give ::{unit} to a path into the value or into a JSON key "
+                         "(@key.PATH), not to " + (source if source.startswith("@") else repr(source)))
+    return kind, steps
+
+
+def _parse_bare(source: str) -> tuple[str, tuple]:
+    if not source:
+        raise ValueError("a unit needs a source before it (ts::seconds)")
     if source.startswith("@header:"):
         if not source[len("@header:"):]:
             raise ValueError("@header: needs a header name (@header:NAME)")
@@ -419,18 +456,23 @@ def _boolean(column: Column):
     return convert
 
 
-def _instant(value) -> datetime:
-    """ISO-8601 text or epoch milliseconds -> an aware datetime (text without an offset is UTC)."""
+def _instant(value, unit: str = MILLISECONDS) -> datetime:
+    """ISO-8601 text or an epoch number in `unit` -> an aware datetime (text without an offset is UTC)."""
     if type(value) is str:
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
+            if value.strip().lstrip("+-").isdigit():  # "1714559400": an epoch number written as text
+                raise ValueError(f"not an ISO-8601 timestamp, and epoch {unit} are read from a JSON number, "
+                                 "not from text") from None
             raise ValueError("not an ISO-8601 timestamp") from None
         fine = _FINE_FRACTION.search(value)
         if fine is not None:  # Python cuts it to the microsecond; PostgreSQL rounds it (half to even), as here
             moment = moment.replace(microsecond=0) + timedelta(microseconds=round(Decimal("0." + fine.group(1))
                                                                                   * 1_000_000))
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    if unit != MILLISECONDS:
+        return _epoch(value, unit)
     if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()) or \
             (type(value) is Decimal and value.is_finite() and value == value.to_integral_value()):
         try:
@@ -438,6 +480,29 @@ def _instant(value) -> datetime:
         except OverflowError:
             raise ValueError("epoch milliseconds out of range") from None
     raise ValueError("not an ISO-8601 timestamp or epoch milliseconds")
+
+
+def _epoch(value, unit: str) -> datetime:
+    """A number of epoch `unit`s: whole, except seconds, which may carry a fraction (time.time()); what is finer
+    than a microsecond is rounded half to even, as PostgreSQL rounds it."""
+    kind = type(value)
+    if kind is int:
+        number = Decimal(value)
+    elif kind is float and math.isfinite(value):
+        number = Decimal(repr(value))  # the number as written (1714559400.123456), not the float's binary digits
+    elif kind is Decimal and value.is_finite():
+        number = value
+    else:
+        raise ValueError(f"not an ISO-8601 timestamp or epoch {unit}")
+    if unit != "seconds" and number != number.to_integral_value():
+        raise ValueError(f"not a whole number of epoch {unit}")
+    if abs(number) >= _EPOCH_LIMIT:
+        raise ValueError(f"epoch {unit} out of range")
+    micros = number.scaleb(EPOCH_UNITS[unit]).to_integral_value(rounding=ROUND_HALF_EVEN)
+    try:
+        return EPOCH + timedelta(microseconds=int(micros))
+    except OverflowError:
+        raise ValueError(f"epoch {unit} out of range") from None
 
 
 def _valid_timestamp(text: str) -> bool:
@@ -449,22 +514,22 @@ def _valid_timestamp(text: str) -> bool:
     return True
 
 
-def _timestamptz(column: Column):
+def _timestamptz(column: Column, unit: str = MILLISECONDS):
     def convert(value):
         if type(value) is str and _PLAIN_TIMESTAMP.fullmatch(value):
             if not _valid_timestamp(value):
                 raise ValueError("not an ISO-8601 timestamp")
             return value
-        return _instant(value).isoformat()
+        return _instant(value, unit).isoformat()
     return convert
 
 
-def _timestamp(column: Column):
+def _timestamp(column: Column, unit: str = MILLISECONDS):
     # Without a time zone: the instant's UTC wall clock.
-    return lambda value: _instant(value).astimezone(UTC).replace(tzinfo=None).isoformat()
+    return lambda value: _instant(value, unit).astimezone(UTC).replace(tzinfo=None).isoformat()
 
 
-def _date(column: Column):
+def _date(column: Column, unit: str = MILLISECONDS):
     def convert(value):
         if type(value) is str:
             # The date as written, as PostgreSQL reads the text: an offset does not move it to another day.
@@ -473,7 +538,7 @@ def _date(column: Column):
                         ).isoformat()
             except ValueError:
                 raise ValueError("not an ISO-8601 date") from None
-        return _instant(value).astimezone(UTC).date().isoformat()
+        return _instant(value, unit).astimezone(UTC).date().isoformat()
     return convert
 
 
@@ -509,13 +574,13 @@ def _finite(value) -> bool:
     return True
 
 
-def _array(column: Column):
+def _array(column: Column, unit: str | None = None):
     """A JSON array (of arrays, for more dimensions) -> the array's text, each element converted as a column of the
     element's type would convert it ("2" into integer[] is 2, an object or array into jsonb[] is its JSON); null
     elements are NULL. A string is the array's own text ("{a,b}"), for PostgreSQL to read."""
     element_type = column.pg_type.rstrip("[]")
     convert_element = converter(Column(column.name, element_type, column.element, True, False,
-                                       precision=column.precision, scale=column.scale, length=column.length))
+                                       precision=column.precision, scale=column.scale, length=column.length), unit)
 
     json_elements = column.element in ("json", "jsonb")
 
@@ -551,11 +616,13 @@ CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _
               **{name: _text for name in TEXT_TYPES}}
 
 
-def converter(column: Column) -> Callable:
+def converter(column: Column, unit: str | None = None) -> Callable:
+    """The column's converter; `unit` (plan() allows it on time types only) is how it reads an epoch number."""
     # Any other type: its text goes to PostgreSQL, whose input function decides (a refusal is a dead letter).
     if column.element is not None:
-        return _array(column)
-    return CONVERTERS.get(column.base, _text)(column)
+        return _array(column, unit)
+    make = CONVERTERS.get(column.base, _text)
+    return make(column) if unit is None else make(column, unit)
 
 
 # --- the plan and its compiled transform -----------------------------------------------------------------
@@ -565,6 +632,11 @@ class Written:
     column: Column
     source: str           # as the user wrote it (shown in errors), or the column's name by default
     field: bool = False   # no --map: the top-level field of the column's name, as it is ("user.id", "x.")
+
+    @property
+    def unit(self) -> str | None:
+        """The epoch unit the source names (`ts::seconds`), None for the default (milliseconds)."""
+        return None if self.field else split_unit(self.source)[1]
 
 
 @dataclass(frozen=True)
@@ -631,7 +703,7 @@ def _finish(written: Written) -> Callable:
     """raw value -> the column's COPY value (None for a missing or null value where the column allows it);
     BadRecord naming the column, source and value."""
     column, source = written.column, written.source
-    convert = converter(column)
+    convert = converter(column, written.unit)  # the unit is chosen here, once per plan
     nullable, name = column.nullable, column.name
     # COPY cannot ask for a default per row: a mapped column's default never applies.
     default_note = " (its default applies only when no --map names it)" if column.has_default else ""
@@ -670,6 +742,11 @@ def plan(columns: list[Column], mapping: dict[str, str]) -> JsonPlan:
             parse_source(source)
         except ValueError as exc:
             problems.append(f"--map {name}={source}: {exc}")
+            continue
+        unit = split_unit(source)[1]
+        if unit is not None and column is not None and (column.element or column.base) not in TIME_TYPES:
+            problems.append(f"--map {name}={source}: a unit reads a number as an epoch time, for a timestamp, "
+                            f"timestamptz or date column; column {name!r} is {column.pg_type}")
     written = []
     for column in columns:
         if column.name in PROVENANCE_COLUMNS or column.generated:

@@ -15,6 +15,7 @@
     cluster = "prod"                       # optional: a Kafka cluster from TALLY_KAFKA_CLUSTERS (default)
     # transform = "json": JSON fields onto the existing table's columns, by its types
     map = { order_id = "id", customer = "customer.name" }   # where a column does not take the field of its name
+    # map = { ordered_at = "sent::seconds" }  # a number into a timestamp: epoch seconds, not milliseconds
     upsert_key = ["order_id"]              # one row per key, kept current (a unique constraint on it)
     delete_on_tombstone = true             # a null value deletes its key's row (the key from map = "@key")
 

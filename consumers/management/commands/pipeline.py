@@ -34,7 +34,9 @@ class Command(SubcommandsCommand):
         create.add_argument("--map", action="append", default=[], metavar="COLUMN=SOURCE",
                             help="--transform json: where COLUMN comes from instead of the top-level field of its "
                                  "name: a dotted path (customer.name, items.0.sku), @key, @key.PATH, @timestamp, "
-                                 "@partition, @offset or @header:NAME. Repeatable.")
+                                 "@partition, @offset or @header:NAME; SOURCE::seconds (::milliseconds, the "
+                                 "default, ::microseconds, ::nanoseconds): the epoch unit of a number into a "
+                                 "timestamp or date column. Repeatable.")
         create.add_argument("--upsert-key", default="", metavar="COLUMN[,COLUMN]",
                             help="Keep one row per key, inserted or updated in place (the table needs a unique "
                                  "constraint on these columns).")
