@@ -168,3 +168,31 @@ def test_a_table_whose_own_id_is_an_identity_is_previewed_as_the_run_writes_it(o
         assert response.status_code == 200, response.content
         assert [(r["row"], r["dead_letter"]) for r in response.json()["records"]] == [
             ({"account": "a"}, None), ({"account": "b"}, None)]
+
+
+def test_the_preview_shows_epoch_seconds_as_their_date_and_notes_seconds_read_as_milliseconds(operator, make_topic,
+                                                                                             table, kafka_client):
+    name = make_topic("stamps", partitions=1)
+    send(name, [(None, None, json.dumps({"id": n, "at": 1_714_559_400 + n}).encode()) for n in range(3)])
+    fields = {**form(name, table), "name": "stamps", "map": {"order_id": "id", "ordered_at": "at"}}
+    response = operator.post("/api/pipelines/preview", fields, content_type="application/json")
+    assert response.status_code == 200, response.content
+    preview = response.json()
+    # Read as milliseconds (the default), 1714559400 is January 20, 1970: written as it is, with a note.
+    assert preview["records"][0]["row"]["ordered_at"] == "1970-01-20 20:15:59.4+00"
+    assert preview["notes"] == [
+        "column ordered_at (from at): 3 of 3 records hold a number that, read as epoch milliseconds (the default), "
+        "is in 1970 (1714559400 is 1970-01-20): if it counts seconds, map it as ordered_at=at::seconds"]
+    page = operator.post("/pipelines/new/", {**form(name, table), "name": "stamps", "preview": "1",
+                                             "map": "order_id=id\nordered_at=at"}).content.decode()
+    assert 'id="preview-notes"' in page and "map it as ordered_at=at::seconds" in page
+
+    fields["map"]["ordered_at"] = "at::seconds"
+    preview = operator.post("/api/pipelines/preview", fields, content_type="application/json").json()
+    assert [r["row"]["ordered_at"] for r in preview["records"]] == [
+        "2024-05-01 10:30:00+00", "2024-05-01 10:30:01+00", "2024-05-01 10:30:02+00"]
+    assert preview["notes"] == []
+    page = operator.post("/pipelines/new/", {**form(name, table), "name": "stamps", "preview": "1",
+                                             "map": "order_id=id\nordered_at=at::seconds"}).content.decode()
+    assert 'id="preview-notes"' not in page and "2024-05-01 10:30:00+00" in page
+    assert not Pipeline.objects.exists() and table_count(table) == 0

@@ -699,6 +699,11 @@ def _text_of(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
 
 
+def raw_getter(written: Written) -> Callable:
+    """(parsed value, record) -> what the column's source holds before conversion (MISSING when absent)."""
+    return _getter(*(("value", (written.source,)) if written.field else parse_source(written.source)))
+
+
 def _finish(written: Written) -> Callable:
     """raw value -> the column's COPY value (None for a missing or null value where the column allows it);
     BadRecord naming the column, source and value."""

@@ -10,8 +10,12 @@
   4. The rows go through PostgreSQL itself -- COPY into a temporary copy of the table, in a transaction that is
      rolled back -- so the preview shows each value as the table will hold it, and a value the database
      refuses as the dead letter it would be. Nothing is written.
+  5. Notes on what is likely a mistake though it converts: a number read as epoch milliseconds (the default) that
+     lands in 1970 is most likely epoch seconds. A note only: the rows shown are what the run would write.
 """
 from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
 
 from django.db import connection, transaction
 from psycopg2 import sql
@@ -24,6 +28,9 @@ from consumers.operations import pipeline_setup
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
 
 PREVIEW_RECORDS = 20
+# Epoch seconds of any date since 1971 read as milliseconds land within a year of 1970-01-01 (1714559400 s is
+# 2024-05-01; as milliseconds, 1970-01-20), where few real millisecond timestamps are.
+LIKELY_SECONDS_MS = 365 * 24 * 3600 * 1000
 PATH_DEPTH = 4          # how deep a proposal looks into the records' objects
 SHOWN_KEY_CHARS = 80
 
@@ -53,6 +60,7 @@ class Preview:
     mapping: dict[str, str]                  # the mapping previewed: the spec's, plus what was proposed
     proposed: dict[str, str]                 # what the preview added to the spec's mapping
     records: list[PreviewRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # likely mistakes that still convert (_seconds_notes)
 
     @property
     def written_columns(self) -> list[str]:
@@ -60,7 +68,7 @@ class Preview:
 
     def as_json(self) -> dict:
         return {"columns": self.columns, "mapping": self.mapping, "proposed": self.proposed,
-                "records": [r.as_json() for r in self.records]}
+                "records": [r.as_json() for r in self.records], "notes": self.notes}
 
 
 def preview(spec: PipelineSpec) -> Preview:
@@ -102,7 +110,34 @@ def preview(spec: PipelineSpec) -> Preview:
         except Exception as exc:  # as the commit protocol: any failure is the record's
             shown.dead_letter = f"{type(exc).__name__}: {exc}"
     _through_postgresql(spec.sink_table, plan.column_names, rows)
+    result.notes = _seconds_notes(plan, records)
     return result
+
+
+def _seconds_notes(plan: json_map.JsonPlan, records: list[SourceRecord]) -> list[str]:
+    """Per time column read in the default unit: a note when some records hold a number that lands in 1970."""
+    notes = []
+    docs = [_object(r) for r in records]
+    for written in plan.columns:
+        column = written.column
+        if (column.element or column.base) not in json_map.TIME_TYPES or written.unit is not None:
+            continue
+        get = json_map.raw_getter(written)
+        suspects = []
+        for doc, record in zip(docs, records, strict=True):
+            try:
+                raw = get(doc, record)
+            except Exception:  # noqa: BLE001 -- a value that is no object, a key that is not JSON: the row says why
+                continue
+            suspects += [v for v in (raw if type(raw) is list else [raw])
+                         if type(v) in (int, float, Decimal) and 0 < abs(v) < LIKELY_SECONDS_MS]
+        if suspects:
+            source = column.name if written.field else written.source
+            day = (json_map.EPOCH + timedelta(milliseconds=float(suspects[0]))).date().isoformat()
+            notes.append(f"column {column.name} (from {source}): {len(suspects)} of {len(records)} records hold a "
+                         f"number that, read as epoch milliseconds (the default), is in 1970 ({suspects[0]} is "
+                         f"{day}): if it counts seconds, map it as {column.name}={source}::seconds")
+    return notes
 
 
 def first_records(topic: str, limit: int, cluster=None) -> list[SourceRecord]:

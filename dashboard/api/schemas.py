@@ -107,6 +107,8 @@ class PreviewSerializer(serializers.Serializer):
     mapping = OBJECT()
     proposed = OBJECT()
     records = PreviewRecordSerializer(many=True)
+    notes = serializers.ListField(child=serializers.CharField(), help_text="Likely mistakes that still convert, "
+                                  "such as epoch seconds read as milliseconds: notes only, the rows are as written")
 
 
 class PartitionStateSerializer(serializers.Serializer):
