@@ -21,9 +21,9 @@ SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` 
 `@header:NAME` (a header's value as text). A number written into a timestamp, timestamptz or date column
 (or an array of them) counts epoch milliseconds unless the source names its unit: `SOURCE::seconds`,
 `::milliseconds`, `::microseconds` or `::nanoseconds` (`created_at=ts::seconds`). The unit is a suffix of the
-source, so every door (`--map`, the API's and the form's `map`, pipelines.toml) takes it as it takes a source,
-and it is chosen when the plan compiles, never per record. "::" and not ":" because `@header:NAME` and real field
-names (`urn:...`) hold a colon, and a shell passes "::" unquoted.
+source, so every door (`--map`, the API's and the form's `map`, pipelines.toml) takes it as it takes a source;
+it is chosen when the plan compiles, never per record (consumers/engine/json_time.py). "::" and not ":" because
+`@header:NAME` and real field names (`urn:...`) hold a colon, and a shell passes "::" unquoted.
 """
 import dataclasses
 import functools
@@ -33,13 +33,12 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 import orjson
 from psycopg2 import sql
 
-from consumers.engine import json_rows
+from consumers.engine import json_rows, json_time
 from consumers.engine.transforms import BadRecord, SourceRecord, Transform
 
 NAME = "json"
@@ -49,15 +48,6 @@ RECORD_SOURCES = ("@key", "@timestamp", "@partition", "@offset")
 SHOWN_VALUE_CHARS = 60  # a dead letter's error shows this much of the value that would not convert
 INTEGER_RANGES = {"int2": (-2 ** 15, 2 ** 15 - 1), "int4": (-2 ** 31, 2 ** 31 - 1), "int8": (-2 ** 63, 2 ** 63 - 1)}
 TEXT_TYPES = ("text", "varchar", "bpchar", "name", "citext")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-TIME_TYPES = ("timestamptz", "timestamp", "date")
-UNIT_MARK = "::"
-MILLISECONDS = "milliseconds"  # the unit of a number without one, as before units could be named
-# Each unit as a power of ten of a microsecond (PostgreSQL's resolution).
-EPOCH_UNITS = {"seconds": 6, MILLISECONDS: 3, "microseconds": 0, "nanoseconds": -3}
-# Beyond any timestamp PostgreSQL holds in any unit (294276 AD is ~9.3e18 microseconds): refused before int() makes
-# a huge integer of a number such as 1e300.
-_EPOCH_LIMIT = Decimal(10) ** 22
 # Rounding to a numeric's scale in Python's default context (28 digits) fails for wider numbers (numeric(78,0) holds
 # a uint256): this one holds any numeric(p,s) PostgreSQL allows (p <= 1000), and a number beyond it is too long.
 NUMERIC_CONTEXT = Context(prec=2100)
@@ -71,11 +61,6 @@ MISSING = object()
 _DIGITS_ONLY = bytes(48 if 48 <= b <= 57 or b == 46 else 32 for b in range(256))
 _LONG_NUMBER = b"0" * 16
 _LONG_NUMBER_TEXT = re.compile(rb"[0-9][0-9.]{15,}(?:[eE][+-]?[0-9]+)?")
-# The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
-_PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
-                              r"(?:Z|[+-][0-9]{2}:[0-9]{2})")
-# A fraction of a second finer than a microsecond ("10:30:00.1234567Z", as .NET writes it).
-_FINE_FRACTION = re.compile(r"\.([0-9]{7,})")
 
 
 def loads(value):
@@ -215,18 +200,6 @@ def read_columns(cursor, table: str) -> list[Column] | None:
 
 # --- sources ---------------------------------------------------------------------------------------------
 
-def split_unit(source: str) -> tuple[str, str | None]:
-    """(the source without its unit, the unit or None): `ts::seconds` -> ("ts", "seconds"). ValueError for a
-    unit that is not one."""
-    path, mark, unit = source.rpartition(UNIT_MARK)
-    if not mark:
-        return source, None
-    if unit not in EPOCH_UNITS:
-        raise ValueError(f"unknown unit {unit!r}: a number's epoch unit is "
-                         + ", ".join(f"::{name}" for name in EPOCH_UNITS) + f" (e.g. {path or 'ts'}::seconds)")
-    return path, unit
-
-
 def parse_source(source: str) -> tuple[str, tuple]:
     """("value", path) | ("key", path) | ("timestamp"|"partition"|"offset", ()) | ("header", (name,)), of the
     source without its unit (split_unit). Raises ValueError with what is wrong."""
@@ -234,7 +207,7 @@ def parse_source(source: str) -> tuple[str, tuple]:
         raise ValueError("a source must be a dotted path or @key, @timestamp, @partition, @offset, @header:NAME")
     if not source.isprintable():
         raise ValueError("a source is printable text (no control characters)")
-    source, unit = split_unit(source)
+    source, unit = json_time.split_unit(source)
     kind, steps = _parse_bare(source)
     if unit is not None and (kind not in ("value", "key") or not steps):
         # The record's timestamp is always milliseconds; a key or header is text, which a unit never reads.
@@ -299,7 +272,7 @@ def _getter(kind: str, steps: tuple) -> Callable:
         return key_path
     if kind == "timestamp":
         return lambda doc, record: MISSING if record.timestamp is None or record.timestamp < 0 \
-            else _Millis(record.timestamp)
+            else json_time.Millis(record.timestamp)
     if kind == "partition":
         return lambda doc, record: record.partition
     if kind == "offset":
@@ -322,10 +295,6 @@ def _utf8(raw: bytes, what: str) -> str:
         raise BadRecord(f"{what} is not UTF-8 text: {_shown(raw.decode('utf-8', 'backslashreplace'))}") from None
 
 
-class _Millis(int):
-    """A record timestamp (epoch milliseconds): a timestamptz takes it as an instant, a bigint as its number."""
-
-
 # --- converters: raw JSON value -> the value COPY writes (str/int/None); ValueError says why not ----------
 
 def _shown(value) -> str:
@@ -343,7 +312,7 @@ def _integer(column: Column):
     low, high = INTEGER_RANGES[column.base]
 
     def convert(value):
-        if type(value) is int or type(value) is _Millis:
+        if type(value) is int or type(value) is json_time.Millis:
             number = int(value)
         elif type(value) is float and value.is_integer():
             number = int(value)
@@ -456,92 +425,6 @@ def _boolean(column: Column):
     return convert
 
 
-def _instant(value, unit: str = MILLISECONDS) -> datetime:
-    """ISO-8601 text or an epoch number in `unit` -> an aware datetime (text without an offset is UTC)."""
-    if type(value) is str:
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            if value.strip().lstrip("+-").isdigit():  # "1714559400": an epoch number written as text
-                raise ValueError(f"not an ISO-8601 timestamp, and epoch {unit} are read from a JSON number, "
-                                 "not from text") from None
-            raise ValueError("not an ISO-8601 timestamp") from None
-        fine = _FINE_FRACTION.search(value)
-        if fine is not None:  # Python cuts it to the microsecond; PostgreSQL rounds it (half to even), as here
-            moment = moment.replace(microsecond=0) + timedelta(microseconds=round(Decimal("0." + fine.group(1))
-                                                                                  * 1_000_000))
-        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    if unit != MILLISECONDS:
-        return _epoch(value, unit)
-    if type(value) is int or type(value) is _Millis or (type(value) is float and value.is_integer()) or \
-            (type(value) is Decimal and value.is_finite() and value == value.to_integral_value()):
-        try:
-            return EPOCH + timedelta(milliseconds=int(value))
-        except OverflowError:
-            raise ValueError("epoch milliseconds out of range") from None
-    raise ValueError("not an ISO-8601 timestamp or epoch milliseconds")
-
-
-def _epoch(value, unit: str) -> datetime:
-    """A number of epoch `unit`s: whole, except seconds, which may carry a fraction (time.time()); what is finer
-    than a microsecond is rounded half to even, as PostgreSQL rounds it."""
-    kind = type(value)
-    if kind is int:
-        number = Decimal(value)
-    elif kind is float and math.isfinite(value):
-        number = Decimal(repr(value))  # the number as written (1714559400.123456), not the float's binary digits
-    elif kind is Decimal and value.is_finite():
-        number = value
-    else:
-        raise ValueError(f"not an ISO-8601 timestamp or epoch {unit}")
-    if unit != "seconds" and number != number.to_integral_value():
-        raise ValueError(f"not a whole number of epoch {unit}")
-    if abs(number) >= _EPOCH_LIMIT:
-        raise ValueError(f"epoch {unit} out of range")
-    micros = number.scaleb(EPOCH_UNITS[unit]).to_integral_value(rounding=ROUND_HALF_EVEN)
-    try:
-        return EPOCH + timedelta(microseconds=int(micros))
-    except OverflowError:
-        raise ValueError(f"epoch {unit} out of range") from None
-
-
-def _valid_timestamp(text: str) -> bool:
-    """Plain ISO-8601 text (_PLAIN_TIMESTAMP) names a real date and time: no 2024-02-30."""
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _timestamptz(column: Column, unit: str = MILLISECONDS):
-    def convert(value):
-        if type(value) is str and _PLAIN_TIMESTAMP.fullmatch(value):
-            if not _valid_timestamp(value):
-                raise ValueError("not an ISO-8601 timestamp")
-            return value
-        return _instant(value, unit).isoformat()
-    return convert
-
-
-def _timestamp(column: Column, unit: str = MILLISECONDS):
-    # Without a time zone: the instant's UTC wall clock.
-    return lambda value: _instant(value, unit).astimezone(UTC).replace(tzinfo=None).isoformat()
-
-
-def _date(column: Column, unit: str = MILLISECONDS):
-    def convert(value):
-        if type(value) is str:
-            # The date as written, as PostgreSQL reads the text: an offset does not move it to another day.
-            try:
-                return (date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value).date()
-                        ).isoformat()
-            except ValueError:
-                raise ValueError("not an ISO-8601 date") from None
-        return _instant(value, unit).astimezone(UTC).date().isoformat()
-    return convert
-
-
 def _uuid(column: Column):
     def convert(value):
         if type(value) is str:
@@ -611,8 +494,8 @@ def _array(column: Column, unit: str | None = None):
 
 
 CONVERTERS = {"int2": _integer, "int4": _integer, "int8": _integer, "numeric": _numeric, "float4": _float,
-              "float8": _float, "bool": _boolean, "timestamptz": _timestamptz, "timestamp": _timestamp,
-              "date": _date, "uuid": _uuid, "jsonb": _json, "json": _json,
+              "float8": _float, "bool": _boolean, "timestamptz": json_time.timestamptz,
+              "timestamp": json_time.timestamp, "date": json_time.date_of, "uuid": _uuid, "jsonb": _json, "json": _json,
               **{name: _text for name in TEXT_TYPES}}
 
 
@@ -636,7 +519,7 @@ class Written:
     @property
     def unit(self) -> str | None:
         """The epoch unit the source names (`ts::seconds`), None for the default (milliseconds)."""
-        return None if self.field else split_unit(self.source)[1]
+        return None if self.field else json_time.split_unit(self.source)[1]
 
 
 @dataclass(frozen=True)
@@ -664,8 +547,8 @@ class JsonPlan:
                                  _parse, _not_object, reads_value,
                                  {"MISSING": MISSING, "INTEGER_RANGES": INTEGER_RANGES, "DIGITS_ONLY": _DIGITS_ONLY,
                                   "LONG_NUMBER": _LONG_NUMBER, "ORJSON_EXACT": _orjson_exact,
-                                  "PLAIN_TIMESTAMP": _PLAIN_TIMESTAMP.fullmatch,
-                                  "VALID_TIMESTAMP": _valid_timestamp}, upsert_key)
+                                  "PLAIN_TIMESTAMP": json_time.PLAIN_TIMESTAMP.fullmatch,
+                                  "VALID_TIMESTAMP": json_time.valid_timestamp}, upsert_key)
 
         tombstone_key = None
         index = {w.column.name: i for i, w in enumerate(self.columns)}
@@ -748,8 +631,8 @@ def plan(columns: list[Column], mapping: dict[str, str]) -> JsonPlan:
         except ValueError as exc:
             problems.append(f"--map {name}={source}: {exc}")
             continue
-        unit = split_unit(source)[1]
-        if unit is not None and column is not None and (column.element or column.base) not in TIME_TYPES:
+        unit = json_time.split_unit(source)[1]
+        if unit is not None and column is not None and (column.element or column.base) not in json_time.TIME_TYPES:
             problems.append(f"--map {name}={source}: a unit reads a number as an epoch time, for a timestamp, "
                             f"timestamptz or date column; column {name!r} is {column.pg_type}")
     written = []

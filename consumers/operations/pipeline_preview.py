@@ -20,7 +20,7 @@ from decimal import Decimal
 from django.db import connection, transaction
 from psycopg2 import sql
 
-from consumers.engine import json_map, poison, sinks
+from consumers.engine import json_map, json_time, poison, sinks
 from consumers.engine.transforms import SourceRecord
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
@@ -120,7 +120,7 @@ def _seconds_notes(plan: json_map.JsonPlan, records: list[SourceRecord]) -> list
     docs = [_object(r) for r in records]
     for written in plan.columns:
         column = written.column
-        if (column.element or column.base) not in json_map.TIME_TYPES or written.unit is not None:
+        if (column.element or column.base) not in json_time.TIME_TYPES or written.unit is not None:
             continue
         get = json_map.raw_getter(written)
         suspects = []
@@ -133,7 +133,7 @@ def _seconds_notes(plan: json_map.JsonPlan, records: list[SourceRecord]) -> list
                          if type(v) in (int, float, Decimal) and 0 < abs(v) < LIKELY_SECONDS_MS]
         if suspects:
             source = column.name if written.field else written.source
-            day = (json_map.EPOCH + timedelta(milliseconds=float(suspects[0]))).date().isoformat()
+            day = (json_time.EPOCH + timedelta(milliseconds=float(suspects[0]))).date().isoformat()
             notes.append(f"column {column.name} (from {source}): {len(suspects)} of {len(records)} records hold a "
                          f"number that, read as epoch milliseconds (the default), is in 1970 ({suspects[0]} is "
                          f"{day}): if it counts seconds, map it as {column.name}={source}::seconds")
