@@ -66,7 +66,8 @@ def test_the_driver_logs_each_dead_worker_and_moves_the_schedule_by_the_attempts
     run.pipeline = type("P", (), {"name": "nums"})()
     run.retried_slices, run.next_attempt = 0, 1
     deaths = []
-    run.on_worker_death = lambda: deaths.append("died")   # the demo counts them (consumers/demo/runner.py)
+    # the demo counts them (consumers/demo/runner.py)
+    run.options = RunOptions(on_worker_death=lambda: deaths.append("died"))
     with caplog.at_level(logging.WARNING, logger="tally.spark.engine"):
         run._note_attempts([_outcome(0, 2, 0), _outcome(0, 2, 1), _outcome(1, 0, 2)])
     assert caplog.text.count(spark_commit.WORKER_DIED) == 2 == len(deaths)   # task 0's attempts 0 and 1 died

@@ -85,8 +85,7 @@ class _Engine:
         self.stop = options.stop or threading.Event()
         self.batch_size = options.batch_size or pipeline.batch_size
         self.delay_s = options.delay_ms / 1000
-        self.stop_when_caught_up, self.max_seconds = options.stop_when_caught_up, options.max_seconds
-        self.faults, self.task_id = options.faults, options.task_id
+        self.options = options   # its limits, faults and task, read where they apply
         self.in_flight: Future | None = None
         self.fetched: dict[int, int] = {}  # partition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0
@@ -98,7 +97,7 @@ class _Engine:
 
     # --- life cycle --------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        self.lifecycle = Run(self.pipeline, Engine.PYTHON, task_id=self.task_id)
+        self.lifecycle = Run(self.pipeline, Engine.PYTHON, task_id=self.options.task_id)
         log.info("%s: run %s joins epoch %s (%s, batch %s)", self.pipeline.name, self.lifecycle.row.pk,
                  self.epoch, self.mode, self.batch_size)
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="tally-writer")
@@ -137,7 +136,7 @@ class _Engine:
                              max_poll_records=self.batch_size, cluster=self.cluster, client=client_for(self.pipeline))
 
     def _loop(self) -> str:
-        deadline = time.monotonic() + self.max_seconds if self.max_seconds else None
+        deadline = time.monotonic() + self.options.max_seconds if self.options.max_seconds else None
         while True:
             if self.stop.is_set():
                 self._drain()
@@ -148,12 +147,12 @@ class _Engine:
             self._heartbeat()
             if not self._balance():
                 # Holding no partition (more runs than partitions): done when the whole topic is.
-                if self.stop_when_caught_up and self._caught_up():
+                if self.options.stop_when_caught_up and self._caught_up():
                     return "caught_up"
                 continue
             batches = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
-            busy = batches or fetches or self.stop_when_caught_up
+            busy = batches or fetches or self.options.stop_when_caught_up
             self.poll_timeout_ms = POLL_TIMEOUT_MS if busy else IDLE_POLL_TIMEOUT_MS
             self.idle_since = None if batches or fetches else self.idle_since or time.monotonic()
             if not batches and fetches:
@@ -164,14 +163,14 @@ class _Engine:
                 # Idle: finish the batch in flight now, so its offsets reach Kafka without waiting for the
                 # next record (a run in a worker may idle for hours).
                 moved_back = self._drain()
-                if self.stop_when_caught_up and not moved_back and self._caught_up():
+                if self.options.stop_when_caught_up and not moved_back and self._caught_up():
                     return "caught_up"
                 if not moved_back and self._idle_long_enough():
                     self._park(deadline)   # returns woken, with a consumer again, or stopped (the loop ends)
                 continue
-            self.faults.maybe_crash("after-poll")
+            self.options.faults.maybe_crash("after-poll")
             if self.in_flight is not None:
-                self.faults.maybe_crash("after-next-poll")
+                self.options.faults.maybe_crash("after-next-poll")
             self.lifecycle.records_arrived()
             if self.mode == DeliveryMode.AT_MOST_ONCE:
                 self._at_most_once(batches, fetches)
@@ -210,7 +209,7 @@ class _Engine:
         # rewind must find out before it moves the group's offsets, not at its next write.
         self._heartbeat(force=True)
         self.kafka.before_write({p: fetch.end for p, fetch in fetches.items()})
-        self.faults.maybe_crash("after-kafka-commit")
+        self.options.faults.maybe_crash("after-kafka-commit")
         self._simulate_processing(batches)
         self.in_flight = self.writer.submit(self._write, batches, fetches)
         self._drain()
@@ -218,8 +217,8 @@ class _Engine:
     def _write(self, batches, fetches):
         """Writer thread: the one DB transaction of a batch (consumers/engine/commit.py)."""
         with db.engine_connection() as conn:
-            outcomes = commit.commit_batch(conn, self.target, self.epoch, batches, self.faults, fetches)
-        self.faults.maybe_crash("after-db-commit")
+            outcomes = commit.commit_batch(conn, self.target, self.epoch, batches, self.options.faults, fetches)
+        self.options.faults.maybe_crash("after-db-commit")
         return outcomes
 
     def _drain(self) -> bool:
@@ -389,7 +388,7 @@ class _Engine:
     # --- parking (consumers/engine/parking.py) ------------------------------------------------------
     def _idle_long_enough(self) -> bool:
         # A run asked to stop when caught up ends instead; one in flight or holding nothing has no reason to.
-        return (self.park_after > 0 and not self.stop_when_caught_up and self.in_flight is None
+        return (self.park_after > 0 and not self.options.stop_when_caught_up and self.in_flight is None
                 and self.idle_since is not None and time.monotonic() - self.idle_since >= self.park_after
                 and bool(self.consumer.assignment()))
 

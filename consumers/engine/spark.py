@@ -83,11 +83,7 @@ class SparkRun:
         self.stop = options.stop
         self.records_per_trigger = options.batch_size or max(pipeline.batch_size, MIN_RECORDS_PER_TRIGGER)
         self.delay_per_record_s = options.delay_ms / 1000  # as the Python engine: simulated work per record
-        self.stop_when_caught_up = options.stop_when_caught_up
-        self.max_seconds = options.max_seconds
-        self.faults = options.faults
-        self.task_id = options.task_id
-        self.on_worker_death = options.on_worker_death
+        self.options = options   # its limits, faults, task and worker-death callback, read where they apply
         self.epoch = pipeline.epoch
         self.target = target_of(pipeline)
         # The executors compile the mapping from this plan, read here once from the sink table's catalog.
@@ -108,7 +104,7 @@ class SparkRun:
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        self.lifecycle = Run(self.pipeline, Engine.SPARK, task_id=self.task_id, state=RunState.STARTING)
+        self.lifecycle = Run(self.pipeline, Engine.SPARK, task_id=self.options.task_id, state=RunState.STARTING)
         self.conn = db.connect(f"tally-spark-{self.pipeline.name}")
         checkpoint = self.checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
         query = None
@@ -190,11 +186,12 @@ class SparkRun:
                 return self.ending.reason, self.ending.detail
             if self._stop_requested():
                 return "stopped", ""
-            if self.max_seconds is not None and time.monotonic() - self.lifecycle.started >= self.max_seconds:
+            limit = self.options.max_seconds
+            if limit is not None and time.monotonic() - self.lifecycle.started >= limit:
                 return "max_seconds", ""
             with self._lock:
                 partitions = list(self.positions)
-            if self.lifecycle.heartbeat(partitions) and self.stop_when_caught_up and self._caught_up():
+            if self.lifecycle.heartbeat(partitions) and self.options.stop_when_caught_up and self._caught_up():
                 return "caught_up", ""
             query.awaitTermination(0.2)
 
@@ -246,13 +243,13 @@ class SparkRun:
         """Each task commits the partition slices it read (consumers/engine/spark_commit.py); the driver
         gets one outcome row per slice, never a record. A partition whose fetch crossed only a hole (no
         record, so no task row) has its position moved here, with no record to write."""
-        if not self.faults.in_worker:
-            self.faults.maybe_crash("after-poll")
+        if not self.options.faults.in_worker:
+            self.options.faults.maybe_crash("after-poll")
         self.lifecycle.records_arrived()
         job = dataclasses.replace(self._slice_job(), fetches=fetches)
-        if self.faults.in_worker:
+        if self.options.faults.in_worker:
             job = dataclasses.replace(job, crash_points=tuple(
-                spark_commit.crash_points(self.faults, self.next_attempt, TASK_ATTEMPTS)))
+                spark_commit.crash_points(self.options.faults, self.next_attempt, TASK_ATTEMPTS)))
         rows = frame.mapInArrow(spark_commit.commit_slices(job), spark_commit.OUTCOME_SCHEMA).collect()
         outcomes = [row.asDict() for row in rows]
         self._note_attempts(outcomes)
@@ -263,8 +260,8 @@ class SparkRun:
         ends = self._count([o for o in outcomes if not o["refusal"]])
         if refused:
             raise RunEnded.refused(refused[0]["refusal"], refused[0]["detail"] or "")
-        if not self.faults.in_worker:
-            self.faults.maybe_crash("after-db-commit")
+        if not self.options.faults.in_worker:
+            self.options.faults.maybe_crash("after-db-commit")
         self.kafka.after_db_commit(ends)
 
     def _move_past_holes(self, fetches: dict[int, tuple], committed: set[int]) -> list[dict]:
@@ -291,8 +288,8 @@ class SparkRun:
             for _ in range(attempt):
                 log.warning("%s (task %s of %s retried by Spark)", spark_commit.WORKER_DIED, task,
                             self.pipeline.name)
-                if self.on_worker_death is not None:
-                    self.on_worker_death()
+                if self.options.on_worker_death is not None:
+                    self.options.on_worker_death()
         if spark_commit.SCHEDULED_TASK in attempts:
             self.next_attempt += attempts[spark_commit.SCHEDULED_TASK] + 1
 
@@ -309,7 +306,7 @@ class SparkRun:
                 cluster=json.dumps(clusters.get(self.pipeline.cluster).spec()),
                 known_partitions=frozenset(self.positions),
                 delay_per_record_s=self.delay_per_record_s,
-                faults=spark_commit.executor_faults(self.faults),
+                faults=spark_commit.executor_faults(self.options.faults),
                 json_plan=self.json_plan,
                 upsert_key=self.target.upsert_key, delete_on_tombstone=self.target.delete_on_tombstone)
         return self._job
