@@ -94,15 +94,18 @@ def test_the_spark_demo_pipeline_loses_workers_not_its_driver_and_stays_exactly_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_slice_transaction_frozen_on_an_executor_does_not_block_a_stop_for_ever(settings):
+@pytest.mark.parametrize("where", ["executor", "driver"])
+def test_a_transaction_frozen_on_an_executor_or_the_driver_does_not_block_a_stop_for_ever(settings, where):
     # An executor frozen (stopped, swapped out, cut off) inside its slice's transaction holds the pipeline row FOR
     # SHARE: Spark's driver, still heartbeating, waits for the task, and an operator's stop (an epoch bump) would
-    # wait on the row for ever. As on the Python engine's connections, PostgreSQL ends it after a while.
+    # wait on the row for ever. So would a driver frozen inside a move without records, on its own connection. As on
+    # the Python engine's connections, PostgreSQL ends it after a while.
     settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
     pipeline = Pipeline.objects.create(name="frozen", topic="frozen", sink_table="spark_frozen", engine=Engine.SPARK,
                                        epoch=1)
     run = SparkRun(pipeline, RunOptions())
-    frozen = psycopg2.connect(**run._slice_job().dsn)   # as commit_task connects on the executor
+    # as commit_task connects on the executor; as the run connects on the driver
+    frozen = psycopg2.connect(**run._slice_job().dsn) if where == "executor" else run._driver_connection()
     pool = ThreadPoolExecutor(1)
 
     def stop():
@@ -113,7 +116,7 @@ def test_a_slice_transaction_frozen_on_an_executor_does_not_block_a_stop_for_eve
 
     try:
         with frozen.cursor() as cursor:
-            cursor.execute(commit._SHARE_PIPELINE, [pipeline.pk])   # the slice's step 1, then nothing more
+            cursor.execute(commit._SHARE_PIPELINE, [pipeline.pk])   # a commit's step 1, then nothing more
         assert pool.submit(stop).result(timeout=30) == 2
     finally:
         frozen.close()   # before the pool is waited for: a stop still waiting then ends

@@ -103,9 +103,15 @@ class SparkRun:
         self.next_attempt = 1      # --crash-in-worker: batch attempts so far + 1 (spark_commit.crash_points)
 
     # --- lifecycle -------------------------------------------------------------------------------------
+    def _driver_connection(self):
+        """The driver's own connection (positions, moves without records). A driver frozen inside one of its
+        transactions would hold the partition rows, and a stop or a rewind would wait on them for ever: as on the
+        Python engine's connections (db.ConnectionPool), PostgreSQL ends such a session after a while."""
+        return db.connect(f"tally-spark-{self.pipeline.name}", settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS)
+
     def run(self) -> RunResult:
         self.lifecycle = Run(self.pipeline, Engine.SPARK, task_id=self.options.task_id, state=RunState.STARTING)
-        self.conn = db.connect(f"tally-spark-{self.pipeline.name}")
+        self.conn = self._driver_connection()
         checkpoint = self.checkpoint = tempfile.mkdtemp(prefix=f"tally-spark-{self.pipeline.name}-")
         query = None
         reason, detail = "error", ""
