@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from psycopg2 import sql
@@ -209,6 +210,30 @@ def test_keyed_updates_with_superseded_records_a_lost_delete_and_a_lost_latest(s
     assert pg.checked == len(updates) and sum(r[5] for r in ranges) == len(updates) - 10
     assert as_offsets(pg.lost_offsets) == {latest[b"k2"], latest[b"k3"]}
     assert as_offsets(pg.duplicated_offsets) == {latest[b"k4"]} and pg.duplicated == 1
+
+
+def test_keyed_a_key_whose_latest_record_is_in_a_partition_with_nothing_to_settle_is_left(
+        spark, make_topic, table_name, spark_matches):
+    """`k` written to partition 0, then deleted by a tombstone in partition 1 that the consumer applied but has not
+    committed: both paths read partition 1's unsettled records too, so `k`'s record in partition 0 is superseded,
+    not lost."""
+    from kafka import KafkaProducer
+
+    topic = make_topic("moved", partitions=2)
+    producer = KafkaProducer(bootstrap_servers=settings.KAFKA_BOOTSTRAP_SERVERS, acks="all")
+    producer.send(topic, b"k1", key=b"k", partition=0, timestamp_ms=1_700_000_000_000)
+    producer.send(topic, None, key=b"k", partition=1, timestamp_ms=1_700_000_001_000)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    execute(sql.SQL("CREATE TABLE {} (id text)").format(sql.Identifier(table_name)))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    admin.commit_offsets(group, topic, {0: 1, 1: 0})
+
+    pg, ranges, _ = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name, record_id="key",
+                               row_id="id", keyed=True)
+
+    assert (pg.checked, pg.lost, pg.duplicated) == (1, 0, 0)
+    assert [(r[0], r[5]) for r in ranges] == [(0, 1)]   # partition 0's record: superseded
 
 
 def test_a_partition_with_nothing_to_settle_is_not_read(spark, make_topic, table_name, spark_matches):

@@ -194,7 +194,8 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
             _store_ranges(watch, parts, new_ranges, now)   # before planning: they move the settled mark
             plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
             if plans:
-                audited = _audit(watch, plans, marks, now, spark_threshold, phantoms)
+                tails = keyed_tails(parts, marks, plans) if watch.keyed else {}
+                audited = _audit(watch, plans, marks, now, spark_threshold, phantoms, tails)
                 _store_ranges(watch, parts, audited, now)
                 new_ranges += audited
         _measure(watch, parts, marks, kafka, now, notes)
@@ -298,6 +299,15 @@ def plan_ranges(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[i
     return plans
 
 
+def keyed_tails(parts: dict, marks: dict, plans: dict) -> dict[int, int]:
+    """{partition: first unsettled offset} of the partitions with no range to settle now. A keyed watch reads their
+    unsettled records too, as it reads the planned partitions' tails: a key the producer wrote into two partitions
+    has its latest record in the one whose commit has not settled yet, and judging the older record would report a
+    row the consumer rightly replaced or deleted as lost."""
+    return {p: max(wp.settled_offset, marks[p].log_start) for p, wp in parts.items()
+            if p in marks and p not in plans and marks[p].high > max(wp.settled_offset, marks[p].log_start)}
+
+
 def unread_ranges(parts: dict, marks: dict) -> list["RangeResult"]:
     """The ranges the log start passed while the group's committed offset was below it: the part the group had
     committed (read) the audit can no longer judge; the rest the group never read, nor ever will."""
@@ -382,7 +392,10 @@ class _Loader:
 
 
 def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None,
-           phantoms: bool = True) -> list[RangeResult]:
+           phantoms: bool = True, tails: dict | None = None) -> list[RangeResult]:
+    """`tails`: keyed, the partitions without a range to settle, read from that offset only to know later records
+    (keyed_tails)."""
+    tails = tails or {}
     by_offset = watch.record_id == record_ids.OFFSET
     columns = watch.row_columns
     with connection.cursor() as wrapper:
@@ -393,11 +406,11 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
         if _on_spark(plans, spark_threshold) and spark_compares_ids(cur, watch, id_type):
-            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms)
+            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms, tails)
         else:
             try:
                 counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns,
-                                                             phantoms)
+                                                             phantoms, tails)
             except psycopg2.Error as exc:  # the table changed under the watch (a column's type, the grant): ERR
                 raise WatchCheckError(f"table {watch.sink_table!r} could not be audited: {type(exc).__name__}: "
                                       f"{exc.diag.message_primary or exc}") from exc
@@ -511,11 +524,13 @@ def spark_compares_ids(cur, watch: Watch, id_type: str | None) -> bool:
 
 
 def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, by_offset: bool,
-                         columns: list[str], phantoms: bool = True) -> tuple[dict, dict]:
+                         columns: list[str], phantoms: bool = True, tails: dict | None = None) -> tuple[dict, dict]:
     """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
-    ends = {p: end for p, (_, _, end) in plans.items()}
+    tails = tails or {}
+    ends = {p: end for p, (_, _, end) in plans.items()} | tails   # a tail's records are all beyond its end
     loader = _Loader(cur, watch, id_type, ends)
     reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
+    reads |= {p: (first, marks[p].high) for p, first in tails.items()}
     try:
         kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
     except Exception as exc:
@@ -539,8 +554,8 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     return loader.counts, superseded
 
 
-def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, phantoms: bool = True
-                    ) -> tuple[dict, dict]:
+def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, phantoms: bool = True,
+                    tails: dict | None = None) -> tuple[dict, dict]:
     """The same match on Spark executors (consumers/reconciliation/watch_spark.py); the findings in `found`."""
     from consumers.reconciliation import watch_spark
 
@@ -549,7 +564,8 @@ def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | 
     log.info("watch %s: matching %s records on Spark", watch.name,
              sum(end - first for _, first, end in plans.values()))
     try:
-        return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"], phantoms=phantoms)
+        return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"], phantoms=phantoms,
+                                 tails=tails)
     except WatchCheckError:
         raise
     except Exception as exc:  # Spark, JDBC or Kafka: the check fails with the reason's kind, nothing settles

@@ -121,19 +121,23 @@ def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
             .option("numPartitions", str(partitions)).load())
 
 
-def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relation, *, phantoms: bool = True
-          ) -> tuple[dict, dict]:
+def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relation, *, phantoms: bool = True,
+          tails: dict | None = None) -> tuple[dict, dict]:
     """Run the audit of `plans` on Spark; every finding is COPYed into `found_relation` (partition, "offset",
     kind, extra) through `cur`. Returns ({partition: {records, ignored, unreadable}}, {partition: superseded}).
-    `phantoms`: as watch_match.findings_sql."""
+    `phantoms`: as watch_match.findings_sql; `tails`: keyed, partitions read from that offset as tail only
+    (watch_audit.keyed_tails)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     by_offset = id_type is None
     columns = list(TEAM_COLUMNS[: len(watch.row_columns)])
-    ends = {p: end for p, (_, _, end) in plans.items()}
-    # Keyed watches also read the unsettled tail (to the last stable offset: read_committed stops there).
+    tails = tails or {}
+    ends = {p: end for p, (_, _, end) in plans.items()} | tails
+    # Keyed watches also read the unsettled tail (to the last stable offset: read_committed stops there), of
+    # every partition.
     reads = {p: (first, max(end, marks[p].end) if watch.keyed else end) for p, (_, first, end) in plans.items()}
+    reads |= {p: (first, max(first, marks[p].end)) for p, first in tails.items()}
     from consumers.engine.spark_session import get_spark
 
     spark = get_spark()
