@@ -364,3 +364,29 @@ def test_two_rows_at_a_hole_of_a_compacted_topic_are_a_duplicate(make_topic, tea
     report = watch_audit.check_watch(watch, kafka=CleanupPolicy("compact"))
     assert (report.checked, report.phantom, report.duplicated, report.status) == (3, 0, 1, "ERR")
     assert report.duplicated_offsets == [{"partition": 0, "offset": 3}]
+
+
+def test_a_row_at_a_hole_compacted_before_the_policy_became_delete_is_not_a_phantom(make_topic, team_table):
+    """The topic is compacted when the group commits past a record compaction then removes (its row stands at the
+    hole); before that commit settled, the topic's cleanup.policy became `delete`. The hole was made while the
+    topic compacted, so its row is no phantom. A hole written after the switch is judged again."""
+    from consumers.kafka import admin
+    from consumers.reconciliation import watch_audit
+    from tests.transactional_log import produce_transactions
+
+    watch = offset_watch_with_a_row_at_a_hole(make_topic, team_table, "switched")
+    now = timezone.now()
+    first = watch_audit.check_watch(watch, kafka=CleanupPolicy("compact"), settle_seconds=30, now=now)
+    assert first.checked == 0   # the commit of 4 is not settled yet
+
+    report = watch_audit.check_watch(watch, kafka=CleanupPolicy("delete"), settle_seconds=30,
+                                     now=now + timedelta(seconds=30))
+    assert (report.checked, report.lost, report.phantom, report.status) == (3, 0, 0, "OK"), report.notes
+    assert any("compacted before" in note for note in report.notes), report.notes
+
+    produce_transactions(watch.topic, [([4, 5, 6], True)])   # offsets 4..6, the marker at 7
+    insert(team_table, [(v, 0, v) for v in range(4, 8)])
+    admin.commit_offsets(watch.group_id, watch.topic, {0: 8})
+    later = watch_audit.check_watch(watch, kafka=CleanupPolicy("delete"), settle_seconds=0,
+                                    now=now + timedelta(seconds=60))
+    assert (later.checked, later.phantom, later.status) == (6, 1, "ERR"), later.notes

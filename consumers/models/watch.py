@@ -102,6 +102,10 @@ class WatchPartition(models.Model):
     phantom = models.BigIntegerField(default=0)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OK)
     checked_at = models.DateTimeField(null=True, blank=True)
+    # Positions below this may have been emptied by compaction (the topic was seen compacted): a row at a hole
+    # there is never a phantom, whatever the policy is now (consumers/reconciliation/compacted_positions.py).
+    compacted_below = models.BigIntegerField(null=True, blank=True)
+    compacting = models.BooleanField(default=False, help_text="The last cleanup.policy read was compacted.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["watch", "partition"], name="uniq_watch_partition")]

@@ -39,7 +39,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
 from consumers.operations import actions
-from consumers.reconciliation import monitored, watch_match
+from consumers.reconciliation import monitored, watch_compaction, watch_match
 
 log = logging.getLogger("tally.watch")
 
@@ -65,7 +65,8 @@ COMPACTED_NOTE = ("compacted topic (cleanup.policy={policy}): a position without
 UNKNOWN_POLICY_NOTE = ("the topic's cleanup.policy could not be read ({reason}; grant DESCRIBE_CONFIGS on the topic): "
                        "a position without a record may be a compacted record, so rows there are not counted as "
                        "phantoms")
-POLICY_NOTES = (COMPACTED_NOTE.partition("{")[0], UNKNOWN_POLICY_NOTE.partition("{")[0])
+POLICY_NOTES = (COMPACTED_NOTE.partition("{")[0], UNKNOWN_POLICY_NOTE.partition("{")[0],
+                watch_compaction.COMPACTED_BEFORE_NOTE.partition("{")[0])
 
 
 class WatchCheckError(RuntimeError):
@@ -163,15 +164,18 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
     adopt_topic_id(watch, marks)
     notes: list[str] = []
     alive = group_alive(kafka, watch.group_id, notes)
-    phantoms = watch.audits and watch.record_id == record_ids.OFFSET and phantoms_judged(kafka, watch.topic, notes)
+    # Phantoms are judged with offset ids only; whether the topic compacts decides where (watch_compaction).
+    compacted = (topic_compacted(kafka, watch.topic, notes)
+                 if watch.audits and watch.record_id == record_ids.OFFSET else None)
     try:
-        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold, phantoms)
+        return _check_locked(watch, marks, committed, alive, settle, notes, now, kafka, spark_threshold, compacted)
     except WatchCheckError as exc:  # the transaction rolled back: nothing settled, the reason is stored
         return _failed(watch, str(exc), now)
 
 
 def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settle: int, notes: list,
-                  now: datetime, kafka, spark_threshold: int | None = None, phantoms: bool = True) -> WatchReport:
+                  now: datetime, kafka, spark_threshold: int | None = None, compacted: bool | None = None
+                  ) -> WatchReport:
     new_ranges: list[RangeResult] = []
     with transaction.atomic():
         Watch.objects.select_for_update().filter(pk=watch.pk).first()
@@ -192,8 +196,10 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                 _reopen(watch, parts[p], now)
             new_ranges = unread_ranges(parts, marks)
             _store_ranges(watch, parts, new_ranges, now)   # before planning: they move the settled mark
+            watch_compaction.remember(parts, marks, compacted)
             plans = plan_ranges(parts, marks, now - timedelta(seconds=settle))
             if plans:
+                phantoms = compacted is False and watch_compaction.holes_judged(parts, plans, notes)
                 tails = keyed_tails(parts, marks, plans) if watch.keyed else {}
                 audited = _audit(watch, plans, marks, now, spark_threshold, phantoms, tails)
                 _store_ranges(watch, parts, audited, now)
@@ -447,8 +453,9 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
     return ranges
 
 
-def phantoms_judged(kafka, topic: str, notes: list) -> bool:
-    """Whether a row at a position without a record is a phantom (offset ids). Not on a compacted topic: a consumer
+def topic_compacted(kafka, topic: str, notes: list) -> bool | None:
+    """Whether the topic compacts now (None: its policy could not be read). A row at a position without a record
+    is a phantom (offset ids) only where it never compacted (watch_compaction). Not on a compacted topic: a consumer
     that read a record before compaction removed it rightly has a row there, and reading the topic cannot tell a
     compacted record from a transaction marker. A policy that cannot be read (no DESCRIBE_CONFIGS ACL) judges no
     hole either: a finding is a claim the audit can prove, and a false phantom would be an ERR, stored for good,
@@ -457,11 +464,11 @@ def phantoms_judged(kafka, topic: str, notes: list) -> bool:
         policy = kafka.cleanup_policy(topic)
     except Exception as exc:  # noqa: BLE001 - the audit goes on; only the phantoms are not judged
         notes.append(UNKNOWN_POLICY_NOTE.format(reason=type(exc).__name__))
-        return False
+        return None
     if "compact" in policy.replace(" ", "").split(","):
         notes.append(COMPACTED_NOTE.format(policy=policy))
-        return False
-    return True
+        return True
+    return False
 
 
 def table_gone_message(watch: Watch) -> str:
@@ -699,8 +706,8 @@ def summarise(watch: Watch, rows, now: datetime, notes: list[str]) -> None:
 
 
 def audit_notes(notes: list[str]) -> list[str]:
-    """The notes on how the audit judged phantoms (phantoms_judged): a pass that audits nothing reads no
-    cleanup.policy, and what the audited ranges show was judged so; it keeps them."""
+    """The notes on how the audit judged phantoms (topic_compacted, watch_compaction): a pass that audits nothing
+    reads no cleanup.policy, and what the audited ranges show was judged so; it keeps them."""
     return [n for n in notes if n.startswith(POLICY_NOTES)]
 
 
