@@ -189,3 +189,19 @@ def test_a_topic_deleted_and_created_again_is_reported_not_audited_as_the_old_on
     watch.refresh_from_db()
     assert "deleted and created again" in watch.last_error
     assert sum(r.records for r in WatchRange.objects.filter(watch=watch)) == 10
+
+
+def test_records_a_reset_forward_skipped_are_lost(make_topic, table_name):
+    """The team moved the group's offsets forward (kafka-consumer-groups --reset-offsets --to-offset 8) past
+    records it had not read: the audit cannot tell an operator's skip from a consumer's loss, so the skipped
+    records are lost, and the watch's status is ERR."""
+    watch, topic, group = watch_of_ten(make_topic, table_name, "skipped", rows=[1, 2, 3], committed=3)
+    assert watch_audit.check_watch(watch).clean
+    admin.commit_offsets(group, topic, {0: 8})   # the reset: 4..8 are never read
+    write(table_name, [9, 10])
+    admin.commit_offsets(group, topic, {0: 10})
+
+    report = watch_audit.check_watch(watch)
+
+    assert as_offsets(report.lost_offsets) == {(0, o) for o in range(3, 8)}
+    assert (report.lost, report.checked, report.status) == (5, 10, "ERR")
