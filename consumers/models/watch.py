@@ -103,7 +103,7 @@ class WatchPartition(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OK)
     checked_at = models.DateTimeField(null=True, blank=True)
     # Positions below this may have been emptied by compaction (the topic was seen compacted): a row at a hole
-    # there is never a phantom, whatever the policy is now (consumers/reconciliation/compacted_positions.py).
+    # there is never a phantom, whatever the policy is now (consumers/reconciliation/watch_compaction.py).
     compacted_below = models.BigIntegerField(null=True, blank=True)
     compacting = models.BooleanField(default=False, help_text="The last cleanup.policy read was compacted.")
 
