@@ -14,8 +14,10 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import DeadLetter
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
-from tests.api_schema import RAW_SCHEMA, assert_documented, operation
+from tests.api_schema import RAW_SCHEMA, assert_documented, body, operation
+from tests.new_states import make_new_states
 from tests.pipelines import create_pipeline
+from tests.sink_rows import made_sink_table
 from tests.views_helpers import drop_sink, make_operator, make_viewer, produce
 
 pytestmark = [pytest.mark.kafka]
@@ -121,11 +123,75 @@ def test_every_answer_after_real_history_is_one_the_schema_documents(history):
         (operator, "DELETE", "/api/alerts/channels/{name}/", "/api/alerts/channels/ops/", None, 204),
     ]
     called = set()
-    for client, method, template, path, body, expected in calls:
-        response = client.generic(method, path, data="" if body is None else json.dumps(body),
+    for client, method, template, path, data, expected in calls:
+        response = client.generic(method, path, data="" if data is None else json.dumps(data),
                                   content_type="application/json")
         assert response.status_code == expected, (method, path, response.status_code, body(response)[:400])
         assert_documented(operation(method, template), response, method, path)
         called.add((method, template))
     every = {(method.upper(), path) for path, methods in RAW_SCHEMA["paths"].items() for method in methods}
     assert every - called == set(), "operations this test does not call"
+
+
+@pytest.fixture
+def new_states(transactional_db, settings, tmp_path):
+    return make_new_states(settings, tmp_path)
+
+
+def test_every_answer_about_the_new_states_is_one_the_schema_documents(new_states):
+    """Topic checks failed, running and queued; an alert acknowledged to its channels and one paged through its
+    notifications; watches never checked or grown; a JSON pipeline in epoch seconds; a pipeline whose cluster's
+    password file is gone, refused up front."""
+    operator = Client()
+    operator.force_login(make_operator())
+    p, a = "/api/pipelines/{name}/", "/api/alerts/{alert_id}/"
+    broken, acknowledged, noisy = new_states.broken.name, new_states.acknowledged.pk, new_states.noisy.pk
+    calls = [
+        ("GET", "/api/pipelines/", "/api/pipelines/", None, 200),
+        ("GET", p, f"/api/pipelines/{new_states.json_pipeline.name}/", None, 200),
+        ("GET", p, f"/api/pipelines/{broken}/", None, 200),
+        ("GET", p + "topic-checks", "/api/pipelines/orders/topic-checks", None, 200),
+        ("POST", p + "topic-checks", f"/api/pipelines/{broken}/topic-checks", {}, 409),
+        ("POST", p + "actions/{action}", f"/api/pipelines/{broken}/actions/start", {}, 409),
+        ("POST", p + "actions/{action}", f"/api/pipelines/{broken}/actions/restart", {}, 409),
+        ("POST", p + "rewind", f"/api/pipelines/{broken}/rewind", {"mode": "to-earliest"}, 409),
+        ("POST", p + "rewind", f"/api/pipelines/{broken}/rewind", {"mode": "to-earliest", "dry_run": False}, 409),
+        ("GET", "/api/alerts/", "/api/alerts/?state=all", None, 200),
+        ("GET", a, f"/api/alerts/{acknowledged}/", None, 200),
+        ("POST", a + "acknowledge/", f"/api/alerts/{acknowledged}/acknowledge/", {}, 409),
+        ("GET", a, f"/api/alerts/{noisy}/", None, 200),
+        ("GET", a, f"/api/alerts/{noisy}/?limit=20&page=2", None, 200),
+        ("GET", a, f"/api/alerts/{noisy}/?limit=20&page=4", None, 200),
+        ("GET", a, f"/api/alerts/{noisy}/?limit=0", None, 400),
+        ("GET", a, f"/api/alerts/{noisy}/?page=x", None, 400),
+        ("GET", "/api/alerts/channels/", "/api/alerts/channels/", None, 200),
+        ("GET", "/api/watches/", "/api/watches/", None, 200),
+        ("GET", "/api/watches/{name}/", "/api/watches/never/", None, 200),
+        ("GET", "/api/watches/{name}/", "/api/watches/grown/", None, 200),
+        ("GET", "/api/action-log", "/api/action-log?limit=50", None, 200),
+    ]
+    for method, template, path, data, expected in calls:
+        response = operator.generic(method, path, data="" if data is None else json.dumps(data),
+                                    content_type="application/json")
+        assert response.status_code == expected, (method, path, response.status_code, body(response)[:400])
+        assert_documented(operation(method, template), response, method, path)
+    pages = [operator.get(f"/api/alerts/{noisy}/?limit=20&page={n}").json() for n in (1, 2, 3)]
+    assert [len(page["notifications"]) for page in pages] == [20, 20, 20]
+    assert pages[0]["notifications_next"].endswith(f"/api/alerts/{noisy}/?limit=20&page=2")
+    assert pages[2]["notifications_next"] is None
+
+
+def test_a_preview_with_notes_is_an_answer_the_schema_documents(transactional_db, kafka_bootstrap, make_topic):
+    topic = make_topic("schema-seconds")
+    produce(kafka_bootstrap, topic, [json.dumps({"id": n, "created_at": 1_700_000_000 + n}) for n in range(3)])
+    operator = Client()
+    operator.force_login(make_operator())
+    with made_sink_table("schema_seconds", "id bigint NOT NULL, created_at timestamptz") as table:
+        for mapping, notes in (({}, 1), ({"created_at": "created_at::seconds"}, 0)):
+            response = operator.post("/api/pipelines/preview", {"name": "seconds", "topic": topic, "sink_table": table,
+                                                                "transform": "json", "map": mapping},
+                                     content_type="application/json")
+            assert response.status_code == 200, body(response)[:400]
+            assert_documented(operation("POST", "/api/pipelines/preview"), response, "POST", "/api/pipelines/preview")
+            assert len(response.json()["notes"]) == notes
+

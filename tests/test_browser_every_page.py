@@ -1,0 +1,130 @@
+"""Every page after the states Tally learnt lately (tests/new_states.py), in a real browser: an operator visits
+each page and fragment that shows them, and each must load without a console error, a script error or a failed
+request, with no id given twice and every control labelled (tests/page_checks.py). Where the server refuses (a
+start or a rewind of a pipeline whose cluster's password file is gone), the page says why, in words."""
+import json
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.new_states import make_new_states
+from tests.page_checks import PageChecks
+from tests.producing import send
+from tests.sink_rows import made_sink_table
+from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
+from tests.views_helpers import make_operator, make_superuser, make_viewer
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def states(settings, tmp_path):
+    return make_new_states(settings, tmp_path)
+
+
+def visit(checks, url: str) -> None:
+    checks.goto(url)
+    checks.check(url)
+
+
+def every_page(states) -> list[str]:
+    alerted = states.acknowledged.pk
+    return ["/", "/pipelines/orders/", "/pipelines/orders/rewind/", "/pipelines/orders/dead-letters/",
+            "/pipelines/orders/trace/", "/topic-checks/", "/topic-checks/?pipeline=orders",
+            f"/pipelines/{states.json_pipeline.name}/", f"/pipelines/{states.broken.name}/",
+            f"/pipelines/{states.broken.name}/rewind/", "/pipelines/new/", "/watches/", "/watches/never/",
+            "/watches/grown/", "/watches/never/trace/", "/alerts/?state=all",
+            f"/alerts/?state=acknowledged&pipeline=orders#alert-{alerted}", "/alerts/rules/", "/alerts/channels/",
+            "/alerts/channels/pager/", "/alerts/channels/chat/", "/action-log/", "/clusters/"]
+
+
+@pytest.mark.parametrize("role", ["operator", "viewer"])
+def test_every_page_after_the_new_states_loads_cleanly(page, live_server, states, role):  # noqa: F811
+    checks = PageChecks(page)
+    log_in(page, live_server, make_operator() if role == "operator" else make_viewer())
+    for path in every_page(states):
+        visit(checks, f"{live_server.url}{path}")
+
+
+def test_the_admin_pages_of_the_new_states_load_cleanly(page, live_server, states):  # noqa: F811
+    from consumers.models import TopicCheckJob
+
+    checks = PageChecks(page)
+    log_in(page, live_server, make_superuser())
+    failed = TopicCheckJob.objects.get(status="failed").pk
+    for path in [f"/admin/alerts/alert/{states.acknowledged.pk}/change/",
+                 f"/admin/alerts/alert/{states.noisy.pk}/change/", "/admin/alerts/alert/",
+                 "/admin/alerts/notification/", "/admin/alerts/notification/?kind=acknowledged",
+                 "/admin/alerts/channel/", "/admin/consumers/topiccheckjob/",
+                 f"/admin/consumers/topiccheckjob/{failed}/change/", "/admin/consumers/pipeline/",
+                 f"/admin/consumers/pipeline/{states.json_pipeline.pk}/change/",
+                 f"/admin/consumers/pipeline/{states.broken.pk}/change/"]:
+        visit(checks, f"{live_server.url}{path}")
+
+
+def test_the_topic_checks_show_why_one_failed_and_how_far_one_has_run(page, live_server, states):  # noqa: F811
+    checks = PageChecks(page)
+    log_in(page, live_server, make_operator())
+    visit(checks, f"{live_server.url}/pipelines/orders/")
+    jobs = page.locator("#topic-check-jobs")
+    expect(jobs).to_contain_text("its worker stopped answering")
+    expect(jobs).to_contain_text("reading partition 1")
+    expect(jobs).to_contain_text("queued")
+
+
+def test_a_start_and_a_rewind_on_a_cluster_whose_password_file_is_gone_say_why(page, live_server, states):  # noqa: F811
+    name = states.broken.name
+    checks = PageChecks(page)
+    log_in(page, live_server, make_operator())
+    visit(checks, f"{live_server.url}/pipelines/{name}/")
+    checks.allow(f"/pipelines/{name}/actions/start/", 409)
+    page.locator("#action-start").click()
+    expect(page.locator("#action-outcome")).to_contain_text("the SASL password cannot be read from file")
+    checks.check("start refused")
+
+    visit(checks, f"{live_server.url}/pipelines/{name}/rewind/")
+    page.locator("input[name=mode][value=to-earliest]").check()
+    checks.allow(f"/pipelines/{name}/rewind/", 422)   # the form's refusal, as for bad input
+    page.get_by_role("button", name="Preview (dry run)").click()
+    expect(page.locator("#rewind-panel")).to_contain_text("the SASL password cannot be read from file")
+    checks.check("rewind refused")
+
+    visit(checks, f"{live_server.url}/pipelines/{name}/")
+    page.locator("#topic-check-form").locator("xpath=..").locator("summary").click()
+    page.get_by_role("button", name="Check with Spark").click()
+    expect(page.locator("#action-outcome")).to_contain_text("The topic check was not requested")
+    expect(page.locator("#action-outcome")).to_contain_text("the SASL password cannot be read from file")
+    checks.check("topic check refused")
+
+    visit(checks, f"{live_server.url}/pipelines/{name}/trace/")
+    page.locator("#trace-partition").fill("0")
+    page.locator("#trace-offset").fill("3")
+    for status in (409, 422, 503):   # whichever the trace answers a refusal with: the page must say why
+        checks.allow(f"/pipelines/{name}/trace/", status)
+    page.locator("#trace-submit").click()
+    expect(page.locator("#trace-error")).to_contain_text("the SASL password cannot be read from file")
+    checks.check("trace refused")
+
+
+@pytest.mark.kafka
+def test_the_new_pipeline_preview_notes_epoch_seconds_read_as_milliseconds(page, live_server, states,  # noqa: F811
+                                                                            make_topic):
+    topic = make_topic("every-page-json")
+    send(topic, [(None, None, json.dumps({"id": n, "created_at": 1_700_000_000 + n}).encode()) for n in range(5)])
+    with made_sink_table("ep", "id bigint NOT NULL, created_at timestamptz") as table:
+        checks = PageChecks(page)
+        log_in(page, live_server, make_operator())
+        visit(checks, f"{live_server.url}/pipelines/new/")
+        page.get_by_label("Name", exact=True).fill("seconds-json")
+        page.get_by_label("Topic", exact=True).fill(topic)
+        page.get_by_label("Sink table", exact=True).fill(table)
+        page.get_by_label("Transform", exact=True).fill("json")
+        page.locator("#preview-pipeline").click()
+        expect(page.locator("#preview-notes")).to_contain_text("map it as created_at=created_at::seconds")
+        checks.check("preview with notes")
+        page.get_by_label("Mapping (transform json)").fill("created_at=created_at::seconds")
+        page.locator("#preview-pipeline").click()
+        expect(page.locator("#preview-records tbody tr.preview-record")).to_have_count(5)
+        expect(page.locator("#preview-notes")).to_have_count(0)
+        expect(page.locator("#preview-records")).to_contain_text("2023-11-14")
+        checks.check("preview in seconds")
