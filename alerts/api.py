@@ -113,7 +113,7 @@ def alert_detail(request, alert_id):
 def _notification_json(n) -> dict:
     return {"channel": n.channel.name if n.channel_id else None, "kind": n.kind, "sequence": n.sequence,
             "attempts": n.attempts, "delivered_at": n.delivered_at.isoformat() if n.delivered_at else None,
-            "last_error": n.last_error or None}
+            "failed_at": n.failed_at.isoformat() if n.failed_at else None, "last_error": n.last_error or None}
 
 
 def _alert_action(action: str, body_class, answer):

@@ -33,6 +33,10 @@ class NotificationSerializer(serializers.Serializer):
     sequence = serializers.IntegerField()
     attempts = serializers.IntegerField()
     delivered_at = serializers.DateTimeField(allow_null=True)
+    # Without it, a message the outbox gave up (the receiver refused it until ALERT_CHANNEL_GIVE_UP_HOURS, or an
+    # email its last attempt) read like one still being retried: neither is delivered, both have an error.
+    failed_at = serializers.DateTimeField(allow_null=True, help_text="When the outbox gave it up; null: delivered "
+                                          "or still being tried")
     last_error = serializers.CharField(allow_null=True)
 
 

@@ -195,3 +195,16 @@ def test_a_preview_with_notes_is_an_answer_the_schema_documents(transactional_db
             assert_documented(operation("POST", "/api/pipelines/preview"), response, "POST", "/api/pipelines/preview")
             assert len(response.json()["notes"]) == notes
 
+
+
+def test_the_alert_detail_says_which_notifications_were_delivered_and_which_were_given_up(new_states):
+    """An acknowledge PagerDuty took and one Slack refused until the outbox gave it up: a client must tell the
+    second from a message still being retried (both have no delivered_at)."""
+    operator = Client()
+    operator.force_login(make_operator())
+    answer = operator.get(f"/api/alerts/{new_states.acknowledged.pk}/")
+    assert_documented(operation("GET", "/api/alerts/{alert_id}/"), answer, "GET", "/api/alerts/ID/")
+    shown = {(n["channel"], n["kind"]): n for n in answer.json()["notifications"]}
+    pager, chat = shown[("pager", "acknowledged")], shown[("chat", "acknowledged")]
+    assert pager["delivered_at"] is not None and pager["failed_at"] is None
+    assert chat["delivered_at"] is None and chat["failed_at"] is not None and chat["last_error"] == "HTTP 500: ok"
