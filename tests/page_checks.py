@@ -16,6 +16,10 @@ DUPLICATED_IDS = """() => { const seen = {};
   return Object.keys(seen).filter(id => seen[id] > 1); }"""
 
 
+# The pages poll every 1 to 5 s (hx-trigger="every Ns"): this much of the page's clock fires each poll.
+POLLS_AFTER = 6_000
+
+
 class PageChecks:
     """Collects what went wrong on `page` while a test drives it. `allow(path, status)` before a step that the
     server is expected to refuse (a 409 shown on the page, say): that answer and Chromium's console line for it
@@ -23,6 +27,7 @@ class PageChecks:
 
     def __init__(self, page):
         self.page = page
+        page.clock.install()   # timers on Playwright's clock, from now: goto() runs the polls when it asks
         self.problems: list[str] = []
         self.allowed: set[tuple[str, int]] = set()
         page.on("console", self._console)
@@ -35,13 +40,16 @@ class PageChecks:
         self.allowed.add((path, status))
 
     def goto(self, url: str) -> None:
-        """Leaves the page for `url` (its polls cut short by leaving are no failures) and waits for the new page's
-        own requests (htmx loads, charts) to settle."""
+        """Leaves the page for `url` (its polls cut short by leaving are no failures), waits for the new page's
+        own requests (htmx loads, charts) to settle, then lets its polls run once (the page's clock is
+        Playwright's: POLLS_AFTER of timers run at once) so that the fragments they fetch are checked too."""
         self.leaving = True
         try:
             self.page.goto(url)
         finally:
             self.leaving = False
+        self.page.wait_for_load_state("networkidle")
+        self.page.clock.run_for(POLLS_AFTER)
         self.page.wait_for_load_state("networkidle")
 
     def _failed(self, request) -> None:
