@@ -3,12 +3,17 @@ each page and fragment that shows them, and each must load without a console err
 request, with no id given twice and every control labelled (tests/page_checks.py). Where the server refuses (a
 start or a rewind of a pipeline whose cluster's password file is gone), the page says why, in words."""
 import json
+import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
+from consumers.models import TopicCheckJob
+from consumers.models.topic_check import topic_check_lease
 from tests.new_states import make_new_states
-from tests.page_checks import PageChecks
+from tests.page_checks import POLLS_AFTER, PageChecks
 from tests.producing import send
 from tests.sink_rows import made_sink_table
 from tests.test_browser_dashboard import browser, log_in, page  # noqa: F401  (fixtures)
@@ -47,8 +52,6 @@ def test_every_page_after_the_new_states_loads_cleanly(page, live_server, states
 
 
 def test_the_admin_pages_of_the_new_states_load_cleanly(page, live_server, states):  # noqa: F811
-    from consumers.models import TopicCheckJob
-
     checks = PageChecks(page)
     log_in(page, live_server, make_superuser())
     failed = TopicCheckJob.objects.get(status="failed").pk
@@ -70,6 +73,19 @@ def test_the_topic_checks_show_why_one_failed_and_how_far_one_has_run(page, live
     expect(jobs).to_contain_text("its worker stopped answering")
     expect(jobs).to_contain_text("reading partition 1")
     expect(jobs).to_contain_text("queued")
+
+    # The running check's worker goes silent past the lease, and the queued one is taken and fails the same way:
+    # the open page's poll shows both failed, with why, and stops polling.
+    running, queued = TopicCheckJob.objects.filter(status__in=("running", "queued")).order_by("created_at")
+    later = timezone.now() + topic_check_lease() + timedelta(seconds=1)
+    TopicCheckJob.objects.filter(pk=queued.pk).claim(later - topic_check_lease() - timedelta(seconds=1))
+    assert TopicCheckJob.objects.fail_stale(later) == 2
+    page.clock.run_for(POLLS_AFTER)
+    for job in (running, queued):
+        expect(page.locator(f"#topic-check-{job.pk}")).to_contain_text("its worker stopped answering")
+        expect(page.locator(f"#topic-check-{job.pk} progress")).to_have_count(0)
+    expect(jobs).not_to_have_attribute("hx-trigger", re.compile("every"))
+    checks.check("the checks failed while the page was open")
 
 
 def test_a_start_and_a_rewind_on_a_cluster_whose_password_file_is_gone_say_why(page, live_server, states):  # noqa: F811
@@ -128,3 +144,21 @@ def test_the_new_pipeline_preview_notes_epoch_seconds_read_as_milliseconds(page,
         expect(page.locator("#preview-notes")).to_have_count(0)
         expect(page.locator("#preview-records")).to_contain_text("2023-11-14")
         checks.check("preview in seconds")
+
+
+def test_the_admin_refuses_a_start_and_a_rewind_on_a_cluster_whose_password_file_is_gone_saying_why(
+        page, live_server, states):  # noqa: F811
+    checks = PageChecks(page)
+    log_in(page, live_server, make_superuser())
+    for action in ("start", "rewind"):
+        visit(checks, f"{live_server.url}/admin/consumers/pipeline/")
+        page.locator(f"input[name=_selected_action][value='{states.broken.pk}']").check()
+        page.locator("select[name=action]").select_option(action)
+        page.locator("button[name=index]").click()
+        if action == "rewind":
+            page.locator("input[name=mode][value=to-earliest]").check()
+            page.locator("#preview-rewind").click()
+            expect(page.locator(".tally-refused").first).to_contain_text("the SASL password cannot be read from file")
+        else:
+            expect(page.locator(".messagelist")).to_contain_text("the SASL password cannot be read from file")
+        checks.check(f"admin {action} refused")
