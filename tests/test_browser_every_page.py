@@ -93,6 +93,9 @@ def test_a_start_and_a_rewind_on_a_cluster_whose_password_file_is_gone_say_why(p
     checks = PageChecks(page)
     log_in(page, live_server, make_operator())
     visit(checks, f"{live_server.url}/pipelines/{name}/")
+    # Reconciled since the file went (ERR): the page says why before anyone presses a button.
+    expect(page.locator("#pipeline-head h1")).to_contain_text("ERR")
+    expect(page.locator("#pipeline-head")).to_contain_text("the SASL password cannot be read from file")
     checks.allow(f"/pipelines/{name}/actions/start/", 409)
     page.locator("#action-start").click()
     expect(page.locator("#action-outcome")).to_contain_text("the SASL password cannot be read from file")

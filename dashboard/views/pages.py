@@ -6,6 +6,7 @@ from django.views.decorators.http import require_GET
 
 from consumers.access import can_operate
 from consumers.models import ActionLog, Pipeline
+from consumers.operations.actions import cluster_problem
 from consumers.reconciliation import monitored
 from dashboard import consumer_rows, status, timeline
 from dashboard.views.actions import action_buttons
@@ -30,9 +31,11 @@ def overview(request):
 def pipeline_detail(request, name):
     pipeline = get_object_or_404(Pipeline.objects.select_related("health"), name=name)
     partitions = status.partition_rows(pipeline)
+    # A cluster that cannot be used (a secret file removed, say) leaves the status ERR with the reason nowhere
+    # else on the page: said here, read as start and rewind read it before they refuse (no connection).
     context = {"nav": "overview", "pipeline": pipeline, "row": status.pipeline_row(pipeline),
                "partitions": partitions, "can_operate": can_operate(request.user),
-               "action_buttons": action_buttons(pipeline)}
+               "action_buttons": action_buttons(pipeline), "cluster_problem": cluster_problem(pipeline)}
     if request.htmx and request.GET.get("fragment") in ("live", "head"):
         return render_page(request, "pipeline.html", context, fragment=request.GET["fragment"])
     range_name = request.GET.get("range") or status.DEFAULT_CHART_RANGE
