@@ -40,7 +40,8 @@ def every_page(states) -> list[str]:
             f"/pipelines/{states.broken.name}/rewind/", "/pipelines/new/", "/watches/", "/watches/never/",
             "/watches/grown/", "/watches/never/trace/", "/alerts/?state=all",
             f"/alerts/?state=acknowledged&pipeline=orders#alert-{alerted}", "/alerts/rules/", "/alerts/channels/",
-            "/alerts/channels/pager/", "/alerts/channels/chat/", "/action-log/", "/clusters/"]
+            "/alerts/channels/pager/", "/alerts/channels/chat/", "/action-log/", "/clusters/", "/groups/",
+            "/alerts/rules/new/", "/watches/new/", "/api/docs/"]
 
 
 @pytest.mark.parametrize("role", ["operator", "viewer"])
