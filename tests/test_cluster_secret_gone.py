@@ -78,3 +78,14 @@ def test_a_topic_check_is_refused_naming_the_cluster_and_its_password_file_and_q
     assert refused.json()["error"].startswith(f"Cannot check the topic of pipeline 'orders': {password}")
     assert not TopicCheckJob.objects.exists()
     assert list(ActionLog.objects.values_list("action", "result")) == [("topic_check", ActionResult.REFUSED)]
+
+
+def test_a_group_reset_is_a_409_naming_the_cluster_and_its_password_file_not_an_outage(password):
+    # Waiting does not cure a password file removed: a 503 ("Kafka: ...") told the operator to try again later.
+    refused = client_of(make_operator()).post("/api/groups/team-loader/reset?cluster=payments",
+                                              {"topic": "orders", "mode": "to-earliest", "execute": True},
+                                              content_type="application/json")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"].startswith(password)
+    assert list(ActionLog.objects.values_list("action", "result")) == [("reset_group", ActionResult.REFUSED)]

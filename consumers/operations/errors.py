@@ -3,13 +3,13 @@
 - `Refused` (offset moves, rewinds, group resets, dead-letter actions, pipeline actions): bad input or an unsafe
   moment. `actions.refuse` records it in the action log first and attaches that entry (`action_log`), so a door
   can name it. `NotFound` (doors answer 404) and `Unavailable` (Kafka could not be used: 503) are kinds of it;
-  `as_refusal` turns a Kafka error (`KAFKA_ERRORS`) into the `Unavailable` it means.
+  `as_refusal` turns a Kafka error (`KAFKA_ERRORS`) into the refusal it means (wrong cluster settings: a plain one).
 - `Invalid`: a spec's or an input's problems by field (pipelines, watches, channels, offset moves, dead-letter
   ranges), shown beside each field by every door.
 - `DeleteRefused`: a pipeline or watch that cannot be deleted."""
 from kafka.errors import KafkaError
 
-from consumers.kafka.errors import KafkaAdminError
+from consumers.kafka.errors import ClusterConfigError, KafkaAdminError
 
 # What a Kafka call may raise: Tally's own errors (unreachable, refused) and kafka-python's (a broker that went
 # down after the cluster's check passed, a request the broker refuses).
@@ -36,8 +36,14 @@ class Unavailable(Refused):
 
 
 def as_refusal(exc: Exception) -> Refused:
-    """A refusal as it is, or a Kafka error (one of KAFKA_ERRORS) as the Unavailable refusal it means."""
-    return exc if isinstance(exc, Refused) else Unavailable.of(exc)
+    """A refusal as it is, or a Kafka error (one of KAFKA_ERRORS) as the refusal it means: a cluster's wrong
+    settings (a secret file removed, say) a plain one (409: waiting does not cure them), any other the Unavailable
+    of Kafka that cannot be used now (503)."""
+    if isinstance(exc, Refused):
+        return exc
+    if isinstance(exc, ClusterConfigError):
+        return Refused(f"{exc}; nothing was changed")
+    return Unavailable.of(exc)
 
 
 class Invalid(ValueError):

@@ -19,7 +19,7 @@ from consumers.models import ActionLog, ActionResult, Pipeline
 from consumers.models.text import unstorable
 from consumers.operations import groups as kafka_groups
 from consumers.operations import offset_specs
-from consumers.operations.errors import KAFKA_ERRORS, NotFound, Refused, Unavailable
+from consumers.operations.errors import KAFKA_ERRORS, NotFound, Refused, as_refusal
 from consumers.operations.offset_specs import OffsetSpec, PartitionMove, offsets_of
 
 log = logging.getLogger("tally.groups")
@@ -82,7 +82,7 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
     except Refused as exc:
         raise refused(exc) from None
     except KAFKA_ERRORS as exc:  # Kafka went down or refused a request: audited as a refusal, as every door says
-        raise refused(Unavailable.of(exc)) from None
+        raise refused(as_refusal(exc)) from None
     summary = f"{spec.describe()} on {topic}: " + ", ".join(f"p{m.partition} {m.current}->{m.new}" for m in moves)
     if not execute:
         message = f"dry run: {summary}; nothing was changed (add --execute to apply)"
@@ -105,7 +105,7 @@ def reset_group(group_id: str, topic: str, mode: str, value=None, *, partitions:
                     offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
                     result=ActionResult.DONE, message=message, finished_at=timezone.now())
     except KAFKA_ERRORS as exc:  # the transaction rolled back (and let the lock go); the refusal is written after
-        raise refused(Unavailable.of(exc)) from None
+        raise refused(as_refusal(exc)) from None
     if problem is not None:
         raise refused(problem)
     log.info("group %s reset by %s: %s", group_id, actor, message)

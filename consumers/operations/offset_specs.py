@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_datetime, parse_duration
 from kafka.errors import KafkaError
 
 from consumers.kafka import admin as kafka_admin
-from consumers.operations.errors import Invalid, Refused, Unavailable
+from consumers.operations.errors import Invalid, Refused, as_refusal
 
 # Kafka timestamps are milliseconds since 1970: earlier moments would become its special values -1/-2
 # ("latest"/"earliest") in ListOffsets, so they are refused, not sent.
@@ -168,7 +168,7 @@ def choose_partitions(topic: str, requested: list[int] | None, cluster=None) -> 
     try:
         existing = kafka_admin.partitions_for(topic, cluster=cluster)
     except (kafka_admin.KafkaUnreachable, KafkaError) as exc:  # Kafka cannot be used now (or went down since its
-        raise Unavailable.of(exc) from None                      # check passed): not a mistake in the request
+        raise as_refusal(exc) from None                          # check passed), or its settings are wrong
     except kafka_admin.KafkaAdminError as exc:
         raise Refused(str(exc)) from None
     if not requested:
