@@ -10,7 +10,7 @@ RECORDS = [Record(0, None, b"17", 1000), Record(1, None, b"0042", 1001), Record(
 
 
 def loaded(path: str, id_type: str = "bigint") -> tuple[str, dict]:
-    watch = SimpleNamespace(record_id="value", ignore=[])
+    watch = SimpleNamespace(record_id="value", ignore=[], keyed=False)
     loader = watch_audit._Loader(cursor=None, watch=watch, id_type=id_type, ends={0: 100})
     getattr(loader, path)(0, RECORDS, loader.counts.setdefault(0, {"records": 0, "ignored": 0, "unreadable": 0}),
                           *(() if path == "_add_ids" else (100, loader.buffer.write)))
@@ -21,6 +21,6 @@ def test_the_fast_path_writes_the_lines_and_counts_of_the_general_path():
     for id_type in ("bigint", "text", "numeric"):
         assert loaded("_add_ids", id_type) == loaded("_add_any", id_type)
     lines, counts = loaded("_add_ids")
-    assert lines.splitlines()[:2] == ["0\t0\t17\tt\tf\t1000\tf", "0\t1\t42\tt\tf\t1001\tf"]
+    assert lines.splitlines()[:2] == ["0\t0\t17\tt\tf\t1000\tf\t\\N", "0\t1\t42\tt\tf\t1001\tf\t\\N"]
     assert counts == {0: {"records": 6, "ignored": 0, "unreadable": 3}}   # None, "x\ty", beyond bigint
-    assert "0\t3\tx\\ty\tt\tf\t1003\tf" in loaded("_add_ids", "text")[0].splitlines()
+    assert "0\t3\tx\\ty\tt\tf\t1003\tf\t\\N" in loaded("_add_ids", "text")[0].splitlines()

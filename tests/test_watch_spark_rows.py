@@ -14,36 +14,41 @@ from tests.test_watch_loader import RECORDS
 KEYS = [None, b"k", b"heartbeat", None, b"k", b"k"]
 
 
-def loader_rows(id_type, ignore, ends) -> list[tuple]:
+def loader_rows(id_type, ignore, ends, keyed) -> list[tuple]:
     """The rows PostgreSQL's path COPYs, read back from its lines."""
-    watch = SimpleNamespace(record_id="value", ignore=ignore)
+    watch = SimpleNamespace(record_id="value", ignore=ignore, keyed=keyed)
     loader = watch_audit._Loader(cursor=None, watch=watch, id_type=id_type, ends=ends)
     records = [r._replace(key=k) for r, k in zip(RECORDS, KEYS, strict=True)]
     loader._add_any(0, records, loader.counts.setdefault(0, {"records": 0, "ignored": 0, "unreadable": 0}), ends[0],
                     loader.buffer.write)
     rows = []
     for line in loader.buffer.getvalue().splitlines():
-        p, o, rid, expected, tomb, ts, tail = line.split("\t")
+        p, o, rid, expected, tomb, ts, tail, key = line.split("\t")
         rid = None if rid == "\\N" else rid.replace("\\t", "\t")
-        rows.append((int(p), int(o), rid, expected == "t", tomb == "t", int(ts), tail == "t"))
+        rows.append((int(p), int(o), rid, expected == "t", tomb == "t", int(ts), tail == "t",
+                     None if key == "\\N" else key))
     return rows
 
 
-def mapper_rows(id_type, ignore, ends) -> list[tuple]:
+def mapper_rows(id_type, ignore, ends, keyed) -> list[tuple]:
     """The rows the executors' mapper gives for the same records (one Arrow batch, as Spark hands it)."""
     batch = pa.RecordBatch.from_pydict({
         "key": pa.array(KEYS, pa.binary()), "value": pa.array([r.value for r in RECORDS], pa.binary()),
         "partition": pa.array([0] * len(RECORDS), pa.int32()), "offset": pa.array([r.offset for r in RECORDS]),
         "ts": pa.array([r.timestamp for r in RECORDS], pa.int64())})
-    out = pa.Table.from_batches(list(watch_spark.record_mapper("value", ignore, id_type, ends)([batch])))
+    out = pa.Table.from_batches(list(watch_spark.record_mapper("value", ignore, id_type, ends, keyed)([batch])))
     return [tuple(row.values()) for row in out.to_pylist()]
 
 
 @pytest.mark.parametrize("id_type", ["bigint", "text", "numeric", None])
 @pytest.mark.parametrize("ignore", [[], ["key=heartbeat"]])
-def test_the_executors_derive_the_rows_postgresql_copies(id_type, ignore):
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_the_executors_derive_the_rows_postgresql_copies(id_type, ignore, keyed):
     ends = {0: 4}   # offsets 4 and 5 are the tail
-    assert mapper_rows(id_type, ignore, ends) == loader_rows(id_type, ignore, ends)
+    rows = mapper_rows(id_type, ignore, ends, keyed)
+    assert rows == loader_rows(id_type, ignore, ends, keyed)
+    # keyed value ids carry the key (a tombstone names its row through it), as hex
+    assert [row[-1] for row in rows] == [k.hex() if k is not None and keyed and id_type else None for k in KEYS]
 
 
 def test_the_match_statements_reach_spark_as_the_same_text_with_spark_quoting(db):

@@ -101,6 +101,17 @@ def derive(spec: RecordIdSpec | None, ignores, normalise, key: bytes | None, val
     return normalise(spec.extract(key, value)), False
 
 
+def names_by_key(spec: RecordIdSpec | None, keyed: bool) -> bool:
+    """Whether a keyed watch maps a tombstone to a row through its key: with `value` and `json:PATH` ids a tombstone
+    (no value) carries no id of its own, so it names its key's latest readable record's (watch_match.TOMBSTONE_IDS)."""
+    return keyed and spec is not None and spec.kind in ("value", "json")
+
+
+def key_text(key: bytes | None) -> str | None:
+    """The record key as the audit groups records by it: hex, so any bytes compare equal on both paths."""
+    return None if key is None else key.hex()
+
+
 def _text(data: bytes | None) -> str | None:
     if data is None:
         return None

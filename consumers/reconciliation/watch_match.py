@@ -4,7 +4,8 @@ Input, one row per record read from the topic (the relation `records`):
     partition, "offset", rid (the record's id in the row-id column's type; NULL: it has none, or an ignore
     spec matched it: no row expected), expected (false for ignored records), tomb (a tombstone: null value),
     ts (the record's timestamp), tail (read beyond the settled range: only tells whether a later record of
-    the same id exists; never judged itself)
+    the same id exists; never judged itself), k (keyed `value` and `json:PATH` ids: the record key, hex; else
+    NULL)
 and the team's table. Output, one row per finding: (partition, "offset", kind, extra) with kind
     lost        a record with no row (keyed: its id's latest record has no row, or a tombstone's row is still
                 there -- the delete was lost);
@@ -69,6 +70,23 @@ SELECT partition, "offset", 'lost' AS kind, 0 AS extra FROM judged
 WHERE (NOT tomb AND n_rows = 0) OR (tomb AND n_rows > 0)
 UNION ALL
 SELECT partition, "offset", 'duplicated', n_rows - 1 FROM judged WHERE NOT tomb AND n_rows > 1
+"""
+
+# Keyed, ids read from the value: a tombstone has no value, so no id of its own. It deletes the row of its key's
+# latest readable record before it (by timestamp, then offset), among the records read: the id of each tombstone
+# that has one. `readable` numbers the key's readable records in that order, so a tombstone shares its number with
+# the readable record before it, the first of its group. Ignored records name no row and start no group.
+TOMBSTONE_IDS = """
+SELECT partition, "offset", rid FROM (
+    SELECT partition, "offset", tomb,
+           first_value(rid) OVER (PARTITION BY k, readable ORDER BY ts, "offset", partition) AS rid
+    FROM (
+        SELECT partition, "offset", rid, tomb, k, ts,
+               count(rid) OVER (PARTITION BY k ORDER BY ts, "offset", partition
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS readable
+        FROM {records} WHERE k IS NOT NULL AND (rid IS NOT NULL OR (tomb AND expected))
+    ) counted
+) grouped WHERE tomb AND rid IS NOT NULL
 """
 
 # Keyed: records that a later record of their id replaced (not judged, counted).
@@ -147,6 +165,11 @@ def findings_sql(table: str | tuple[str, ...], columns: list[str], by_offset: bo
         return sql.SQL(MATCH_KEYED).format(**_names(relations))
     return sql.SQL(MATCH_BY_ID).format(col=sql.Identifier(columns[0]), table=_table(table),
                                        **_names(relations))
+
+
+def tombstone_ids_sql(relations: dict) -> sql.Composed:
+    """(partition, "offset", rid) of the tombstones that name a row through their key (TOMBSTONE_IDS)."""
+    return sql.SQL(TOMBSTONE_IDS).format(**_names(relations))
 
 
 def superseded_sql(relations: dict) -> sql.Composed:

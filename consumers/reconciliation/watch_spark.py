@@ -26,7 +26,7 @@ log = logging.getLogger("tally.watch.spark")
 # Rows per COPY chunk of findings sent from Spark to the check's transaction.
 FOUND_CHUNK = 50_000
 RECORD_FIELDS = (("partition", "int"), ("offset", "bigint"), ("rid", "string"), ("expected", "boolean"),
-                 ("tomb", "boolean"), ("ts", "bigint"), ("tail", "boolean"))
+                 ("tomb", "boolean"), ("ts", "bigint"), ("tail", "boolean"), ("k", "string"))
 TEAM_COLUMNS = ("c0", "c1")
 QUOTED = re.compile(r'"((?:[^"]|"")*)"')
 
@@ -37,7 +37,7 @@ def view_names() -> dict[str, str]:
     return {name: f"tally_watch_{name}_{token}" for name in ("records", "written", "ranges", "team")}
 
 
-def record_mapper(record_id: str, ignore: list[str], id_type: str | None, ends: dict[int, int]):
+def record_mapper(record_id: str, ignore: list[str], id_type: str | None, ends: dict[int, int], keyed: bool = False):
     """The executors' function: Arrow batches of Kafka rows -> rows of the relation `records` (see
     watch_match), each id derived by record_ids.derive as on PostgreSQL's path. Plain values only in the
     closure: it is pickled to Spark's Python workers, which have no Django."""
@@ -49,6 +49,7 @@ def record_mapper(record_id: str, ignore: list[str], id_type: str | None, ends: 
         spec = None if by_offset else record_ids.parse_spec(record_id)
         ignores = [record_ids.parse_ignore(text) for text in ignore]
         normalise = record_ids.normaliser(id_type)
+        keys = record_ids.names_by_key(spec, keyed)
         for batch in batches:
             columns = batch.to_pydict()
             rids, expected = [], []
@@ -62,6 +63,7 @@ def record_mapper(record_id: str, ignore: list[str], id_type: str | None, ends: 
                 pa.array([v is None for v in columns["value"]], pa.bool_()), pa.array(columns["ts"], pa.int64()),
                 pa.array([o >= ends[p] for p, o in zip(columns["partition"], columns["offset"], strict=True)],
                          pa.bool_()),
+                pa.array([record_ids.key_text(k) if keys else None for k in columns["key"]], pa.string()),
             ], names=[name for name, _ in RECORD_FIELDS])
 
     return derive_batches
@@ -95,7 +97,7 @@ def read_records(spark, watch, reads: dict[int, tuple[int, int]], marks: dict, i
         reader = reader.option("kafka.isolation.level", "read_committed")
     kafka = reader.load().select("key", "value", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
     schema = ", ".join(f"{name} {kind}" for name, kind in RECORD_FIELDS)
-    return kafka.mapInArrow(record_mapper(watch.record_id, list(watch.ignore), id_type, ends), schema)
+    return kafka.mapInArrow(record_mapper(watch.record_id, list(watch.ignore), id_type, ends, watch.keyed), schema)
 
 
 def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
@@ -148,9 +150,12 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
     if not by_offset:  # the id in the row-id column's type, as PostgreSQL's temporary table holds it
         records = records.withColumn("rid", F.col("rid").try_cast(team.schema[TEAM_COLUMNS[0]].dataType))
     records = records.persist(StorageLevel.MEMORY_AND_DISK)   # read once: the counts and the match reuse it
-    written = None
+    written = named = None
     try:
         records.createOrReplaceTempView(names["records"])
+        if not by_offset and record_ids.names_by_key(record_ids.parse_spec(watch.record_id), watch.keyed):
+            named = _name_tombstones(spark, cur, records, views).persist(StorageLevel.MEMORY_AND_DISK)
+            named.createOrReplaceTempView(names["records"])
         team.createOrReplaceTempView(names["team"])
         spark.createDataFrame([(p, first, end) for p, (_, first, end) in plans.items()],
                               "partition int, start bigint, `end` bigint").createOrReplaceTempView(names["ranges"])
@@ -158,7 +163,7 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
             written = spark.sql(spark_sql(watch_match.written_sql(names["team"], columns, by_offset, views), cur))
             written = written.persist()
             written.createOrReplaceTempView(names["written"])
-        counts = _counts(records, by_offset)
+        counts = _counts(records if named is None else named, by_offset)
         findings = spark.sql(spark_sql(watch_match.findings_sql(names["team"], columns, by_offset, watch.keyed,
                                                                 views, phantoms=phantoms), cur))
         _copy_found(cur, found_relation, findings)
@@ -169,9 +174,21 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
         for view in names.values():
             spark.catalog.dropTempView(view)
         records.unpersist()
+        if named is not None:
+            named.unpersist()
         if written is not None:
             written.unpersist()
     return counts, superseded
+
+
+def _name_tombstones(spark, cur, records, views: dict):
+    """The relation `records` with each tombstone's id taken from its key (watch_match.TOMBSTONE_IDS), as PostgreSQL's
+    path updates its temporary table."""
+    from pyspark.sql import functions as F
+
+    ids = spark.sql(spark_sql(watch_match.tombstone_ids_sql(views), cur)).withColumnRenamed("rid", "named")
+    return (records.join(ids, ["partition", "offset"], "left")
+            .withColumn("rid", F.coalesce(F.col("rid"), F.col("named"))).select(*[n for n, _ in RECORD_FIELDS]))
 
 
 def _counts(records, by_offset: bool) -> dict:
