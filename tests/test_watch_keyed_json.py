@@ -46,3 +46,30 @@ def test_a_tombstone_deletes_the_row_of_its_keys_latest_readable_id(make_topic, 
     (_, _, _, records, ignored, superseded, unreadable, *_), = ranges
     assert (records, ignored, superseded, unreadable) == (7, 0, 3, 1)   # A twice and C superseded; d unreadable
     assert findings == [(0, 5, "lost", 0)]
+
+
+def typed(order_id: str, kind: str) -> bytes:
+    return json.dumps({"order": {"id": order_id}, "type": kind}).encode()
+
+
+@pytest.mark.usefixtures("spark")
+def test_an_ignored_record_neither_supersedes_nor_is_superseded(make_topic, table_name, spark_matches):  # noqa: F811
+    """The consumer skips heartbeats. b: an order, then a heartbeat of the same id; row B is missing, so the order
+    is lost (the heartbeat does not replace it). c: a heartbeat, then an order; row C is there. d: an order, a
+    heartbeat naming another id, then a tombstone: the tombstone deletes D (the heartbeat names no row)."""
+    topic, group = make_topic("orders"), f"g-{uuid.uuid4().hex[:6]}"
+    produce_at(topic, [(0, b"b", typed("B", "order"), T0), (0, b"b", typed("B", "heartbeat"), T0 + 1000),
+                       (0, b"c", typed("C", "heartbeat"), T0 + 2000), (0, b"c", typed("C", "order"), T0 + 3000),
+                       (0, b"d", typed("D", "order"), T0 + 4000), (0, b"d", typed("X", "heartbeat"), T0 + 5000),
+                       (0, b"d", None, T0 + 6000)])
+    create_table(table_name, ["C"])
+    admin.commit_offsets(group, topic, {0: 7})
+
+    pg, ranges, findings = audit_both(spark_matches, group=group, topic=topic, sink_table=table_name,
+                                      record_id="json:order.id", row_id="id", keyed=True,
+                                      ignore=["json:type=heartbeat"])
+
+    assert findings == [(0, 0, "lost", 0)]   # b's order only
+    (_, _, _, records, ignored, superseded, unreadable, *_), = ranges
+    assert (records, ignored, superseded, unreadable) == (7, 3, 1, 0)   # D's order superseded by its tombstone
+    assert (pg.checked, pg.lost, pg.duplicated) == (7, 1, 0)
