@@ -4,6 +4,7 @@ its partitions over two processes, and a SIGKILL of either process is survived w
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,9 +36,10 @@ def compose_service(name: str) -> tuple[list[str], dict]:
 
 
 @pytest.fixture
-def production_worker(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
-    """Start the worker as docker-compose.yml does (its command and its queue), against the test's services.
-    Returns (the worker process, a function starting beat and the compose `tasks` worker, for the supervisor)."""
+def production(subprocess_env, celery_app_for_tests, kafka_bootstrap, settings):
+    """Start workers as docker-compose.yml does (its command and its queue), against the test's services:
+    `production.worker(**env)` starts one (the compose environment, plus `env`), `production.beat()` starts beat
+    and the compose `tasks` worker, for the supervisor."""
     command, compose_env = compose_service("worker")
     queue = compose_env["TALLY_PIPELINE_QUEUE"]
     settings.TALLY_PIPELINE_QUEUE = queue
@@ -49,38 +51,51 @@ def production_worker(subprocess_env, celery_app_for_tests, kafka_bootstrap, set
     assert command[:2] == ["celery", "-A"]
     started = []
 
-    def start(argv, log_name):
+    def start(argv, log_name, **extra_env):
         log = open(ROOT / "var" / f"{log_name}-{uuid.uuid4().hex[:6]}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=env, stdout=log,
+        process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=dict(env, **extra_env), stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         process.log_path = log.name
         started.append(process)
         return process
 
-    worker = start([*command, "-n", f"hosts-{uuid.uuid4().hex[:6]}@%h", "--without-mingle", "--without-gossip"],
-                   "hosts-worker")
-    wait_for(lambda: celery_app_for_tests.control.ping(timeout=0.5), 60, "the worker to answer a ping")
+    class Production:
+        @staticmethod
+        def worker(**extra_env):
+            name = f"hosts-{uuid.uuid4().hex[:6]}"
+            worker = start([*command, "-n", f"{name}@%h", "--without-mingle", "--without-gossip"], "hosts-worker",
+                           **extra_env)
+            wait_for(lambda: celery_app_for_tests.control.ping(destination=[f"{name}@{socket.gethostname()}"],
+                                                               timeout=0.5), 60, "the worker to answer a ping")
+            return worker
 
-    def beat():
-        """Beat, and the compose `tasks` worker that takes its tasks (the supervisor's among them)."""
-        tasks_command, _ = compose_service("tasks")
-        start([*tasks_command, "-n", f"tasks-{uuid.uuid4().hex[:6]}@%h", "--without-mingle", "--without-gossip"],
-              "hosts-tasks")
-        return start(["celery", "-A", "tally", "beat", "-s", str(ROOT / "var" / f"hosts-beat-{uuid.uuid4().hex[:6]}"),
-                      "--loglevel", "INFO"], "hosts-beat")
+        @staticmethod
+        def beat():
+            """Beat, and the compose `tasks` worker that takes its tasks (the supervisor's among them)."""
+            tasks_command, _ = compose_service("tasks")
+            start([*tasks_command, "-n", f"tasks-{uuid.uuid4().hex[:6]}@%h", "--without-mingle", "--without-gossip"],
+                  "hosts-tasks")
+            return start(["celery", "-A", "tally", "beat", "-s",
+                          str(ROOT / "var" / f"hosts-beat-{uuid.uuid4().hex[:6]}"), "--loglevel", "INFO"], "hosts-beat")
 
-    yield worker, beat
+    yield Production
     for process in started:
         stop_process_group(process)
+
+
+@pytest.fixture
+def production_worker(production):
+    """The worker as docker-compose.yml starts it, and a function starting beat and `tasks` for the supervisor."""
+    return production.worker(), production.beat
 
 
 @pytest.fixture
 def make_pipeline(make_topic):
     created = []
 
-    def make(partitions: int, **fields):
+    def make(partitions: int, transform: str = "int_value", **fields):
         topic = make_topic("hosts", partitions=partitions)
-        pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), "int_value", "exactly_once",
+        pipeline = create_pipeline(topic, topic, f"sink_{topic}".replace("-", "_"), transform, "exactly_once",
                                    batch_size=100, **fields)
         created.append(pipeline.sink_table)
         return pipeline
@@ -273,3 +288,47 @@ def test_a_run_whose_worker_was_killed_ends_stopped_saying_its_worker_is_gone(pr
                    "the host to stop the run")
     assert run.state == RunState.STOPPED
     assert run.end_reason.startswith(f"stopped: its worker is gone: engine host pid {run.pid} saw its commands end")
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.chaos
+def test_a_deploy_stops_the_runs_with_the_reason_and_a_worker_with_other_hosts_takes_them_with_every_record_once(
+        production, make_pipeline):
+    # `docker compose stop` sends SIGTERM to the worker's process only (its pid 1), not to its engine hosts.
+    old = production.worker(TALLY_ENGINE_PROCESSES="2")
+    pipelines = [make_pipeline(2), make_pipeline(2)]
+    for pipeline in pipelines:
+        actions.start(pipeline.name)
+    runs = [wait_for(lambda p=p: (found := live_runs(p)) and found[0], 60, "the run") for p in pipelines]
+    assert len({run.pid for run in runs}) == 2                     # one on each host
+    hosts = engine_hosts_of(old)
+    flowing = threading.Thread(target=produce_in_parallel, args=([(p.topic, 20_000) for p in pipelines],))
+    flowing.start()
+    wait_for(lambda: all(ConsumerRun.objects.get(pk=run.pk).records_processed > 0 for run in runs), 60,
+             "both runs to write records")
+    old.send_signal(signal.SIGTERM)
+    assert old.wait(timeout=30) == 0
+    assert all(gone(host) for host in hosts)
+    for run in runs:
+        run.refresh_from_db()
+        assert run.state == RunState.STOPPED
+        assert run.end_reason.startswith("stopped: worker shutting down"), run.end_reason
+
+    new = production.worker(TALLY_ENGINE_PROCESSES="3")
+    production.beat()
+    flowing.join()
+    back = [wait_for(lambda p=p: (found := live_runs(p)) and found[0], 90, "the supervisor to restart it")
+            for p in pipelines]
+    assert {run.pid for run in back} <= {host.pid for host in engine_hosts_of(new)}
+    assert len(engine_hosts_of(new)) == 3
+    assert len({run.pid for run in back}) == 2                     # spread again over the new worker's hosts
+    for pipeline in pipelines:
+        wait_for(lambda p=pipeline: caught_up(p), 120, f"{pipeline.name} to catch up")
+        assert sink_counts(pipeline.sink_table) == every_value_once(20_000)
+
