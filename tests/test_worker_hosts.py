@@ -22,6 +22,7 @@ from consumers.operations import actions
 from tests.chaos import produce_values, sink_counts, split_reported, wait_for
 from tests.conftest import ROOT, drop_sink_tables, stop_process_group
 from tests.pipelines import create_pipeline
+from tests.producing import send
 
 pytestmark = [pytest.mark.kafka, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -332,3 +333,41 @@ def test_a_deploy_stops_the_runs_with_the_reason_and_a_worker_with_other_hosts_t
         wait_for(lambda p=pipeline: caught_up(p), 120, f"{pipeline.name} to catch up")
         assert sink_counts(pipeline.sink_table) == every_value_once(20_000)
 
+
+@pytest.fixture
+def stuck_run(production_worker, make_pipeline, tmp_path):
+    """A run of the production worker stuck for good in its transform (a call that never returns)."""
+    worker, _ = production_worker
+    pipeline = make_pipeline(1, "tests.hanging_transforms.hangs_on_hang")
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partition")
+    marker = tmp_path / "inside-the-transform"
+    send(pipeline.topic, [(0, None, f"hang:{marker}".encode())])
+    wait_for(marker.exists, 60, "the run to be stuck in its transform")
+    return worker, run
+
+
+def ended_as_crashed_because_it_did_not_stop(run) -> bool:
+    run.refresh_from_db()
+    return run.state == RunState.CRASHED and "did not stop" in run.end_reason
+
+
+@pytest.mark.chaos
+def test_a_host_whose_worker_was_killed_does_not_outlive_it_for_a_run_stuck_in_its_transform(stuck_run):
+    # The stuck run's host would otherwise live on for good, orphaned, heartbeating the run: its pipeline would
+    # never be restarted, and nothing would show the process.
+    worker, run = stuck_run
+    hosts = engine_hosts_of(worker)
+    worker.send_signal(signal.SIGKILL)
+    wait_for(lambda: all(gone(host) for host in hosts), 30, "the engine hosts of the killed worker to exit")
+    assert ended_as_crashed_because_it_did_not_stop(run), (run.state, run.end_reason)
+
+
+@pytest.mark.chaos
+def test_a_warm_shutdown_ends_with_a_run_stuck_in_its_transform(stuck_run):
+    worker, run = stuck_run
+    hosts = engine_hosts_of(worker)
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=30)
+    assert all(gone(host) for host in hosts)
+    assert ended_as_crashed_because_it_did_not_stop(run), (run.state, run.end_reason)

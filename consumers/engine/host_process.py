@@ -5,22 +5,39 @@ Commands arrive as JSON lines on stdin: `{"op": "run", "key", "pipeline_id", "ep
 starts a run, `{"op": "stop", "key"}` asks one run (or every run, key "*") to stop cleanly, `{"op": "ping"}` is
 answered with a line of key "" (the worker kills a host silent for a run's lease). Each run's result goes
 back as one JSON line `{"key", "result"}` on the process's original stdout; everything else printed goes to
-stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone) or on SIGTERM (even
-while the worker lives on), every run is asked to stop, and the process exits once they have ended: commands are
-read on a thread of their own, so the main thread is never stuck in a read of stdin when the signal comes.
+stderr, so nothing else can corrupt that channel. When stdin closes (the worker is gone), on SIGTERM (even while
+the worker lives on) or when the worker asks every run to stop (its warm shutdown), every run is asked to stop, and
+the process exits once they have ended: commands are read on a thread of their own, so the main thread is never
+stuck in a read of stdin when the signal comes.
+
+A run that has not ended STOP_LIMIT_S after that (stuck in its transform, say in a call that never returns) does
+not keep the process: its row is declared crashed with the reason and the process exits. Otherwise a host whose
+worker was gone would live on for good, orphaned, its beat keeping the stuck run's lease, so the supervisor would
+never restart the pipeline; and a worker's warm shutdown would wait for it for ever. Its open transaction, if any,
+ends with the process (rolled back), so nothing of its batch is written.
 """
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
+import time
+
+from django.db import connection
+from django.utils import timezone
 
 from consumers.engine import db, runs
 
 log = logging.getLogger("tally.runs")
 
 STOP_ALL = "*"
+
+# How long runs asked to stop may take before the process leaves without them. A run ends within a few seconds (its
+# batch, then its consumer's close, up to 5 s); the limit stays below the 10 s that `docker compose stop` waits
+# before it kills the container, so the stuck runs are declared crashed with their reason, not cut off silently.
+STOP_LIMIT_S = 8.0
 
 
 class HostProcess:
@@ -42,10 +59,31 @@ class HostProcess:
             self.closing.set()
             threads = list(self.threads)
         # A run that was starting as the stop came may not have been listening for it yet: ask until all ended.
-        while any(thread.is_alive() for thread in threads):
+        deadline = time.monotonic() + STOP_LIMIT_S
+        while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
             runs.stop_all_runs(self.reason)
             for thread in threads:
-                thread.join(timeout=1)
+                thread.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+        stuck = [thread for thread in threads if thread.is_alive()]
+        if stuck:
+            self._leave_stuck_runs(len(stuck))
+
+    def _leave_stuck_runs(self, count: int) -> None:
+        """Declare the runs that did not stop crashed, with the reason, and end the process now: the stuck threads
+        would hold it (and their leases, through its beat) for ever."""
+        reason = (f"did not stop within {STOP_LIMIT_S:.0f} s of being asked ({self.reason}): "
+                  f"engine host pid {os.getpid()} exited without it")
+        log.error("engine host: %d run(s) %s", count, reason)
+        from consumers.models import ConsumerRun
+
+        try:
+            ConsumerRun.objects.filter(host=socket.gethostname(), pid=os.getpid()).declare_crashed(reason,
+                                                                                                   timezone.now())
+            connection.close()
+        except Exception:  # the process must end all the same: the worker, or the lease, tells of the runs then
+            log.exception("engine host: the runs that did not stop could not be declared crashed")
+        self.results.flush()
+        os._exit(1)   # not sys.exit: the stuck threads, and Python's shutdown waiting on them, must not hold it
 
     def close(self, reason: str) -> None:
         """Stop taking runs and end the ones held (from the command reader at EOF, or the SIGTERM handler)."""
@@ -96,7 +134,9 @@ class HostProcess:
 
     def _stop(self, key: str | None, reason: str) -> None:
         if key == STOP_ALL:
+            # Only the worker's warm shutdown asks it: the host ends with its runs, as when its worker is gone.
             runs.stop_all_runs(reason)
+            self.close(reason)
         elif key:
             runs.stop_run(key, reason)
 
