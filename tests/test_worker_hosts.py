@@ -142,8 +142,14 @@ def produce_in_parallel(topics_and_counts) -> None:
 
 
 def engine_hosts_of(worker) -> list[psutil.Process]:
-    return [child for child in psutil.Process(worker.pid).children(recursive=True)
-            if "engine_host" in child.cmdline()]
+    hosts = []
+    for child in psutil.Process(worker.pid).children(recursive=True):
+        try:
+            if "engine_host" in child.cmdline():
+                hosts.append(child)
+        except psutil.Error:   # exited (a zombie until its worker reaps it)
+            continue
+    return hosts
 
 
 def test_the_production_worker_starts_its_engine_hosts_when_it_is_ready_before_any_run(production_worker):
@@ -151,6 +157,19 @@ def test_the_production_worker_starts_its_engine_hosts_when_it_is_ready_before_a
     worker, _ = production_worker
     expected = int(compose_service("worker")[1].get("TALLY_ENGINE_PROCESSES") or os.cpu_count())
     wait_for(lambda: len(engine_hosts_of(worker)) == expected, 60, f"{expected} engine host processes")
+    assert not ConsumerRun.objects.exists()
+
+
+@pytest.mark.chaos
+def test_the_production_worker_replaces_a_dead_engine_host_before_any_run_asks_for_it(production_worker):
+    # Its runs' pipelines are restarted at once (their rows declared crashed): a host started only when such a run
+    # arrives would make it wait for Django to load, which start-up hosts are there to avoid.
+    worker, _ = production_worker
+    expected = int(compose_service("worker")[1].get("TALLY_ENGINE_PROCESSES") or os.cpu_count())
+    hosts = wait_for(lambda: len(found := engine_hosts_of(worker)) == expected and found, 60, "the engine hosts")
+    hosts[0].kill()
+    wait_for(lambda: len(found := [host for host in engine_hosts_of(worker) if not gone(host)]) == expected
+             and hosts[0].pid not in {host.pid for host in found}, 30, f"{expected} engine hosts again")
     assert not ConsumerRun.objects.exists()
 
 

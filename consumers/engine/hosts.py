@@ -216,8 +216,13 @@ class HostPool:
     def _watch(self) -> None:
         """Ping every host a few times a lease; kill one silent for a whole lease. A hung host (stopped, deadlocked,
         swapped out) would otherwise hold its runs' tasks for ever and, as the least loaded host, take restarted
-        runs that never begin. Its runs stopped heartbeating with it, so the supervisor counts them dead anyway."""
+        runs that never begin. Its runs stopped heartbeating with it, so the supervisor counts them dead anyway.
+        A host that died (killed here, by the OOM killer, by anyone) is replaced at the next round, not when the next
+        run comes: that run, often its own pipeline's restart, would otherwise wait for the new host to load Django."""
         while True:
+            with self._lock:
+                if not self._stopping:
+                    self._start_missing()
             self.check_hosts(time.monotonic())
             time.sleep(settings.TALLY_RUN_LEASE_SECONDS / 4)
 
