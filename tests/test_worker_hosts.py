@@ -1,6 +1,7 @@
 """Pipelines in the production worker (docker-compose.yml's worker command, real Celery, Redis, PostgreSQL and
 broker): busy pipelines run at the same time in separate engine host processes, a pipeline with two runs splits
 its partitions over two processes, and a SIGKILL of either process is survived with every record once."""
+import json
 import os
 import shlex
 import signal
@@ -158,6 +159,20 @@ def test_the_production_worker_starts_its_engine_hosts_when_it_is_ready_before_a
     expected = int(compose_service("worker")[1].get("TALLY_ENGINE_PROCESSES") or os.cpu_count())
     wait_for(lambda: len(engine_hosts_of(worker)) == expected, 60, f"{expected} engine host processes")
     assert not ConsumerRun.objects.exists()
+
+
+def test_celery_inspect_lists_the_production_workers_engine_hosts_and_their_runs(production_worker, make_pipeline,
+                                                                                  subprocess_env):
+    worker, _ = production_worker
+    pipeline = make_pipeline(2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partitions")
+    shown = subprocess.run([sys.executable, "-m", "celery", "-A", "tally", "inspect", "engine_hosts", "--json",
+                            "--timeout", "10"], cwd=ROOT, env=subprocess_env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    (reply,) = [hosts for name, hosts in json.loads(shown.stdout).items() if name.startswith("hosts-")]
+    assert sorted(host["pid"] for host in reply) == sorted(host.pid for host in engine_hosts_of(worker))
+    assert {host["pid"]: host["runs"] for host in reply}[run.pid] == 1
 
 
 @pytest.mark.chaos

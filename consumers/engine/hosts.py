@@ -192,6 +192,15 @@ class HostPool:
         with self._lock:
             return sum(host.load() for host in self.hosts if host.alive)
 
+    def describe(self) -> list[dict]:
+        """The live hosts, for `celery inspect engine_hosts` (tally/celery.py)."""
+        now = time.monotonic()
+        with self._lock:
+            hosts = [host for host in self.hosts if host.alive]
+        return [{"number": host.number, "pid": host.pid, "runs": host.load(),
+                 "answered_s_ago": None if host.heard_at is None else round(now - host.heard_at, 1)}
+                for host in hosts]
+
     def pids(self) -> list[int]:
         with self._lock:
             return [host.pid for host in self.hosts if host.alive]
