@@ -256,6 +256,24 @@ def test_an_engine_host_whose_worker_died_first_stops_its_runs_and_exits(running
     assert ended_cleanly(run), run.state
 
 
+def test_an_engine_host_whose_worker_died_as_it_pinged_exits(subprocess_env):
+    """The worker pinged and died: the host's answer meets a closed results pipe (BrokenPipeError), and the host
+    must leave all the same, not wait for ever, orphaned, for an end of its commands it will never read."""
+    host = subprocess.Popen([sys.executable, "manage.py", "engine_host"], cwd=ROOT, env=subprocess_env,
+                            start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    host.stdout.close()   # the worker's end of the results pipe, gone with it
+    host.stdin.write(json.dumps({"op": "ping"}) + "\n")
+    host.stdin.close()
+    try:
+        host.wait(timeout=patience(STOP_WITHIN_S))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"engine host still running {patience(STOP_WITHIN_S):.0f} s after its worker died") \
+            from None
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+
+
 @pytest.mark.celery
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_celery_beat_exits_on_a_signal_to_its_group(subprocess_env, tmp_path, signum):

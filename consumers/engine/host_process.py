@@ -91,19 +91,26 @@ class HostProcess:
         os.write(self._wake_write, b"x")
 
     def _read(self, commands) -> None:
-        for line in commands:
-            try:
-                command = json.loads(line)
-            except ValueError:
-                log.warning("engine host: not a command: %.200s", line)
-                continue
-            if command.get("op") == "run":
-                self._start(command)
-            elif command.get("op") == "stop":
-                self._stop(command.get("key"), command.get("reason") or "asked by the worker")
-            elif command.get("op") == "ping":
-                self._write("", {"pong": True})   # the worker's watchdog (hosts.py) kills a host that stays silent
-        self.close(f"its worker is gone: engine host pid {os.getpid()} saw its commands end and stopped its runs")
+        # However the commands end -- their end of file (the worker is gone), or an error, such as the answer to a
+        # ping the worker sent as it died meeting a closed results pipe (BrokenPipeError) -- the host closes: else
+        # the main thread would wait for ever, orphaned, holding its runs' leases.
+        try:
+            for line in commands:
+                try:
+                    command = json.loads(line)
+                except ValueError:
+                    log.warning("engine host: not a command: %.200s", line)
+                    continue
+                if command.get("op") == "run":
+                    self._start(command)
+                elif command.get("op") == "stop":
+                    self._stop(command.get("key"), command.get("reason") or "asked by the worker")
+                elif command.get("op") == "ping":
+                    self._write("", {"pong": True})   # the worker's watchdog (hosts.py) kills a host that stays silent
+        except BrokenPipeError:
+            pass   # the results pipe closed: its worker is gone
+        finally:
+            self.close(f"its worker is gone: engine host pid {os.getpid()} saw its commands end and stopped its runs")
 
     def _start(self, command: dict) -> None:
         with self._lock:
