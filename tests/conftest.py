@@ -334,6 +334,16 @@ def stop_process_group(process, timeout=10):
     process.wait()
 
 
+def gone(process) -> bool:
+    """Whether a psutil.Process has exited (a zombie waiting for its parent counts as exited)."""
+    import psutil
+
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _signal_group(group: int, signum) -> None:
     try:
         os.killpg(group, signum)

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from consumers.kafka.broker import free_port, is_reachable
-from tests.conftest import ROOT
+from tests.conftest import ROOT, gone
 from tests.waiting import patience, wait_for
 
 STOP_WITHIN_S = 10  # the promise; scaled by the tests' patience on a loaded machine
@@ -200,13 +200,6 @@ def test_a_celery_worker_stops_its_runs_and_exits_on_a_signal_to_its_group(worke
     assert ended_cleanly(run), run.state
     # A host ignores SIGINT (its worker decides) and leaves when its worker is gone and its stdin closes.
     wait_for(lambda: all(gone(host) for host in hosts), STOP_WITHIN_S, "the engine hosts to exit")
-
-
-def gone(process: psutil.Process) -> bool:
-    try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.celery

@@ -21,7 +21,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.models import BatchLedger, ConsumerRun, Pipeline, RunState
 from consumers.operations import actions
 from tests.chaos import produce_values, sink_counts, split_reported, wait_for
-from tests.conftest import ROOT, drop_sink_tables, stop_process_group
+from tests.conftest import ROOT, drop_sink_tables, gone, stop_process_group
 from tests.pipelines import create_pipeline
 from tests.producing import send
 
@@ -323,13 +323,6 @@ def test_a_run_whose_worker_was_killed_ends_stopped_saying_its_worker_is_gone(pr
                    "the host to stop the run")
     assert run.state == RunState.STOPPED
     assert run.end_reason.startswith(f"stopped: its worker is gone: engine host pid {run.pid} saw its commands end")
-
-
-def gone(process: psutil.Process) -> bool:
-    try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.chaos
