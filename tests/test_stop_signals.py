@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -234,6 +235,28 @@ def test_an_engine_host_alone_stops_its_runs_and_exits_on_sigterm_while_its_work
     result = json.loads(host.stdout.readline())
     assert result["key"] == "k1" and result["result"]["reason"] == "stopped", result
     assert ended_cleanly(run), run.state
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_host_receives_sigterm_on_its_main_thread_only(running_pipeline):
+    """The kernel hands a process's signal to any thread that does not block it, and Python runs the handler only
+    when the main thread wakes: every other thread of a host (its command reader, its runs, their consumers' and
+    beat's threads) must block SIGTERM, or a SIGTERM landing there leaves the host asleep, never stopping."""
+    host, run = hosting(*running_pipeline)
+    try:
+        masks = {int(task.name): sigterm_blocked(task) for task in Path(f"/proc/{host.pid}/task").iterdir()}
+    finally:
+        host.stdin.close()
+        host.wait(timeout=patience(STOP_WITHIN_S))
+    assert masks.pop(host.pid) is False, "the main thread must take SIGTERM"
+    assert len(masks) >= 2, masks   # the command reader and the run's thread at least
+    assert all(masks.values()), f"threads taking SIGTERM besides the main one: {masks}"
+
+
+def sigterm_blocked(task: Path) -> bool:
+    """Whether the thread's blocked-signal mask (SigBlk in /proc, a hex bit set) holds SIGTERM."""
+    mask = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk:"))
+    return bool(int(mask.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -53,7 +53,16 @@ class HostProcess:
         self._wake_read, self._wake_write = os.pipe()
 
     def serve(self, commands) -> None:
-        threading.Thread(target=self._read, args=(commands,), name="tally-engine-host-commands", daemon=True).start()
+        # Every other thread is made by the command reader, or by a thread it made (runs, their consumers' threads),
+        # and inherits its signal mask: with SIGTERM blocked there, the kernel hands SIGTERM to the main thread, the
+        # one whose read below it interrupts. Handed to another thread, it would run no handler (Python runs them on
+        # the main thread only, when it wakes), and the main thread would sleep on, the host never stopping.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            threading.Thread(target=self._read, args=(commands,), name="tally-engine-host-commands",
+                             daemon=True).start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         os.read(self._wake_read, 1)
         with self._lock:
             self.closing.set()
