@@ -7,7 +7,7 @@ import pytest
 
 from consumers.models import ActionLog, ActionResult, DesiredState, Pipeline, Watch
 from tests.commands import run_command
-from tests.views_helpers import client_of, make_operator
+from tests.views_helpers import client_of, make_operator, make_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,3 +89,20 @@ def test_a_group_reset_is_a_409_naming_the_cluster_and_its_password_file_not_an_
     assert refused.status_code == 409
     assert refused.json()["error"].startswith(password)
     assert list(ActionLog.objects.values_list("action", "result")) == [("reset_group", ActionResult.REFUSED)]
+
+
+def test_the_api_pipeline_detail_says_why_the_cluster_cannot_be_used_and_the_last_error(orders, password):
+    # The pipeline page said both; the API's detail had neither, so a pipeline in ERR there had no reason.
+    from tests.api_schema import RAW_SCHEMA
+
+    viewer = client_of(make_viewer())
+    broken = viewer.get("/api/pipelines/orders/").json()
+    Pipeline.objects.filter(pk=orders.pk).update(last_error="run failed: the sink table is gone")
+    stopped = viewer.get("/api/pipelines/orders/").json()
+
+    assert broken["cluster_problem"].startswith(password)
+    assert broken["last_error"] is None
+    assert stopped["last_error"] == "run failed: the sink table is gone"
+    detail = RAW_SCHEMA["components"]["schemas"]["PipelineDetail"]
+    for name in ("cluster_problem", "last_error"):
+        assert detail["properties"][name]["nullable"] is True and name in detail["required"]

@@ -193,6 +193,12 @@ class PipelineDetailSerializer(PipelineRowSerializer):
     map = OBJECT()
     upsert_key = serializers.ListField(child=serializers.CharField())
     delete_on_tombstone = serializers.BooleanField()
+    last_error = serializers.CharField(allow_null=True, help_text="The last run failure, halt, sink error or "
+                                                                  "supervisor restart (\"KIND: DETAIL\"), or null")
+    cluster_problem = serializers.CharField(allow_null=True, help_text="Why its Kafka cluster cannot be used now "
+                                                                       "(not configured, a secret file missing): "
+                                                                       "a start, a rewind or a trace is refused "
+                                                                       "until it is fixed; or null")
     partitions = PartitionStateSerializer(many=True)
     ledger = LedgerTimelineSerializer(many=True)
     runs = RunSerializer(many=True)

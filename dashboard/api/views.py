@@ -195,6 +195,8 @@ def pipeline_detail(request, name):
         kafka_client=pipeline.kafka_client, waiting_for_worker=pipeline.waiting_for_worker(),
         map=pipeline.json_map, upsert_key=pipeline.upsert_key,
         delete_on_tombstone=pipeline.delete_on_tombstone,
+        # Why a pipeline in ERR is there, as its page says: the last failure, and a cluster it cannot use.
+        last_error=pipeline.last_error or None, cluster_problem=actions.cluster_problem(pipeline),
         partitions=[p.as_json() for p in partitions],
         ledger=[t.as_json() for t in timeline.ledger_timelines(pipeline, partitions)],
         runs=[{"id": r.pk, "epoch": r.epoch, "worker": f"{r.host}:{r.pid}", "state": r.liveness.label,
