@@ -106,3 +106,40 @@ def test_the_api_pipeline_detail_says_why_the_cluster_cannot_be_used_and_the_las
     detail = RAW_SCHEMA["components"]["schemas"]["PipelineDetail"]
     for name in ("cluster_problem", "last_error"):
         assert detail["properties"][name]["nullable"] is True and name in detail["required"]
+
+
+PIPELINE_FORM = {"name": "refunds", "topic": "refunds", "cluster": "payments", "sink_table": "sink_refunds",
+                 "mode": "exactly-once", "transform": "int_value", "engine": "python",
+                 "isolation_level": "read_committed", "on_log_truncated": "stop", "create_table": True}
+WATCH_FORM = {"name": "team", "group": "team-loader", "topic": "orders", "cluster": "payments",
+              "start_from": "earliest", "settle_seconds": 30}
+
+
+def problem_of_cluster(password: str) -> str:
+    """What a refusal under the cluster field says: the problem, the field naming the cluster already."""
+    return password.removeprefix("Kafka cluster 'payments': ")
+
+
+@pytest.mark.parametrize("path,fields,model", [("/api/pipelines/", PIPELINE_FORM, Pipeline),
+                                               ("/api/watches/", WATCH_FORM, Watch)])
+def test_creating_on_the_cluster_is_refused_under_the_cluster_field_by_the_api(password, path, fields, model):
+    # It was refused under "topic" ("cannot use Kafka to check topic ..."), the field the user had not got wrong.
+    refused = client_of(make_operator()).post(path, fields, content_type="application/json")
+
+    assert refused.status_code == 400
+    errors = refused.json()["errors"]
+    assert list(errors) == ["cluster"] and errors["cluster"][0]["message"].startswith(problem_of_cluster(password))
+    assert not model.objects.exists()
+    assert ActionLog.objects.get().result == ActionResult.REFUSED
+
+
+@pytest.mark.parametrize("path,fields,model", [("/pipelines/new/", PIPELINE_FORM, Pipeline),
+                                               ("/watches/new/", WATCH_FORM, Watch)])
+def test_creating_on_the_cluster_is_refused_beside_the_cluster_field_by_the_form(password, path, fields, model):
+    refused = client_of(make_operator()).post(path, fields)
+
+    assert refused.status_code == 400
+    errors = refused.context["form"].errors
+    assert list(errors) == ["cluster"] and errors["cluster"][0].startswith(problem_of_cluster(password))
+    assert not model.objects.exists()
+    assert ActionLog.objects.get().result == ActionResult.REFUSED

@@ -13,7 +13,9 @@ What a spec must satisfy before anything is written:
      a number of runs (processes sharing the partitions) from 1 to TALLY_MAX_RUNS_PER_PIPELINE, python engine
      only for more than one; a known Kafka client (empty: the worker's TALLY_KAFKA_CLIENT; kafka-python; or
      librdkafka: python engine only, and the extra tally[rdkafka] installed);
-  3. the topic exists in Kafka (asked last, and only when nothing else is wrong: Kafka may be slow to answer);
+  3. a known Kafka cluster whose settings can be read, secrets too (a password file removed is the cluster's
+     problem, not the topic's); the topic exists in Kafka (asked last, and only when nothing else is wrong:
+     Kafka may be slow to answer);
   4. the sink table exists with the transform's columns and the provenance columns, the database user may
      insert into it, every NOT NULL column without a default is written, and (exactly-once) a unique key on
      the provenance — or `create_table` is set, or the problem comes with the exact SQL that fixes it;
@@ -321,8 +323,8 @@ def _check_upsert_table(cursor, spec: PipelineSpec, columns: dict) -> list[str]:
 def _check_cluster(spec: PipelineSpec, problems: dict) -> None:
     if "cluster" in problems:
         return
-    try:
-        clusters.get(spec.cluster or clusters.DEFAULT)
+    try:   # its secrets too (a password file removed): else the topic's check fails, under "topic"
+        clusters.check_settings(spec.cluster or clusters.DEFAULT)
     except ClusterConfigError as exc:
         problems["cluster"] = exc.problem if exc.cluster == spec.cluster else str(exc)
 

@@ -3,7 +3,8 @@
 Each door builds a `WatchSpec` and calls `create()` here, so all of them accept and refuse the same things
 with the same messages, every message naming what is wrong and what to do. What a spec must satisfy:
   1. a free, slug-like name; a group and a topic (the topic exists in Kafka); a known cluster
-     (consumers/kafka/clusters.py: "default" or one of TALLY_KAFKA_CLUSTERS);
+     (consumers/kafka/clusters.py: "default" or one of TALLY_KAFKA_CLUSTERS) whose settings can be read, secrets
+     too (a password file removed is refused under the cluster, not as the topic's check failing);
   2. for an audit, all three of a table (`table` on the search_path, or `schema.table`: the rule of
      consumers/engine/table_names.py), a record id SPEC and the row-id column(s): the schema and the table
      exist and the database user may use and read them, the columns exist and their types can hold the id
@@ -105,8 +106,8 @@ def validate(spec: WatchSpec) -> Validated:
     if "group" not in problems and not spec.group:
         problems["group"] = "required: the consumer group to watch (--group)"
     if "cluster" not in problems:
-        try:
-            clusters.get(spec.cluster or clusters.DEFAULT)
+        try:   # its secrets too (a password file removed): else the topic's check fails, under "topic"
+            clusters.check_settings(spec.cluster or clusters.DEFAULT)
         except ClusterConfigError as exc:
             problems["cluster"] = exc.problem if exc.cluster == spec.cluster else str(exc)
     moment = _check_start(spec, problems)
