@@ -143,3 +143,20 @@ def test_creating_on_the_cluster_is_refused_beside_the_cluster_field_by_the_form
     assert list(errors) == ["cluster"] and errors["cluster"][0].startswith(problem_of_cluster(password))
     assert not model.objects.exists()
     assert ActionLog.objects.get().result == ActionResult.REFUSED
+
+
+def test_the_group_page_says_in_a_sentence_what_it_could_not_read_and_why_with_the_detail_beside(password):
+    # It showed "describe_group: ClusterConfigError: ...; group_committed_offsets: ClusterConfigError: ...".
+    from html import unescape
+
+    page = client_of(make_viewer()).get("/groups/team-loader/?cluster=payments")
+
+    assert page.status_code == 200
+    text = unescape(page.content.decode())
+    sentence = (f"Tally could not read the group's state and members and its committed offsets from Kafka: "
+                f"{password}")
+    assert page.context["error"].startswith(sentence)
+    assert "ClusterConfigError" not in page.context["error"] and "describe_group" not in page.context["error"]
+    assert sentence in text
+    assert page.context["error_detail"].startswith("describe_group: ClusterConfigError: ")   # kept, smaller
+    assert 'id="group-error-detail"' in text

@@ -10,8 +10,12 @@ from dataclasses import dataclass, field
 
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
-from consumers.kafka.errors import ClusterConfigError
+from consumers.kafka.errors import ClusterConfigError, KafkaUnreachable
 from consumers.models import Pipeline
+
+# What each Kafka call of `describe` reads, as a person says it: a page names what it could not show.
+WHAT_IS_READ = {"describe_group": "the group's state and members", "group_committed_offsets": "its committed offsets",
+                "watermarks": "the log ends of its topics", "record_timestamps": "its lag in time"}
 
 
 @dataclass
@@ -33,8 +37,20 @@ class GroupReport(kafka_admin.GroupDescription):
     """Kafka's description of a group, with its positions and lag per partition and what Tally knows of it."""
     partitions: list[GroupPartition] = field(default_factory=list)
     pipeline: str | None = None      # the Tally pipeline using this group id, if any
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)   # "CALL: EXCEPTION: MESSAGE" per failed Kafka call
     cluster: str = "default"         # the Kafka cluster the group is on
+    failures: list[tuple[str, Exception]] = field(default_factory=list, repr=False)  # (call, error) of `errors`
+
+    @property
+    def problem(self) -> str:
+        """The failed calls in a sentence a person reads, without call or exception names (kept in `errors`):
+        what could not be read, and why in the cluster's own words. "" when every call answered."""
+        if not self.failures:
+            return ""
+        unread = list(dict.fromkeys(WHAT_IS_READ.get(call, call) for call, _ in self.failures))
+        reasons = list(dict.fromkeys(_reason(exc, self.cluster) for _, exc in self.failures))
+        listed = unread[0] if len(unread) == 1 else f"{', '.join(unread[:-1])} and {unread[-1]}"
+        return f"Tally could not read {listed} from Kafka: {'; '.join(reasons)}".rstrip(".") + "."
 
     @property
     def known(self) -> bool:
@@ -110,18 +126,18 @@ def describe(group_id: str, *, kafka=None, cluster=None, now_ms: float | None = 
     and in seconds. A failing Kafka call is reported in `errors`, the rest is still filled in."""
     cluster = cluster or clusters.DEFAULT
     kafka = kafka or kafka_admin.on(cluster)
-    errors: list[str] = []
-    description = _call(errors, kafka.describe_group, None, group_id)
+    failures: list[tuple[str, Exception]] = []
+    description = _call(failures, kafka.describe_group, None, group_id)
     report = GroupReport(group_id, description.state if description else "Unknown",
                          description.protocol_type if description else "",
-                         description.members if description else [], errors=errors, cluster=cluster)
+                         description.members if description else [], cluster=cluster, failures=failures)
     report.pipeline = (Pipeline.objects.filter(group_id=group_id, cluster=cluster)
                        .values_list("name", flat=True).first())
-    committed = _call(errors, kafka.group_committed_offsets, {}, group_id)
+    committed = _call(failures, kafka.group_committed_offsets, {}, group_id)
     now_ms = now_ms if now_ms is not None else time.time() * 1000
     for topic in sorted(committed):
         offsets = committed[topic]
-        marks = _call(errors, kafka.watermarks, {}, topic)
+        marks = _call(failures, kafka.watermarks, {}, topic)
         behind = {}
         for p in sorted(set(offsets) | set(marks)):
             mark, position = marks.get(p), offsets.get(p)
@@ -132,16 +148,24 @@ def describe(group_id: str, *, kafka=None, cluster=None, now_ms: float | None = 
             if lag:
                 behind[p] = max(position, mark.log_start)
         if behind:
-            stamps = _call(errors, kafka.record_timestamps, {}, topic, behind)
+            stamps = _call(failures, kafka.record_timestamps, {}, topic, behind)
             for part in report.partitions:
                 if part.topic == topic and stamps.get(part.partition) is not None:
                     part.lag_seconds = max(0.0, (now_ms - stamps[part.partition]) / 1000)
+    report.errors = [f"{call}: {type(exc).__name__}: {exc}" for call, exc in failures]
     return report
 
 
-def _call(errors: list[str], func, default, *args):
+def _call(failures: list[tuple[str, Exception]], func, default, *args):
     try:
         return func(*args)
     except Exception as exc:  # Kafka half-down: report what could be read
-        errors.append(f"{func.__name__}: {type(exc).__name__}: {exc}")
+        failures.append((func.__name__, exc))
         return default
+
+
+def _reason(exc: Exception, cluster: str) -> str:
+    """Why a call failed: a cluster that cannot be used names itself and its cause; anything else is said to
+    come from the cluster."""
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, KafkaUnreachable) else f"Kafka cluster {cluster!r}: {text}"

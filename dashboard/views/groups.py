@@ -71,7 +71,9 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
                "watches": _watches_of_groups().get((cluster, group_id), []),
                "can_operate": can_operate(request.user), "preview": preview, "carry": carry, "error": ""}
     report = kafka_groups.describe(group_id, cluster=cluster)
-    context.update(description=report, partitions=report.partitions, error="; ".join(report.errors))
+    # A sentence first; the calls and exceptions that failed stay on a smaller line, for whoever digs further.
+    context.update(description=report, partitions=report.partitions, error=report.problem,
+                   error_detail="; ".join(report.errors))
     topics = sorted({p.topic for p in context["partitions"]})
     context["topics"] = topics
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
