@@ -282,6 +282,29 @@ def test_topic_check_results_show_on_the_pipeline_page_and_poll_while_running(vi
     assert fragment.lstrip().startswith('<div id="topic-check-jobs" hx-get=') and "reading 100 records" in fragment
 
 
+def test_the_topic_checks_page_without_a_pipeline_lists_the_latest_checks_of_every_pipeline(viewer_client, pipeline):
+    # It said "No topic check yet" whatever the checks: only ?pipeline=NAME listed any.
+    from consumers.models import TopicCheckJob
+
+    payments = make_pipeline("payments", topic="payments-topic")
+    older = TopicCheckJob.objects.create(pipeline=pipeline, topic="orders-topic", group_id="orders",
+                                         table="sink_orders", key_column="id", status="done", progress=1.0,
+                                         result={"records_read": 10, "missing_count": 0, "duplicated_count": 0})
+    newer = TopicCheckJob.objects.create(pipeline=payments, topic="payments-topic", group_id="payments",
+                                         table="sink_payments", key_column="id", status="running", progress=0.5,
+                                         progress_message="reading partition 1")
+
+    every = viewer_client.get("/topic-checks/")
+    orders = viewer_client.get("/topic-checks/?pipeline=orders")
+    unknown = viewer_client.get("/topic-checks/?pipeline=nosuch")
+
+    assert every.status_code == 200 and [j.pk for j in every.context["topic_checks"]] == [newer.pk, older.pk]
+    assert "No topic check yet" not in every.content.decode()
+    assert "of every pipeline" in every.content.decode()
+    assert [j.pk for j in orders.context["topic_checks"]] == [older.pk]
+    assert unknown.status_code == 404 and "No pipeline named 'nosuch'" in unknown.content.decode()
+
+
 def test_the_demo_page_refuses_viewers_bad_input_and_a_second_run(operator_client, settings):
     from consumers.demo import runs as demo_runs
     from tests.conftest import TEST_REDIS_URL

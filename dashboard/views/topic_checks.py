@@ -16,6 +16,7 @@ from dashboard.views.actions import refuse_viewer
 from dashboard.views.common import render_page
 
 JOBS_SHOWN = 5
+EVERY_PIPELINES_JOBS_SHOWN = 20
 
 
 def jobs_for(pipeline_name: str):
@@ -23,22 +24,35 @@ def jobs_for(pipeline_name: str):
     are never shown)."""
     if not pipeline_name:
         return []
-    jobs = TopicCheckJob.objects.of_pipelines().filter(pipeline__name=pipeline_name)
+    jobs = TopicCheckJob.objects.of_pipelines().filter(pipeline__name=pipeline_name).select_related("pipeline")
     return list(jobs.order_by("-created_at")[:JOBS_SHOWN])
 
 
 def topic_check_context(pipeline: Pipeline | None) -> dict:
     jobs = jobs_for(pipeline.name if pipeline else "")
     return {"topic_checks": jobs, "topic_check_pipeline": pipeline.name if pipeline else "",
-            "topic_checks_active": any(j.status in (TopicCheckStatus.QUEUED, TopicCheckStatus.RUNNING)
-                                       for j in jobs)}
+            "topic_checks_active": _active(jobs)}
+
+
+def _active(jobs) -> bool:
+    return any(j.status in (TopicCheckStatus.QUEUED, TopicCheckStatus.RUNNING) for j in jobs)
 
 
 @require_GET
 @login_required
 def topic_check_jobs(request):
-    """The jobs of one pipeline; htmx polls this fragment while one is queued or running."""
-    pipeline = Pipeline.objects.filter(name=request.GET.get("pipeline", "")[:100]).first()
+    """The latest checks of every pipeline, or of one (?pipeline=NAME); htmx polls this fragment while one is
+    queued or running. Without a pipeline a visitor expects the checks there are, not "none yet"."""
+    name = request.GET.get("pipeline", "")[:100]
+    if not name:
+        jobs = list(TopicCheckJob.objects.of_pipelines().select_related("pipeline")
+                    .order_by("-created_at")[:EVERY_PIPELINES_JOBS_SHOWN])
+        context = {"topic_checks": jobs, "topic_check_pipeline": "", "topic_checks_active": _active(jobs)}
+        return render_page(request, "topic_checks.html", {"nav": "overview", **context}, fragment="jobs")
+    pipeline = Pipeline.objects.filter(name=name).first()
+    if pipeline is None:
+        return render_page(request, "topic_checks.html", {"nav": "overview", "missing_pipeline": name},
+                           status=404)
     return render_page(request, "topic_checks.html", {"nav": "overview", **topic_check_context(pipeline)},
                        fragment="jobs")
 
