@@ -102,3 +102,26 @@ def test_the_beat_ends_the_checks_whose_worker_stopped_answering(orders, setting
     assert fail_stale_topic_checks_task() == 1
     check.refresh_from_db()
     assert check.status == TopicCheckStatus.FAILED
+
+
+def test_a_failed_check_shows_why_it_failed_not_its_last_progress_line(orders, viewer_client, monkeypatch):
+    # Failed checks kept "starting" (or whatever they last reported) as their progress line.
+    from consumers.reconciliation import topic_check
+
+    def refuse(pipeline):
+        raise topic_check.TopicCheckError("table 'orders_sink' has no column 'value'")
+
+    monkeypatch.setattr(topic_check, "topic_check_spec", refuse)
+    refused = check_of(orders)
+    topic_check.run_topic_check_job(refused.pk)
+    silent = check_of(orders)
+    TopicCheckJob.objects.filter(pk=silent.pk).claim(timezone.now() - timedelta(seconds=2 * LEASE))
+    TopicCheckJob.objects.fail_stale(timezone.now())
+
+    lines = dict(TopicCheckJob.objects.values_list("pk", "progress_message"))
+    assert lines == {refused.pk: "failed: table 'orders_sink' has no column 'value'",
+                     silent.pk: f"failed: its worker stopped answering: no heartbeat for {LEASE} s (killed or lost); "
+                                "request it again"}
+    answer = viewer_client.get("/api/pipelines/orders/topic-checks").json()["topic_checks"]
+    assert {c["id"]: (c["status"], c["progress_message"]) for c in answer} == {
+        pk: (TopicCheckStatus.FAILED, line) for pk, line in lines.items()}

@@ -5,6 +5,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+PROGRESS_MESSAGE_LENGTH = 200
+
 
 class TopicCheckStatus(models.TextChoices):
     QUEUED = "queued", "queued"
@@ -38,9 +40,16 @@ class TopicCheckJobQuerySet(models.QuerySet):
     def fail_stale(self, now: datetime) -> int:
         """End the stale checks as failed, saying why, so that an operator sees it and requests another."""
         lease = settings.TALLY_TOPIC_CHECK_LEASE_SECONDS
-        return self.stale(now).update(
-            status=TopicCheckStatus.FAILED, finished_at=now,
-            error=f"its worker stopped answering: no heartbeat for {lease} s (killed or lost); request it again")
+        return self.stale(now).fail(
+            now, f"its worker stopped answering: no heartbeat for {lease} s (killed or lost); request it again")
+
+    def fail(self, now: datetime, error: str) -> int:
+        """End these checks as failed with `error`. Their progress line says so too: the last one a check
+        reported ("starting", "reading partition 1") would read as if it were still under way."""
+        line = f"failed: {error}"
+        if len(line) > PROGRESS_MESSAGE_LENGTH:
+            line = line[:PROGRESS_MESSAGE_LENGTH - 1] + "…"
+        return self.update(status=TopicCheckStatus.FAILED, finished_at=now, error=error, progress_message=line)
 
 
 def topic_check_lease() -> timedelta:
@@ -58,7 +67,7 @@ class TopicCheckJob(models.Model):
     value_parser = models.CharField(max_length=100, default="int_value")
     status = models.CharField(max_length=10, choices=TopicCheckStatus.choices, default=TopicCheckStatus.QUEUED)
     progress = models.FloatField(default=0.0, help_text="0..1")
-    progress_message = models.CharField(max_length=200, blank=True, default="")
+    progress_message = models.CharField(max_length=PROGRESS_MESSAGE_LENGTH, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     requested_by = models.CharField(max_length=150, blank=True, default="")

@@ -33,7 +33,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
-from consumers.models.topic_check import topic_check_lease
+from consumers.models.topic_check import PROGRESS_MESSAGE_LENGTH, topic_check_lease
 
 log = logging.getLogger("tally.spark.topic_check")
 
@@ -354,9 +354,9 @@ def enqueue_job(job_id: int) -> bool:
         current_app.signature(RUN_TOPIC_CHECK_TASK, args=(job_id,)).delay()
     except Exception as exc:  # kombu raises OperationalError and others when Redis is down
         log.error("Topic check job %s could not be queued: %s", job_id, exc)
-        TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.QUEUED).update(
-            status=TopicCheckStatus.FAILED, finished_at=timezone.now(),
-            error=f"not queued: the task broker is unreachable ({type(exc).__name__}); request it again later")
+        TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.QUEUED).fail(
+            timezone.now(),
+            f"not queued: the task broker is unreachable ({type(exc).__name__}); request it again later")
         return False
     return True
 
@@ -369,7 +369,9 @@ def run_topic_check_job(job_id: int) -> TopicCheckJob:
         return job  # already running or finished (a retried or duplicated task)
 
     def progress(fraction: float, message: str) -> None:
-        TopicCheckJob.objects.filter(pk=job_id).update(progress=fraction, progress_message=message[:200])
+        # Only while it runs: a check the beat declared failed (a worker silent too long) keeps saying why.
+        TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.RUNNING).update(
+            progress=fraction, progress_message=message[:PROGRESS_MESSAGE_LENGTH])
 
     with _heartbeat(job_id):
         _run_claimed(job, progress)
@@ -409,8 +411,7 @@ def _run_claimed(job: TopicCheckJob, progress: Callable[[float, str], None]) -> 
                              pipeline=job.pipeline, progress=progress)
     except Exception as exc:
         log.exception("Topic check job %s failed", job_id)
-        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.FAILED, error=failure_message(exc),
-                                                       finished_at=timezone.now())
+        TopicCheckJob.objects.filter(pk=job_id).fail(timezone.now(), failure_message(exc))
     else:
         TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.DONE, result=report, progress=1.0,
                                                        progress_message="done", finished_at=timezone.now())

@@ -438,7 +438,8 @@ class TopicCheckSerializer(serializers.Serializer):
     table = serializers.CharField()
     key_column = serializers.CharField()
     progress = serializers.FloatField()
-    progress_message = serializers.CharField(allow_blank=True)
+    progress_message = serializers.CharField(allow_blank=True, help_text="What a running check does now; a failed "
+                                                                         "one's says why (\"failed: ...\")")
     error = serializers.CharField(allow_null=True)
     result = OBJECT(allow_null=True, help_text="The check's report once done")
     requested_by = serializers.CharField(allow_blank=True)
