@@ -263,3 +263,43 @@ def stored_reconciliation(pipeline: Pipeline) -> dict:
         {name: getattr(part, name) for name in PARTITION_FIELDS} | {"checked_at": part.checked_at.isoformat()}
         for part in PartitionHealth.objects.filter(pipeline=pipeline).order_by("partition")]
     return {"pipelines": [entry]}
+
+
+@dataclass
+class MappedColumn:
+    """A sink column of a `json` pipeline and what writes it."""
+
+    name: str
+    pg_type: str
+    source: str | None   # the --map source, or the field of the column's name; None: the mapping does not write it
+    mapped: bool         # the source is the pipeline's own --map (not the field of the column's name)
+    left_to: str = ""    # who fills a column the mapping does not write: "its default" or "PostgreSQL" (generated)
+
+
+def json_mapping(pipeline: Pipeline) -> tuple[list[MappedColumn], str]:
+    """A `json` pipeline's columns and the source of each, compiled as its next run would compile them (one
+    catalog query), and "" -- or the stored --map alone and why it does not compile against the table now."""
+    from django.db import connection
+
+    from consumers.engine import json_map
+
+    mapping = dict(pipeline.json_map or {})
+    stored = [MappedColumn(column, "", source, True) for column, source in mapping.items()]
+    with connection.cursor() as cursor:
+        columns = json_map.read_columns(cursor.cursor, pipeline.sink_table)
+        if columns is None:
+            return stored, f"sink table {pipeline.sink_table!r} does not exist"
+    try:
+        plan = json_map.plan(columns, mapping)
+    except json_map.MappingInvalid as exc:
+        return stored, str(exc)
+    written = {w.column.name: w for w in plan.columns}
+    rows = []
+    for column in columns:
+        if column.name in written:
+            rows.append(MappedColumn(column.name, column.pg_type, written[column.name].source,
+                                     not written[column.name].field))
+        elif column.name not in json_map.PROVENANCE_COLUMNS:
+            rows.append(MappedColumn(column.name, column.pg_type, None, False,
+                                     "PostgreSQL" if column.generated else "its default"))
+    return rows, ""

@@ -150,3 +150,37 @@ def test_a_page_of_the_action_log_that_is_not_a_page_is_a_400(operator_client):
     for first in ({}, {"page": ""}, {"page": "1"}):
         page = operator_client.get("/action-log/", first)
         assert page.status_code == 200 and page.content.decode().count('<tr id="action-') == 3
+
+
+@pytest.fixture
+def events_table():
+    from tests.sink_rows import made_sink_table
+
+    with made_sink_table("sink_events", "id bigint NOT NULL, created_at timestamptz, note text DEFAULT 'none'") as name:
+        yield name
+
+
+def test_a_json_pipelines_page_shows_each_column_and_where_it_comes_from(viewer_client, events_table):
+    # The page showed neither the transform nor the mapping: a JSON pipeline's `--map` was visible in the API only.
+    pipeline = make_pipeline("events-json", partitions=1, topic="events")
+    Pipeline.objects.filter(pk=pipeline.pk).update(transform="json", sink_table=events_table,
+                                                   json_map={"created_at": "ts::seconds"})
+
+    html = viewer_client.get("/pipelines/events-json/").content.decode()
+
+    mapping = re.search(r'<table class="striped" id="json-mapping">.*?</table>', html, re.S).group(0)
+    rows = [re.sub(r"<[^>]+>", " ", row).split() for row in re.findall(r"<tr>(.*?)</tr>", mapping, re.S)[1:]]
+    assert rows == [["id", "bigint", "id", "(the", "field", "of", "its", "name)"],
+                    ["created_at", "timestamp", "with", "time", "zone", "ts::seconds", "(--map)"],
+                    ["note", "text", "not", "written:", "its", "default"]]
+    assert '<b id="transform">json</b>' in html
+
+
+def test_a_json_pipeline_whose_table_is_gone_still_shows_its_map_and_why_it_cannot_be_compiled(viewer_client):
+    pipeline = make_pipeline("events-json", partitions=1, topic="events")
+    Pipeline.objects.filter(pk=pipeline.pk).update(transform="json", json_map={"created_at": "ts::seconds"})
+
+    html = viewer_client.get("/pipelines/events-json/").content.decode()
+
+    assert "created_at" in html and "ts::seconds" in html
+    assert "sink table &#x27;sink_events_json&#x27; does not exist" in html

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from consumers.access import can_operate
+from consumers.engine.transforms import JSON
 from consumers.models import ActionLog, Pipeline
 from consumers.operations.actions import cluster_problem
 from consumers.reconciliation import monitored
@@ -51,6 +52,8 @@ def pipeline_detail(request, name):
         "chart_error": chart_error, "chart_ranges": [("15m", "15 min"), ("1h", "1 h"), ("24h", "24 h")],
         **topic_check_context(pipeline),
     })
+    if pipeline.transform == JSON:
+        context["json_columns"], context["json_problem"] = status.json_mapping(pipeline)
     return render_page(request, "pipeline.html", context, status=400 if chart_error else 200)
 
 
