@@ -170,3 +170,20 @@ def test_a_group_whose_id_ends_with_reset_or_holds_url_characters_has_its_page_a
     done = operator.post(reverse("group_reset", kwargs={"group_id": "a b%?#"}), reset)
     assert done.status_code == 302 and done.headers["Location"] == reverse("group", kwargs={"group_id": "a b%?#"})
     assert kafka_admin.committed_offsets("a b%?#", topic) == {0: 10}
+
+
+def test_the_reset_address_read_with_get_leads_to_the_groups_reset_form_not_to_a_group_named_team_reset(
+        kafka_bootstrap, make_topic, operator):
+    # GET /groups/team/reset/ showed the page of a group "team/reset" (which Kafka does not know): a 404 titled
+    # "Group team/reset". A group of that name is still shown there (the test above).
+    topic = make_topic("grp-reset-get")
+    send(topic, numbered(4))
+    kafka_admin.commit_offsets("team", topic, {0: 2})
+
+    answer = operator.get("/groups/team/reset/")
+
+    assert answer.status_code == 302 and answer.headers["Location"] == "/groups/team/#rewind-panel"
+    page = operator.get(answer.headers["Location"])
+    assert page.status_code == 200 and page.context["group_id"] == "team"
+    assert 'id="rewind-panel"' in page.content.decode()
+    assert not ActionLog.objects.exists()   # a GET changes nothing

@@ -103,9 +103,14 @@ def _not_found(request, group_id, cluster, message, fragment=None):
 @login_required
 def group_reset(request, group_id):
     if request.method == "GET":
-        # Kafka allows "/" in a group id: /groups/etl/reset/ is also the page of the group "etl/reset". The reset
-        # itself is POST only, so a GET here can only mean that page.
-        return group_detail(request, f"{group_id}/reset")
+        # Kafka allows "/" in a group id: /groups/etl/reset/ is also the page of the group "etl/reset", shown unless
+        # Kafka answers that it has no such group (when it cannot answer, the page says so). Then it is the address
+        # of the reset of "etl", which is POST only: its form is on the group's page, so go there.
+        context = _detail_context(request, f"{group_id}/reset")
+        if not context["description"].unknown:
+            return render_page(request, "group.html", context)
+        return redirect(reverse("group", kwargs={"group_id": group_id}) + _cluster_query(context["cluster"])
+                        + "#rewind-panel")
     if not can_operate(request.user):
         return refuse_viewer(request, None, fragment="panel")
     form = GroupResetForm(request.POST)
