@@ -7,7 +7,8 @@ One check (`check_watch`), per partition:
   2. The new settled range [settled_offset, settled end) is read from the topic, read_committed: holes
      (transaction markers, aborted records) are positions without a record, never lost. Records beyond the
      committed offset are lag, never read as settled. Keyed watches also read the unsettled tail up to the
-     log end, only to know which ids a later record replaces.
+     log end, and read back what earlier checks settled of the ids they judge (watch_settled), only to know
+     which ids a later record replaces.
   3. Each record's id goes into a temporary table (COPY), and one set-based statement matches them with the
      team's table (consumers/reconciliation/watch_match.py, the one definition of the matching). A check of
      at least WATCH_SPARK_THRESHOLD records runs the same statements on Spark executors instead
@@ -39,17 +40,18 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
 from consumers.operations import actions
-from consumers.reconciliation import monitored, watch_compaction, watch_match
+from consumers.reconciliation import monitored, watch_compaction, watch_match, watch_settled
 
 log = logging.getLogger("tally.watch")
 
 RECORDS, WRITTEN, RANGES = "tally_watch_records", "tally_watch_written", "tally_watch_ranges"
-FOUND = "tally_watch_found"
-TEMPORARY = (RECORDS, WRITTEN, RANGES, FOUND)
+FOUND, SETTLED = "tally_watch_found", "tally_watch_settled"
+TEMPORARY = (RECORDS, WRITTEN, RANGES, FOUND, SETTLED)
 RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
              "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
              "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES),
-             "found": sql.SQL("pg_temp.") + sql.Identifier(FOUND)}
+             "found": sql.SQL("pg_temp.") + sql.Identifier(FOUND),
+             "settled": sql.SQL("pg_temp.") + sql.Identifier(SETTLED)}
 # One statement for all of them: a pass audits many watches, each round trip counts.
 DROP_TEMPORARY = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(
     sql.SQL("pg_temp.") + sql.Identifier(name) for name in TEMPORARY))
@@ -201,7 +203,9 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
             if plans:
                 phantoms = compacted is False and watch_compaction.holes_judged(parts, plans, notes)
                 tails = keyed_tails(parts, marks, plans) if watch.keyed else {}
-                audited = _audit(watch, plans, marks, now, spark_threshold, phantoms, tails)
+                settled = watch_settled.settled_marks(parts, marks) if watch.keyed else {}
+                audited = _audit(watch, plans, marks, now, spark_threshold, phantoms, tails, settled=settled,
+                                 notes=notes)
                 _store_ranges(watch, parts, audited, now)
                 new_ranges += audited
         _measure(watch, parts, marks, kafka, now, notes)
@@ -340,8 +344,9 @@ def behind_log_start(wp: WatchPartition) -> bool:
 class _Loader:
     """Turns records into lines of the temporary table and sends them with COPY, a chunk at a time."""
 
-    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int]):
+    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int], relation=None):
         self.cursor, self.ends = cursor, ends
+        self.relation = RELATIONS["records"] if relation is None else relation
         self.by_offset = id_type is None
         self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
         self.ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
@@ -394,16 +399,18 @@ class _Loader:
     def flush(self) -> None:
         if self.lines:
             self.buffer.seek(0)
-            self.cursor.copy_expert(sql.SQL("COPY {} FROM STDIN").format(RELATIONS["records"]).as_string(self.cursor),
+            self.cursor.copy_expert(sql.SQL("COPY {} FROM STDIN").format(self.relation).as_string(self.cursor),
                                     self.buffer)
             self.buffer, self.lines = io.StringIO(), 0
 
 
 def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None,
-           phantoms: bool = True, tails: dict | None = None) -> list[RangeResult]:
+           phantoms: bool = True, tails: dict | None = None, *, settled: dict | None = None,
+           notes: list | None = None) -> list[RangeResult]:
     """`tails`: keyed, the partitions without a range to settle, read from that offset only to know later records
-    (keyed_tails)."""
-    tails = tails or {}
+    (keyed_tails); `settled`: keyed, the positions earlier checks settled (watch_settled.settled_marks), of which
+    the records of the ids judged now are read back for the same reason; `notes`: the check's notes."""
+    tails, settled, notes = tails or {}, settled or {}, notes if notes is not None else []
     by_offset = watch.record_id == record_ids.OFFSET
     columns = watch.row_columns
     with connection.cursor() as wrapper:
@@ -414,11 +421,12 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         id_type = None if by_offset else types[columns[0]]["type"]
         _create_temporary_tables(cur, id_type, plans)
         if _on_spark(plans, spark_threshold) and spark_compares_ids(cur, watch, id_type):
-            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms, tails)
+            counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms, tails, settled,
+                                                    notes)
         else:
             try:
                 counts_of, superseded = _match_in_postgresql(watch, cur, plans, marks, id_type, by_offset, columns,
-                                                             phantoms, tails)
+                                                             phantoms, tails, settled, notes)
             except psycopg2.Error as exc:  # the table changed under the watch (a column's type, the grant): ERR
                 raise WatchCheckError(f"table {watch.sink_table!r} could not be audited: {type(exc).__name__}: "
                                       f"{exc.diag.message_primary or exc}") from exc
@@ -533,7 +541,8 @@ def spark_compares_ids(cur, watch: Watch, id_type: str | None) -> bool:
 
 
 def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, by_offset: bool,
-                         columns: list[str], phantoms: bool = True, tails: dict | None = None) -> tuple[dict, dict]:
+                         columns: list[str], phantoms: bool = True, tails: dict | None = None,
+                         settled: dict | None = None, notes: list | None = None) -> tuple[dict, dict]:
     """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
     tails = tails or {}
     ends = {p: end for p, (_, _, end) in plans.items()} | tails   # a tail's records are all beyond its end
@@ -545,6 +554,8 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     except Exception as exc:
         raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
     loader.flush()
+    if settled and not by_offset:
+        _read_back_settled(cur, watch, id_type, settled, notes if notes is not None else [])
     if loader.keys:
         _name_tombstones(cur, loader.counts)
     # The match hashes whole ranges: memory for them rather than spills to disk, and no JIT compilation
@@ -565,6 +576,39 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     return loader.counts, superseded
 
 
+def _read_back_settled(cur, watch: Watch, id_type: str | None, settled: dict, notes: list) -> None:
+    """Keyed: the records of the ids and keys judged now, read back from the positions earlier checks settled
+    (watch_settled), added to `records` as tail: they rank, never judged. Sent a chunk at a time into a table of
+    their own, from which each chunk's matching records move on before the next is read."""
+    cur.execute(watch_match.oldest_judged_sql(RELATIONS))
+    spans = watch_settled.windows(watch, settled, cur.fetchone()[0], notes)
+    if not spans:
+        return
+    cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
+        sql.Identifier(SETTLED), RELATIONS["records"]))
+    loader = _SettledLoader(cur, watch, id_type, spans)
+    try:
+        kafka_ranges.read_ranges(watch.topic, spans, loader.add, cluster=watch.cluster)
+    except Exception as exc:
+        raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
+    loader.flush()
+
+
+class _SettledLoader(_Loader):
+    """Loads read-back records into SETTLED, all of them tail (each offset is at or past its 'end', 0), and moves
+    those of the judged ids and keys on into `records` at each chunk (watch_match.SETTLED_BEFORE)."""
+
+    def __init__(self, cursor, watch: Watch, id_type: str | None, spans: dict):
+        super().__init__(cursor, watch, id_type, dict.fromkeys(spans, 0), relation=RELATIONS["settled"])
+
+    def flush(self) -> None:
+        if not self.lines:
+            return
+        super().flush()
+        self.cursor.execute(sql.SQL("INSERT INTO {} {}; TRUNCATE {}").format(
+            RELATIONS["records"], watch_match.settled_before_sql(RELATIONS), RELATIONS["settled"]))
+
+
 def _name_tombstones(cur, counts: dict) -> None:
     """Keyed, ids read from the value: each tombstone takes the id of its key's latest readable record before it
     (watch_match.TOMBSTONE_IDS); those of the settled range are no longer unreadable."""
@@ -577,7 +621,8 @@ def _name_tombstones(cur, counts: dict) -> None:
 
 
 def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | None, phantoms: bool = True,
-                    tails: dict | None = None) -> tuple[dict, dict]:
+                    tails: dict | None = None, settled: dict | None = None, notes: list | None = None
+                    ) -> tuple[dict, dict]:
     """The same match on Spark executors (consumers/reconciliation/watch_spark.py); the findings in `found`."""
     from consumers.reconciliation import watch_spark
 
@@ -587,7 +632,7 @@ def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | 
              sum(end - first for _, first, end in plans.values()))
     try:
         return watch_spark.match(watch, cur, plans, marks, id_type, RELATIONS["found"], phantoms=phantoms,
-                                 tails=tails)
+                                 tails=tails, settled=settled, notes=notes)
     except WatchCheckError:
         raise
     except Exception as exc:  # Spark, JDBC or Kafka: the check fails with the reason's kind, nothing settles

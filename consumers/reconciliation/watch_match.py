@@ -3,9 +3,9 @@
 Input, one row per record read from the topic (the relation `records`):
     partition, "offset", rid (the record's id in the row-id column's type; NULL: it has none, or an ignore
     spec matched it: no row expected), expected (false for ignored records), tomb (a tombstone: null value),
-    ts (the record's timestamp), tail (read beyond the settled range: only tells whether a later record of
-    the same id exists; never judged itself), k (keyed `value` and `json:PATH` ids: the record key, hex; else
-    NULL)
+    ts (the record's timestamp), tail (read beyond the settled range, or keyed, read back from positions
+    earlier checks settled: only tells whether a later record of the same id exists; never judged itself),
+    k (keyed `value` and `json:PATH` ids: the record key, hex; else NULL)
 and the team's table. Output, one row per finding: (partition, "offset", kind, extra) with kind
     lost        a record with no row (keyed: its id's latest record has no row, or a tombstone's row is still
                 there -- the delete was lost);
@@ -89,6 +89,20 @@ SELECT partition, "offset", rid FROM (
 ) grouped WHERE tomb AND rid IS NOT NULL
 """
 
+# Keyed: the timestamp of the oldest record the check judges (or NULL). Only a record at least as new can be newer
+# than one of them, so the positions earlier checks settled are read back from there (watch_settled).
+OLDEST_JUDGED = """
+SELECT min(ts) FROM {records} WHERE NOT tail AND (rid IS NOT NULL OR k IS NOT NULL)
+"""
+
+# Keyed: of the records read back from positions earlier checks settled (the relation `settled`, all tail), those of
+# an id or a key the check judges: they take part in the ranking, never judged themselves (watch_settled).
+SETTLED_BEFORE = """
+SELECT * FROM {settled} s
+WHERE s.rid IN (SELECT rid FROM {records} WHERE NOT tail AND rid IS NOT NULL)
+   OR s.k IN (SELECT k FROM {records} WHERE NOT tail AND k IS NOT NULL)
+"""
+
 # Keyed: records that a later record of their id replaced (not judged, counted).
 SUPERSEDED_KEYED = """
 SELECT partition, count(*) FROM (
@@ -170,6 +184,15 @@ def findings_sql(table: str | tuple[str, ...], columns: list[str], by_offset: bo
 def tombstone_ids_sql(relations: dict) -> sql.Composed:
     """(partition, "offset", rid) of the tombstones that name a row through their key (TOMBSTONE_IDS)."""
     return sql.SQL(TOMBSTONE_IDS).format(**_names(relations))
+
+
+def oldest_judged_sql(relations: dict) -> sql.Composed:
+    return sql.SQL(OLDEST_JUDGED).format(**_names(relations))
+
+
+def settled_before_sql(relations: dict) -> sql.Composed:
+    """The records of `relations["settled"]` that name an id or key the check judges (SETTLED_BEFORE)."""
+    return sql.SQL(SETTLED_BEFORE).format(settled=relations["settled"], **_names(relations))
 
 
 def superseded_sql(relations: dict) -> sql.Composed:

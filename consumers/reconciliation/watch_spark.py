@@ -19,7 +19,7 @@ import uuid
 from psycopg2 import sql
 
 from consumers.engine import record_ids, table_names
-from consumers.reconciliation import watch_match
+from consumers.reconciliation import watch_match, watch_settled
 
 log = logging.getLogger("tally.watch.spark")
 
@@ -34,7 +34,7 @@ QUOTED = re.compile(r'"((?:[^"]|"")*)"')
 def view_names() -> dict[str, str]:
     """This audit's temporary views, named apart from any other audit's in the same Spark session."""
     token = uuid.uuid4().hex[:12]
-    return {name: f"tally_watch_{name}_{token}" for name in ("records", "written", "ranges", "team")}
+    return {name: f"tally_watch_{name}_{token}" for name in ("records", "written", "ranges", "team", "settled")}
 
 
 def record_mapper(record_id: str, ignore: list[str], id_type: str | None, ends: dict[int, int], keyed: bool = False):
@@ -124,11 +124,12 @@ def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
 
 
 def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relation, *, phantoms: bool = True,
-          tails: dict | None = None) -> tuple[dict, dict]:
+          tails: dict | None = None, settled: dict | None = None, notes: list | None = None) -> tuple[dict, dict]:
     """Run the audit of `plans` on Spark; every finding is COPYed into `found_relation` (partition, "offset",
     kind, extra) through `cur`. Returns ({partition: {records, ignored, unreadable}}, {partition: superseded}).
     `phantoms`: as watch_match.findings_sql; `tails`: keyed, partitions read from that offset as tail only
-    (watch_audit.keyed_tails)."""
+    (watch_audit.keyed_tails); `settled`: keyed, the positions earlier checks settled (watch_settled), of which
+    the records of the ids judged now are read back as tail too; `notes`: the check's notes."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -150,11 +151,17 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
     if not by_offset:  # the id in the row-id column's type, as PostgreSQL's temporary table holds it
         records = records.withColumn("rid", F.col("rid").try_cast(team.schema[TEAM_COLUMNS[0]].dataType))
     records = records.persist(StorageLevel.MEMORY_AND_DISK)   # read once: the counts and the match reuse it
-    written = named = None
+    written = named = read_back = None
     try:
         records.createOrReplaceTempView(names["records"])
+        if settled and not by_offset:
+            read_back = _read_back_settled(spark, cur, watch, records, marks, id_type, team, settled, names,
+                                           notes if notes is not None else [])
+            if read_back is not None:
+                read_back.createOrReplaceTempView(names["records"])
+        ranked = records if read_back is None else read_back
         if not by_offset and record_ids.names_by_key(record_ids.parse_spec(watch.record_id), watch.keyed):
-            named = _name_tombstones(spark, cur, records, views).persist(StorageLevel.MEMORY_AND_DISK)
+            named = _name_tombstones(spark, cur, ranked, views).persist(StorageLevel.MEMORY_AND_DISK)
             named.createOrReplaceTempView(names["records"])
         team.createOrReplaceTempView(names["team"])
         spark.createDataFrame([(p, first, end) for p, (_, first, end) in plans.items()],
@@ -163,7 +170,7 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
             written = spark.sql(spark_sql(watch_match.written_sql(names["team"], columns, by_offset, views), cur))
             written = written.persist()
             written.createOrReplaceTempView(names["written"])
-        counts = _counts(records if named is None else named, by_offset)
+        counts = _counts(ranked if named is None else named, by_offset)
         findings = spark.sql(spark_sql(watch_match.findings_sql(names["team"], columns, by_offset, watch.keyed,
                                                                 views, phantoms=phantoms), cur))
         _copy_found(cur, found_relation, findings)
@@ -174,11 +181,34 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
         for view in names.values():
             spark.catalog.dropTempView(view)
         records.unpersist()
+        if read_back is not None:
+            read_back.unpersist()
         if named is not None:
             named.unpersist()
         if written is not None:
             written.unpersist()
     return counts, superseded
+
+
+def _read_back_settled(spark, cur, watch, records, marks: dict, id_type: str, team, settled: dict, names: dict,
+                       notes: list):
+    """`records` (registered under names["records"]) with the records of the ids and keys judged now read back
+    from the positions earlier checks settled (watch_settled, watch_match.SETTLED_BEFORE), as tail, persisted: as
+    PostgreSQL's path adds them to its table (None: nothing to read back). Spark plans the filter over the whole
+    read-back range at once, spilling as it needs."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    views = {name: sql.Identifier(view) for name, view in names.items()}
+    oldest = spark.sql(spark_sql(watch_match.oldest_judged_sql(views), cur)).collect()[0][0]
+    spans = watch_settled.windows(watch, settled, oldest, notes)
+    if not spans:
+        return None
+    back = read_records(spark, watch, spans, marks, id_type, dict.fromkeys(spans, 0))   # all tail: offsets >= 0
+    back = back.withColumn("rid", F.col("rid").try_cast(team.schema[TEAM_COLUMNS[0]].dataType))
+    back.createOrReplaceTempView(names["settled"])
+    kept = spark.sql(spark_sql(watch_match.settled_before_sql(views), cur))
+    return records.unionByName(kept).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def _name_tombstones(spark, cur, records, views: dict):
