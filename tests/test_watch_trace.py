@@ -133,6 +133,31 @@ def test_a_record_an_ignore_spec_names_traces_as_ignored_with_offset_ids_too(mak
     assert watch_trace.trace(watch, 0, 2).verdict == "delivered"
 
 
+def test_a_keyed_tombstone_the_audit_named_through_its_key_traces_as_the_delete_it_is(make_topic, table_name):
+    """`json:PATH` ids, keyed: a's tombstone deletes row A (its key's latest readable record's id) and row A is
+    gone, so the audit found it clean: the trace names that id and says the delete reached the table. d's tombstone,
+    of a key never written, names no row: unreadable."""
+    from tests.test_watch_keyed_edges import T0, produce_at
+
+    topic, group = make_topic("orders"), f"g-{uuid.uuid4().hex[:6]}"
+    produce_at(topic, [(0, b"a", b'{"id": "A"}', T0), (0, b"b", b'{"id": "B"}', T0 + 1000),
+                       (0, b"a", None, T0 + 2000), (0, b"d", None, T0 + 3000)])
+    execute(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES ('B')").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 4})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="deletes", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="json:id", row_id="id",
+                                                        keyed=True, settle_seconds=0))
+    assert watch_audit.check_watch(watch).clean
+
+    deleted = watch_trace.trace(watch, 0, 2)
+    assert (deleted.verdict, deleted.expected_id, deleted.rows_found) == ("delivered", ["A"], 0)
+    assert "tombstone" in deleted.explanation and "partition 0, offset 0" in deleted.explanation
+    unnamed = watch_trace.trace(watch, 0, 3)
+    assert (unnamed.verdict, unnamed.expected_id) == ("unreadable", None)
+    assert "tombstone" in unnamed.explanation
+
+
 def test_a_trace_of_a_table_tally_may_no_longer_read_says_the_grant_instead_of_failing(make_topic, table_name):
     """The team revoked Tally's SELECT on its table after the watch was made: the trace is refused naming the grant
     to give back (the API's 400, the page's 422), as validation refuses such a table, not answered with a 500."""

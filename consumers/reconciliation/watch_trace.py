@@ -16,6 +16,7 @@ from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
 from consumers.reconciliation.trace import (
+    KEY_SCAN_LIMIT,
     MAX_ROWS,
     REFUSALS,
     TraceRefused,
@@ -75,10 +76,68 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
             # A grant revoked since the watch was made: said as validation says it, not a failed query
             raise TraceRefused(sink_checks.read_refused(watch.sink_table))
         ignored = _expected_id(watch, result, found, types)
+        by_key = _names_by_key(watch, found, ignored)
+        if by_key:
+            with kafka_reads(f"watch {watch.name!r}"):
+                named = _tombstone_names(watch, result, found, types)
         if result.expected_id is not None:
             result.rows_found, result.rows = _rows(wrapper.cursor, watch, result.expected_id)
-    result.verdict, result.explanation = _verdict(watch, wp, result, found, ignored)
+    if by_key:
+        result.verdict, result.explanation = _tombstone_verdict(watch, wp, result, found, named)
+    else:
+        result.verdict, result.explanation = _verdict(watch, wp, result, found, ignored)
     return result
+
+
+def _names_by_key(watch: Watch, found, ignored: str) -> bool:
+    """Whether the record is a keyed tombstone that takes its row id from its key (record_ids.names_by_key)."""
+    return (found is not None and found.value is None and not ignored and watch.record_id != record_ids.OFFSET
+            and record_ids.names_by_key(record_ids.parse_spec(watch.record_id), watch.keyed))
+
+
+def _tombstone_names(watch: Watch, t: WatchTrace, found, types: dict) -> dict | None:
+    """A keyed tombstone of `value` or `json:PATH` ids deletes the row of its key's latest readable record before it
+    (by timestamp, then offset, then partition: watch_match.TOMBSTONE_IDS), searched among the newest KEY_SCAN_LIMIT
+    records of each partition. Sets t.expected_id to that record's id; returns its {partition, offset} (None: the
+    key has no readable record before it there)."""
+    spec, normalise = record_ids.parse_spec(watch.record_id), record_ids.normaliser(types[watch.row_columns[0]]["type"])
+    ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
+    partitions = kafka_admin.partitions_for(watch.topic, cluster=watch.cluster)
+    same_key, _ = kafka_admin.find_records_by_key(watch.topic, found.key, partitions, KEY_SCAN_LIMIT,
+                                                  cluster=watch.cluster)
+    at = (found.timestamp_ms, t.offset, t.partition)
+    before = []
+    for r in same_key:
+        rid, _ = record_ids.derive(spec, ignores, normalise, r.key, r.value)   # an ignored record names no row
+        if rid is not None and (r.timestamp_ms, r.offset, r.partition) < at:
+            before.append(((r.timestamp_ms, r.offset, r.partition), rid, r))
+    if not before:
+        return None
+    _, rid, latest = max(before, key=lambda named: named[0])
+    t.expected_id = [rid]
+    return {"partition": latest.partition, "offset": latest.offset}
+
+
+def _tombstone_verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, named: dict | None
+                       ) -> tuple[str, str]:
+    """The verdict of a keyed tombstone whose row id comes from its key: the delete of the row it names, or, when
+    its key has no readable record before it, unreadable (it names no row), as the audit counted it."""
+    kind = t.finding["kind"] if t.finding else None
+    if not (wp.start_offset <= t.offset < wp.settled_offset) or kind not in (None, WatchFinding.LOST):
+        return _verdict(watch, wp, t, found, "")
+    if named is None:
+        return "unreadable", ("a tombstone whose key has no readable record before it (among the newest "
+                              f"{KEY_SCAN_LIMIT:,} records of each partition): it names no row, no row expected")
+    ids = ", ".join(f"{c} = {v}" for c, v in zip(t.row_columns, t.expected_id, strict=False))
+    source = (f"a tombstone: it deletes the row of its key's latest readable record before it (partition "
+              f"{named['partition']}, offset {named['offset']}), {ids}")
+    if kind == WatchFinding.LOST:
+        return "lost", (f"{source}; the audit found that row still there (the delete was lost); "
+                        f"{t.rows_found} row(s) with {ids} now")
+    if t.rows_found:
+        return "superseded", (f"{source}; {t.rows_found} row(s) with {ids} now: a later record of its id decides "
+                              "its row (keyed)")
+    return "delivered", f"{source}; the audit found that row deleted, and none is there now"
 
 
 def _expected_id(watch: Watch, result: WatchTrace, found, types: dict) -> str:
