@@ -82,10 +82,27 @@ def test_a_watch_without_a_table_gives_lag_and_status_only(make_topic, capsys):
     report = json.loads(out)
     assert code == 0
     assert set(report) == {"lost", "duplicated", "phantom", "checked", "lag", "status", "lost_offsets",
-                           "duplicated_offsets"}
+                           "duplicated_offsets", "notes"}
     assert (report["checked"], report["lost"], report["lag"]["records"]) == (0, 0, 10)
     assert report["status"] == "OK" and report["lag"]["seconds"] is not None
     assert not Watch.objects.get(name="lagonly").ranges.exists()
+
+
+def test_check_json_gives_the_checks_notes_as_the_api_does(make_topic, team_table, capsys):
+    from consumers.kafka import admin
+
+    topic = make_topic("compacted", configs={"cleanup.policy": "compact"})
+    produce(topic, [(b"k", b"1"), (b"k", b"2")])
+    insert(team_table, [(1, 0, 0), (2, 0, 1)])
+    admin.commit_offsets("team-group", topic, {0: 2})
+    assert run_command(capsys, "watch", "create", "compacted", "--group", "team-group", "--topic", topic,
+                       "--sink-table", team_table, "--record-id", "offset", "--row-id", "part,off")[0] == 0
+
+    code, out, _ = run_command(capsys, "watch", "check", "compacted", "--settle-seconds", "0", "--json")
+
+    notes = json.loads(out)["notes"]
+    assert code == 0 and [n.startswith("compacted topic (cleanup.policy=compact)") for n in notes] == [True]
+    assert notes == Watch.objects.get(name="compacted").last_notes
 
 
 def test_check_exits_1_with_findings_and_lists_them_as_partition_and_offset(make_topic, team_table, capsys):

@@ -119,10 +119,11 @@ class WatchReport:
         return not (self.lost or self.duplicated or self.phantom or self.error)
 
     def as_json(self) -> dict:
-        """What `watch check --json` prints: these fields, exactly."""
+        """What `watch check --json` prints: these fields, exactly (the API's check answers them too)."""
         return {"lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom, "checked": self.checked,
                 "lag": {"records": self.lag_records, "seconds": self.lag_seconds}, "status": self.status,
-                "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets}
+                "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets,
+                "notes": list(self.notes)}
 
 
 def check_all(*, kafka=None, now: datetime | None = None) -> list[WatchReport]:
