@@ -75,9 +75,11 @@ def channel_test_payload(channel, now=None) -> dict:
     from alerts.notify import absolute_url
 
     now = now or timezone.now()
+    # Named after the installation, as real alerts' keys are: installations sharing an integration key and a
+    # channel name would otherwise fold their tests into one incident, and either's resolve would close it.
+    key = f"tally-{Installation.current().key.hex}-test-{channel.name}-{now.timestamp():.0f}"
     return {
-        "version": SCHEMA_VERSION, "id": f"tally-test-{channel.name}/{now.timestamp():.0f}", "event": "test",
-        "reminder": 0, "dedup_key": f"tally-test-{channel.name}-{now.timestamp():.0f}",
+        "version": SCHEMA_VERSION, "id": f"{key}/test/0", "event": "test", "reminder": 0, "dedup_key": key,
         "summary": f"Test of the alert channel {channel.name}: nothing is wrong.", "severity": "info",
         "state": "resolved", "fired_at": _iso(now), "event_at": _iso(now), "resolved_at": None,
         "acknowledged_by": None, "rule": {"name": "test", "kind": "test", "threshold": None},

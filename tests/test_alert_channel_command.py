@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from alerts.management.commands.alert_channel import Command
-from alerts.models import AlertRule, Channel
+from alerts.models import AlertRule, Channel, Installation
 from consumers.models import ActionLog, ActionResult
 from tests.receivers import Receiver
 
@@ -83,6 +83,18 @@ def test_test_reports_the_receivers_answer_and_pagerduty_resolves_its_test_incid
     assert_no_secret(answer)
     entry = ActionLog.objects.get(action="alert_channel_test")
     assert entry.result == ActionResult.DONE and "HTTP 202" in entry.message
+
+
+def test_a_pagerduty_test_incident_names_this_installation_like_real_alerts(receiver):
+    # Its key named the channel alone: two installations sharing an integration key and a channel name (say,
+    # staging and production, both "pager") folded their tests into one incident, and either's resolve closed it.
+    run("add", "pager", "--kind", "pagerduty", "--url", f"{receiver.url}/v2/enqueue", "--routing-key", ROUTING_KEY)
+
+    run("test", "pager")
+
+    installation = Installation.current().key.hex
+    keys = {event["dedup_key"] for event in receiver.bodies()}
+    assert len(keys) == 1 and keys.pop().startswith(f"tally-{installation}-test-pager-")
 
 
 def test_a_pagerduty_test_whose_resolve_fails_says_its_test_incident_stays_open(receiver):

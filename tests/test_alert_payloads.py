@@ -63,6 +63,7 @@ def test_every_payload_evaluation_writes_matches_the_documented_schema(validator
     assert lag["values"] == {"value": 500, "threshold": 10.0}
 
 
+@pytest.mark.django_db   # the test event's key names the installation, whose key the database holds
 def test_the_schema_refuses_a_payload_missing_its_firing_time(validator):
     payload = channel_test_payload(Channel(name="hooks", kind="webhook"))
     del payload["fired_at"]
