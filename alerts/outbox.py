@@ -18,6 +18,8 @@ Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per c
      row up at once when the receiver refused the message itself (a 400, 413 or 422: sent again, it would be
      refused again, and it would hold the channel's later messages behind it);
   4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell.
+A disabled channel's unsent reminders are dropped (given up, saying so) before the pick: only its resolves and
+acknowledges go out meanwhile, and nothing else of its holds them back but a "fired" it has not sent yet.
 A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
 payload's `id` (and the webhook's `X-Tally-Delivery`) lets a receiver drop the repeat.
 """
@@ -50,6 +52,7 @@ RETRY_MAX_SECONDS = 300
 # A receiver's Retry-After (429, 503) is honoured when it asks for longer than the backoff, up to this: a
 # receiver asking for days would otherwise hold its channel's messages long after it is back.
 RETRY_AFTER_MAX_SECONDS = 3600
+DROPPED_WHILE_DISABLED = "dropped: the channel was disabled (a reminder is not held for it)"
 
 
 def max_attempts() -> int:
@@ -166,6 +169,18 @@ def _waits_behind_older(notification_id: int, channel_id: int, created_at) -> bo
         channel_id=channel_id, delivered_at__isnull=True, failed_at__isnull=True).exists()
 
 
+def _drop_reminders_of_disabled_channels(now) -> int:
+    """A disabled channel's unsent reminders are dropped, not held: a reminder repeats what the receiver heard
+    already, held it would hold the alert's resolve behind it (an incident left open while the channel is
+    disabled), and sent once the channel is enabled again it could follow that resolve (PagerDuty would open a
+    new incident). Its "fired" is still held: the receiver has not heard of the alert yet. A row waiting for its
+    retry (or being sent) is dropped once it is due again."""
+    return Notification.objects.filter(
+        channel__enabled=False, kind=NotificationKind.REMINDER, delivered_at__isnull=True, failed_at__isnull=True,
+        next_attempt_at__lte=now).update(failed_at=now, last_error=DROPPED_WHILE_DISABLED,
+                                         answer=short(DROPPED_WHILE_DISABLED))
+
+
 def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
     """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error.
     `now` fixes the run's clock (tests pass it). Without it, each claim and each outcome is stamped when it
@@ -174,6 +189,7 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
     clock = timezone.now if now is None else lambda: now
     now = clock()
     counts = {"sent": 0, "failed": 0, "gave_up": 0}
+    _drop_reminders_of_disabled_channels(now)
     # A channel whose oldest message waits for its retry (or is being sent) holds all of its messages: they are
     # left out here, so a backlog behind a receiver that is down never fills the batch and starves the others.
     waiting = Notification.objects.filter(channel_id=OuterRef("channel_id"), delivered_at__isnull=True,
@@ -181,7 +197,7 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
     # A disabled channel holds what is new, but still hears the "resolved" of an alert it heard fire (in order,
     # behind anything older it holds): a channel disabled because its only rule was deleted would otherwise leave
     # the PagerDuty incident that rule opened open for good. An acknowledge queued before it was disabled goes
-    # too: held, it would hold that resolve behind it.
+    # too, and its reminders were dropped above: held, either would hold that resolve behind it.
     held = Q(channel__enabled=False) & ~Q(kind__in=(NotificationKind.RESOLVED, NotificationKind.ACKNOWLEDGED))
     due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
                .exclude(held).exclude(Exists(waiting)).order_by("created_at", "pk")

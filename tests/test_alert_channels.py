@@ -373,6 +373,31 @@ def test_a_channel_disabled_before_it_told_of_an_alert_sends_neither_its_fire_no
     assert not pager.enabled and receiver.bodies() == []
 
 
+def test_a_channel_disabled_with_a_reminder_queued_drops_the_reminder_and_still_resolves_the_incident(receiver):
+    # The held reminder held the resolve behind it: the incident stayed open for as long as the channel was
+    # disabled, and enabling it again sent the stale trigger after the resolve, which opens a new incident.
+    rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
+    rule.reminder_seconds = 600
+    rule.save()
+    pager = add_channel("pager", "pagerduty", f"{receiver.url}/v2/enqueue", routing_key="RK")
+    pipeline = fire_loss()
+    deliver_due(now=T0)
+    evaluate_all(now=at(600))   # the reminder is queued, not yet sent
+    pager.enabled = False
+    channel_actions.save(pager, "olga")
+
+    resolve(pipeline, at(700))
+    deliver_due(now=at(700))
+    pager.enabled = True
+    channel_actions.save(pager, "olga")
+    deliver_due(now=at(800))
+
+    assert [e["event_action"] for e in receiver.bodies()] == ["trigger", "resolve"]
+    reminder = Notification.objects.get(channel=pager, kind="reminder")
+    assert reminder.delivered_at is None and reminder.failed_at == at(700)
+    assert "dropped: the channel was disabled" in reminder.last_error
+
+
 def test_a_channel_added_while_an_alert_fires_hears_it_at_the_next_pass_and_hears_it_resolve(receiver):
     rule = AlertRule.objects.get(kind=RuleKind.LOST, pipeline=None)
     rule.reminder_seconds = 0   # no reminders: without the catch-up the channel would never hear of this loss
