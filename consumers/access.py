@@ -63,6 +63,8 @@ REFUSED_AS = {
     ("alerts_api:channels", "POST"): "alert_channel_add",
     ("alerts_api:channel", "DELETE"): "alert_channel_delete",
     ("alerts_api:channel_test", "POST"): "alert_channel_test",
+    ("api:token", "POST"): "make_token",
+    ("api:token", "DELETE"): "revoke_token",
 }
 
 

@@ -21,12 +21,7 @@ from knox.settings import knox_settings
 
 from consumers.access import AuditedRefusal, actor_of, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
-
-SHOWN_CHARS = 4
-
-
-def masked(key: str) -> str:
-    return f"{key[:SHOWN_CHARS]}…" if key else ""
+from dashboard.tokens import masked
 
 
 def token_label(token: AuthToken) -> str:

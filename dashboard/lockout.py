@@ -10,9 +10,12 @@ from rest_framework.throttling import BaseThrottle
 from consumers.models.text import fit
 
 
+def lockout_message() -> str:
+    return f"Too many failed logins: try again in {round(settings.AXES_COOLOFF_TIME * 60)} minutes."
+
+
 def locked_out(request, credentials=None, *args, **kwargs):
-    minutes = round(settings.AXES_COOLOFF_TIME * 60)
-    message = f"Too many failed logins: try again in {minutes} minutes."
+    message = lockout_message()
     if request.path.startswith("/api/"):
         return JsonResponse({"error": message}, status=429)
     return HttpResponse(message, status=429, content_type="text/plain")

@@ -170,8 +170,12 @@ REST_FRAMEWORK = {
 # API tokens (django-rest-knox): each `POST /api/token` or one made in the admin is a new token, shown once; the
 # database keeps its digest and first characters. It lives TALLY_API_TOKEN_TTL_DAYS (0: until revoked).
 TALLY_API_TOKEN_TTL_DAYS = env_int("TALLY_API_TOKEN_TTL_DAYS", 90, minimum=0)
+# Live tokens per user that `POST /api/token` makes (0: no limit): past it, 409 until one is revoked or expires, so
+# a script asking for a token at every run, or a leaked password, cannot pile up tokens that work for months.
+TALLY_API_TOKEN_LIMIT = env_int("TALLY_API_TOKEN_LIMIT", 10, minimum=0)
 REST_KNOX = {
     "TOKEN_TTL": timedelta(days=TALLY_API_TOKEN_TTL_DAYS) if TALLY_API_TOKEN_TTL_DAYS else None,
+    "TOKEN_LIMIT_PER_USER": TALLY_API_TOKEN_LIMIT or None,
     "AUTH_HEADER_PREFIX": "Token",   # `Authorization: Token <key>`, as before
     "AUTO_REFRESH": False,           # a token used every day still expires: scripts are given a new one
 }

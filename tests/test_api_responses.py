@@ -18,7 +18,7 @@ from tests.api_schema import RAW_SCHEMA, assert_documented, body, operation
 from tests.new_states import make_new_states
 from tests.pipelines import create_pipeline
 from tests.sink_rows import made_sink_table
-from tests.views_helpers import drop_sink, make_operator, make_viewer, produce
+from tests.views_helpers import api_token, drop_sink, make_operator, make_viewer, produce
 
 pytestmark = [pytest.mark.kafka]
 
@@ -44,8 +44,10 @@ def test_every_answer_after_real_history_is_one_the_schema_documents(history):
     pipeline, topic, alert = history
     name, letter = pipeline.name, DeadLetter.objects.get(pipeline=pipeline).pk
     operator, viewer, anonymous = Client(), Client(), Client()
-    operator.force_login(make_operator())
+    otto = make_operator()
+    operator.force_login(otto)
     viewer.force_login(make_viewer())
+    by_token = Client(HTTP_AUTHORIZATION=f"Token {api_token(otto)}")
     p, w = "/api/pipelines/{name}/", "/api/watches/{name}/"
     calls = [
         # (client, method, schema path, path, JSON body, expected status)
@@ -53,6 +55,8 @@ def test_every_answer_after_real_history_is_one_the_schema_documents(history):
         (operator, "GET", "/api/me", "/api/me", None, 200),
         (anonymous, "GET", "/api/me", "/api/me", None, 403),
         (anonymous, "POST", "/api/token", "/api/token", {"username": "otto", "password": "wrong"}, 400),
+        (operator, "DELETE", "/api/token", "/api/token", None, 400),   # a session has no token to revoke
+        (by_token, "DELETE", "/api/token", "/api/token", None, 204),
         (operator, "GET", "/api/pipelines/", "/api/pipelines/", None, 200),
         (operator, "POST", "/api/pipelines/preview", "/api/pipelines/preview",
          {"name": "preview", "topic": topic, "sink_table": "sink_schema_orders"}, 200),

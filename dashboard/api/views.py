@@ -13,7 +13,6 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from knox.models import AuthToken
-from knox.settings import knox_settings
 from rest_framework import status as http
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.decorators import api_view, permission_classes
@@ -51,7 +50,7 @@ from consumers.operations import pipeline_preview as pipeline_preview_ops
 from consumers.operations import rewind as rewind_ops
 from consumers.operations.errors import NotFound, Refused, Unavailable
 from consumers.operations.pipeline_setup import Invalid, PipelineSpec
-from dashboard import status, timeline
+from dashboard import status, timeline, tokens
 from dashboard.api import schemas
 from dashboard.api.inputs import (
     ActionLogQuery,
@@ -66,7 +65,7 @@ from dashboard.api.inputs import (
     field_errors,
     refuse_invalid,
 )
-from dashboard.lockout import locked_out
+from dashboard.lockout import locked_out, lockout_message
 
 TOPIC_CHECKS_SHOWN = 20
 UNKNOWN_GROUP = OpenApiResponse(RefusalSerializer, description="Kafka has no such consumer group on the cluster (a "
@@ -509,27 +508,54 @@ def pipeline_topic_checks(request, name):
 
 class ObtainToken(APIView):
     """POST username and password -> {"token", "expiry"}: a new token at each call, shown in this answer only
-    (knox keeps its digest), living TALLY_API_TOKEN_TTL_DAYS. Throttled per address (scope "token"), and
-    django-axes locks a user name and address out after repeated failures, like the login form."""
+    (knox keeps its digest), living TALLY_API_TOKEN_TTL_DAYS, at most TALLY_API_TOKEN_LIMIT live ones per user
+    (409 past it). DELETE revokes the token the request is sent with. Throttled per address (scope "token"), and
+    django-axes locks a user name and address out after repeated failures, like the login form. Each token made
+    or revoked and each refusal is in the action log; a refused login says the same whether the user exists or
+    not."""
 
-    permission_classes = ()
     throttle_classes = [AnonRateThrottle, ScopedRateThrottle]
     throttle_scope = "token"
     parser_classes = api_settings.DEFAULT_PARSER_CLASSES  # the bounded JSON parser, as every other endpoint
 
-    @extend_schema(request=AuthTokenSerializer, responses=answers(schemas.TokenSerializer))
+    def get_permissions(self):
+        # Signing in needs no login; revoking a token needs the token.
+        return [IsAuthenticated()] if self.request.method == "DELETE" else []
+
+    @extend_schema(request=AuthTokenSerializer, responses=answers(schemas.TokenSerializer, extra={409: REFUSED}))
     def post(self, request, *args, **kwargs):
         credentials = AuthTokenSerializer(data=request.data, context={"request": request, "view": self})
+        if not credentials.is_valid():
+            return _refused_login(request, credentials)
         try:
-            credentials.is_valid(raise_exception=True)
-        except ValidationError:
-            # django-axes marks the request it saw (DRF's wrapper) locked out; say so, as the login form does.
-            if getattr(request, "axes_locked_out", False) or getattr(request._request, "axes_locked_out", False):
-                return locked_out(request._request)
-            raise
-        token, key = AuthToken.objects.create(user=credentials.validated_data["user"],
-                                              expiry=knox_settings.TOKEN_TTL)
+            token, key = tokens.issue(credentials.validated_data["user"])
+        except tokens.TooManyTokens as refusal:
+            return Response({"error": str(refusal), "action_id": getattr(refusal.action_log, "pk", None)},
+                            status=http.HTTP_409_CONFLICT)
         return Response({"token": key, "expiry": token.expiry})
+
+    @extend_schema(request=None, responses=answers(None, status=http.HTTP_204_NO_CONTENT))
+    def delete(self, request, *args, **kwargs):
+        if not isinstance(request.auth, AuthToken):
+            message = "No token to revoke: send the token to revoke as `Authorization: Token …`."
+            record_refusal(request.user, "revoke_token", message, params={"via": "api"})
+            return Response({"error": message}, status=http.HTTP_400_BAD_REQUEST)
+        tokens.revoke(request.auth, request.user)
+        return Response(status=http.HTTP_204_NO_CONTENT)
+
+
+def _refused_login(request, credentials) -> Response:
+    """The refusal, audited under the user name given (whether it exists or not, the answer and the entry are the
+    same); django-axes marks the request it saw (DRF's wrapper) locked out, and then it says so."""
+    data = request.data
+    name = data.get("username") if isinstance(data, dict) else None
+    params = {"via": "api", "username": name if isinstance(name, str) else None}
+    if getattr(request, "axes_locked_out", False) or getattr(request._request, "axes_locked_out", False):
+        record_refusal(None, "make_token", lockout_message(), params=params)
+        return locked_out(request._request)
+    record_refusal(None, "make_token", "login refused: " + "; ".join(
+        f"{field}: {' '.join(map(str, problems))}" for field, problems in credentials.errors.items()), params=params)
+    return Response(credentials.errors, status=http.HTTP_400_BAD_REQUEST)
 
 
 obtain_token = ObtainToken.as_view()

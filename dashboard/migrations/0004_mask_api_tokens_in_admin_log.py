@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import migrations
 
 PREFIX = "API token "
-SHOWN_CHARS = 4   # dashboard.admin.SHOWN_CHARS when this was written
+SHOWN_CHARS = 4   # dashboard.tokens.SHOWN_CHARS when this was written
 
 
 def label(key: str, owner: str) -> str:
