@@ -6,6 +6,7 @@ the action log). Bodies are parsed by dashboard.api.parsers (size, depth, storab
 strict serializers of dashboard.api.inputs before the domain's own checks: 400 for bad input, 409 when the
 action is refused (wrong state, another action running, target outside the log), 403 for viewers.
 """
+from django.contrib.auth import get_user_model
 from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
 from django.shortcuts import get_object_or_404
@@ -545,17 +546,24 @@ class ObtainToken(APIView):
 
 
 def _refused_login(request, credentials) -> Response:
-    """The refusal, audited under the user name given (whether it exists or not, the answer and the entry are the
-    same); django-axes marks the request it saw (DRF's wrapper) locked out, and then it says so."""
-    data = request.data
-    name = data.get("username") if isinstance(data, dict) else None
-    params = {"via": "api", "username": name if isinstance(name, str) else None}
+    """The refusal, audited (the answer is the same whether the user exists or not); django-axes marks the request
+    it saw (DRF's wrapper) locked out, and then it says so."""
+    params = {"via": "api", "username": _account_named(request.data)}
     if getattr(request, "axes_locked_out", False) or getattr(request._request, "axes_locked_out", False):
         record_refusal(None, "make_token", lockout_message(), params=params)
         return locked_out(request._request)
     record_refusal(None, "make_token", "login refused: " + "; ".join(
         f"{field}: {' '.join(map(str, problems))}" for field, problems in credentials.errors.items()), params=params)
     return Response(credentials.errors, status=http.HTTP_400_BAD_REQUEST)
+
+
+def _account_named(data) -> str | None:
+    """The user name a refused login gave, when it is an account's: whom the failures aim at. Any other text is
+    not kept: viewers read the action log, and a password typed into the user-name field must not reach it."""
+    name = data.get("username") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not get_user_model().objects.filter(username=name).exists():
+        return None
+    return name
 
 
 obtain_token = ObtainToken.as_view()
