@@ -17,6 +17,7 @@ one that never answers within START_LIMIT_S of its start (hung while loading Dja
 """
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -263,3 +264,22 @@ def pool() -> HostPool:
 
 def existing_pool() -> HostPool | None:
     return _pool
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cpuset) where the platform tells it, else the
+    machine's. A container's CPU quota is not seen (docs/deploy.md)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
+def warn_if_more_hosts_than_cores(processes: int) -> None:
+    """A warning, not an error: more hosts than cores may be chosen on purpose (runs that mostly wait on I/O), but
+    by accident busy runs share cores and the pipeline's throughput is less than the setting suggests."""
+    cores = usable_cores()
+    if processes > cores:
+        log.warning("TALLY_ENGINE_PROCESSES is %d but this worker may use %d core(s): busy runs of its engine hosts "
+                    "will share cores (fine when they mostly wait; else set it to the cores the worker may use)",
+                    processes, cores)

@@ -50,6 +50,7 @@ def _start_engine_hosts(sender=None, **kwargs):
         return
     from consumers.engine import hosts
 
+    hosts.warn_if_more_hosts_than_cores(settings.TALLY_ENGINE_PROCESSES)
     hosts.pool().start()
     log.info("%d engine host process(es) started: %s", len(hosts.pool().pids()), hosts.pool().pids())
 
