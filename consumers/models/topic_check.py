@@ -51,10 +51,29 @@ class TopicCheckJobQuerySet(models.QuerySet):
             line = line[:PROGRESS_MESSAGE_LENGTH - 1] + "…"
         return self.update(status=TopicCheckStatus.FAILED, finished_at=now, error=error, progress_message=line)
 
+    def lost(self, now: datetime):
+        """Queued checks older than a worker needs to take their task, even one redelivered after a dead worker
+        had reserved it (`topic_check_patience`). Only lost if their queue is empty too: the caller asks the broker
+        (consumers/reconciliation/topic_check.py `fail_lost_checks`)."""
+        return self.filter(status=TopicCheckStatus.QUEUED, created_at__lt=now - topic_check_patience())
+
+    def fail_lost(self, now: datetime) -> int:
+        waited = int(topic_check_patience().total_seconds())
+        return self.lost(now).fail(
+            now, f"no worker took it within {waited} s and its task is no longer queued (a worker died as it took "
+                 "it, or the task broker lost it); request it again")
+
 
 def topic_check_lease() -> timedelta:
     """How long a running check stays running after its last heartbeat."""
     return timedelta(seconds=settings.TALLY_TOPIC_CHECK_LEASE_SECONDS)
+
+
+def topic_check_patience() -> timedelta:
+    """How long a queued check's task may be out of the queue without a worker claiming it: a task a worker reserved
+    and died with comes back after the broker's redelivery timeout, and is then taken; a lease more covers a worker
+    that takes it late (a JVM starting, a full GC)."""
+    return timedelta(seconds=settings.TALLY_TASK_REDELIVERY_SECONDS + settings.TALLY_TOPIC_CHECK_LEASE_SECONDS)
 
 
 class TopicCheckJob(models.Model):

@@ -186,12 +186,17 @@ def send_run(pipeline_id: int, epoch: int, settled_peers: int = 0) -> str:
 
 def queued_run_tasks() -> int | None:
     """How many tasks wait in the pipeline queue, by the broker's count; None when the broker cannot be asked."""
+    return queued_tasks(settings.TALLY_PIPELINE_QUEUE)
+
+
+def queued_tasks(queue: str) -> int | None:
+    """How many tasks wait in `queue`, by the broker's count; None when the broker cannot be asked."""
     try:
         with current_app.connection_for_read() as connection:
             connection.ensure_connection(max_retries=1)
-            return connection.default_channel.queue_declare(queue=settings.TALLY_PIPELINE_QUEUE).message_count
+            return connection.default_channel.queue_declare(queue=queue).message_count
     except Exception as exc:  # kombu's OperationalError and friends: the broker is down or unreachable
-        log.warning("could not count the run tasks queued: %s: %s", type(exc).__name__, exc)
+        log.warning("could not count the tasks queued in %r: %s: %s", queue, type(exc).__name__, exc)
         return None
 
 

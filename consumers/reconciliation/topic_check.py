@@ -34,6 +34,7 @@ from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
 from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.models.topic_check import PROGRESS_MESSAGE_LENGTH, topic_check_lease
+from consumers.operations.actions import queued_tasks
 
 log = logging.getLogger("tally.spark.topic_check")
 
@@ -359,6 +360,19 @@ def enqueue_job(job_id: int) -> bool:
             f"not queued: the task broker is unreachable ({type(exc).__name__}); request it again later")
         return False
     return True
+
+
+def fail_lost_checks(now) -> int:
+    """End as failed the queued checks no worker will take: older than `topic_check_patience` while their queue holds
+    no task (a worker killed after it took the task but before it claimed the check; a broker that lost its data).
+    A queue that holds tasks may hold theirs, behind busy workers: they wait on, as does every check while the broker
+    cannot be asked. Failed, not queued again: a worker that dies at every check (out of memory in Spark, say) would
+    be fed it for ever; the person who asked sees why and asks again."""
+    if not TopicCheckJob.objects.lost(now).exists():
+        return 0   # the broker is asked only when it matters
+    if queued_tasks(current_app.conf.task_default_queue) != 0:
+        return 0
+    return TopicCheckJob.objects.lost(now).fail_lost(now)
 
 
 def run_topic_check_job(job_id: int) -> TopicCheckJob:

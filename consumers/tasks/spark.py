@@ -25,12 +25,15 @@ def run_topic_check_task(job_id: int):
 
 @shared_task(name="consumers.fail_stale_topic_checks", ignore_result=True)
 def fail_stale_topic_checks_task() -> int:
-    """Beat: running checks whose worker stopped answering end as failed (consumers/models/topic_check.py)."""
+    """Beat: running checks whose worker stopped answering, and queued ones no worker will take (their task is gone),
+    end as failed (consumers/models/topic_check.py)."""
     from django.utils import timezone
 
     from consumers.models import TopicCheckJob
+    from consumers.reconciliation.topic_check import fail_lost_checks
 
-    return TopicCheckJob.objects.fail_stale(timezone.now())
+    now = timezone.now()
+    return TopicCheckJob.objects.fail_stale(now) + fail_lost_checks(now)
 
 
 log = logging.getLogger("tally.spark")
