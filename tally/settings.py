@@ -265,6 +265,15 @@ TALLY_RUN_LEASE_SECONDS = env_int("TALLY_RUN_LEASE_SECONDS", 15, minimum=2)
 # block restarts, stops and rewinds for ever. Well above a lease: a batch's transform runs inside its transaction,
 # and a slow one must not be cut off. 0: no limit.
 TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = env_int("TALLY_ENGINE_IDLE_TRANSACTION_SECONDS", 120, minimum=0)
+# A run whose poll loop has not turned for this long is stuck (a transform call that never returns): its process's beat
+# stops heartbeating it and declares it crashed, so the supervisor restarts the pipeline (consumers/engine/beat.py).
+# Above the idle-transaction limit: a transform runs inside its batch's transaction, so one slower than that could not
+# commit anyway, and PostgreSQL has ended that transaction (and freed the pipeline row the restart's epoch bump
+# waits for) by then. 0: never.
+TALLY_RUN_STALL_SECONDS = env_int("TALLY_RUN_STALL_SECONDS", TALLY_ENGINE_IDLE_TRANSACTION_SECONDS + 60, minimum=0)
+if 0 < TALLY_RUN_STALL_SECONDS <= TALLY_ENGINE_IDLE_TRANSACTION_SECONDS:
+    raise ImproperlyConfigured("TALLY_RUN_STALL_SECONDS must be above TALLY_ENGINE_IDLE_TRANSACTION_SECONDS (or 0): a "
+                               "transform within that limit can still commit and must not be declared stuck.")
 TALLY_SUPERVISOR_INTERVAL_SECONDS = env_int("TALLY_SUPERVISOR_INTERVAL_SECONDS", 5, minimum=1)
 TALLY_SUPERVISOR_BACKOFF_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_SECONDS", 5, minimum=1)
 TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS = env_int("TALLY_SUPERVISOR_BACKOFF_MAX_SECONDS", 300, minimum=1)

@@ -398,3 +398,35 @@ def test_a_warm_shutdown_ends_with_a_run_stuck_in_its_transform(stuck_run):
     worker.wait(timeout=30)
     assert all(gone(host) for host in hosts)
     assert ended_as_crashed_because_it_did_not_stop(run), (run.state, run.end_reason)
+
+
+IDLE_TRANSACTION_S, STALL_S = 2, 5
+
+
+@pytest.mark.chaos
+def test_a_run_stuck_in_its_transform_while_its_host_lives_is_declared_crashed_and_its_pipeline_restarted(
+        production, make_pipeline, tmp_path):
+    # The host lives on and its beat heartbeated every run it holds, the stuck one too: its lease never lapsed and
+    # the supervisor never restarted the pipeline. A run whose poll loop has not turned for TALLY_RUN_STALL_SECONDS
+    # is declared crashed with the reason; the restarted run, at a new epoch, reads the record again and goes on.
+    worker = production.worker(TALLY_ENGINE_PROCESSES="1", TALLY_RUN_STALL_SECONDS=str(STALL_S),
+                               TALLY_ENGINE_IDLE_TRANSACTION_SECONDS=str(IDLE_TRANSACTION_S))
+    production.beat()
+    pipeline = make_pipeline(1, "tests.hanging_transforms.hangs_once")
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run to hold its partition")
+    produce_values(pipeline.topic, range(1, 51))
+    marker = tmp_path / "inside-the-transform"
+    send(pipeline.topic, [(0, None, f"hang-once:{marker}:51".encode())])
+    produce_values(pipeline.topic, range(52, 101))
+    wait_for(marker.exists, 60, "the run to be stuck in its transform")
+
+    run = wait_for(lambda: (row := ConsumerRun.objects.get(pk=run.pk)).ended_at and row, 60,
+                   "the stuck run to be declared crashed")
+    assert run.state == RunState.CRASHED
+    assert run.end_reason.startswith(f"no progress for {STALL_S} s"), run.end_reason
+    back = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 90, "the supervisor to restart it")
+    assert back.epoch > run.epoch
+    wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(100)
+    assert worker.poll() is None

@@ -10,16 +10,22 @@ Now the process's beat does it for all of them on one connection, and a run read
 The beat's connection is also every run's *session* (consumers/engine/shares.py rule 1): it holds one advisory
 lock per run, so PostgreSQL releases them the moment the process dies and peers stop counting its runs at once.
 
+A run stuck (its poll loop has not turned for TALLY_RUN_STALL_SECONDS: a transform call that never returns) is no
+longer heartbeated: the beat declares it crashed, saying why, and drops it (its session lock too), so the supervisor
+restarts its pipeline at a new epoch; the stuck thread, should it ever return, is fenced by that epoch.
+
 A run (consumers/engine/lifecycle.py `Run`) joins the beat when it starts and leaves it when it ends. Its
 `heartbeat()` hands the beat its progress and raises if the last beat found it fenced; a forced heartbeat waits
 for a beat that started after it was asked (runs that force at once share one). The beat never raises into a
 run; a beat that failed is reported to each run at its next heartbeat, as its own query's failure was.
 """
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -31,17 +37,22 @@ log = logging.getLogger("tally.engine")
 
 INTERVAL_S = 1.0          # the epoch contract: a run notices a newer epoch within about a second
 FORCED_WAIT_S = 30.0      # a forced heartbeat that no beat answers in this long: the database is not answering
+# A beat that comes this long after the last one: the process itself was stopped or starved (SIGSTOP, swapped out).
+# Its runs did not turn either; they get a whole stall limit from now before they count as stuck.
+FROZEN_GAP_S = 5.0
 
 
 @dataclass(eq=False)
 class Member:
-    """One run's place in the beat. The run writes `records` and `partitions`; the beat writes the rest."""
+    """One run's place in the beat. The run writes `records`, `partitions` and `turned_at`; the beat the rest."""
     run_id: int
     pipeline_id: int
     epoch: int
     records: int = 0
     partitions: list[int] | None = None          # None: leave the row's as it is
+    turned_at: float = field(default_factory=time.monotonic)   # the run's last heartbeat: its poll loop turns
     fenced: str = ""                              # why the run must end: a newer epoch, a deleted pipeline
+    stalled: str = ""                             # why the beat gave it up: no progress for the stall limit
     peers: dict[int, set[int]] = field(default_factory=dict)   # shares.members of its pipeline's epoch
     failure: str = ""                             # the last beat's error, until a beat succeeds
     _written: tuple | None = None                 # the progress the row holds
@@ -60,6 +71,7 @@ class Beat:
         self._wanted = 0
         self.waiting = 0                          # forced heartbeats waiting for their beat now
         self._thread: threading.Thread | None = None
+        self._awake_since = time.monotonic()      # since the last frozen gap: no run counts as stuck before it
 
     # --- a run's side ----------------------------------------------------------------------------------
     def join(self, run_id: int, pipeline_id: int, epoch: int) -> Member:
@@ -96,12 +108,15 @@ class Beat:
 
     # --- the beat's thread -----------------------------------------------------------------------------
     def _serve(self) -> None:
-        next_beat = 0.0
+        next_beat = last_beat = time.monotonic()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda due=next_beat: self._wanted > self._started or time.monotonic() >= due,
                                     timeout=max(0.0, next_beat - time.monotonic()))
                 self._started += 1
+            if time.monotonic() - last_beat > FROZEN_GAP_S:
+                self._awake_since = time.monotonic()
+            last_beat = time.monotonic()
             with self._cycle_lock:
                 self._beat_once()
             next_beat = time.monotonic() + INTERVAL_S
@@ -111,9 +126,11 @@ class Beat:
 
     def _beat_once(self) -> None:
         with self._lock:
+            stalled = self._drop_stalled()
             members = list(self.members.values())
             gone = self._locked - set(self.members)
         try:
+            self._declare_stalled(stalled)
             self._hold_sessions(members, gone)
             if members:
                 self._write_and_read(members)
@@ -137,6 +154,28 @@ class Beat:
             self._cond.notify_all()
             return self._cond.wait_for(lambda: not self.members and not self._locked and self._finished >= target,
                                        timeout=timeout)
+
+    def _drop_stalled(self) -> list[Member]:
+        """The members whose run has not turned for the stall limit, taken out of the beat (under the lock): no
+        heartbeat keeps their lease, and their session lock goes in this beat, so peers stop counting them."""
+        limit = settings.TALLY_RUN_STALL_SECONDS
+        if not limit:
+            return []
+        since = time.monotonic() - limit
+        stalled = [m for m in self.members.values() if max(m.turned_at, self._awake_since) < since]
+        for member in stalled:
+            member.stalled = (f"no progress for {limit} s (stuck, say in a transform call that never returns): engine "
+                              f"pid {os.getpid()} stopped heartbeating it so that the pipeline is restarted "
+                              f"(TALLY_RUN_STALL_SECONDS)")
+            del self.members[member.run_id]
+        return stalled
+
+    def _declare_stalled(self, stalled: list[Member]) -> None:
+        """Say why on the run rows, so the supervisor restarts at once, the reason on the page (if this fails, the
+        lease lapses all the same)."""
+        for member in stalled:
+            log.error("run %d %s", member.run_id, member.stalled)
+            ConsumerRun.objects.filter(pk=member.run_id).declare_crashed(member.stalled, timezone.now())
 
     def _hold_sessions(self, members: list[Member], gone: set[int]) -> None:
         if not gone and all(member.run_id in self._locked for member in members):

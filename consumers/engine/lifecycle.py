@@ -170,6 +170,7 @@ class Run:
         that carries this progress. Returns whether a heartbeat interval has passed since it last returned True
         (an engine's cue for its once-a-second checks)."""
         self.member.records = self.result.records
+        self.member.turned_at = time.monotonic()
         if partitions is not None:
             self.member.partitions = sorted(partitions)
         if force:
@@ -179,6 +180,8 @@ class Run:
                 raise RunEnded("error", str(exc)) from None
         if self.member.failure:
             raise RunEnded("error", f"heartbeat failed: {self.member.failure}")
+        if self.member.stalled:   # it turned again after all: it ends, as its row says, and the pipeline restarts
+            raise RunEnded("error", self.member.stalled)
         if self.member.fenced:
             raise RunEnded("fenced", self.member.fenced)
         now = time.monotonic()
