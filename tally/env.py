@@ -39,6 +39,15 @@ def env_str(name, default):
     return os.environ.get(name, default)
 
 
+def env_path(name, base):
+    """A file's path; a relative one is taken relative to `base` (the project directory), not to the process's
+    working directory, which differs between the web app, the workers and Spark's executors. "" is unset."""
+    value = os.environ.get(name, "").strip()
+    if not value or os.path.isabs(value):
+        return value
+    return os.path.normpath(os.path.join(base, value))
+
+
 def env_bool(name, default):
     """true/false, 1/0, yes/no, on/off; "" is unset, as for env_choice: an empty KAFKA_SSL_CHECK_HOSTNAME or
     SESSION_COOKIE_SECURE in a deployment's file must not turn a check off."""

@@ -13,6 +13,7 @@ from tally.env import (
     env_email,
     env_int,
     env_list,
+    env_path,
     env_rate,
     env_request_header_pair,
     env_secret,
@@ -212,20 +213,21 @@ KAFKA_REQUEST_TIMEOUT_MS = env_int("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=10
 # TLS and SASL of the default cluster, named as kafka-python and librdkafka users expect; checked as a whole
 # by consumers/kafka/clusters.py. Secrets are read when a client is built, never kept here:
 # KAFKA_SASL_PASSWORD / KAFKA_SSL_PASSWORD from the environment, or the files named by their _FILE twins.
+# Relative file paths are relative to the project directory, the same in every process (env_path).
 KAFKA_SECURITY_PROTOCOL = env_choice("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
                                      ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"))
-KAFKA_SSL_CAFILE = env_str("KAFKA_SSL_CAFILE", "")
-KAFKA_SSL_CERTFILE = env_str("KAFKA_SSL_CERTFILE", "")
-KAFKA_SSL_KEYFILE = env_str("KAFKA_SSL_KEYFILE", "")
-KAFKA_SSL_PASSWORD_FILE = env_str("KAFKA_SSL_PASSWORD_FILE", "")
+KAFKA_SSL_CAFILE = env_path("KAFKA_SSL_CAFILE", BASE_DIR)
+KAFKA_SSL_CERTFILE = env_path("KAFKA_SSL_CERTFILE", BASE_DIR)
+KAFKA_SSL_KEYFILE = env_path("KAFKA_SSL_KEYFILE", BASE_DIR)
+KAFKA_SSL_PASSWORD_FILE = env_path("KAFKA_SSL_PASSWORD_FILE", BASE_DIR)
 KAFKA_SSL_CHECK_HOSTNAME = env_bool("KAFKA_SSL_CHECK_HOSTNAME", True)
 KAFKA_SASL_MECHANISM = env_choice("KAFKA_SASL_MECHANISM", "",
                                   ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"))
 KAFKA_SASL_USERNAME = env_str("KAFKA_SASL_USERNAME", "")
-KAFKA_SASL_PASSWORD_FILE = env_str("KAFKA_SASL_PASSWORD_FILE", "")
-KAFKA_SASL_OAUTH_TOKEN_FILE = env_str("KAFKA_SASL_OAUTH_TOKEN_FILE", "")
+KAFKA_SASL_PASSWORD_FILE = env_path("KAFKA_SASL_PASSWORD_FILE", BASE_DIR)
+KAFKA_SASL_OAUTH_TOKEN_FILE = env_path("KAFKA_SASL_OAUTH_TOKEN_FILE", BASE_DIR)
 # More clusters: a TOML file with one [clusters.NAME] table each (docs/deploy.md).
-TALLY_KAFKA_CLUSTERS = env_str("TALLY_KAFKA_CLUSTERS", "")
+TALLY_KAFKA_CLUSTERS = env_path("TALLY_KAFKA_CLUSTERS", BASE_DIR)
 # The Python engine's Kafka client for pipelines that leave it to the worker (Pipeline.kafka_client empty):
 # kafka-python (the design's), or librdkafka (confluent-kafka, the extra tally[rdkafka]: decodes outside the GIL).
 TALLY_KAFKA_CLIENT = env_choice("TALLY_KAFKA_CLIENT", "KAFKA-PYTHON", ("KAFKA-PYTHON", "LIBRDKAFKA")).lower()

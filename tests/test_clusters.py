@@ -1,7 +1,10 @@
 """Cluster settings: the default cluster from the environment, more from a TOML file, validation with clear
 errors, and secrets that never appear in a repr, a spec or a message."""
+import os
 import pickle
 import re
+import subprocess
+import sys
 
 import pytest
 from kafka.cluster import collect_hosts
@@ -308,3 +311,52 @@ def test_the_file_takes_a_protocol_and_mechanism_in_any_case_as_the_environment_
                   'sasl_mechanism = "scram-sha-512"\nsasl_username = "u"\nsasl_password_env = "P"\n')
     prod = clusters.get("prod")
     assert (prod.security_protocol, prod.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+
+
+CHECK_EVERY_CLUSTER = """
+import django
+django.setup()
+from consumers.kafka import clusters
+for name in clusters.names():
+    clusters.check_settings(name)
+print("settings usable:", ", ".join(clusters.names()))
+"""
+
+
+def test_relative_tls_and_password_paths_are_found_by_a_process_started_in_another_directory(tmp_path):
+    """The web app, the workers and Spark's executors each run from their own directory: relative paths in the
+    clusters file are relative to the file, those of the KAFKA_* variables (and TALLY_KAFKA_CLUSTERS itself)
+    to the project directory, whatever directory the process started in."""
+    from tests.conftest import ROOT
+
+    config = tmp_path / "kafka"
+    pki = make_pki(config / "pki")
+    (config / "sasl-password").write_text(PASSWORD)
+    (config / "clusters.toml").write_text(f"""
+[clusters.prod]
+bootstrap_servers = "b1:9096"
+security_protocol = "SASL_SSL"
+ssl_cafile = "pki/{pki.ca_file.name}"
+ssl_certfile = "pki/{pki.client_cert.name}"
+ssl_keyfile = "pki/{pki.client_key.name}"
+sasl_mechanism = "SCRAM-SHA-512"
+sasl_username = "tally"
+sasl_password_file = "sasl-password"
+""")
+
+    def from_project(path):
+        return os.path.relpath(path, ROOT)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tally.settings", "PYTHONPATH": str(ROOT),
+           "TALLY_DEVELOPMENT": "1", "KAFKA_BOOTSTRAP_SERVERS": "b1:9096", "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "KAFKA_SSL_CAFILE": from_project(pki.ca_file), "KAFKA_SSL_CERTFILE": from_project(pki.client_cert),
+           "KAFKA_SSL_KEYFILE": from_project(pki.client_key), "KAFKA_SASL_MECHANISM": "PLAIN",
+           "KAFKA_SASL_USERNAME": "tally", "KAFKA_SASL_PASSWORD_FILE": from_project(config / "sasl-password"),
+           "TALLY_KAFKA_CLUSTERS": from_project(config / "clusters.toml")}
+    env.pop("KAFKA_SASL_PASSWORD", None)
+    done = subprocess.run([sys.executable, "-c", CHECK_EVERY_CLUSTER], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "settings usable: default, prod"

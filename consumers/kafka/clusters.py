@@ -21,12 +21,13 @@ Where the settings come from:
 - "default": the environment, named as kafka-python and librdkafka users expect (tally/settings.py):
   KAFKA_BOOTSTRAP_SERVERS, KAFKA_SECURITY_PROTOCOL, KAFKA_SSL_CAFILE|CERTFILE|KEYFILE, KAFKA_SSL_PASSWORD
   (or _FILE), KAFKA_SSL_CHECK_HOSTNAME, KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD (or
-  _FILE), KAFKA_SASL_OAUTH_TOKEN_FILE.
+  _FILE), KAFKA_SASL_OAUTH_TOKEN_FILE. Their relative paths are made absolute there, relative to the project
+  directory (every process, Spark's executors included, starts in its own working directory).
 - more clusters: the TOML file TALLY_KAFKA_CLUSTERS names, one `[clusters.NAME]` table each, with the same
   keys in lower case without `kafka_` (`bootstrap_servers`, `security_protocol`, `sasl_mechanism`, ...).
   Secrets are given by environment-variable name (`sasl_password_env`, `ssl_password_env`) or by file
   (`sasl_password_file`, `ssl_password_file`, `sasl_oauth_token_file`), never as values, so the file can be
-  committed. Relative paths are relative to the file.
+  committed. Relative paths are relative to the file's folder.
 
 A `Cluster` holds where its secrets are (`Secret`), never their values: its repr, `spec()` (the plain values
 Spark executors receive) and every message are free of secrets. Values are read only when a client is built.
