@@ -259,8 +259,8 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secure_broker(pki):
-    """TLS + SASL (SCRAM-SHA-256, PLAIN and OAUTHBEARER offered, user "tally" with PASSWORD, which is also its
-    bearer token), as Confluent Cloud or MSK."""
+    """TLS + SASL (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN and OAUTHBEARER offered, user "tally" with PASSWORD, which
+    is also its bearer token), as Confluent Cloud or MSK."""
     with ForwardedBroker(tls=server_tls(pki), users={"tally": PASSWORD},
-                         mechanisms=("SCRAM-SHA-256", "PLAIN", "OAUTHBEARER")) as forwarded:
+                         mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER")) as forwarded:
         yield forwarded

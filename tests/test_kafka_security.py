@@ -1,6 +1,6 @@
-"""TLS, mutual TLS and SASL (PLAIN, SCRAM) against the embedded broker behind forwarders of ours
-(tests/kafka_forwarders.py), with certificates made in the test (tests/pki.py): `kafka check`, a pipeline end
-to end, groups, and every failure a person must be able to act on, with no secret in any output."""
+"""TLS, mutual TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER) against the embedded broker behind
+forwarders of ours (tests/kafka_forwarders.py), with certificates made in the test (tests/pki.py): `kafka check`, a
+pipeline end to end, groups, and every failure a person must be able to act on, with no secret in any output."""
 import uuid
 
 import pytest
@@ -8,13 +8,13 @@ from kafka.admin import NewTopic
 
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
-from consumers.kafka import clusters
+from consumers.kafka import broker, clusters
 from consumers.models import ActionLog, ClusterStatus, ConsumerRun, Pipeline
 from consumers.operations import groups
 from tests.chaos import sink_counts
 from tests.commands import run_command
 from tests.conftest import drop_sink_tables
-from tests.kafka_forwarders import KEY_PASSWORD, PASSWORD, ForwardedBroker, server_tls
+from tests.kafka_forwarders import KEY_PASSWORD, PASSWORD, ForwardedBroker, Forwarder, server_tls
 from tests.pipelines import create_pipeline
 
 pytestmark = [pytest.mark.kafka]
@@ -29,8 +29,18 @@ def mtls_broker(pki):
         yield forwarded
 
 
+@pytest.fixture(scope="module")
+def scram_256_only(pki, secure_broker):
+    """Another door to the secure broker that offers SASL SCRAM-SHA-256 only (as a cluster not configured for
+    SCRAM-SHA-512): a client asking for another mechanism is refused at its first connection."""
+    forwarder = Forwarder(broker.free_port(), secure_broker.broker_port, tls=server_tls(pki),
+                          users={"tally": PASSWORD}, mechanisms=("SCRAM-SHA-256",)).start()
+    yield f"localhost:{forwarder.port}"
+    forwarder.stop()
+
+
 @pytest.fixture
-def clusters_file(tmp_path, settings, monkeypatch, pki, secure_broker, mtls_broker):
+def clusters_file(tmp_path, settings, monkeypatch, pki, secure_broker, mtls_broker, scram_256_only):
     """A clusters file with the right settings for each broker, and one wrong setting per failure."""
     monkeypatch.setenv("SECURE_PASSWORD", PASSWORD)
     monkeypatch.setenv("WRONG_PASSWORD", WRONG)
@@ -54,6 +64,9 @@ ssl_cafile = "{pki.ca_file}"
 [clusters.secure]{scram}sasl_mechanism = "SCRAM-SHA-256"
 sasl_password_env = "SECURE_PASSWORD"
 
+[clusters.scram-512]{scram}sasl_mechanism = "SCRAM-SHA-512"
+sasl_password_env = "SECURE_PASSWORD"
+
 [clusters.plain]{scram}sasl_mechanism = "PLAIN"
 sasl_password_env = "SECURE_PASSWORD"
 
@@ -66,10 +79,13 @@ sasl_oauth_token_file = "wrong-token"
 [clusters.wrong-password]{scram}sasl_mechanism = "SCRAM-SHA-256"
 sasl_password_env = "WRONG_PASSWORD"
 
+[clusters.wrong-password-512]{scram}sasl_mechanism = "SCRAM-SHA-512"
+sasl_password_env = "WRONG_PASSWORD"
+
 [clusters.wrong-password-one-down]{one_down}sasl_mechanism = "SCRAM-SHA-256"
 sasl_password_env = "WRONG_PASSWORD"
 
-[clusters.wrong-mechanism]{scram}sasl_mechanism = "SCRAM-SHA-512"
+[clusters.wrong-mechanism]{scram.replace(secure_broker.bootstrap, scram_256_only)}sasl_mechanism = "SCRAM-SHA-512"
 sasl_password_env = "SECURE_PASSWORD"
 
 [clusters.wrong-ca]{scram.replace(str(pki.ca_file), str(pki.other_ca_file))}sasl_mechanism = "SCRAM-SHA-256"
@@ -90,21 +106,25 @@ bootstrap_servers = "localhost:1"
     return path
 
 
+@pytest.mark.parametrize(("cluster", "mechanism"), [("secure", "SCRAM-SHA-256"), ("scram-512", "SCRAM-SHA-512")])
 def test_kafka_check_walks_tls_and_scram_and_prints_brokers_topics_and_mechanism(transactional_db, clusters_file,
-                                                                                 secure_broker, capsys):
-    code, out, err = run_command(capsys, "kafka", "check", "secure")
+                                                                                 secure_broker, capsys, cluster,
+                                                                                 mechanism):
+    before = len(secure_broker.forwarder.authenticated)
+    code, out, err = run_command(capsys, "kafka", "check", cluster)
     assert (code, err) == (0, "")
     for step in ("settings", "resolve", "connect", "tls", "authenticate", "metadata"):
         assert f"  {step:<13}ok" in out
     assert f"brokers      {secure_broker.bootstrap} (id " in out
-    assert "mechanism    SASL SCRAM-SHA-256" in out
-    assert ("tally", "SCRAM-SHA-256") in secure_broker.forwarder.authenticated
+    assert f"mechanism    SASL {mechanism}" in out
+    assert ("tally", mechanism) in secure_broker.forwarder.authenticated[before:]
 
 
 @pytest.mark.parametrize(("cluster", "step", "cause", "detail"), [
     ("wrong-password", "authenticate", "authentication", "the broker refused user 'tally' with SCRAM-SHA-256"),
+    ("wrong-password-512", "authenticate", "authentication", "the broker refused user 'tally' with SCRAM-SHA-512"),
     ("wrong-mechanism", "authenticate", "authentication",
-     "the broker does not offer SASL SCRAM-SHA-512 (it offers SCRAM-SHA-256, PLAIN, OAUTHBEARER)"),
+     "the broker does not offer SASL SCRAM-SHA-512 (it offers SCRAM-SHA-256)"),
     ("wrong-ca", "tls", "TLS verification", "the broker's certificate is not trusted by ssl_cafile"),
     ("wrong-host", "tls", "TLS verification", "the broker's certificate does not name '127.0.0.1'"),
     ("no-client-cert", "tls", "TLS verification", "may require a client certificate"),
@@ -182,22 +202,23 @@ def made_pipelines(transactional_db):
     drop_sink_tables(tables)
 
 
+@pytest.mark.parametrize(("cluster", "mechanism"), [("secure", "SCRAM-SHA-256"), ("scram-512", "SCRAM-SHA-512")])
 def test_a_pipeline_on_a_tls_and_scram_cluster_runs_end_to_end_and_reconciles(secure_topic, made_pipelines,
-                                                                               secure_broker):
+                                                                               secure_broker, cluster, mechanism):
     from consumers.reconciliation.reconcile import reconcile_pipeline
 
     pipeline = create_pipeline(secure_topic, secure_topic, f"sink_{secure_topic}".replace("-", "_"),
-                               cluster="secure", batch_size=7)
+                               cluster=cluster, batch_size=7)
     made_pipelines.append(pipeline.sink_table)
     before = len(secure_broker.forwarder.authenticated)
     result = run_pipeline(pipeline.name, stop_when_caught_up=True, max_seconds=60)
     assert result.reason == "caught_up", result.detail
     assert sink_counts(pipeline.sink_table) == {value: 1 for value in range(1, 41)}
-    assert len(secure_broker.forwarder.authenticated) > before   # the run's connections authenticated
+    assert ("tally", mechanism) in secure_broker.forwarder.authenticated[before:]   # the run's connections
     report = reconcile_pipeline(pipeline)
     assert (report.lost, report.duplicated, report.lag_records, report.status) == (0, 0, 0, "OK"), report.errors
     # Kafka's advisory copy went to the secure cluster's group.
-    assert kafka_admin.committed_offsets(pipeline.group_id, secure_topic, cluster="secure") == {0: 20, 1: 20}
+    assert kafka_admin.committed_offsets(pipeline.group_id, secure_topic, cluster=cluster) == {0: 20, 1: 20}
 
 
 def test_a_run_on_a_wrong_password_ends_failed_with_the_reason_and_no_secret(clusters_file, secure_topic,
@@ -345,8 +366,8 @@ def test_a_dead_letter_replay_from_kafka_rereads_through_tls_and_scram(clusters_
     assert len(secure_broker.forwarder.authenticated) > before
 
 
-@pytest.mark.parametrize(("cluster", "mechanism"), [("secure", "SCRAM-SHA-256"), ("oauth", "OAUTHBEARER"),
-                                                    ("mtls", None)])
+@pytest.mark.parametrize(("cluster", "mechanism"), [("secure", "SCRAM-SHA-256"), ("scram-512", "SCRAM-SHA-512"),
+                                                    ("oauth", "OAUTHBEARER"), ("mtls", None)])
 def test_a_librdkafka_pipeline_reads_through_tls_scram_oauthbearer_and_mutual_tls(clusters_file, made_pipelines,
                                                                                   secure_broker, cluster, mechanism,
                                                                                   caplog):
