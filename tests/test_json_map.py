@@ -471,6 +471,15 @@ EPOCH_UNITS = [
     ("at", "stamp::seconds", "2024-05-01T12:30:00+02:00", "2024-05-01T12:30:00+02:00"),  # text stays ISO-8601
     ("local_at", "stamp::seconds", 1_714_559_400, "2024-05-01T10:30:00"),
     ("day", "stamp::seconds", 1_714_559_400, "2024-05-01"),
+    # Naming the unit says the field is an epoch number: digits written as text are read as that number.
+    ("at", "stamp::seconds", "1714559400", "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::seconds", "1714559400.25", "2024-05-01T10:30:00.250000+00:00"),
+    ("at", "stamp::milliseconds", "1714559400000", "2024-05-01T10:30:00+00:00"),
+    ("at", "stamp::nanoseconds", "1714559400123456500", "2024-05-01T10:30:00.123456+00:00"),
+    ("local_at", "stamp::seconds", "-86400", "1969-12-31T00:00:00"),
+    ("day", "stamp::seconds", "1714559400", "2024-05-01"),
+    ("day", "stamp::seconds", "20240501", "1970-08-23"),  # digits under a unit are epoch, never a compact date
+    ("day", "stamp", "20240501", "2024-05-01"),            # without one, as before: the date written
 ]
 
 
@@ -487,7 +496,14 @@ def test_a_number_into_a_timestamp_counts_the_unit_its_source_names(types_table,
     ("stamp::seconds", 1_714_559_400_000, "epoch seconds out of range"),  # milliseconds read as seconds: year 56300
     ("stamp::microseconds", 1.5, "not a whole number of epoch microseconds"),
     ("stamp::milliseconds", 1.5, "epoch milliseconds"),
-    ("stamp::seconds", "1714559400", "epoch seconds are read from a JSON number, not from text"),
+    ("stamp::seconds", "12abc", "not an ISO-8601 timestamp, nor epoch seconds written as digits"),
+    ("stamp::seconds", "1.7e9", "not an ISO-8601 timestamp, nor epoch seconds written as digits"),
+    ("stamp::seconds", "", "not an ISO-8601 timestamp, nor epoch seconds written as digits"),
+    ("stamp::seconds", "1714559400000", "epoch seconds out of range"),   # text is checked as the number is
+    ("stamp::microseconds", "1.5", "not a whole number of epoch microseconds"),
+    # Without a unit, digits in text stay refused (as before), and the reason says how to read them.
+    ("stamp", "1714559400000", "epoch milliseconds written as text are read only when the source names its unit "
+                               "(SOURCE::milliseconds, ::seconds, ...)"),
     ("stamp::seconds", True, "not an ISO-8601 timestamp or epoch seconds"),
     ("stamp::seconds", 1e300, "epoch seconds out of range"),
 ])
@@ -500,8 +516,8 @@ def test_a_number_its_unit_cannot_read_is_a_bad_record_naming_the_unit(types_tab
 
 def test_an_array_of_timestamps_reads_its_numbers_in_the_unit(column_table):
     transform = compiled(column_table("jm_stamps", "seen timestamptz[]"), {"seen": "seen::seconds"})
-    assert transform.rows(record({"seen": [1_714_559_400, None]})) == (
-        ('{"2024-05-01T10:30:00+00:00",NULL}',),)
+    assert transform.rows(record({"seen": [1_714_559_400, None, "1714559401"]})) == (
+        ('{"2024-05-01T10:30:00+00:00",NULL,"2024-05-01T10:30:01+00:00"}',),)
 
 
 def test_a_unit_that_is_unknown_or_on_a_column_or_source_that_is_no_epoch_number_is_refused(types_table):
@@ -525,9 +541,13 @@ def test_the_commit_protocol_writes_epoch_seconds_as_their_instant(json_pipeline
     pipeline.save(update_fields=["json_map"])
     commit.ensure_positions(conn, pipeline.pk, {0: 0})
     outcomes = commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1, {0: [
-        record({"id": 1, "sent": 1_764_288_000}, 0), record({"id": 2, "sent": 1_764_288_000_000}, 1)]})
-    assert (outcomes[0].rows_written, outcomes[0].dead_letters) == (1, 1)
+        record({"id": 1, "sent": 1_764_288_000}, 0), record({"id": 2, "sent": 1_764_288_000_000}, 1),
+        record({"id": 3, "sent": "1764288000"}, 2), record({"id": 4, "sent": "12abc"}, 3)]})
+    assert (outcomes[0].rows_written, outcomes[0].dead_letters) == (2, 2)
     with connection.cursor() as cur:
-        cur.execute(sql.SQL("SELECT must, at FROM {}").format(sql.Identifier(pipeline.sink_table)))
-        assert [(must, at.isoformat()) for must, at in cur.fetchall()] == [(1, "2025-11-28T00:00:00+00:00")]
+        cur.execute(sql.SQL("SELECT must, at FROM {} ORDER BY must").format(sql.Identifier(pipeline.sink_table)))
+        assert [(must, at.isoformat()) for must, at in cur.fetchall()] == [(1, "2025-11-28T00:00:00+00:00"),
+                                                                           (3, "2025-11-28T00:00:00+00:00")]
     assert "epoch seconds out of range" in DeadLetter.objects.get(pipeline=pipeline, offset=1).error
+    assert DeadLetter.objects.get(pipeline=pipeline, offset=3).error.endswith(
+        "column at (from sent::seconds): not an ISO-8601 timestamp, nor epoch seconds written as digits: '12abc'")

@@ -89,8 +89,9 @@ def test_spark_writes_the_same_table_as_the_python_engine(transactional_db, kafk
 
 # Today's mapping rules on both engines: a JSON array into text[], a date from a timestamp with an offset, a domain
 # over a domain (5.0 into an integer domain), a domain's DEFAULT, epoch seconds (`seen::seconds`, a unit the plan
-# carries to the executors), and an upsert key of a nondeterministic collation whose spellings are one key within a
-# batch and across batches, and whose tombstone deletes the other spelling.
+# carries to the executors; also written as text, and text that is no number), and an upsert key of a
+# nondeterministic collation whose spellings are one key within a batch and across batches, and whose tombstone
+# deletes the other spelling.
 TYPES_DDL = ("CREATE TABLE {table} (name text COLLATE tally_ci NOT NULL UNIQUE, tags text[], day date, qty {qty}, "
              "region {region}, seen timestamptz, source_topic text NOT NULL, source_partition integer NOT NULL, "
              "source_offset bigint NOT NULL)")
@@ -102,6 +103,8 @@ TYPES_RECORDS = [
     (b"DEE", None),                                     # a tombstone: deletes Dee's row
     (b"eve", {"tags": ["e"], "day": "2024-05-01", "qty": 0}),      # the domain's CHECK refuses it
     (b"ann", {"tags": ["x"], "day": "2024-06-01", "qty": 5.5}),    # not an integer: Ann's row stays
+    (b"fay", {"tags": ["f"], "day": "2024-07-01", "qty": 3, "seen": "1719792000"}),  # epoch seconds as text
+    (b"gus", {"tags": ["g"], "day": "2024-08-01", "qty": 4, "seen": "12abc"}),       # no number: a dead letter
 ]
 
 
@@ -140,11 +143,14 @@ def test_spark_maps_arrays_dates_domains_and_collated_upsert_keys_as_the_python_
                                     "FROM {} ORDER BY source_offset").format(sql.Identifier(table)))
                 rows[engine] = cur.fetchall()
         assert rows[Engine.PYTHON] == [("bob", "{1,NULL}", "2024-01-01", 5, "eu", "2024-01-02 00:00:00.5+00", 1),
-                                       ("ANN", '{a,"b,c"}', "2024-03-01", 9, "eu", "2024-03-01 00:00:00+00", 2)]
+                                       ("ANN", '{a,"b,c"}', "2024-03-01", 9, "eu", "2024-03-01 00:00:00+00", 2),
+                                       ("fay", "{f}", "2024-07-01", 3, "eu", "2024-07-01 00:00:00+00", 7)]
         assert rows[Engine.SPARK] == rows[Engine.PYTHON]
         letters = {engine: sorted(DeadLetter.objects.filter(pipeline__engine=engine).values_list("offset", "error"))
                    for engine in tables}
-        assert [offset for offset, _ in letters[Engine.PYTHON]] == [5, 6]
+        assert [offset for offset, _ in letters[Engine.PYTHON]] == [5, 6, 8]
+        assert letters[Engine.PYTHON][2][1].endswith("column seen (from seen::seconds): not an ISO-8601 timestamp, "
+                                                     "nor epoch seconds written as digits: '12abc'")
         assert letters[Engine.SPARK] == letters[Engine.PYTHON]
     finally:
         drop_sink_tables(list(tables.values()))

@@ -20,7 +20,8 @@ SOURCE is a dotted path into the value (`customer.name`, `items.0.sku`), `@key` 
 `@key.PATH` (a path into a JSON key), `@timestamp` (the record's timestamp), `@partition`, `@offset` or
 `@header:NAME` (a header's value as text). A number written into a timestamp, timestamptz or date column
 (or an array of them) counts epoch milliseconds unless the source names its unit: `SOURCE::seconds`,
-`::milliseconds`, `::microseconds` or `::nanoseconds` (`created_at=ts::seconds`). The unit is a suffix of the
+`::milliseconds`, `::microseconds` or `::nanoseconds` (`created_at=ts::seconds`); under a named unit, the
+number written as text ("1764288000") is read too. The unit is a suffix of the
 source, so every door (`--map`, the API's and the form's `map`, pipelines.toml) takes it as it takes a source;
 it is chosen when the plan compiles, never per record (consumers/engine/json_time.py). "::" and not ":" because
 `@header:NAME` and real field names (`urn:...`) hold a colon, and a shell passes "::" unquoted.

@@ -2,7 +2,9 @@
 timestamp and date columns, as PostgreSQL would read them.
 
 A number counts epoch milliseconds unless the mapping's source names its unit (`ts::seconds`, `split_unit`):
-the converter is built for one unit when the plan compiles, so no record pays for the choice.
+the converter is built for one unit when the plan compiles, so no record pays for the choice. Naming a unit says
+the field is an epoch number, so then digits written as text ("1764288000", as many producers write numbers) are
+read as that number too; without one, such text stays refused, as before units could be named.
 """
 import math
 import re
@@ -22,6 +24,8 @@ _EPOCH_LIMIT = Decimal(10) ** 22
 # The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
 PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
                              r"(?:Z|[+-][0-9]{2}:[0-9]{2})")
+# An epoch number written as text, as JSON would write it without an exponent: read only under a named unit.
+EPOCH_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 # A fraction of a second finer than a microsecond ("10:30:00.1234567Z", as .NET writes it).
 _FINE_FRACTION = re.compile(r"\.([0-9]{7,})")
 
@@ -42,22 +46,22 @@ def split_unit(source: str) -> tuple[str, str | None]:
     return path, unit
 
 
-def instant(value, unit: str = MILLISECONDS) -> datetime:
-    """ISO-8601 text or an epoch number in `unit` -> an aware datetime (text without an offset is UTC)."""
+def instant(value, unit: str | None = None) -> datetime:
+    """ISO-8601 text or an epoch number in `unit` -> an aware datetime (text without an offset is UTC). `unit` None
+    is the default, milliseconds, for a number only; a named unit also reads its number written as text."""
     if type(value) is str:
+        if unit is not None and EPOCH_TEXT.fullmatch(value):
+            return _epoch(Decimal(value), unit)
         try:
             moment = datetime.fromisoformat(value)
         except ValueError:
-            if value.strip().lstrip("+-").isdigit():  # "1714559400": an epoch number written as text
-                raise ValueError(f"not an ISO-8601 timestamp, and epoch {unit} are read from a JSON number, "
-                                 "not from text") from None
-            raise ValueError("not an ISO-8601 timestamp") from None
+            raise ValueError(_not_a_time(value, unit, "timestamp")) from None
         fine = _FINE_FRACTION.search(value)
         if fine is not None:  # Python cuts it to the microsecond; PostgreSQL rounds it (half to even), as here
             moment = moment.replace(microsecond=0) + timedelta(microseconds=round(Decimal("0." + fine.group(1))
                                                                                   * 1_000_000))
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    if unit != MILLISECONDS:
+    if unit is not None and unit != MILLISECONDS:
         return _epoch(value, unit)
     if type(value) is int or type(value) is Millis or (type(value) is float and value.is_integer()) or \
             (type(value) is Decimal and value.is_finite() and value == value.to_integral_value()):
@@ -66,6 +70,16 @@ def instant(value, unit: str = MILLISECONDS) -> datetime:
         except OverflowError:
             raise ValueError("epoch milliseconds out of range") from None
     raise ValueError("not an ISO-8601 timestamp or epoch milliseconds")
+
+
+def _not_a_time(text: str, unit: str | None, what: str) -> str:
+    """Why text is no time: under a named unit, nor its epoch number; without one, digits get the unit to name."""
+    if unit is not None:
+        return f"not an ISO-8601 {what}, nor epoch {unit} written as digits"
+    if EPOCH_TEXT.fullmatch(text.strip()):  # "1714559400000": an epoch number written as text
+        return (f"not an ISO-8601 {what}; epoch {MILLISECONDS} written as text are read only when the source "
+                f"names its unit (SOURCE::{MILLISECONDS}, ::seconds, ...)")
+    return f"not an ISO-8601 {what}"
 
 
 def _epoch(value, unit: str) -> datetime:
@@ -100,7 +114,7 @@ def valid_timestamp(text: str) -> bool:
     return True
 
 
-def timestamptz(column, unit: str = MILLISECONDS):
+def timestamptz(column, unit: str | None = None):
     def convert(value):
         if type(value) is str and PLAIN_TIMESTAMP.fullmatch(value):
             if not valid_timestamp(value):
@@ -110,19 +124,19 @@ def timestamptz(column, unit: str = MILLISECONDS):
     return convert
 
 
-def timestamp(column, unit: str = MILLISECONDS):
+def timestamp(column, unit: str | None = None):
     # Without a time zone: the instant's UTC wall clock.
     return lambda value: instant(value, unit).astimezone(UTC).replace(tzinfo=None).isoformat()
 
 
-def date_of(column, unit: str = MILLISECONDS):
+def date_of(column, unit: str | None = None):
     def convert(value):
-        if type(value) is str:
+        if type(value) is str and not (unit is not None and EPOCH_TEXT.fullmatch(value)):
             # The date as written, as PostgreSQL reads the text: an offset does not move it to another day.
             try:
                 return (date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value).date()
                         ).isoformat()
             except ValueError:
-                raise ValueError("not an ISO-8601 date") from None
+                raise ValueError(_not_a_time(value, unit, "date")) from None
         return instant(value, unit).astimezone(UTC).date().isoformat()
     return convert
