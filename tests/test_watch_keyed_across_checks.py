@@ -5,15 +5,14 @@ import json
 import uuid
 
 import pytest
-from django.db import connection
 from django.utils import timezone
-from psycopg2 import sql
 
 from consumers.kafka import admin
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit
 from tests.test_watch_keyed_edges import T0, produce_at
+from tests.test_watch_keyed_json import create_table
 from tests.test_watch_spark import spark, spark_matches  # noqa: F401 (fixtures, used by name)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -21,14 +20,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transa
 
 def order(order_id: str) -> bytes:
     return json.dumps({"order": {"id": order_id}}).encode()
-
-
-def create_table(table: str, ids) -> None:
-    name = sql.Identifier(table)
-    with connection.cursor() as cur:
-        cur.execute(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY)").format(name).as_string(cur.cursor))
-        for rid in ids:
-            cur.execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(name).as_string(cur.cursor), [rid])
 
 
 def stored(watch) -> tuple[list, list]:
