@@ -74,6 +74,27 @@ def test_a_bad_record_is_a_dead_letter_and_the_keys_previous_record_stands(keyed
     assert "column status" in errors[1] and "column amount" in errors[2]
 
 
+def test_a_keys_last_record_the_database_refuses_leaves_its_latest_record_the_database_takes(keyed):
+    # The last record per key was chosen before the write; when PostgreSQL then refused it (a CHECK), the key's
+    # earlier records of the batch had been dropped as superseded: the key lost them, or kept an older row than
+    # record-by-record or smaller batches would give, and reconciliation reported the record lost.
+    pipeline, target, conn = keyed
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("ALTER TABLE {} ADD CHECK (amount >= 0)").format(sql.Identifier(TABLE)).as_string(
+            cur.cursor))
+    commit.commit_batch(conn, target, 1, {0: [rec(0, 2, {"status": "old"})]})
+    outcome = commit.commit_batch(conn, target, 1, {0: [
+        rec(1, 1, {"status": "new", "amount": 1}), rec(2, 1, {"status": "paid", "amount": -1}),
+        rec(3, 2, None), rec(4, 2, {"status": "back", "amount": -5}),
+        rec(5, 3, {"status": "a"}), rec(6, 3, {"status": "b", "amount": -1}), rec(7, 3, {"status": "c", "amount": -2}),
+        rec(8, 4, {"status": "only", "amount": -3})]})[0]
+    assert (outcome.end_offset, outcome.dead_letters) == (9, 5)
+    assert table_rows() == [(1, "new", 0, 1), (3, "a", 0, 5)]
+    letters = DeadLetter.objects.filter(pipeline=pipeline)
+    assert sorted(letters.values_list("offset", flat=True)) == [2, 4, 6, 7, 8]
+    assert all("violates check constraint" in error for error in letters.values_list("error", flat=True))
+
+
 def test_a_tombstone_whose_key_postgresql_refuses_is_a_dead_letter_and_the_other_keys_are_deleted(transactional_db):
     # The key's text goes to PostgreSQL's own parser (inet): a bad one refused the whole batch (a SinkError).
     with connection.cursor() as cur:

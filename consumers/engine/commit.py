@@ -192,7 +192,8 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             replaying = target.exactly_once and any(replay_until.get(plan.partition) is not None and plan.records
                             and plan.records[0].offset < replay_until[plan.partition] for plan in plans)
             rows, dead = _transform(target, plans, verbatim=not replaying)
-            deletes = [d for plan in plans for d in plan.deletes]
+            deletes = every_delete = [d for plan in plans for d in plan.deletes]
+            every_row = rows
             if target.upsert_key:  # the last record per key wins (consumers/engine/upsert.py)
                 rows, deletes = _last_per_key(cur, target, rows, deletes)
             # A sink's DEFERRABLE INITIALLY DEFERRED foreign or unique key would be checked at COMMIT, past the poison
@@ -202,6 +203,9 @@ def commit_batch(conn, target: Target, epoch: int, batches: dict[int, list[Sourc
             _write_rows_or_dead_letter(cur, target, plans, rows, dead, faults, replaying)
             if deletes:
                 _delete_or_dead_letter(cur, target, plans, deletes, dead)
+            if target.upsert_key and dead:
+                _apply_the_latest_records_of_refused_keys(cur, target, plans, every_row, every_delete, rows, deletes,
+                                                          dead, replaying)
             if dead:
                 execute_values(cur, _INSERT_DEAD_LETTERS, [(target.pipeline_id, *d) for d in dead],
                                template="(%s, %s, %s, %s, %s, %s, now())")
@@ -412,6 +416,33 @@ def _delete_or_dead_letter(cur, target: Target, plans: list[_Plan], deletes: lis
                                  [[delete] for delete in deletes])
     _dead_letter_refused(target, plans, dead, [(deletes[index].partition, deletes[index].offset, error, 0)
                                                for index, error in sorted(refused.items())])
+
+
+def _apply_the_latest_records_of_refused_keys(cur, target: Target, plans: list[_Plan], rows: list[tuple],
+                                              deletes: list, written_rows: list[tuple], written_deletes: list,
+                                              dead: list[tuple], replaying: bool) -> None:
+    """Upsert: a key whose last record of the batch the database refused (a CHECK, say) takes its latest record
+    that it does not refuse, as record by record (or in smaller batches) it would have, and as reconciliation
+    expects: the earlier records were only superseded by one that turned out to be a dead letter. Round by round,
+    since that record may be refused too; each round dead-letters a record or ends."""
+    applied = {row[-2:] for row in written_rows} | {(d.partition, d.offset) for d in written_deletes}
+    while True:
+        refused = {(partition, offset) for partition, offset, *_ in dead} & applied
+        if not refused:
+            return
+        rows = [row for row in rows if row[-2:] not in refused]
+        deletes = [d for d in deletes if (d.partition, d.offset) not in refused]
+        latest_rows, latest_deletes = _last_per_key(cur, target, rows, deletes)
+        # Keys whose last record was applied keep it; the others' latest records are the ones not applied yet.
+        more_rows = [row for row in latest_rows if row[-2:] not in applied]
+        more_deletes = [d for d in latest_deletes if (d.partition, d.offset) not in applied]
+        if not more_rows and not more_deletes:
+            return
+        applied -= refused
+        applied |= {row[-2:] for row in more_rows} | {(d.partition, d.offset) for d in more_deletes}
+        _write_rows_or_dead_letter(cur, target, plans, more_rows, dead, NO_FAULTS, replaying)
+        if more_deletes:
+            _delete_or_dead_letter(cur, target, plans, more_deletes, dead)
 
 
 def _whole(cur, savepoint: str, write) -> bool:

@@ -5,7 +5,9 @@ exactly once with the offsets, as in append mode:
   1. `last_per_key`: within a batch the last record per key wins, tombstones included; the earlier ones are
      superseded before anything is written (INSERT ... ON CONFLICT cannot touch one row twice in a statement,
      and writing them would be wasted work). Keys are equal as PostgreSQL's equality says (`same_keys`): 'Ann'
-     and 'ANN' are one citext key, 'a' and 'a  ' one char(n) key, 1 and 1.0 one numeric key.
+     and 'ANN' are one citext key, 'a' and 'a  ' one char(n) key, 1 and 1.0 one numeric key. A last record the
+     database then refuses (a CHECK) is a dead letter, and its key takes its latest record the database takes
+     (consumers/engine/commit.py), as it would record by record.
   2. `write_rows`: COPY the rows into a transaction-local staging table, then INSERT INTO the sink (in key
      order) ... ON CONFLICT (key) DO UPDATE every column -- the key's spelling ('ANN' after 'ann') and the
      provenance columns too, so the row is the last record's however records fall into batches, and always
