@@ -84,3 +84,31 @@ def test_a_new_alert_after_the_upgrade_gets_the_installations_key(receiver):
     deliver_due(now=T0)
     [event] = receiver.bodies()
     assert Installation.objects.get().key.hex in event["dedup_key"]
+
+
+# What PagerDuty's Events API answers (HTTP 400, "invalid event") when the routing key is wrong: an integration
+# deleted or a key mistyped. The key is the channel's, not the message's: fixed, the messages must still go.
+WRONG_KEY_ANSWERS = [
+    '{"status":"invalid event","message":"Event object is invalid","errors":["Invalid routing key"]}',
+    '{"status":"invalid event","message":"Event object is invalid",'
+    '"errors":["Length of \'routing_key\' is incorrect (should be 32 characters)"]}',
+]
+
+
+@pytest.mark.parametrize("answer", WRONG_KEY_ANSWERS, ids=["unknown-key", "malformed-key"])
+def test_a_wrong_routing_key_is_retried_so_the_incident_opens_and_closes_once_the_key_is_fixed(receiver, answer):
+    from alerts import channel_actions
+
+    channel = pager(receiver)
+    receiver.answers = [(400, answer)]
+    pipeline = fire_loss()
+    assert deliver_due(now=T0) == {"sent": 0, "failed": 1, "gave_up": 0}
+    fired = Notification.objects.get(channel=channel, kind="fired")
+    assert fired.failed_at is None and "routing_key" in fired.last_error.lower().replace(" ", "_")
+
+    channel.routing_key = "R" * 32   # the operator fixes the key on the Channels page
+    channel_actions.save(channel, "ops")
+    resolve(pipeline, at(3))
+    assert deliver_due(now=at(5)) == {"sent": 2, "failed": 0, "gave_up": 0}
+    assert [(e["event_action"], e["routing_key"]) for e in receiver.bodies()[1:]] == [("trigger", "R" * 32),
+                                                                                      ("resolve", "R" * 32)]

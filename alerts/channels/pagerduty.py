@@ -4,6 +4,7 @@ which PagerDuty folds into the open incident), "acknowledge" when an operator ac
 alert, so the incident opened by the trigger is the one the resolve closes. The URL is configurable
 (a regional endpoint, a proxy, a local receiver in tests); the routing key is the secret."""
 import json
+import re
 
 from alerts.channels.base import MASK, Answer, DeliveryFailed, mask_url, unused_settings, url_problem, url_secrets
 from alerts.channels.http import post_json
@@ -44,7 +45,19 @@ def event(routing_key: str, payload: dict) -> dict:
 
 def _post(channel, payload, session) -> Answer:
     body = json.dumps(event(channel.routing_key, payload)).encode()
-    return post_json(url_of(channel), body, secret_values(channel), session.http)
+    try:
+        return post_json(url_of(channel), body, secret_values(channel), session.http)
+    except DeliveryFailed as error:
+        if error.final and about_the_routing_key(str(error)):
+            # PagerDuty answers a wrong key with 400 "invalid event", as it does a bad message; but the key is
+            # the channel's: retried like a revoked URL, the messages go out once an operator fixes it.
+            raise DeliveryFailed(str(error), retry_after=error.retry_after) from None
+        raise
+
+
+def about_the_routing_key(answer: str) -> bool:
+    """PagerDuty's refusal names the key: "Invalid routing key", "Length of 'routing_key' is incorrect"."""
+    return bool(re.search(r"routing[ _]key", answer, re.IGNORECASE))
 
 
 def send(channel, notification, session) -> Answer:
