@@ -5,8 +5,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from alerts import payloads
 from alerts.channels import DeliveryFailed, Session, kind_of, redact
-from alerts.models import AlertRule, Channel
+from alerts.models import Alert, AlertRule, Channel, Notification, NotificationKind
 from consumers.models import ActionLog, ActionResult, error_text
 from consumers.operations.errors import Invalid
 
@@ -58,10 +59,41 @@ def save(channel: Channel, actor: str, rules: list[AlertRule] | None = None) -> 
     return channel
 
 
-def delete(channel: Channel, actor: str) -> None:
+def delete(channel: Channel, actor: str) -> str:
+    """Delete the channel and its outbox; logged. A kind that opens incidents (PagerDuty) first resolves those it
+    opened and has not heard resolve: the resolve waiting in its outbox would go with it, and the incident would
+    stay open for good. Returns what was said about them ("" when nothing was open)."""
+    closed = close_open_incidents(channel)
     with transaction.atomic():
-        log("alert_channel_delete", actor, channel, f"alert channel {channel.name!r} ({channel.kind}) deleted")
+        log("alert_channel_delete", actor, channel,
+            f"alert channel {channel.name!r} ({channel.kind}) deleted" + (f"; {closed}" if closed else ""))
         channel.delete()
+    return closed
+
+
+def incidents_opened(channel: Channel) -> list[str]:
+    """The dedup_keys of the alerts whose "fired" (or a reminder) reached the channel and whose resolve has not."""
+    heard = Notification.objects.filter(channel=channel, delivered_at__isnull=False,
+                                        kind__in=(NotificationKind.FIRED, NotificationKind.REMINDER))
+    resolved = Notification.objects.filter(channel=channel, delivered_at__isnull=False,
+                                           kind=NotificationKind.RESOLVED)
+    alerts = Alert.objects.filter(pk__in=heard.values("alert_id")).exclude(pk__in=resolved.values("alert_id"))
+    return [payloads.dedup_key(alert) for alert in alerts.order_by("pk")]
+
+
+def close_open_incidents(channel: Channel) -> str:
+    close = getattr(kind_of(channel), "close_incident", None)
+    if close is None:
+        return ""
+    said = []
+    with Session() as session:
+        for key in incidents_opened(channel):
+            try:
+                close(channel, key, session)
+                said.append(f"resolved the incident {key}")
+            except DeliveryFailed as error:
+                said.append(f"the incident {key} stays open ({error}): resolve it in PagerDuty")
+    return redact("; ".join(said), channel.secret_values())
 
 
 def test(channel: Channel, actor: str) -> tuple[bool, str]:

@@ -81,6 +81,7 @@ def channel_test(request, channel):
 
 @_operator_post("alert_channel_delete")
 def channel_delete(request, channel):
-    channel_actions.delete(channel, request.user.get_username())
-    messages.success(request, f"Alert channel {channel.name!r} deleted.")
+    closed = channel_actions.delete(channel, request.user.get_username())
+    before = f" Before that: {closed}." if closed else ""
+    messages.success(request, f"Alert channel {channel.name!r} deleted.{before}")
     return redirect("alerts:channels")

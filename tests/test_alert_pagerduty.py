@@ -112,3 +112,46 @@ def test_a_wrong_routing_key_is_retried_so_the_incident_opens_and_closes_once_th
     assert deliver_due(now=at(5)) == {"sent": 2, "failed": 0, "gave_up": 0}
     assert [(e["event_action"], e["routing_key"]) for e in receiver.bodies()[1:]] == [("trigger", "R" * 32),
                                                                                       ("resolve", "R" * 32)]
+
+
+def test_deleting_a_pagerduty_channel_resolves_the_incidents_it_opened_and_says_which(receiver):
+    """Its outbox goes with it: without a resolve now, an incident it opened would stay open in PagerDuty for
+    good (nobody is told the alert resolved), paging whoever is on call."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from consumers.models import ActionLog
+
+    pager(receiver)
+    fire_loss("orders")
+    deliver_due(now=T0)
+    fire_loss("payments", at=at(1))    # queued, not sent yet: no incident of it to close
+    [trigger] = receiver.bodies()
+
+    out = StringIO()
+    call_command("alert_channel", "delete", "pager", stdout=out)
+
+    closing = receiver.bodies()[1:]
+    assert [(e["event_action"], e["dedup_key"]) for e in closing] == [("resolve", trigger["dedup_key"])]
+    assert f"resolved the incident {trigger['dedup_key']}" in out.getvalue()
+    assert trigger["dedup_key"] in ActionLog.objects.get(action="alert_channel_delete").message
+    assert Alert.objects.get(pipeline__name="orders").state == "firing"   # the alert itself is Tally's, untouched
+
+
+def test_deleting_a_pagerduty_channel_that_cannot_resolve_its_incident_deletes_it_and_names_the_incident(receiver):
+    pager(receiver)
+    fire_loss("orders")
+    deliver_due(now=T0)
+    [trigger] = receiver.bodies()
+    receiver.status, receiver.text = 500, "down"
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("alert_channel", "delete", "pager", stdout=out)
+
+    assert f"the incident {trigger['dedup_key']} stays open (HTTP 500: down): resolve it in PagerDuty" \
+        in out.getvalue()
+    assert not Notification.objects.filter(channel__name="pager").exists()

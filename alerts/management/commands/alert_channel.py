@@ -80,8 +80,8 @@ class Command(SubcommandsCommand):
 
     def do_delete(self, **options):
         channel = self._channel(options["name"])
-        channel_actions.delete(channel, ACTOR)
-        self.stdout.write(f"Deleted alert channel {channel.name}.")
+        closed = channel_actions.delete(channel, ACTOR)
+        self.stdout.write(f"Deleted alert channel {channel.name}." + (f" Before that: {closed}." if closed else ""))
 
     @staticmethod
     def _line(channel: Channel) -> str:
