@@ -71,6 +71,24 @@ def test_the_beat_fences_the_runs_of_a_pipeline_that_moved_on_or_was_deleted_and
 
 
 @pytest.mark.django_db
+def test_only_a_consuming_run_is_judged_stuck_not_one_still_starting(settings):
+    """A Spark run's session may take minutes to start on a busy machine: a run still starting is not stuck; one
+    that consumes and has not turned for the stall limit is, and leaves the beat declared crashed."""
+    settings.TALLY_RUN_STALL_SECONDS = 60
+    _, (starting, consuming) = pipeline_with_runs("stall", 2)
+    beat = beat_of([starting, consuming])
+    beat.members[consuming.pk].consuming = True
+    for member in beat.members.values():
+        member.turned_at -= 61
+    beat._awake_since -= 61
+    beat._beat_once()
+    assert list(beat.members) == [starting.pk]
+    starting.refresh_from_db(), consuming.refresh_from_db()
+    assert starting.state != "crashed" and consuming.state == "crashed", (starting.state, consuming.state)
+    assert "no progress for 60 s" in consuming.end_reason
+
+
+@pytest.mark.django_db
 def test_a_run_that_left_stops_counting_as_a_member_and_its_row_is_left_alone():
     pipeline, (one, two) = pipeline_with_runs("left", 2)
     beat = beat_of([one, two])

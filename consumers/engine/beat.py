@@ -51,6 +51,8 @@ class Member:
     records: int = 0
     partitions: list[int] | None = None          # None: leave the row's as it is
     turned_at: float = field(default_factory=time.monotonic)   # the run's last heartbeat: its poll loop turns
+    # Only a run that consumes is judged stuck: starting (a Spark session's JVM on a busy machine) may take minutes.
+    consuming: bool = False
     fenced: str = ""                              # why the run must end: a newer epoch, a deleted pipeline
     stalled: str = ""                             # why the beat gave it up: no progress for the stall limit
     peers: dict[int, set[int]] = field(default_factory=dict)   # shares.members of its pipeline's epoch
@@ -162,7 +164,7 @@ class Beat:
         if not limit:
             return []
         since = time.monotonic() - limit
-        stalled = [m for m in self.members.values() if max(m.turned_at, self._awake_since) < since]
+        stalled = [m for m in self.members.values() if m.consuming and max(m.turned_at, self._awake_since) < since]
         for member in stalled:
             member.stalled = (f"no progress for {limit} s (stuck, say in a transform call that never returns): engine "
                               f"pid {os.getpid()} stopped heartbeating it so that the pipeline is restarted "

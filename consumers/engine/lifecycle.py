@@ -159,10 +159,12 @@ class Run:
         # Heartbeat, fencing check, peers and the session lock: the process's beat, for all its runs at once.
         self.beat = beat.beat()
         self.member = self.beat.join(self.row.pk, pipeline.pk, self.epoch)
+        self.member.consuming = state == RunState.RUNNING
 
     def mark_running(self) -> None:
         """A run that registered as STARTING (its engine needed time to set up) now consumes."""
         ConsumerRun.objects.filter(pk=self.row.pk).mark_running(timezone.now())
+        self.member.turned_at, self.member.consuming = time.monotonic(), True
 
     def heartbeat(self, partitions: Iterable[int] | None = None, *, force: bool = False) -> bool:
         """Hand the beat this run's progress (`partitions`: its assignment; None leaves the row's as it is), then
