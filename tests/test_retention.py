@@ -6,7 +6,8 @@ import sys
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from alerts import retention as alert_retention
@@ -68,6 +69,31 @@ def test_runs_go_once_ended_or_silent_past_their_setting_and_live_ones_stay(pipe
 
     assert set(ConsumerRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk}
     assert not ConsumerRun.objects.filter(pk__in=[old.pk, silent.pk]).exists()
+
+
+def plan_of(query: str) -> str:
+    """The plan PostgreSQL chooses for `query` with sequential scans and sorts off (a test's few rows would rather
+    be scanned and sorted): a Sort node then remains only where no index gives the order."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+        cur.execute(f"EXPLAIN {query}")
+        return "\n".join(row[0] for row in cur.fetchall())
+
+
+def test_finding_expired_runs_reads_each_pipelines_newest_run_from_an_index_not_a_sort(pipeline, settings):
+    # Each candidate asks "is this its pipeline's newest run?". Answered by sorting the pipeline's runs, a year of
+    # crash-loop restarts (200,000 runs) made one batch's query run for minutes: retention never got through.
+    settings.TALLY_RETAIN_RUNS_DAYS = 30
+    run(pipeline, ended_days=31, heartbeat_days=31)
+    run(pipeline, ended_days=1, heartbeat_days=1)
+
+    with CaptureQueriesContext(connection) as captured:
+        assert retention.apply(now=NOW)["runs"] == 1
+    query = next(q["sql"] for q in captured.captured_queries   # the first batch's selection
+                 if 'FROM "consumers_consumerrun"' in q["sql"] and f"LIMIT {retention.DELETE_BATCH}" in q["sql"])
+
+    plan = plan_of(query)
+    assert "Sort" not in plan, plan
 
 
 def test_a_pipelines_last_run_and_its_current_epochs_runs_stay_whatever_their_age(settings):

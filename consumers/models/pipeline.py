@@ -478,7 +478,10 @@ class ConsumerRun(models.Model):
     end_reason = models.TextField(blank=True, default="")
 
     class Meta:
-        indexes = [models.Index(fields=["pipeline", "state"], name="run_state_idx")]
+        indexes = [models.Index(fields=["pipeline", "state"], name="run_state_idx"),
+                   # A pipeline's runs newest first: its page's recent runs, and retention's "is this its pipeline's
+                   # newest run?" per candidate, without sorting a long history of runs each time.
+                   models.Index(fields=["pipeline", "-started_at", "-id"], name="run_newest_idx")]
         ordering = ["-started_at"]
 
     @property

@@ -62,7 +62,7 @@ def expired_runs(now: datetime):
     cutoff = RUNS.cutoff(now)
     # A pipeline's current epoch and last run stay, whatever their age: a run that halted it holds it for an
     # operator (the supervisor reads it, Pipeline.halted_run), and the page and the no-consumer alert say when
-    # and how it last ran. A few rows per pipeline.
+    # and how it last ran. A few rows per pipeline. Asked per candidate, read from run_newest_idx (one probe).
     newest = ConsumerRun.objects.filter(pipeline=OuterRef("pipeline")).order_by("-started_at", "-pk").values("pk")[:1]
     # A run killed without a word keeps its live state: silent for the whole retention period, it is long gone.
     return (ConsumerRun.objects.filter(Q(ended_at__lt=cutoff) | Q(ended_at__isnull=True, heartbeat_at__lt=cutoff))
@@ -103,7 +103,9 @@ def in_batches(queryset, change) -> int:
     changed = 0
     while True:
         with transaction.atomic():
-            ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
+            # Unordered: any DELETE_BATCH rows will do, and the scan stops once it has them (an order would make
+            # every batch judge every candidate first).
+            ids = list(queryset.order_by().values_list("pk", flat=True)[:DELETE_BATCH])
             if not ids:
                 return changed
             changed += change(queryset.model.objects.filter(pk__in=ids))
