@@ -11,8 +11,8 @@ from django.conf import settings
 from django.contrib.postgres.indexes import GistIndex
 from django.core.validators import RegexValidator
 from django.db import models
-from django.db.models import Case, Exists, F, OuterRef, When
-from django.db.models.functions import Now
+from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, When
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from consumers.models.text import error_text
@@ -423,10 +423,17 @@ class ConsumerRunQuerySet(models.QuerySet):
 
     def with_liveness(self, now: datetime):
         """Each run annotated for `ConsumerRun.liveness`: whether it is serving (the rule above, per row) and
-        whether a restart replaced it."""
+        whether a restart replaced it. `restarted` asked per run as "did another run of its pipeline start after
+        its last heartbeat?" -- the newest other start, one probe of run_newest_idx: as "is its id among the
+        restarted runs", PostgreSQL worked out every restarted run of every pipeline for a page of ten, and as
+        "is there a later run" it scanned the table for one. The serving runs are few, whatever the history."""
+        newest_other_start = Subquery(
+            ConsumerRun.objects.filter(pipeline=OuterRef("pipeline")).exclude(pk=OuterRef("pk"))
+            .order_by("-started_at", "-id").values("started_at")[:1])
         return self.annotate(
             is_serving=Exists(ConsumerRun.objects.filter(pk=OuterRef("pk")).serving(now)),
-            is_restarted=Exists(ConsumerRun.objects.filter(pk=OuterRef("pk")).restarted()))
+            is_restarted=Coalesce(ExpressionWrapper(Q(heartbeat_at__lt=newest_other_start),
+                                                    output_field=models.BooleanField()), False))
 
     def restarted(self):
         """Runs that a later run of their pipeline replaced (see not_restarted)."""
