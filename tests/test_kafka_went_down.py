@@ -2,6 +2,7 @@
 calls Kafka on request answers the operation's Unavailable refusal -- a 503 from the API and on htmx panels, exit
 code 1 with the reason from a command, a refusal message in the admin -- never a 500 or a traceback."""
 import html
+import json
 
 import pytest
 from django.db import connection
@@ -212,3 +213,21 @@ def test_the_admins_replay_from_kafka_reports_the_refusal(kafka_went_down, lette
     [entry] = replay_refusals()
     assert messages_of(done) == [f"Pipeline orders: replay refused: {entry.message}"]
     assert snapshot() == before
+
+
+def test_a_watch_check_kafka_cannot_answer_says_why_in_its_json_as_the_api_does(transactional_db, kafka_went_down,
+                                                                                 capsys, client):
+    """`watch check --json` prints the report, then exits 1 with the reason on stderr: a script reading only the
+    JSON learns the reason from its `error` (null when the check did not fail), the API's answer has the same."""
+    watch = Watch.objects.create(name="team", group_id="team-loader", topic="team-topic", sink_table="sink_team",
+                                 record_id="value", row_id="id")
+    WatchPartition.objects.create(watch=watch, partition=0, start_offset=0, settled_offset=10)
+    code, out, err = run_command(capsys, "watch", "check", "team", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["status"] == "ERR"
+    assert report["error"].startswith("Kafka: KafkaTimeoutError") and f"Refused: watch team: {report['error']}" in err
+    client.force_login(make_operator())
+    api = client.post("/api/watches/team/check", {}, content_type="application/json")
+    assert_documented(operation("post", "/api/watches/{name}/check"), api, "post", "/api/watches/team/check")
+    assert api.status_code == 200 and api.json().keys() == report.keys()
+    assert api.json()["error"].startswith("Kafka: KafkaTimeoutError")

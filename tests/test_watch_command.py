@@ -82,7 +82,8 @@ def test_a_watch_without_a_table_gives_lag_and_status_only(make_topic, capsys):
     report = json.loads(out)
     assert code == 0
     assert set(report) == {"lost", "duplicated", "phantom", "checked", "lag", "status", "lost_offsets",
-                           "duplicated_offsets", "notes"}
+                           "duplicated_offsets", "notes", "error"}
+    assert report["error"] is None
     assert (report["checked"], report["lost"], report["lag"]["records"]) == (0, 0, 10)
     assert report["status"] == "OK" and report["lag"]["seconds"] is not None
     assert not Watch.objects.get(name="lagonly").ranges.exists()

@@ -119,11 +119,12 @@ class WatchReport:
         return not (self.lost or self.duplicated or self.phantom or self.error)
 
     def as_json(self) -> dict:
-        """What `watch check --json` prints: these fields, exactly (the API's check answers them too)."""
+        """What `watch check --json` prints: these fields, exactly (the API's check answers them too). `error` is why
+        the check failed (null when it did not): the command exits 1 then, and a script reading the JSON needs it."""
         return {"lost": self.lost, "duplicated": self.duplicated, "phantom": self.phantom, "checked": self.checked,
                 "lag": {"records": self.lag_records, "seconds": self.lag_seconds}, "status": self.status,
                 "lost_offsets": self.lost_offsets, "duplicated_offsets": self.duplicated_offsets,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "error": self.error or None}
 
 
 def check_all(*, kafka=None, now: datetime | None = None) -> list[WatchReport]:

@@ -552,5 +552,7 @@ class WatchCheckSerializer(serializers.Serializer):
     status = serializers.CharField()
     lost_offsets = serializers.ListField(child=OBJECT())
     duplicated_offsets = serializers.ListField(child=OBJECT())
-    error = serializers.CharField(allow_null=True)
     notes = serializers.ListField(child=serializers.CharField())
+    error = serializers.CharField(allow_null=True, help_text=(
+        "Why the check failed (Kafka or the table could not be read, the topic was recreated): status ERR, and "
+        "`watch check` exits 1; null when it did not fail"))

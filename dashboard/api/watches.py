@@ -112,7 +112,7 @@ def watch_check(request, name):
                                        settle_seconds=body.validated_data["settle_seconds"])
     except Refused as exc:
         return refusal_response(exc)
-    return Response({**report.as_json(), "error": report.error or None})
+    return Response(report.as_json())
 
 
 @extend_schema(responses=answers(schemas.WatchTraceSerializer, extra=TRACE_ANSWERS),
