@@ -180,5 +180,21 @@ def test_the_newest_runs_and_their_liveness_cost_the_runs_shown_not_every_run_ev
     [query] = [q["sql"] for q in captured.captured_queries]
 
     assert rows_read_from_runs(query) < 100
-    every = ConsumerRun.objects.filter(pipeline=pipeline).with_liveness(NOW)   # the one rule, however it is asked
-    assert {r.pk for r in every if r.is_restarted} == set(ConsumerRun.objects.restarted().values_list("pk", flat=True))
+
+
+def test_restarted_is_one_rule_however_it_is_asked(pipeline):
+    """A run is restarted when another run of its pipeline started after its last heartbeat: strictly after, never
+    itself, never a run of another pipeline. restarted(), not_restarted() and with_liveness share its one text
+    (replaced_by_a_restart); this history is built so that a rule off in any of those ways answers otherwise."""
+    killed = run(pipeline, heartbeat_age=5, started_age=60)
+    restart = run(pipeline, heartbeat_age=1, started_age=3)
+    quiet = Pipeline.objects.create(name="quiet", topic="quiet", sink_table="quiet_sink")
+    skewed = run(quiet, heartbeat_age=5, started_age=4)   # its own start reads later than its heartbeat
+    tied = run(quiet, heartbeat_age=4, started_age=30)    # skewed started at its last heartbeat, not after it
+    elsewhere = run(Pipeline.objects.create(name="later", topic="later", sink_table="later_sink"),
+                    heartbeat_age=0, started_age=0.5)     # after restart's heartbeat, but of another pipeline
+    runs = ConsumerRun.objects.all()
+    assert set(runs.restarted()) == {killed}
+    assert set(runs.not_restarted()) == {restart, skewed, tied, elsewhere}
+    assert {r for r in runs.with_liveness(NOW) if r.is_restarted} == {killed}
+    assert set(runs.serving(NOW)) == {restart, skewed, tied, elsewhere}

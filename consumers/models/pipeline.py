@@ -393,10 +393,17 @@ def run_lease() -> timedelta:
     return timedelta(seconds=settings.TALLY_RUN_LEASE_SECONDS)
 
 
-def _replacements():
-    """Runs of the outer run's pipeline started after its last heartbeat, other than itself."""
-    return ConsumerRun.objects.filter(pipeline=OuterRef("pipeline"), started_at__gt=OuterRef("heartbeat_at")).exclude(
-        pk=OuterRef("pk"))
+def replaced_by_a_restart():
+    """Whether a run was restarted, the rule's one text: did another run of its pipeline start after its last
+    heartbeat? Asked as "is its heartbeat before its pipeline's newest other start", one probe of run_newest_idx per
+    run asked about: as "is its id among the restarted runs" PostgreSQL worked out every restarted run of every
+    pipeline for a page of ten, and as "is there a later run" it could scan the table for one. Never null: a run
+    with no other run was not restarted."""
+    newest_other_start = Subquery(
+        ConsumerRun.objects.filter(pipeline=OuterRef("pipeline")).exclude(pk=OuterRef("pk"))
+        .order_by("-started_at", "-id").values("started_at")[:1])
+    return Coalesce(ExpressionWrapper(Q(heartbeat_at__lt=newest_other_start), output_field=models.BooleanField()),
+                    False)
 
 
 class ConsumerRunQuerySet(models.QuerySet):
@@ -423,28 +430,22 @@ class ConsumerRunQuerySet(models.QuerySet):
 
     def with_liveness(self, now: datetime):
         """Each run annotated for `ConsumerRun.liveness`: whether it is serving (the rule above, per row) and
-        whether a restart replaced it. `restarted` asked per run as "did another run of its pipeline start after
-        its last heartbeat?" -- the newest other start, one probe of run_newest_idx: as "is its id among the
-        restarted runs", PostgreSQL worked out every restarted run of every pipeline for a page of ten, and as
-        "is there a later run" it scanned the table for one. The serving runs are few, whatever the history."""
-        newest_other_start = Subquery(
-            ConsumerRun.objects.filter(pipeline=OuterRef("pipeline")).exclude(pk=OuterRef("pk"))
-            .order_by("-started_at", "-id").values("started_at")[:1])
+        whether a restart replaced it (replaced_by_a_restart: one index probe per run shown). The serving runs are
+        few, whatever the history."""
         return self.annotate(
             is_serving=Exists(ConsumerRun.objects.filter(pk=OuterRef("pk")).serving(now)),
-            is_restarted=Coalesce(ExpressionWrapper(Q(heartbeat_at__lt=newest_other_start),
-                                                    output_field=models.BooleanField()), False))
+            is_restarted=replaced_by_a_restart())
 
     def restarted(self):
         """Runs that a later run of their pipeline replaced (see not_restarted)."""
-        return self.filter(Exists(_replacements()))
+        return self.filter(replaced_by_a_restart())
 
     def not_restarted(self):
         """Drop runs that a later run of their pipeline replaced: a SIGKILLed run keeps "running" and a recent
         heartbeat until its lease expires, but a run started after that heartbeat (its restart) proves it gone.
         A run is never its own restart: hosts' clocks differ, so its start may read later than its heartbeat.
         Only for "does a consumer serve this pipeline": a waiter for older runs to leave must not use it."""
-        return self.filter(~Exists(_replacements()))
+        return self.filter(~replaced_by_a_restart())
 
     def heartbeat(self, now: datetime, **progress) -> int:
         """A run is still here: its heartbeat and progress (records_processed, assigned_partitions)."""
