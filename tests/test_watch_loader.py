@@ -24,3 +24,29 @@ def test_the_fast_path_writes_the_lines_and_counts_of_the_general_path():
     assert lines.splitlines()[:2] == ["0\t0\t17\tt\tf\t1000\tf\t\\N", "0\t1\t42\tt\tf\t1001\tf\t\\N"]
     assert counts == {0: {"records": 6, "ignored": 0, "unreadable": 3}}   # None, "x\ty", beyond bigint
     assert "0\t3\tx\\ty\tt\tf\t1003\tf\t\\N" in loaded("_add_ids", "text")[0].splitlines()
+
+
+def test_after_flush_runs_once_per_chunk_sent_and_never_for_an_empty_one(db, monkeypatch):
+    """The settled read-back moves each chunk's matching records on before the next is COPYed
+    (watch_settled.read_back): the hook runs after every chunk sent, and not when nothing was."""
+    from django.db import connection
+    from psycopg2 import sql
+
+    monkeypatch.setattr(watch_audit, "COPY_CHUNK", 2)
+    watch = SimpleNamespace(record_id="value", ignore=[], keyed=False)
+    with connection.cursor() as wrapper:
+        cur = wrapper.cursor
+        watch_audit._create_temporary_tables(cur, "bigint", {})
+        sent = []
+
+        def after_flush():
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(watch_audit.RELATIONS["records"]))
+            sent.append(cur.fetchone()[0])
+
+        loader = watch_audit._Loader(cur, watch, "bigint", {0: 100}, after_flush=after_flush)
+        loader.add(0, RECORDS[:3])
+        loader.add(0, RECORDS[3:4])
+        loader.flush()
+        loader.flush()
+        cur.execute(watch_audit.DROP_TEMPORARY)
+    assert sent == [3, 4]

@@ -23,6 +23,7 @@ One check (`check_watch`), per partition:
 The partitions' rows are locked for the check, so two checks at once never audit a range twice. A group reset
 behind the settled mark reopens the ranges from the new committed offset on: they are audited again.
 """
+import functools
 import io
 import logging
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from consumers.reconciliation import monitored, watch_compaction, watch_match, w
 log = logging.getLogger("tally.watch")
 
 RECORDS, WRITTEN, RANGES = "tally_watch_records", "tally_watch_written", "tally_watch_ranges"
-FOUND, SETTLED = "tally_watch_found", "tally_watch_settled"
+FOUND, SETTLED = "tally_watch_found", watch_settled.TABLE
 TEMPORARY = (RECORDS, WRITTEN, RANGES, FOUND, SETTLED)
 RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
              "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
@@ -346,8 +347,9 @@ def behind_log_start(wp: WatchPartition) -> bool:
 class _Loader:
     """Turns records into lines of the temporary table and sends them with COPY, a chunk at a time."""
 
-    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int], relation=None):
-        self.cursor, self.ends = cursor, ends
+    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int], relation=None,
+                 after_flush=None):
+        self.cursor, self.ends, self.after_flush = cursor, ends, after_flush   # after_flush: after each chunk sent
         self.relation = RELATIONS["records"] if relation is None else relation
         self.by_offset = id_type is None
         self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
@@ -404,6 +406,21 @@ class _Loader:
             self.cursor.copy_expert(sql.SQL("COPY {} FROM STDIN").format(self.relation).as_string(self.cursor),
                                     self.buffer)
             self.buffer, self.lines = io.StringIO(), 0
+            if self.after_flush:
+                self.after_flush()
+
+
+def _load(cur, watch: Watch, id_type: str | None, reads: dict, ends: dict, relation=None,
+          after_flush=None) -> _Loader:
+    """Reads `reads` ({partition: (start, end)}) from the topic into `relation` (`records` by default), a COPY
+    chunk at a time. Kafka failing fails the check (WatchCheckError)."""
+    loader = _Loader(cur, watch, id_type, ends, relation, after_flush)
+    try:
+        kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
+    except Exception as exc:
+        raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
+    loader.flush()
+    return loader
 
 
 def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None,
@@ -548,16 +565,12 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
     tails = tails or {}
     ends = {p: end for p, (_, _, end) in plans.items()} | tails   # a tail's records are all beyond its end
-    loader = _Loader(cur, watch, id_type, ends)
     reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
     reads |= {p: (first, marks[p].high) for p, first in tails.items()}
-    try:
-        kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
-    except Exception as exc:
-        raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
-    loader.flush()
+    loader = _load(cur, watch, id_type, reads, ends)
     if settled and not by_offset:
-        _read_back_settled(cur, watch, id_type, settled, notes if notes is not None else [])
+        watch_settled.read_back(cur, watch, settled, notes if notes is not None else [], RELATIONS,
+                                functools.partial(_load, cur, watch, id_type))
     if loader.keys:
         _name_tombstones(cur, loader.counts)
     # The match hashes whole ranges: memory for them rather than spills to disk, and no JIT compilation
@@ -576,39 +589,6 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
         cur.execute(watch_match.superseded_sql(RELATIONS))
         superseded = dict(cur.fetchall())
     return loader.counts, superseded
-
-
-def _read_back_settled(cur, watch: Watch, id_type: str | None, settled: dict, notes: list) -> None:
-    """Keyed: the records of the ids and keys judged now, read back from the positions earlier checks settled
-    (watch_settled), added to `records` as tail: they rank, never judged. Sent a chunk at a time into a table of
-    their own, from which each chunk's matching records move on before the next is read."""
-    cur.execute(watch_match.oldest_judged_sql(RELATIONS))
-    spans = watch_settled.windows(watch, settled, cur.fetchone()[0], notes)
-    if not spans:
-        return
-    cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
-        sql.Identifier(SETTLED), RELATIONS["records"]))
-    loader = _SettledLoader(cur, watch, id_type, spans)
-    try:
-        kafka_ranges.read_ranges(watch.topic, spans, loader.add, cluster=watch.cluster)
-    except Exception as exc:
-        raise WatchCheckError(f"Kafka: reading {watch.topic}: {type(exc).__name__}: {exc}") from exc
-    loader.flush()
-
-
-class _SettledLoader(_Loader):
-    """Loads read-back records into SETTLED, all of them tail (each offset is at or past its 'end', 0), and moves
-    those of the judged ids and keys on into `records` at each chunk (watch_match.SETTLED_BEFORE)."""
-
-    def __init__(self, cursor, watch: Watch, id_type: str | None, spans: dict):
-        super().__init__(cursor, watch, id_type, dict.fromkeys(spans, 0), relation=RELATIONS["settled"])
-
-    def flush(self) -> None:
-        if not self.lines:
-            return
-        super().flush()
-        self.cursor.execute(sql.SQL("INSERT INTO {} {}; TRUNCATE {}").format(
-            RELATIONS["records"], watch_match.settled_before_sql(RELATIONS), RELATIONS["settled"]))
 
 
 def _name_tombstones(cur, counts: dict) -> None:

@@ -17,7 +17,12 @@ The cost is bounded twice:
 The records read are sent in chunks (watch_audit.COPY_CHUNK), and each chunk is filtered to the judged ids before
 the next one is read: the check's tables grow by the matching records only.
 """
+from psycopg2 import sql
+
 from consumers.kafka import admin as kafka_admin
+from consumers.reconciliation import watch_match
+
+TABLE = "tally_watch_settled"   # the temporary table of a chunk read back (its relation: relations["settled"])
 
 # Positions read back per partition and check: a bound on the extra reading one check may do (about what a check
 # on Spark's threshold reads); the window of a partition with a normal lead is a handful of positions.
@@ -61,3 +66,21 @@ def windows(watch, settled: dict[int, tuple[int, int]], oldest_ts: int | None,
     if cuts:
         notes.append(CUT_NOTE.format(cuts=", ".join(cuts), limit=f"{SETTLED_READ_LIMIT:,}"))
     return spans
+
+
+def read_back(cur, watch, settled: dict, notes: list, relations: dict, load) -> None:
+    """PostgreSQL path: the records of the ids and keys judged now, read back from the positions earlier checks
+    settled, added to `records` as tail: they rank, never judged. Sent a chunk at a time into a table of their own,
+    from which each chunk's matching records move on before the next is read (watch_match.SETTLED_BEFORE).
+    `load(reads, ends, relation, after_flush)` reads and COPYs records (watch_audit._load, whose check fails when
+    Kafka does): handed in, so that this module never imports the audit."""
+    cur.execute(watch_match.oldest_judged_sql(relations))
+    spans = windows(watch, settled, cur.fetchone()[0], notes)
+    if not spans:
+        return
+    cur.execute(sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
+        sql.Identifier(TABLE), relations["records"]))
+    move_on = sql.SQL("INSERT INTO {} {}; TRUNCATE {}").format(
+        relations["records"], watch_match.settled_before_sql(relations), relations["settled"])
+    # Every offset is at or past its 'end' (0): all tail.
+    load(spans, dict.fromkeys(spans, 0), relations["settled"], lambda: cur.execute(move_on))
