@@ -26,12 +26,13 @@ test: setup system-deps database
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-clock
 
-# Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In two
-# pytest-xdist workers (one per core here; TEST_FAST_WORKERS=0 runs them serially).
+# Every test that needs no broker, Celery worker, Spark or browser: run it before every commit. In four
+# pytest-xdist workers: on 2 cores two left a core idle a third of the time (tests wait on PostgreSQL, a
+# subprocess or a refused connection), four were the fastest (docs/benchmarks.md; TEST_FAST_WORKERS=0: serially).
 # It keeps each worker's test database for the next run (--reuse-db), which still applies new migrations; after
 # editing an existing migration, run it once with PYTEST_ARGS=--create-db. Tests need no development database.
 FAST_MARKERS := not kafka and not celery and not spark and not browser and not chaos and not install
-TEST_FAST_WORKERS ?= 2
+TEST_FAST_WORKERS ?= 4
 test-fast: setup
 	$(VENV)/bin/pytest -n $(TEST_FAST_WORKERS) --dist worksteal --reuse-db -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
