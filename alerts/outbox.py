@@ -17,7 +17,8 @@ Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per c
      row is never picked again; a failure records the scrubbed reason and the next attempt time, or gives the
      row up at once when the receiver refused the message itself (a 400, 413 or 422: sent again, it would be
      refused again, and it would hold the channel's later messages behind it);
-  4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell.
+  4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell; a
+     rate limit (429) is not a failure: its row waits as asked, and the channel's count is left as it was.
 A disabled channel's unsent reminders are dropped (given up, saying so) before the pick: only its resolves and
 acknowledges go out meanwhile, and nothing else of its holds them back but a "fired" it has not sent yet.
 A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
@@ -237,7 +238,9 @@ def _send(notification: Notification, session: Session, clock) -> str:
             failed_at=now if give_up else None)
         logger.warning("alert notification %s (%s) attempt %s failed: %s", notification.pk,
                        channel.name if channel else "email", notification.attempts, reason)
-        if channel is not None:
+        # A rate limit (429) is the receiver asking us to wait, not the channel failing: the row waits (in order,
+        # the channel's newer rows behind it), and the channel's failure count is neither raised nor cleared.
+        if channel is not None and not getattr(error, "throttled", False):
             _channel_failed(channel, reason, now)
         return "gave_up" if give_up else "failed"
     now = clock()

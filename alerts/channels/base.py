@@ -31,12 +31,15 @@ class DeliveryFailed(Exception):
     """The receiver was unreachable, too slow, or answered other than 2xx. The message is already scrubbed of
     the channel's secrets. `retry_after` is the wait the receiver asked for (its `Retry-After` on a 429 or
     503): seconds, or the moment it named; None when it asked for nothing. `final`: the receiver refused this
-    message itself (alerts/channels/http.py, REFUSED_STATUSES), so sending it again cannot help."""
+    message itself (alerts/channels/http.py, REFUSED_STATUSES), so sending it again cannot help. `throttled`: the
+    receiver is up and asked us to slow down (a 429): the message waits, and the channel is not failing for it."""
 
-    def __init__(self, message: str, retry_after: "int | datetime | None" = None, final: bool = False):
+    def __init__(self, message: str, retry_after: "int | datetime | None" = None, final: bool = False,
+                 throttled: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
         self.final = final
+        self.throttled = throttled
 
 
 def unused_settings(channel, fields: tuple[str, ...], message: str) -> dict:

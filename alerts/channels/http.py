@@ -1,7 +1,8 @@
 """One JSON POST with timeouts (requests), shared by the webhook, Slack and PagerDuty kinds. Anything but a
 2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body,
 and on a 429 or 503 the receiver's `Retry-After` (the outbox waits at least that long, within a cap). A 400, 413
-or 422 refuses the message itself and is final: the outbox gives that message up rather than retry it."""
+or 422 refuses the message itself and is final: the outbox gives that message up rather than retry it. A 429 is
+`throttled`: the receiver asks us to slow down, which the outbox does without counting it a failure."""
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -18,6 +19,11 @@ RETRY_AFTER_STATUSES = (429, 503)
 # later message of its channel. Other 4xx (401, 403, 404, 410) are about the channel's URL or key, which an
 # operator fixes: those are retried, and the messages go out once they are.
 REFUSED_STATUSES = (400, 413, 422)
+# "Too many requests": Slack (about one message a second per webhook), PagerDuty's Events API and any webhook
+# receiver that rate-limits. The receiver is up and answering; a burst of alerts waits its turn. A 503 is not
+# here, Retry-After or not: it says the receiver is unavailable (down, in maintenance, a proxy with no backend),
+# and a channel whose messages do not get through is failing, which is what the admins must hear.
+THROTTLED_STATUSES = (429,)
 
 
 def timeout() -> tuple[float, float]:
@@ -44,7 +50,8 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
     if not 200 <= response.status_code < 300:
         retry_after = (retry_after_of(response.headers.get("Retry-After"))
                        if response.status_code in RETRY_AFTER_STATUSES else None)
-        raise DeliveryFailed(str(answer), retry_after=retry_after, final=response.status_code in REFUSED_STATUSES)
+        raise DeliveryFailed(str(answer), retry_after=retry_after, final=response.status_code in REFUSED_STATUSES,
+                             throttled=response.status_code in THROTTLED_STATUSES)
     return answer
 
 
