@@ -1,8 +1,9 @@
 """Slack: an incoming-webhook message with readable blocks (header, summary, fields, partitions, buttons to
 the pages). The webhook URL is the secret (its path is the token)."""
 import json
+import re
 
-from alerts.channels.base import Answer, mask_url, unused_settings, url_problem, url_secrets
+from alerts.channels.base import Answer, DeliveryFailed, mask_url, unused_settings, url_problem, url_secrets
 from alerts.channels.http import post_json
 from alerts.payloads import channel_test_payload, headline
 
@@ -13,6 +14,19 @@ ACKNOWLEDGES = True
 # Slack refuses a section field over 2,000 characters and a header over 150; partitions listed at most.
 MAX_FIELD = 1900
 MAX_PARTITIONS = 10
+# Slack's answers about the webhook URL, not the message: its body is the error word alone. Some come as a 400,
+# like a bad message (invalid_payload), but sent again once an operator fixes the URL the message goes through:
+# they are retried like a revoked URL's 404, and the channel's reason says what Slack meant.
+URL_ERRORS = {
+    "no_service": "no webhook at this URL, removed or mistyped",
+    "no_service_id": "no webhook at this URL, mistyped or cut short",
+    "no_team": "no workspace for this URL, mistyped or its app uninstalled",
+    "team_disabled": "the workspace of this URL is disabled",
+    "invalid_token": "the token in this URL is revoked or mistyped",
+    "channel_not_found": "the webhook's Slack channel no longer exists",
+    "channel_is_archived": "the webhook's Slack channel is archived",
+}
+FIX = "its messages wait until the channel's URL is fixed"
 
 
 def _escape(text) -> str:
@@ -77,7 +91,20 @@ def message(payload: dict) -> dict:
 
 def _post(channel, payload, session) -> Answer:
     body = json.dumps(message(payload)).encode()
-    return post_json(channel.url, body, secret_values(channel), session.http)
+    try:
+        return post_json(channel.url, body, secret_values(channel), session.http)
+    except DeliveryFailed as error:
+        if code := url_error(str(error)):
+            raise DeliveryFailed(f"{error} (Slack: {URL_ERRORS[code]}; {FIX})", retry_after=error.retry_after,
+                                 throttled=error.throttled) from None
+        raise
+
+
+def url_error(answer: str) -> str | None:
+    """The URL error Slack answered ("HTTP 400: no_service_id" -> "no_service_id"), if it is one. Only the bare
+    word counts: a proxy's error page that happens to quote one is not Slack's answer."""
+    found = re.fullmatch(r"HTTP \d{3}: (\w+)", answer.strip())
+    return found.group(1) if found and found.group(1) in URL_ERRORS else None
 
 
 def send(channel, notification, session) -> Answer:
