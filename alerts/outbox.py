@@ -18,7 +18,8 @@ Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per c
      row up at once when the receiver refused the message itself (a 400, 413 or 422: sent again, it would be
      refused again, and it would hold the channel's later messages behind it);
   4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell; a
-     rate limit (429) is not a failure: its row waits as asked, and the channel's count is left as it was.
+     rate limit (429) is not a failure: its row waits as asked, and the channel's count is left as it was, until
+     the row has waited longer than the longest wait a receiver may ask for (an hour).
 A disabled channel's unsent reminders are dropped (given up, saying so) before the pick: only its resolves and
 acknowledges go out meanwhile, and nothing else of its holds them back but a "fired" it has not sent yet.
 A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
@@ -238,9 +239,7 @@ def _send(notification: Notification, session: Session, clock) -> str:
             failed_at=now if give_up else None)
         logger.warning("alert notification %s (%s) attempt %s failed: %s", notification.pk,
                        channel.name if channel else "email", notification.attempts, reason)
-        # A rate limit (429) is the receiver asking us to wait, not the channel failing: the row waits (in order,
-        # the channel's newer rows behind it), and the channel's failure count is neither raised nor cleared.
-        if channel is not None and not getattr(error, "throttled", False):
+        if channel is not None and not _only_throttled(notification, error, now):
             _channel_failed(channel, reason, now)
         return "gave_up" if give_up else "failed"
     now = clock()
@@ -264,6 +263,15 @@ def _delay(notification: Notification, now, error: Exception) -> timedelta:
     # Seconds are capped before they become a timedelta: a receiver's 10**20 would overflow one.
     wait = asked - now if isinstance(asked, datetime) else timedelta(seconds=min(asked, RETRY_AFTER_MAX_SECONDS))
     return max(backoff, min(wait, longest))
+
+
+def _only_throttled(notification: Notification, error: Exception, now) -> bool:
+    """A rate limit (429) is the receiver asking us to wait, not the channel failing: the row waits (in order, the
+    channel's newer rows behind it), and the channel's failure count is neither raised nor cleared. Until the row
+    has waited longer than any wait a receiver may ask for (RETRY_AFTER_MAX_SECONDS): a receiver that keeps
+    answering 429 gets nothing through, and its rows would be given up without the admins hearing of it."""
+    return (getattr(error, "throttled", False)
+            and now - notification.created_at < timedelta(seconds=RETRY_AFTER_MAX_SECONDS))
 
 
 def _gives_up(notification: Notification, now) -> bool:

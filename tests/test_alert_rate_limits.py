@@ -1,11 +1,13 @@
 """A receiver that rate-limits (429, with or without Retry-After) asks Tally to wait: the message waits, in
 order, and goes out; the channel is not counted as failing for it. A 503 is the receiver down, and still
 counts. Time is injected (`now`): nothing here sleeps."""
+from datetime import timedelta
+
 import pytest
 from django.core import mail
 
 from alerts.models import Channel, Notification
-from alerts.outbox import deliver_due
+from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
 from tests.receivers import Receiver
 from tests.test_alert_channels import (
@@ -105,3 +107,21 @@ def test_a_receiver_answering_503_with_retry_after_is_down_and_counts_toward_fai
     deliver_when_due(T0, runs=3)
     channel = Channel.objects.get(name="out")
     assert channel.consecutive_failures == 3 and channel.is_failing and len(told_failing()) == 1
+
+
+def test_a_receiver_that_keeps_answering_429_past_the_longest_wait_counts_toward_failing(receiver):
+    """429s for longer than any Retry-After Tally honours (an hour) get nothing through: its rows would be given up
+    after ALERT_CHANNEL_GIVE_UP_HOURS with nobody told. From then on each 429 counts."""
+    receiver.status, receiver.text = 429, "rate_limited"
+    add_channel("out", "webhook", receiver.url)
+    fire_loss()
+
+    deliver_when_due(T0, runs=3)
+    channel = Channel.objects.get(name="out")
+    assert channel.consecutive_failures == 0 and len(receiver.requests) == 3
+
+    an_hour_on = Notification.objects.get().created_at + timedelta(seconds=RETRY_AFTER_MAX_SECONDS)
+    deliver_when_due(max(an_hour_on, Notification.objects.get().next_attempt_at), runs=3)
+    channel.refresh_from_db()
+    assert channel.consecutive_failures == 3 and channel.is_failing and len(told_failing()) == 1
+    assert "HTTP 429: rate_limited" in channel.last_error
