@@ -361,6 +361,43 @@ def test_a_deploy_stops_the_runs_with_the_reason_and_a_worker_with_other_hosts_t
         assert sink_counts(pipeline.sink_table) == every_value_once(20_000)
 
 
+@pytest.mark.chaos
+@pytest.mark.parametrize("hosts,to_its_group", [("1", False), ("1", True), ("0", False)],
+                         ids=["sigquit-to-the-worker", "sigquit-to-its-group", "sigquit-to-a-worker-without-hosts"])
+def test_a_cold_shutdown_stops_the_runs_and_exits_and_the_restarted_pipeline_writes_every_record_once(
+        production, make_pipeline, hosts, to_its_group):
+    # SIGQUIT to the worker (`kill -QUIT`, `docker compose kill -s SIGQUIT`), or to its process group as Ctrl-\ in its
+    # terminal sends it (its hosts get it too). Celery's cold shutdown cancels every running task before it says the
+    # worker is shutting down; the threads pool could not (NotImplementedError), so no run was asked to stop and the
+    # worker hung with its runs going on; and a host killed by the signal crashed its runs mid-batch.
+    old = production.worker(TALLY_ENGINE_PROCESSES=hosts)   # "0": the runs in the worker's own threads
+    pipeline = make_pipeline(2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run")
+    hosts = engine_hosts_of(old)
+    flowing = threading.Thread(target=produce_values, args=(pipeline.topic, range(1, 20_001), 2))
+    flowing.start()
+    wait_for(lambda: ConsumerRun.objects.get(pk=run.pk).records_processed > 0, 60, "the run to write records")
+    (os.killpg if to_its_group else os.kill)(old.pid, signal.SIGQUIT)
+    try:
+        code = old.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker still runs 30 s after SIGQUIT: {Path(old.log_path).read_text()[-3000:]}") \
+            from None
+    assert code == 0   # Celery leaves a cold shutdown whose tasks ended at exit code 0 (WorkController.terminate)
+    wait_for(lambda: all(gone(host) for host in hosts), 30, "the engine hosts to exit")
+    run.refresh_from_db()
+    assert run.state == RunState.STOPPED, (run.state, run.end_reason)
+    assert run.end_reason.startswith("stopped: worker shutting down"), run.end_reason
+
+    production.worker(TALLY_ENGINE_PROCESSES="1")
+    production.beat()
+    flowing.join()
+    wait_for(lambda: (found := live_runs(pipeline)) and found[0].pk != run.pk, 90, "the supervisor to restart it")
+    wait_for(lambda: caught_up(pipeline), 120, "the restarted run to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(20_000)
+
+
 @pytest.fixture
 def stuck_run(production_worker, make_pipeline, tmp_path):
     """A run of the production worker stuck for good in its transform (a call that never returns)."""

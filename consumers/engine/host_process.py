@@ -166,5 +166,8 @@ def main() -> None:
     host = HostProcess(results)
     # The handler only sets an event: the main thread, waiting for it, stops the runs and waits for their end.
     signal.signal(signal.SIGTERM, lambda signum, frame: host.close("engine host got SIGTERM"))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C on the worker's terminal: the worker decides
+    # Ctrl-C (SIGINT) and Ctrl-\ (SIGQUIT) on the worker's terminal reach its whole group: the worker decides, and
+    # asks the host to stop its runs (a host killed by SIGQUIT's default action would crash them mid-batch).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     host.serve(sys.stdin)

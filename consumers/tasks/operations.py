@@ -8,10 +8,11 @@ Workers use the threads pool (Spark must never start in a prefork child).
 import logging
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 from django.conf import settings
 
 from consumers.operations.actions import RUN_PIPELINE_TASK, send_run
+from consumers.tasks.worker_pool import tally_pool_for
 
 log = logging.getLogger("tally.runs")
 
@@ -41,6 +42,15 @@ def supervise_task():
 
 
 
+@worker_init.connect
+def _use_tallys_thread_pool(sender=None, **kwargs):
+    # Sent before the worker makes its pool: `--pool threads` (the compose files, devstack, the docs, commands already
+    # written) gets Tally's subclass, whose cold shutdown asks the runs to stop instead of hanging
+    # (consumers/tasks/worker_pool.py). `--pool` takes only Celery's names, so it cannot name the class itself.
+    if sender is not None and getattr(sender, "pool_cls", None) is not None:
+        sender.pool_cls = tally_pool_for(sender.pool_cls)
+
+
 @worker_ready.connect
 def _start_engine_hosts(sender=None, **kwargs):
     # A worker that takes run tasks starts its engine host processes now, not when its first run arrives: a
@@ -57,7 +67,8 @@ def _start_engine_hosts(sender=None, **kwargs):
 
 @worker_shutting_down.connect
 def _stop_runs_on_warm_shutdown(sig=None, how=None, exitcode=None, **kwargs):
-    # Warm shutdown waits for running tasks: ask the runs to end cleanly (commit, leave the group).
+    # Warm shutdown waits for running tasks: ask the runs to end cleanly (commit, leave the group). A cold shutdown
+    # sends this only once the pool has stopped, having asked the runs itself (consumers/tasks/worker_pool.py).
     from consumers.engine.runs import stop_all_runs
 
     stop_all_runs(f"worker shutting down ({how or sig})")
