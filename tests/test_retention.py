@@ -282,3 +282,18 @@ def test_expired_sessions_and_sign_ins_older_than_the_action_log_go(settings):
     assert (done["expired_sessions"], done["sign_ins"]) == (1, 1)
     assert list(Session.objects.values_list("session_key", flat=True)) == ["current"]
     assert [row.attempt_time for row in AccessLog.objects.all()] == [ago(729)]
+
+
+def test_expired_api_tokens_go_and_live_ones_stay(django_user_model):
+    # knox deletes an expired token only when it is sent again: one a script stopped using stayed for good.
+    from knox.models import AuthToken
+
+    user = django_user_model.objects.create_user("ada")
+    expired, _ = AuthToken.objects.create(user=user, expiry=timedelta(days=1))
+    live, _ = AuthToken.objects.create(user=user, expiry=timedelta(days=1))
+    AuthToken.objects.filter(pk=expired.pk).update(expiry=ago(1))
+    AuthToken.objects.filter(pk=live.pk).update(expiry=ago(-1))
+
+    assert retention.apply(now=NOW)["expired_api_tokens"] == 1
+
+    assert list(AuthToken.objects.values_list("pk", flat=True)) == [live.pk]

@@ -53,7 +53,9 @@ class ActionLog(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx")]
+        # The action log's pages (every pipeline's entries newest first) and retention's "older than" read it.
+        indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx"),
+                   models.Index(fields=["-created_at"], name="action_created_idx")]
 
     @property
     def cluster(self) -> str:

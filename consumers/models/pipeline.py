@@ -335,6 +335,8 @@ class DeadLetter(models.Model):
         constraints = [models.UniqueConstraint(fields=["pipeline", "partition", "offset"],
                                                name="uniq_dead_letter_offset")]
         ordering = ["pipeline", "partition", "offset"]
+        # A pipeline's newest dead letters (its page): read from the top instead of sorting all of them.
+        indexes = [models.Index(fields=["pipeline", "-created_at", "-offset"], name="dead_letter_recent_idx")]
 
     def __str__(self):
         return f"{self.pipeline}[{self.partition}]@{self.offset}"
@@ -489,7 +491,9 @@ class ConsumerRun(models.Model):
         indexes = [models.Index(fields=["pipeline", "state"], name="run_state_idx"),
                    # A pipeline's runs newest first: its page's recent runs, and retention's "is this its pipeline's
                    # newest run?" per candidate, without sorting a long history of runs each time.
-                   models.Index(fields=["pipeline", "-started_at", "-id"], name="run_newest_idx")]
+                   models.Index(fields=["pipeline", "-started_at", "-id"], name="run_newest_idx"),
+                   # Every pipeline's runs newest first: the admin's runs list, a page of them.
+                   models.Index(fields=["-started_at", "-id"], name="run_started_idx")]
         ordering = ["-started_at"]
 
     @property

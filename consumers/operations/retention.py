@@ -11,6 +11,8 @@
                     A pipeline's rewinds that took effect stay: reconciliation and alerts read them back (a range a
                     rewind forward skipped is planned, not lost, also when verified again years later)
     sessions        expired ones (what Django's `clearsessions` deletes): a row per sign-in otherwise stays
+    API tokens      expired ones (django-rest-knox deletes one only when it is sent again, so a token a script
+                    stopped using stayed for good, and still counted toward its owner's live tokens in the admin)
 Alert history is alerts/retention.py's (alerts sit above this package). Live runs, pending dead letters and
 queued or running jobs are never touched, whatever their age.
 """
@@ -23,6 +25,7 @@ from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
+from knox.models import AuthToken
 
 from consumers.models import (
     ActionLog,
@@ -96,6 +99,10 @@ def expired_sessions(now: datetime):
     return Session.objects.filter(expire_date__lt=now)
 
 
+def expired_api_tokens(now: datetime):
+    return AuthToken.objects.filter(expiry__lt=now)
+
+
 def in_batches(queryset, change) -> int:
     """Apply `change` (a function of a queryset of the rows, returning how many it changed) to what `queryset`
     matches, DELETE_BATCH rows per transaction, so no transaction holds a long history's rows at once;
@@ -131,6 +138,7 @@ def apply(now: datetime | None = None) -> dict[str, int]:
         "action_log": delete_in_batches(expired_actions(now)),
         "sign_ins": delete_in_batches(expired_sign_ins(now)),
         "expired_sessions": delete_in_batches(expired_sessions(now)),
+        "expired_api_tokens": delete_in_batches(expired_api_tokens(now)),
     }
 
 
