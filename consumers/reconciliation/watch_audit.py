@@ -41,7 +41,7 @@ from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
 from consumers.operations import actions
-from consumers.reconciliation import monitored, watch_compaction, watch_match, watch_settled
+from consumers.reconciliation import monitored, watch_compaction, watch_lag, watch_match, watch_settled
 
 log = logging.getLogger("tally.watch")
 
@@ -168,7 +168,7 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
         return _failed(watch, recreated, now)
     adopt_topic_id(watch, marks)
     notes: list[str] = []
-    alive = group_alive(kafka, watch.group_id, notes)
+    alive = watch_lag.group_alive(kafka, watch.group_id, notes)
     # Phantoms are judged with offset ids only; whether the topic compacts decides where (watch_compaction).
     compacted = (topic_compacted(kafka, watch.topic, notes)
                  if watch.audits and watch.record_id == record_ids.OFFSET else None)
@@ -211,8 +211,8 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                                  notes=notes)
                 _store_ranges(watch, parts, audited, now)
                 new_ranges += audited
-        _measure(watch, parts, marks, kafka, now, notes)
-        evaluate(parts, alive, rewound, now, monitored.window_samples(watch=watch, now=now), watch.created_at)
+        watch_lag.measure(watch, parts, marks, kafka, now, notes)
+        watch_lag.evaluate(parts, alive, rewound, now, monitored.window_samples(watch=watch, now=now), watch.created_at)
         for wp in parts.values():
             wp.checked_at = now
             wp.save()
@@ -335,11 +335,6 @@ def unread_ranges(parts: dict, marks: dict) -> list["RangeResult"]:
             ranges.append(RangeResult(p, wp.settled_offset, read_to, note=RETENTION_NOTE))
         ranges.append(RangeResult(p, read_to, mark.log_start, note=DELETED_UNREAD_NOTE))
     return ranges
-
-
-def behind_log_start(wp: WatchPartition) -> bool:
-    """The group's committed offset is below the log start: records it has not read were deleted (a loss)."""
-    return wp.committed is not None and wp.log_start is not None and wp.committed < wp.log_start
 
 
 # --- the audit of the new ranges -------------------------------------------------------------------------
@@ -643,7 +638,7 @@ def _copy_text(value: str | None) -> str:
     return value
 
 
-# --- storing, lag, status --------------------------------------------------------------------------------
+# --- storing, status --------------------------------------------------------------------------------
 
 def _store_ranges(watch: Watch, parts: dict, new_ranges: list[RangeResult], now: datetime) -> None:
     """One WatchRange per new range; a clean range that continues the previous clean one extends it (a
@@ -668,65 +663,6 @@ def _store_ranges(watch: Watch, parts: dict, new_ranges: list[RangeResult], now:
             duplicated=result.duplicated, phantom=result.phantom, lost_offsets=result.lost_offsets,
             duplicated_offsets=result.duplicated_offsets, phantom_offsets=result.phantom_offsets, note=result.note,
             checked_at=now)
-
-
-def _measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes: list) -> None:
-    """Lag in records (to the last stable offset: a read_committed consumer cannot pass an open transaction)
-    and in seconds (the age of the record at the committed offset)."""
-    behind = measure_records(parts, marks)
-    if behind:
-        try:
-            stamps = kafka.record_timestamps(watch.topic, behind)
-        except Exception as exc:  # lag in records stands; seconds stay unknown
-            notes.append(lag_seconds_unknown(exc))
-            stamps = {}
-        measure_seconds(parts, stamps, now)
-
-
-def measure_records(parts: dict, marks: dict) -> dict[int, int]:
-    """Lag in records of each partition; returns {partition: offset} of the records whose age is the lag in
-    seconds of the partitions behind (the others' is 0, until measure_seconds says)."""
-    behind = {}
-    for p, wp in parts.items():
-        mark = marks.get(p)
-        if mark is None:
-            continue
-        wp.log_start, wp.high_watermark = mark.log_start, mark.high
-        position = wp.committed if wp.committed is not None else wp.start_offset
-        wp.lag_records = max(0, mark.end - position)
-        wp.lag_seconds = 0.0 if wp.lag_records == 0 else None
-        if wp.lag_records:
-            behind[p] = max(position, mark.log_start)
-    return behind
-
-
-def measure_seconds(parts: dict, stamps: dict[int, int | None], now: datetime) -> None:
-    """Lag in seconds from the timestamps (ms) of the records measure_records named."""
-    for p, stamp in stamps.items():
-        if stamp is not None:
-            parts[p].lag_seconds = max(0.0, now.timestamp() - stamp / 1000)
-
-
-def lag_seconds_unknown(exc: Exception) -> str:
-    return f"lag in seconds unknown: {type(exc).__name__}"
-
-
-def evaluate(parts: dict, alive: bool, rewound: set, now: datetime, history: dict, created_at: datetime) -> None:
-    """Each partition's status, by the rules every monitored consumer shares, over `history` (the window's lag
-    samples per partition, monitored.window_samples)."""
-    for p, wp in parts.items():
-        wp.status = monitored.partition_status(
-            history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or created_at,
-            alive=alive, rewound=p in rewound,
-            incident=bool(wp.lost or wp.duplicated or wp.phantom) or behind_log_start(wp), now=now)
-
-
-def group_alive(kafka, group_id: str, notes: list) -> bool:
-    try:
-        return kafka.describe_group(group_id).has_active_members
-    except Exception as exc:  # noqa: BLE001 - unknown membership: a stuck group then reads as stopped
-        notes.append(f"group membership unknown: {type(exc).__name__}")
-        return False
 
 
 def _summarise(watch: Watch, parts: dict, new_ranges: list, notes: list, now: datetime) -> WatchReport:

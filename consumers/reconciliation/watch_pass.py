@@ -8,9 +8,10 @@ passes. So a pass:
      the watermarks of every watched topic with one consumer, the committed offsets of every watched group in
      one request, their membership in one;
   2. under one lock of the watches, works out in memory what each check would, with the check's own steps
-     (watch_audit.observe, plan_ranges, measure_records, evaluate): a watch with no new settled range to audit,
-     no group reset and no partition added is "quiet". The quiet watches' lag in seconds is read in one request
-     per cluster, their status windows in one query, and their measurements stored in a few statements;
+     (watch_audit.observe and plan_ranges, watch_lag.measure_records and evaluate): a watch with no new settled
+     range to audit, no group reset and no partition added is "quiet". The quiet watches' lag in seconds is read
+     in one request per cluster, their status windows in one query, and their measurements stored in a few
+     statements;
   3. checks every other watch with watch_audit.check_watch, handed the pass's reading of its cluster.
 So a quiet watch's status still moves every pass (lag, stall and stop detection, the window's samples), and a
 watch with something to audit gets exactly the check it always got.
@@ -24,7 +25,7 @@ from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchPartition, WatchRange
-from consumers.reconciliation import monitored, pass_kafka, row_updates, watch_audit
+from consumers.reconciliation import monitored, pass_kafka, row_updates, watch_audit, watch_lag
 
 log = logging.getLogger("tally.watch")
 
@@ -81,8 +82,8 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
         history = monitored.watches_window_samples([w.pk for w in quiet], now=now)
         for watch in quiet:
             parts = rows[watch.pk]
-            alive = watch_audit.group_alive(readings[watch.cluster], watch.group_id, notes[watch.pk])
-            watch_audit.evaluate(parts, alive, set(), now, history.get(watch.pk, {}), watch.created_at)
+            alive = watch_lag.group_alive(readings[watch.cluster], watch.group_id, notes[watch.pk])
+            watch_lag.evaluate(parts, alive, set(), now, history.get(watch.pk, {}), watch.created_at)
             for wp in parts.values():
                 wp.checked_at = now
             watch_audit.summarise(watch, parts.values(), now, notes[watch.pk])
@@ -116,7 +117,7 @@ def _observe_quiet(watch: Watch, parts: dict, reading: pass_kafka.PassKafka, now
 
 def _measure(quiet: list[Watch], rows: dict, readings: dict, notes: dict, now: datetime) -> None:
     """Lag in records of every quiet watch, and in seconds from one read of record timestamps per cluster."""
-    behind = {w.pk: watch_audit.measure_records(rows[w.pk], readings[w.cluster].watermarks(w.topic)) for w in quiet}
+    behind = {w.pk: watch_lag.measure_records(rows[w.pk], readings[w.cluster].watermarks(w.topic)) for w in quiet}
     for cluster in sorted({w.cluster for w in quiet}):
         lagging = [w for w in quiet if w.cluster == cluster and behind[w.pk]]
         stamps, failed = {}, None
@@ -130,9 +131,9 @@ def _measure(quiet: list[Watch], rows: dict, readings: dict, notes: dict, now: d
                            for offset in [wanted[(topic, p)]]})
         for w in lagging:
             if failed is not None:
-                notes[w.pk].append(watch_audit.lag_seconds_unknown(failed))
+                notes[w.pk].append(watch_lag.lag_seconds_unknown(failed))
                 continue
-            watch_audit.measure_seconds(rows[w.pk], {p: stamps.get((w.topic, p, offset))
+            watch_lag.measure_seconds(rows[w.pk], {p: stamps.get((w.topic, p, offset))
                                                      for p, offset in behind[w.pk].items()}, now)
 
 
