@@ -466,3 +466,13 @@ def operator_client(db):
     from tests.views_helpers import client_of, make_operator
 
     return client_of(make_operator())
+
+
+@pytest.fixture
+def receiver():
+    """A local HTTP receiver for alert channels (tests/receivers.py), answering 200 until told otherwise."""
+    from tests.receivers import Receiver
+
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()

@@ -1,14 +1,12 @@
 """An operator's acknowledge reaches the channels that heard the alert fire and have a word for it: PagerDuty
 acknowledges the incident (the same dedup_key), Slack gets a short line; email and webhooks get nothing. It goes
 through the outbox, like every other notification: in order, retried until the receiver answers."""
-import pytest
 from django.core import mail
 
 from alerts import evaluate
 from alerts.models import Alert, AlertState, Mute
 from alerts.outbox import deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
-from tests.receivers import Receiver
 from tests.test_alert_channels import (
     add_channel,
     alert_settings,  # noqa: F401 - an autouse fixture
@@ -18,13 +16,6 @@ from tests.test_alert_channels import (
 )
 from tests.test_alerts_email import T0
 from tests.views_helpers import client_of, make_operator
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def pager(receiver, name="pager"):

@@ -39,13 +39,6 @@ def alert_settings(db, settings):
     settings.ADMINS = [("Ada", "ada@example.com")]
 
 
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
-
-
 def add_channel(name, kind, url="", rules=None, **fields) -> Channel:
     return channel_actions.save(Channel(name=name, kind=kind, url=url, **fields), "test", rules)
 

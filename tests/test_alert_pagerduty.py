@@ -11,7 +11,6 @@ from alerts import payloads
 from alerts.models import Alert, Installation, Notification
 from alerts.outbox import deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
-from tests.receivers import Receiver
 from tests.test_alert_channels import (
     add_channel,
     alert_settings,  # noqa: F401 - an autouse fixture
@@ -22,13 +21,6 @@ from tests.test_alert_channels import (
 from tests.test_alerts_email import T0
 
 migration = importlib.import_module("alerts.migrations.0006_installation_dedup_keys")
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def pager(receiver):

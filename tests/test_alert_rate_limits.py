@@ -9,7 +9,6 @@ from django.core import mail
 from alerts.models import Channel, Notification
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
-from tests.receivers import Receiver
 from tests.test_alert_channels import (
     SECRET_TOKEN,
     add_channel,
@@ -21,12 +20,9 @@ from tests.test_alert_channels import (
 from tests.test_alerts_email import T0
 
 
-@pytest.fixture
-def receiver(settings):
+@pytest.fixture(autouse=True)
+def failing_after_three(settings):
     settings.ALERT_CHANNEL_FAILING_AFTER = 3
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def deliver_when_due(start, runs: int):

@@ -7,7 +7,6 @@ import pytest
 from alerts.models import Channel, Notification
 from alerts.outbox import deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
-from tests.receivers import Receiver
 from tests.test_alert_channels import (
     SECRET_TOKEN,
     add_channel,
@@ -16,13 +15,6 @@ from tests.test_alert_channels import (
     fire_loss,
     resolve,
 )
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def slack(receiver) -> Channel:
