@@ -2,7 +2,7 @@
 from collections import namedtuple
 from types import SimpleNamespace
 
-from consumers.reconciliation import watch_audit
+from consumers.reconciliation import watch_loader
 
 Record = namedtuple("Record", "offset key value timestamp")
 RECORDS = [Record(0, None, b"17", 1000), Record(1, None, b"0042", 1001), Record(2, None, None, 1002),
@@ -11,7 +11,7 @@ RECORDS = [Record(0, None, b"17", 1000), Record(1, None, b"0042", 1001), Record(
 
 def loaded(path: str, id_type: str = "bigint") -> tuple[str, dict]:
     watch = SimpleNamespace(record_id="value", ignore=[], keyed=False)
-    loader = watch_audit._Loader(cursor=None, watch=watch, id_type=id_type, ends={0: 100})
+    loader = watch_loader.Loader(cursor=None, watch=watch, id_type=id_type, ends={0: 100})
     getattr(loader, path)(0, RECORDS, loader.counts.setdefault(0, {"records": 0, "ignored": 0, "unreadable": 0}),
                           *(() if path == "_add_ids" else (100, loader.buffer.write)))
     return loader.buffer.getvalue(), loader.counts
@@ -32,21 +32,21 @@ def test_after_flush_runs_once_per_chunk_sent_and_never_for_an_empty_one(db, mon
     from django.db import connection
     from psycopg2 import sql
 
-    monkeypatch.setattr(watch_audit, "COPY_CHUNK", 2)
+    monkeypatch.setattr(watch_loader, "COPY_CHUNK", 2)
     watch = SimpleNamespace(record_id="value", ignore=[], keyed=False)
     with connection.cursor() as wrapper:
         cur = wrapper.cursor
-        watch_audit._create_temporary_tables(cur, "bigint", {})
+        watch_loader.create_temporary_tables(cur, "bigint", {})
         sent = []
 
         def after_flush():
-            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(watch_audit.RELATIONS["records"]))
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(watch_loader.RELATIONS["records"]))
             sent.append(cur.fetchone()[0])
 
-        loader = watch_audit._Loader(cur, watch, "bigint", {0: 100}, after_flush=after_flush)
+        loader = watch_loader.Loader(cur, watch, "bigint", {0: 100}, after_flush=after_flush)
         loader.add(0, RECORDS[:3])
         loader.add(0, RECORDS[3:4])
         loader.flush()
         loader.flush()
-        cur.execute(watch_audit.DROP_TEMPORARY)
+        cur.execute(watch_loader.DROP_TEMPORARY)
     assert sent == [3, 4]

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test import override_settings
 from psycopg2 import sql
 
-from consumers.reconciliation import watch_audit, watch_match, watch_spark
+from consumers.reconciliation import watch_audit, watch_loader, watch_match, watch_spark
 from tests.test_watch_loader import RECORDS
 
 KEYS = [None, b"k", b"heartbeat", None, b"k", b"k"]
@@ -17,7 +17,7 @@ KEYS = [None, b"k", b"heartbeat", None, b"k", b"k"]
 def loader_rows(id_type, ignore, ends, keyed) -> list[tuple]:
     """The rows PostgreSQL's path COPYs, read back from its lines."""
     watch = SimpleNamespace(record_id="value", ignore=ignore, keyed=keyed)
-    loader = watch_audit._Loader(cursor=None, watch=watch, id_type=id_type, ends=ends)
+    loader = watch_loader.Loader(cursor=None, watch=watch, id_type=id_type, ends=ends)
     records = [r._replace(key=k) for r, k in zip(RECORDS, KEYS, strict=True)]
     loader._add_any(0, records, loader.counts.setdefault(0, {"records": 0, "ignored": 0, "unreadable": 0}), ends[0],
                     loader.buffer.write)

@@ -24,7 +24,6 @@ The partitions' rows are locked for the check, so two checks at once never audit
 behind the settled mark reopens the ranges from the new committed offset on: they are audited again.
 """
 import functools
-import io
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,22 +41,17 @@ from consumers.kafka import ranges as kafka_ranges
 from consumers.models import OFFSETS_LISTED, Status, Watch, WatchFinding, WatchPartition, WatchRange, error_text
 from consumers.operations import actions
 from consumers.reconciliation import monitored, watch_compaction, watch_lag, watch_match, watch_settled
+from consumers.reconciliation.watch_loader import (
+    DROP_TEMPORARY,
+    FOUND,
+    RELATIONS,
+    WRITTEN,
+    Loader,
+    create_temporary_tables,
+)
 
 log = logging.getLogger("tally.watch")
 
-RECORDS, WRITTEN, RANGES = "tally_watch_records", "tally_watch_written", "tally_watch_ranges"
-FOUND, SETTLED = "tally_watch_found", watch_settled.TABLE
-TEMPORARY = (RECORDS, WRITTEN, RANGES, FOUND, SETTLED)
-RELATIONS = {"records": sql.SQL("pg_temp.") + sql.Identifier(RECORDS),
-             "written": sql.SQL("pg_temp.") + sql.Identifier(WRITTEN),
-             "ranges": sql.SQL("pg_temp.") + sql.Identifier(RANGES),
-             "found": sql.SQL("pg_temp.") + sql.Identifier(FOUND),
-             "settled": sql.SQL("pg_temp.") + sql.Identifier(SETTLED)}
-# One statement for all of them: a pass audits many watches, each round trip counts.
-DROP_TEMPORARY = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(
-    sql.SQL("pg_temp.") + sql.Identifier(name) for name in TEMPORARY))
-# Lines of COPY buffered before they are sent: bounded memory for a range of millions of records.
-COPY_CHUNK = 100_000
 # work_mem of the match's statements: a range of 1,000,000 ids hashes in about 150 MB.
 MATCH_WORK_MEM = "256MB"
 RETENTION_NOTE = "removed by retention before the audit read them: not audited"
@@ -339,77 +333,11 @@ def unread_ranges(parts: dict, marks: dict) -> list["RangeResult"]:
 
 # --- the audit of the new ranges -------------------------------------------------------------------------
 
-class _Loader:
-    """Turns records into lines of the temporary table and sends them with COPY, a chunk at a time."""
-
-    def __init__(self, cursor, watch: Watch, id_type: str | None, ends: dict[int, int], relation=None,
-                 after_flush=None):
-        self.cursor, self.ends, self.after_flush = cursor, ends, after_flush   # after_flush: after each chunk sent
-        self.relation = RELATIONS["records"] if relation is None else relation
-        self.by_offset = id_type is None
-        self.spec = None if self.by_offset else record_ids.parse_spec(watch.record_id)
-        self.ignores = [record_ids.parse_ignore(text) for text in watch.ignore]
-        self.normalise = record_ids.normaliser(id_type)
-        self.keys = record_ids.names_by_key(self.spec, watch.keyed)   # the key, for tombstones (TOMBSTONE_IDS)
-        self.counts: dict[int, dict[str, int]] = {}
-        self.buffer, self.lines = io.StringIO(), 0
-
-    def add(self, partition: int, records) -> None:
-        counts = self.counts.setdefault(partition, {"records": 0, "ignored": 0, "unreadable": 0})
-        end, write = self.ends[partition], self.buffer.write
-        if not self.by_offset and not self.ignores and records and records[-1].offset < end:
-            self._add_ids(partition, records, counts)
-        else:
-            self._add_any(partition, records, counts, end, write)
-        if self.lines >= COPY_CHUNK:
-            self.flush()
-
-    def _add_ids(self, partition: int, records, counts: dict) -> None:
-        """The common case (ids, no ignore spec, no record of the tail), with one branch less per record and
-        the lines joined once: 1.2-2x the general path."""
-        extract, normalise, prefix, keys = self.spec.extract, self.normalise, f"{partition}\t", self.keys
-        lines, unreadable = [], 0
-        for r in records:
-            rid = normalise(extract(r.key, r.value))
-            if rid is None:
-                unreadable += 1
-            lines.append(f"{prefix}{r.offset}\t{_copy_text(rid)}\tt\t{'t' if r.value is None else 'f'}\t"
-                         f"{r.timestamp}\tf\t{_copy_text(record_ids.key_text(r.key) if keys else None)}\n")
-        self.buffer.write("".join(lines))
-        counts["records"] += len(records)
-        counts["unreadable"] += unreadable
-        self.lines += len(records)
-
-    def _add_any(self, partition: int, records, counts: dict, end: int, write) -> None:
-        for r in records:
-            tail = r.offset >= end
-            rid, ignored = record_ids.derive(self.spec, self.ignores, self.normalise, r.key, r.value)
-            if not tail:
-                counts["records"] += 1
-                if ignored:
-                    counts["ignored"] += 1
-                elif rid is None and not self.by_offset:
-                    counts["unreadable"] += 1
-            key = _copy_text(record_ids.key_text(r.key) if self.keys else None)
-            write(f"{partition}\t{r.offset}\t{_copy_text(rid)}\t{'f' if ignored else 't'}\t"
-                  f"{'t' if r.value is None else 'f'}\t{r.timestamp}\t{'t' if tail else 'f'}\t{key}\n")
-            self.lines += 1
-
-    def flush(self) -> None:
-        if self.lines:
-            self.buffer.seek(0)
-            self.cursor.copy_expert(sql.SQL("COPY {} FROM STDIN").format(self.relation).as_string(self.cursor),
-                                    self.buffer)
-            self.buffer, self.lines = io.StringIO(), 0
-            if self.after_flush:
-                self.after_flush()
-
-
 def _load(cur, watch: Watch, id_type: str | None, reads: dict, ends: dict, relation=None,
-          after_flush=None) -> _Loader:
+          after_flush=None) -> Loader:
     """Reads `reads` ({partition: (start, end)}) from the topic into `relation` (`records` by default), a COPY
     chunk at a time. Kafka failing fails the check (WatchCheckError)."""
-    loader = _Loader(cur, watch, id_type, ends, relation, after_flush)
+    loader = Loader(cur, watch, id_type, ends, relation, after_flush)
     try:
         kafka_ranges.read_ranges(watch.topic, reads, loader.add, cluster=watch.cluster)
     except Exception as exc:
@@ -433,7 +361,7 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
         if types is None or any(c not in types for c in columns):
             raise WatchCheckError(table_gone_message(watch))
         id_type = None if by_offset else types[columns[0]]["type"]
-        _create_temporary_tables(cur, id_type, plans)
+        create_temporary_tables(cur, id_type, plans)
         if _on_spark(plans, spark_threshold) and spark_compares_ids(cur, watch, id_type):
             counts_of, superseded = _match_on_spark(watch, cur, plans, marks, id_type, phantoms, tails, settled,
                                                     notes)
@@ -616,26 +544,6 @@ def _match_on_spark(watch: Watch, cur, plans: dict, marks: dict, id_type: str | 
         log.exception("watch %s: the audit on Spark failed", watch.name)
         raise WatchCheckError(f"Spark: the audit of {watch.topic} failed ({type(exc).__name__}); "
                               "the details are in the log") from exc
-
-
-def _create_temporary_tables(cur, id_type: str | None, plans: dict) -> None:
-    cur.execute(DROP_TEMPORARY)   # a caller's open transaction may hold a previous check's
-    rid_type = sql.SQL(record_ids.column_type(id_type)) if id_type else sql.SQL("text")
-    cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer NOT NULL, "offset" bigint NOT NULL, rid {}, '
-                        "expected boolean NOT NULL, tomb boolean NOT NULL, ts bigint, tail boolean NOT NULL, k text) "
-                        "ON COMMIT DROP").format(sql.Identifier(RECORDS), rid_type))
-    cur.execute(sql.SQL('CREATE TEMP TABLE {} (partition integer, start bigint, "end" bigint) ON COMMIT DROP').format(
-        sql.Identifier(RANGES)))
-    values = [(p, first, end) for p, (_, first, end) in plans.items()]
-    cur.executemany(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(RELATIONS["ranges"]), values)
-
-
-def _copy_text(value: str | None) -> str:
-    if value is None:
-        return "\\N"
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    return value
 
 
 # --- storing, status --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ The cost is bounded twice:
   - by size: at most SETTLED_READ_LIMIT positions per partition, the newest before its mark. A partition whose
     window is larger (a partition that ran far ahead of another) is cut, and the check's notes say where: a loss of
     a key also written in the part not read may be a record the consumer rightly replaced.
-The records read are sent in chunks (watch_audit.COPY_CHUNK), and each chunk is filtered to the judged ids before
+The records read are sent in chunks (watch_loader.COPY_CHUNK), and each chunk is filtered to the judged ids before
 the next one is read: the check's tables grow by the matching records only.
 """
 from psycopg2 import sql
