@@ -183,9 +183,10 @@ def _drop_reminders_of_disabled_channels(now) -> int:
                                          answer=short(DROPPED_WHILE_DISABLED))
 
 
-def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
+def deliver_due(now=None, limit: int = DELIVERY_BATCH, session: Session | None = None) -> dict:
     """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error.
-    `now` fixes the run's clock (tests pass it). Without it, each claim and each outcome is stamped when it
+    `session`: the run's connections and pace (tests pass one with their own clock). `now` fixes the run's clock
+    (tests pass it). Without it, each claim and each outcome is stamped when it
     happens: a run slowed by its receivers claims its last rows minutes after it started, and a claim counted
     from the run's start would expire while its row is being sent, for a run started meanwhile to send it again."""
     clock = timezone.now if now is None else lambda: now
@@ -205,7 +206,7 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH) -> dict:
                .exclude(held).exclude(Exists(waiting)).order_by("created_at", "pk")
                .values_list("pk", "channel_id", "created_at")[:limit])
     blocked = set()  # channels that must wait: an older message is pending or just failed
-    with Session() as session:
+    with session or Session() as session:
         for notification_id, channel_id, created_at in due:
             if channel_id is not None and (channel_id in blocked
                                            or _waits_behind_older(notification_id, channel_id, created_at)):
@@ -228,6 +229,8 @@ def _send(notification: Notification, session: Session, clock) -> str:
     channel = notification.channel
     secrets = channel.secret_values() if channel is not None else []
     try:
+        if channel is not None:
+            session.pace(channel)
         answer = kind_of(channel).send(channel, notification, session)
     except Exception as error:  # noqa: BLE001 - any failure is recorded and retried; the run goes on
         reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"

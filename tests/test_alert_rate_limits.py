@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.core import mail
 
+from alerts.channels import Session
 from alerts.models import Channel, Notification
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
@@ -121,3 +122,33 @@ def test_a_receiver_that_keeps_answering_429_past_the_longest_wait_counts_toward
     channel.refresh_from_db()
     assert channel.consecutive_failures == 3 and channel.is_failing and len(told_failing()) == 1
     assert "HTTP 429: rate_limited" in channel.last_error
+
+
+class StepClock:
+    """A monotonic clock that moves only when slept on: what a run waits is exactly what it asks to sleep."""
+
+    def __init__(self):
+        self.seconds, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.seconds += seconds
+
+
+def test_a_burst_to_one_slack_webhook_goes_out_in_one_run_a_second_apart_and_other_kinds_are_not_held(receiver):
+    """Slack takes about one message a second per webhook and answers a faster burst with 429s: each of those
+    messages then waited for a later delivery run (every ALERT_EVALUATE_SECONDS), so a burst of N alerts took
+    about N runs to reach Slack. A run now spaces its sends to one webhook a second apart."""
+    add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
+    add_channel("hooks", "webhook", f"{receiver.url}/in")
+    for name in ("orders", "payments", "refunds", "invoices"):
+        fire_loss(name)
+    clock = StepClock()
+
+    assert deliver_due(now=T0, session=Session(clock=clock.monotonic, sleep=clock.sleep))["sent"] == 8
+
+    assert clock.sleeps == [1.0, 1.0, 1.0]   # before the 2nd, 3rd and 4th Slack message; none for the webhook
+    assert Notification.objects.filter(delivered_at__isnull=True).count() == 0

@@ -1,5 +1,8 @@
 """Notification channels: one module per kind behind one small protocol (alerts/channels/base.py says it),
-and the session a delivery run shares between them (one SMTP connection, one HTTP connection pool)."""
+and the session a delivery run shares between them (one SMTP connection, one HTTP connection pool, and the pace
+of each channel whose kind asks for one)."""
+import time
+
 import requests
 from django.conf import settings
 from django.core.mail import get_connection
@@ -25,11 +28,26 @@ def problems(channel) -> dict:
 
 
 class Session:
-    """Connections reused across one delivery run; closed at its end."""
+    """Connections reused across one delivery run; closed at its end. It also paces the run's sends to a channel
+    whose kind takes messages no faster than its SEND_INTERVAL_SECONDS (Slack: a second per webhook). A burst over
+    that pace is answered with 429s, and each message refused so waited for a later run. `clock` and `sleep` are
+    injected by tests."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic, sleep=time.sleep):
         self._smtp = None
         self._http = None
+        self._clock, self._sleep = clock, sleep
+        self._last_send: dict[int, float] = {}   # channel id -> when this run last sent to it
+
+    def pace(self, channel) -> None:
+        """Wait, if need be, until the channel's kind takes another message; call right before sending to it."""
+        interval = getattr(kind_of(channel), "SEND_INTERVAL_SECONDS", 0)
+        if not interval:
+            return
+        last = self._last_send.get(channel.pk)
+        if last is not None and (wait := last + interval - self._clock()) > 0:
+            self._sleep(wait)
+        self._last_send[channel.pk] = self._clock()
 
     @property
     def smtp(self):

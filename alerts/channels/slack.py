@@ -11,6 +11,9 @@ ICON = {"fired": ":rotating_light:", "reminder": ":bell:", "resolved": ":white_c
         "acknowledged": ":eyes:"}
 # A channel that heard the alert fire is told, in one line, who took it.
 ACKNOWLEDGES = True
+# Slack takes about one message a second per webhook (a short burst over it, then 429s): a delivery run spaces its
+# sends to one webhook this far apart (alerts.channels.Session.pace).
+SEND_INTERVAL_SECONDS = 1.0
 # Slack refuses a section field over 2,000 characters and a header over 150; partitions listed at most.
 MAX_FIELD = 1900
 MAX_PARTITIONS = 10
