@@ -23,7 +23,7 @@ def slack(receiver) -> Channel:
 
 @pytest.mark.parametrize("status,error", [
     (400, "no_service_id"), (400, "no_team"), (400, "invalid_token"), (403, "invalid_token"),
-    (404, "no_service"), (404, "channel_not_found"), (410, "channel_is_archived"),
+    (404, "no_service"), (404, "channel_not_found"), (410, "channel_is_archived"), (400, "user_not_found"),
 ])
 def test_slack_refusing_the_webhook_url_is_retried_and_named_so_the_messages_go_out_once_it_is_fixed(receiver,
                                                                                                   status, error):

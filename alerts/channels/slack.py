@@ -28,6 +28,7 @@ URL_ERRORS = {
     "invalid_token": "the token in this URL is revoked or mistyped",
     "channel_not_found": "the webhook's Slack channel no longer exists",
     "channel_is_archived": "the webhook's Slack channel is archived",
+    "user_not_found": "the person this webhook messages directly is no longer in the workspace",
 }
 FIX = "its messages wait until the channel's URL is fixed"
 
