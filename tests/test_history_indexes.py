@@ -79,3 +79,14 @@ def test_the_admins_history_lists_count_their_table_once_a_page(pipeline, admin_
         assert admin_client.get(url).status_code == 200
     counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"] and f'FROM "{table}"' in q["sql"]]
     assert len(counts) == 1, counts
+
+
+def test_the_names_of_deleted_pipelines_are_read_from_their_own_small_index(pipeline):
+    """The action log's pipeline filter lists deleted pipelines by name, from their deletion entries: entries without
+    a pipeline, which are most of a long log (group resets, watches, sign-ins refused). A partial index holds only
+    the deletions, so the list reads those and not the log."""
+    ActionLog.objects.create(actor="ann", action="delete", params={"pipeline": "gone"}, result="done")
+    ActionLog.objects.create(actor="ann", action="reset_group", group_id="g")
+    with CaptureQueriesContext(connection) as queries:
+        assert ActionLog.objects.deleted_pipeline_names() == ["gone"]
+    assert "action_deleted_pipeline_idx" in plan_of(queries.captured_queries[0]["sql"])

@@ -29,7 +29,7 @@ class ActionLogQuerySet(models.QuerySet):
     def deleted_pipeline_names(self) -> list[str]:
         """Names of deleted pipelines, from their deletion entries (a refusal may name a pipeline never made)."""
         names = self.filter(pipeline__isnull=True, action="delete", result=ActionResult.DONE,
-                            params__has_key="pipeline").values_list("params__pipeline", flat=True)
+                            params__has_key="pipeline").order_by().values_list("params__pipeline", flat=True)
         return sorted({name for name in names if isinstance(name, str)})
 
 
@@ -55,7 +55,10 @@ class ActionLog(models.Model):
         ordering = ["-created_at"]
         # The action log's pages (every pipeline's entries newest first) and retention's "older than" read it.
         indexes = [models.Index(fields=["pipeline", "-created_at"], name="action_pipeline_idx"),
-                   models.Index(fields=["-created_at"], name="action_created_idx")]
+                   models.Index(fields=["-created_at"], name="action_created_idx"),
+                   # Only deletions: deleted_pipeline_names reads these, not every entry without a pipeline.
+                   models.Index(fields=["id"], name="action_deleted_pipeline_idx",
+                                condition=models.Q(pipeline__isnull=True, action="delete"))]
 
     @property
     def cluster(self) -> str:
