@@ -304,6 +304,11 @@ TALLY_REWIND_STOP_TIMEOUT_SECONDS = env_int("TALLY_REWIND_STOP_TIMEOUT_SECONDS",
 CELERY_BEAT_SCHEDULE["pipelines-supervise"] = {
     "task": "consumers.supervise", "schedule": TALLY_SUPERVISOR_INTERVAL_SECONDS,
     "options": {"expires": TALLY_SUPERVISOR_INTERVAL_SECONDS}}
+# An engine process frozen mid-COPY escapes the idle-transaction limit: this pass ends its session once the COPY is
+# older than that limit (consumers/operations/frozen_copies.py).
+CELERY_BEAT_SCHEDULE["engine-frozen-copies"] = {
+    "task": "consumers.end_frozen_copies", "schedule": TALLY_SUPERVISOR_INTERVAL_SECONDS,
+    "options": {"expires": TALLY_SUPERVISOR_INTERVAL_SECONDS}}
 
 # --- Reconciliation (consumers/reconciliation/: reconcile.py, snapshots.py) ------------------------------
 RECONCILE_INTERVAL_SECONDS = env_int("RECONCILE_INTERVAL_SECONDS", 30, minimum=1)

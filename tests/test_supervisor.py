@@ -6,17 +6,21 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import psycopg2
 import pytest
 from django.db import connection
 from django.utils import timezone
 
+from consumers import waiting
 from consumers.engine import commit, db, runs
 from consumers.engine.lifecycle import RunResult
 from consumers.models import ActionLog, ActionResult, ConsumerRun, DesiredState, EndReason, Pipeline, RunState
-from consumers.operations import actions, supervisor
+from consumers.operations import actions, frozen_copies, supervisor
+from consumers.tasks.operations import end_frozen_copies_task
 from tests.chaos import produce_values
 from tests.commands import pipeline_command
 from tests.pipelines import create_pipeline
@@ -121,6 +125,69 @@ def test_a_run_frozen_inside_its_batch_transaction_does_not_block_its_restart(ru
         assert pool.submit(supervise_in_thread).result(timeout=30) == "restarted"
     running.refresh_from_db()
     assert running.epoch == 6
+
+
+class StalledRows:
+    """A writer's COPY data: a few rows, then nothing until released (its process froze mid-write)."""
+
+    def __init__(self):
+        self.release, self.sent = threading.Event(), False
+
+    def read(self, size=-1):
+        if not self.sent:
+            self.sent = True
+            return "1\n2\n"
+        self.release.wait(60)
+        return ""
+
+    readline = read
+
+
+def test_a_run_frozen_inside_its_batch_copy_does_not_block_its_restart(running, enqueued, settings):
+    # As above, but the writer froze in the middle of its COPY: PostgreSQL's session is then active (reading the
+    # client's data), so neither the idle-transaction limit nor a statement timeout ends it, and the pipeline row
+    # stayed locked FOR SHARE for good. The periodic sweep ends an engine COPY older than that limit.
+    settings.TALLY_RUN_LEASE_SECONDS = 2
+    settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
+    db.close_pool()
+    run_row(running, heartbeat_age=20)
+    rows = StalledRows()
+
+    def write_frozen(conn):
+        with conn.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE frozen_sink (value int)")
+            cursor.execute(commit._SHARE_PIPELINE, [running.pk])
+            cursor.copy_expert("COPY frozen_sink FROM STDIN", rows)
+
+    def supervise_in_thread():
+        try:
+            return decision().action
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool, db.engine_connection() as frozen:
+        writing = pool.submit(write_frozen, frozen)
+        assert waiting.wait_until(lambda: rows.sent, 30)
+        assert frozen_copies.end_frozen_copies(older_than_seconds=3600) == []   # a COPY under the limit is left
+        restart = pool.submit(supervise_in_thread)
+        ended = []
+        assert waiting.wait_until(lambda: ended.extend(end_frozen_copies_task()) or ended, 30)   # beat's task
+        assert ended == [frozen.get_backend_pid()]
+        assert restart.result(timeout=30) == "restarted"
+        rows.release.set()
+        with pytest.raises(psycopg2.OperationalError):
+            writing.result(timeout=30)
+    running.refresh_from_db()
+    assert running.epoch == 6
+
+
+def test_beat_ends_frozen_copies_as_often_as_it_supervises(settings):
+    from tally.celery import app
+
+    app.loader.import_default_modules()
+    entry = settings.CELERY_BEAT_SCHEDULE["engine-frozen-copies"]
+    assert entry["task"] == end_frozen_copies_task.name and entry["task"] in app.tasks
+    assert entry["schedule"] == settings.CELERY_BEAT_SCHEDULE["pipelines-supervise"]["schedule"]
 
 
 def test_a_run_whose_process_died_on_this_host_is_dead_before_its_lease_runs_out(running, enqueued):

@@ -14,6 +14,9 @@ from urllib.parse import quote
 import psycopg2
 from django.conf import settings
 
+# The engines' connections say what they are (pg_stat_activity): consumers/operations/frozen_copies.py finds them so.
+ENGINE_APPLICATION_NAME = "tally-engine"
+
 
 def connect(application_name: str = "tally", idle_in_transaction_seconds: int | None = None):
     """A new connection; with `idle_in_transaction_seconds`, PostgreSQL ends its session when a transaction
@@ -42,7 +45,7 @@ def database_url() -> str:
 class ConnectionPool:
     """At most `size` open engine connections, lent one at a time; a borrower waits while all are lent."""
 
-    def __init__(self, size: int, application_name: str = "tally-engine"):
+    def __init__(self, size: int, application_name: str = ENGINE_APPLICATION_NAME):
         self.application_name, self.size = application_name, size
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list = []

@@ -41,6 +41,15 @@ def supervise_task():
     return [d.__dict__ for d in decisions if d.action != Verdict.OK]
 
 
+@shared_task(name="consumers.end_frozen_copies", ignore_result=True)
+def end_frozen_copies_task() -> list[int]:
+    """Beat: end engine sessions frozen in the middle of a COPY (consumers/operations/frozen_copies.py). A task of its
+    own, not a step of the supervisor's pass: the pass may itself be waiting on the lock such a session holds."""
+    from consumers.operations.frozen_copies import end_frozen_copies
+
+    return end_frozen_copies()
+
+
 
 @worker_init.connect
 def _use_tallys_thread_pool(sender=None, **kwargs):
