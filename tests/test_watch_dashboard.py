@@ -16,7 +16,7 @@ from alerts.models import Alert, AlertRule, AlertState, Notification, RuleKind
 from consumers.kafka import admin
 from consumers.models import RANGES_SHOWN, ActionLog, ActionResult, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import snapshots, watch_audit
+from consumers.reconciliation import snapshots, watch_audit, watch_commits
 from tests.producing import into, send
 from tests.views_helpers import client_of, make_operator, make_viewer
 from tests.watch_helpers import as_offsets, id_counts, produce, read_topic, run_plain_consumer
@@ -244,8 +244,8 @@ def test_the_apis_ranges_with_every_kind_of_finding_match_the_schema(make_topic,
                               unreadable=1, lost=1, lost_offsets=[4], duplicated=2, duplicated_offsets=[[6, 2]],
                               phantom=1, phantom_offsets=[8], checked_at=now - timedelta(days=1))
     WatchRange.objects.create(watch=watch, partition=1, start=10, end=20,
-                              note=watch_audit.DELETED_UNREAD_NOTE, checked_at=now - timedelta(days=1))
+                              note=watch_commits.DELETED_UNREAD_NOTE, checked_at=now - timedelta(days=1))
     detail = client_of(make_viewer()).get("/api/watches/history/")
     ranges = {r["start"]: r for r in detail.json()["ranges"] if r["partition"] == 1}
-    assert ranges[0]["duplicated_offsets"] == [[6, 2]] and ranges[10]["note"] == watch_audit.DELETED_UNREAD_NOTE
+    assert ranges[0]["duplicated_offsets"] == [[6, 2]] and ranges[10]["note"] == watch_commits.DELETED_UNREAD_NOTE
     assert_documented(operation("GET", "/api/watches/{name}/"), detail, "GET", "/api/watches/history/")

@@ -14,7 +14,7 @@ from consumers.kafka import admin
 from consumers.kafka.admin import Watermarks
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import watch_audit, watch_pass
+from consumers.reconciliation import watch_audit, watch_commits, watch_pass
 from tests.watch_helpers import as_offsets, drop_tables, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
@@ -142,13 +142,13 @@ def test_records_deleted_before_the_group_read_them_are_its_loss_not_the_audits(
     behind = watch_audit.check_watch(watch, now=now, kafka=RetainedFrom(6))
     assert behind.status == "ERR" and behind.partitions[0]["settled_offset"] == 6
     assert [(r.start, r.end, r.note) for r in WatchRange.objects.filter(watch=watch).order_by("start")] == [
-        (0, 2, watch_audit.RETENTION_NOTE), (2, 6, watch_audit.DELETED_UNREAD_NOTE)]
+        (0, 2, watch_commits.RETENTION_NOTE), (2, 6, watch_commits.DELETED_UNREAD_NOTE)]
 
     write(table_name, range(7, 11))   # the consumer jumps to the log start and delivers 6..9
     admin.commit_offsets(group, topic, {0: 10})
     after = watch_audit.check_watch(watch, now=now + timedelta(seconds=30), kafka=RetainedFrom(6))
     assert (after.checked, after.lost, after.partitions[0]["settled_offset"]) == (4, 0, 10)
-    assert WatchRange.objects.filter(watch=watch, note=watch_audit.DELETED_UNREAD_NOTE).count() == 1
+    assert WatchRange.objects.filter(watch=watch, note=watch_commits.DELETED_UNREAD_NOTE).count() == 1
 
 
 def recreate(topic: str) -> None:

@@ -8,7 +8,7 @@ passes. So a pass:
      the watermarks of every watched topic with one consumer, the committed offsets of every watched group in
      one request, their membership in one;
   2. under one lock of the watches, works out in memory what each check would, with the check's own steps
-     (watch_audit.observe and plan_ranges, watch_lag.measure_records and evaluate): a watch with no new settled
+     (watch_commits.observe and plan_ranges, watch_lag.measure_records and evaluate): a watch with no new settled
      range to audit, no group reset and no partition added is "quiet". The quiet watches' lag in seconds is read
      in one request per cluster, their status windows in one query, and their measurements stored in a few
      statements;
@@ -25,7 +25,15 @@ from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchPartition, WatchRange
-from consumers.reconciliation import monitored, pass_kafka, row_updates, watch_audit, watch_lag
+from consumers.reconciliation import (
+    monitored,
+    pass_kafka,
+    row_updates,
+    watch_audit,
+    watch_commits,
+    watch_lag,
+    watch_results,
+)
 
 log = logging.getLogger("tally.watch")
 
@@ -35,7 +43,7 @@ MEASURED = ["commits_seen", "committed", "moved_at", "log_start", "high_watermar
 SUMMARISED = ["status", "lag_records", "lag_seconds", "checked_at", "last_error", "last_notes"]
 
 
-def check_all(*, kafka=None, now: datetime | None = None) -> list[watch_audit.WatchReport]:
+def check_all(*, kafka=None, now: datetime | None = None) -> list[watch_results.WatchReport]:
     """Check every watch; their reports by watch name. `kafka`: a stand-in for every cluster's Kafka calls (tests),
     with which each watch is checked alone."""
     now = now or timezone.now()
@@ -58,7 +66,7 @@ def check_all(*, kafka=None, now: datetime | None = None) -> list[watch_audit.Wa
     return reports
 
 
-def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[int, watch_audit.WatchReport]:
+def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[int, watch_results.WatchReport]:
     """Measure, evaluate and store every quiet watch; their reports by watch id. The others are left untouched."""
     served = [w for w in watches if w.cluster in readings and readings[w.cluster].read_in_bulk(w.topic)]
     if not served:
@@ -86,33 +94,34 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
             watch_lag.evaluate(parts, alive, set(), now, history.get(watch.pk, {}), watch.created_at)
             for wp in parts.values():
                 wp.checked_at = now
-            watch_audit.summarise(watch, parts.values(), now, notes[watch.pk])
+            watch_results.summarise(watch, parts.values(), now, notes[watch.pk])
         row_updates.update_columns([wp for w in quiet for wp in rows[w.pk].values()], MEASURED)
         row_updates.update_columns(quiet, SUMMARISED)
         findings = defaultdict(list)
         for r in (WatchRange.objects.filter(watch_id__in=[w.pk for w in quiet]).exclude(lost=0, duplicated=0)
                   .order_by("watch_id", "partition", "start")):
             findings[r.watch_id].append(r)
-    return {w.pk: watch_audit.report_of(w, rows[w.pk].values(), watch_audit.listed_offsets(w, ranges=findings[w.pk]),
-                                        [], notes[w.pk]) for w in quiet}
+    return {w.pk: watch_results.report_of(w, rows[w.pk].values(),
+                                          watch_results.listed_offsets(w, ranges=findings[w.pk]), [], notes[w.pk])
+            for w in quiet}
 
 
 def _observe_quiet(watch: Watch, parts: dict, reading: pass_kafka.PassKafka, now: datetime) -> bool:
-    """Observe the group's commits on the watch's rows as its check would (watch_audit.observe), and say whether
+    """Observe the group's commits on the watch's rows as its check would (watch_commits.observe), and say whether
     the check would do no more than measure: no partition added, no group reset, no new settled range."""
     marks = reading.watermarks(watch.topic)
     if any(p not in parts for p in marks):   # the check creates the new partition's row
         return False
-    if watch_audit.topic_recreated(watch, marks) or (kafka_admin.topic_id_of(marks) and not watch.topic_id):
+    if watch_commits.topic_recreated(watch, marks) or (kafka_admin.topic_id_of(marks) and not watch.topic_id):
         return False   # the check says the topic was re-created (ERR), or takes the topic's id for the watch
     committed = reading.committed_offsets(watch.group_id, watch.topic, sorted(marks))
-    rewound = [p for p, wp in parts.items() if watch_audit.observe(wp, committed.get(p), now, watch.settle_seconds)]
+    rewound = [p for p, wp in parts.items() if watch_commits.observe(wp, committed.get(p), now, watch.settle_seconds)]
     if rewound:
         return False
     cutoff = now - timedelta(seconds=watch.settle_seconds)
     if not watch.audits:
         return True
-    return not (watch_audit.unread_ranges(parts, marks) or watch_audit.plan_ranges(parts, marks, cutoff))
+    return not (watch_commits.unread_ranges(parts, marks) or watch_commits.plan_ranges(parts, marks, cutoff))
 
 
 def _measure(quiet: list[Watch], rows: dict, readings: dict, notes: dict, now: datetime) -> None:

@@ -128,7 +128,7 @@ def match(watch, cur, plans: dict, marks: dict, id_type: str | None, found_relat
     """Run the audit of `plans` on Spark; every finding is COPYed into `found_relation` (partition, "offset",
     kind, extra) through `cur`. Returns ({partition: {records, ignored, unreadable}}, {partition: superseded}).
     `phantoms`: as watch_match.findings_sql; `tails`: keyed, partitions read from that offset as tail only
-    (watch_audit.keyed_tails); `settled`: keyed, the positions earlier checks settled (watch_settled), of which
+    (watch_commits.keyed_tails); `settled`: keyed, the positions earlier checks settled (watch_settled), of which
     the records of the ids judged now are read back as tail too; `notes`: the check's notes."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F

@@ -14,7 +14,7 @@ from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_file, watch_setup
 from consumers.operations.errors import Refused
 from consumers.operations.watch_setup import Invalid, WatchSpec
-from consumers.reconciliation import watch_audit
+from consumers.reconciliation import watch_audit, watch_results
 
 # --settle-seconds out of range is a usage error (exit 2), as every malformed option is.
 SETTLE_SECONDS = whole_number(0, watch_setup.MAX_SETTLE_SECONDS)
@@ -91,7 +91,7 @@ class Command(SubcommandsCommand):
     def do_show(self, *, name, limit: int, json: bool, **options):
         watch = _watch(name)
         data = as_dict(watch)
-        data["partitions"] = [watch_audit.partition_json(wp) for wp in watch.partitions.order_by("partition")]
+        data["partitions"] = [watch_results.partition_json(wp) for wp in watch.partitions.order_by("partition")]
         ranges = WatchRange.objects.filter(watch=watch)
         newest = sorted(ranges.newest()[:limit],
                         key=lambda r: (r.partition, r.start))
