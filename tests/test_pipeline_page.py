@@ -184,3 +184,39 @@ def test_a_json_pipeline_whose_table_is_gone_still_shows_its_map_and_why_it_cann
 
     assert "created_at" in html and "ts::seconds" in html
     assert "sink table &#x27;sink_events_json&#x27; does not exist" in html
+
+
+def test_the_action_log_counts_its_entries_only_as_far_as_it_shows_pages(operator_client, monkeypatch):
+    """Counting every entry for "Page 1 of M" read the whole log on each page (36 ms with 200,000 entries, growing
+    with it). The page counts no further than a few pages past the one asked for: a shorter log is numbered as
+    before; a longer one says there are more pages, and the last pages are still counted exactly."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from dashboard.views import pages
+
+    monkeypatch.setattr(pages, "ACTION_LOG_PAGE_SIZE", 2)
+    monkeypatch.setattr(pages, "ACTION_LOG_COUNTED_PAGES", 2)
+    pipeline = make_pipeline()
+    for n in range(7):  # pages of 2: four pages, the last holding one entry
+        ActionLog.objects.create(pipeline=pipeline, action="start", actor=f"a{n}", result=ActionResult.DONE)
+
+    def shown(number):
+        with CaptureQueriesContext(connection) as queries:
+            page = operator_client.get("/action-log/", {"page": number})
+        counts = [q["sql"] for q in queries.captured_queries
+                  if "COUNT(" in q["sql"] and '"consumers_actionlog"' in q["sql"]]
+        assert len(counts) == 1 and "LIMIT" in counts[0], counts
+        html = page.content.decode()
+        return page.status_code, re.search(r"Page \d+ of [^<]*?(?=\s*<|\s*$)", html).group(0).strip() if (
+            page.status_code == 200) else html
+
+    assert shown(1)[1] == "Page 1 of more than 2"
+    assert shown(3)[1] == "Page 3 of more than 3"
+    assert shown(4)[1] == "Page 4 of 4"
+    status_code, html = shown(5)
+    assert status_code == 400 and "There is no page 5: pages are numbered 1 to 4." in html
+    status_code, html = shown("abc")
+    assert status_code == 400 and ("Page &#x27;abc&#x27; is not a page number: pages are numbered 1 to more than 2."
+                                   in html)
+    assert "older →" in operator_client.get("/action-log/", {"page": 3}).content.decode()

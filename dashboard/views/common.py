@@ -3,6 +3,7 @@ from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 
@@ -15,13 +16,48 @@ def page_of(paginator: Paginator, number: str | None) -> Page:
     that is not a whole number or past the last page is refused: showing another page than asked is a lie."""
     if not number:
         return paginator.page(1)
-    pages = f"pages are numbered 1 to {paginator.num_pages}"
+    last = getattr(paginator, "last_page_text", paginator.num_pages)
+    pages = f"pages are numbered 1 to {last}"
     try:
         return paginator.page(number)
     except PageNotAnInteger:
         raise BadPage(f"Page {number[:20]!r} is not a page number: {pages}.") from None
     except EmptyPage:
         raise BadPage(f"There is no page {number[:20]}: {pages}.") from None
+
+
+class CountedUpToPaginator(Paginator):
+    """Counts a long list no further than `pages` pages, or the page asked for when that is further, and one row
+    more to know whether there are more: a list shorter than that is numbered exactly as Paginator numbers it, a
+    longer one has `more` set (shown as "of more than N"). Asking for a page past the end counts up to it, so the
+    last pages, and a page that is not there, are still known exactly."""
+
+    NUMBER_LIMIT = 10**7   # a bigger page number counts every row (as Paginator does) rather than overflow LIMIT
+
+    def __init__(self, object_list, per_page, pages: int, asked: str | None):
+        super().__init__(object_list, per_page)
+        try:
+            number = min(max(int(asked or 0), 0), self.NUMBER_LIMIT)
+        except ValueError:
+            number = 0
+        self.limit = max(number, pages) * per_page + 1
+
+    @cached_property
+    def count(self) -> int:
+        return self.object_list.order_by().values("pk")[:self.limit].count()
+
+    @property
+    def more(self) -> bool:
+        return self.count >= self.limit
+
+    @property
+    def counted_pages(self) -> int:
+        """The pages known to exist: all of them unless `more`."""
+        return (self.limit - 1) // self.per_page if self.more else self.num_pages
+
+    @property
+    def last_page_text(self) -> str:
+        return f"more than {self.counted_pages}" if self.more else str(self.num_pages)
 
 
 def render_page(request, template: str, context: dict, fragment: str | None = None, status: int = 200):
