@@ -2,6 +2,7 @@
 
     /path/to/python bench/bench_history.py [--batches 3000000] [--partitions 3] [--repeat 15] [--explain]
         [--compact] [--drop]
+    /path/to/python bench/bench_history.py --entries 200000 [--batches 3000]
 
 Uses its own database (default `tally_bench_history`). Fills one exactly-once pipeline with `--batches` ledger
 rows as the commit protocol writes them (one row per committed batch and partition, contiguous positions,
@@ -16,6 +17,13 @@ in-process through Django's test client with DEBUG off:
 (consumers/reconciliation/compaction.py, the whole history: TALLY_LEDGER_KEEP_DAYS
 = 0 here) and measures again. Targets with 3,000,000 rows: page and API
 < 300 ms, trace < 100 ms, reconcile idle pass < 50 ms.
+
+`--entries N` measures the history lists instead of the ledger: it fills N action-log entries (a quarter of
+them the pipeline's, the rest without a pipeline as group resets and watches leave them, one in 10,000 a
+deleted pipeline's deletion), N runs of the pipeline and N of its dead letters, in bulk SQL, then times (median
+of 10) the action log page, the action log API, the pipeline's recent dead letters (dashboard.status) and the
+admin's runs list, with the history indexes (migrations 0027 and 0028) and without them: they are dropped in a
+transaction that is rolled back, so both are measured on the same data.
 """
 import argparse
 import os
@@ -44,6 +52,8 @@ def parse_args():
     parser.add_argument("--compact", action="store_true")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_history")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
+    parser.add_argument("--entries", type=int, default=0,
+                        help="Measure the history lists over N action-log entries, runs and dead letters.")
     return parser.parse_args()
 
 
@@ -215,6 +225,100 @@ def ledger_size() -> tuple[int, int]:
         return cur.fetchone()
 
 
+HISTORY_INDEXES = ["action_created_idx", "action_deleted_pipeline_idx", "run_started_idx", "dead_letter_recent_idx"]
+HISTORY_TABLES = ["consumers_actionlog", "consumers_consumerrun", "consumers_deadletter"]
+
+
+def fill_history(entries: int, partitions: int) -> None:
+    """`entries` action-log entries, runs and dead letters of the pipeline, one a second back from now (kept
+    from an earlier run when there are as many)."""
+    from django.db import connection
+    from psycopg2 import sql
+
+    from consumers.models import ActionLog, ConsumerRun, DeadLetter, Pipeline
+
+    pipeline = Pipeline.objects.get(name=NAME)
+    if (ActionLog.objects.count() == entries and ConsumerRun.objects.filter(pipeline=pipeline).count() == entries
+            and DeadLetter.objects.filter(pipeline=pipeline).count() == entries):
+        return
+    started = time.perf_counter()
+    ActionLog.objects.all().delete()
+    ConsumerRun.objects.filter(pipeline=pipeline).delete()
+    DeadLetter.objects.filter(pipeline=pipeline).delete()
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO consumers_actionlog (pipeline_id, group_id, action, actor, params, dry_run, offsets_before, "
+            "offsets_after, result, message, created_at, finished_at) "
+            "SELECT CASE WHEN i %% 4 = 0 THEN %s END, CASE WHEN i %% 4 = 0 THEN '' ELSE 'group-' || (i %% 50) END, "
+            "CASE WHEN i %% 10000 = 1 THEN 'delete' WHEN i %% 4 = 0 THEN 'rewind' ELSE 'reset_group' END, 'bench', "
+            "CASE WHEN i %% 10000 = 1 THEN jsonb_build_object('pipeline', 'gone-' || i) ELSE '{}'::jsonb END, "
+            "false, '{}', '{}', 'done', '', now() - make_interval(secs => i), now() - make_interval(secs => i) "
+            "FROM generate_series(1, %s) AS i", [pipeline.pk, entries])
+        cur.execute(
+            "INSERT INTO consumers_consumerrun (pipeline_id, epoch, host, pid, task_id, engine, state, "
+            "assigned_partitions, claimed_partitions, records_processed, started_at, heartbeat_at, ended_at, "
+            "end_reason) "
+            "SELECT %s, 1, 'bench', i, '', 'python', 'stopped', '[]', '[]', 1000, now() - make_interval(secs => i), "
+            "now() - make_interval(secs => i) + interval '0.5 s', now() - make_interval(secs => i) + interval "
+            "'0.5 s', 'stopped by bench' FROM generate_series(1, %s) AS i", [pipeline.pk, entries])
+        cur.execute(
+            "INSERT INTO consumers_deadletter (pipeline_id, partition, \"offset\", key, value, error, created_at) "
+            "SELECT %s, i %% %s, i, NULL, convert_to('{\"id\": ' || i || '}', 'UTF8'), 'bad record', "
+            "now() - make_interval(secs => i) FROM generate_series(1, %s) AS i", [pipeline.pk, partitions, entries])
+        for table in HISTORY_TABLES:
+            cur.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+    print(f"filled {entries:,} action-log entries, runs and dead letters in {time.perf_counter() - started:.1f} s")
+
+
+def measure_history(client, repeat: int, label: str) -> dict:
+    from consumers.models import Pipeline
+    from dashboard import status
+
+    pipeline = Pipeline.objects.get(name=NAME)
+
+    def get(url):
+        def call():
+            response = client.get(url)
+            assert response.status_code == 200, (url, response.status_code)
+        return call
+
+    results = {
+        "action log page": timed(get("/action-log/"), repeat),
+        "action log API": timed(get("/api/action-log"), repeat),
+        "a pipeline's recent dead letters": timed(lambda: status.recent_dead_letters(pipeline), repeat),
+        "admin runs list": timed(get("/admin/consumers/consumerrun/"), repeat),
+    }
+    print(f"\n{label}\n| operation | median ms | max ms |\n|---|---:|---:|")
+    for name, result in results.items():
+        print(f"| {name} | {result['median_ms']:.1f} | {result['max_ms']:.1f} |")
+    return results
+
+
+def measure_history_both(client, repeat: int, entries: int) -> None:
+    """With the history indexes, then without them on the same data: dropped inside a transaction that is
+    rolled back, so the database keeps them."""
+    from django.db import connection, transaction
+    from psycopg2 import sql
+
+    measure_history(client, repeat, f"{entries:,} entries, runs and dead letters: with the history indexes")
+
+    class Rollback(Exception):
+        pass
+
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                for index in HISTORY_INDEXES:
+                    cur.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(index)))
+            measure_history(client, repeat, f"{entries:,} entries, runs and dead letters: without them")
+            raise Rollback
+    except Rollback:
+        pass
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_indexes WHERE indexname = ANY(%s)", [HISTORY_INDEXES])
+        assert cur.fetchone()[0] == len(HISTORY_INDEXES), "the history indexes are back"
+
+
 def main():
     args = parse_args()
     bench_database.setup_django(args.database_url, fresh=False)
@@ -235,6 +339,12 @@ def main():
     client.force_login(user)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"Django {django.get_version()}")
+    if args.entries:
+        fill_history(args.entries, args.partitions)
+        measure_history_both(client, 10, args.entries)
+        if args.drop:
+            bench_database.drop_database(args.database_url)
+        return
     rows, size = ledger_size()
     print(f"ledger: {rows:,} rows, {size / 2**20:.0f} MiB (table and indexes)")
     catch_up()
