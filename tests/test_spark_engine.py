@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, connections
 
 from consumers.engine import commit, db, runs, sinks
+from consumers.engine.faults import FaultInjector
 from consumers.engine.spark import run_pipeline
 from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
@@ -155,3 +156,25 @@ def test_a_stopped_run_says_why_it_was_stopped_as_a_python_engine_run_does(spark
     assert outcome["result"]["detail"] == "worker shutting down (SIGTERM)"
     run = ConsumerRun.objects.get(pipeline=pipeline)
     assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped: worker shutting down (SIGTERM)")
+
+
+def test_a_micro_batch_stuck_on_the_executors_ends_the_run_and_the_next_run_writes_every_record_once(
+        spark_pipeline, kafka_bootstrap, settings):
+    # The worker committing the first slice stops (SIGSTOP: a hung process) in the middle of its write. Its batch
+    # then never finished, while the driver heartbeat on: the run stayed live, the pipeline stopped moving, and the
+    # supervisor never restarted it. Past TALLY_RUN_STALL_SECONDS the run ends as stuck, its query stopped.
+    settings.TALLY_ENGINE_IDLE_TRANSACTION_SECONDS = 2
+    settings.TALLY_RUN_STALL_SECONDS = 5   # the stuck batch is the run's first: no slow batch comes before it
+    pipeline = spark_pipeline("spark-stuck", partitions=1)
+    log = produce_values(kafka_bootstrap, pipeline.topic, 200, partitions=1)
+
+    stuck = run_pipeline(pipeline.name, batch_size=50, max_seconds=patience(180),
+                         faults=FaultInjector.parse("mid-write@1/stop", in_worker=True))
+
+    assert stuck.reason == "error" and "a micro-batch has not finished on the executors" in stuck.detail, stuck
+    assert sink_rows(pipeline.sink_table) == []
+    settings.TALLY_RUN_STALL_SECONDS = 0
+    Pipeline.objects.filter(pk=pipeline.pk).update(epoch=pipeline.epoch + 1)   # the supervisor's restart
+    again = run_pipeline(pipeline.name, batch_size=50, stop_when_caught_up=True, max_seconds=patience(120))
+    assert again.reason == "caught_up", again.detail
+    assert sink_rows(pipeline.sink_table) == expected_rows(log)

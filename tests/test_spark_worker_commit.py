@@ -44,6 +44,13 @@ def test_the_scheduled_crash_is_the_first_tasks_and_each_attempt_dies_at_its_own
     assert task_faults(job, task=1, attempt=0) is NO_FAULTS    # other slices of the batch commit undisturbed
 
 
+def test_a_scheduled_stop_reaches_its_task_as_a_stop_not_a_crash():
+    faults = FaultInjector.parse("mid-write@1/stop", in_worker=True)
+    assert crash_points(faults, 1, TASK_ATTEMPTS) == ["mid-write/stop"]
+    task = task_faults(_job(crash_points=("mid-write/stop",)), task=0, attempt=0)
+    assert (task.at_pass, task.stop_at) == ({"mid-write": {1}}, {("mid-write", 1)})
+
+
 def test_probabilistic_executor_faults_fire_on_a_first_attempt_only():
     job = _job(faults={"mid-write": 1.0})
     assert task_faults(job, task=3, attempt=0).points == {"mid-write": 1.0}

@@ -95,6 +95,7 @@ class SparkRun:
         # Held while a micro-batch commits: shutdown waits for the batch in flight before closing the
         # connection (query.stop() does not wait for a Python foreachBatch callback to return).
         self._batch_lock = threading.Lock()
+        self.batch_since: float | None = None   # when the micro-batch in flight began (monotonic), if one is
         self._closing = False
         self.kafka = KafkaPositions(pipeline, client_id=f"tally-spark-{pipeline.name}")
         self._job = None           # the executors' SliceJob, built at the first micro-batch
@@ -190,6 +191,8 @@ class SparkRun:
                 return "error", str(failure) if failure else "the Spark query ended"
             if self.ending:
                 return self.ending.reason, self.ending.detail
+            if stuck := self._stuck_batch():
+                return "error", stuck
             if self._stop_requested():
                 return "stopped", ""
             limit = self.options.max_seconds
@@ -200,6 +203,18 @@ class SparkRun:
             if self.lifecycle.heartbeat(partitions) and self.options.stop_when_caught_up and self._caught_up():
                 return "caught_up", ""
             query.awaitTermination(0.2)
+
+    def _stuck_batch(self) -> str:
+        """Why the micro-batch in flight counts as stuck, or "". A batch whose executors stopped answering (a Python
+        worker hung mid-commit, an executor frozen) would hold the run for ever while the driver heartbeats on, and
+        the supervisor would never restart it. Past TALLY_RUN_STALL_SECONDS, as a Python engine's stuck run, the
+        run ends; stopping the query cancels the batch's tasks, and the restart's epoch fences any that return."""
+        limit, since = settings.TALLY_RUN_STALL_SECONDS, self.batch_since
+        if not limit or since is None or time.monotonic() - since <= limit:
+            return ""
+        return (f"no progress for {limit} s: a micro-batch has not finished on the executors (stuck, say in a worker "
+                f"that hung while committing); the run ends so that the supervisor restarts the pipeline "
+                f"(TALLY_RUN_STALL_SECONDS)")
 
     def _stop_requested(self) -> bool:
         if self.stop is None:
@@ -230,10 +245,13 @@ class SparkRun:
             return  # fenced, failed or stopping: the supervisor is stopping the query; write nothing more
         with self._batch_lock:
             if not self._closing:
+                self.batch_since = time.monotonic()
                 try:
                     self._commit_on_executors(frame, self._batch_fetches(batch_id))
                 except RunEnded as ended:
                     self.ending = ended
+                finally:
+                    self.batch_since = None
 
     def _batch_fetches(self, batch_id: int) -> dict[int, tuple]:
         """Each partition's fetch of micro-batch `batch_id` as (start, end): from where the previous batch

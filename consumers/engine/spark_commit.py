@@ -104,10 +104,11 @@ def executor_faults(faults: FaultInjector) -> dict:
 def crash_points(faults: FaultInjector, next_attempt: int, attempts: int) -> list[str]:
     """The scheduled crash point of each attempt of a micro-batch's first task, whose first attempt is batch
     attempt `next_attempt` (1-based, counted over the run): consecutive scheduled attempts die until one is
-    not scheduled, which commits. At most `attempts - 1` die (Spark's task attempts), so the batch commits."""
+    not scheduled, which commits. At most `attempts - 1` die (Spark's task attempts), so the batch commits. A point
+    scheduled with `/stop` (`mid-write@1/stop`) stops the worker there instead (SIGSTOP: a hung process)."""
     points = []
     while len(points) < attempts - 1 and (point := faults.point_at(next_attempt + len(points))) is not None:
-        points.append(point)
+        points.append(point + ("/stop" if (point, next_attempt + len(points)) in faults.stop_at else ""))
     return points
 
 
@@ -115,7 +116,8 @@ def task_faults(job: SliceJob, task: int, attempt: int) -> FaultInjector:
     """The faults of one task attempt: its scheduled crash, or the probabilistic ones on a first attempt."""
     if job.crash_points:
         if task == SCHEDULED_TASK and attempt < len(job.crash_points):
-            return FaultInjector(at_pass={job.crash_points[attempt]: {1}})
+            point, _, stop = job.crash_points[attempt].partition("/")
+            return FaultInjector.parse(f"{point}@1" + (f"/{stop}" if stop else ""))
         return NO_FAULTS
     return FaultInjector(job.faults) if job.faults and attempt == 0 else NO_FAULTS
 
