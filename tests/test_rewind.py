@@ -5,9 +5,11 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from django.db import OperationalError
 
 from consumers.kafka import admin as kafka_admin
 from consumers.models import ActionLog, ActionResult, BatchLedger, PartitionOffset, Pipeline
+from consumers.operations import rewind as rewind_operation
 from consumers.operations.rewind import rewind
 from tests.ops_helpers import (
     AT_LEAST_ONCE,
@@ -217,3 +219,29 @@ def test_a_second_at_least_once_rewind_before_catch_up_counts_what_the_sink_stil
     done = rewind(AT_LEAST_ONCE, "to-offset", "5")
     assert done.as_dict()["reprocess"] == 20
     assert catch_up(AT_LEAST_ONCE).records == 20             # what the summary said it gives back
+
+
+def test_a_classic_rewind_whose_database_commit_fails_puts_kafkas_offsets_back(demo, monkeypatch):
+    """A classic pipeline resumes from Kafka's committed offsets, which a rewind commits inside its database
+    transaction, before that transaction commits. A commit that failed then (the database gone at that moment)
+    left Kafka moved while the positions, and the sink rows roll back sink deletes, stayed: the pipeline re-read
+    records whose rows were kept, while the audit said the rewind failed. Kafka's offsets are now put back."""
+    catch_up(AT_LEAST_ONCE)
+    pipeline = Pipeline.objects.get(name=AT_LEAST_ONCE)
+    kafka_before = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1], cluster=pipeline.cluster)
+    before = snapshot(AT_LEAST_ONCE)
+
+    def database_gone(*args, **kwargs):   # the last step inside the rewind's transaction, after Kafka's commit
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(rewind_operation, "_summary", database_gone)
+    with pytest.raises(rewind_operation.RewindNotCommitted, match="server closed the connection"):
+        rewind(AT_LEAST_ONCE, "to-offset", "5", rollback_sink=True)
+
+    assert kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [0, 1],
+                                         cluster=pipeline.cluster) == kafka_before == {0: 15, 1: 15}
+    after = snapshot(AT_LEAST_ONCE)
+    assert after[:2] == before[:2]   # positions and sink rows as they were
+    entry = ActionLog.objects.filter(action="rewind", dry_run=False).latest("pk")
+    assert entry.result == ActionResult.FAILED
+    assert "Kafka's committed offsets of group" in entry.message and "were put back" in entry.message

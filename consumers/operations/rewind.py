@@ -48,6 +48,10 @@ from consumers.operations.offset_specs import (
 
 log = logging.getLogger("tally.rewind")
 
+
+class RewindNotCommitted(RuntimeError):
+    """The rewind's transaction failed after Kafka's committed offsets moved; the message says what became of them."""
+
 ACTION = "rewind"
 # Rolling back an append sink deletes the rows written from the new offset on, which leaves the table as it was
 # at that offset. An upsert table keeps one row per key, overwritten in place and deleted by tombstones: the
@@ -227,7 +231,30 @@ def _wait_for_runs_to_end(pipeline: Pipeline, epoch: int) -> None:
 
 def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool,
            entry: ActionLog) -> dict[int, int]:
-    """The one transaction of a rewind. Returns the sink rows deleted per partition."""
+    """The one transaction of a rewind. Returns the sink rows deleted per partition. Kafka's committed offsets move
+    inside it, before it commits: a classic pipeline resumes from them, so Kafka refusing them must leave nothing
+    moved. Should the transaction then fail to commit, Kafka's offsets are put back as they were (an exactly-once
+    pipeline's only when they could be read: they are advisory, and Kafka's answer is not waited for)."""
+    try:
+        kafka_before = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [m.partition for m in moves],
+                                                     cluster=pipeline.cluster)
+    except KAFKA_ERRORS:
+        if not pipeline.is_exactly_once:
+            raise   # refused: nothing moved yet
+        kafka_before = None
+    moved_in_kafka = []
+    try:
+        return _apply_in_one_transaction(pipeline, spec, moves, rollback_sink, entry, moved_in_kafka)
+    except Exception as exc:
+        if not moved_in_kafka or kafka_before is None:
+            raise
+        raise RewindNotCommitted(f"the database did not commit the rewind ({type(exc).__name__}: {exc}); "
+                                 f"{_put_kafka_back(pipeline, kafka_before)}") from exc
+
+
+def _apply_in_one_transaction(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool,
+                              entry: ActionLog, moved_in_kafka: list) -> dict[int, int]:
+    """_apply's transaction; `moved_in_kafka` gets an item once Kafka's committed offsets have moved."""
     deleted: dict[int, int] = {}
     notes = []
     with transaction.atomic():
@@ -242,7 +269,10 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
                     deleted[move.partition] = sinks.delete_rows_from(cursor, pipeline.sink_table, pipeline.topic,
                                                                      move.partition, move.new)
                 _move_position(cursor, pipeline, move, old, old_until, keep_sink=not rollback_sink)
-        notes.append(_commit_to_kafka(pipeline, moves))
+        note = _commit_to_kafka(pipeline, moves)
+        if not note:
+            moved_in_kafka.append(True)
+        notes.append(note)
         message = _summary(spec, moves, rollback_sink, deleted) + "".join(n for n in notes if n)
         ActionLog.objects.filter(pk=entry.pk).update(
             offsets_before={str(p): n for p, (n, _) in before.items()}, offsets_after=offsets_of(moves, "new"),
@@ -250,6 +280,28 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
             result=ActionResult.DONE, message=message, finished_at=timezone.now())
     log.info("%s rewound: %s", pipeline.name, message)
     return deleted
+
+
+def _put_kafka_back(pipeline: Pipeline, offsets: dict[int, int | None]) -> str:
+    """Commit the group's offsets as they were before the rewind; says what was done, for the audit. A partition
+    the group had no offset for cannot be given back none: it keeps the rewind's, and the text names it."""
+    kept = {p: o for p, o in offsets.items() if o is not None}
+    unset = sorted(p for p, o in offsets.items() if o is None)
+    group = pipeline.group_id
+    try:
+        if kept:
+            kafka_admin.commit_offsets(group, pipeline.topic, kept, cluster=pipeline.cluster)
+    except Exception as exc:  # noqa: BLE001 - said in the audit: an operator must move them back
+        return (f"Kafka's committed offsets of group {group!r} stay moved: putting them back to "
+                f"{_listed(kept)} failed ({type(exc).__name__}: {exc})")
+    text = f"Kafka's committed offsets of group {group!r} were put back to {_listed(kept)}"
+    if unset:
+        text += f" (partitions {', '.join(map(str, unset))} had none, and keep the rewind's)"
+    return text + "; nothing else was moved"
+
+
+def _listed(offsets: dict[int, int]) -> str:
+    return ", ".join(f"p{p} {o}" for p, o in sorted(offsets.items())) or "none"
 
 
 def _move_position(cursor, pipeline: Pipeline, move: PartitionMove, old, old_until, *, keep_sink: bool) -> None:
