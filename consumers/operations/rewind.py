@@ -48,10 +48,6 @@ from consumers.operations.offset_specs import (
 
 log = logging.getLogger("tally.rewind")
 
-
-class RewindNotCommitted(RuntimeError):
-    """The rewind's transaction failed after Kafka's committed offsets moved; the message says what became of them."""
-
 ACTION = "rewind"
 # Rolling back an append sink deletes the rows written from the new offset on, which leaves the table as it was
 # at that offset. An upsert table keeps one row per key, overwritten in place and deleted by tombstones: the
@@ -63,6 +59,10 @@ UPSERT_ROLLBACK_REFUSED = (
     "bring them back. Rewind without roll back sink: the records from the new offset are applied again, in order, "
     "and each key's row ends at its latest record. To rebuild the table from the start, empty it and rewind to "
     "the earliest offset.")
+
+
+class RewindNotCommitted(RuntimeError):
+    """The rewind's transaction failed after Kafka's committed offsets moved; the message says what became of them."""
 
 
 @dataclass
