@@ -234,7 +234,8 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
     """The one transaction of a rewind. Returns the sink rows deleted per partition. Kafka's committed offsets move
     inside it, before it commits: a classic pipeline resumes from them, so Kafka refusing them must leave nothing
     moved. Should the transaction then fail to commit, Kafka's offsets are put back as they were (an exactly-once
-    pipeline's only when they could be read: they are advisory, and Kafka's answer is not waited for)."""
+    pipeline's only when they could be read first: its Kafka offsets are advisory, and Kafka down does not hold up
+    its rewind)."""
     try:
         kafka_before = kafka_admin.committed_offsets(pipeline.group_id, pipeline.topic, [m.partition for m in moves],
                                                      cluster=pipeline.cluster)
