@@ -19,8 +19,8 @@ from consumers.engine.spark_commit import APPLICATION_NAME as SPARK_TASK_APPLICA
 
 log = logging.getLogger("tally.supervisor")
 
-_FROZEN_COPIES = """
-    SELECT pid FROM pg_stat_activity
+_END_FROZEN_COPIES = """
+    SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid()
       AND (application_name = %s OR application_name LIKE %s)
       AND state = 'active' AND wait_event = 'ClientRead' AND query ILIKE 'COPY %%'
@@ -35,10 +35,8 @@ def end_frozen_copies(older_than_seconds: int | None = None) -> list[int]:
     if not limit:
         return []
     with connection.cursor() as cursor:
-        cursor.execute(_FROZEN_COPIES, [ENGINE_APPLICATION_NAME, f"{SPARK_TASK_APPLICATION_NAME}-%", limit])
-        ended = [pid for pid, in cursor.fetchall()]
-        for pid in ended:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        cursor.execute(_END_FROZEN_COPIES, [ENGINE_APPLICATION_NAME, f"{SPARK_TASK_APPLICATION_NAME}-%", limit])
+        ended = [pid for pid, _ in cursor.fetchall()]
     for pid in ended:
         log.warning("ended engine session %s: its COPY waited for its process over %s s (frozen mid-write)", pid, limit)
     return ended

@@ -243,42 +243,33 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
         if not pipeline.is_exactly_once:
             raise   # refused: nothing moved yet
         kafka_before = None
-    moved_in_kafka = []
+    deleted: dict[int, int] = {}
+    moved_in_kafka = False
     try:
-        return _apply_in_one_transaction(pipeline, spec, moves, rollback_sink, entry, moved_in_kafka)
+        with transaction.atomic():
+            Pipeline.objects.select_for_update().get(pk=pipeline.pk)
+            before = {p: (n, until) for p, n, until in PartitionOffset.objects.select_for_update()
+                      .filter(pipeline=pipeline, partition__in=[m.partition for m in moves]).order_by("partition")
+                      .values_list("partition", "next_offset", "replay_until")}
+            with connection.cursor() as cursor:
+                for move in moves:
+                    old, old_until = before.get(move.partition, (None, None))
+                    if rollback_sink:
+                        deleted[move.partition] = sinks.delete_rows_from(cursor, pipeline.sink_table, pipeline.topic,
+                                                                         move.partition, move.new)
+                    _move_position(cursor, pipeline, move, old, old_until, keep_sink=not rollback_sink)
+            note = _commit_to_kafka(pipeline, moves)
+            moved_in_kafka = not note
+            message = _summary(spec, moves, rollback_sink, deleted) + note
+            ActionLog.objects.filter(pk=entry.pk).update(
+                offsets_before={str(p): n for p, (n, _) in before.items()}, offsets_after=offsets_of(moves, "new"),
+                params={**entry.params, "plan": [m.as_dict() for m in moves], "rows_deleted": deleted},
+                result=ActionResult.DONE, message=message, finished_at=timezone.now())
     except Exception as exc:
         if not moved_in_kafka or kafka_before is None:
             raise
         raise RewindNotCommitted(f"the database did not commit the rewind ({type(exc).__name__}: {exc}); "
                                  f"{_put_kafka_back(pipeline, kafka_before)}") from exc
-
-
-def _apply_in_one_transaction(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rollback_sink: bool,
-                              entry: ActionLog, moved_in_kafka: list) -> dict[int, int]:
-    """_apply's transaction; `moved_in_kafka` gets an item once Kafka's committed offsets have moved."""
-    deleted: dict[int, int] = {}
-    notes = []
-    with transaction.atomic():
-        Pipeline.objects.select_for_update().get(pk=pipeline.pk)
-        before = {p: (n, until) for p, n, until in PartitionOffset.objects.select_for_update()
-                  .filter(pipeline=pipeline, partition__in=[m.partition for m in moves]).order_by("partition")
-                  .values_list("partition", "next_offset", "replay_until")}
-        with connection.cursor() as cursor:
-            for move in moves:
-                old, old_until = before.get(move.partition, (None, None))
-                if rollback_sink:
-                    deleted[move.partition] = sinks.delete_rows_from(cursor, pipeline.sink_table, pipeline.topic,
-                                                                     move.partition, move.new)
-                _move_position(cursor, pipeline, move, old, old_until, keep_sink=not rollback_sink)
-        note = _commit_to_kafka(pipeline, moves)
-        if not note:
-            moved_in_kafka.append(True)
-        notes.append(note)
-        message = _summary(spec, moves, rollback_sink, deleted) + "".join(n for n in notes if n)
-        ActionLog.objects.filter(pk=entry.pk).update(
-            offsets_before={str(p): n for p, (n, _) in before.items()}, offsets_after=offsets_of(moves, "new"),
-            params={**entry.params, "plan": [m.as_dict() for m in moves], "rows_deleted": deleted},
-            result=ActionResult.DONE, message=message, finished_at=timezone.now())
     log.info("%s rewound: %s", pipeline.name, message)
     return deleted
 
