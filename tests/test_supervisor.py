@@ -71,6 +71,14 @@ def decision(name="orders"):
     return next(d for d in supervisor.supervise() if d.pipeline == name)
 
 
+def supervise_in_thread():
+    """decision().action from a thread of the test's own, which closes its database connection when done."""
+    try:
+        return decision().action
+    finally:
+        connection.close()
+
+
 def test_a_pipeline_with_a_live_heartbeat_is_left_alone(running, enqueued):
     run_row(running, heartbeat_age=2)
     assert decision().action == "ok"
@@ -112,12 +120,6 @@ def test_a_run_frozen_inside_its_batch_transaction_does_not_block_its_restart(ru
     db.close_pool()   # engine connections opened from now on, under this lease
     run_row(running, heartbeat_age=20)
 
-    def supervise_in_thread():
-        try:
-            return decision().action
-        finally:
-            connection.close()
-
     # The frozen transaction is given back (rolled back) before the supervisor's thread is waited for.
     with ThreadPoolExecutor(1) as pool, db.engine_connection() as frozen:
         with frozen.cursor() as cursor:
@@ -158,12 +160,6 @@ def test_a_run_frozen_inside_its_batch_copy_does_not_block_its_restart(running, 
             cursor.execute("CREATE TEMP TABLE frozen_sink (value int)")
             cursor.execute(commit._SHARE_PIPELINE, [running.pk])
             cursor.copy_expert("COPY frozen_sink FROM STDIN", rows)
-
-    def supervise_in_thread():
-        try:
-            return decision().action
-        finally:
-            connection.close()
 
     with ThreadPoolExecutor(2) as pool, db.engine_connection() as frozen:
         writing = pool.submit(write_frozen, frozen)
