@@ -9,6 +9,7 @@ from django.template.response import TemplateResponse
 from consumers.admin_groups import can_view
 from consumers.models import BatchLedger
 from consumers.operations import retention
+from consumers.reconciliation import watch_history
 
 # A table PostgreSQL has not analysed yet has no estimate (reltuples -1): it is counted, up to this many rows.
 COUNT_LIMIT = 100_000
@@ -34,7 +35,7 @@ def history(request, site):
         raise PermissionDenied
     from alerts import retention as alert_retention  # alerts sit above consumers: a door may read both
 
-    kinds = retention.counts() + alert_retention.counts()
+    kinds = retention.counts() + watch_history.counts() + alert_retention.counts()
     context = {**site.each_context(request), "title": "History and retention", "kinds": kinds,
                "ledger": ledger_facts()}
     return TemplateResponse(request, "admin/consumers/history.html", context)

@@ -341,9 +341,11 @@ TALLY_RETAIN_RUNS_DAYS = env_int("TALLY_RETAIN_RUNS_DAYS", 30, minimum=1)
 TALLY_RETAIN_ALERTS_DAYS = env_int("TALLY_RETAIN_ALERTS_DAYS", 180, minimum=1)
 TALLY_RETAIN_DEAD_LETTERS_DAYS = env_int("TALLY_RETAIN_DEAD_LETTERS_DAYS", 90, minimum=1)
 TALLY_RETAIN_TOPIC_CHECKS_DAYS = env_int("TALLY_RETAIN_TOPIC_CHECKS_DAYS", 90, minimum=1)
+# A watch's ranges and findings (consumers/reconciliation/watch_history.py): older ones fold into one range.
+TALLY_RETAIN_WATCH_HISTORY_DAYS = env_int("TALLY_RETAIN_WATCH_HISTORY_DAYS", 90, minimum=1)
 TALLY_RETAIN_ACTION_LOG_DAYS = env_int("TALLY_RETAIN_ACTION_LOG_DAYS", 730, minimum=1)
 if TALLY_RETAIN_ACTION_LOG_DAYS < max(TALLY_RETAIN_RUNS_DAYS, TALLY_RETAIN_ALERTS_DAYS, TALLY_RETAIN_DEAD_LETTERS_DAYS,
-                                      TALLY_RETAIN_TOPIC_CHECKS_DAYS):
+                                      TALLY_RETAIN_TOPIC_CHECKS_DAYS, TALLY_RETAIN_WATCH_HISTORY_DAYS):
     raise ImproperlyConfigured("TALLY_RETAIN_ACTION_LOG_DAYS must be at least every other TALLY_RETAIN_*_DAYS: "
                                "the action log is the audit trail of what the others record.")
 CELERY_BEAT_SCHEDULE["ledger-compaction"] = {"task": "consumers.compact_ledger",

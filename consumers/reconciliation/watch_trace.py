@@ -15,6 +15,7 @@ from psycopg2 import sql
 from consumers.engine import record_ids, sink_checks, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.models import Watch, WatchFinding, WatchPartition
+from consumers.reconciliation import watch_history
 from consumers.reconciliation.trace import (
     KEY_SCAN_LIMIT,
     MAX_ROWS,
@@ -123,7 +124,8 @@ def _tombstone_verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, n
     """The verdict of a keyed tombstone whose row id comes from its key: the delete of the row it names, or, when
     its key has no readable record before it, unreadable (it names no row), as the audit counted it."""
     kind = t.finding["kind"] if t.finding else None
-    if not (wp.start_offset <= t.offset < wp.settled_offset) or kind not in (None, WatchFinding.LOST):
+    if (not (wp.start_offset <= t.offset < wp.settled_offset) or kind not in (None, WatchFinding.LOST)
+            or (kind is None and watch_history.past_retention(watch, t.partition, t.offset))):
         return _verdict(watch, wp, t, found, "")
     if named is None:
         return "unreadable", ("a tombstone whose key has no readable record before it (among the newest "
@@ -183,6 +185,11 @@ def _verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, ignored: st
                  f"once the group's commit past it is {watch.settle_seconds} s old)")
         return "not audited", f"offset {t.offset} is {where}"
     now = f"{t.rows_found} row(s) with {ids} now" if t.expected_id is not None else "its id is unknown now"
+    if kind is None and watch_history.past_retention(watch, t.partition, t.offset):
+        days = watch_history.WATCH_HISTORY.days()
+        return "past retention", (f"the audit checked it more than {days} days ago "
+                                  f"({watch_history.WATCH_HISTORY.setting}): what it found there was removed, and "
+                                  f"the watch's totals still count it; {now}")
     gone = "" if found is not None else " (the record is no longer in the topic)"
     if kind == WatchFinding.LOST:
         late = " (written after the audit)" if t.rows_found else ""

@@ -5,6 +5,7 @@ Thin wrappers: the work is in consumers/reconciliation/reconcile.py and
 consumers/reconciliation/snapshots.py. Each returns a small JSON-able summary (visible in the result backend
 and the worker log)."""
 from celery import shared_task
+from django.utils import timezone
 
 from consumers.reconciliation import reconcile, snapshots, watch_audit
 
@@ -60,5 +61,7 @@ def compact_ledger_task() -> dict:
 @shared_task(name="consumers.apply_retention")
 def apply_retention_task() -> dict:
     from consumers.operations import retention
+    from consumers.reconciliation import watch_history
 
-    return retention.apply()
+    now = timezone.now()
+    return {**retention.apply(now), **watch_history.apply(now)}
