@@ -23,6 +23,7 @@ from consumers.reconciliation.rewinds import PipelineRewinds, effective_rewinds_
 
 # Findings keep at most this many ranges per partition: an email listing 10,000 ranges helps nobody.
 MAX_RANGES_PER_PARTITION = 20
+FINDING_KINDS = ("lost", "duplicated", "phantom")
 
 
 def rewind_grace() -> timedelta:
@@ -127,21 +128,19 @@ class WatchView(PipelineView):
 
     @classmethod
     def load(cls, watch, now, ranges=None, partitions=None):
-        """`ranges` (its WatchRanges with findings) and `partitions` (its WatchPartitions) when already read
-        (load_all), else read now."""
-        from consumers.models import WatchRange
+        """`ranges` (its first MAX_RANGES_PER_PARTITION WatchRanges with findings per partition) and `partitions`
+        (its WatchPartitions) when already read (load_all), else read now."""
+        from consumers.reconciliation.watch_listing import first_finding_ranges
 
         if ranges is None:
-            ranges = WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0, phantom=0)
+            ranges = first_finding_ranges([watch.pk], MAX_RANGES_PER_PARTITION).get(watch.pk, [])
         if partitions is None:
             partitions = watch.partitions.all()
-        findings: dict[int, list] = {}
+        read: dict[int, list] = {}
         for r in ranges:
-            for kind in ("lost", "duplicated", "phantom"):
-                if getattr(r, kind):
-                    findings.setdefault(r.partition, []).extend(_watch_findings(r, kind))
+            read.setdefault(r.partition, []).append(r)
         partitions = [_WatchPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds,
-                                      p.status, p.lost, p.duplicated, p.phantom, findings.get(p.partition, []))
+                                      p.status, p.lost, p.duplicated, p.phantom, _partition_findings(p, read))
                       for p in sorted(partitions, key=lambda p: p.partition)]
         health = watch if watch.checked_at else None
         return cls(_WatchSubject(watch.name, watch.last_error), health, partitions, _NoRewinds(), now)
@@ -149,16 +148,29 @@ class WatchView(PipelineView):
     @classmethod
     def load_all(cls, watches, now) -> dict[int, "WatchView"]:
         """{watch id: view} of many watches in two queries whatever their number (an alert pass)."""
-        from consumers.models import WatchPartition, WatchRange
+        from consumers.models import WatchPartition
+        from consumers.reconciliation.watch_listing import first_finding_ranges
 
         ids = [w.pk for w in watches]
-        ranges: dict[int, list] = {}
-        for r in WatchRange.objects.filter(watch_id__in=ids).exclude(lost=0, duplicated=0, phantom=0):
-            ranges.setdefault(r.watch_id, []).append(r)
+        ranges = first_finding_ranges(ids, MAX_RANGES_PER_PARTITION)
         partitions: dict[int, list] = {}
         for p in WatchPartition.objects.filter(watch_id__in=ids):
             partitions.setdefault(p.watch_id, []).append(p)
         return {w.pk: cls.load(w, now, ranges.get(w.pk, []), partitions.get(w.pk, [])) for w in watches}
+
+
+def _partition_findings(p, read: dict[int, list]) -> list[dict]:
+    """The findings of watch partition `p` from its ranges `read`; when they were as many as were read, what its
+    totals count beyond them folds into one range from the last read to the settled offset."""
+    ranges = read.get(p.partition, [])
+    findings = [f for r in ranges for kind in FINDING_KINDS if getattr(r, kind) for f in _watch_findings(r, kind)]
+    if len(ranges) == MAX_RANGES_PER_PARTITION:
+        for kind in FINDING_KINDS:
+            left = getattr(p, kind) - sum(getattr(r, kind) for r in ranges)
+            if left > 0:
+                findings.append({"kind": kind, "start": ranges[-1].end, "end": max(p.settled_offset, ranges[-1].end),
+                                 "count": left, "folded": True})
+    return findings
 
 
 def _watch_findings(r, kind: str) -> list[dict]:

@@ -8,11 +8,19 @@ range, the ranges of each check 30 s after the last one's, dealt over the partit
 the query the page and the API issue (WatchRange.objects.filter(watch=...).newest()[:RANGES_SHOWN]), `--repeat`
 times (median execution time), first without the index `watch_range_newest_idx` (as before migration 0021), then
 with it, and prints the plan's nodes of each.
+
+Then, on the same data, times (median of `--repeat`) the readers of the watch's findings: the first 1,000 lost
+offsets (the page, the API, each check's report) and the alert pass's view of the watch with the lost rule,
+as they read now (consumers/reconciliation/watch_listing.py: no further than they show) and as they read before
+(every range with a finding). Last, the retention of the watch's history (watch_history.apply) with
+TALLY_RETAIN_WATCH_HISTORY_DAYS set to half the seeded history, and the readers again.
 """
 import argparse
 import os
 import statistics
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +89,54 @@ def explain(query: str, repeat: int) -> tuple[float, list[str]]:
     return statistics.median(times), plan
 
 
+def median_ms(function, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        function()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def every_range_read(watch):
+    """The readers before: every range with a finding of the watch, read and walked."""
+    from consumers.models import WatchRange
+
+    return sum(len(r.lost_offsets) for r in WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0,
+                                                                                            phantom=0))
+
+
+def time_readers(watch, repeat: int) -> dict[str, float]:
+    from alerts.models import AlertRule, RuleKind
+    from alerts.rules import WatchView, check
+    from consumers.reconciliation import watch_listing
+
+    rule = AlertRule(name="lost", kind=RuleKind.LOST)
+    return {"first 1,000 lost offsets": median_ms(lambda: watch_listing.listed_offsets(watch), repeat),
+            "alert view + lost rule": median_ms(lambda: check(rule, WatchView.load_all([watch], now())[watch.pk]),
+                                                repeat),
+            "every range with a finding (before)": median_ms(lambda: every_range_read(watch), repeat)}
+
+
+def now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def seed_totals(watch, partitions: int):
+    """The partitions' rows with the totals the ranges count, as the checks kept them."""
+    from django.db.models import Count, Max, Sum
+
+    from consumers.models import WatchPartition, WatchRange
+
+    for row in WatchRange.objects.filter(watch=watch).values("partition").annotate(
+            n=Count("id"), lost=Sum("lost"), end=Max("end")):
+        WatchPartition.objects.create(watch=watch, partition=row["partition"], start_offset=0,
+                                      settled_offset=row["end"], committed=row["end"], checked=10 * row["n"],
+                                      lost=row["lost"])
+
+
 def main():
     args = parse_args()
     bench_database.setup_django(args.database_url, fresh=True)
@@ -110,6 +166,25 @@ def main():
         print(f"\n{label}: {ms:.3f} ms")
         for line in plan:
             print("   ", line)
+
+    from django.conf import settings
+
+    from consumers.reconciliation import watch_history
+
+    seed_totals(watch, args.partitions)
+    print(f"\nreaders of the watch's findings, median of {args.repeat}:")
+    for label, ms in time_readers(watch, args.repeat).items():
+        print(f"    {label}: {ms:.1f} ms")
+    oldest = WatchRange.objects.filter(watch=watch).order_by("checked_at").values_list("checked_at", flat=True)[0]
+    days = (now() - oldest) / timedelta(days=1)
+    settings.TALLY_RETAIN_WATCH_HISTORY_DAYS = max(1, round(days / 2))
+    started = time.perf_counter()
+    folded = watch_history.apply()["watch_ranges"]
+    print(f"\nretention at {settings.TALLY_RETAIN_WATCH_HISTORY_DAYS} days of {days:.1f}: {folded:,} ranges folded "
+          f"in {time.perf_counter() - started:.1f} s; "
+          f"{WatchRange.objects.filter(watch=watch).count():,} ranges left")
+    for label, ms in time_readers(watch, args.repeat).items():
+        print(f"    {label}: {ms:.1f} ms")
     if args.drop:
         bench_database.drop_database(args.database_url)
 

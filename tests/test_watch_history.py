@@ -16,7 +16,7 @@ from alerts.rules import WatchView, check
 from consumers.kafka import admin
 from consumers.models import Watch, WatchFinding, WatchPartition, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import watch_audit, watch_history, watch_results, watch_trace
+from consumers.reconciliation import watch_audit, watch_history, watch_listing, watch_trace
 from tests.waiting import patience
 from tests.watch_helpers import produce
 
@@ -111,7 +111,7 @@ def test_the_summary_still_counts_for_alerts_and_the_listed_offsets_are_the_kept
     finding = check(AlertRule(name="lost", kind=RuleKind.LOST), WatchView.load(watch, NOW))
 
     assert finding.summary == "3 lost records (partition 0: offsets within 0-19, 35)"
-    assert watch_results.listed_offsets(watch) == ([{"partition": 0, "offset": 35}], [])
+    assert watch_listing.listed_offsets(watch) == ([{"partition": 0, "offset": 35}], [])
 
 
 @pytest.mark.django_db

@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from consumers.kafka import admin as kafka_admin
-from consumers.models import Watch, WatchPartition, WatchRange
+from consumers.models import Watch, WatchPartition
 from consumers.reconciliation import (
     monitored,
     pass_kafka,
@@ -32,6 +32,7 @@ from consumers.reconciliation import (
     watch_audit,
     watch_commits,
     watch_lag,
+    watch_listing,
     watch_results,
 )
 
@@ -97,12 +98,8 @@ def _store_quiet(watches: list[Watch], readings: dict, now: datetime) -> dict[in
             watch_results.summarise(watch, parts.values(), now, notes[watch.pk])
         row_updates.update_columns([wp for w in quiet for wp in rows[w.pk].values()], MEASURED)
         row_updates.update_columns(quiet, SUMMARISED)
-        findings = defaultdict(list)
-        for r in (WatchRange.objects.filter(watch_id__in=[w.pk for w in quiet]).exclude(lost=0, duplicated=0)
-                  .order_by("watch_id", "partition", "start")):
-            findings[r.watch_id].append(r)
     return {w.pk: watch_results.report_of(w, rows[w.pk].values(),
-                                          watch_results.listed_offsets(w, ranges=findings[w.pk]), [], notes[w.pk])
+                                          watch_listing.listed_offsets(w, parts=rows[w.pk].values()), [], notes[w.pk])
             for w in quiet}
 
 

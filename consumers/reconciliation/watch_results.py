@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from consumers.models import OFFSETS_LISTED, Status, Watch, WatchPartition, WatchRange, error_text
-from consumers.reconciliation import monitored
+from consumers.models import Status, Watch, WatchPartition, WatchRange, error_text
+from consumers.reconciliation import monitored, watch_listing
 
 log = logging.getLogger("tally.watch")
 
@@ -94,7 +94,8 @@ def store_report(watch: Watch, parts: dict, new_ranges: list, notes: list, now: 
     Watch.objects.filter(pk=watch.pk).update(status=watch.status, lag_records=watch.lag_records,
                                              lag_seconds=watch.lag_seconds, checked_at=now, last_error="",
                                              last_notes=notes)
-    return report_of(watch, parts.values(), listed_offsets(watch), new_ranges, notes)
+    return report_of(watch, parts.values(), watch_listing.listed_offsets(watch, parts=parts.values()), new_ranges,
+                     notes)
 
 
 def summarise(watch: Watch, rows, now: datetime, notes: list[str]) -> None:
@@ -117,19 +118,6 @@ def report_of(watch: Watch, rows, listed: tuple[list, list], new_ranges: list, n
         lost, duplicated, partitions=[partition_json(wp) for wp in rows], new_ranges=new_ranges, notes=notes)
 
 
-def listed_offsets(watch: Watch, limit: int = OFFSETS_LISTED, ranges=None) -> tuple[list, list]:
-    """The first `limit` lost and duplicated records of the watch, as {partition, offset}, in offset order.
-    `ranges`: the watch's ranges with findings in that order, when a pass read them for many watches at once."""
-    lost, duplicated = [], []
-    if ranges is None:
-        ranges = WatchRange.objects.filter(watch=watch).exclude(lost=0, duplicated=0).order_by("partition", "start")
-    for r in ranges:
-        lost += [{"partition": r.partition, "offset": o} for o in r.lost_offsets[: limit - len(lost)]]
-        duplicated += [{"partition": r.partition, "offset": o}
-                       for o, _ in r.duplicated_offsets[: limit - len(duplicated)]]
-    return lost, duplicated
-
-
 def partition_json(wp: WatchPartition) -> dict:
     return {"partition": wp.partition, "start_offset": wp.start_offset, "settled_offset": wp.settled_offset,
             "committed": wp.committed, "log_start": wp.log_start, "high_watermark": wp.high_watermark,
@@ -143,7 +131,7 @@ def failed(watch: Watch, reason: str, now: datetime) -> WatchReport:
     WatchPartition.objects.filter(watch=watch).update(status=Status.ERR, checked_at=now)
     watch.refresh_from_db()
     rows = list(WatchPartition.objects.filter(watch=watch).order_by("partition"))
-    lost, duplicated = listed_offsets(watch)
+    lost, duplicated = watch_listing.listed_offsets(watch, parts=rows)
     return WatchReport(watch.name, Status.ERR, sum(wp.checked for wp in rows), sum(wp.lost for wp in rows),
                        sum(wp.duplicated for wp in rows), sum(wp.phantom for wp in rows), watch.lag_records,
                        watch.lag_seconds, lost, duplicated, partitions=[partition_json(wp) for wp in rows],

@@ -13,7 +13,7 @@ from consumers.api_base import REFUSALS, REFUSED, answers, refuse_fields
 from consumers.models import RANGES_SHOWN, Watch, WatchRange
 from consumers.operations import watch_setup
 from consumers.operations.errors import Refused
-from consumers.reconciliation import monitored, watch_audit, watch_results, watch_trace
+from consumers.reconciliation import monitored, watch_audit, watch_listing, watch_results, watch_trace
 from dashboard.api import schemas
 from dashboard.api.inputs import (
     StrictBooleanField,
@@ -89,7 +89,7 @@ def watch_detail(request, name):
         watch_setup.delete(name, actor=request.user.username)
         return Response({"deleted": name})
     ranges = WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN]
-    lost, duplicated = watch_results.listed_offsets(watch)
+    lost, duplicated = watch_listing.listed_offsets(watch)
     return Response({**watch_json(watch),
                      "partitions": [watch_results.partition_json(wp) for wp in watch.partitions.order_by("partition")],
                      "lost_offsets": lost, "duplicated_offsets": duplicated, "last_notes": watch.last_notes,

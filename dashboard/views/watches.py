@@ -14,7 +14,7 @@ from consumers.access import can_operate, form_errors, record_refusal
 from consumers.form_errors import add_problems
 from consumers.models import RANGES_SHOWN, LagSnapshot, Watch, WatchRange
 from consumers.operations import watch_setup
-from consumers.reconciliation import monitored, watch_results, watch_trace
+from consumers.reconciliation import monitored, watch_listing, watch_trace
 from dashboard import consumer_rows
 from dashboard.forms import ClusterField
 from dashboard.views.actions import add_page
@@ -37,7 +37,7 @@ def watch_list(request):
 def watch_detail(request, name):
     watch = get_object_or_404(Watch, name=name)
     partitions = list(watch.partitions.order_by("partition"))
-    lost, duplicated = watch_results.listed_offsets(watch)
+    lost, duplicated = watch_listing.listed_offsets(watch)
     ranges = list(WatchRange.objects.filter(watch=watch).newest()[:RANGES_SHOWN + 1])  # one more: were any left out?
     context = {"nav": "watches", "watch": watch, "row": monitored.of_watch(watch, partitions),
                "partitions": partitions, "ranges": ranges[:RANGES_SHOWN], "ranges_shown": RANGES_SHOWN,
