@@ -2,6 +2,8 @@
 TALLY_RETAIN_WATCH_HISTORY_DAYS fold into one summary range per partition with their counts, their findings go,
 the totals and the newest range stay; the trace, the report, the alerts and a group reset behind the summary read
 it right. `now` is passed in."""
+import csv
+import io
 import threading
 import uuid
 from datetime import timedelta
@@ -17,6 +19,7 @@ from consumers.kafka import admin
 from consumers.models import Watch, WatchFinding, WatchPartition, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_history, watch_listing, watch_trace
+from tests.views_helpers import client_of, make_viewer
 from tests.waiting import patience
 from tests.watch_helpers import produce
 
@@ -195,6 +198,16 @@ def test_after_a_real_audit_the_trace_says_past_retention_and_a_reset_behind_the
     assert watch_trace.trace(watch, 0, 33).verdict == "lost"            # the kept range still has its finding
     again = watch_audit.check_watch(watch)
     assert (again.lost, again.lost_offsets) == (3, [{"partition": 0, "offset": 33}])
+    viewer = client_of(make_viewer())
+    page = viewer.get("/watches/aged/").content.decode()
+    assert '<tr id="range-0-0">' in page and watch_history.SUMMARY_NOTE in page
+    api = viewer.get("/api/watches/aged/").json()
+    assert api["lost"] == 3 and [r["note"] for r in api["ranges"] if r["start"] == 0] == [watch_history.SUMMARY_NOTE]
+    traced = viewer.get("/watches/aged/trace/?partition=0&offset=3")
+    assert traced.status_code == 200 and 'data-verdict="past retention"' in traced.content.decode()
+    assert viewer.get("/api/watches/aged/trace?partition=0&offset=3").json()["verdict"] == "past retention"
+    assert [r["offset"] for r in csv.DictReader(io.StringIO(b"".join(
+        viewer.get("/api/watches/aged/findings.csv").streaming_content).decode()))] == ["33"]
 
     # The group is reset behind the summary: its counts leave the totals, and the re-read is audited afresh.
     admin.commit_offsets(group, topic, {0: 2})
