@@ -68,9 +68,8 @@ TRIGGER_INTERVAL = "250 milliseconds"
 
 
 def run(name: str, options: RunOptions) -> RunResult:
-    """Run pipeline `name` on Spark until stopped, fenced, caught up (if asked) or out of time (the PipelineEngine
-    interface). `options.on_worker_death()` is called once per Python worker that died committing (see
-    --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
+    """PipelineEngine, on Spark. `options.on_worker_death()` is called once per Python worker that died committing
+    (see --crash-in-worker); `options.peers` does not apply (Spark spreads the partitions itself)."""
     return run_engine(SparkRun, Engine.SPARK, name, options)
 
 
