@@ -124,7 +124,7 @@ def now():
     return timezone.now()
 
 
-def seed_totals(watch, partitions: int):
+def seed_totals(watch):
     """The partitions' rows with the totals the ranges count, as the checks kept them."""
     from django.db.models import Count, Max, Sum
 
@@ -171,7 +171,7 @@ def main():
 
     from consumers.reconciliation import watch_history
 
-    seed_totals(watch, args.partitions)
+    seed_totals(watch)
     print(f"\nreaders of the watch's findings, median of {args.repeat}:")
     for label, ms in time_readers(watch, args.repeat).items():
         print(f"    {label}: {ms:.1f} ms")

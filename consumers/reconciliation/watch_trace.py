@@ -83,7 +83,10 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
                 named = _tombstone_names(watch, result, found, types)
         if result.expected_id is not None:
             result.rows_found, result.rows = _rows(wrapper.cursor, watch, result.expected_id)
-    if by_key:
+    if result.finding is None and wp.start_offset <= offset < wp.settled_offset \
+            and watch_history.past_retention(watch, partition, offset):
+        result.verdict, result.explanation = _past_retention(result)
+    elif by_key:
         result.verdict, result.explanation = _tombstone_verdict(watch, wp, result, found, named)
     else:
         result.verdict, result.explanation = _verdict(watch, wp, result, found, ignored)
@@ -124,8 +127,7 @@ def _tombstone_verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, n
     """The verdict of a keyed tombstone whose row id comes from its key: the delete of the row it names, or, when
     its key has no readable record before it, unreadable (it names no row), as the audit counted it."""
     kind = t.finding["kind"] if t.finding else None
-    if (not (wp.start_offset <= t.offset < wp.settled_offset) or kind not in (None, WatchFinding.LOST)
-            or (kind is None and watch_history.past_retention(watch, t.partition, t.offset))):
+    if not (wp.start_offset <= t.offset < wp.settled_offset) or kind not in (None, WatchFinding.LOST):
         return _verdict(watch, wp, t, found, "")
     if named is None:
         return "unreadable", ("a tombstone whose key has no readable record before it (among the newest "
@@ -172,6 +174,19 @@ def _plain(value):
     return value if value is None or isinstance(value, int | float | bool) else str(value)
 
 
+def _past_retention(t: WatchTrace) -> tuple[str, str]:
+    """An audited offset with no stored finding, in a range retention folded (watch_history): the audit's result is
+    gone, whatever it was."""
+    history = watch_history.WATCH_HISTORY
+    return "past retention", (f"the audit checked it more than {history.days()} days ago ({history.setting}): what "
+                              f"it found there was removed, and the watch's totals still count it; {_rows_now(t)}")
+
+
+def _rows_now(t: WatchTrace) -> str:
+    ids = ", ".join(f"{c} = {v}" for c, v in zip(t.row_columns, t.expected_id or [], strict=False))
+    return f"{t.rows_found} row(s) with {ids} now" if t.expected_id is not None else "its id is unknown now"
+
+
 def _verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, ignored: str) -> tuple[str, str]:
     audited = wp.start_offset <= t.offset < wp.settled_offset
     kind = t.finding["kind"] if t.finding else None
@@ -184,12 +199,7 @@ def _verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, ignored: st
                  f"not audited yet: the audit has settled offsets up to {wp.settled_offset} (a range is audited "
                  f"once the group's commit past it is {watch.settle_seconds} s old)")
         return "not audited", f"offset {t.offset} is {where}"
-    now = f"{t.rows_found} row(s) with {ids} now" if t.expected_id is not None else "its id is unknown now"
-    if kind is None and watch_history.past_retention(watch, t.partition, t.offset):
-        days = watch_history.WATCH_HISTORY.days()
-        return "past retention", (f"the audit checked it more than {days} days ago "
-                                  f"({watch_history.WATCH_HISTORY.setting}): what it found there was removed, and "
-                                  f"the watch's totals still count it; {now}")
+    now = _rows_now(t)
     gone = "" if found is not None else " (the record is no longer in the topic)"
     if kind == WatchFinding.LOST:
         late = " (written after the audit)" if t.rows_found else ""
