@@ -3,6 +3,8 @@ error, no failed request (a refusal the test expects excepted), no id given twic
 `PageChecks` listens to a Playwright page; `problems_of(page)` reads the document as it stands. No tests here."""
 from urllib.parse import urlsplit
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
 # Controls without an accessible name: a label (for= or around it), aria-label, aria-labelledby or a title;
 # a button's text counts as its name. Hidden inputs and CSRF tokens are not controls.
 UNLABELLED = """() => [...document.querySelectorAll('input, select, textarea, button')]
@@ -35,6 +37,11 @@ class PageChecks:
         self.leaving = False
         page.on("requestfailed", self._failed)
         page.on("response", self._response)
+        # Requests sent and not yet answered: when the page never settles, the failure names them.
+        self.in_flight: dict = {}
+        page.on("request", lambda request: self.in_flight.setdefault(request, request.url))
+        page.on("requestfinished", lambda request: self.in_flight.pop(request, None))
+        page.on("requestfailed", lambda request: self.in_flight.pop(request, None))
 
     def allow(self, path: str, status: int) -> None:
         self.allowed.add((path, status))
@@ -48,9 +55,16 @@ class PageChecks:
             self.page.goto(url)
         finally:
             self.leaving = False
-        self.page.wait_for_load_state("networkidle")
+        self._settle()
         self.page.clock.run_for(POLLS_AFTER)
-        self.page.wait_for_load_state("networkidle")
+        self._settle()
+
+    def _settle(self) -> None:
+        try:
+            self.page.wait_for_load_state("networkidle")
+        except PlaywrightTimeout as timeout:
+            raise AssertionError(f"{self.page.url} never settled; still waiting for {sorted(self.in_flight.values())}"
+                                 ) from timeout
 
     def _failed(self, request) -> None:
         if self.leaving and request.failure == "net::ERR_ABORTED":
