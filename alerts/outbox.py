@@ -185,7 +185,7 @@ def _drop_reminders_of_disabled_channels(now) -> int:
 
 def deliver_due(now=None, limit: int = DELIVERY_BATCH, session: Session | None = None) -> dict:
     """Send due outbox rows. Returns counts {"sent", "failed", "gave_up"}; never raises for a send error.
-    `session`: the run's connections and pace (tests pass one with their own clock). `now` fixes the run's clock
+    `session`: the run's connections (tests pass one whose waits they record). `now` fixes the run's clock
     (tests pass it). Without it, each claim and each outcome is stamped when it
     happens: a run slowed by its receivers claims its last rows minutes after it started, and a claim counted
     from the run's start would expire while its row is being sent, for a run started meanwhile to send it again."""
@@ -230,7 +230,7 @@ def _send(notification: Notification, session: Session, clock) -> str:
     secrets = channel.secret_values() if channel is not None else []
     try:
         if channel is not None:
-            session.pace(channel)
+            session.pace(channel, clock())
         answer = kind_of(channel).send(channel, notification, session)
     except Exception as error:  # noqa: BLE001 - any failure is recorded and retried; the run goes on
         reason = str(error) if isinstance(error, DeliveryFailed) else f"{type(error).__name__}: {error}"

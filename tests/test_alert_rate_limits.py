@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.core import mail
 
+from alerts import channel_actions
 from alerts.channels import Session
 from alerts.models import Channel, Notification
 from alerts.outbox import RETRY_AFTER_MAX_SECONDS, deliver_due
@@ -124,18 +125,14 @@ def test_a_receiver_that_keeps_answering_429_past_the_longest_wait_counts_toward
     assert "HTTP 429: rate_limited" in channel.last_error
 
 
-class StepClock:
-    """A monotonic clock that moves only when slept on: what a run waits is exactly what it asks to sleep."""
+class RecordedSleep:
+    """A run's waits, recorded instead of slept."""
 
     def __init__(self):
-        self.seconds, self.sleeps = 0.0, []
+        self.sleeps = []
 
-    def monotonic(self) -> float:
-        return self.seconds
-
-    def sleep(self, seconds: float) -> None:
+    def __call__(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.seconds += seconds
 
 
 def test_a_burst_to_one_slack_webhook_goes_out_in_one_run_a_second_apart_and_other_kinds_are_not_held(receiver):
@@ -146,9 +143,41 @@ def test_a_burst_to_one_slack_webhook_goes_out_in_one_run_a_second_apart_and_oth
     add_channel("hooks", "webhook", f"{receiver.url}/in")
     for name in ("orders", "payments", "refunds", "invoices"):
         fire_loss(name)
-    clock = StepClock()
+    sleep = RecordedSleep()
 
-    assert deliver_due(now=T0, session=Session(clock=clock.monotonic, sleep=clock.sleep))["sent"] == 8
+    assert deliver_due(now=T0, session=Session(sleep=sleep))["sent"] == 8
 
-    assert clock.sleeps == [1.0, 1.0, 1.0]   # before the 2nd, 3rd and 4th Slack message; none for the webhook
+    assert sleep.sleeps == [1.0, 1.0, 1.0]   # before the 2nd, 3rd and 4th Slack message; none for the webhook
     assert Notification.objects.filter(delivered_at__isnull=True).count() == 0
+
+
+def test_a_run_started_while_another_sends_keeps_the_pace_of_the_slack_webhook(receiver):
+    """Two delivery runs may overlap (a run slowed by its receivers is still sending when the next one starts):
+    the pace is the channel's, not the run's, so the second run waits for the rest of the first's interval."""
+    add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
+    fire_loss("orders")
+    first = RecordedSleep()
+    assert deliver_due(now=T0, session=Session(sleep=first))["sent"] == 1
+    fire_loss("payments", at=at(0.25))
+    second = RecordedSleep()
+
+    assert deliver_due(now=at(0.25), session=Session(sleep=second))["sent"] == 1
+
+    assert (first.sleeps, second.sleeps) == ([], [0.75])
+    assert Channel.objects.get(name="chat").next_send_at == at(2)   # the second's slot was at(1)
+
+
+def test_a_test_message_takes_its_slot_in_the_pace_and_a_clock_set_back_holds_the_channel_one_interval(receiver):
+    chat = add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
+    assert channel_actions.test(chat, "ops")[0]
+    fire_loss("orders")
+    waited = RecordedSleep()
+    assert deliver_due(now=T0, session=Session(sleep=waited))["sent"] == 1
+    assert waited.sleeps == [1.0]   # behind the test message sent at the same instant
+
+    # A clock set back by a day leaves next_send_at a day ahead: the channel waits one interval, not a day.
+    fire_loss("payments", at=at(-86_400))
+    held = RecordedSleep()
+    assert deliver_due(now=at(-86_400), session=Session(sleep=held))["sent"] == 1
+    assert held.sleeps == [1.0]
+    assert len(receiver.requests) == 3

@@ -2,10 +2,12 @@
 and the session a delivery run shares between them (one SMTP connection, one HTTP connection pool, and the pace
 of each channel whose kind asks for one)."""
 import time
+from datetime import timedelta
 
 import requests
 from django.conf import settings
 from django.core.mail import get_connection
+from django.db import transaction
 
 from alerts.channels import email, pagerduty, slack, webhook
 from alerts.channels.base import MASK, Answer, DeliveryFailed, redact
@@ -28,26 +30,32 @@ def problems(channel) -> dict:
 
 
 class Session:
-    """Connections reused across one delivery run; closed at its end. It also paces the run's sends to a channel
-    whose kind takes messages no faster than its SEND_INTERVAL_SECONDS (Slack: a second per webhook). A burst over
-    that pace is answered with 429s, and each message refused so waited for a later run. `clock` and `sleep` are
-    injected by tests."""
+    """Connections reused across one delivery run; closed at its end. It also paces the sends to a channel whose
+    kind takes messages no faster than its SEND_INTERVAL_SECONDS (Slack: a second per webhook). A burst over that
+    pace is answered with 429s, and each message refused so waited for a later run. `sleep` is injected by tests."""
 
-    def __init__(self, clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, sleep=time.sleep):
         self._smtp = None
         self._http = None
-        self._clock, self._sleep = clock, sleep
-        self._last_send: dict[int, float] = {}   # channel id -> when this run last sent to it
+        self._sleep = sleep
 
-    def pace(self, channel) -> None:
-        """Wait, if need be, until the channel's kind takes another message; call right before sending to it."""
-        interval = getattr(kind_of(channel), "SEND_INTERVAL_SECONDS", 0)
+    def pace(self, channel, now) -> None:
+        """Wait, if need be, until the channel's kind takes another message; call right before sending to it, with
+        the run's clock. The pace is the channel's row (`next_send_at`), taken under its row lock, so delivery
+        runs that overlap and test messages share it: each send gets its own slot, an interval after the last."""
+        from alerts.models import Channel
+
+        interval = timedelta(seconds=getattr(kind_of(channel), "SEND_INTERVAL_SECONDS", 0))
         if not interval:
             return
-        last = self._last_send.get(channel.pk)
-        if last is not None and (wait := last + interval - self._clock()) > 0:
-            self._sleep(wait)
-        self._last_send[channel.pk] = self._clock()
+        with transaction.atomic():
+            due = (Channel.objects.select_for_update().filter(pk=channel.pk)
+                   .values_list("next_send_at", flat=True).first())
+            # Never more than one interval ahead: a clock set back must not hold the channel for its difference
+            slot = now if due is None else min(max(now, due), now + interval)
+            Channel.objects.filter(pk=channel.pk).update(next_send_at=slot + interval)
+        if slot > now:
+            self._sleep((slot - now).total_seconds())
 
     @property
     def smtp(self):
