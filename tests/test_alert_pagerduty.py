@@ -2,14 +2,18 @@
 installations sharing an integration key (or a database created again) never fold into or close each other's
 incidents; and an incident opened before that still closes with the key it was opened with."""
 import importlib
+import json
+from io import StringIO
 
 import pytest
 from django.apps import apps
+from django.core.management import call_command
 from django.db import connection
 
 from alerts import payloads
-from alerts.models import Alert, Installation, Notification
+from alerts.models import Alert, Channel, Installation, Notification
 from alerts.outbox import deliver_due
+from consumers.models import ActionLog, ActionResult
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
 from tests.test_alert_channels import (
     add_channel,
@@ -147,3 +151,49 @@ def test_deleting_a_pagerduty_channel_that_cannot_resolve_its_incident_deletes_i
     assert f"the incident {trigger['dedup_key']} stays open (HTTP 500: down): resolve it in PagerDuty" \
         in out.getvalue()
     assert not Notification.objects.filter(channel__name="pager").exists()
+
+
+def test_a_copied_database_given_a_key_of_its_own_never_resolves_the_originals_incident(receiver):
+    """A database copied for staging holds the original's key, its open alerts and its channels. Even with its
+    channels disabled it would still send the resolve of an alert the channel heard fire, under the original's
+    dedup_key, and close the original's incident. `installation new-key` gives it a key of its own first."""
+    pager(receiver)
+    pipeline = fire_loss()
+    deliver_due(now=T0)
+    [fired] = receiver.bodies()
+    before = Installation.current().key.hex
+    out = StringIO()
+
+    call_command("installation", "new-key", "--disable-channels", stdout=out)
+
+    after = Installation.current().key.hex
+    assert after != before
+    assert out.getvalue().strip() == (
+        f"Done: installation key {before} replaced by {after}; the next messages of 1 open alert(s) name the new "
+        "key, so they no longer update or resolve the incidents opened under the old one; disabled alert "
+        "channel(s): pager.")
+    assert not Channel.objects.get(name="pager").enabled
+    entry = ActionLog.objects.get(action="installation_new_key")
+    assert (entry.actor, entry.result, entry.params) == (
+        "cli", ActionResult.DONE, {"old_key": before, "new_key": after, "disabled_channels": ["pager"]})
+    resolve(pipeline, at(60))
+    deliver_due(now=at(60))
+    [_, resolved] = receiver.bodies()
+    assert resolved["event_action"] == "resolve"
+    assert resolved["dedup_key"] == fired["dedup_key"].replace(before, after) != fired["dedup_key"]
+
+
+def test_installation_show_names_the_key_and_the_channels_that_send():
+    add_channel("mail", "email", recipients="ops@example.com")
+    out = StringIO()
+    call_command("installation", "show", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"key": Installation.current().key.hex, "enabled_channels": ["mail"]}
+
+
+def test_a_new_key_takes_an_open_alerts_key_from_before_installation_ids_too(receiver):
+    pager(receiver)
+    fire_loss()
+    Alert.objects.update(legacy_dedup_key=f"tally-alert-{Alert.objects.get().pk}")   # opened before them
+    call_command("installation", "new-key", stdout=StringIO())
+    assert payloads.dedup_key(Alert.objects.get()) == f"tally-{Installation.current().key.hex}-alert-" \
+                                                      f"{Alert.objects.get().pk}"

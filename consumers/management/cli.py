@@ -51,7 +51,8 @@ class TallyCommand(BaseCommand):
 
 
 class SubcommandsCommand(TallyCommand):
-    """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`."""
+    """`manage.py NAME SUBCOMMAND ...`: `add_subcommands` declares them, and each runs as `do_SUBCOMMAND(**options)`
+    (a hyphen in its name an underscore)."""
 
     # Subcommands whose refusals (exit 1) this door writes to the action log, and under which action: those
     # whose operation logs only what it did (create, delete, apply). Others log their own refusals, and an
@@ -78,7 +79,7 @@ class SubcommandsCommand(TallyCommand):
 
     def handle(self, *args, command, **options):
         try:
-            getattr(self, f"do_{command}")(**options)
+            getattr(self, f"do_{command.replace('-', '_')}")(**options)
         except CommandError as error:
             if error.returncode == 1 and command in self.audited_refusals and not getattr(error, "logged", False):
                 asked = {key: options[key] for key in self.refusal_params if options.get(key)}
