@@ -388,7 +388,7 @@ def test_a_cold_shutdown_stops_the_runs_and_exits_and_the_restarted_pipeline_wri
     wait_for(lambda: all(gone(host) for host in hosts), 30, "the engine hosts to exit")
     run.refresh_from_db()
     assert run.state == RunState.STOPPED, (run.state, run.end_reason)
-    assert run.end_reason.startswith("stopped: worker shutting down"), run.end_reason
+    assert run.end_reason == "stopped: worker shutting down (Cold)", run.end_reason
 
     production.worker(TALLY_ENGINE_PROCESSES="1")
     production.beat()
@@ -467,3 +467,31 @@ def test_a_run_stuck_in_its_transform_while_its_host_lives_is_declared_crashed_a
     wait_for(lambda: caught_up(pipeline), 90, "the restarted run to catch up")
     assert sink_counts(pipeline.sink_table) == every_value_once(100)
     assert worker.poll() is None
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("hosts", ["1", "0"], ids=["in-an-engine-host", "in-the-worker"])
+def test_revoking_a_run_task_with_terminate_stops_its_run_cleanly_and_the_supervisor_runs_the_pipeline_again(
+        production, make_pipeline, celery_app_for_tests, hosts):
+    """`celery control revoke --terminate TASK_ID` on a run task did nothing (a thread cannot be ended): the worker
+    marked the task revoked while its run went on. Now the run is asked to stop after its batch; the pipeline still
+    wants to run, so the supervisor starts another run, and every record is written once."""
+    worker = production.worker(TALLY_ENGINE_PROCESSES=hosts)
+    production.beat()
+    pipeline = make_pipeline(2)
+    actions.start(pipeline.name)
+    run = wait_for(lambda: (found := live_runs(pipeline)) and found[0], 60, "the run")
+    flowing = threading.Thread(target=produce_values, args=(pipeline.topic, range(1, 20_001), 2))
+    flowing.start()
+    wait_for(lambda: ConsumerRun.objects.get(pk=run.pk).records_processed > 0, 60, "the run to write records")
+
+    celery_app_for_tests.control.revoke(run.task_id, terminate=True)
+
+    wait_for(lambda: ConsumerRun.objects.get(pk=run.pk).state != RunState.RUNNING, 60, "the revoked run to end")
+    run.refresh_from_db()
+    assert (run.state, run.end_reason) == (RunState.STOPPED, "stopped: revoked (celery control revoke --terminate)")
+    assert worker.poll() is None   # the worker goes on
+    wait_for(lambda: (found := live_runs(pipeline)) and found[0].pk != run.pk, 90, "the supervisor to run it again")
+    flowing.join()
+    wait_for(lambda: caught_up(pipeline), 120, "the new run to catch up")
+    assert sink_counts(pipeline.sink_table) == every_value_once(20_000)

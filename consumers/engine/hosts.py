@@ -180,6 +180,14 @@ class HostPool:
         with self._lock:
             self._start_missing()
 
+    def stop_run(self, key: str, reason: str) -> bool:
+        """Ask the run started with `key` (its task's id) to stop cleanly. Returns whether a host holds it."""
+        with self._lock:
+            holders = [host for host in self.hosts if host.alive and key in host.pending]
+        for host in holders:
+            host.stop(key, reason)
+        return bool(holders)
+
     def stop_all(self, reason: str) -> int:
         """Ask every host to stop its runs cleanly (warm shutdown). Returns how many runs were asked."""
         with self._lock:

@@ -176,6 +176,15 @@ def stop_run(key: str, reason: str = "") -> bool:
     return event is not None
 
 
+def stop_task_run(task_id: str, reason: str) -> bool:
+    """Ask the run of the run task `task_id` to stop cleanly, in this process or in an engine host (a run's key is
+    its task's id in both). Returns whether either holds it."""
+    if stop_run(task_id, reason):
+        return True
+    pool = hosts.existing_pool()
+    return pool is not None and pool.stop_run(task_id, reason)
+
+
 def active_runs() -> int:
     with _lock:
         own = len(_stop_events)

@@ -8,7 +8,7 @@ Workers use the threads pool (Spark must never start in a prefork child).
 import logging
 
 from celery import shared_task
-from celery.signals import worker_init, worker_ready, worker_shutting_down
+from celery.signals import task_revoked, worker_init, worker_ready, worker_shutting_down
 from django.conf import settings
 
 from consumers.operations.actions import RUN_PIPELINE_TASK, send_run
@@ -72,6 +72,18 @@ def _start_engine_hosts(sender=None, **kwargs):
     hosts.warn_if_more_hosts_than_cores(settings.TALLY_ENGINE_PROCESSES)
     hosts.pool().start()
     log.info("%d engine host process(es) started: %s", len(hosts.pool().pids()), hosts.pool().pids())
+
+
+@task_revoked.connect
+def _stop_a_revoked_run(sender=None, request=None, terminated=False, **kwargs):
+    # `celery control revoke --terminate TASK_ID` on a run task: a thread cannot be ended, so its run is asked to stop
+    # cleanly (after its batch, committing what it holds). The supervisor then does what the pipeline's desired state
+    # says: a running pipeline gets a new run; `pipeline stop` is how to stop one.
+    if terminated and getattr(sender, "name", None) == RUN_PIPELINE_TASK and request is not None:
+        from consumers.engine.runs import stop_task_run
+
+        if not stop_task_run(request.id, "revoked (celery control revoke --terminate)"):
+            log.info("run task %s revoked: its run had already ended", request.id)
 
 
 @worker_shutting_down.connect

@@ -19,18 +19,21 @@ log = logging.getLogger("tally.runs")
 
 
 class ThreadPool(CeleryThreadPool):
-    cancelled = False
-
     def terminate_job(self, pid, signal=None):
-        # Called for each running task on a cold shutdown (and by `celery control revoke --terminate`, which this pool
-        # cannot honour for one task: every task shares the worker's pid). Raising would abort the cold shutdown;
-        # the runs are asked to stop when the pool stops, right after.
-        self.cancelled = True
+        # Called for each running task on a cold shutdown, and by `celery control revoke --terminate`; it names the
+        # worker's pid, which every task shares, so not the task. Raising would abort the cold shutdown: the runs are
+        # asked to stop when the pool stops, right after. A revoked run task's run is asked to stop by the
+        # task_revoked signal, which names the task (consumers/tasks/operations.py).
+        pass
 
     def on_stop(self) -> None:
+        from celery.worker import state
+
         from consumers.engine.runs import stop_all_runs
 
-        stop_all_runs("worker shutting down (Cold)" if self.cancelled else "worker shutting down (its pool stops)")
+        # Celery's cold shutdown sets should_terminate before it stops the pool
+        stop_all_runs("worker shutting down (Cold)" if state.should_terminate else
+                      "worker shutting down (its pool stops)")
         super().on_stop()
 
 
