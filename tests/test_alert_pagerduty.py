@@ -23,6 +23,7 @@ from tests.test_alert_channels import (
     resolve,
 )
 from tests.test_alerts_email import T0
+from tests.views_helpers import client_of, make_viewer
 
 migration = importlib.import_module("alerts.migrations.0006_installation_dedup_keys")
 
@@ -197,3 +198,13 @@ def test_a_new_key_takes_an_open_alerts_key_from_before_installation_ids_too(rec
     call_command("installation", "new-key", stdout=StringIO())
     assert payloads.dedup_key(Alert.objects.get()) == f"tally-{Installation.current().key.hex}-alert-" \
                                                       f"{Alert.objects.get().pk}"
+
+
+def test_the_new_key_is_on_the_action_log_page_and_in_the_api():
+    call_command("installation", "new-key", stdout=StringIO())
+    new = Installation.current().key.hex
+    viewer = client_of(make_viewer())
+    page = viewer.get("/action-log/")
+    assert page.status_code == 200 and "installation_new_key" in page.content.decode() and new in page.content.decode()
+    listed = viewer.get("/api/action-log").json()
+    assert [entry["action"] for entry in listed["actions"]][:1] == ["installation_new_key"], listed
