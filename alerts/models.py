@@ -71,7 +71,8 @@ class AlertRule(models.Model):
 class Installation(models.Model):
     """This installation of Tally: one row, made with a random key by the migration that creates the database's
     tables, so two installations (or a database created again) never share it. PagerDuty's dedup_keys name it,
-    so installations sharing an integration key never fold into or close each other's incidents."""
+    so installations sharing an integration key never fold into or close each other's incidents. A copied database
+    holds the original's key until `manage.py installation new-key` (alerts/installation.py)."""
 
     ONE = 1
     id = models.PositiveSmallIntegerField(primary_key=True, default=ONE)   # one row: its key is the primary key's

@@ -5,7 +5,8 @@ from concurrent.futures import Future
 import pytest
 
 from consumers.engine import hosts, runs
-from consumers.models import DesiredState, Pipeline
+from consumers.engine.lifecycle import RunResult
+from consumers.models import DesiredState, EndReason, Pipeline
 from tests.pipelines import create_pipeline
 
 
@@ -72,3 +73,25 @@ def test_an_engine_host_pool_that_was_asked_to_stop_starts_no_host_and_no_run(mo
 
     assert made == []
     assert result["reason"] == "skipped" and "shutting down" in result["detail"]
+
+
+def test_a_run_task_revoked_before_its_run_began_stops_its_run_as_it_begins(transactional_db, table, monkeypatch):
+    """`celery control revoke --terminate` may come while the task waits for older runs or for its peers, before its
+    run is registered: the run must still stop, as it begins, not run on under a task Celery counts as revoked."""
+    pipeline = create_pipeline("revoked-early", "revoked-topic", table)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    seen = []
+
+    def engine(name, options):
+        seen.append((name, options.stop.is_set(), options.stop.reason))
+        return RunResult(name, EndReason.STOPPED, epoch=options.epoch)
+
+    monkeypatch.setattr(runs, "engine_for", lambda kind: engine)
+
+    assert runs.stop_task_run("task-revoked-early", "revoked (celery control revoke --terminate)") is False
+    result = runs.run_here(pipeline.pk, pipeline.epoch, task_id="task-revoked-early")
+
+    assert seen == [("revoked-early", True, "revoked (celery control revoke --terminate)")]
+    assert result["reason"] == EndReason.STOPPED
+    assert runs.stop_run("task-revoked-early") is False   # the run ended and is forgotten
+    assert "task-revoked-early" not in runs._stopped_before_start

@@ -154,7 +154,7 @@ class HostProcess:
             runs.stop_all_runs(reason)
             self.close(reason)
         elif key:
-            runs.stop_run(key, reason)
+            runs.stop_run(key, reason, before_start=True)   # sent with its run, it may come before the run begins
 
 
 def main() -> None:

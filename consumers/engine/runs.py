@@ -29,6 +29,9 @@ log = logging.getLogger("tally.runs")
 
 _lock = threading.Lock()
 _stop_events: dict[str, StopEvent] = {}
+# key -> reason: runs asked to stop before they began (a revoked task whose run still waits for older runs or for
+# its peers); each stops as it begins.
+_stopped_before_start: dict[str, str] = {}
 # Set by the worker's warm shutdown. A run task the worker had already taken still starts after it (Celery runs
 # what it reserved): such a run was never asked to stop, ran on and kept the worker from exiting. It ends at once
 # instead, and the supervisor restarts the pipeline on a worker that is not going away.
@@ -90,10 +93,8 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
     engine = engine_for(pipeline.engine)
     stop = StopEvent()
     key = key or task_id or f"{pipeline_id}-{epoch}-{id(stop)}"
-    with _lock:
-        if _shutting_down.is_set():
-            return dict(hosts.SHUTTING_DOWN)
-        _stop_events[key] = stop
+    if not _register(key, stop):
+        return dict(hosts.SHUTTING_DOWN)
     try:
         result = engine(pipeline.name, RunOptions(stop=stop, task_id=task_id, epoch=epoch))
     finally:
@@ -102,6 +103,19 @@ def run_here(pipeline_id: int, epoch: int, task_id: str = "", settled_peers: int
     _after_run(pipeline, result)
     return {"reason": result.reason, "detail": getattr(result, "detail", ""), "records": result.records,
             "epoch": getattr(result, "epoch", epoch)}
+
+
+def _register(key: str, stop: StopEvent) -> bool:
+    """Make the run `key` stoppable by stop_run(key), stopped at once if it was asked before it began. False when
+    the worker is shutting down: the run must not begin."""
+    with _lock:
+        if _shutting_down.is_set():
+            return False
+        _stop_events[key] = stop
+        early = _stopped_before_start.pop(key, None)
+    if early is not None:
+        stop.stop(early)
+    return True
 
 
 def _older_runs_ended(pipeline: Pipeline, epoch: int) -> bool:
@@ -166,23 +180,25 @@ def stop_all_runs(reason: str = "worker shutting down") -> int:
     return len(events) + hosted
 
 
-def stop_run(key: str, reason: str = "") -> bool:
+def stop_run(key: str, reason: str = "", *, before_start: bool = False) -> bool:
     """Ask the run started with `key` to stop (`reason` goes into its end reason). Returns whether this process
-    holds it."""
+    holds it. With `before_start`, a run that has not begun yet under `key` stops as it begins."""
     with _lock:
         event = _stop_events.get(key)
+        if event is None and before_start:
+            _stopped_before_start[key] = reason
     if event is not None:
         event.stop(reason)
     return event is not None
 
 
 def stop_task_run(task_id: str, reason: str) -> bool:
-    """Ask the run of the run task `task_id` to stop cleanly, in this process or in an engine host (a run's key is
-    its task's id in both). Returns whether either holds it."""
-    if stop_run(task_id, reason):
-        return True
+    """Ask the run of the run task `task_id` to stop cleanly, in an engine host or in this process (a run's key is
+    its task's id in both), even if it has not begun yet. Returns whether a host or this process holds it now."""
     pool = hosts.existing_pool()
-    return pool is not None and pool.stop_run(task_id, reason)
+    if pool is not None and pool.stop_run(task_id, reason):
+        return True
+    return stop_run(task_id, reason, before_start=True)
 
 
 def active_runs() -> int:

@@ -83,7 +83,7 @@ def _stop_a_revoked_run(sender=None, request=None, terminated=False, **kwargs):
         from consumers.engine.runs import stop_task_run
 
         if not stop_task_run(request.id, "revoked (celery control revoke --terminate)"):
-            log.info("run task %s revoked: its run had already ended", request.id)
+            log.info("run task %s revoked with no run going: a run of it stops as it begins", request.id)
 
 
 @worker_shutting_down.connect
