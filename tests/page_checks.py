@@ -38,10 +38,10 @@ class PageChecks:
         page.on("requestfailed", self._failed)
         page.on("response", self._response)
         # Requests sent and not yet answered: when the page never settles, the failure names them.
-        self.in_flight: dict = {}
-        page.on("request", lambda request: self.in_flight.setdefault(request, request.url))
-        page.on("requestfinished", lambda request: self.in_flight.pop(request, None))
-        page.on("requestfailed", lambda request: self.in_flight.pop(request, None))
+        self.in_flight: set = set()
+        page.on("request", lambda request: self.in_flight.add(request))   # Playwright takes no builtin as a handler
+        page.on("requestfinished", lambda request: self.in_flight.discard(request))
+        page.on("requestfailed", lambda request: self.in_flight.discard(request))
 
     def allow(self, path: str, status: int) -> None:
         self.allowed.add((path, status))
@@ -63,8 +63,8 @@ class PageChecks:
         try:
             self.page.wait_for_load_state("networkidle")
         except PlaywrightTimeout as timeout:
-            raise AssertionError(f"{self.page.url} never settled; still waiting for {sorted(self.in_flight.values())}"
-                                 ) from timeout
+            waiting = sorted(request.url for request in self.in_flight)
+            raise AssertionError(f"{self.page.url} never settled; still waiting for {waiting}") from timeout
 
     def _failed(self, request) -> None:
         if self.leaving and request.failure == "net::ERR_ABORTED":

@@ -125,16 +125,6 @@ def test_a_receiver_that_keeps_answering_429_past_the_longest_wait_counts_toward
     assert "HTTP 429: rate_limited" in channel.last_error
 
 
-class RecordedSleep:
-    """A run's waits, recorded instead of slept."""
-
-    def __init__(self):
-        self.sleeps = []
-
-    def __call__(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-
-
 def test_a_burst_to_one_slack_webhook_goes_out_in_one_run_a_second_apart_and_other_kinds_are_not_held(receiver):
     """Slack takes about one message a second per webhook and answers a faster burst with 429s: each of those
     messages then waited for a later delivery run (every ALERT_EVALUATE_SECONDS), so a burst of N alerts took
@@ -143,11 +133,11 @@ def test_a_burst_to_one_slack_webhook_goes_out_in_one_run_a_second_apart_and_oth
     add_channel("hooks", "webhook", f"{receiver.url}/in")
     for name in ("orders", "payments", "refunds", "invoices"):
         fire_loss(name)
-    sleep = RecordedSleep()
+    sleeps = []   # a run's waits, recorded instead of slept
 
-    assert deliver_due(now=T0, session=Session(sleep=sleep))["sent"] == 8
+    assert deliver_due(now=T0, session=Session(sleep=sleeps.append))["sent"] == 8
 
-    assert sleep.sleeps == [1.0, 1.0, 1.0]   # before the 2nd, 3rd and 4th Slack message; none for the webhook
+    assert sleeps == [1.0, 1.0, 1.0]   # before the 2nd, 3rd and 4th Slack message; none for the webhook
     assert Notification.objects.filter(delivered_at__isnull=True).count() == 0
 
 
@@ -156,14 +146,13 @@ def test_a_run_started_while_another_sends_keeps_the_pace_of_the_slack_webhook(r
     the pace is the channel's, not the run's, so the second run waits for the rest of the first's interval."""
     add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
     fire_loss("orders")
-    first = RecordedSleep()
-    assert deliver_due(now=T0, session=Session(sleep=first))["sent"] == 1
+    first, second = [], []
+    assert deliver_due(now=T0, session=Session(sleep=first.append))["sent"] == 1
     fire_loss("payments", at=at(0.25))
-    second = RecordedSleep()
 
-    assert deliver_due(now=at(0.25), session=Session(sleep=second))["sent"] == 1
+    assert deliver_due(now=at(0.25), session=Session(sleep=second.append))["sent"] == 1
 
-    assert (first.sleeps, second.sleeps) == ([], [0.75])
+    assert (first, second) == ([], [0.75])
     assert Channel.objects.get(name="chat").next_send_at == at(2)   # the second's slot was at(1)
 
 
@@ -171,13 +160,13 @@ def test_a_test_message_takes_its_slot_in_the_pace_and_a_clock_set_back_holds_th
     chat = add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
     assert channel_actions.test(chat, "ops")[0]
     fire_loss("orders")
-    waited = RecordedSleep()
-    assert deliver_due(now=T0, session=Session(sleep=waited))["sent"] == 1
-    assert waited.sleeps == [1.0]   # behind the test message sent at the same instant
+    waited = []
+    assert deliver_due(now=T0, session=Session(sleep=waited.append))["sent"] == 1
+    assert waited == [1.0]   # behind the test message sent at the same instant
 
     # A clock set back by a day leaves next_send_at a day ahead: the channel waits one interval, not a day.
     fire_loss("payments", at=at(-86_400))
-    held = RecordedSleep()
-    assert deliver_due(now=at(-86_400), session=Session(sleep=held))["sent"] == 1
-    assert held.sleeps == [1.0]
+    held = []
+    assert deliver_due(now=at(-86_400), session=Session(sleep=held.append))["sent"] == 1
+    assert held == [1.0]
     assert len(receiver.requests) == 3
