@@ -63,9 +63,10 @@ CAUGHT_UP_CHECK_S = 1.0      # "caught up" reads every partition's log end: at m
 
 
 def run(name: str, options: RunOptions) -> RunResult:
-    """PipelineEngine, with kafka-python in this thread. `options.peers`: this run is one of that many started
-    together (`run_pipeline --processes`); it takes partitions once they are all members (at most PEERS_WAIT_S),
-    so each takes its share at once instead of all of them first and handing most over a second later."""
+    """PipelineEngine, with its Kafka client (kafka-python or librdkafka) in this thread. `options.peers`: this run
+    is one of that many started together (`run_pipeline --processes`); it takes partitions once they are all members
+    (at most PEERS_WAIT_S), so each takes its share at once instead of all of them first and handing most over a
+    second later."""
     return run_engine(_Engine, Engine.PYTHON, name, options)
 
 
