@@ -95,3 +95,65 @@ def test_a_run_task_revoked_before_its_run_began_stops_its_run_as_it_begins(tran
     assert result["reason"] == EndReason.STOPPED
     assert runs.stop_run("task-revoked-early") is False   # the run ended and is forgotten
     assert "task-revoked-early" not in runs._stopped_before_start
+
+
+def test_a_run_task_revoked_while_its_run_is_handed_to_an_engine_host_stops_its_run_there(
+        transactional_db, table, monkeypatch, settings):
+    """The revoke may come after the task chose to run in an engine host and before that host holds the run: the
+    worker's process remembers the stop, and the host is asked to stop the run once it holds it."""
+    settings.TALLY_ENGINE_PROCESSES = 1
+    pipeline = create_pipeline("revoked-in-hand", "revoked-topic", table)
+    Pipeline.objects.filter(pk=pipeline.pk).update(desired_state=DesiredState.RUNNING)
+    sent = []
+
+    class FakeHost:
+        alive = True
+
+        def __init__(self, number):
+            self.number = number
+            self.pending = {}
+
+        def load(self):
+            return len(self.pending)
+
+        def holds(self, pipeline_id):
+            return False
+
+        def start_run(self, key, *args):
+            self.pending[key] = args
+            sent.append(("run", key))
+            future = Future()
+            future.set_result({"reason": "stopped", "records": 0, "detail": ""})
+            return future
+
+        def stop(self, key, reason):
+            sent.append(("stop", key, reason))
+
+    monkeypatch.setattr(hosts, "Host", FakeHost)
+    pool = hosts.HostPool(1)
+    pool._watching = True   # no watchdog thread: it would ping the fake host
+    monkeypatch.setattr(hosts, "_pool", pool)
+
+    # The hosts are asked first and hold nothing yet: the stop is remembered.
+    assert runs.stop_task_run("task-revoked-in-hand", "revoked (celery control revoke --terminate)") is False
+    result = runs.run_in_worker(pipeline.pk, pipeline.epoch, task_id="task-revoked-in-hand")
+
+    assert sent == [("run", "task-revoked-in-hand"),
+                    ("stop", "task-revoked-in-hand", "revoked (celery control revoke --terminate)")]
+    assert result["reason"] == "stopped"
+    assert "task-revoked-in-hand" not in runs._stopped_before_start
+
+
+def test_a_revoke_that_finds_its_run_in_an_engine_host_is_not_also_remembered(monkeypatch):
+    stops = []
+
+    class HoldingPool:
+        def stop_run(self, key, reason):
+            stops.append((key, reason))
+            return True
+
+    monkeypatch.setattr(hosts, "_pool", HoldingPool())
+
+    assert runs.stop_task_run("task-in-a-host", "revoked") is True
+    assert stops == [("task-in-a-host", "revoked")]
+    assert "task-in-a-host" not in runs._stopped_before_start

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from django.conf import settings
@@ -162,15 +163,22 @@ class HostPool:
         self._stopping = False   # after stop_all (warm shutdown) no run starts: it would never be asked to stop
         self._watching = False
 
-    def run(self, pipeline_id: int, epoch: int, *, task_id: str = "", settled_peers: int = 0) -> dict:
-        """Run the pipeline in one of the hosts and wait for the run's result (a dict, as runs.run_here's)."""
+    def run(self, pipeline_id: int, epoch: int, *, task_id: str = "", settled_peers: int = 0,
+            stop_asked: Callable[[str], str | None] = lambda key: None) -> dict:
+        """Run the pipeline in one of the hosts and wait for the run's result (a dict, as runs.run_here's).
+        `stop_asked(key)`: the reason of a stop asked of this run before a host held it (runs.stop_task_run), or
+        None; read once the host holds it, so that a stop asked after that finds it there."""
         key = task_id or uuid.uuid4().hex
         for _ in range(2):  # a host that died between the choice and the send: once more on another
             with self._lock:  # chosen and sent under the lock, so the next choice sees this run's load
                 if self._stopping:
                     return dict(SHUTTING_DOWN)
-                future = self._choose(pipeline_id).start_run(key, pipeline_id, epoch, task_id, settled_peers)
+                host = self._choose(pipeline_id)
+                future = host.start_run(key, pipeline_id, epoch, task_id, settled_peers)
             if future is not None:
+                reason = stop_asked(key)
+                if reason is not None:
+                    host.stop(key, reason)
                 return future.result()
         return {"reason": "error", "records": 0, "detail": "no engine host process would take the run"}
 

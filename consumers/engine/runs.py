@@ -55,7 +55,8 @@ def run_in_worker(pipeline_id: int, epoch: int, task_id: str = "", settled_peers
     if _shutting_down.is_set():
         return dict(hosts.SHUTTING_DOWN)
     if engine == Engine.PYTHON and settings.TALLY_ENGINE_PROCESSES > 0:
-        return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
+        return hosts.pool().run(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers,
+                                stop_asked=_take_stop_asked)
     return run_here(pipeline_id, epoch, task_id=task_id, settled_peers=settled_peers)
 
 
@@ -112,7 +113,7 @@ def _register(key: str, stop: StopEvent) -> bool:
         if _shutting_down.is_set():
             return False
         _stop_events[key] = stop
-        early = _stopped_before_start.pop(key, None)
+    early = _take_stop_asked(key)
     if early is not None:
         stop.stop(early)
     return True
@@ -194,11 +195,22 @@ def stop_run(key: str, reason: str = "", *, before_start: bool = False) -> bool:
 
 def stop_task_run(task_id: str, reason: str) -> bool:
     """Ask the run of the run task `task_id` to stop cleanly, in an engine host or in this process (a run's key is
-    its task's id in both), even if it has not begun yet. Returns whether a host or this process holds it now."""
+    its task's id in both), even if it has not begun yet. Returns whether a host or this process holds it now.
+
+    Remembered first, then asked of the hosts: a run being handed to a host (HostPool.run) is either held there
+    when the hosts are asked, or takes the remembered stop once it is (`_take_stop_asked`)."""
+    held_here = stop_run(task_id, reason, before_start=True)
     pool = hosts.existing_pool()
     if pool is not None and pool.stop_run(task_id, reason):
+        _take_stop_asked(task_id)
         return True
-    return stop_run(task_id, reason, before_start=True)
+    return held_here
+
+
+def _take_stop_asked(key: str) -> str | None:
+    """The reason of a stop asked of the run `key` before it began here or in a host, forgetting it."""
+    with _lock:
+        return _stopped_before_start.pop(key, None)
 
 
 def active_runs() -> int:
