@@ -1,14 +1,14 @@
 """Lists that read a long history newest first take their page from the top of an index, never from a sort of the
-whole table (migration 0027): the action log, a pipeline's newest dead letters and the admin's runs list. A sort
-of 200,000 action-log entries cost 262 ms a page, growing with the table. Plans are read with sequential scans and
-sorts off (a test's few rows would rather be scanned and sorted): a Sort node then remains only where no index
-gives the order."""
+whole table (migrations 0027 and 0029): the action log, a pipeline's newest dead letters, the admin's runs list and
+the topic checks. A sort of 200,000 action-log entries cost 262 ms a page, growing with the table. Plans are read
+with sequential scans and sorts off (a test's few rows would rather be scanned and sorted): a Sort node then remains
+only where no index gives the order."""
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from consumers.models import ActionLog, ConsumerRun, DeadLetter, Pipeline, RunState
+from consumers.models import ActionLog, ConsumerRun, DeadLetter, Pipeline, RunState, TopicCheckJob
 from dashboard import status
 
 pytestmark = pytest.mark.django_db
@@ -61,6 +61,21 @@ def test_the_admins_runs_list_reads_its_page_from_an_index(pipeline, admin_clien
 
     query = captured(page, "consumers_consumerrun")
     assert answer.status_code == 200
+    assert "Sort" not in plan_of(*query)
+
+
+@pytest.mark.parametrize("url", ["/topic-checks/", "/topic-checks/?pipeline=kept"])
+def test_the_topic_checks_page_reads_the_newest_checks_from_an_index(pipeline, admin_client, url):
+    for _ in range(3):
+        TopicCheckJob.objects.create(pipeline=pipeline, topic="t", group_id="g", table="s", key_column="id")
+    answer = None
+
+    def page():
+        nonlocal answer
+        answer = admin_client.get(url)
+
+    query = captured(page, "consumers_topiccheckjob")
+    assert answer.status_code == 200 and answer.content.count(b"queued") >= 3
     assert "Sort" not in plan_of(*query)
 
 

@@ -98,3 +98,6 @@ class TopicCheckJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The topic checks page lists the newest checks of every pipeline, or of one: from the top of an index.
+        indexes = [models.Index(fields=["-created_at"], name="topic_check_created_idx"),
+                   models.Index(fields=["pipeline", "-created_at"], name="topic_check_pipeline_idx")]
