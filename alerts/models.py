@@ -301,7 +301,7 @@ class Channel(models.Model):
     last_success_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     # The pace of a kind that takes messages no faster than its SEND_INTERVAL_SECONDS (alerts.channels.Session):
-    # kept here, not in the run, because two delivery runs may overlap.
+    # kept here, not in the run, because two delivery runs may overlap; channels of one URL keep the same value.
     next_send_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

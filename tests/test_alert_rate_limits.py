@@ -156,6 +156,25 @@ def test_a_run_started_while_another_sends_keeps_the_pace_of_the_slack_webhook(r
     assert Channel.objects.get(name="chat").next_send_at == at(2)   # the second's slot was at(1)
 
 
+def test_two_channels_on_one_slack_webhook_share_its_pace_and_another_webhook_keeps_its_own(receiver):
+    """Slack's limit is per webhook URL, not per Tally channel: two channels an operator made for one webhook
+    (say, to route other rules there) sent a message each per second to it, two a second in all, and met 429s."""
+    shared = f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}"
+    add_channel("chat", "slack", shared)
+    add_channel("chat-oncall", "slack", shared)
+    add_channel("other-room", "slack", f"{receiver.url}/services/T1/B3/{SECRET_TOKEN}")
+    for name in ("orders", "payments"):
+        fire_loss(name)
+    sleeps = []
+
+    assert deliver_due(now=T0, session=Session(sleep=sleeps.append))["sent"] == 6
+
+    # Four messages to the shared webhook wait three times; the other room's two wait once.
+    assert sleeps == [1.0] * 4
+    paces = dict(Channel.objects.values_list("name", "next_send_at"))
+    assert paces["chat"] == paces["chat-oncall"]
+
+
 def test_a_test_message_takes_its_slot_in_the_pace_and_a_clock_set_back_holds_the_channel_one_interval(receiver):
     chat = add_channel("chat", "slack", f"{receiver.url}/services/T1/B2/{SECRET_TOKEN}")
     assert channel_actions.test(chat, "ops")[0]

@@ -8,6 +8,7 @@ import requests
 from django.conf import settings
 from django.core.mail import get_connection
 from django.db import transaction
+from django.db.models import Q
 
 from alerts.channels import email, pagerduty, slack, webhook
 from alerts.channels.base import MASK, Answer, DeliveryFailed, redact
@@ -41,19 +42,22 @@ class Session:
 
     def pace(self, channel, now) -> None:
         """Wait, if need be, until the channel's kind takes another message; call right before sending to it, with
-        the run's clock. The pace is the channel's row (`next_send_at`), taken under its row lock, so delivery
-        runs that overlap and test messages share it: each send gets its own slot, an interval after the last."""
+        the run's clock. The pace is kept on the rows of every channel of its kind with its URL (`next_send_at`),
+        taken under their row locks (in pk order), so delivery runs that overlap, test messages and channels that
+        share a webhook share it: each send gets its own slot, an interval after the last."""
         from alerts.models import Channel
 
         interval = timedelta(seconds=getattr(kind_of(channel), "SEND_INTERVAL_SECONDS", 0))
         if not interval:
             return
+        # The receiver's limit is per URL: channels that share one (a second name, other rules) share its pace.
+        sharing = Channel.objects.filter(Q(pk=channel.pk) | Q(kind=channel.kind, url=channel.url))
         with transaction.atomic():
-            due = (Channel.objects.select_for_update().filter(pk=channel.pk)
-                   .values_list("next_send_at", flat=True).first())
+            dues = list(sharing.select_for_update().order_by("pk").values_list("next_send_at", flat=True))
+            due = max((d for d in dues if d is not None), default=None)
             # Never more than one interval ahead: a clock set back must not hold the channel for its difference
             slot = now if due is None else min(max(now, due), now + interval)
-            Channel.objects.filter(pk=channel.pk).update(next_send_at=slot + interval)
+            sharing.update(next_send_at=slot + interval)
         if slot > now:
             self._sleep((slot - now).total_seconds())
 
