@@ -158,6 +158,30 @@ def test_a_keyed_tombstone_the_audit_named_through_its_key_traces_as_the_delete_
     assert "tombstone" in unnamed.explanation
 
 
+def test_an_id_its_integer_column_cannot_hold_is_unreadable_and_traces_so_on_the_api_and_the_page(make_topic,
+                                                                                                    table_name):
+    """An `integer` row-id column and a record whose id, 99999999999, only a bigint holds: no row can name it. The
+    audit counted it lost and its trace, the link the watch page gives for a lost offset, was a 500 (PostgreSQL's
+    "integer out of range" on comparing the column with it)."""
+    topic, group = make_topic("narrow"), f"narrow-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, b"1"), (None, b"99999999999"), (None, b"3")])
+    execute(sql.SQL("CREATE TABLE {} (id integer)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES (1), (3)").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 3})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="narrow", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        settle_seconds=0))
+
+    report = watch_audit.check_watch(watch)
+
+    assert (report.lost, [r.unreadable for r in report.new_ranges]) == (0, [1])
+    viewer = client_of(make_viewer())
+    api = viewer.get("/api/watches/narrow/trace?partition=0&offset=1")
+    assert api.status_code == 200
+    assert (api.json()["verdict"], api.json()["expected_id"]) == ("unreadable", None)
+    assert viewer.get("/watches/narrow/trace/?partition=0&offset=1").status_code == 200
+
+
 def test_a_trace_of_a_table_tally_may_no_longer_read_says_the_grant_instead_of_failing(make_topic, table_name):
     """The team revoked Tally's SELECT on its table after the watch was made: the trace is refused naming the grant
     to give back (the API's 400, the page's 422), as validation refuses such a table, not answered with a 500."""

@@ -22,6 +22,7 @@ from decimal import Decimal, InvalidOperation
 OFFSET = "offset"
 KINDS = ("value", "key", "json", OFFSET)
 INTEGER = re.compile(r"^-?[0-9]{1,19}$")
+INTEGER_BITS = {"smallint": 15, "integer": 31, "bigint": 63}   # a value's bits besides its sign
 # PostgreSQL's numeric holds up to 131,072 digits before the decimal point and 16,383 after it: a number beyond
 # either is refused by its input ("value overflows numeric format"), so no row of a numeric column can name it.
 NUMERIC_MAX_WEIGHT, NUMERIC_MAX_SCALE = 131_071, 16_383
@@ -158,12 +159,15 @@ def column_type(pg_type: str) -> str:
 def normaliser(id_type: str | None):
     """record id text -> the value the row-id column can hold, or None: no row of that column can name it."""
     kind = column_type(id_type) if id_type else "text"
+    # The column's own width, not the temporary column's bigint: 99999999999 names no row of an integer column
+    # (it is unreadable, as on Spark), and comparing the column with it would fail inside PostgreSQL.
+    bits = INTEGER_BITS.get(id_type.split("(")[0] if id_type else "", 63)
 
     def as_bigint(text):
         if text is None or not INTEGER.match(text):
             return None
         number = int(text)
-        return str(number) if -2**63 <= number < 2**63 else None
+        return str(number) if -2**bits <= number < 2**bits else None
 
     def as_numeric(text):
         try:
