@@ -205,3 +205,57 @@ def test_records_a_reset_forward_skipped_are_lost(make_topic, table_name):
 
     assert as_offsets(report.lost_offsets) == {(0, o) for o in range(3, 8)}
     assert (report.lost, report.checked, report.status) == (5, 10, "ERR")
+
+
+@pytest.mark.parametrize("through", ["check", "pass"])
+def test_a_commit_past_the_log_end_is_err_and_the_records_produced_below_it_are_then_lost(make_topic, table_name,
+                                                                                          through):
+    """The group committed 15 on a log that ends at 10 (broker data loss, an unclean leader election, a consumer
+    committing what it never read). The watch said OK with lag 0. It is ERR with a note; the records produced next,
+    offsets 10..14, are skipped by the group, and the audit finds them lost once they exist."""
+    watch, topic, group = watch_of_ten(make_topic, table_name, f"ahead-{through}", rows=range(1, 11), committed=15)
+    now = timezone.now()
+
+    def check(at):
+        if through == "pass":
+            [report] = [r for r in watch_pass.check_all(now=at) if r.watch == watch.name]
+            return report
+        return watch_audit.check_watch(watch, now=at)
+
+    ahead = check(now)
+    assert (ahead.status, ahead.partitions[0]["status"], ahead.checked, ahead.lost) == ("ERR", "ERR", 10, 0)
+    assert ahead.notes == ["partition 0: the group committed offset 15, past the log end 10; the records produced "
+                           "at offsets 10 to 14 will never reach it"]
+
+    produce(topic, [(None, str(v).encode()) for v in range(11, 16)])
+    caught = check(now + timedelta(seconds=30))
+    assert (caught.status, caught.checked, caught.lost, as_offsets(caught.lost_offsets)) == (
+        "ERR", 15, 5, {(0, o) for o in range(10, 15)})
+    assert caught.notes == []
+
+
+class MarksReadEarly:
+    """The watch's Kafka calls, whose first reading of the watermarks is from before the group read its last
+    records (a busy topic: the group commits between Tally's two reads)."""
+
+    def __init__(self, high: int):
+        self.real, self.high, self.readings = admin.on(), high, 0
+
+    def watermarks(self, topic, *args, **kwargs):
+        self.readings += 1
+        marks = self.real.watermarks(topic, *args, **kwargs)
+        if self.readings > 1:
+            return marks
+        return {p: Watermarks(m.log_start, self.high, min(m.stable, self.high)) for p, m in marks.items()}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_commit_past_marks_read_before_it_is_not_taken_for_one_past_the_log_end(make_topic, table_name):
+    watch, _, _ = watch_of_ten(make_topic, table_name, "busy", rows=range(1, 11), committed=10)
+    kafka = MarksReadEarly(high=7)
+
+    report = watch_audit.check_watch(watch, kafka=kafka)
+
+    assert (report.status, report.checked, report.notes, kafka.readings) == ("OK", 10, [], 2)

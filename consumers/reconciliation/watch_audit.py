@@ -107,6 +107,10 @@ def check_watch(watch: Watch, *, settle_seconds: int | None = None, now: datetim
     try:
         marks = kafka.watermarks(watch.topic)
         committed = kafka.committed_offsets(watch.group_id, watch.topic, sorted(marks))
+        if watch_lag.committed_ahead(committed, marks):
+            # The group may have read records produced since the marks were read: "past the log end" is believed
+            # only of marks read after its commits (a pass's earlier reading included).
+            marks = getattr(kafka, "fresh", lambda: kafka)().watermarks(watch.topic)
     except Exception as exc:  # Kafka down or the topic gone: ERR with the reason, nothing moves
         return watch_results.failed(watch, f"Kafka: {type(exc).__name__}: {exc}", now)
     recreated = watch_commits.topic_recreated(watch, marks)
@@ -158,6 +162,7 @@ def _check_locked(watch: Watch, marks: dict, committed: dict, alive: bool, settl
                 watch_results.store_ranges(watch, parts, audited, now)
                 new_ranges += audited
         watch_lag.measure(watch, parts, marks, kafka, now, notes)
+        notes += watch_lag.ahead_notes(parts)
         watch_lag.evaluate(parts, alive, rewound, now, monitored.window_samples(watch=watch, now=now), watch.created_at)
         for wp in parts.values():
             wp.checked_at = now

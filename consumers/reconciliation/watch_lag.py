@@ -13,6 +13,23 @@ def behind_log_start(wp: WatchPartition) -> bool:
     return wp.committed is not None and wp.log_start is not None and wp.committed < wp.log_start
 
 
+def ahead_of_log_end(wp: WatchPartition) -> bool:
+    """The group's committed offset is past the log end (broker data loss, an unclean leader election, a consumer
+    committing offsets it never read): the records produced below it will never reach the group (a loss)."""
+    return wp.committed is not None and wp.high_watermark is not None and wp.committed > wp.high_watermark
+
+
+def committed_ahead(committed: dict, marks: dict) -> bool:
+    """Whether any partition's commit is past the log end of these marks."""
+    return any(offset is not None and p in marks and offset > marks[p].high for p, offset in committed.items())
+
+
+def ahead_notes(parts: dict) -> list[str]:
+    return [f"partition {p}: the group committed offset {wp.committed}, past the log end {wp.high_watermark}; "
+            f"the records produced at offsets {wp.high_watermark} to {wp.committed - 1} will never reach it"
+            for p, wp in sorted(parts.items()) if ahead_of_log_end(wp)]
+
+
 def measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes: list) -> None:
     """Lag in records (to the last stable offset: a read_committed consumer cannot pass an open transaction)
     and in seconds (the age of the record at the committed offset)."""
@@ -61,7 +78,8 @@ def evaluate(parts: dict, alive: bool, rewound: set, now: datetime, history: dic
         wp.status = monitored.partition_status(
             history.get(p, []), position=wp.committed, lag=wp.lag_records, moved_at=wp.moved_at or created_at,
             alive=alive, rewound=p in rewound,
-            incident=bool(wp.lost or wp.duplicated or wp.phantom) or behind_log_start(wp), now=now)
+            incident=bool(wp.lost or wp.duplicated or wp.phantom) or behind_log_start(wp) or ahead_of_log_end(wp),
+            now=now)
 
 
 def group_alive(kafka, group_id: str, notes: list) -> bool:

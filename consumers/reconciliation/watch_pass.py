@@ -112,6 +112,8 @@ def _observe_quiet(watch: Watch, parts: dict, reading: pass_kafka.PassKafka, now
     if watch_commits.topic_recreated(watch, marks) or (kafka_admin.topic_id_of(marks) and not watch.topic_id):
         return False   # the check says the topic was re-created (ERR), or takes the topic's id for the watch
     committed = reading.committed_offsets(watch.group_id, watch.topic, sorted(marks))
+    if watch_lag.committed_ahead(committed, marks):   # the check reads Kafka again before saying so, with a note
+        return False
     rewound = [p for p, wp in parts.items() if watch_commits.observe(wp, committed.get(p), now, watch.settle_seconds)]
     if rewound:
         return False
