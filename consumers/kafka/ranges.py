@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from kafka import TopicPartition
+from kafka.errors import OffsetOutOfRangeError
 
 from consumers.kafka.admin import KafkaAdminError, probe_consumer
 
@@ -31,7 +32,9 @@ def read_ranges(topic: str, ranges: dict[int, tuple[int, int]], on_records: Call
     ended: dict[int, int] = {p: s for p, (s, _) in ranges.items()}
     if not wanted:
         return ended
-    consumer = probe_consumer(cluster, isolation_level="read_committed",
+    # auto_offset_reset="none": a start that retention removed since the caller read the log start must fail the
+    # read; kafka-python's default would jump to the log end and hand the range over as read, with no record.
+    consumer = probe_consumer(cluster, isolation_level="read_committed", auto_offset_reset="none",
                               max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES, fetch_max_bytes=64 << 20,
                               fetch_max_wait_ms=50, receive_buffer_bytes=4 << 20)
     try:
@@ -42,7 +45,13 @@ def read_ranges(topic: str, ranges: dict[int, tuple[int, int]], on_records: Call
         pending = set(wanted)
         progress_at, last_positions = time.monotonic(), {}
         while pending:
-            polled = consumer.poll(timeout_ms=200, max_records=POLL_RECORDS)
+            try:
+                polled = consumer.poll(timeout_ms=200, max_records=POLL_RECORDS)
+            except OffsetOutOfRangeError as exc:
+                gone = {tp.partition: offset for tp, offset in exc.args[0].items()} if exc.args else {}
+                raise KafkaAdminError(f"{topic}: offsets {gone} are outside the log (below its start: removed by "
+                                      "retention since the start was read); read again from the new log start"
+                                      ) from None
             for tp, records in polled.items():
                 p = tp.partition
                 if p not in pending:
