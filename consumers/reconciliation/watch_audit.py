@@ -212,6 +212,8 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
             except psycopg2.Error as exc:  # the table changed under the watch (a column's type, the grant): ERR
                 raise WatchCheckError(f"table {watch.sink_table!r} could not be audited: {type(exc).__name__}: "
                                       f"{exc.diag.message_primary or exc}") from exc
+            except watch_settled.ReadBackFailed as exc:
+                raise WatchCheckError(str(exc)) from exc
         # Every finding is kept (the export, the trace); the range lists the first of each kind.
         cur.execute(sql.SQL('INSERT INTO {} (watch_id, partition, "offset", kind, extra, checked_at) '
                             'SELECT %s, partition, "offset", kind, extra, %s FROM {}').format(

@@ -45,6 +45,10 @@ def settled_marks(parts: dict, marks: dict) -> dict[int, tuple[int, int]]:
     return spans
 
 
+class ReadBackFailed(RuntimeError):
+    """Kafka could not say where to read back from: the check fails (ERR with this reason), nothing settles."""
+
+
 def windows(watch, settled: dict[int, tuple[int, int]], oldest_ts: int | None,
             notes: list[str]) -> dict[int, tuple[int, int]]:
     """{partition: (start, end)} to read back: of each partition's settled positions, those from the first record
@@ -52,7 +56,11 @@ def windows(watch, settled: dict[int, tuple[int, int]], oldest_ts: int | None,
     SETTLED_READ_LIMIT of them. A cut is noted in `notes`."""
     if oldest_ts is None or not settled:
         return {}
-    newer_from = kafka_admin.offsets_for_time(watch.topic, sorted(settled), oldest_ts, cluster=watch.cluster)
+    try:
+        newer_from = kafka_admin.offsets_for_time(watch.topic, sorted(settled), oldest_ts, cluster=watch.cluster)
+    except Exception as exc:  # the range was read a moment ago: a leader moving, a broker refusing the lookup
+        raise ReadBackFailed(f"Kafka: finding the settled records of {watch.topic} to read back: "
+                             f"{type(exc).__name__}: {exc}") from exc
     spans, cuts = {}, []
     for p, (first, end) in sorted(settled.items()):
         start = newer_from.get(p)
