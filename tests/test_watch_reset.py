@@ -11,6 +11,7 @@ from django.utils import timezone
 from psycopg2 import sql
 
 from consumers.kafka import admin
+from consumers.kafka import ranges as kafka_ranges
 from consumers.kafka.admin import Watermarks
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
@@ -259,3 +260,53 @@ def test_a_commit_past_marks_read_before_it_is_not_taken_for_one_past_the_log_en
     report = watch_audit.check_watch(watch, kafka=kafka)
 
     assert (report.status, report.checked, report.notes, kafka.readings) == ("OK", 10, [], 2)
+
+
+class OpenTransaction:
+    """The watch's Kafka calls while a producer's transaction holds offsets `stable`.. open (a Flink sink between
+    checkpoints, a crashed producer's transaction not yet timed out): the last stable offset is `stable`, and a
+    read_committed reader cannot pass it. The embedded broker keeps no transaction open, so reads are held here
+    as Kafka would hold them: a read asked past `stable` makes no progress, and fails."""
+
+    def __init__(self, stable: int, monkeypatch):
+        self.real, self.stable, self.asked = admin.on(), stable, []
+        real_read = kafka_ranges.read_ranges
+
+        def read_committed(topic, ranges, on_records, **kwargs):
+            self.asked.append(dict(ranges))
+            if any(stop > self.stable for _, stop in ranges.values()):
+                raise admin.KafkaAdminError(f"{topic}: reading partitions [0] made no progress for 30 s")
+            return real_read(topic, ranges, on_records, **kwargs)
+        monkeypatch.setattr(kafka_ranges, "read_ranges", read_committed)
+
+    def watermarks(self, topic, *args, **kwargs):
+        return {p: Watermarks(m.log_start, m.high, min(self.stable, m.high))
+                for p, m in self.real.watermarks(topic, *args, **kwargs).items()}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_commit_past_an_open_transaction_settles_up_to_it_and_the_rest_once_it_ends(make_topic, table_name,
+                                                                                     monkeypatch, keyed):
+    """A read_uncommitted group committed 10 while offsets 6.. belong to an open transaction (a keyed watch also
+    reads the unsettled tail). The check read to the high watermark, made no progress past the last stable offset
+    for 30 s and failed as ERR, holding its locks; now it settles to 6, and the rest once the transaction ends."""
+    topic, group = make_topic("txn"), f"txn-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(f"k{v}".encode(), str(v).encode()) for v in range(1, 11)])
+    write(table_name, range(1, 11))
+    admin.commit_offsets(group, topic, {0: 10})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name=f"txn-{keyed:d}", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="value", row_id="id",
+                                                        keyed=keyed, settle_seconds=0))
+    kafka = OpenTransaction(6, monkeypatch)
+    now = timezone.now()
+
+    held = watch_audit.check_watch(watch, now=now, kafka=kafka)
+
+    assert (held.status, held.error, held.checked, held.partitions[0]["settled_offset"]) == ("OK", "", 6, 6)
+    assert kafka.asked == [{0: (0, 6)}]
+    kafka.stable = 10   # the transaction committed
+    ended = watch_audit.check_watch(watch, now=now + timedelta(seconds=30), kafka=kafka)
+    assert (ended.status, ended.checked, ended.lost, ended.partitions[0]["settled_offset"]) == ("OK", 10, 0, 10)

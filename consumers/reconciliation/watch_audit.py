@@ -330,8 +330,9 @@ def _match_in_postgresql(watch: Watch, cur, plans: dict, marks: dict, id_type: s
     """Record ids COPYed into the temporary table and matched in one statement; the findings in `found`."""
     tails = tails or {}
     ends = {p: end for p, (_, _, end) in plans.items()} | tails   # a tail's records are all beyond its end
-    reads = {p: (first, marks[p].high if watch.keyed else end) for p, (_, first, end) in plans.items()}
-    reads |= {p: (first, marks[p].high) for p, first in tails.items()}
+    # A keyed tail reads to the last stable offset: a read_committed reader cannot pass an open transaction.
+    reads = {p: (first, marks[p].end if watch.keyed else end) for p, (_, first, end) in plans.items()}
+    reads |= {p: (first, marks[p].end) for p, first in tails.items()}
     loader = _load(cur, watch, id_type, reads, ends)
     if settled and not by_offset:
         watch_settled.read_back(cur, watch, settled, notes if notes is not None else [], RELATIONS,

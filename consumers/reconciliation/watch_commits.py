@@ -104,7 +104,10 @@ def plan_ranges(parts: dict, marks: dict, cutoff: datetime) -> dict[int, tuple[i
         mark, end = marks.get(p), _settled_end(wp, cutoff)
         if mark is None or end is None:
             continue
-        end = min(end, mark.high)   # a commit past the log end (topic recreated): nothing there to read
+        # A commit past the last stable offset (a read_uncommitted group, an open transaction): what lies beyond
+        # it may yet abort and a read_committed reader cannot pass it, so it settles once the transaction ends. Past
+        # the log end (data loss, a topic recreated): nothing there to read.
+        end = min(end, mark.end)
         if end > wp.settled_offset:
             plans[p] = (wp.settled_offset, min(max(wp.settled_offset, mark.log_start), end), end)
     return plans
@@ -116,7 +119,7 @@ def keyed_tails(parts: dict, marks: dict, plans: dict) -> dict[int, int]:
     has its latest record in the one whose commit has not settled yet, and judging the older record would report a
     row the consumer rightly replaced or deleted as lost."""
     return {p: max(wp.settled_offset, marks[p].log_start) for p, wp in parts.items()
-            if p in marks and p not in plans and marks[p].high > max(wp.settled_offset, marks[p].log_start)}
+            if p in marks and p not in plans and marks[p].end > max(wp.settled_offset, marks[p].log_start)}
 
 
 def unread_ranges(parts: dict, marks: dict) -> list[RangeResult]:
