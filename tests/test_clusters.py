@@ -275,6 +275,44 @@ def test_an_empty_secret_file_says_so_when_a_client_is_built_as_an_empty_variabl
         clusters.client_kwargs(oauth)["sasl_oauth_token_provider"].token()
 
 
+def test_a_secret_file_that_is_not_utf8_is_a_settings_error_quoting_none_of_it(tmp_path):
+    """`UnicodeDecodeError` passed every `except ClusterConfigError`: a 500 on the clusters page and the pages of
+    the cluster's pipelines, a traceback from `kafka check`, and a run's stored error quoting a byte of the
+    password and its position."""
+    latin1 = tmp_path / "secret"
+    latin1.write_bytes("p\u00e4ssword".encode("latin-1"))
+    said = re.escape(f"in file {latin1} is not UTF-8 text")
+    sasl = Cluster("prod", "b:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                   sasl_username="u", sasl_password=Secret(file=str(latin1)))
+    with pytest.raises(ClusterConfigError, match="the SASL password " + said) as refused:
+        clusters.client_kwargs(sasl)
+    assert "0xe4" not in str(refused.value) and "position" not in str(refused.value)
+    assert check_cluster(sasl).ok is False
+    oauth = Cluster("prod", "b:1", security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+                    sasl_oauth_token_file=str(latin1))
+    with pytest.raises(ClusterConfigError, match="the OAUTHBEARER token " + said):
+        clusters.client_kwargs(oauth)["sasl_oauth_token_provider"].token()
+    assert oauth.secret_values() == []
+
+
+def test_an_encrypted_client_key_without_its_password_is_refused_not_asked_for_on_the_terminal(tmp_path):
+    """OpenSSL asks for an encrypted key's pass phrase on the controlling terminal when no password is given:
+    `manage.py kafka check` (or a worker in the foreground) printed "Enter PEM pass phrase:" and waited there.
+    Run here under a terminal of its own (`script`), it answers at once with what to set."""
+    pki = make_pki(tmp_path, client_key_password="the key's password")
+    program = ("from consumers.kafka import clusters; from consumers.kafka.errors import ClusterConfigError\n"
+               f"c = clusters.Cluster('prod', 'b:1', security_protocol='SSL', ssl_certfile={str(pki.client_cert)!r}, "
+               f"ssl_keyfile={str(pki.client_key)!r})\n"
+               "try:\n    clusters.client_kwargs(c)\nexcept ClusterConfigError as exc:\n    print('REFUSED', exc)\n")
+    script = tmp_path / "load_key.py"
+    script.write_text(program)
+    command = f"{sys.executable} {script}"
+    done = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert "pass phrase" not in done.stdout
+    assert "REFUSED" in done.stdout and "an encrypted key: set its ssl password" in done.stdout, done.stdout
+
+
 def test_a_password_or_token_sent_unencrypted_is_named_by_kafka_check_the_clusters_page_and_its_api(
         transactional_db, clusters_file, monkeypatch, capsys):
     """SASL_PLAINTEXT with PLAIN or OAUTHBEARER puts the password or token on the network in clear; Kafka allows it

@@ -83,9 +83,11 @@ class Secret:
                                                   f"{'not set' if value is None else 'empty'}")
             return value
         try:
-            value = Path(self.file).read_text().strip()
+            value = read_secret_file(self.file)
         except OSError as exc:
             raise ClusterConfigError(cluster, f"{what} cannot be read from {self}: {exc.strerror}") from None
+        except UnicodeDecodeError:   # its reason would quote a byte of the secret and its position
+            raise ClusterConfigError(cluster, f"{what} in {self} is not UTF-8 text") from None
         if not value:   # a file not written yet (a sidecar's), or `echo > file`: the broker would only say "refused"
             raise ClusterConfigError(cluster, f"{what} is read from {self}, which is empty")
         return value
@@ -194,8 +196,8 @@ class Cluster:
                     pass
         if self.sasl_oauth_token_file:
             try:
-                found.append(Path(self.sasl_oauth_token_file).read_text().strip())
-            except OSError:
+                found.append(read_secret_file(self.sasl_oauth_token_file))
+            except (OSError, UnicodeDecodeError):
                 pass
         return [value for value in found if len(value) >= 3]
 
@@ -389,14 +391,26 @@ def ssl_context(cluster: Cluster) -> ssl.SSLContext:
         raise ClusterConfigError(cluster.name, f"ssl_cafile {cluster.ssl_cafile} cannot be loaded: "
                                                f"{_os_reason(exc)}") from None
     if cluster.ssl_certfile:
-        password = cluster.ssl_password.reveal(cluster.name, "the ssl password") if cluster.ssl_password else None
+        # Without a password OpenSSL would ask for an encrypted key's pass phrase on the terminal, and wait there:
+        # an empty one fails the load instead.
+        password = (cluster.ssl_password.reveal(cluster.name, "the ssl password") if cluster.ssl_password
+                    else _no_pass_phrase)
         try:
             context.load_cert_chain(cluster.ssl_certfile, cluster.ssl_keyfile or None, password=password)
-        except (OSError, ssl.SSLError) as exc:
+        except (OSError, ssl.SSLError, ValueError) as exc:   # ValueError: a password over OpenSSL's 1,023 bytes
+            hint = "a wrong ssl password?" if cluster.ssl_password else "an encrypted key: set its ssl password"
             raise ClusterConfigError(cluster.name, f"the client certificate ({cluster.ssl_certfile}) or its key "
-                                                   f"cannot be loaded: {_os_reason(exc)} (a wrong ssl password?)"
-                                     ) from None
+                                                   f"cannot be loaded: {_os_reason(exc)} ({hint})") from None
     return context
+
+
+def _no_pass_phrase() -> bytes:
+    return b""
+
+
+def read_secret_file(path: str) -> str:
+    """A secret file's text, stripped (a trailing newline is the editor's, never the secret's)."""
+    return Path(path).read_text(encoding="utf-8").strip()
 
 
 def _os_reason(exc: Exception) -> str:
