@@ -398,3 +398,16 @@ sasl_password_file = "sasl-password"
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "settings usable: default, prod"
+
+
+def test_spark_is_asked_for_committed_records_only_by_its_own_kafka_format_too():
+    """Spark's own `kafka` format (a PLAINTEXT cluster with its connector on the classpath) reads uncommitted
+    records unless told: a Spark pipeline wrote an aborted transaction's records into its sink, and a topic check
+    counted them as missing. Every Spark reader takes its cluster's options from here; Tally's own source, which
+    always reads committed records, accepts the option."""
+    from consumers.engine.spark_source import _Options, cluster_options
+
+    options = cluster_options(Cluster("plain", "b:1"))
+
+    assert options["kafka.isolation.level"] == "read_committed"
+    assert _Options({**options, "subscribe": "orders"}).cluster().name == "plain"

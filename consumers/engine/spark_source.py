@@ -110,8 +110,11 @@ class _Options:
 
 def cluster_options(cluster) -> dict[str, str]:
     """The options that tell this source (and Spark's own `kafka` format, for a PLAINTEXT cluster) which
-    cluster to read: no secret values, only where the secrets are."""
-    return {"kafka.bootstrap.servers": cluster.bootstrap_servers, "tally.cluster": json.dumps(cluster.spec())}
+    cluster to read: no secret values, only where the secrets are. Spark's own format reads uncommitted records
+    by default (an aborted transaction's among them); this source always reads committed ones, as every Spark
+    reader of Tally must."""
+    return {"kafka.bootstrap.servers": cluster.bootstrap_servers, "tally.cluster": json.dumps(cluster.spec()),
+            "kafka.isolation.level": "read_committed"}
 
 
 def cluster_of(spec: str, bootstrap: str):

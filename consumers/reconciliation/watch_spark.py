@@ -93,8 +93,6 @@ def read_records(spark, watch, reads: dict[int, tuple[int, int]], marks: dict, i
     reader = (spark.read.format(fmt).options(**cluster_options(cluster)).option("subscribe", watch.topic)
               .option("startingOffsets", offsets_json(watch.topic, {p: first for p, (first, _) in ranges.items()}))
               .option("endingOffsets", offsets_json(watch.topic, {p: end for p, (_, end) in ranges.items()})))
-    if fmt == "kafka":  # Tally's source always reads read_committed; Spark's own reads uncommitted by default
-        reader = reader.option("kafka.isolation.level", "read_committed")
     kafka = reader.load().select("key", "value", "partition", "offset", F.unix_millis("timestamp").alias("ts"))
     schema = ", ".join(f"{name} {kind}" for name, kind in RECORD_FIELDS)
     return kafka.mapInArrow(record_mapper(watch.record_id, list(watch.ignore), id_type, ends, watch.keyed), schema)
