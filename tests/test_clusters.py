@@ -411,3 +411,28 @@ def test_spark_is_asked_for_committed_records_only_by_its_own_kafka_format_too()
 
     assert options["kafka.isolation.level"] == "read_committed"
     assert _Options({**options, "subscribe": "orders"}).cluster().name == "plain"
+
+
+def test_the_clusters_page_and_its_api_check_every_cluster_and_write_nothing(transactional_db, clusters_file,
+                                                                               capsys):
+    """GET never writes: each load of the page recorded every cluster's check, so a crawler or a prefetcher
+    reloading it rewrote what `kafka check` and the runs had remembered (the last error and when)."""
+    from django.test import Client
+
+    from consumers.models import ClusterStatus
+    from tests.commands import run_command
+    from tests.views_helpers import make_viewer
+
+    clusters_file('[clusters.down]\nbootstrap_servers = "localhost:1"\n')
+    assert run_command(capsys, "kafka", "check", "down")[0] == 1
+    remembered = list(ClusterStatus.objects.values())
+    viewer = Client()
+    viewer.force_login(make_viewer())
+
+    page = viewer.get("/clusters/")
+    api = viewer.get("/api/clusters/").json()["clusters"]
+
+    assert page.status_code == 200 and "no broker accepts connections at localhost:1" in page.content.decode()
+    down = next(c for c in api if c["name"] == "down")
+    assert down["reachable"] is False and down["last_error"] == remembered[0]["last_error"]
+    assert list(ClusterStatus.objects.values()) == remembered

@@ -1,6 +1,6 @@
-"""Every configured Kafka cluster, checked now, with what Tally last saw of it: the Clusters page, its API
-and `kafka check` share this. Checks run in parallel, so a page with an unreachable cluster still answers
-within one check's time limit (consumers/kafka/check.py)."""
+"""Every configured Kafka cluster, checked now, with what Tally last saw of it (the last error `kafka check` or a
+run recorded): the Clusters page and its API share this. Checks run in parallel, so a page with an unreachable
+cluster still answers within one check's time limit (consumers/kafka/check.py)."""
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -46,22 +46,17 @@ def configured() -> tuple[list[clusters.Cluster], str]:
             return [], f"{default_error}; {exc}" if str(exc) != str(default_error) else str(exc)
 
 
-def check_and_record(cluster) -> CheckResult:
-    result = check_cluster(cluster)
-    ClusterStatus.objects.record(result.cluster, reachable=result.ok, error=result.error, brokers=result.brokers,
-                                 topics=result.topics)
-    return result
-
-
 def _check_in_thread(cluster) -> CheckResult:
     try:
-        return check_and_record(cluster)
+        return check_cluster(cluster)
     finally:
         close_old_connections()
 
 
 def cluster_states(names: list[str] | None = None) -> tuple[list[ClusterState], str]:
-    """Check the clusters (all configured ones unless `names`); returns their states and the settings error."""
+    """Check the clusters (all configured ones unless `names`); returns their states and the settings error.
+    Nothing is recorded: the page and the API are GETs, and a GET never writes (a crawler reloading the page
+    would rewrite what `kafka check` and the runs remembered). The check shown is the live one."""
     found, error = configured()
     if names is not None:
         found = [c for c in found if c.name in names]
