@@ -551,3 +551,35 @@ def test_the_commit_protocol_writes_epoch_seconds_as_their_instant(json_pipeline
     assert "epoch seconds out of range" in DeadLetter.objects.get(pipeline=pipeline, offset=1).error
     assert DeadLetter.objects.get(pipeline=pipeline, offset=3).error.endswith(
         "column at (from sent::seconds): not an ISO-8601 timestamp, nor epoch seconds written as digits: '12abc'")
+
+
+@pytest.mark.timeout(600)   # a guard against the hang itself: without the check each conversion takes about an hour
+@pytest.mark.parametrize("column", ["small", "big", "at", "day"])
+def test_a_short_number_with_a_huge_exponent_is_refused_at_once_not_converted_digit_by_digit(types_table, column):
+    """`1e10000000` is 10 bytes; int() of its Decimal builds all ten million digits (quadratic: an hour), so the
+    pipeline hung on it, and on it again after every restart, instead of dead-lettering it."""
+    transform = compiled(types_table)
+    with pytest.raises(BadRecord, match=rf"column {column} \(from {column}\): .*out of range"):
+        transform.rows(record(b'{"must": 1, "%s": 1e10000000}' % column.encode()))
+
+
+def test_a_numeric_without_precision_refuses_what_postgresql_numeric_cannot_hold(column_table):
+    """Written out, 1e100000000 was a 100 MB value for the COPY (sent again at every split of the batch)."""
+    transform = compiled(column_table("jm_wide", "n numeric"))
+    for value in (b"1e100000000", b"-1e131072", b"1e-16384"):
+        with pytest.raises(BadRecord, match=r"column n \(from n\): out of range for numeric"):
+            transform.rows(record(b'{"n": ' + value + b"}"))
+    assert transform.rows(record(b'{"n": 1e-400}'))[0][0] == "0." + "0" * 399 + "1"
+
+
+def test_a_number_too_small_for_a_float_is_kept_or_refused_whatever_else_the_record_holds(types_table):
+    """orjson reads 1e-400 as 0.0: a float, numeric or jsonb column stored 0 on its fast path, and refused it or kept
+    it exactly when another field (a NaN, a long number) sent the record to json.loads."""
+    transform = compiled(types_table)
+    names = [name for name, _ in transform.columns]
+    for other in (b"", b', "note": NaN'):
+        row = dict(zip(names, transform.rows(record(b'{"must": 1, "doc": {"x": 1e-400}' + other + b"}"))[0],
+                       strict=True))
+        assert row["doc"] == '{"x":1E-400}'
+        with pytest.raises(BadRecord, match=r"column ratio \(from ratio\): out of range for double precision"):
+            transform.rows(record(b'{"must": 1, "ratio": 1e-400' + other + b"}"))

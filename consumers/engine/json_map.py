@@ -40,6 +40,7 @@ import orjson
 from psycopg2 import sql
 
 from consumers.engine import json_rows, json_time
+from consumers.engine.record_ids import NUMERIC_MAX_SCALE, NUMERIC_MAX_WEIGHT
 from consumers.engine.transforms import BadRecord, SourceRecord, Transform
 
 NAME = "json"
@@ -48,6 +49,7 @@ PROVENANCE_COLUMNS = ("source_topic", "source_partition", "source_offset", "sour
 RECORD_SOURCES = ("@key", "@timestamp", "@partition", "@offset")
 SHOWN_VALUE_CHARS = 60  # a dead letter's error shows this much of the value that would not convert
 INTEGER_RANGES = {"int2": (-2 ** 15, 2 ** 15 - 1), "int4": (-2 ** 31, 2 ** 31 - 1), "int8": (-2 ** 63, 2 ** 63 - 1)}
+MAX_INTEGER_DIGITS = 19   # a bigint's; a Decimal with more is out of range before int() (quadratic in its digits)
 TEXT_TYPES = ("text", "varchar", "bpchar", "name", "citext")
 # Rounding to a numeric's scale in Python's default context (28 digits) fails for wider numbers (numeric(78,0) holds
 # a uint256): this one holds any numeric(p,s) PostgreSQL allows (p <= 1000), and a number beyond it is too long.
@@ -62,13 +64,18 @@ MISSING = object()
 _DIGITS_ONLY = bytes(48 if 48 <= b <= 57 or b == 46 else 32 for b in range(256))
 _LONG_NUMBER = b"0" * 16
 _LONG_NUMBER_TEXT = re.compile(rb"[0-9][0-9.]{15,}(?:[eE][+-]?[0-9]+)?")
+# orjson also reads a number too small for a float (1e-400) as 0.0: one with an exponent of -300 or below goes to
+# json.loads, which keeps it as its Decimal (a float column refuses it, a numeric or jsonb one keeps it). A text
+# like "line-300" only sends its record the slower way.
+_TINY_EXPONENT = re.compile(rb"[eE]-0*(?:[3-9][0-9]{2}|[1-9][0-9]{3,})")
 
 
 def loads(value):
     """A record's value parsed as json.loads parses it, by orjson (several times faster) where that gives the same
     result, else by json.loads (long numbers, NaN, lone surrogates, a byte-order mark); a number a float does not
     hold as written (more than 15 significant digits, beyond a float's range) is a Decimal."""
-    if type(value) is bytes and (_LONG_NUMBER not in value.translate(_DIGITS_ONLY) or _orjson_exact(value)):
+    if type(value) is bytes and (_LONG_NUMBER not in value.translate(_DIGITS_ONLY) or _orjson_exact(value)) \
+            and not ((b"e-" in value or b"E-" in value) and _TINY_EXPONENT.search(value)):
         try:
             return orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -317,6 +324,9 @@ def _integer(column: Column):
             number = int(value)
         elif type(value) is float and value.is_integer():
             number = int(value)
+        elif type(value) is Decimal and value.is_finite() and value.adjusted() > MAX_INTEGER_DIGITS:
+            # Out of every integer type's range: int() of 1e10000000 would build its ten million digits (an hour)
+            raise ValueError(f"out of range for {column.pg_type}")
         elif type(value) is Decimal and value.is_finite() and value == value.to_integral_value():
             number = int(value)
         elif type(value) is str and _ascii_number(value) and value.strip().lstrip("+-").isdigit():
@@ -369,6 +379,9 @@ def _numeric(column: Column):
                 raise ValueError(f"too many digits for {column.pg_type}") from None
             if abs(number) >= limit:
                 raise ValueError(f"too many digits for {column.pg_type}")
+        elif number.as_tuple().exponent < -NUMERIC_MAX_SCALE or (number and number.adjusted() > NUMERIC_MAX_WEIGHT):
+            # Beyond what PostgreSQL's numeric holds; written out, 1e100000000 would be a 100 MB value to COPY
+            raise ValueError(f"out of range for {column.pg_type}")
         return format(number, "f")
     return convert
 
@@ -548,6 +561,7 @@ class JsonPlan:
                                  _parse, _not_object, reads_value,
                                  {"MISSING": MISSING, "INTEGER_RANGES": INTEGER_RANGES, "DIGITS_ONLY": _DIGITS_ONLY,
                                   "LONG_NUMBER": _LONG_NUMBER, "ORJSON_EXACT": _orjson_exact,
+                                  "TINY_EXPONENT": _TINY_EXPONENT.search,
                                   "PLAIN_TIMESTAMP": json_time.PLAIN_TIMESTAMP.fullmatch,
                                   "VALID_TIMESTAMP": json_time.valid_timestamp}, upsert_key)
 

@@ -76,14 +76,16 @@ def generate(columns: list[tuple], parse: Callable, not_object: Callable, reads_
     (kind, steps, Column, getter, finish): json_map's parsed source, its getter `(doc, record) -> raw value`
     and its converter with NULL and error handling `finish(raw) -> COPY value`. `parse(record)` returns the
     parsed value or raises BadRecord, `not_object(record)` raises it; `shared` holds json_map's MISSING,
-    INTEGER_RANGES, DIGITS_ONLY, LONG_NUMBER, ORJSON_EXACT, PLAIN_TIMESTAMP and VALID_TIMESTAMP."""
+    INTEGER_RANGES, DIGITS_ONLY, LONG_NUMBER, ORJSON_EXACT, TINY_EXPONENT, PLAIN_TIMESTAMP and VALID_TIMESTAMP."""
     ns = dict(shared, DUMPS=orjson.dumps, LOADS=orjson.loads, LOADS_ERROR=orjson.JSONDecodeError, PARSE=parse,
               NOT_OBJECT=not_object)
-    # json_map.loads inlined: orjson unless a long number of the value is one it would change (ORJSON_EXACT);
+    # json_map.loads inlined: orjson unless a long number of the value is one it would change (ORJSON_EXACT) or
+    # one is too small for a float (TINY_EXPONENT);
     # PARSE takes every other case (a tombstone, json.loads, the error).
     lines = ["def row(record):", "    value = record.value",
              "    if type(value) is bytes and (LONG_NUMBER not in value.translate(DIGITS_ONLY)",
-             "                                 or ORJSON_EXACT(value)):",
+             "                                 or ORJSON_EXACT(value)) \\",
+             "            and not ((b'e-' in value or b'E-' in value) and TINY_EXPONENT(value)):",
              "        try:", "            doc = LOADS(value)",
              "        except LOADS_ERROR:", "            doc = PARSE(record)",
              "    else:", "        doc = PARSE(record)"]

@@ -19,7 +19,7 @@ MILLISECONDS = "milliseconds"  # the unit of a number without one, as before uni
 EPOCH_UNITS = {"seconds": 6, MILLISECONDS: 3, "microseconds": 0, "nanoseconds": -3}
 # Beyond any timestamp PostgreSQL holds in any unit (294276 AD is ~9.3e18 microseconds): refused before int() makes
 # a huge integer of a number such as 1e300.
-_EPOCH_LIMIT = Decimal(10) ** 22
+_EPOCH_DIGITS = 22   # an epoch number of 10**22 or more is out of range in any unit
 
 # The ISO-8601 text PostgreSQL reads as Python does: passed on as it is once Python has validated it.
 PLAIN_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
@@ -63,6 +63,9 @@ def instant(value, unit: str | None = None) -> datetime:
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     if unit is not None and unit != MILLISECONDS:
         return _epoch(value, unit)
+    if type(value) is Decimal and value.is_finite() and value and value.adjusted() >= _EPOCH_DIGITS:
+        # Before int() (1e10000000 would take it an hour) and abs() (which overflows the context)
+        raise ValueError("epoch milliseconds out of range")
     if type(value) is int or type(value) is Millis or (type(value) is float and value.is_integer()) or \
             (type(value) is Decimal and value.is_finite() and value == value.to_integral_value()):
         try:
@@ -94,10 +97,10 @@ def _epoch(value, unit: str) -> datetime:
         number = value
     else:
         raise ValueError(f"not an ISO-8601 timestamp or epoch {unit}")
+    if number and number.adjusted() >= _EPOCH_DIGITS:   # first: to_integral_value() of 1e10000000 overflows
+        raise ValueError(f"epoch {unit} out of range")
     if unit != "seconds" and number != number.to_integral_value():
         raise ValueError(f"not a whole number of epoch {unit}")
-    if abs(number) >= _EPOCH_LIMIT:
-        raise ValueError(f"epoch {unit} out of range")
     micros = number.scaleb(EPOCH_UNITS[unit]).to_integral_value(rounding=ROUND_HALF_EVEN)
     try:
         return EPOCH + timedelta(microseconds=int(micros))
