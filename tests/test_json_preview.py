@@ -196,3 +196,19 @@ def test_the_preview_shows_epoch_seconds_as_their_date_and_notes_seconds_read_as
                                              "map": "order_id=id\nordered_at=at::seconds"}).content.decode()
     assert 'id="preview-notes"' not in page and "2024-05-01 10:30:00+00" in page
     assert not Pipeline.objects.exists() and table_count(table) == 0
+
+
+def test_a_record_nested_thousands_deep_is_previewed_as_its_dead_letter_not_a_500(operator, make_topic, table):
+    """The preview walks each record's fields to propose a mapping; a record nested 3,000 deep raised RecursionError
+    there, a 500 on the API and the form. The run dead-letters such a record, and the preview now shows it so."""
+    name = make_topic("deep", partitions=1)
+    deep = b'{"id": 1, "x": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    send(name, [(None, b"0", json.dumps({"id": 7, "customer": {"name": "Ada"}}).encode()), (None, b"1", deep)])
+
+    api = operator.post("/api/pipelines/preview", form(name, table, map={"order_id": "id"}),
+                        content_type="application/json")
+    page = operator.post("/pipelines/new/", {**form(name, table), "preview": "1"})
+
+    assert api.status_code == 200, api.content[:300]
+    assert [r["dead_letter"] is None for r in api.json()["records"]] == [True, False]
+    assert page.status_code == 200 and page.content.decode().count('class="preview-record"') == 2

@@ -44,3 +44,14 @@ def test_an_integer_id_is_one_its_own_column_can_hold(id_type, text, expected):
     """99999999999 names no row of an integer column: unreadable, as on Spark (its cast gives null), not lost, and
     never compared with the column, which PostgreSQL refuses ("integer out of range")."""
     assert normaliser(id_type)(text) == expected
+
+
+@pytest.mark.parametrize("value", [
+    b'{"id": "\\ud800"}',                          # a lone surrogate, escaped
+    b'{"id": "\xed\xa0\x80"}',                      # and as its bytes (json.loads reads them with surrogatepass)
+    b'{"id": ' + b"[" * 3000 + b"]" * 3000 + b"}",  # nested deeper than Python's recursion limit
+], ids=["escaped-surrogate", "surrogate-bytes", "nested-3000-deep"])
+def test_a_json_id_no_text_column_can_hold_or_that_cannot_be_parsed_is_unreadable(value):
+    """Each stopped a watch's check for good: the lone surrogate failed the audit's COPY ("could not be audited"),
+    the nesting raised RecursionError ("Kafka: reading ..."), and every later check read the same range again."""
+    assert json_field(value, parse_spec("json:id").path) is None

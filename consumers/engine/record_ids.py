@@ -127,7 +127,7 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
         return None
     try:
         found = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):   # RecursionError: nested thousands deep
         return None
     for name in path:
         if isinstance(found, dict) and name in found:
@@ -138,7 +138,13 @@ def json_field(value: bytes | None, path: tuple[str, ...]) -> str | None:
             return None
     if found is None or isinstance(found, dict | list):
         return None
-    return found if isinstance(found, str) else json.dumps(found)
+    if isinstance(found, str):
+        try:   # a lone surrogate ("\ud800"): no text column holds it, and the audit's COPY would fail on it
+            found.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        return found
+    return json.dumps(found)
 
 
 def column_type(pg_type: str) -> str:

@@ -222,7 +222,7 @@ def _paths(node, prefix: tuple):
 def _object(record: SourceRecord):
     try:
         return json_map.json.loads(record.value) if record.value is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nested thousands deep (the run dead-letters it)
         return None
 
 
