@@ -207,6 +207,32 @@ def test_a_replay_that_fails_in_the_database_changes_nothing_and_is_audited_as_f
     assert entry.result == ActionResult.FAILED and "kind" in entry.message
 
 
+def test_a_dead_letter_the_database_still_refuses_stays_one_with_its_reason_and_the_others_are_replayed(pipeline):
+    """A record that passes the fixed transform but that PostgreSQL refuses (here a CHECK) failed the whole replay
+    (FAILED, a 409 on the API, and "replay all matching" stopped at its batch); step 4 says it stays a dead letter
+    with the new error, as the commit protocol dead-letters such a record while writing the rest."""
+    orders = pipeline()
+    consume(orders, {0: values(10, bad={3: "x3", 7: "70?", 8: "junk"})})
+    with connection.cursor() as cur:
+        cur.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT below_fifty CHECK (id < 50)").format(
+            sql.Identifier(orders.sink_table)))
+    fix_transform(orders)
+    ids = list(DeadLetter.objects.order_by("offset").values_list("pk", flat=True))
+
+    result = dead_letters.replay(orders, ids, actor="otto")
+
+    assert result.counts == {"replayed": 1, "still_bad": 2}
+    assert [(o.offset, o.result) for o in result.outcomes] == [(3, "replayed"), (7, "still_bad"), (8, "still_bad")]
+    assert [o for _, o, _, _ in rows_in_provenance_order(orders)] == [0, 1, 2, 3, 4, 5, 6, 9]
+    refused = DeadLetter.objects.get(offset=7)
+    assert refused.replay_attempts == 1 and refused.error.startswith("database refused: 23514 ")
+    assert "below_fifty" in refused.error
+    assert list(DeadLetterReplay.objects.values_list("offset", flat=True)) == [3]
+    assert ActionLog.objects.get(action="replay_dead_letters").result == ActionResult.DONE
+    checked = verify(orders, 0, 10)
+    assert (checked.lost, checked.duplicated, checked.dead_lettered) == (0, 0, 2)
+
+
 def test_discard_needs_a_reason_and_a_discarded_dead_letter_is_never_replayed(pipeline):
     orders = pipeline()
     consume(orders, {0: values(10)})

@@ -17,7 +17,9 @@ Steps of `replay`:
   4. Run each record (stored key/value, or the Kafka copy) through the pipeline's CURRENT transform. A
      record that fails again stays a dead letter with the new error and one more replay attempt.
   5. Write the sink rows with their provenance, skipping a record whose rows the sink already holds
-     (idempotent on the provenance key: `source_topic`, `source_partition`, `source_offset`).
+     (idempotent on the provenance key: `source_topic`, `source_partition`, `source_offset`). A record whose
+     rows PostgreSQL refuses for their data (a CHECK) stays a dead letter as in step 4, with the database's
+     reason; the others are written (bisection under savepoints, as the commit protocol does).
   6. Delete the replayed dead letters and insert one replay-ledger row each (`DeadLetterReplay`, unique on
      the dead letter), so every offset keeps exactly one outcome (rows or a dead letter), as
      reconciliation requires; move reconciliation's verified mark back to the first replayed offset (it
@@ -33,7 +35,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 from psycopg2 import sql
 
-from consumers.engine import sinks
+from consumers.engine import poison, sinks
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.tables import table
 from consumers.engine.transforms import SourceRecord, Transform, for_pipeline
@@ -222,7 +224,8 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
                             'WHERE pipeline_id = %s AND id = ANY(%s) ORDER BY partition, "offset" FOR UPDATE')
                     .format(letters_table), [pipeline.pk, ids])
         letters = cur.fetchall()
-        outcomes, rows, replayed, still_bad = [], [], [], []
+        outcomes, replayed, still_bad = [], [], []
+        groups, written = [], []   # each record's rows, and its index in `outcomes` and `replayed`
         seen = {row[0] for row in letters}
         outcomes += [Outcome(i, None, None, LetterOutcome.GONE, error="no such dead letter (already replayed?)")
                      for i in ids if i not in seen]
@@ -253,10 +256,19 @@ def _replay_locked(pipeline: Pipeline, ids, transform: Transform, from_kafka, so
                 outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.ALREADY_IN_SINK))
                 replayed.append((letter_id, partition, offset, 0, error))
                 continue
-            rows += produced
+            groups.append(produced)
+            written.append((len(outcomes), len(replayed)))
             outcomes.append(Outcome(letter_id, partition, offset, LetterOutcome.REPLAYED, rows=len(produced)))
             replayed.append((letter_id, partition, offset, len(produced), error))
-        _write_rows(cur, pipeline, transform, rows, faults)
+        refused = _write_rows(cur, pipeline, transform, groups, faults)
+        for index, reason in refused.items():   # the database refused its rows: it stays a dead letter, as in step 4
+            at_outcome, at_replayed = written[index]
+            letter_id, partition, offset = replayed[at_replayed][:3]
+            message = f"database refused: {reason}"
+            outcomes[at_outcome] = Outcome(letter_id, partition, offset, LetterOutcome.STILL_BAD, error=message)
+            still_bad.append((letter_id, message))
+        refused_replays = {written[index][1] for index in refused}
+        replayed = [r for i, r in enumerate(replayed) if i not in refused_replays]
         now = timezone.now()
         if still_bad:
             for letter_id, message in still_bad:
@@ -320,16 +332,34 @@ def _offsets_in_sink(cur, pipeline: Pipeline, keys: list[tuple[int, int]]) -> se
     return set(cur.fetchall())
 
 
-def _write_rows(cur, pipeline: Pipeline, transform: Transform, rows: list[tuple], faults: FaultInjector) -> None:
+def _write_rows(cur, pipeline: Pipeline, transform: Transform, groups: list[list[tuple]],
+                faults: FaultInjector) -> dict[int, str]:
+    """Write each record's rows (`groups`); returns {group index: the database's reason} of the records PostgreSQL
+    refuses for their data (a CHECK, a value its type does not take), found as the commit protocol finds them
+    (poison.find_poison): the others are written."""
+    rows = [row for group in groups for row in group]
     if not rows:
-        return
+        return {}
     columns = sinks.insert_columns(transform)
     cur = getattr(cur, "cursor", cur)  # COPY needs psycopg2's own cursor, not Django's wrapper
+
+    def write(some: list[tuple]) -> None:
+        sinks.copy_rows(cur, pipeline.sink_table, columns, some)
+
     half = len(rows) // 2 if faults.armed("replay-mid-write") else len(rows)
-    sinks.copy_rows(cur, pipeline.sink_table, columns, rows[:half])
-    faults.maybe_crash("replay-mid-write")
-    if rows[half:]:
-        sinks.copy_rows(cur, pipeline.sink_table, columns, rows[half:])
+    cur.execute("SAVEPOINT tally_replay")
+    try:
+        write(rows[:half])
+        faults.maybe_crash("replay-mid-write")
+        if rows[half:]:
+            write(rows[half:])
+    except Exception as exc:
+        if not poison.is_data_error(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT tally_replay")
+        return poison.find_poison(cur, write, groups)
+    cur.execute("RELEASE SAVEPOINT tally_replay")
+    return {}
 
 
 def _count(outcomes: list[Outcome]) -> dict[str, int]:
