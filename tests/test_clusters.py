@@ -436,3 +436,33 @@ def test_the_clusters_page_and_its_api_check_every_cluster_and_write_nothing(tra
     down = next(c for c in api if c["name"] == "down")
     assert down["reachable"] is False and down["last_error"] == remembered[0]["last_error"]
     assert list(ClusterStatus.objects.values()) == remembered
+
+
+def test_a_cluster_name_pipelines_use_that_is_no_longer_configured_is_listed_with_what_uses_it(transactional_db,
+                                                                                             clusters_file):
+    """The file dropped (or renamed) a cluster: its pipelines were shown nowhere on the Clusters page, which listed
+    only configured clusters, so nothing said which pipelines could no longer start."""
+    from django.test import Client
+
+    from consumers.models import Pipeline
+    from tests.conftest import drop_sink_tables
+    from tests.pipelines import create_pipeline
+    from tests.views_helpers import make_viewer
+
+    clusters_file('[clusters.kept]\nbootstrap_servers = "localhost:1"\n')
+    orphan = create_pipeline("orphaned", "orders", "sink_orphaned", epoch=1)
+    kept = create_pipeline("on-kept", "orders", "sink_on_kept", epoch=1)
+    try:
+        Pipeline.objects.filter(pk=orphan.pk).update(cluster="payments")
+        Pipeline.objects.filter(pk=kept.pk).update(cluster="kept")
+        viewer = Client()
+        viewer.force_login(make_viewer())
+
+        page = viewer.get("/clusters/").content.decode()
+        listed = viewer.get("/api/clusters/").json()
+
+        assert listed["not_configured"] == [{"name": "payments", "pipelines": ["orphaned"], "watches": []}]
+        assert [c["pipelines"] for c in listed["clusters"] if c["name"] == "kept"] == [["on-kept"]]
+        assert 'id="unconfigured-payments"' in page and 'href="/pipelines/orphaned/"' in page
+    finally:
+        drop_sink_tables(["sink_orphaned", "sink_on_kept"])

@@ -70,6 +70,26 @@ def cluster_states(names: list[str] | None = None) -> tuple[list[ClusterState], 
     return states, error
 
 
+@dataclass
+class UnconfiguredCluster:
+    """A cluster name pipelines or watches still use that no configured cluster has (the file dropped or renamed
+    it): they cannot start, rewind or be checked until it is back under that name."""
+    name: str
+    pipelines: list[str]
+    watches: list[str]
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "pipelines": self.pipelines, "watches": self.watches}
+
+
+def unconfigured_in_use(states: list[ClusterState]) -> list[UnconfiguredCluster]:
+    """The cluster names in use that none of `states` (every configured cluster's) has."""
+    known = {state.name for state in states}
+    pipelines, watches = _names_by_cluster(Pipeline), _names_by_cluster(Watch)
+    return [UnconfiguredCluster(name, pipelines.get(name, []), watches.get(name, []))
+            for name in sorted((set(pipelines) | set(watches)) - known)]
+
+
 def _names_by_cluster(model) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for name, cluster in model.objects.order_by("name").values_list("name", "cluster"):

@@ -388,9 +388,18 @@ class ClusterSerializer(serializers.Serializer):
     watches = serializers.ListField(child=serializers.CharField())
 
 
+class UnconfiguredClusterSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    pipelines = serializers.ListField(child=serializers.CharField())
+    watches = serializers.ListField(child=serializers.CharField())
+
+
 class ClusterListSerializer(serializers.Serializer):
     clusters = ClusterSerializer(many=True)
     error = serializers.CharField(allow_null=True, help_text="Why the clusters file could not be read")
+    not_configured = UnconfiguredClusterSerializer(many=True, help_text="Cluster names pipelines or watches use "
+                                                   "that no configured cluster has: they cannot start, rewind or be "
+                                                   "checked until it is back under that name")
 
 
 class GroupEntrySerializer(serializers.Serializer):
