@@ -25,6 +25,19 @@ def execute(statement: sql.Composable, params=()) -> None:
         cur.execute(statement.as_string(cur.cursor), params)
 
 
+def value_watch(make_topic, table: str, name: str, id_type: str, values: list[bytes], rows: str):
+    """A topic of `values`, the team's table `table (id id_type)` holding `rows` (SQL VALUES), the group (named
+    after the watch) committed at the end, and a watch of them by value, settling at once."""
+    topic, group = make_topic(name), f"{name}-{uuid.uuid4().hex[:6]}"
+    produce(topic, [(None, value) for value in values])
+    execute(sql.SQL("CREATE TABLE {} (id {})").format(sql.Identifier(table), sql.SQL(id_type)))
+    execute(sql.SQL("INSERT INTO {} VALUES {}").format(sql.Identifier(table), sql.SQL(rows)))
+    admin.commit_offsets(group, topic, {0: len(values)})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name=name, group=group, topic=topic, sink_table=table,
+                                                        record_id="value", row_id="id", settle_seconds=0))
+    return watch
+
+
 def csv_rows(response) -> list[dict]:
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     return list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
@@ -163,14 +176,7 @@ def test_an_id_its_integer_column_cannot_hold_is_unreadable_and_traces_so_on_the
     """An `integer` row-id column and a record whose id, 99999999999, only a bigint holds: no row can name it. The
     audit counted it lost and its trace, the link the watch page gives for a lost offset, was a 500 (PostgreSQL's
     "integer out of range" on comparing the column with it)."""
-    topic, group = make_topic("narrow"), f"narrow-{uuid.uuid4().hex[:6]}"
-    produce(topic, [(None, b"1"), (None, b"99999999999"), (None, b"3")])
-    execute(sql.SQL("CREATE TABLE {} (id integer)").format(sql.Identifier(table_name)))
-    execute(sql.SQL("INSERT INTO {} VALUES (1), (3)").format(sql.Identifier(table_name)))
-    admin.commit_offsets(group, topic, {0: 3})
-    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="narrow", group=group, topic=topic,
-                                                        sink_table=table_name, record_id="value", row_id="id",
-                                                        settle_seconds=0))
+    watch = value_watch(make_topic, table_name, "narrow", "integer", [b"1", b"99999999999", b"3"], "(1), (3)")
 
     report = watch_audit.check_watch(watch)
 
@@ -185,14 +191,7 @@ def test_an_id_its_integer_column_cannot_hold_is_unreadable_and_traces_so_on_the
 def test_a_trace_of_a_table_tally_may_no_longer_read_says_the_grant_instead_of_failing(make_topic, table_name):
     """The team revoked Tally's SELECT on its table after the watch was made: the trace is refused naming the grant
     to give back (the API's 400, the page's 422), as validation refuses such a table, not answered with a 500."""
-    topic, group = make_topic("revoked"), f"revoked-{uuid.uuid4().hex[:6]}"
-    produce(topic, [(None, b"1"), (None, b"2")])
-    execute(sql.SQL("CREATE TABLE {} (id bigint)").format(sql.Identifier(table_name)))
-    execute(sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(table_name)))
-    admin.commit_offsets(group, topic, {0: 2})
-    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="revoked", group=group, topic=topic,
-                                                        sink_table=table_name, record_id="value", row_id="id",
-                                                        settle_seconds=0))
+    watch = value_watch(make_topic, table_name, "revoked", "bigint", [b"1", b"2"], "(1)")
     assert watch_audit.check_watch(watch).lost == 1
     operator = client_of(make_operator())
     with new_role("tally_web") as role:   # Tally's database user, with every grant but the team's table

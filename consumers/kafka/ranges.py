@@ -48,7 +48,8 @@ def read_ranges(topic: str, ranges: dict[int, tuple[int, int]], on_records: Call
             try:
                 polled = consumer.poll(timeout_ms=200, max_records=POLL_RECORDS)
             except OffsetOutOfRangeError as exc:
-                gone = {tp.partition: offset for tp, offset in exc.args[0].items()} if exc.args else {}
+                named = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+                gone = {tp.partition: offset for tp, offset in named.items()}
                 raise KafkaAdminError(f"{topic}: offsets {gone} are outside the log (below its start: removed by "
                                       "retention since the start was read); read again from the new log start"
                                       ) from None

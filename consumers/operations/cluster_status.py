@@ -4,8 +4,6 @@ cluster still answers within one check's time limit (consumers/kafka/check.py)."
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from django.db import close_old_connections
-
 from consumers.kafka import clusters
 from consumers.kafka.check import CheckResult, check_cluster
 from consumers.kafka.errors import ClusterConfigError
@@ -46,30 +44,6 @@ def configured() -> tuple[list[clusters.Cluster], str]:
             return [], f"{default_error}; {exc}" if str(exc) != str(default_error) else str(exc)
 
 
-def _check_in_thread(cluster) -> CheckResult:
-    try:
-        return check_cluster(cluster)
-    finally:
-        close_old_connections()
-
-
-def cluster_states(names: list[str] | None = None) -> tuple[list[ClusterState], str]:
-    """Check the clusters (all configured ones unless `names`); returns their states and the settings error.
-    Nothing is recorded: the page and the API are GETs, and a GET never writes (a crawler reloading the page
-    would rewrite what `kafka check` and the runs remembered). The check shown is the live one."""
-    found, error = configured()
-    if names is not None:
-        found = [c for c in found if c.name in names]
-    with ThreadPoolExecutor(max_workers=max(1, min(CHECK_THREADS, len(found)))) as pool:
-        results = list(pool.map(_check_in_thread, found))
-    statuses = {s.name: s for s in ClusterStatus.objects.filter(name__in=[c.name for c in found])}
-    pipelines, watches = _names_by_cluster(Pipeline), _names_by_cluster(Watch)
-    states = [ClusterState(clusters.describe(c), r, statuses.get(c.name) or ClusterStatus(name=c.name),
-                           pipelines.get(c.name, []), watches.get(c.name, []))
-              for c, r in zip(found, results, strict=True)]
-    return states, error
-
-
 @dataclass
 class UnconfiguredCluster:
     """A cluster name pipelines or watches still use that no configured cluster has (the file dropped or renamed
@@ -82,12 +56,22 @@ class UnconfiguredCluster:
         return {"name": self.name, "pipelines": self.pipelines, "watches": self.watches}
 
 
-def unconfigured_in_use(states: list[ClusterState]) -> list[UnconfiguredCluster]:
-    """The cluster names in use that none of `states` (every configured cluster's) has."""
-    known = {state.name for state in states}
+def cluster_states() -> tuple[list[ClusterState], str, list[UnconfiguredCluster]]:
+    """Check every configured cluster; returns their states, the settings error, and the cluster names in use that
+    none of them has. Nothing is recorded: the page and the API are GETs, and a GET never writes (a crawler
+    reloading the page would rewrite what `kafka check` and the runs remembered). The check shown is the live
+    one."""
+    found, error = configured()
+    with ThreadPoolExecutor(max_workers=max(1, min(CHECK_THREADS, len(found)))) as pool:
+        results = list(pool.map(check_cluster, found))
+    statuses = {s.name: s for s in ClusterStatus.objects.filter(name__in=[c.name for c in found])}
     pipelines, watches = _names_by_cluster(Pipeline), _names_by_cluster(Watch)
-    return [UnconfiguredCluster(name, pipelines.get(name, []), watches.get(name, []))
-            for name in sorted((set(pipelines) | set(watches)) - known)]
+    states = [ClusterState(clusters.describe(c), r, statuses.get(c.name) or ClusterStatus(name=c.name),
+                           pipelines.get(c.name, []), watches.get(c.name, []))
+              for c, r in zip(found, results, strict=True)]
+    unconfigured = [UnconfiguredCluster(name, pipelines.get(name, []), watches.get(name, []))
+                    for name in sorted((set(pipelines) | set(watches)) - {c.name for c in found})]
+    return states, error, unconfigured
 
 
 def _names_by_cluster(model) -> dict[str, list[str]]:

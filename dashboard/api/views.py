@@ -393,9 +393,9 @@ def _cluster_param(request) -> str:
 def cluster_list(request):
     """Every configured cluster, checked now: settings without secrets, reachable, the failed step and why; and the
     cluster names pipelines or watches use that are not configured."""
-    states, error = cluster_status.cluster_states()
+    states, error, unconfigured = cluster_status.cluster_states()
     return Response({"clusters": [s.as_json() for s in states], "error": error or None,
-                     "not_configured": [u.as_json() for u in cluster_status.unconfigured_in_use(states)]})
+                     "not_configured": [u.as_json() for u in unconfigured]})
 
 
 @extend_schema(operation_id="groups_list", responses=answers(schemas.GroupListSerializer, extra={503: UNAVAILABLE}))

@@ -11,6 +11,6 @@ from dashboard.views.common import render_page
 @require_GET
 @login_required
 def cluster_list(request):
-    states, error = cluster_status.cluster_states()
+    states, error, unconfigured = cluster_status.cluster_states()
     return render_page(request, "clusters.html", {"nav": "clusters", "clusters": states, "error": error,
-                                                  "unconfigured": cluster_status.unconfigured_in_use(states)})
+                                                  "unconfigured": unconfigured})
