@@ -8,12 +8,13 @@ import pytest
 from django.utils import timezone
 
 from consumers.kafka import admin
-from consumers.models import WatchFinding, WatchRange
+from consumers.models import WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit
 from tests.test_watch_keyed_edges import T0, produce_at
 from tests.test_watch_keyed_json import create_table
 from tests.test_watch_spark import spark, spark_matches  # noqa: F401 (fixtures, used by name)
+from tests.watch_helpers import stored_findings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -25,7 +26,7 @@ def order(order_id: str) -> bytes:
 def stored(watch) -> tuple[list, list]:
     ranges = sorted((r.partition, r.start, r.end, r.records, r.superseded, r.unreadable, r.lost, r.lost_offsets)
                     for r in WatchRange.objects.filter(watch=watch))
-    findings = sorted(WatchFinding.objects.filter(watch=watch).values_list("partition", "offset", "kind"))
+    findings = stored_findings(watch, "kind")
     return ranges, findings
 
 

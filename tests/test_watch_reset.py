@@ -16,7 +16,7 @@ from consumers.kafka.admin import Watermarks
 from consumers.models import WatchFinding, WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_commits, watch_pass
-from tests.watch_helpers import as_offsets, drop_tables, produce
+from tests.watch_helpers import as_offsets, drop_tables, produce, stored_findings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.django_db(transaction=True)]
 
@@ -91,8 +91,10 @@ def test_a_reset_behind_the_audit_reopens_the_ranges_and_finds_the_rewritten_rec
     after = watch_audit.check_watch(watch, now=now + timedelta(seconds=60))
     assert (after.checked, after.lost, after.duplicated) == (10, 1, 5)
     assert as_offsets(after.duplicated_offsets) == {(0, o) for o in range(5, 10)}
-    assert sorted(WatchFinding.objects.filter(watch=watch).values_list("offset", "kind")) == \
-        [(2, "lost")] + [(o, "duplicated") for o in range(5, 10)]
+    assert stored_findings(watch, "kind") == [(0, 2, "lost")] + [(0, o, "duplicated") for o in range(5, 10)]
+    # Stored as runs: the five duplicates of the re-audit are one row.
+    assert sorted(WatchFinding.objects.filter(watch=watch).values_list("offset", "run_length", "kind")) == \
+        [(2, 1, "lost"), (5, 5, "duplicated")]
     assert sum(r.records for r in WatchRange.objects.filter(watch=watch)) == 10
 
 

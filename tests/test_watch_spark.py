@@ -13,12 +13,12 @@ from psycopg2 import sql
 
 from consumers.engine.spark_session import get_spark
 from consumers.kafka import admin
-from consumers.models import WatchFinding, WatchRange
+from consumers.models import WatchRange
 from consumers.operations import watch_setup
 from consumers.reconciliation import watch_audit, watch_spark
 from tests.test_watch_command import CleanupPolicy
 from tests.transactional_log import mixed_transactions, produce_transactions
-from tests.watch_helpers import as_offsets, produce, read_topic
+from tests.watch_helpers import as_offsets, produce, read_topic, stored_findings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -65,7 +65,7 @@ def audit_both(spark_matches, kafka=None, matched_on_spark=True, **spec):
         ranges = sorted((r.partition, r.start, r.end, r.records, r.ignored, r.superseded, r.unreadable, r.lost,
                          r.duplicated, r.phantom, r.lost_offsets, r.duplicated_offsets, r.phantom_offsets, r.note)
                         for r in WatchRange.objects.filter(watch=watch))
-        findings = sorted(WatchFinding.objects.filter(watch=watch).values_list("partition", "offset", "kind", "extra"))
+        findings = stored_findings(watch, "kind", "extra")
         results.append((watch.name, report, ranges, findings))
     (pg_name, pg, pg_ranges, pg_findings), (spark_name, on_spark, spark_ranges, spark_findings) = results
     assert spark_matches == ([spark_name] if matched_on_spark else [])   # only the forced check matched on Spark

@@ -75,6 +75,15 @@ def as_offsets(listed: list[dict]) -> set[tuple[int, int]]:
     return {(o["partition"], o["offset"]) for o in listed}
 
 
+def stored_findings(watch, *fields: str) -> list[tuple]:
+    """The watch's WatchFinding rows a row per offset, each as (partition, offset, *fields), sorted: the rows
+    hold runs of consecutive offsets."""
+    from consumers.models import WatchFinding
+    runs = WatchFinding.objects.filter(watch=watch).values_list("partition", "offset", "run_length", *fields)
+    return sorted((partition, offset, *rest) for partition, first, length, *rest in runs
+                  for offset in range(first, first + length))
+
+
 def json_value(**fields) -> bytes:
     return json.dumps(fields).encode()
 

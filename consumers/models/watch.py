@@ -4,8 +4,8 @@ A watch names a group, a topic and a cluster; optionally the table the group wri
 to a row (`record_id`: value, key, json:PATH or offset; `row_id`: the table's columns). Its delivery audit
 (consumers/reconciliation/watch_audit.py) settles each partition range by range: `WatchPartition` keeps
 where the audit stands and what lag and status were measured, `WatchRange` one row per settled range with
-what it found (offsets of the first findings included), `WatchFinding` every finding, one row each (for the
-export and the trace).
+what it found (offsets of the first findings included), `WatchFinding` every finding, a row per run of
+consecutive offsets alike (for the export and the trace).
 """
 from django.db import models
 from django.utils import timezone
@@ -168,17 +168,21 @@ class WatchRange(models.Model):
 
 
 class WatchFinding(models.Model):
-    """One finding of a watch's audit: a record lost or duplicated, or a phantom row's position. WatchRange
-    lists the first OFFSETS_LISTED of each kind per range; these rows are all of them (the CSV export, the
-    trace). Written by the audit in one INSERT ... SELECT from its findings statement."""
+    """Findings of a watch's audit: records lost or duplicated, or phantom rows' positions, at `run_length`
+    consecutive offsets from `offset`, all of one kind (and, duplicated, the same extra rows). WatchRange lists
+    the first OFFSETS_LISTED of each kind per range; these rows hold all of them (the CSV export, the trace).
+    A consumer that loses records loses them in runs (committed past them, or rewound over them), so a run
+    per row keeps a million lost records one row, not a million. Written by the audit in one INSERT ... SELECT
+    from its findings statement."""
 
     LOST, DUPLICATED, PHANTOM = "lost", "duplicated", "phantom"
 
     watch = models.ForeignKey(Watch, on_delete=models.CASCADE, related_name="finding_rows")
     partition = models.PositiveIntegerField()
-    offset = models.BigIntegerField()
+    offset = models.BigIntegerField(help_text="The run's first offset.")
+    run_length = models.BigIntegerField(default=1, help_text="Consecutive offsets from `offset`.")
     kind = models.CharField(max_length=10)
-    extra = models.BigIntegerField(default=0, help_text="duplicated: the rows beyond those expected.")
+    extra = models.BigIntegerField(default=0, help_text="duplicated: the rows beyond those expected, at each offset.")
     checked_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -186,4 +190,4 @@ class WatchFinding(models.Model):
         indexes = [models.Index(fields=["watch", "partition", "offset"], name="watch_finding_idx")]
 
     def __str__(self):
-        return f"{self.watch_id}[{self.partition}]@{self.offset} {self.kind}"
+        return f"{self.watch_id}[{self.partition}]@{self.offset}+{self.run_length} {self.kind}"

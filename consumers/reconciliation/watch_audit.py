@@ -185,6 +185,16 @@ def _load(cur, watch: Watch, id_type: str | None, reads: dict, ends: dict, relat
     return loader
 
 
+# Consecutive offsets of one kind (and the same extra rows) are one run: within a run, offset minus its rank is the
+# same number (the gaps-and-islands grouping).
+STORE_FINDING_RUNS = """
+INSERT INTO {} (watch_id, partition, "offset", run_length, kind, extra, checked_at)
+SELECT %s, partition, min("offset"), count(*), kind, extra, %s
+FROM (SELECT partition, "offset", kind, extra,
+             "offset" - row_number() OVER (PARTITION BY partition, kind, extra ORDER BY "offset") AS run
+      FROM {}) numbered
+GROUP BY partition, kind, extra, run"""
+
 def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshold: int | None = None,
            phantoms: bool = True, tails: dict | None = None, *, settled: dict | None = None,
            notes: list | None = None) -> list[RangeResult]:
@@ -214,9 +224,8 @@ def _audit(watch: Watch, plans: dict, marks: dict, now: datetime, spark_threshol
                                       f"{exc.diag.message_primary or exc}") from exc
             except watch_settled.ReadBackFailed as exc:
                 raise WatchCheckError(str(exc)) from exc
-        # Every finding is kept (the export, the trace); the range lists the first of each kind.
-        cur.execute(sql.SQL('INSERT INTO {} (watch_id, partition, "offset", kind, extra, checked_at) '
-                            'SELECT %s, partition, "offset", kind, extra, %s FROM {}').format(
+        # Every finding is kept (the export, the trace), a row per run of them; the range lists the first of each kind.
+        cur.execute(sql.SQL(STORE_FINDING_RUNS).format(
             sql.Identifier(WatchFinding._meta.db_table), RELATIONS["found"]), [watch.pk, now])
         cur.execute(sql.SQL("SELECT partition, kind, count(*), sum(extra), "
                             "(array_agg(\"offset\" ORDER BY \"offset\"))[1:%s], "

@@ -6,6 +6,7 @@ pass over quiet watches (watch_pass) observes commits and plans ranges without a
 import logging
 from datetime import datetime, timedelta
 
+from django.db.models import F
 from django.utils.dateparse import parse_datetime
 
 from consumers.kafka import admin as kafka_admin
@@ -81,7 +82,9 @@ def reopen(watch: Watch, wp: WatchPartition, now: datetime) -> None:
         wp.duplicated -= r.duplicated
         wp.phantom -= r.phantom
     WatchRange.objects.filter(pk__in=[r.pk for r in dropped]).delete()
-    WatchFinding.objects.filter(watch=watch, partition=wp.partition, offset__gte=restart).delete()
+    findings = WatchFinding.objects.filter(watch=watch, partition=wp.partition)
+    findings.filter(offset__gte=restart).delete()
+    findings.filter(offset__lt=restart, offset__gt=restart - F("run_length")).update(run_length=restart - F("offset"))
     wp.settled_offset = restart
     wp.commits_seen = [[wp.committed, now.isoformat()]]   # the re-read range settles from the reset on
     log.info("watch %s partition %s: offsets reset to %s; re-auditing from %s", watch.name, wp.partition,

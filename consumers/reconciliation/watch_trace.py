@@ -10,6 +10,7 @@ import csv
 from dataclasses import dataclass, field
 
 from django.db import connection
+from django.db.models import F
 from psycopg2 import sql
 
 from consumers.engine import record_ids, sink_checks, table_names
@@ -60,7 +61,8 @@ def trace(watch: Watch, partition: int, offset: int) -> WatchTrace:
     if wp is None:
         raise TraceRefused(f"partition: watch {watch.name} has no partition {partition}", "partition")
     result = WatchTrace(watch.name, watch.topic, partition, offset, row_columns=watch.row_columns)
-    stored = (WatchFinding.objects.filter(watch=watch, partition=partition, offset=offset)
+    stored = (WatchFinding.objects.filter(watch=watch, partition=partition, offset__lte=offset,
+                                          offset__gt=offset - F("run_length"))
               .order_by("-checked_at").first())
     if stored is not None:
         result.finding = {"kind": stored.kind, "extra": stored.extra, "checked_at": stored.checked_at.isoformat()}
@@ -234,7 +236,10 @@ def findings_csv(watch: Watch):
     """Every finding of the watch as CSV lines, in partition and offset order, streamed from the database."""
     writer = csv.writer(_Line())
     yield writer.writerow(CSV_COLUMNS)
-    rows = (WatchFinding.objects.filter(watch=watch).order_by("partition", "offset", "checked_at")
-            .values_list("partition", "offset", "kind", "extra", "checked_at").iterator(chunk_size=EXPORT_CHUNK))
-    for partition, offset, kind, extra, checked_at in rows:
-        yield writer.writerow([partition, offset, kind, extra, checked_at.isoformat()])
+    runs = (WatchFinding.objects.filter(watch=watch).order_by("partition", "offset", "checked_at")
+            .values_list("partition", "offset", "run_length", "kind", "extra", "checked_at")
+            .iterator(chunk_size=EXPORT_CHUNK))
+    for partition, first, run_length, kind, extra, checked_at in runs:
+        checked = checked_at.isoformat()
+        for offset in range(first, first + run_length):
+            yield writer.writerow([partition, offset, kind, extra, checked])
