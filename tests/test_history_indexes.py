@@ -79,6 +79,20 @@ def test_the_topic_checks_page_reads_the_newest_checks_from_an_index(pipeline, a
     assert "Sort" not in plan_of(*query)
 
 
+def test_a_pipelines_delete_finds_its_topic_checks_through_the_one_index_on_their_pipeline(pipeline):
+    """The foreign key has no index of its own (0031): the page's index leads with the column, and serves the
+    lookup ON DELETE SET NULL makes."""
+    TopicCheckJob.objects.create(pipeline=pipeline, topic="t", group_id="g", table="s", key_column="id")
+    with connection.cursor() as cur:
+        cur.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+                    [TopicCheckJob._meta.db_table, "%(pipeline_id%"])
+        assert [name for (name,) in cur.fetchall()] == ["topic_check_pipeline_idx"]
+    assert "topic_check_pipeline_idx" in plan_of("SELECT 1 FROM consumers_topiccheckjob WHERE pipeline_id = %s",
+                                                 [pipeline.pk])
+    pipeline.delete()
+    assert TopicCheckJob.objects.get().pipeline is None
+
+
 @pytest.mark.parametrize("url,table", [
     ("/admin/consumers/consumerrun/", "consumers_consumerrun"),
     ("/admin/consumers/batchledger/", "consumers_batchledger"),

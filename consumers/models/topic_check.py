@@ -77,8 +77,9 @@ def topic_check_patience() -> timedelta:
 
 
 class TopicCheckJob(models.Model):
+    # No index of its own: topic_check_pipeline_idx leads with it (the page's lookups, and a pipeline's delete).
     pipeline = models.ForeignKey("consumers.Pipeline", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="topic_checks")
+                                 related_name="topic_checks", db_index=False)
     topic = models.CharField(max_length=249)
     group_id = models.CharField(max_length=255)
     table = models.CharField(max_length=63)
