@@ -13,9 +13,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from alerts.models import AlertRule, Channel, Mute
 from alerts.pages import render_form
-from alerts.queries import parse_minutes
+from alerts.queries import mute_problem, parse_minutes
 from alerts.rule_forms import AlertRuleForm
-from consumers.access import can_operate, record_refusal, role_of
+from consumers.access import can_operate, form_errors, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
 
 
@@ -69,6 +69,10 @@ def rule_edit(request, rule_id=None):
         _log_action(request, saved, "alert_rule", f"alert rule {saved.name!r} {verb}", {"kind": saved.kind})
         messages.success(request, f"Alert rule {saved.name!r} {verb}.")
         return redirect("alerts:rules")
+    if request.method == "POST":
+        record_refusal(request.user, "alert_rule", f"bad input: {form_errors(form)}",
+                       pipeline=rule.pipeline if rule else None,
+                       params={"rule": rule.name if rule else request.POST.get("name", "")})
     return render_form(request, "alerts/rule_form.html", {"form": form, "rule": rule})
 
 
@@ -78,11 +82,14 @@ def rule_mute(request, rule_id):
     _operator_only(request, "alert_mute")
     rule = get_object_or_404(AlertRule, pk=rule_id)
     minutes = parse_minutes(request.POST.get("minutes"))
-    if minutes is None:
-        messages.error(request, "Mute for 1 minute to 30 days.")
+    reason = request.POST.get("reason", "")
+    problem = mute_problem(minutes, reason)
+    if problem:
+        record_refusal(request.user, "alert_mute", f"bad input: {problem}", pipeline=rule.pipeline,
+                       params={"rule": rule.name, "minutes": request.POST.get("minutes", "")})
+        messages.error(request, problem)
         return redirect("alerts:rules")
-    mute = Mute.mute(rule=rule, pipeline=None, minutes=minutes, user=request.user.get_username(),
-                     reason=request.POST.get("reason", ""))
+    mute = Mute.mute(rule=rule, pipeline=None, minutes=minutes, user=request.user.get_username(), reason=reason)
     _log_action(request, rule, "alert_mute", f"alert rule {rule.name!r} muted until {mute.until:%Y-%m-%d %H:%M} UTC",
            {"minutes": minutes})
     messages.success(request, f"Muted {rule.name!r} until {mute.until:%Y-%m-%d %H:%M} UTC (alerts are still listed).")

@@ -16,7 +16,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult
-from consumers.models.text import fit, storable_json
+from consumers.models.text import fit, storable, storable_json
 
 log = logging.getLogger("tally.refusals")
 
@@ -102,9 +102,10 @@ def record_refusal(user, action: str, reason: str, *, pipeline=None, group_id: s
                     action=fit(ActionLog, "action", action), actor=fit(ActionLog, "actor", actor),
                     params=storable_json(params or {}, max_chars=MAX_PARAM_CHARS), dry_run=dry_run, **fields)
     except DatabaseError:
-        log.exception("could not record the refusal of %s by %s", action, actor)
+        log.exception("could not record the refusal of %s by %s", storable(action), storable(actor))
         return None
-    log.info("%s by %s refused: %s", fit(ActionLog, "action", action), actor, fields["message"][:MAX_PARAM_CHARS])
+    log.info("%s by %s refused: %s", fit(ActionLog, "action", action), fit(ActionLog, "actor", actor),
+             fields["message"][:MAX_PARAM_CHARS])
     return entry
 
 

@@ -52,6 +52,20 @@ def test_bad_input_is_refused_beside_its_field_and_nothing_is_saved(operator_cli
     html = response.content.decode()
     assert response.status_code == 400 and f'id="error-{field}"' in html and message in html
     assert AlertRule.objects.count() == before
+    refusal = ActionLog.objects.get(result="refused")
+    assert (refusal.action, refusal.params) == ("alert_rule", {"rule": "Orders lag"}) and field in refusal.message
+
+
+@pytest.mark.parametrize("form, said", [({"minutes": "0"}, "Mute for 1 minute to 30 days."),
+                                        ({"minutes": "forever"}, "Mute for 1 minute to 30 days."),
+                                        ({"minutes": "10", "reason": "r" * 201}, "longer than 200 characters")])
+def test_a_refused_rule_mute_mutes_nothing_and_is_audited(operator_client, form, said):
+    rule = AlertRule.objects.get(kind="lost")
+    response = operator_client.post(f"/alerts/rules/{rule.pk}/mute/", form, follow=True)
+    assert said in response.content.decode()
+    assert not Mute.objects.exists()
+    refusal = ActionLog.objects.get(result="refused")
+    assert refusal.action == "alert_mute" and said in refusal.message and refusal.params["rule"] == rule.name
 
 
 def test_an_operator_mutes_a_rule_and_sends_a_test_email(operator_client, settings):

@@ -70,6 +70,23 @@ def test_names_outside_the_rule_are_refused(name, said):
     assert said in table_names.problem(name)
 
 
+@pytest.mark.parametrize("table", ["knox_authtoken", "public.knox_authtoken", "axes_accessattempt", "axes_accesslog",
+                                   "auth_user", "consumers_watch", "alerts_channel", "django_session"])
+@pytest.mark.django_db
+def test_no_table_of_an_installed_app_can_be_watched(table):
+    """The trace shows a watched table's rows to every viewer: API tokens and login attempts among them would leak."""
+    assert "is not a table a consumer of yours writes (the " in refusal(sink_table=table, row_id="user_id")
+
+
+@pytest.mark.django_db
+def test_the_api_refuses_a_watch_of_the_api_token_table_and_creates_nothing():
+    answer = client_of(make_operator()).post(
+        "/api/watches/", {"name": "tokens", "group": "g", "topic": "t", "sink_table": "knox_authtoken",
+                          "record_id": "value", "row_id": "user_id"}, content_type="application/json")
+    assert answer.status_code == 400 and "sink_table" in answer.json()["errors"], answer.content
+    assert not Watch.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_missing_schema_or_a_table_missing_in_its_schema_is_refused(sales):
     assert refusal(sink_table=f"nosuch_{uuid.uuid4().hex[:6]}.{TABLE}").startswith("schema 'nosuch_")

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from django.core.management.base import BaseCommand, CommandError
 
 from consumers.access import record_refusal
+from consumers.models import ActionLog
+from consumers.models.text import unstorable
 from consumers.operations.declared_file import FileRefused
 from consumers.operations.errors import DeleteRefused
 
@@ -39,8 +41,24 @@ def as_json(data) -> str:
     return json.dumps(data, indent=2)
 
 
+def argument_problem(options: dict) -> str | None:
+    """Why the command's text arguments cannot be taken, or None: one PostgreSQL cannot store (bytes that are not
+    UTF-8 reach Python as lone surrogates), or an --actor longer than the action log's column."""
+    for key, value in options.items():
+        for text in value if isinstance(value, list | tuple) else [value]:
+            problem = unstorable(text) if isinstance(text, str) else None
+            if problem:
+                return f"the argument {key!r} {problem}"
+    actor = options.get("actor")
+    limit = ActionLog._meta.get_field("actor").max_length
+    if isinstance(actor, str) and len(actor) > limit:
+        return f"the argument 'actor' takes at most {limit} characters (the action log's column), got {len(actor)}"
+    return None
+
+
 class TallyCommand(BaseCommand):
-    """A Tally command: its help ends with its exit codes."""
+    """A Tally command: its help ends with its exit codes. Arguments no command could store are refused (and
+    audited) before any command runs."""
 
     exit_codes = "0 done, 1 refused (the reason is printed), 2 usage error"
 
@@ -48,6 +66,17 @@ class TallyCommand(BaseCommand):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         parser.epilog = f"Exit codes: {self.exit_codes}."
         return parser
+
+    def execute(self, *args, **options):
+        problem = argument_problem(options) or next(filter(None, (argument_problem({"positional": a}) for a in args)),
+                                                    None)
+        if problem:
+            name = self.__module__.rsplit(".", 1)[-1]
+            command = options.get("command")
+            record_refusal(options.get("actor") or "cli", f"{name} {command}" if command else name,
+                           f"bad input: {problem}", params={"via": "cli"})
+            raise refused(problem)
+        return super().execute(*args, **options)
 
 
 class SubcommandsCommand(TallyCommand):

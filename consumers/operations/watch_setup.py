@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from psycopg2 import sql
 
-from consumers.engine import record_ids, sink_checks, table_names
+from consumers.engine import record_ids, sink_checks, sink_names, table_names
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
@@ -33,7 +33,6 @@ from consumers.operations.errors import KAFKA_ERRORS, DeleteRefused, Invalid
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
-RESERVED_TABLE_PREFIXES = ("consumers_", "dashboard_", "alerts_", "django_", "auth_", "pg_")
 MAX_SETTLE_SECONDS = 7 * 24 * 3600
 MAX_IGNORES = 20
 # Column types a text id (value, key, json:PATH) can be compared with, and the integer types an offset needs.
@@ -229,8 +228,11 @@ def _check_audit(spec: WatchSpec, problems: dict):
     table = spec.sink_table
     parts = table_names.split(table)
     problem = table_names.problem(table)
-    if problem is None and parts[-1].startswith(RESERVED_TABLE_PREFIXES):
-        problem = f"{table!r} is not a table a consumer of yours writes: choose the group's own table"
+    # Every installed app's tables (API tokens, login attempts among them), as for pipelines: the trace shows a
+    # watched table's rows to every viewer.
+    owner = sink_names.owner_of(parts[-1]) if problem is None else None
+    if owner:
+        problem = f"{table!r} is not a table a consumer of yours writes ({owner}): choose the group's own table"
     if problem:
         problems["sink_table"] = problem
         return None
