@@ -1,11 +1,12 @@
 """Benchmark: the delivery audit of a watch on the PostgreSQL path. Not run by CI.
 
-    /path/to/python bench/bench_watch.py [--records 1000000] [--partitions 2] [--lost 1000] [--repeat 5] [--drop]
+    /path/to/python bench/bench_watch.py [--records 1000000] [--partitions 2] [--lost 1000] [--lost-run] [--repeat 5]
+                                         [--drop]
 
 Uses its own database (default `tally_bench_watch`) and starts the embedded broker on a free port. Fills a
 topic with the values 1..N (round-robin over the partitions), a team table `bench_watch_rows (id bigint)`
-with one row per value (minus `--lost` values, plus as many duplicates), commits the group's offsets at the
-log end, and times:
+with one row per value (minus `--lost` values, scattered or with `--lost-run` one block of consecutive values, plus
+as many duplicates), commits the group's offsets at the log end, and times:
   - the first check of a new watch: N newly committed records read from Kafka (read_committed), their ids
     COPYed into a temporary table and matched against the N-row table in one statement — with the time
     split into the Kafka read, the load and the match;
@@ -37,6 +38,8 @@ def parse_args():
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--lost", type=int, default=1000, help="Values left out of the table (and as many doubled).")
+    parser.add_argument("--lost-run", action="store_true",
+                        help="The lost values are one block (a consumer that committed past records it never wrote).")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_watch")
     parser.add_argument("--drop", action="store_true", help="Drop the benchmark database at the end.")
@@ -60,8 +63,9 @@ def produce(topic: str, records: int, partitions: int) -> None:
     producer.close()
 
 
-def fill_table(records: int, lost: int) -> None:
-    """ids 1..N without the first `lost` multiples of 997, plus `lost` other ids twice."""
+def fill_table(records: int, lost: int, lost_run: bool = False) -> None:
+    """ids 1..N without the first `lost` multiples of 997 (`lost_run`: without the `lost` ids after N/2), plus `lost`
+    other ids twice."""
     from django.db import connection
     from psycopg2 import sql
 
@@ -70,8 +74,12 @@ def fill_table(records: int, lost: int) -> None:
         cur = wrapper.cursor
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
         cur.execute(sql.SQL("CREATE TABLE {} (id bigint)").format(table))
-        cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g "
-                            "WHERE NOT (g %% 997 = 0 AND g <= 997 * %s)").format(table), [records, lost])
+        if lost_run:
+            cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g "
+                                "WHERE g <= %s OR g > %s").format(table), [records, records // 2, records // 2 + lost])
+        else:
+            cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g "
+                                "WHERE NOT (g %% 997 = 0 AND g <= 997 * %s)").format(table), [records, lost])
         cur.execute(sql.SQL("INSERT INTO {} SELECT g FROM generate_series(1, %s) g WHERE g %% 991 = 1 LIMIT %s"
                             ).format(table), [records, lost])
         cur.execute(sql.SQL("CREATE INDEX ON {} (id)").format(table))
@@ -150,7 +158,7 @@ def main():
         started = time.perf_counter()
         produce(topic, args.records, args.partitions)
         print(f"produced {args.records} records in {time.perf_counter() - started:.1f} s")
-        fill_table(args.records, args.lost)
+        fill_table(args.records, args.lost, args.lost_run)
         marks = admin.watermarks(topic)
         admin.commit_offsets("bench-group", topic, {p: m.high for p, m in marks.items()})
         watch, _ = watch_setup.create(watch_setup.WatchSpec(
@@ -162,6 +170,11 @@ def main():
         print(f"first check: {report.checked} records, lost {report.lost}, duplicated {report.duplicated} "
               f"in {spent['total']:.2f} s (Kafka read {spent['kafka_read']:.2f} s, ids + COPY buffer "
               f"{spent['id_and_copy_buffer']:.2f} s, COPY + match + store {match:.2f} s)")
+        from django.db.models import Count, Sum
+
+        from consumers.models import WatchFinding
+        kept = WatchFinding.objects.filter(watch=watch).aggregate(rows=Count("pk"), findings=Sum("run_length"))
+        print(f"findings kept: {kept['findings']} in {kept['rows']} rows (a row per run of consecutive offsets)")
         idle = []
         for _ in range(args.repeat):
             _, spent = timed_check(watch)
