@@ -328,6 +328,28 @@ def test_a_channel_whose_only_rule_is_deleted_is_disabled_not_widened_to_every_r
     fire_loss("payments")   # a loss elsewhere: the disabled channel hears nothing of it
     deliver_due(now=at(1))
     assert {request["path"] for request in receiver.requests} == set()
+
+
+@pytest.mark.parametrize("deleted_by", ["pipeline", "queryset"])
+def test_a_channel_whose_rules_are_all_deleted_together_is_disabled_not_widened_to_every_rule(receiver, deleted_by):
+    """Each rule's pre_delete still sees the others: the check waits until they are all gone."""
+    doomed = make_pipeline("doomed")
+    loss = AlertRule.objects.create(name="doomed loss", kind=RuleKind.LOST, pipeline=doomed)
+    dupes = AlertRule.objects.create(name="doomed dupes", kind=RuleKind.DUPLICATED, pipeline=doomed)
+    pager = add_channel("doomed-pager", "webhook", f"{receiver.url}/pager", rules=[loss, dupes])
+
+    if deleted_by == "pipeline":
+        doomed.delete()
+    else:
+        AlertRule.objects.filter(pk__in=[loss.pk, dupes.pk]).delete()
+
+    pager.refresh_from_db()
+    assert not pager.enabled and list(pager.rules.all()) == []
+    logged = ActionLog.objects.get(action="alert_channel_change", params__name="doomed-pager", actor="tally")
+    assert "its 2 rules were deleted together" in logged.message
+    fire_loss("payments")
+    deliver_due(now=at(1))
+    assert receiver.requests == []
     assert not Notification.objects.filter(channel=pager).exists()
 
 
