@@ -111,6 +111,10 @@ def apply(rule: AlertRule, pipeline, finding: Finding | None, now, report: Evalu
         elif alert.notified_at is None:
             if outbox.queue(alert, NotificationKind.FIRED, 0, now):
                 report.fired.append(_label(rule, pipeline))
+                if alert.state == AlertState.ACKNOWLEDGED:
+                    # Acknowledged while muted, when no channel had heard it fire: the acknowledge follows the
+                    # fired, or PagerDuty would page for an alert someone has already taken.
+                    outbox.queue_acknowledged(alert, now)
             alert.notified_at = now
             alert.next_reminder_at = _next_reminder(rule, now, now)
         elif alert.state == AlertState.FIRING and outbox.queue_for_new_channels(alert, now):

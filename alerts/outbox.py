@@ -20,8 +20,9 @@ Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per c
   4. a channel whose tries keep failing is marked failing, and the admins get one email per failing spell; a
      rate limit (429) is not a failure: its row waits as asked, and the channel's count is left as it was, until
      the row has waited longer than the longest wait a receiver may ask for (an hour).
-A disabled channel's unsent reminders are dropped (given up, saying so) before the pick: only its resolves and
-acknowledges go out meanwhile, and nothing else of its holds them back but a "fired" it has not sent yet.
+A disabled channel's unsent reminders are dropped (given up, saying so) before the pick, and so is the unsent
+"fired" of an alert that has resolved since: only its resolves and acknowledges go out meanwhile, and nothing holds
+them back but their own alert's rows. The rule's own emails keep the same order per alert.
 A crash between the receiver's 2xx and step 3's UPDATE sends that row again after the claim expires: the
 payload's `id` (and the webhook's `X-Tally-Delivery`) lets a receiver drop the repeat.
 """
@@ -45,6 +46,8 @@ logger = logging.getLogger("tally.alerts")
 
 # Per delivery run: enough for a burst of alerts, small enough that one run stays short when receivers are slow.
 DELIVERY_BATCH = 50
+# Rows picked per row a run may try: the rows behind a channel's failed one are picked and skipped.
+PICKED_PER_TRIED = 20
 # A claimed row is not picked again for this long, so two senders never send the same message at once.
 CLAIM_SECONDS = 120
 # Email retries start at 30 s (mail servers greylist for about that long); HTTP receivers at 5 s.
@@ -165,22 +168,55 @@ def _claim(notification_id: int, now) -> bool:
     ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS)))
 
 
-def _waits_behind_older(notification_id: int, channel_id: int, created_at) -> bool:
-    return Notification.objects.filter(
-        Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=notification_id),
-        channel_id=channel_id, delivered_at__isnull=True, failed_at__isnull=True).exists()
+# What a disabled channel still sends (see deliver_due); the rest of its rows are held while it is disabled.
+SENT_WHILE_DISABLED = (NotificationKind.RESOLVED, NotificationKind.ACKNOWLEDGED)
 
 
-def _drop_reminders_of_disabled_channels(now) -> int:
+def _older_pending(pk, channel_id, alert_id, created_at):
+    """The pending rows a row waits behind (each argument a value, or an OuterRef in a query):
+    - on its channel, the older ones, but for a row held on a disabled channel of another alert: that row is not
+      sent while the channel is disabled, and the resolves of the alerts it heard fire must still go;
+    - for the rule's own recipients (`channel=None`), the older ones of its alert, so an inbox reads fired before
+      resolved after a mail outage. The two are chosen by the caller: `channel_id` alone, or `alert_id` alone."""
+    older = Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk)
+    pending = Notification.objects.filter(older, delivered_at__isnull=True, failed_at__isnull=True)
+    if channel_id is None:
+        return pending.filter(channel__isnull=True, alert_id=alert_id)
+    held_of_another_alert = (Q(channel__enabled=False) & ~Q(kind__in=SENT_WHILE_DISABLED)
+                             & ~Q(alert_id=alert_id))
+    return pending.filter(channel_id=channel_id).exclude(held_of_another_alert)
+
+
+def _waits_behind_older(notification_id: int, channel_id: int | None, alert_id: int, created_at) -> bool:
+    return _older_pending(notification_id, channel_id, alert_id, created_at).exists()
+
+
+DROPPED_UNHEARD = "dropped: the channel was disabled, and the alert resolved before this was sent"
+DROPPED_NEVER_TOLD = "dropped: the channel was disabled before it was told the alert fired"
+
+
+def _drop_held_rows_of_disabled_channels(now) -> int:
     """A disabled channel's unsent reminders are dropped, not held: a reminder repeats what the receiver heard
     already, held it would hold the alert's resolve behind it (an incident left open while the channel is
     disabled), and sent once the channel is enabled again it could follow that resolve (PagerDuty would open a
-    new incident). Its "fired" is still held: the receiver has not heard of the alert yet. A row waiting for its
-    retry (or being sent) is dropped once it is due again."""
-    return Notification.objects.filter(
-        channel__enabled=False, kind=NotificationKind.REMINDER, delivered_at__isnull=True, failed_at__isnull=True,
-        next_attempt_at__lte=now).update(failed_at=now, last_error=DROPPED_WHILE_DISABLED,
-                                         answer=short(DROPPED_WHILE_DISABLED))
+    new incident). Its "fired" is held while the alert fires (the receiver has not heard of it yet), and dropped
+    once the alert has resolved, rather than sent after its resolve once the channel is enabled again. A row
+    waiting for its retry (or being sent) is dropped once it is due again."""
+    unsent = Notification.objects.filter(channel__enabled=False, delivered_at__isnull=True, failed_at__isnull=True,
+                                         next_attempt_at__lte=now)
+    reminders = unsent.filter(kind=NotificationKind.REMINDER).update(
+        failed_at=now, last_error=DROPPED_WHILE_DISABLED, answer=short(DROPPED_WHILE_DISABLED))
+    resolved = Notification.objects.filter(alert_id=OuterRef("alert_id"), channel_id=OuterRef("channel_id"),
+                                           kind=NotificationKind.RESOLVED)
+    unheard = unsent.filter(Exists(resolved), kind=NotificationKind.FIRED)
+    # Never tried, the receiver cannot have heard of the alert: its resolve (and acknowledge) go too. Tried and
+    # failed, it may have (a 500 after the incident opened): the resolve goes.
+    never_told = unheard.filter(alert_id=OuterRef("alert_id"), channel_id=OuterRef("channel_id"), attempts=0)
+    closing = Notification.objects.filter(Exists(never_told), kind__in=SENT_WHILE_DISABLED, delivered_at__isnull=True,
+                                          failed_at__isnull=True).update(
+        failed_at=now, last_error=DROPPED_NEVER_TOLD, answer=short(DROPPED_NEVER_TOLD))
+    fired = unheard.update(failed_at=now, last_error=DROPPED_UNHEARD, answer=short(DROPPED_UNHEARD))
+    return reminders + closing + fired
 
 
 def deliver_due(now=None, limit: int = DELIVERY_BATCH, session: Session | None = None) -> dict:
@@ -192,7 +228,7 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH, session: Session | None =
     clock = timezone.now if now is None else lambda: now
     now = clock()
     counts = {"sent": 0, "failed": 0, "gave_up": 0}
-    _drop_reminders_of_disabled_channels(now)
+    _drop_held_rows_of_disabled_channels(now)
     # A channel whose oldest message waits for its retry (or is being sent) holds all of its messages: they are
     # left out here, so a backlog behind a receiver that is down never fills the batch and starves the others.
     waiting = Notification.objects.filter(channel_id=OuterRef("channel_id"), delivered_at__isnull=True,
@@ -201,17 +237,33 @@ def deliver_due(now=None, limit: int = DELIVERY_BATCH, session: Session | None =
     # behind anything older it holds): a channel disabled because its only rule was deleted would otherwise leave
     # the PagerDuty incident that rule opened open for good. An acknowledge queued before it was disabled goes
     # too, and its reminders were dropped above: held, either would hold that resolve behind it.
-    held = Q(channel__enabled=False) & ~Q(kind__in=(NotificationKind.RESOLVED, NotificationKind.ACKNOWLEDGED))
+    held = Q(channel__enabled=False) & ~Q(kind__in=SENT_WHILE_DISABLED)
+    # A row behind an older one that cannot go in this run (held, or waiting for its retry) is left out of the pick
+    # too: picked and skipped at every run, such rows would fill the batch and starve every other channel. A row
+    # behind one that is due stays in: the loop sends the older first, then it.
+    behind_held = _older_pending(OuterRef("pk"), OuterRef("channel_id"), OuterRef("alert_id"),
+                                 OuterRef("created_at")).filter(held)
+    behind_waiting_email = _older_pending(OuterRef("pk"), None, OuterRef("alert_id"),
+                                          OuterRef("created_at")).filter(next_attempt_at__gt=now)
+    # `limit` counts the rows tried, not the rows picked: when a channel's oldest row fails, the rest of its rows
+    # in the pick are skipped, and they must not use up the run while other channels wait.
     due = list(Notification.objects.filter(delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now)
-               .exclude(held).exclude(Exists(waiting)).order_by("created_at", "pk")
-               .values_list("pk", "channel_id", "created_at")[:limit])
+               .exclude(held).exclude(Exists(waiting))
+               .exclude(Q(channel__isnull=False) & Exists(behind_held))
+               .exclude(Q(channel__isnull=True) & Exists(behind_waiting_email))
+               .order_by("created_at", "pk")
+               .values_list("pk", "channel_id", "alert_id", "created_at")[:limit * PICKED_PER_TRIED])
     blocked = set()  # channels that must wait: an older message is pending or just failed
+    tried = 0
     with session or Session() as session:
-        for notification_id, channel_id, created_at in due:
-            if channel_id is not None and (channel_id in blocked
-                                           or _waits_behind_older(notification_id, channel_id, created_at)):
+        for notification_id, channel_id, alert_id, created_at in due:
+            if tried == limit:
+                break
+            if (channel_id is not None and channel_id in blocked) or _waits_behind_older(
+                    notification_id, channel_id, alert_id, created_at):
                 blocked.add(channel_id)
                 continue
+            tried += 1
             if not _claim(notification_id, clock()):
                 blocked.add(channel_id)
                 continue
