@@ -189,3 +189,42 @@ def test_at_most_the_pools_size_of_threads_hold_a_turn_at_a_django_connection_at
     for thread in threads:
         thread.join(timeout=10)
     assert most[0] == size and inside[0] == 0 and not db.holds_turn()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_first_heartbeat_times_out_is_ended_not_left_a_member_heartbeated_for_ever(monkeypatch):
+    """The join's forced heartbeat timed out (a row lock, a stalled database) and the member stayed in the beat:
+    not consuming, so never judged stuck, its row heartbeated for as long as the process lived, and the supervisor
+    counted a live run that no one ran."""
+    from consumers.engine import beat as beat_module
+    from consumers.engine import lifecycle
+    from consumers.models import RunState
+    from consumers.operations import supervisor
+
+    monkeypatch.setattr(beat_module, "FORCED_WAIT_S", 0.5)
+    beat = Beat()
+    monkeypatch.setattr(lifecycle.beat, "beat", lambda: beat)
+    other = Pipeline.objects.create(name="other", topic="o", sink_table="o_sink", epoch=1)
+    victim = Pipeline.objects.create(name="victim", topic="v", sink_table="v_sink", epoch=1)
+    first = lifecycle.Run(other, Engine.PYTHON)
+    locker = db.connect("tests-locker")
+    locker.cursor().execute("SELECT id FROM consumers_consumerrun WHERE id = %s FOR UPDATE", [first.row.pk])
+
+    def release_once_the_join_gave_up():   # the beat waits on the lock until then, whatever the machine's speed
+        wait_for(lambda: beat.waiting >= 1, 30, "the new run's join to wait for a heartbeat")
+        wait_for(lambda: beat.waiting == 0, 30, "the join to give up")
+        locker.rollback()
+
+    releaser = threading.Thread(target=release_once_the_join_gave_up)
+    releaser.start()
+    with pytest.raises(TimeoutError):
+        lifecycle.Run(victim, Engine.PYTHON)
+    releaser.join(timeout=60)
+    locker.close()
+
+    row = ConsumerRun.objects.get(pipeline=victim)
+    assert row.pk not in beat.members
+    assert row.state == RunState.CRASHED and "could not begin: TimeoutError" in row.end_reason
+    assert supervisor.live_runs(victim) == []
+    first.finish("stopped")
+    assert beat.wait_idle(timeout=30)

@@ -32,3 +32,34 @@ def test_a_host_that_never_answered_is_killed_after_the_start_limit_not_after_a_
     pool.check_hosts(started + hosts.START_LIMIT_S + 1)
     wait_for(lambda: not frozen_host.alive, 10, "the killed host's reader to see it exit")
     assert frozen_host.killed_because == f"did not answer for {hosts.START_LIMIT_S + 1} s since it started"
+
+
+def test_a_host_that_cannot_be_forked_once_does_not_end_the_watchdog(monkeypatch, settings):
+    """A fork refused under memory pressure (ENOMEM) ended the watchdog's thread for good: hung hosts were no
+    longer killed, dead ones no longer replaced between runs."""
+    settings.TALLY_RUN_LEASE_SECONDS = 2          # a round every 0.5 s
+    made, refuse_next = [], [False]
+
+    class StandInHost:
+        def __init__(self, number):
+            if refuse_next[0]:
+                refuse_next[0] = False
+                raise OSError(12, "Cannot allocate memory")
+            self.number, self.alive, self.heard_at, self.started_at = number, True, None, 0.0
+            made.append(self)
+
+        def hung(self, now, lease):
+            return False
+
+        def send(self, message):
+            pass
+
+    monkeypatch.setattr(hosts, "Host", StandInHost)
+    pool = hosts.HostPool(1)
+    pool.start()
+    refuse_next[0] = True
+    made[0].alive = False                          # host 1 dies, and its first replacement cannot be forked
+    wait_for(lambda: not refuse_next[0], 10, "the watchdog to try a replacement")
+    wait_for(lambda: len(made) == 2 and made[1].alive, 10, "the watchdog's next round to replace the host")
+    with pool._lock:
+        pool._stopping = True                      # the watchdog thread is a daemon: it starts nothing more

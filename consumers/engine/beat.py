@@ -83,7 +83,13 @@ class Beat:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="tally-beat", daemon=True)
                 self._thread.start()
-        self.now()   # the run is a member (its session lock taken) before it reads a partition
+        try:
+            self.now()   # the run is a member (its session lock taken) before it reads a partition
+        except BaseException:
+            # Not a member that no one ends: it is not consuming, so the stuck-run check would never drop it, and
+            # the beat would keep its row alive for as long as the process lives (a run no one restarts).
+            self.leave(member)
+            raise
         return member
 
     def leave(self, member: Member) -> None:

@@ -246,10 +246,13 @@ class HostPool:
         A host that died (killed here, by the OOM killer, by anyone) is replaced at the next round, not when the next
         run comes: that run, often its own pipeline's restart, would otherwise wait for the new host to load Django."""
         while True:
-            with self._lock:
-                if not self._stopping:
-                    self._start_missing()
-            self.check_hosts(time.monotonic())
+            try:
+                with self._lock:
+                    if not self._stopping:
+                        self._start_missing()
+                self.check_hosts(time.monotonic())
+            except Exception:  # noqa: BLE001 - a fork refused (ENOMEM, EAGAIN) must not end the watchdog for good
+                log.exception("engine hosts: the watchdog's round failed; it tries again at the next")
             time.sleep(settings.TALLY_RUN_LEASE_SECONDS / 4)
 
     def check_hosts(self, now: float) -> None:

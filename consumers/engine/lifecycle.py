@@ -158,7 +158,14 @@ class Run:
         self.last_commit_at: float | None = None
         # Heartbeat, fencing check, peers and the session lock: the process's beat, for all its runs at once.
         self.beat = beat.beat()
-        self.member = self.beat.join(self.row.pk, pipeline.pk, self.epoch)
+        try:
+            self.member = self.beat.join(self.row.pk, pipeline.pk, self.epoch)
+        except BaseException as exc:
+            # No heartbeat reached the database in time (a lock, a stalled database): the row is ended here, so the
+            # supervisor counts no live run and starts the pipeline again.
+            ConsumerRun.objects.filter(pk=self.row.pk).end(
+                RunState.CRASHED, f"{EndReason.ERROR}: could not begin: {type(exc).__name__}: {exc}", timezone.now())
+            raise
         self.member.consuming = state == RunState.RUNNING
 
     def mark_running(self) -> None:
