@@ -36,6 +36,8 @@ def test_devstack_serves_the_login_page_and_an_interrupt_leaves_no_process_behin
         children = psutil.Process(stack.pid).children(recursive=True)
         names = " ".join(" ".join(child.cmdline()) for child in children)
         assert "tansu" in names and "worker" in names and "beat" in names and "runserver" in names
+        # Pipeline runs on a worker of their own: the periodic tasks' worker always has a thread for them.
+        assert "worker -Q pipelines -n pipelines@%h" in names and "worker -Q celery -n tasks@%h" in names
     finally:
         stack.send_signal(signal.SIGINT)
         output, _ = stack.communicate(timeout=30)

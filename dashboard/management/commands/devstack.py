@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from consumers.kafka import broker, clusters
 
 PYTHON = sys.executable
+PIPELINE_QUEUE = os.environ.get("TALLY_PIPELINE_QUEUE", "pipelines")
 
 
 def stack_commands(host: str, port: int) -> dict[str, list[str]]:
@@ -26,8 +27,13 @@ def stack_commands(host: str, port: int) -> dict[str, list[str]]:
     celery = [PYTHON, "-m", "celery", "-A", "tally"]
     return {
         # The threads pool: each pipeline is a long-lived task, and Spark must never be started in a
-        # prefork child (docs/spark.md); threads let one worker host many pipelines.
-        "worker": celery + ["worker", "--pool", "threads", "--concurrency", "16", "--loglevel", "INFO"],
+        # prefork child (docs/spark.md); threads let one worker host many pipelines. Pipeline runs have a queue
+        # of their own (PIPELINE_QUEUE), as in docker-compose.yml: each holds a thread while it runs, and 16 of
+        # them would leave the supervisor, reconciliation and alerts no thread in a shared worker.
+        "worker": celery + ["worker", "-Q", PIPELINE_QUEUE, "-n", "pipelines@%h", "--pool", "threads",
+                            "--concurrency", "16", "--loglevel", "INFO"],
+        "tasks": celery + ["worker", "-Q", "celery", "-n", "tasks@%h", "--pool", "threads", "--concurrency", "4",
+                           "--loglevel", "INFO"],
         "beat": celery + ["beat", "--loglevel", "INFO", "--schedule", os.path.join("var", "celerybeat-schedule")],
         "web": [PYTHON, "manage.py", "runserver", f"{host}:{port}", "--noreload"],
     }
@@ -37,7 +43,13 @@ def developer_environment() -> dict[str, str]:
     """The developer stack is where DEBUG is on (unless DEBUG is set): nowhere else defaults to it. Its
     worker starts the Spark driver at once, so the first demo run does not wait for a JVM."""
     return {**os.environ, "TALLY_DEVELOPMENT": "1", "DEBUG": os.environ.get("DEBUG", "true"),
-            "SPARK_WARM_ON_WORKER_START": os.environ.get("SPARK_WARM_ON_WORKER_START", "true")}
+            "SPARK_WARM_ON_WORKER_START": os.environ.get("SPARK_WARM_ON_WORKER_START", "true"),
+            "TALLY_PIPELINE_QUEUE": PIPELINE_QUEUE}
+
+
+# What one process of the stack is told besides: the periodic tasks' worker runs no Spark pipeline, so it warms no
+# Spark driver of its own (a topic check started there still starts one).
+CHILD_ENVIRONMENT = {"tasks": {"SPARK_WARM_ON_WORKER_START": "false"}}
 
 
 PASSWORD_FILE = os.path.join("var", "admin-password")
@@ -86,8 +98,9 @@ class Command(BaseCommand):
                 call_command("seed_demo")
             for name, command in stack_commands(host, port).items():
                 log = open(os.path.join("var", f"{name}.log"), "ab")
-                self.children[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True, env=developer_environment())
+                self.children[name] = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=developer_environment() | CHILD_ENVIRONMENT.get(name, {}))
             self.stdout.write(self.style.SUCCESS(
                 f"\nTally is starting at http://{host}:{port}/  login: {login}, {password}\n"
                 f"Processes: {', '.join(f'{n} (pid {p.pid})' for n, p in self.children.items())}; "
