@@ -12,8 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from alerts.models import AlertRule, Channel, Mute
-from alerts.pages import render_form
-from alerts.queries import mute_problem, parse_minutes
+from alerts.pages import mute_input, render_form
 from alerts.rule_forms import AlertRuleForm
 from consumers.access import can_operate, form_errors, record_refusal, role_of
 from consumers.models import ActionLog, ActionResult
@@ -81,14 +80,10 @@ def rule_edit(request, rule_id=None):
 def rule_mute(request, rule_id):
     _operator_only(request, "alert_mute")
     rule = get_object_or_404(AlertRule, pk=rule_id)
-    minutes = parse_minutes(request.POST.get("minutes"))
-    reason = request.POST.get("reason", "")
-    problem = mute_problem(minutes, reason)
-    if problem:
-        record_refusal(request.user, "alert_mute", f"bad input: {problem}", pipeline=rule.pipeline,
-                       params={"rule": rule.name, "minutes": request.POST.get("minutes", "")})
-        messages.error(request, problem)
+    asked = mute_input(request, "alert_mute", pipeline=rule.pipeline, params={"rule": rule.name})
+    if asked is None:
         return redirect("alerts:rules")
+    minutes, reason = asked
     mute = Mute.mute(rule=rule, pipeline=None, minutes=minutes, user=request.user.get_username(), reason=reason)
     _log_action(request, rule, "alert_mute", f"alert rule {rule.name!r} muted until {mute.until:%Y-%m-%d %H:%M} UTC",
            {"minutes": minutes})

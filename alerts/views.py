@@ -15,12 +15,11 @@ from django.views.decorators.vary import vary_on_headers
 
 from alerts import evaluate
 from alerts.models import Alert, Mute
+from alerts.pages import mute_input
 from alerts.queries import (
     PAGE_SIZE,
     STATE_FILTERS,
     filtered_alerts,
-    mute_problem,
-    parse_minutes,
     unknown_state_message,
 )
 from consumers.access import can_operate, record_refusal, role_of
@@ -89,14 +88,10 @@ def alert_acknowledge(request, alert_id):
 @login_required
 def alert_mute(request, alert_id):
     alert = _alert_for_operator(request, alert_id, "mute_alert", "Only operators can mute alerts.")
-    minutes = parse_minutes(request.POST.get("minutes"))
-    reason = request.POST.get("reason", "")
-    problem = mute_problem(minutes, reason)
-    if problem:
-        record_refusal(request.user, "mute_alert", f"bad input: {problem}", pipeline=alert.pipeline,
-                       params={"alert": alert.pk, "minutes": request.POST.get("minutes", "")})
-        messages.error(request, problem)
+    asked = mute_input(request, "mute_alert", pipeline=alert.pipeline, params={"alert": alert.pk})
+    if asked is None:
         return _back(request)
+    minutes, reason = asked
     try:
         mute = evaluate.mute(alert, minutes, request.user.get_username(), reason)
     except evaluate.AlertGone as exc:
