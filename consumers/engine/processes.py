@@ -9,6 +9,8 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -26,8 +28,16 @@ def run_in_processes(name: str, processes: int, run_args: list[str]) -> list[Pro
     --json`), pass SIGTERM/SIGINT on to them, and wait for all of them."""
     command = [sys.executable, str(settings.BASE_DIR / "manage.py"), "run_pipeline", name, *run_args,
                "--peers", str(processes), "--json"]
+    return run_children([command] * processes)
+
+
+def run_children(commands: list[list[str]]) -> list[ProcessOutcome]:
+    """Run the commands at once, pass SIGTERM/SIGINT on to them, and wait for all of them.
+
+    Every child's pipes are read at once, each by a thread of its own: a child whose log outgrew the pipe
+    (64 KiB) while the parent waited on another would block on its next log line, holding its partitions."""
     children = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(processes)]
+                for command in commands]
 
     def pass_on(signum, frame):
         for child in children:
@@ -36,19 +46,33 @@ def run_in_processes(name: str, processes: int, run_args: list[str]) -> list[Pro
 
     previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return [_outcome(child, *child.communicate()) for child in children]
+        with ThreadPoolExecutor(max_workers=len(children)) as pool:
+            return list(pool.map(_drain, children))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _outcome(child: subprocess.Popen, stdout: str, stderr: str) -> ProcessOutcome:
-    sys.stderr.write(stderr)  # the runs' logs, as a single run would have written them
+_log_lock = threading.Lock()
+
+
+def _drain(child: subprocess.Popen) -> ProcessOutcome:
+    """Pass the child's log on as it comes (as a single run would have written it) and read its result."""
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.extend(child.stdout), daemon=True)
+    reader.start()
+    errors = []
+    for line in child.stderr:
+        with _log_lock:  # whole lines: the children's logs interleave line by line, never mid-line
+            sys.stderr.write(line)
+        if line.startswith("CommandError:"):
+            errors.append(line.rstrip("\n"))
+    reader.join()
+    child.wait()
     result = None
-    for line in stdout.splitlines():
+    for line in stdout:
         if line.startswith("{"):
             result = json.loads(line)
-    errors = [line for line in stderr.splitlines() if line.startswith("CommandError:")]
     return ProcessOutcome(child.returncode, result, errors[-1] if errors else "")
 
 
