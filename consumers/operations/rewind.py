@@ -262,7 +262,9 @@ def _apply(pipeline: Pipeline, spec: OffsetSpec, moves: list[PartitionMove], rol
             moved_in_kafka = not note
             message = _summary(spec, moves, rollback_sink, deleted) + note
             ActionLog.objects.filter(pk=entry.pk).update(
-                offsets_before={str(p): n for p, (n, _) in before.items()}, offsets_after=offsets_of(moves, "new"),
+                # Where each partition resumed, as the plan moved it (Kafka's offset for the classic modes, not
+                # the database's): reconciliation reads a range skipped on purpose from these two.
+                offsets_before=offsets_of(moves, "current"), offsets_after=offsets_of(moves, "new"),
                 params={**entry.params, "plan": [m.as_dict() for m in moves], "rows_deleted": deleted},
                 result=ActionResult.DONE, message=message, finished_at=timezone.now())
     except Exception as exc:

@@ -85,12 +85,10 @@ class Rewinds:
 def load(pipeline, since: datetime) -> Rewinds:
     """Every rewind of the pipeline that took effect (one query): what forward rewinds skipped, and which
     partitions were rewound since `since`."""
-    rewinds = Rewinds()
+    history = effective_rewinds(pipeline)
+    rewinds = Rewinds(skipped=skipped_ranges(history))
     recent: set[int] = set()
-    for rewind in effective_rewinds(pipeline):
-        for p, before, after in rewind.moves():
-            if after > before:
-                rewinds.skipped.setdefault(p, []).append((before, after))
+    for rewind in history:
         if rewind.at >= since and rewinds.recent is not True:
             if not rewind.after:
                 rewinds.recent = True
@@ -99,6 +97,25 @@ def load(pipeline, since: datetime) -> Rewinds:
     if rewinds.recent is None and recent:
         rewinds.recent = recent
     return rewinds
+
+
+def skipped_ranges(history: list[Rewind]) -> dict[int, list[tuple[int, int]]]:
+    """Per partition, the ranges that rewinds forward skipped and that are still skipped: a later rewind back to
+    `after` reads everything from there again, so a skipped range from there on is dropped (cut where it began
+    before `after`); its records are then written or lost like any other."""
+    skipped: dict[int, list[tuple[int, int]]] = {}
+    for rewind in history:
+        for p, before, after in rewind.moves():
+            if after > before:
+                skipped.setdefault(p, []).append((before, after))
+            elif after < before and p in skipped:
+                skipped[p] = [(start, min(end, after)) for start, end in skipped[p] if start < after]
+    return skipped
+
+
+def skipped_by_a_rewind(pipeline, partition: int, offset: int) -> bool:
+    """An operator's rewind forward moved the partition past `offset`, and no later rewind read it again."""
+    return any(start <= offset < end for start, end in skipped_ranges(effective_rewinds(pipeline)).get(partition, ()))
 
 
 def mark_planned(findings: list[Finding], skipped: list[tuple[int, int]]) -> list[Finding]:

@@ -31,10 +31,11 @@ from consumers.engine.transforms import SourceRecord, for_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import ranges
 from consumers.kafka.errors import ClusterConfigError
-from consumers.models import ActionLog, BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
+from consumers.models import BatchLedger, DeadLetter, DeliveryMode, PartitionOffset, Pipeline
 from consumers.operations.errors import Refused, Unavailable
 from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 from consumers.reconciliation import verify_upsert
+from consumers.reconciliation.rewinds import skipped_by_a_rewind
 
 PREVIEW_BYTES = 500        # enough of a value to recognise it, not a dump of the payload
 MAX_ROWS = 20              # a record has a few rows; more means something else is wrong, show a sample
@@ -230,7 +231,7 @@ def _verdict(pipeline: Pipeline, result: Trace, mark, found) -> tuple[str, str]:
     if not in_kafka and mark.log_start <= result.offset:
         return "no record", ("the offset holds no data record (a transaction marker, an aborted or compacted "
                              "record): nothing to write, nothing lost")
-    if _rewound_past(pipeline, result.partition, result.offset):
+    if skipped_by_a_rewind(pipeline, result.partition, result.offset):
         return "skipped by a rewind", "an operator's rewind moved the position past this offset"
     if pipeline.is_upsert and in_kafka:
         told = _upsert_fate(pipeline, found, position)
@@ -260,11 +261,3 @@ def _current_row(pipeline: Pipeline, partition: int, offset: int) -> dict:
             "batches": [_batch(b, offset) for b in _covering_batches(pipeline, partition, offset)]}
 
 
-def _rewound_past(pipeline: Pipeline, partition: int, offset: int) -> bool:
-    """A done, executed rewind moved this partition from at or below `offset` to beyond it."""
-    for before, after in ActionLog.objects.filter(pipeline=pipeline, action="rewind", dry_run=False,
-                                                  result="done").values_list("offsets_before", "offsets_after"):
-        old, new = (before or {}).get(str(partition)), (after or {}).get(str(partition))
-        if old is not None and new is not None and old <= offset < new:
-            return True
-    return False
