@@ -8,7 +8,6 @@ Scrapes authenticate like the API: a logged-in session, or `Authorization: Token
 from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
-from knox.auth import TokenAuthentication
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from rest_framework.exceptions import AuthenticationFailed
@@ -17,6 +16,7 @@ from consumers.access import can_view, record_refusal
 from consumers.models import UNKNOWN, ConsumerRun, DeadLetter, PartitionHealth, Pipeline, Status
 from consumers.reconciliation import monitored
 from dashboard import status as dashboard_status
+from dashboard.tokens import TokenAuthentication
 
 STATUSES = [s.value for s in Status] + [UNKNOWN]
 PIPELINE_LABELS = ["pipeline", "topic", "delivery_mode", "cluster"]

@@ -6,8 +6,10 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from knox import auth as knox_auth
 from knox.models import AuthToken
 from knox.settings import knox_settings
+from rest_framework.exceptions import AuthenticationFailed
 
 from consumers.access import actor_of, record_refusal
 from consumers.models import ActionLog, ActionResult
@@ -18,6 +20,16 @@ SHOWN_CHARS = 4
 
 def masked(key: str) -> str:
     return f"{key[:SHOWN_CHARS]}…" if key else ""
+
+
+class TokenAuthentication(knox_auth.TokenAuthentication):
+    """knox's, refusing a key that is not printable ASCII as an invalid token (knox's keys are hex): knox decodes
+    the key as UTF-8, and a header's Latin-1 bytes, or a NUL PostgreSQL cannot compare, were a 500 to anyone."""
+
+    def authenticate_credentials(self, token: bytes):
+        if not token.isascii() or not token.decode().isprintable():
+            raise AuthenticationFailed("Invalid token.")
+        return super().authenticate_credentials(token)
 
 
 class TooManyTokens(Refused):

@@ -149,7 +149,7 @@ USE_TZ = True
 # JSON API (dashboard/api/): session auth for the browser, token auth for scripts; JSON only.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication",
-                                       "knox.auth.TokenAuthentication"],
+                                       "dashboard.tokens.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "consumers.api_base.HasRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": None,
