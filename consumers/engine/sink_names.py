@@ -9,7 +9,7 @@ from django.conf import settings
 
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers silently; refuse them instead
 # A plain identifier: no schema, no dot, no quote, so the name means one table in the allowed schema.
-PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 SYSTEM_PREFIXES = ("pg_", "django_", "sql_")
 
 
@@ -36,7 +36,7 @@ def name_problem(table: str) -> str | None:
     schema = settings.TALLY_SINK_SCHEMA
     if len(table) > MAX_IDENTIFIER:
         return f"at most {MAX_IDENTIFIER} characters (PostgreSQL's limit), got {len(table)}"
-    if not PLAIN_NAME.match(table):
+    if not PLAIN_NAME.fullmatch(table):
         return (f"use a plain table name (letters, digits and '_', no schema, dot or quote): sink tables live in "
                 f"schema {schema!r}")
     owner = owner_of(table)

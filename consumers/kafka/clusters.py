@@ -55,7 +55,7 @@ log = logging.getLogger("tally.kafka")
 DEFAULT = "default"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 # Keys of a [clusters.NAME] table; a secret's value is refused with a pointer to its _env/_file keys.
 FILE_KEYS = {"bootstrap_servers", "security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile",
              "ssl_password_env", "ssl_password_file", "ssl_check_hostname", "sasl_mechanism", "sasl_username",
@@ -115,7 +115,7 @@ class Cluster:
             raise ClusterConfigError(self.name, f"{problem} (in {self.source})")
 
     def _problem(self) -> str:
-        if not NAME_PATTERN.match(self.name):
+        if not NAME_PATTERN.fullmatch(self.name):
             return "a cluster name is 1-64 letters, digits, '.', '_' or '-'"
         if not parse_servers(self.bootstrap_servers):
             return "bootstrap_servers must be a comma-separated list of host:port"

@@ -51,8 +51,8 @@ from consumers.models import (
 )
 from consumers.operations.errors import DeleteRefused, Invalid
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
-TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}\Z")  # \Z: "$" would take a name ending in a newline
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z")  # Kafka's own rule for topic names
 RESERVED_NAMES = ("new",)  # /pipelines/new/ is the form that adds a pipeline
 DELIVERY_MODES = {"exactly-once": DeliveryMode.EXACTLY_ONCE, "at-least-once": DeliveryMode.AT_LEAST_ONCE,
          "at-most-once": DeliveryMode.AT_MOST_ONCE}
@@ -125,7 +125,7 @@ def validate(spec: PipelineSpec, *, existing: Pipeline | None = None) -> Transfo
                          f"isolation_level, on_log_truncated, cluster, runs, create_table, map, upsert_key, "
                          f"delete_on_tombstone or kafka_client")
     _check_scalars(spec, problems)
-    if not NAME_PATTERN.match(spec.name or ""):
+    if not NAME_PATTERN.fullmatch(spec.name or ""):
         problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or digit "
                             f"(got {spec.name!r})")
     elif spec.name in RESERVED_NAMES:

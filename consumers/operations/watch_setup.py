@@ -31,7 +31,7 @@ from consumers.models import ActionLog, ActionResult, Watch, WatchPartition
 from consumers.operations import offset_specs
 from consumers.operations.errors import KAFKA_ERRORS, DeleteRefused, Invalid
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}\Z")  # \Z: "$" would take a name ending in a newline
 RESERVED_NAMES = ("new",)  # /watches/new/ is the form
 MAX_SETTLE_SECONDS = 7 * 24 * 3600
 MAX_IGNORES = 20
@@ -95,7 +95,7 @@ def validate(spec: WatchSpec) -> Validated:
         problems[key] = f"unknown setting {key!r}: use {', '.join(WatchSpec.FIELDS)}"
     _check_types(spec, problems)
     if "name" not in problems:
-        if not NAME_PATTERN.match(spec.name):
+        if not NAME_PATTERN.fullmatch(spec.name):
             problems["name"] = ("use 1 to 100 lower-case letters, digits, '-' or '_', starting with a letter or "
                                 f"digit (got {spec.name!r})")
         elif spec.name in RESERVED_NAMES:
