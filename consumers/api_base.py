@@ -86,8 +86,10 @@ UNAVAILABLE = OpenApiResponse(ErrorSerializer, description="Kafka or the task br
                                                            "changed")
 THROTTLED = OpenApiResponse(ErrorSerializer, description="Too many requests; try again later")
 WRONG_METHOD = OpenApiResponse(ErrorSerializer, description="A method or body type this path does not take")
-REFUSALS = {400: BAD_INPUT, 401: FORBIDDEN, 403: FORBIDDEN, 404: NOT_FOUND, 405: WRONG_METHOD, 413: BAD_INPUT,
-            415: WRONG_METHOD, 429: THROTTLED}
+NOT_ACCEPTABLE = OpenApiResponse(ErrorSerializer, description="An Accept header that names no type this path "
+                                                              "answers in")
+REFUSALS = {400: BAD_INPUT, 401: FORBIDDEN, 403: FORBIDDEN, 404: NOT_FOUND, 405: WRONG_METHOD, 406: NOT_ACCEPTABLE,
+            413: BAD_INPUT, 415: WRONG_METHOD, 429: THROTTLED}
 
 
 def answers(ok, status: int = 200, extra: dict | None = None) -> dict:

@@ -6,7 +6,8 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework import status as http
-from rest_framework.decorators import api_view, permission_classes
+from rest_framework.decorators import api_view, permission_classes, renderer_classes
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from consumers.api_base import REFUSALS, REFUSED, answers, refuse_fields
@@ -22,6 +23,7 @@ from dashboard.api.inputs import (
     StrictStringField,
     refuse_invalid,
 )
+from dashboard.api.renderers import CSVRenderer
 from dashboard.api.views import OPERATE, TRACE_ANSWERS, refusal_response
 
 
@@ -135,6 +137,7 @@ def watch_trace_record(request, name):
 @extend_schema(responses={(200, "text/csv"): str, **REFUSALS}, operation_id="watches_findings_csv")
 @api_view(["GET"])
 @permission_classes(OPERATE)
+@renderer_classes([JSONRenderer, CSVRenderer])
 def watch_findings_csv(request, name):
     """Every finding of the watch as CSV: partition, offset, kind, extra_rows, checked_at."""
     watch = get_object_or_404(Watch, name=name)
