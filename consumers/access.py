@@ -16,7 +16,8 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from consumers.models import ActionLog, ActionResult
-from consumers.models.text import fit, storable, storable_json
+from consumers.models.text import fit, storable_json
+from consumers.pg_text import storable
 
 log = logging.getLogger("tally.refusals")
 

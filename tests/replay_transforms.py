@@ -17,3 +17,26 @@ lenient_csv = Transform("lenient_csv", (("id", "bigint"),),
                         lambda r: tuple((_digits(part),) for part in (r.value or b"").split(b",")), multi_row=True)
 lenient_event = Transform("lenient_event", (("id", "bigint"), ("kind", "text")),
                           lambda r: ((_digits(r.value), "replayed"),))
+
+
+def _quoting(record):
+    """Like many users' transforms: the error quotes the record's own text, which may hold NUL or a lone surrogate."""
+    text = (record.value or b"").decode("utf-8", "surrogatepass")
+    if not text.isdigit():
+        raise BadRecord(f"not a number: {text}")
+    return ((int(text),),)
+
+
+class UnreadableError(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def _unreadable(record):
+    if record.value == b"boom":
+        raise UnreadableError()
+    return ((int(record.value),),)
+
+
+quoting_int = Transform("quoting_int", (("id", "bigint"),), _quoting)
+unreadable_error_int = Transform("unreadable_error_int", (("id", "bigint"),), _unreadable)

@@ -3,7 +3,7 @@ clears only its own error."""
 import pytest
 
 from consumers.models import Pipeline, PipelineError
-from consumers.models.text import ERROR_TEXT_MAX
+from consumers.pg_text import ERROR_TEXT_MAX
 
 pytestmark = pytest.mark.django_db
 

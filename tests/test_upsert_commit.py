@@ -247,3 +247,28 @@ def test_a_table_whose_own_id_is_an_identity_takes_upserts_and_each_key_keeps_it
         conn.close()
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS upsert_accounts")
+
+
+def test_a_key_twice_in_one_batch_of_a_transform_with_a_fast_copy_path_keeps_its_last_record(transactional_db):
+    """int_value COPYs a batch of plain integers verbatim; an upsert sink's rows are cut to the last per key first,
+    so a key twice in one batch was a SinkError that failed the run."""
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE upsert_ints (id bigint PRIMARY KEY, source_topic text NOT NULL, "
+                    "source_partition integer NOT NULL, source_offset bigint NOT NULL)")
+    pipeline = Pipeline.objects.create(name="upsert-ints", topic="ints", sink_table="upsert_ints",
+                                       transform="int_value", upsert_key=["id"], epoch=1)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        target = commit.Target.for_pipeline(pipeline)
+        batch = [SourceRecord(0, offset, None, value) for offset, value in enumerate([b"1", b"2", b"1"])]
+        outcome = commit.commit_batch(conn, target, 1, {0: batch})[0]
+        assert (outcome.records, outcome.dead_letters, outcome.end_offset) == (3, 0, 3)
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, source_offset FROM upsert_ints ORDER BY id")
+            assert cur.fetchall() == [(1, 2), (2, 1)]
+        assert PartitionOffset.objects.get(pipeline=pipeline, partition=0).next_offset == 3
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE upsert_ints")

@@ -33,6 +33,7 @@ from consumers.engine import poison, sinks, upsert
 from consumers.engine.faults import NO_FAULTS, FaultInjector
 from consumers.engine.tables import BATCH_LEDGER, DEAD_LETTER, PARTITION_OFFSET, PIPELINE
 from consumers.engine.transforms import BadRecord, SourceRecord, Transform, as_source_records, for_pipeline
+from consumers.pg_text import exception_text
 
 # The protocol's statements, composed once: a batch only renders them.
 _CREATE_POSITIONS = sql.SQL("INSERT INTO {} (pipeline_id, partition, next_offset, updated_at) VALUES %s "
@@ -301,7 +302,9 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
     rows, dead = [], []
     topic, transform = target.topic, target.transform
     func, multi_row = transform.func, transform.multi_row
-    verbatim = verbatim and transform.verbatim is not None and not multi_row
+    # Not for an upsert sink: its rows are cut to the last per key first, and a COPY of a batch holding a key
+    # twice would leave that to a fallback that cannot.
+    verbatim = verbatim and transform.verbatim is not None and not multi_row and not target.upsert_key
     tombstones_delete = bool(target.upsert_key and target.delete_on_tombstone)
     append = rows.append
     for plan in plans:
@@ -324,7 +327,7 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
             except Exception as exc:  # any failure of user code is the record's fault, not the batch's
                 if target.stop_on_bad_record:
                     raise StopOnBadRecord(f"partition {partition} offset {record.offset}: {exc}") from exc
-                dead.append((partition, record.offset, record.key, record.value, f"{type(exc).__name__}: {exc}"))
+                dead.append((partition, record.offset, record.key, record.value, exception_text(exc)))
                 continue
             if multi_row:
                 rows.extend(row + (topic, partition, record.offset, i) for i, row in enumerate(produced))

@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from consumers.access import record_refusal
 from consumers.models import ActionLog
-from consumers.models.text import unstorable
 from consumers.operations.declared_file import FileRefused
 from consumers.operations.errors import DeleteRefused
+from consumers.pg_text import unstorable
 
 
 def refused(message: str) -> CommandError:

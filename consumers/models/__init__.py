@@ -24,9 +24,9 @@ from consumers.models.pipeline import (
     runs_problem,
 )
 from consumers.models.reconciliation import UNKNOWN, LagSnapshot, PartitionHealth, PipelineHealth, Status
-from consumers.models.text import error_text
 from consumers.models.topic_check import TopicCheckJob, TopicCheckStatus
 from consumers.models.watch import OFFSETS_LISTED, RANGES_SHOWN, Watch, WatchFinding, WatchPartition, WatchRange
+from consumers.pg_text import error_text
 
 __all__ = [
     "LIVE_RUN_STATES", "ActionLog", "ActionResult", "BadRecordPolicy", "BatchLedger", "ClusterStatus", "ConsumerRun",

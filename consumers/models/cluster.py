@@ -6,7 +6,7 @@ only what a check found, written by consumers/operations/cluster_status.py. Mess
 from django.db import models
 from django.utils import timezone
 
-from consumers.models.text import error_text
+from consumers.pg_text import error_text
 
 
 class ClusterStatusQuerySet(models.QuerySet):

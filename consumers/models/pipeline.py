@@ -15,7 +15,7 @@ from django.db.models import Case, Exists, ExpressionWrapper, F, OuterRef, Q, Su
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from consumers.models.text import error_text
+from consumers.pg_text import error_text
 
 # A Kafka cluster's name, as consumers/kafka/clusters.py accepts it.
 validate_cluster_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",

@@ -16,11 +16,11 @@ from consumers.access import record_refusal
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.models import ActionLog, ActionResult, Pipeline
-from consumers.models.text import unstorable
 from consumers.operations import groups as kafka_groups
 from consumers.operations import offset_specs
 from consumers.operations.errors import KAFKA_ERRORS, NotFound, Refused, as_refusal
 from consumers.operations.offset_specs import OffsetSpec, PartitionMove, offsets_of
+from consumers.pg_text import unstorable
 
 log = logging.getLogger("tally.groups")
 

@@ -17,7 +17,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.views import exception_handler
 
-from consumers.models.text import unstorable
+from consumers.pg_text import unstorable
 
 # No Tally endpoint takes more than an object holding a list or an object: 32 levels leave ample room.
 MAX_DEPTH = 32
