@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 from knox import auth as knox_auth
 from knox.models import AuthToken
 from knox.settings import knox_settings
@@ -30,6 +31,13 @@ class TokenAuthentication(knox_auth.TokenAuthentication):
         if not token.isascii() or not token.decode().isprintable():
             raise AuthenticationFailed("Invalid token.")
         return super().authenticate_credentials(token)
+
+
+class TokenScheme(KnoxTokenScheme):
+    """The OpenAPI schema's security scheme of TokenAuthentication: knox's, under its name (registered by being
+    defined; this module is imported wherever the class is)."""
+
+    target_class = TokenAuthentication
 
 
 class TooManyTokens(Refused):
