@@ -18,6 +18,7 @@ from typing import Protocol
 
 from django.conf import settings
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import OffsetOutOfRangeError
 from kafka.structs import OffsetAndMetadata
 
 from consumers.engine.commit import Fetch
@@ -36,12 +37,13 @@ FETCH_MAX_WAIT_MS = 1000
 class EngineConsumer(Protocol):
     """What the engine asks of a Kafka consumer of one topic.
 
-    `poll` returns {partition: a sequence of records in offset order}; a record has `.partition`, `.offset`,
-    `.key`, `.value`, `.timestamp` and `.headers` as Tally's `SourceRecord` (consumers/engine/transforms.py)
-    does. kafka-python's records are kept as polled (they have those fields already); librdkafka's messages stay
-    in a `MessageBatch` that builds a SourceRecord only for a record looked at (a copy per record is the hot
-    path's cost). `position` is the offset the next record
-    comes from, past any hole the client crossed (transaction markers, aborted or compacted records)."""
+    `poll` returns {partition: a sequence of records in offset order}, or raises PositionOutOfRange when the
+    consumer was made with reset policy "none" and the log no longer holds a position; a record has
+    `.partition`, `.offset`, `.key`, `.value`, `.timestamp` and `.headers` as Tally's `SourceRecord`
+    (consumers/engine/transforms.py) does. kafka-python's records are kept as polled (they have those fields
+    already); librdkafka's messages stay in a `MessageBatch` that builds a SourceRecord only for a record looked
+    at (a copy per record is the hot path's cost). `position` is the offset the next record comes from, past any
+    hole the client crossed (transaction markers, aborted or compacted records)."""
 
     topic: str
     client: str
@@ -57,6 +59,17 @@ class EngineConsumer(Protocol):
     def partitions(self) -> set[int] | None: ...
     def commit(self, ends: dict[int, int], *, wait: bool) -> None: ...
     def close(self) -> None: ...
+
+
+class PositionOutOfRange(Exception):
+    """Kafka answered that the log no longer holds these partitions' positions (retention or DeleteRecords moved its
+    start past them, or the topic was recreated shorter). With reset policy "none" the client says so instead of
+    moving the position on its own: an exactly-once run takes its positions from the database, which decides."""
+
+    def __init__(self, partitions: Iterable[int], detail: str = ""):
+        self.partitions = sorted(partitions)
+        super().__init__(f"partition(s) {', '.join(map(str, self.partitions))}: the fetch position is out of the "
+                         f"log's range{f' ({detail})' if detail else ''}")
 
 
 def client_for(pipeline) -> str:
@@ -119,7 +132,12 @@ class KafkaPythonConsumer:
         return TopicPartition(self.topic, partition)
 
     def poll(self, timeout_ms: int, max_records: int) -> dict[int, list]:
-        polled = self.kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            polled = self.kafka.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except OffsetOutOfRangeError as exc:   # raised only without a reset policy; {TopicPartition: offset}
+            positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+            raise PositionOutOfRange([tp.partition for tp in positions],
+                                     ", ".join(f"p{tp.partition} at {o}" for tp, o in positions.items())) from exc
         return {tp.partition: records for tp, records in polled.items() if records}
 
     def assign(self, partitions: Iterable[int]) -> None:

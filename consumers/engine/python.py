@@ -36,7 +36,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from consumers.engine import caught_up, commit, db, log_bounds, parking, shares
-from consumers.engine.consumer import client_for, fetches_of_poll, make_consumer
+from consumers.engine.consumer import PositionOutOfRange, client_for, fetches_of_poll, make_consumer
 from consumers.engine.lifecycle import (
     HEARTBEAT_INTERVAL_S,
     KafkaPositions,
@@ -90,6 +90,7 @@ class _Engine:
         self.fetched: dict[int, int] = {}  # partition -> the position the next poll's records come from
         self.next_caught_up_check = 0.0
         self.gaps = 0
+        self.out_of_range = 0   # consecutive polls Kafka refused as out of range (_out_of_range)
         self.next_balance = 0.0
         self.poll_timeout_ms = POLL_TIMEOUT_MS
         self.idle_since: float | None = None   # when the run last found nothing to read (parking.py)
@@ -131,8 +132,11 @@ class _Engine:
             db.end_turn()
 
     def _new_consumer(self):
+        # Exactly-once: the database says where every partition reads, so the client may never move a position on
+        # its own ("none"): a log start past it is for log_bounds to stop at or skip, audited (_out_of_range).
+        reset_policy = "none" if self.positions_from_db else self.pipeline.reset_policy
         return make_consumer(self.pipeline.group_id, topic=self.target.topic, client_id=f"tally-{self.pipeline.name}",
-                             reset_policy=self.pipeline.reset_policy, isolation_level=self.pipeline.isolation_level,
+                             reset_policy=reset_policy, isolation_level=self.pipeline.isolation_level,
                              max_poll_records=self.batch_size, cluster=self.cluster, client=client_for(self.pipeline))
 
     def _loop(self) -> str:
@@ -150,8 +154,14 @@ class _Engine:
                 if self.options.stop_when_caught_up and self._caught_up():
                     return "caught_up"
                 continue
-            batches = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
+            try:
+                batches = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.batch_size)
+            except PositionOutOfRange as exc:
+                self._out_of_range(exc)
+                continue
             fetches = fetches_of_poll(self.consumer, batches, self.fetched)
+            if fetches:
+                self.out_of_range = 0
             busy = batches or fetches or self.options.stop_when_caught_up
             self.poll_timeout_ms = POLL_TIMEOUT_MS if busy else IDLE_POLL_TIMEOUT_MS
             self.idle_since = None if batches or fetches else self.idle_since or time.monotonic()
@@ -241,6 +251,18 @@ class _Engine:
         self.gaps = 0
         self.kafka.after_db_commit(self.lifecycle.count(outcomes))
         return False
+
+    def _out_of_range(self, exc: PositionOutOfRange) -> None:
+        """The log no longer holds a position (exactly-once only: the classic modes keep their client's reset policy,
+        as such consumers do). The batch in flight commits first; then the partitions are sought to the database's
+        positions again, which log_bounds checks against the log as it is now: its policy stops the run, or skips
+        what retention deleted with a ledger note. A position Kafka still refuses after that ends the run."""
+        self.out_of_range += 1
+        if not self.positions_from_db or self.out_of_range > MAX_CONSECUTIVE_GAPS:
+            raise RunEnded("error", str(exc))
+        log.warning("%s: %s; seeking to the database's positions", self.pipeline.name, exc)
+        if not self._drain():
+            self._seek_to_database(self.consumer.assignment())
 
     def _simulate_processing(self, batches) -> None:
         if not self.delay_s:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 
+from consumers.engine.consumer import PositionOutOfRange
 from consumers.engine.transforms import SourceRecord
 from consumers.kafka import clusters
 
@@ -222,8 +223,9 @@ class RdKafkaConsumer:
     def _message_error(self, message) -> None:
         error = message.error()
         codes = self._ck.KafkaError
-        if error.fatal() or error.code() in (codes._AUTO_OFFSET_RESET, codes.OFFSET_OUT_OF_RANGE,
-                                             codes.TOPIC_AUTHORIZATION_FAILED, codes._AUTHENTICATION):
+        if error.code() in (codes._AUTO_OFFSET_RESET, codes.OFFSET_OUT_OF_RANGE):
+            raise PositionOutOfRange([message.partition()], error.str())
+        if error.fatal() or error.code() in (codes.TOPIC_AUTHORIZATION_FAILED, codes._AUTHENTICATION):
             raise RdKafkaError(f"partition {message.partition()}: {error.str()}")
         self._log_error(f"partition {message.partition()}: {error.str()}")
 
