@@ -110,3 +110,29 @@ def test_a_json_pipeline_whose_mapped_column_becomes_a_generated_always_identity
     assert ConsumerRun.objects.get(pk=result.run_id).state == RunState.FAILED
     assert "GENERATED ALWAYS AS IDENTITY" in Pipeline.objects.get(pk=pipeline.pk).last_error
     assert [d.action for d in supervise()] == ["halted"]   # left for an operator, not restarted in a loop
+
+
+@pytest.mark.parametrize("transform, json_map", [("json", {"id": "id"}), ("nowhere.no_transform", {})])
+def test_a_stopped_pipeline_that_never_wrote_and_whose_transform_cannot_be_resolved_is_err_not_a_500(
+        transform, json_map, capsys):
+    """A JSON pipeline whose table was dropped (its mapping cannot be compiled), or a transform no longer
+    importable: the verification needs the transform, so the report says why (the command and the API answered
+    a traceback and a 500)."""
+    from django.core.management import call_command
+    from django.test import Client
+
+    from tests.views_helpers import make_operator
+
+    pipeline = Pipeline.objects.create(name="gone-json", topic="orders", sink_table="gone_json_sink",
+                                       transform=transform, json_map=json_map)
+    report = reconcile.reconcile_pipeline(pipeline)
+    assert report.status == Status.ERR and report.sink_error.startswith("transform: ")
+    with pytest.raises(SystemExit) as exited:   # ERR exits 1, the report printed
+        call_command("reconcile", pipeline.name)
+    assert exited.value.code == 1
+    assert "transform: " in "".join(capsys.readouterr())
+    operator = Client()
+    operator.force_login(make_operator())
+    response = operator.post(f"/api/pipelines/{pipeline.name}/reconciliation", content_type="application/json")
+    (answer,) = response.json()["pipelines"]
+    assert response.status_code == 200 and answer["sink_error"].startswith("transform: ")

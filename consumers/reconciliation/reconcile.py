@@ -215,13 +215,14 @@ def _beyond_marks(states: dict, marks: dict) -> bool:
 
 def _sink_error(pipeline: Pipeline) -> str:
     """Why the pipeline cannot write its sink now ("" when it can). Checked once the pipeline should run or
-    has written: a sink dropped or revoked after creation is an error at once, not silent lag."""
-    if pipeline.desired_state != DesiredState.RUNNING and not BatchLedger.objects.filter(pipeline=pipeline).exists():
-        return ""
+    has written: a sink dropped or revoked after creation is an error at once, not silent lag. A transform that
+    cannot be resolved is one at once too: the verification needs it."""
     try:
         transform = for_pipeline(pipeline)
     except (LookupError, ValueError) as exc:  # ValueError: a JSON mapping the table no longer fits
         return f"transform: {exc}"
+    if pipeline.desired_state != DesiredState.RUNNING and not BatchLedger.objects.filter(pipeline=pipeline).exists():
+        return ""
     with connection.cursor() as cursor:
         return sink_checks.problem(cursor.cursor, pipeline.sink_table, transform, pipeline.is_exactly_once,
                                    tuple(pipeline.upsert_key or ()))
