@@ -5,8 +5,8 @@ import pytest
 from django.db import connection
 
 from consumers.engine import commit, db, sinks
-from consumers.engine.transforms import resolve
-from consumers.models import DeliveryMode, Pipeline
+from consumers.engine.transforms import SourceRecord, resolve
+from consumers.models import DeliveryMode, PartitionHealth, Pipeline
 from consumers.reconciliation import reconcile
 from tests.conftest import drop_sink_tables
 from tests.test_reconcile import FakeKafka, kinds, records, run_sql
@@ -95,3 +95,32 @@ def test_without_a_way_to_read_the_topic_absent_offsets_outside_the_ledger_count
     write(12, 18)
     report = reconcile.reconcile_pipeline(pipeline, kafka=FakeKafka(high={0: 18}, committed={0: 18}))
     assert report.lost == 8  # conservative: every absent position, markers at 5, 11 and 17 included
+
+
+def test_a_replayed_dead_letter_reopens_its_whole_batch_so_a_marker_below_the_log_start_stays_a_hole(holes_setup):
+    """A replay moves the verified mark back to its letter's offset, inside a batch. Verified from there, the batch's
+    ledger row was not whole, so the marker at 11 went to the topic read, where retention had deleted it: lost 1 on an
+    exact sink. The mark now goes back to the batch's first offset, and the ledger's count decides."""
+    from consumers.models import DeadLetter
+    from consumers.operations import dead_letters
+
+    pipeline, _ = holes_setup()
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 0})
+        batch = [SourceRecord(0, o, None, b"bad" if o == 7 else str(o + 1).encode()) for o in sorted(DATA) if o < 12]
+        commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1, {0: batch}, fetches={0: commit.Fetch(0, 12)})
+    finally:
+        conn.close()
+    kafka = HolesKafka({0: DATA}, high={0: 12}, committed={0: 12})
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).exact
+    kafka.log_start = {0: 12}   # retention deleted the old segments; nothing the pipeline still needs
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).exact
+
+    DeadLetter.objects.filter(pipeline=pipeline).update(value=b"8")   # the record, fixed
+    result = dead_letters.replay(pipeline, list(DeadLetter.objects.values_list("pk", flat=True)), actor="otto")
+    assert result.counts == {"replayed": 1}
+    assert PartitionHealth.objects.get(pipeline=pipeline, partition=0).verified_offset == 0   # the batch's start
+
+    report = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+    assert (report.lost, report.dead_lettered, report.status) == (0, 0, "OK") and report.exact

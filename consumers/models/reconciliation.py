@@ -1,8 +1,10 @@
 """What reconciliation found, per pipeline and partition, and lag/throughput snapshots for charts."""
 from django.db import models
-from django.db.models import Value
-from django.db.models.functions import Least
+from django.db.models import OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
+
+from consumers.models.pipeline import BatchLedger
 
 
 class Status(models.TextChoices):
@@ -23,8 +25,13 @@ UNKNOWN = "UNKNOWN"
 class PartitionHealthQuerySet(models.QuerySet):
     def verify_again_from(self, offset: int) -> int:
         """Move the incremental mark back to at most `offset`: reconciliation reads those offsets again (after a
-        rewind moved the position there, or a dead-letter replay wrote them)."""
-        return self.update(verified_offset=Least("verified_offset", Value(offset)))
+        rewind moved the position there, or a dead-letter replay wrote them). Back to the start of the ledger row
+        that holds `offset`: a range verified from inside a batch has no whole ledger row to count its holes by,
+        and below the log start Kafka can no longer tell a transaction marker from a lost record."""
+        covering = (BatchLedger.objects.filter(pipeline=OuterRef("pipeline"), partition=OuterRef("partition"),
+                                               first_offset__lte=offset, end_offset__gt=offset)
+                    .order_by("first_offset").values("first_offset")[:1])
+        return self.update(verified_offset=Least("verified_offset", Coalesce(Subquery(covering), Value(offset))))
 
 
 class PartitionHealth(models.Model):
