@@ -189,8 +189,8 @@ def _user(request):
 
 
 def metrics_view(request):
-    if request.method != "GET":
-        return HttpResponse(status=405, headers={"Allow": "GET"})
+    if request.method not in ("GET", "HEAD"):   # HEAD: a probe that a scrape would be answered
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
     user = _user(request)
     if user is None:
         return HttpResponse("Authentication required: log in, or send 'Authorization: Token <key>'.\n",

@@ -82,3 +82,12 @@ def test_group_lag_comes_only_from_the_latest_snapshot_pass_and_never_for_a_pipe
     groups = {dict(labels)["group"]: value for (name, labels), value in found.items()
               if name == "tally_group_lag_records"}
     assert groups == {"billing": 3}
+
+
+def test_metrics_answer_head_as_get_without_a_body_and_refuse_other_methods(client):
+    make_pipeline("orders")
+    client.force_login(make_viewer())
+    head = client.head("/metrics")
+    assert head.status_code == 200 and head["Content-Type"].startswith("text/plain") and head.content == b""
+    refused = client.post("/metrics")
+    assert refused.status_code == 405 and refused["Allow"] == "GET, HEAD"
