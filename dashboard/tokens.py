@@ -32,6 +32,11 @@ class TokenAuthentication(knox_auth.TokenAuthentication):
             raise AuthenticationFailed("Invalid token.")
         return super().authenticate_credentials(token)
 
+    def _cleanup_token(self, auth_token) -> bool:
+        """Whether `auth_token` has expired (then it is refused). knox also deletes it, and the user's other expired
+        tokens, at any request: GET never writes, so they go when the user is next given a token (issue)."""
+        return auth_token.expiry is not None and auth_token.expiry < timezone.now()
+
 
 class TokenScheme(KnoxTokenScheme):
     """The OpenAPI schema's security scheme of TokenAuthentication: knox's, under its name (registered by being
@@ -56,6 +61,7 @@ def issue(user) -> tuple[AuthToken, str]:
     with transaction.atomic():
         # The user's row is locked: two requests at once cannot both take the last free place.
         get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        AuthToken.objects.filter(user=user, expiry__lte=timezone.now()).delete()   # expired: of no use to anyone
         held = live_tokens(user).count()
         if limit is None or held < limit:
             token, key = AuthToken.objects.create(user=user, expiry=knox_settings.TOKEN_TTL)
