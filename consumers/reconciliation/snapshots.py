@@ -90,7 +90,7 @@ def _pipeline_samples(pipeline: Pipeline, kafka, now: datetime) -> list[LagSnaps
     samples, behind = [], {}
     for p, mark in sorted(marks.items()):
         position = positions.get(p, pipeline.initial_position(mark))
-        lag = max(0, mark.high - position)
+        lag = max(0, mark.end - position)   # as reconciliation measures it: an open transaction is not lag
         samples.append(LagSnapshot(pipeline=pipeline, group_id=pipeline.group_id, cluster=pipeline.cluster,
                                    partition=p, taken_at=now,
                                    lag_records=lag, lag_seconds=0.0 if lag == 0 else None, position=position,
