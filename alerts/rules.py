@@ -89,7 +89,7 @@ class _NoRewinds:
 
     latest_at = None
 
-    def planned_ranges(self, partition):
+    def planned_ranges(self, partition, next_offset):
         return []
 
     def replay_end(self, partition, position):
@@ -207,7 +207,7 @@ def _offset_findings(view: PipelineView, kinds: tuple[str, ...], count_field: st
     for part in view.partitions:
         pieces, count, samples = [], 0, []
         typed = [f for f in (part.findings or []) if isinstance(f, dict) and f.get("kind") in kinds]
-        planned = view.rewinds.planned_ranges(part.partition) if planned_exempt else []
+        planned = view.rewinds.planned_ranges(part.partition, part.next_offset) if planned_exempt else []
         for finding in typed:
             start, end = finding.get("start"), finding.get("end")
             if start is None or end is None:

@@ -54,6 +54,31 @@ def test_lag_in_records_does_not_count_a_rewound_range_being_replayed(pipeline):
     assert fires(RuleKind.LAG_RECORDS, pipeline, threshold=300) is None
 
 
+def rewound(pipeline, before, after, hours_ago):
+    ActionLog.objects.create(pipeline=pipeline, action="rewind", actor="bob", result=ActionResult.DONE,
+                             offsets_before={"0": before}, offsets_after={"0": after},
+                             created_at=NOW - timedelta(hours=hours_ago))
+
+
+def test_a_loss_in_a_range_a_rewind_back_replays_fires_once_the_replay_is_past_it(pipeline):
+    rewound(pipeline, 20, 60, hours_ago=3)   # skipped 20..59 on purpose
+    rewound(pipeline, 70, 0, hours_ago=2)    # then everything read again
+    findings = [{"kind": "lost", "start": 30, "end": 35, "count": 5}]
+    health(pipeline, findings=findings, lost=5, next_offset=50, high_watermark=70)
+    assert fires(RuleKind.LOST, pipeline) is None                 # still being replayed: planned
+    health(pipeline, findings=findings, lost=5, next_offset=70, high_watermark=70)
+    assert fires(RuleKind.LOST, pipeline) == "5 lost records (partition 0: offsets 30-34)"
+
+
+def test_a_range_skipped_forward_stays_planned_until_a_rewind_reads_it_again(pipeline):
+    rewound(pipeline, 20, 60, hours_ago=3)
+    health(pipeline, findings=[{"kind": "lost", "start": 20, "end": 60, "count": 40}], lost=40, next_offset=70,
+           high_watermark=70)
+    assert fires(RuleKind.LOST, pipeline) is None
+    rewound(pipeline, 70, 40, hours_ago=1)   # back into the skipped range: 40..59 are read again, 20..39 not
+    assert fires(RuleKind.LOST, pipeline) == "20 lost records (partition 0: offsets 40-59)"
+
+
 def test_lag_in_seconds_uses_the_worst_partition(pipeline):
     health(pipeline, partition=0, lag_seconds=10.0)
     health(pipeline, partition=1, lag_seconds=95.4)

@@ -5,7 +5,8 @@ A rewind back replays `[new, old)`: the commit protocol and consumers/operations
 superseded, sink rolled back or replayed idempotently), so nothing is reported there. A rewind FORWARD
 skips `[old, new)` on purpose: those offsets have no row and no ledger row, which reconciliation finds as
 lost and gap; such findings are marked `"planned": true`, are not counted as lost, and do not make the
-status ERR. Alerts treat both directions as planned: a rewound range raises no loss, gap or stall alert.
+status ERR, until a later rewind back reads them again. Alerts treat both directions as planned: a skipped range
+raises no loss or gap alert, nor a range being replayed (until the replay passes it), and a rewind no stall alert.
 The action log (ActionLog) holds the offsets before and after as {"partition": offset}.
 """
 from dataclasses import dataclass, field, replace
@@ -153,14 +154,20 @@ class PartitionRewind:
 
 @dataclass
 class PipelineRewinds:
-    """Every rewound range per partition (either direction), and when the latest rewind happened."""
+    """The ranges rewinds forward skipped and that stay skipped (skipped_ranges), the latest rewind per partition,
+    and when the latest rewind happened."""
 
-    ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    skipped: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     latest: dict[int, PartitionRewind] = field(default_factory=dict)
     latest_at: datetime | None = None
 
-    def planned_ranges(self, partition: int) -> list[tuple[int, int]]:
-        return self.ranges.get(partition, [])
+    def planned_ranges(self, partition: int, next_offset: int | None) -> list[tuple[int, int]]:
+        """What an operator's rewinds account for: the ranges skipped on purpose, and the range a rewind back
+        replays while it is being replayed. A loss found there once the replay is past it is a loss."""
+        ranges = list(self.skipped.get(partition, []))
+        if self.replay_end(partition, next_offset) is not None:
+            ranges.append(self.latest[partition].range)
+        return ranges
 
     def replay_end(self, partition: int, next_offset: int | None) -> int | None:
         """The old position while a rewind back is being replayed (next_offset below it), else None."""
@@ -172,13 +179,11 @@ class PipelineRewinds:
 
 def rewinds_for(pipeline, rewinds: list[Rewind] | None = None) -> PipelineRewinds:
     """`rewinds`: the pipeline's effective rewinds when already read (effective_rewinds_of), else read now."""
-    found = PipelineRewinds()
-    for rewind in effective_rewinds(pipeline) if rewinds is None else rewinds:
+    history = effective_rewinds(pipeline) if rewinds is None else rewinds
+    found = PipelineRewinds(skipped=skipped_ranges(history))
+    for rewind in history:
         for partition, before, after in rewind.moves():
-            moved = PartitionRewind(before, after)
-            if before != after:
-                found.ranges.setdefault(partition, []).append(moved.range)
-            found.latest[partition] = moved
+            found.latest[partition] = PartitionRewind(before, after)
         found.latest_at = rewind.at
     return found
 
