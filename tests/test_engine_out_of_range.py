@@ -112,3 +112,26 @@ def test_kafka_pythons_out_of_range_answer_is_the_engines_position_out_of_range(
     with pytest.raises(PositionOutOfRange, match=r"partition\(s\) 2: .*p2 at 7") as refused:
         KafkaPythonConsumer(RefusingKafka(), "t").poll(200, 10)
     assert refused.value.partitions == [2]
+
+
+class Message:
+    def __init__(self, error):
+        self._error = error
+
+    def error(self):
+        return self._error
+
+    def partition(self):
+        return 3
+
+
+@pytest.mark.parametrize("code", ["_AUTO_OFFSET_RESET", "OFFSET_OUT_OF_RANGE"])
+def test_librdkafkas_out_of_range_error_is_the_engines_position_out_of_range(code):
+    ck = pytest.importorskip("confluent_kafka", reason="the librdkafka client is the extra tally[rdkafka]")
+    from consumers.engine.rdkafka import RdKafkaConsumer
+
+    client = RdKafkaConsumer.__new__(RdKafkaConsumer)   # its error mapping alone: no broker, no librdkafka handle
+    client._ck = ck
+    with pytest.raises(PositionOutOfRange) as refused:
+        client._message_error(Message(ck.KafkaError(getattr(ck.KafkaError, code))))
+    assert refused.value.partitions == [3]

@@ -39,3 +39,13 @@ def test_a_watch_name_ending_in_a_newline_is_refused():
 def test_a_cluster_name_ending_in_a_newline_is_refused():
     with pytest.raises(ClusterConfigError, match="a cluster name is 1-64 letters"):
         Cluster(name="prod\n", bootstrap_servers="b:9092")
+
+
+def test_the_models_cluster_name_validator_takes_no_trailing_newline_either():
+    from django.core.exceptions import ValidationError
+
+    from consumers.models.pipeline import validate_cluster_name
+
+    validate_cluster_name("prod-eu.1")
+    with pytest.raises(ValidationError):
+        validate_cluster_name("prod\n")

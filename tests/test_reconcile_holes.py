@@ -124,3 +124,36 @@ def test_a_replayed_dead_letter_reopens_its_whole_batch_so_a_marker_below_the_lo
 
     report = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
     assert (report.lost, report.dead_lettered, report.status) == (0, 0, "OK") and report.exact
+
+
+def test_a_rewind_into_a_batch_after_retention_leaves_its_markers_holes(holes_setup, monkeypatch):
+    """A rewind trims the rows that reach past its new position; a trimmed row no longer holds it, so the mark
+    goes back to the new position itself, not to the trimmed row's start (whose markers, below the log start, Kafka
+    could no longer tell from lost records)."""
+    from consumers.kafka import admin as kafka_admin
+    from consumers.kafka.admin import Watermarks
+    from consumers.operations.rewind import rewind
+
+    pipeline, write = holes_setup()
+    write(0, 12)
+    write(12, 18)
+    kafka = HolesKafka({0: DATA}, high={0: 18}, committed={0: 18})
+    assert reconcile.reconcile_pipeline(pipeline, kafka=kafka).exact
+    kafka.log_start = {0: 8}   # retention, into the first batch
+    monkeypatch.setattr(kafka_admin, "partitions_for", lambda topic, cluster=None: [0])
+    monkeypatch.setattr(kafka_admin, "watermarks",
+                        lambda topic, partitions=None, cluster=None, **kw: {0: Watermarks(8, 18)})
+    monkeypatch.setattr(kafka_admin, "committed_offsets", lambda group, topic, partitions=None, cluster=None: {0: 18})
+    monkeypatch.setattr(kafka_admin, "commit_offsets", lambda group, topic, offsets, cluster=None: None)
+
+    rewind(pipeline.name, "to-earliest", rollback_sink=True, actor="op")
+    assert PartitionHealth.objects.get(pipeline=pipeline, partition=0).verified_offset == 8
+    pipeline.refresh_from_db()
+    conn = db.connect()
+    try:
+        commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), pipeline.epoch,
+                            {0: records(0, [o for o in sorted(DATA) if o >= 8])}, fetches={0: commit.Fetch(8, 18)})
+    finally:
+        conn.close()
+    report = reconcile.reconcile_pipeline(pipeline, kafka=kafka)
+    assert (report.lost, report.exact, report.status) == (0, True, "REWIND"), report.partitions[0].findings

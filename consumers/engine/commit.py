@@ -326,7 +326,8 @@ def _transform(target: Target, plans: list[_Plan], verbatim: bool = True):
                     produced = transform.rows(record)  # raises BadRecord with the reason
             except Exception as exc:  # any failure of user code is the record's fault, not the batch's
                 if target.stop_on_bad_record:
-                    raise StopOnBadRecord(f"partition {partition} offset {record.offset}: {exc}") from exc
+                    where = f"partition {partition} offset {record.offset}"
+                    raise StopOnBadRecord(f"{where}: {exception_text(exc)}") from exc
                 dead.append((partition, record.offset, record.key, record.value, exception_text(exc)))
                 continue
             if multi_row:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from consumers.pg_text import error_text
 
 # A Kafka cluster's name, as consumers/kafka/clusters.py accepts it.
-validate_cluster_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+validate_cluster_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z",
                                        "A cluster name is 1-64 letters, digits, '.', '_' or '-'.")
 
 

@@ -1,6 +1,6 @@
 """What reconciliation found, per pipeline and partition, and lag/throughput snapshots for charts."""
 from django.db import models
-from django.db.models import OuterRef, Subquery, Value
+from django.db.models import OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
@@ -28,9 +28,12 @@ class PartitionHealthQuerySet(models.QuerySet):
         rewind moved the position there, or a dead-letter replay wrote them). Back to the start of the ledger row
         that holds `offset`: a range verified from inside a batch has no whole ledger row to count its holes by,
         and below the log start Kafka can no longer tell a transaction marker from a lost record."""
+        # Only a row that still holds `offset` (a rewind trims rows from its new position: superseded_from), and the
+        # nearest below it: the index is walked down from `offset`, not up from the partition's first row.
         covering = (BatchLedger.objects.filter(pipeline=OuterRef("pipeline"), partition=OuterRef("partition"),
                                                first_offset__lte=offset, end_offset__gt=offset)
-                    .order_by("first_offset").values("first_offset")[:1])
+                    .filter(Q(superseded_from__isnull=True) | Q(superseded_from__gt=offset))
+                    .order_by("-first_offset").values("first_offset")[:1])
         return self.update(verified_offset=Least("verified_offset", Coalesce(Subquery(covering), Value(offset))))
 
 
