@@ -158,9 +158,59 @@ def test_the_value_parsers_map_records_to_keys(spark):
                                   "key binary, value binary")
     assert [r.key for r in topic_check.VALUE_PARSERS["int_value"](frame).collect()] == [42, None, None]
     assert [r.key for r in topic_check.VALUE_PARSERS["json_id"](frame).collect()] == [None, 7, None]
-    # the JSON value splits at its comma into two parts, neither an integer
-    assert [r.key for r in topic_check.VALUE_PARSERS["csv_ints"](frame).collect()] == [42, None, None, 1, 2]
+    # a record with a part that is not an integer (the JSON value, split at its comma) is one unparsable record
+    assert [r.key for r in topic_check.VALUE_PARSERS["csv_ints"](frame).collect()] == [42, None, 1, 2]
     assert [r.key for r in topic_check.VALUE_PARSERS["record_key"](frame).collect()] == ["k1", "k2", "k3"]
+
+
+@pytest.mark.parametrize("value", [b"1,x,3", b"4,,5", b"", None])
+def test_a_csv_record_the_transform_makes_a_dead_letter_of_is_one_unparsable_record(spark, value):
+    """Not its parts that are integers: no row holds them, and they would be reported missing."""
+    with pytest.raises(Exception, match="not a comma-separated list"):
+        resolve("csv_ints").rows(SourceRecord(0, 0, None, value))
+    frame = spark.createDataFrame([(None, value)], "key binary, value binary")
+    assert [r.key for r in topic_check.VALUE_PARSERS["csv_ints"](frame).collect()] == [None]
+
+
+def test_a_table_holding_bigints_largest_value_is_read_whole(spark, orders_table):
+    """Spark's JDBC upper bound was the highest key plus one: a long overflow at 2**63 - 1."""
+    insert_order_ids(orders_table, [-2**63, 1, 2**63 - 1, 2**63 - 1])
+    written = topic_check.extract_written(spark, orders_table, "order_id")
+    assert sorted((r["key"], r["written"]) for r in written.collect()) == [(-2**63, 1), (1, 1), (2**63 - 1, 2)]
+    from consumers.reconciliation import watch_spark  # a watch's audit reads a team's table the same way
+
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            assert watch_spark.read_team(spark, cur, orders_table, ["order_id"], False).count() == 4
+    finally:
+        conn.close()
+
+
+def test_an_exactly_once_pipeline_that_started_at_the_log_end_is_checked_from_its_first_batch(
+        spark, kafka_bootstrap, make_topic, transactional_db):
+    """Reset policy latest: the records before its first position were never the pipeline's to consume."""
+    topic = make_topic("late", partitions=2)
+    send(topic, numbered(20, partitions=2), bootstrap=kafka_bootstrap)   # 10 per partition before it starts
+    pipeline = Pipeline.objects.create(name="late", topic=topic, sink_table="late_sink", reset_policy="latest",
+                                       epoch=1)
+    with connection.cursor() as cur:
+        sinks.ensure_sink_table(cur, pipeline.sink_table, resolve("int_value"), True)
+    conn = db.connect()
+    try:
+        commit.ensure_positions(conn, pipeline.pk, {0: 10, 1: 10})
+        send(topic, [(0, None, str(v).encode()) for v in range(21, 26)], bootstrap=kafka_bootstrap)
+        commit.commit_batch(conn, commit.Target.for_pipeline(pipeline), 1,
+                            {0: [SourceRecord(0, 10 + i, None, str(21 + i).encode()) for i in range(5)]})
+        consumed = topic_check.consumed_range(topic, pipeline.group_id, pipeline)
+        assert (consumed.start, consumed.end, consumed.source) == ({0: 10, 1: 10}, {0: 15, 1: 10}, "tally")
+        report = topic_check.check_topic(topic, pipeline.group_id, pipeline.sink_table, "id", "int_value",
+                                         pipeline=pipeline)
+        assert (report["records_read"], report["missing_count"], report["unexpected_count"]) == (5, 0, 0)
+    finally:
+        conn.close()
+        with connection.cursor() as cur:
+            sinks.drop_sink_table(cur, pipeline.sink_table)
 
 
 def test_an_unknown_table_or_column_is_a_clear_error(spark, orders_table):

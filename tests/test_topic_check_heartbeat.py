@@ -125,3 +125,46 @@ def test_a_failed_check_shows_why_it_failed_not_its_last_progress_line(orders, v
     answer = viewer_client.get("/api/pipelines/orders/topic-checks").json()["topic_checks"]
     assert {c["id"]: (c["status"], c["progress_message"]) for c in answer} == {
         pk: (TopicCheckStatus.FAILED, line) for pk, line in lines.items()}
+
+
+def test_one_failed_heartbeat_write_does_not_end_the_heartbeats(orders, monkeypatch, settings):
+    """A connection lost for one beat: the beat after it writes again. The check waits for three more beats (a
+    condition, not a time), so it finishes only if they come."""
+    from django.db import OperationalError
+
+    from consumers.models.topic_check import TopicCheckJobQuerySet
+    from consumers.reconciliation import topic_check
+
+    settings.TALLY_TOPIC_CHECK_LEASE_SECONDS = 1   # a beat every 0.2 s
+    beats, real = [], TopicCheckJobQuerySet.heartbeat
+
+    def flaky(self, now):
+        beats.append(now)
+        if len(beats) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(self, now)
+
+    monkeypatch.setattr(TopicCheckJobQuerySet, "heartbeat", flaky)
+    def check_topic(*args, **kwargs):
+        wait_for(lambda: len(beats) >= 4, 30, "the heartbeats after the failed one")
+        return {"missing_count": 0}
+
+    monkeypatch.setattr(topic_check, "check_topic", check_topic)
+    job = topic_check.run_topic_check_job(topic_check.create_job(orders).pk)
+    assert (job.status, job.error) == (TopicCheckStatus.DONE, "")
+
+
+def test_a_check_declared_failed_while_it_ran_stays_failed_with_its_reason(orders, monkeypatch):
+    """The beat failed it (its worker silent too long); the worker then finished. The status is not turned to
+    done under the failure's text."""
+    from consumers.reconciliation import topic_check
+
+    job = topic_check.create_job(orders)
+
+    def declared_failed_meanwhile(*args, **kwargs):
+        assert TopicCheckJob.objects.fail_stale(timezone.now() + timedelta(days=1)) == 1
+        return {"missing_count": 0}
+
+    monkeypatch.setattr(topic_check, "check_topic", declared_failed_meanwhile)
+    job = topic_check.run_topic_check_job(job.pk)
+    assert job.status == TopicCheckStatus.FAILED and job.error.startswith("its worker stopped answering")

@@ -70,12 +70,17 @@ def as_source_records(records: list) -> list[SourceRecord]:
     return [SourceRecord(r.partition, r.offset, r.key, r.value, r.timestamp, r.headers) for r in records]
 
 
+def _shown(value: bytes | None) -> str:
+    """A value in an error: its start, or None for a tombstone (whose slice would fail inside the error)."""
+    return repr(value if value is None else value[:80])
+
+
 def _int_value(record: SourceRecord):
     # The classic example: values are integers as text ("1".."100").
     try:
         return ((int(record.value),),)
     except (TypeError, ValueError):
-        raise BadRecord(f"value is not an integer: {record.value[:80]!r}") from None
+        raise BadRecord(f"value is not an integer: {_shown(record.value)}") from None
 
 
 # At most 18 digits: always within bigint, so PostgreSQL reads the text as int() would ("007" -> 7).
@@ -106,7 +111,7 @@ def _csv_ints(record: SourceRecord):
     try:
         return tuple((int(part),) for part in record.value.decode().split(","))
     except (AttributeError, ValueError):
-        raise BadRecord(f"value is not a comma-separated list of integers: {record.value[:80]!r}") from None
+        raise BadRecord(f"value is not a comma-separated list of integers: {_shown(record.value)}") from None
 
 
 REGISTRY: dict[str, Transform] = {

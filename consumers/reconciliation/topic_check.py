@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 from psycopg2 import sql
 
@@ -32,7 +33,7 @@ from consumers.engine import db
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import clusters
 from consumers.kafka.errors import ClusterConfigError
-from consumers.models import PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
+from consumers.models import BatchLedger, PartitionOffset, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.models.topic_check import PROGRESS_MESSAGE_LENGTH, topic_check_lease
 from consumers.operations.actions import queued_tasks
 
@@ -75,8 +76,12 @@ def _json_id(frame):
 def _csv_ints(frame):
     from pyspark.sql import functions as F
 
-    parts = F.explode(F.split(F.col("value").cast("string"), ","))
-    return frame.select(parts.alias("part")).select(F.trim("part").try_cast("bigint").alias("key"))
+    # The transform makes one dead letter of a record with any part that is not an integer, and of a tombstone:
+    # such a record is one null key (unparsable), never the parts that were integers (which no row holds).
+    parts = F.transform(F.split(F.col("value").cast("string"), ","), lambda part: F.trim(part).try_cast("bigint"))
+    bad = F.col("value").isNull() | F.exists(parts, lambda key: key.isNull())
+    keys = F.when(bad, F.array(F.lit(None).cast("bigint"))).otherwise(parts)
+    return frame.select(F.explode(keys).alias("key"))
 
 
 def _record_key(frame):
@@ -144,18 +149,26 @@ class ConsumedRange:
 
 
 def consumed_range(topic: str, group_id: str, pipeline: Pipeline | None = None, cluster=None) -> ConsumedRange:
-    """[log start, committed) per partition. Exactly-once pipelines of Tally: the DB's next_offset (the
-    truth, Kafka's copy is advisory); otherwise Kafka's committed offsets (what the group claims)."""
+    """[start, committed) per partition. Exactly-once pipelines of Tally: from the first offset their ledger holds
+    (a pipeline that started at the log end, by its reset policy, never consumed what lay before) to the DB's
+    next_offset (the truth, Kafka's copy is advisory), as reconciliation reads them; otherwise from the log start
+    to Kafka's committed offsets (what the group claims)."""
     cluster = pipeline.cluster if pipeline is not None else (cluster or clusters.DEFAULT)
     marks = kafka_admin.watermarks(topic, cluster=cluster)
+    first: dict[int, int] = {}
     if pipeline is not None and pipeline.is_exactly_once:
         source = "tally"
         committed = dict(PartitionOffset.objects.filter(pipeline=pipeline).values_list("partition", "next_offset"))
+        first = dict(BatchLedger.objects.filter(pipeline=pipeline).values("partition")
+                     .annotate(first=Min("first_offset")).values_list("partition", "first"))
     else:
         source = "kafka"
         committed = kafka_admin.committed_offsets(group_id, topic, sorted(marks), cluster=cluster)
-    start = {p: m.log_start for p, m in marks.items()}
     end = {p: min(max(committed.get(p) or m.log_start, m.log_start), m.high) for p, m in marks.items()}
+    if source == "tally":   # a partition with no ledger row consumed nothing: an empty range
+        start = {p: min(max(first.get(p, end[p]), m.log_start), end[p]) for p, m in marks.items()}
+    else:
+        start = {p: m.log_start for p, m in marks.items()}
     return ConsumedRange(topic, start, end, source, cluster)
 
 
@@ -228,9 +241,10 @@ def extract_written(spark, table: str, key_column: str, partitions: int | None =
         return reader.option("query", query).load()
     partitions = partitions or max(2, spark.sparkContext.defaultParallelism)
     low, high = bounds
-    # `query` cannot be combined with partitionColumn: the same SELECT as a derived table can.
+    # `query` cannot be combined with partitionColumn: the same SELECT as a derived table can. The upper bound is
+    # the highest key itself (the last range is open-ended): one past it overflows a long at bigint's largest.
     return (reader.option("dbtable", f"({query}) AS written_keys").option("partitionColumn", "key")
-            .option("lowerBound", str(low)).option("upperBound", str(high + 1))
+            .option("lowerBound", str(low)).option("upperBound", str(high))
             .option("numPartitions", str(min(partitions, high - low + 1))).load())
 
 
@@ -402,7 +416,12 @@ def _heartbeat(job_id: int):
     def beat():
         try:
             while not stop.wait(topic_check_lease().total_seconds() / 5):
-                TopicCheckJob.objects.filter(pk=job_id).heartbeat(timezone.now())
+                try:
+                    TopicCheckJob.objects.filter(pk=job_id).heartbeat(timezone.now())
+                except Exception:  # noqa: BLE001 - one failed write (a connection lost) must not end the beats
+                    log.warning("Topic check job %s: a heartbeat failed; the next one tries again", job_id,
+                                exc_info=True)
+                    connection.close()   # a broken connection is opened afresh by the next beat
         finally:
             connection.close()  # the thread's own connection
 
@@ -427,8 +446,11 @@ def _run_claimed(job: TopicCheckJob, progress: Callable[[float, str], None]) -> 
         log.exception("Topic check job %s failed", job_id)
         TopicCheckJob.objects.filter(pk=job_id).fail(timezone.now(), failure_message(exc))
     else:
-        TopicCheckJob.objects.filter(pk=job_id).update(status=TopicCheckStatus.DONE, result=report, progress=1.0,
-                                                       progress_message="done", finished_at=timezone.now())
+        # Only while it runs: a check the beat declared failed meanwhile (its worker silent too long) stays failed
+        # with its reason, as progress() leaves it.
+        TopicCheckJob.objects.filter(pk=job_id, status=TopicCheckStatus.RUNNING).update(
+            status=TopicCheckStatus.DONE, result=report, progress=1.0, progress_message="done",
+            finished_at=timezone.now())
 
 
 

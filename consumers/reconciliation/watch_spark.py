@@ -114,10 +114,11 @@ def read_team(spark, cur, table: str, columns: list[str], by_offset: bool):
     if not (isinstance(low, int) and isinstance(high, int)):
         return reader.option("query", select).load()
     partitions = min(max(2, spark.sparkContext.defaultParallelism), high - low + 1)
-    # Spark's bounds only set the stride: the first and last ranges are open-ended, no row is left out.
+    # Spark's bounds only set the stride: the first and last ranges are open-ended, no row is left out (and the
+    # upper bound is the highest value itself: one past it overflows a long at bigint's largest).
     return (reader.option("dbtable", f"({select}) AS team")
             .option("partitionColumn", TEAM_COLUMNS[1 if by_offset else 0])
-            .option("lowerBound", str(low)).option("upperBound", str(high + 1))
+            .option("lowerBound", str(low)).option("upperBound", str(high))
             .option("numPartitions", str(partitions)).load())
 
 
