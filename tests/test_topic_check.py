@@ -172,6 +172,29 @@ def test_a_csv_record_the_transform_makes_a_dead_letter_of_is_one_unparsable_rec
     assert [r.key for r in topic_check.VALUE_PARSERS["csv_ints"](frame).collect()] == [None]
 
 
+# Values the transforms take or refuse (int() decides); the parsers must read each record as they do.
+INT_TEXTS = [b"42", b" 42 ", b"42\n", b"\t-7", b"+7", b"007", b"1_000", b"1__0", b"_1", b"1_", b"4 2", b"x", b"",
+             b"9223372036854775807", b"9223372036854775808", b"-9223372036854775808", b"1.5", b"0x10"]
+
+
+def python_keys(transform, value):
+    try:
+        return [row[0] for row in resolve(transform).rows(SourceRecord(0, 0, None, value))]
+    except Exception:  # noqa: BLE001 - any failure of a transform is a dead letter
+        return [None]   # one unparsable record
+
+
+def test_the_parsers_read_integers_as_the_transforms_do(spark):
+    texts = INT_TEXTS + [b"1, 2", b"1,_2", b"3 ,4_0"]
+    frame = spark.createDataFrame([(None, value) for value in texts], "key binary, value binary")
+    for transform, parser in (("int_value", "int_value"), ("csv_ints", "csv_ints")):
+        spark_keys = [r.key for r in topic_check.VALUE_PARSERS[parser](frame).collect()]
+        # PostgreSQL refuses what bigint cannot hold: a dead letter, as the null key is unparsable
+        expected = [k if k is None or -2**63 <= k < 2**63 else None
+                    for value in texts for k in python_keys(transform, value)]
+        assert spark_keys == expected, transform
+
+
 def test_a_table_holding_bigints_largest_value_is_read_whole(spark, orders_table):
     """Spark's JDBC upper bound was the highest key plus one: a long overflow at 2**63 - 1."""
     insert_order_ids(orders_table, [-2**63, 1, 2**63 - 1, 2**63 - 1])

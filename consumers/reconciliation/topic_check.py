@@ -55,10 +55,20 @@ class TopicCheckError(RuntimeError):
 # --- value parsers: record -> key, as Spark column expressions (no Python per record) ---------------------
 # A record a parser cannot map gets a null key (try_cast: Spark's ANSI casts would fail the job) and is
 # reported as unparsable, like the dead letter the transform makes of it.
+def _as_int(text):
+    """int(text) as the transforms read a plain integer: whitespace around it, a sign, underscores between digits
+    ("1_000"); anything else null."""
+    from pyspark.sql import functions as F
+
+    stripped = F.regexp_replace(text, r"^\s+|\s+$", "")
+    plain = stripped.rlike(r"^[+-]?[0-9]+(_[0-9]+)*$")
+    return F.when(plain, F.regexp_replace(stripped, "_", "")).try_cast("bigint")
+
+
 def _int_value(frame):
     from pyspark.sql import functions as F
 
-    return frame.select(F.trim(F.col("value").cast("string")).try_cast("bigint").alias("key"))
+    return frame.select(_as_int(F.col("value").cast("string")).alias("key"))
 
 
 def _string_value(frame):
@@ -78,7 +88,7 @@ def _csv_ints(frame):
 
     # The transform makes one dead letter of a record with any part that is not an integer, and of a tombstone:
     # such a record is one null key (unparsable), never the parts that were integers (which no row holds).
-    parts = F.transform(F.split(F.col("value").cast("string"), ","), lambda part: F.trim(part).try_cast("bigint"))
+    parts = F.transform(F.split(F.col("value").cast("string"), ","), _as_int)
     bad = F.col("value").isNull() | F.exists(parts, lambda key: key.isNull())
     keys = F.when(bad, F.array(F.lit(None).cast("bigint"))).otherwise(parts)
     return frame.select(F.explode(keys).alias("key"))
