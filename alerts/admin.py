@@ -111,6 +111,7 @@ class AlertAdmin(ReadOnlyAdmin):
                        "acknowledged_at", "acknowledged_by", "resolved_at")
     inlines = [NotificationInline]
     actions = [acknowledge_alerts, mute_alerts]
+    operator_actions = ALERT_ACTIONS   # refused per alert below (the site refuses other actions not offered)
     action_form = AlertActionForm
 
     def has_operate_permission(self, request) -> bool:
@@ -126,7 +127,7 @@ class AlertAdmin(ReadOnlyAdmin):
     def changelist_view(self, request, extra_context=None):
         action = posted_action(request)
         if action in ALERT_ACTIONS and not can_operate(request.user):
-            ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isdigit()]
+            ids = [i for i in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME) if i.isascii() and i.isdigit()]
             message = f"{request.user.get_username()} is not an operator: only operators can acknowledge or mute."
             for alert in Alert.objects.filter(pk__in=ids).select_related("pipeline") or [None]:
                 record_refusal(request.user, action.removesuffix("s"), message, pipeline=alert and alert.pipeline,

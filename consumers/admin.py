@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
-from consumers.admin_base import ReadOnlyAdmin
+from consumers.admin_base import BoundedDatesChangeList, ReadOnlyAdmin
 from consumers.admin_pipelines import PipelineAdminMixin
 from consumers.models import (
     ActionLog,
@@ -52,7 +52,7 @@ class PipelineAdmin(PipelineAdminMixin, OperatorActionsMixin, PipelineLinkMixin,
     operator_actions = ("start", "stop", "pause", "resume", "restart", "rewind")
 
     def pipelines_of(self, selected_ids):
-        return list(Pipeline.objects.filter(pk__in=[i for i in selected_ids if i.isdigit()]))
+        return list(Pipeline.objects.filter(pk__in=[i for i in selected_ids if i.isascii() and i.isdigit()]))
 
 
 @admin.register(PartitionOffset)
@@ -68,6 +68,9 @@ class BatchLedgerAdmin(ReadOnlyAdmin):
     list_filter = ("pipeline", "partition")
     date_hierarchy = "committed_at"
 
+    def get_changelist(self, request, **kwargs):
+        return BoundedDatesChangeList
+
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(OperatorActionsMixin, PipelineLinkMixin, ReadOnlyAdmin):
@@ -80,7 +83,7 @@ class DeadLetterAdmin(OperatorActionsMixin, PipelineLinkMixin, ReadOnlyAdmin):
     operator_actions = ("replay_dead_letters", "replay_dead_letters_from_kafka", "discard_dead_letters")
 
     def pipelines_of(self, selected_ids):
-        ids = [i for i in selected_ids if i.isdigit()]
+        ids = [i for i in selected_ids if i.isascii() and i.isdigit()]
         return list(Pipeline.objects.filter(dead_letters__pk__in=ids).distinct())
 
 

@@ -25,8 +25,8 @@ def actor_of(request) -> str:
 
 def posted_action(request) -> str:
     """The action a changelist POST runs, read as Django's ModelAdmin.response_action reads it: the `index`-th of
-    the posted `action` values. A refusal check reading another one (the last) could be walked past by repeating
-    `action`. "" when the POST names none."""
+    the posted `action` values, or with no such index the last one (its form reads the field). A refusal check
+    reading another one could be walked past by repeating `action`. "" when the POST names none."""
     if request.method != "POST":
         return ""
     try:
@@ -36,7 +36,7 @@ def posted_action(request) -> str:
     try:
         return request.POST.getlist("action")[index]
     except IndexError:
-        return ""
+        return request.POST.get("action", "")
 
 
 def report(modeladmin, request, name: str, outcome: str, *, ok: bool) -> None:

@@ -1,5 +1,7 @@
 """The read-only admin every app's audit and protocol tables share."""
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -17,3 +19,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class BoundedDatesChangeList(ChangeList):
+    """A date hierarchy's year 9999 (its next year, the end of the range, is past datetime's last) answered 500
+    from Django's own filters: it is a bad lookup, which the changelist answers by showing itself again (?e=1)."""
+
+    def get_filters(self, request):
+        try:
+            return super().get_filters(request)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc

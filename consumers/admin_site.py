@@ -3,8 +3,11 @@ does not run), listed on the index beside the models of the consumers app."""
 import functools
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.apps import AdminConfig
 from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.http import HttpResponseBadRequest
 from django.urls import path, reverse
 
 
@@ -22,6 +25,14 @@ class TallyAdminSite(admin.AdminSite):
 
         @functools.wraps(inner)
         def audited(request, *args, **kwargs):
+            refusal = self._changelist_post_refusal(request)
+            if refusal is not None:
+                status, message = refusal
+                record_refusal(request.user, refused_action(request, "admin"), message,
+                               params={"via": "admin", "path": request.path, "method": request.method})
+                if status == 403:
+                    raise AuditedRefusal(message)
+                return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
             try:
                 return inner(request, *args, **kwargs)
             except AuditedRefusal:
@@ -32,6 +43,32 @@ class TallyAdminSite(admin.AdminSite):
                                params={"via": "admin", "path": request.path, "method": request.method})
                 raise
         return audited
+
+    def _changelist_post_refusal(self, request) -> tuple[int, str] | None:
+        """A changelist POST that Django would answer with a 500 or refuse without a word: selected ids that are not
+        whole numbers (Django filters the table by them: ValueError), or an action this user is not offered (Django
+        says only "No action selected."). Actions for operators only are refused, per object, by the model admin's
+        own check (OperatorActionsMixin, AlertAdmin)."""
+        from consumers.access import actor_of
+        from consumers.admin_actions import posted_action
+
+        match = getattr(request, "resolver_match", None)
+        if (request.method != "POST" or match is None or not (match.url_name or "").endswith("_changelist")
+                or not self.has_permission(request)):   # not signed in to the admin: Django's login page answers
+            return None
+        model_admin = next((ma for model, ma in self._registry.items()
+                            if match.url_name == f"{model._meta.app_label}_{model._meta.model_name}_changelist"), None)
+        if model_admin is None:
+            return None
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if isinstance(model_admin.model._meta.pk, models.IntegerField) and not all(
+                i.isascii() and i.isdigit() and len(i) <= 18 for i in selected):
+            return 400, f"{helpers.ACTION_CHECKBOX_NAME}: the selected ids are whole numbers"
+        action = posted_action(request)
+        offered = model_admin.get_actions(request)
+        if action and action not in offered and action not in getattr(model_admin, "operator_actions", ()):
+            return 403, f"{actor_of(request.user)} may not run the action {action[:100]!r} here"
+        return None
 
     def get_urls(self):
         from consumers import admin_groups, admin_history
