@@ -40,6 +40,7 @@ def test_run_pipeline_refuses_an_unknown_crash_point(subprocess_env):
 @pytest.mark.django_db
 @pytest.mark.parametrize("engine, processes, message", [
     ("python", "0", "--processes must be at least 1."),
+    ("python", "100000", "(TALLY_MAX_RUNS_PER_PIPELINE), got 100000."),   # never 100,000 processes
     ("spark", "2", "--processes is for the Python engine"),
     ("python", "2", "No pipeline named 'no-such-pipeline'"),
 ])

@@ -14,7 +14,7 @@ from consumers.engine import commit, db, sinks
 from consumers.engine.spark_session import get_spark
 from consumers.engine.transforms import SourceRecord, resolve
 from consumers.kafka import admin as kafka_admin
-from consumers.models import DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
+from consumers.models import ActionLog, ActionResult, DeliveryMode, Pipeline, TopicCheckJob, TopicCheckStatus
 from consumers.reconciliation import topic_check
 from tests.producing import numbered, send
 from tests.spark_helpers import insert_order_ids, plain_sql_check
@@ -267,9 +267,13 @@ def test_a_topic_check_of_a_pipeline_whose_transform_has_no_parser_is_refused_be
         topic_check.request_topic_check(pipeline)
     with pytest.raises(CommandError, match="has no Spark topic check parser"):
         call_command("topic_check", "custom")
-    with pytest.raises(CommandError, match="No pipeline named 'auth_user'"):
+    with pytest.raises(CommandError, match="Refused: No pipeline named 'auth_user'") as unknown:
         call_command("topic_check", "auth_user")
+    assert unknown.value.returncode == 1
     assert not TopicCheckJob.objects.exists()
+    # audited, as the page and the API audit theirs
+    refusals = ActionLog.objects.filter(action="topic_check", result=ActionResult.REFUSED).order_by("pk")
+    assert [(r.actor, r.pipeline and r.pipeline.name) for r in refusals] == [("cli", "custom"), ("cli", None)]
 
 
 def test_a_topic_check_reads_its_pipelines_table_and_key_whatever_the_job_row_says(transactional_db):

@@ -99,11 +99,17 @@ DEMO_PIPELINES: list[DemoPipeline] = [
 
 
 # --- seeding ---------------------------------------------------------------------------------------
+# A demo's size: Kafka takes at most 2**31 - 1 partitions in a request, and the demo produces every record itself.
+MAX_RECORDS = 10_000_000
+MAX_PARTITIONS = 1000
+
+
 def seed_demo(records: int = 100, partitions: int = 1, reset: bool = False) -> dict:
     """Create topic `nums` with "1".."records" (spread round-robin over the partitions) and the demo
     pipelines. Safe to re-run; `reset` starts over (see the module docstring)."""
-    if records < 1 or partitions < 1:
-        raise DemoError("records and partitions must be at least 1.")
+    if not 1 <= records <= MAX_RECORDS or not 1 <= partitions <= MAX_PARTITIONS:
+        raise DemoError(f"records must be from 1 to {MAX_RECORDS:,} and partitions from 1 to {MAX_PARTITIONS} "
+                        f"(got {records} and {partitions}).")
     notes, kept_groups = _reset() if reset else ([], {})
     if reset:
         produced = _ensure_new_topic(records, partitions, notes)

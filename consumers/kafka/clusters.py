@@ -275,6 +275,8 @@ def _parse_file(path: Path) -> dict[str, Cluster]:
         raise ClusterConfigError("*", f"{path} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:   # names a line and column, never echoes a value
         raise ClusterConfigError("*", f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:   # tomllib's parser recurses per nested array or inline table
+        raise ClusterConfigError("*", f"{path} is not valid TOML: it nests too deeply") from None
     unknown_top = set(document) - {"clusters"}
     if unknown_top or not isinstance(document.get("clusters", {}), dict):
         raise ClusterConfigError("*", f"{path} holds only [clusters.NAME] tables (found {sorted(unknown_top)})")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from consumers.operations.errors import Invalid
+from consumers.pg_text import unstorable
 
 
 class FileRefused(ValueError):
@@ -55,6 +56,11 @@ def tables(path: str, section: str, noun: str) -> dict[str, dict]:
         raise FileRefused(f"{path} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise FileRefused(f"{path} is not valid TOML: it is not UTF-8 text") from None
+    except RecursionError:   # tomllib's parser recurses per nested array or inline table
+        raise FileRefused(f"{path} is not valid TOML: it nests too deeply") from None
+    where = _unstorable_text(document)
+    if where:
+        raise FileRefused(f"{path}: {where}")
     declared = document.get(section)
     if set(document) - {section} or not isinstance(declared, dict) or not declared:
         raise FileRefused(f"{path}: declare each {noun} as a [{section}.NAME] table (found top-level keys: "
@@ -63,6 +69,22 @@ def tables(path: str, section: str, noun: str) -> dict[str, dict]:
         if not isinstance(values, dict):
             raise FileRefused(f"{path}: {section}.{name} must be a table of settings")
     return declared
+
+
+def _unstorable_text(value, at: str = "") -> str:
+    """Where the document holds a key or text PostgreSQL cannot store (TOML's "\u0000", say), and why; "" when
+    nowhere. Checked once for the whole file: every name and setting reaches a query or a column."""
+    if isinstance(value, str):
+        why = unstorable(value)
+        return f"{at or 'a value'} {why}" if why else ""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        place = f"{at}.{key}" if at else str(key)
+        why = unstorable(key) if isinstance(key, str) else None
+        found = f"the name {place!r} {why}" if why else _unstorable_text(item, place)
+        if found:
+            return found
+    return ""
 
 
 def problem_lines(name: str, exc: Invalid) -> list[str]:

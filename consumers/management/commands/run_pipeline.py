@@ -5,6 +5,7 @@ import signal
 import threading
 from dataclasses import asdict
 
+from django.conf import settings
 from django.core.management.base import CommandError
 
 from consumers.engine import gc_tuning
@@ -71,6 +72,9 @@ class Command(TallyCommand):
         processes, peers = options["processes"], options["peers"]
         if processes < 1:
             raise CommandError("--processes must be at least 1.")
+        if processes > settings.TALLY_MAX_RUNS_PER_PIPELINE:   # as many runs as a pipeline may have, no more
+            raise CommandError(f"--processes is at most {settings.TALLY_MAX_RUNS_PER_PIPELINE} "
+                               f"(TALLY_MAX_RUNS_PER_PIPELINE), got {processes}.")
         if processes > 1 or peers:
             if engine != Engine.PYTHON:
                 raise CommandError("--processes is for the Python engine; Spark spreads a run over its executors.")

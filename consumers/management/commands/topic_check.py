@@ -10,6 +10,7 @@ import json
 
 from django.core.management.base import CommandError
 
+from consumers.access import record_refusal
 from consumers.management.cli import TallyCommand, refused
 from consumers.models import Pipeline, TopicCheckStatus
 
@@ -28,11 +29,14 @@ class Command(TallyCommand):
 
         found = Pipeline.objects.filter(name=pipeline).first()
         if found is None:
-            raise refused(f"No pipeline named {pipeline!r}.")
+            reason = f"No pipeline named {pipeline!r}."
+            record_refusal("cli", "topic_check", reason, params={"via": "cli", "pipeline": pipeline})
+            raise refused(reason)
         try:
             job = create_job(found, requested_by="cli")
-        except TopicCheckError as exc:
-            raise CommandError(str(exc)) from None
+        except TopicCheckError as exc:   # audited, as the page and the API audit it
+            record_refusal("cli", "topic_check", str(exc), pipeline=found, params={"via": "cli"})
+            raise refused(str(exc)) from None
         job = run_topic_check_job(job.pk)
         if job.status != TopicCheckStatus.DONE:
             raise CommandError(f"Topic check failed: {job.error}")
