@@ -15,9 +15,9 @@ from alerts.channel_forms import ChannelForm
 from alerts.models import Alert, AlertRule, Channel, Mute, Notification
 from alerts.queries import MAX_MUTE_REASON, mute_problem, parse_minutes
 from alerts.rule_forms import AlertRuleForm
-from consumers.access import AuditedRefusal, can_operate, form_errors, record_refusal
+from consumers.access import AuditedRefusal, can_operate, record_refusal
 from consumers.admin_actions import posted_action
-from consumers.admin_base import ReadOnlyAdmin
+from consumers.admin_base import FormRefusalsAudited, ReadOnlyAdmin
 from consumers.models import ActionLog, ActionResult
 
 ALERT_ACTIONS = ("acknowledge_alerts", "mute_alerts")
@@ -30,8 +30,14 @@ def audit(request, action: str, pipeline, params: dict, message: str) -> None:
 
 
 @admin.register(AlertRule)
-class AlertRuleAdmin(admin.ModelAdmin):
+class AlertRuleAdmin(FormRefusalsAudited, admin.ModelAdmin):
     form = AlertRuleForm  # the rules page's form: the same checks on recipients and statuses
+
+    def refused_as(self, object_id) -> str:
+        return "alert_rule"
+
+    def refusal_params(self, request) -> dict:
+        return {"rule": request.POST.get("name", "")[:200], "via": "admin"}
     list_display = ("name", "kind", "pipeline", "threshold", "interval_seconds", "reminder_seconds", "enabled")
     list_filter = ("kind", "enabled", "pipeline")
     search_fields = ("name", "recipients")
@@ -177,7 +183,7 @@ class NotificationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Channel)
-class ChannelAdmin(admin.ModelAdmin):
+class ChannelAdmin(FormRefusalsAudited, admin.ModelAdmin):
     """The page's form (secrets write-only, validated by the kind); changes go to the action log, masked."""
 
     form = ChannelForm
@@ -199,15 +205,11 @@ class ChannelAdmin(admin.ModelAdmin):
     def state(self, obj):
         return "disabled" if not obj.enabled else obj.as_json()["state"]
 
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        response = super().changeform_view(request, object_id, form_url, extra_context)
-        shown = getattr(response, "context_data", None) or {}
-        if request.method == "POST" and "adminform" in shown and shown["adminform"].form.errors:
-            # The admin shows the form again with its errors: the refusal goes to the log as on every door.
-            action = "alert_channel_change" if object_id else "alert_channel_add"
-            record_refusal(request.user, action, f"bad input: {form_errors(shown['adminform'].form)}",
-                           params={"channel": request.POST.get("name", ""), "via": "admin"})
-        return response
+    def refused_as(self, object_id) -> str:
+        return "alert_channel_change" if object_id else "alert_channel_add"
+
+    def refusal_params(self, request) -> dict:
+        return {"channel": request.POST.get("name", "")[:200], "via": "admin"}
 
     def save_model(self, request, obj, form, change):
         obj.save()

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from consumers import admin_actions
 from consumers.admin_actions import OperatorActionsMixin, dashboard_link, pipeline_dashboard_url
-from consumers.admin_base import BoundedDatesChangeList, ReadOnlyAdmin
+from consumers.admin_base import BoundedDatesChangeList, FormRefusalsAudited, ReadOnlyAdmin
 from consumers.admin_pipelines import PipelineAdminMixin
 from consumers.models import (
     ActionLog,
@@ -39,7 +39,7 @@ class PipelineLinkMixin:
 
 
 @admin.register(Pipeline)
-class PipelineAdmin(PipelineAdminMixin, OperatorActionsMixin, PipelineLinkMixin, admin.ModelAdmin):
+class PipelineAdmin(FormRefusalsAudited, PipelineAdminMixin, OperatorActionsMixin, PipelineLinkMixin, admin.ModelAdmin):
     list_display = ("name", "topic", "sink_table", "delivery_mode", "engine", "desired_state", "epoch", "dashboard")
     list_filter = ("delivery_mode", "engine", "desired_state")
     search_fields = ("name", "topic", "sink_table", "group_id")

@@ -30,3 +30,25 @@ class BoundedDatesChangeList(ChangeList):
             return super().get_filters(request)
         except (ValueError, OverflowError) as exc:
             raise IncorrectLookupParameters(exc) from exc
+
+
+class FormRefusalsAudited:
+    """A model admin whose add and change forms, refused (the admin shows them again with their errors), write the
+    refusal to the action log, as every other door does. `refused_as(object_id)`: the action it is logged as."""
+
+    def refused_as(self, object_id) -> str:
+        return "update" if object_id else "create"
+
+    def refusal_params(self, request) -> dict:
+        return {"via": "admin", "name": request.POST.get("name", "")[:200]}
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        from consumers.access import form_errors, record_refusal
+
+        response = super().changeform_view(request, object_id, form_url, extra_context)
+        shown = getattr(response, "context_data", None) or {}
+        if request.method == "POST" and "adminform" in shown and shown["adminform"].form.errors:
+            problems = form_errors(shown["adminform"].form)
+            record_refusal(request.user, self.refused_as(object_id), f"bad input: {problems}",
+                           params=self.refusal_params(request))
+        return response

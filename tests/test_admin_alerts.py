@@ -30,7 +30,10 @@ def rule_form(**overrides):
 def test_the_admin_refuses_a_rule_the_rules_page_refuses(root, overrides):
     response = root.post(f"{RULES}add/", rule_form(**overrides))
     assert response.status_code == 200 and response.context["adminform"].form.errors
-    assert not AlertRule.objects.filter(name="admin-made loss").exists() and not ActionLog.objects.exists()
+    assert not AlertRule.objects.filter(name="admin-made loss").exists()
+    refusal = ActionLog.objects.get()   # audited, as the rules page audits it
+    assert (refusal.action, refusal.actor, refusal.result) == ("alert_rule", "root", ActionResult.REFUSED)
+    assert refusal.message.startswith("bad input: ") and refusal.params == {"rule": "admin-made loss", "via": "admin"}
 
 
 def test_adding_changing_and_deleting_a_rule_in_the_admin_is_audited(root):

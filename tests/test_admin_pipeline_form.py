@@ -25,6 +25,14 @@ def add_form(topic, table, **overrides):
             **overrides}
 
 
+def refused_in_the_admin() -> list[tuple[str, str]]:
+    """(action, the field named first) of every entry: refusals only, audited as at every door."""
+    entries = ActionLog.objects.order_by("pk")
+    assert all(entry.result == ActionResult.REFUSED and entry.params["via"] == "admin" for entry in entries)
+    assert all(entry.message.startswith("bad input: ") for entry in entries)
+    return [(entry.action, entry.message.removeprefix("bad input: ").split(":")[0]) for entry in entries]
+
+
 @pytest.mark.parametrize("overrides,field", [({"sink_table": "auth_user"}, "sink_table"),
                                              ({"sink_table": "public.auth_user"}, "sink_table"),
                                              ({"sink_table": "knox_authtoken"}, "sink_table"),
@@ -37,7 +45,8 @@ def test_the_add_form_refuses_what_the_other_doors_refuse(admin_client, make_top
     response = admin_client.post(ADD, {**add_form(make_topic("adm"), table), **overrides})
     assert response.status_code == 200 and response.context["adminform"].form.errors.get(field), \
         response.context["adminform"].form.errors
-    assert not Pipeline.objects.exists() and not ActionLog.objects.exists()
+    assert not Pipeline.objects.exists()
+    assert refused_in_the_admin() == [("create", field)]
 
 
 def test_a_pipeline_added_in_the_admin_is_created_stopped_and_audited(admin_client, make_topic, table):
@@ -62,7 +71,9 @@ def test_the_change_form_edits_only_the_reading_settings_and_audits_them(admin_c
     refused = admin_client.post(change, {"transform": "..x", "engine": "python", "isolation_level": "read_committed",
                                          "on_log_truncated": "stop", "sink_table": "auth_user", "parallel_runs": "1"})
     assert refused.status_code == 200 and refused.context["adminform"].form.errors.get("transform")
-    assert Pipeline.objects.get().transform == "int_value" and not ActionLog.objects.exists()
+    assert Pipeline.objects.get().transform == "int_value"
+    assert refused_in_the_admin() == [("update", "transform")]
+    ActionLog.objects.all().delete()
     done = admin_client.post(change, {"transform": "int_value", "engine": "python", "isolation_level": "read_committed",
                                       "on_log_truncated": "skip", "sink_table": "auth_user", "parallel_runs": "1"})
     assert done.status_code == 302
@@ -79,7 +90,8 @@ def test_a_running_pipeline_cannot_be_changed_in_the_admin(admin_client, make_to
         "transform": "int_value", "engine": "python", "isolation_level": "read_committed", "on_log_truncated": "skip",
         "parallel_runs": "1"})
     assert response.status_code == 200 and "stop it before changing it" in response.content.decode()
-    assert Pipeline.objects.get().on_log_truncated == "stop" and not ActionLog.objects.exists()
+    assert Pipeline.objects.get().on_log_truncated == "stop"
+    assert [action for action, _ in refused_in_the_admin()] == ["update"]
 
 
 def test_deleting_in_the_admin_goes_through_the_audited_delete(admin_client):
