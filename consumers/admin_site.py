@@ -56,8 +56,7 @@ class TallyAdminSite(admin.AdminSite):
         if (request.method != "POST" or match is None or not (match.url_name or "").endswith("_changelist")
                 or not self.has_permission(request)):   # not signed in to the admin: Django's login page answers
             return None
-        model_admin = next((ma for model, ma in self._registry.items()
-                            if match.url_name == f"{model._meta.app_label}_{model._meta.model_name}_changelist"), None)
+        model_admin = getattr(match.func, "model_admin", None)   # set by ModelAdmin.get_urls on its views
         if model_admin is None:
             return None
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
