@@ -139,6 +139,43 @@ def test_a_topic_a_client_brings_back_just_before_the_reset_creates_it_is_replac
     assert len([note for note in summary["notes"] if "came back" in note]) == 1
 
 
+def test_a_topic_delete_the_broker_drops_is_asked_again_until_the_topic_is_gone(demo, monkeypatch):
+    # A broker short of CPU can leave a delete undone: the reset asks again instead of giving up.
+    from kafka.admin import KafkaAdminClient
+
+    from consumers.demo import classic
+
+    seed_demo(records=30, reset=True)
+    delete, asked = KafkaAdminClient.delete_topics, []
+
+    def dropped_the_first_time(admin, topics, **kwargs):
+        asked.append(list(topics))
+        return None if len(asked) == 1 else delete(admin, topics, **kwargs)
+
+    monkeypatch.setattr(KafkaAdminClient, "delete_topics", dropped_the_first_time)
+    monkeypatch.setattr(classic, "TOPIC_DELETE_RETRY_S", 0.5)
+    seed_demo(records=20, partitions=2, reset=True)
+    assert asked == [[DEMO_TOPIC], [DEMO_TOPIC]]
+    assert held_records(DEMO_TOPIC) == {0: 10, 1: 10}
+
+
+def test_a_topic_that_never_goes_fails_the_reset_and_changes_nothing(demo, monkeypatch):
+    from kafka.admin import KafkaAdminClient
+
+    from consumers.demo import classic
+
+    seed_demo(records=30, reset=True)
+    PartitionOffset.objects.create(pipeline=Pipeline.objects.get(name="nums-exactly-once"), partition=0,
+                                   next_offset=12)
+    monkeypatch.setattr(KafkaAdminClient, "delete_topics", lambda admin, topics, **kwargs: None)
+    monkeypatch.setattr(classic, "TOPIC_DELETE_RETRY_S", 0.2)
+    monkeypatch.setattr(classic, "TOPIC_DELETE_TIMEOUT_S", 1.0)
+    with pytest.raises(DemoError, match="Could not delete topic 'nums'.*Timed out after 1 s.*nothing was reset"):
+        seed_demo(records=20, partitions=2, reset=True)
+    assert held_records(DEMO_TOPIC) == {0: 30}
+    assert PartitionOffset.objects.filter(next_offset=12).exists()
+
+
 def test_a_reset_that_cannot_delete_a_group_moves_its_offsets_to_the_new_topics_start(demo, monkeypatch):
     seed_demo(records=30, reset=True)
     kafka_admin.commit_offsets("nums-at-least-once", DEMO_TOPIC, {0: 30})  # it had read the old topic

@@ -54,6 +54,10 @@ log = logging.getLogger("tally.demo")
 DEMO_TOPIC = "nums"
 DEMO_BATCH_SIZE = 10            # the blog post's max_poll_records
 TOPIC_TIMEOUT_S = 15.0
+# A topic delete is asked again this often until it shows, for at most TOPIC_DELETE_TIMEOUT_S: a broker short of
+# CPU can drop it, and a client still reading the topic brings it back at once (auto-creation).
+TOPIC_DELETE_RETRY_S = 5.0
+TOPIC_DELETE_TIMEOUT_S = 60.0
 RECREATED_TOPIC_ATTEMPTS = 3
 RESET_ACTOR = "demo-reset"
 
@@ -155,9 +159,7 @@ def _reset() -> tuple[list[str], dict[str, str]]:
     names = [demo.name for demo in DEMO_PIPELINES]
     try:
         with kafka_admin.admin_session() as admin:
-            if DEMO_TOPIC in admin.list_topics():
-                admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
-                _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+            _delete_topic(admin)
     except Exception as exc:  # the broker refused or is unreachable: stop before touching anything else
         raise DemoError(f"Could not delete topic {DEMO_TOPIC!r} ({type(exc).__name__}: {exc}); "
                         f"nothing was reset.") from exc
@@ -220,8 +222,7 @@ def _replace_recreated_topic(partitions: int, attempts: int = RECREATED_TOPIC_AT
             notes.append(f"Topic {DEMO_TOPIC!r} came back with {len(existing)} partitions right after the reset "
                          "deleted it (a client still reading it, and broker auto-creation): deleted it again.")
             log.warning(notes[-1])
-            admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
-            _wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), "the old topic to disappear")
+            _delete_topic(admin)
     return notes
 
 
@@ -294,6 +295,22 @@ def _try(function, *args):
         return function(*args)
     except (kafka_admin.KafkaAdminError, UnknownTopicOrPartitionError):
         return None
+
+
+def _delete_topic(admin) -> None:
+    """Delete the demo topic and wait until the broker no longer lists it, asking again every
+    TOPIC_DELETE_RETRY_S while it is still (or again) there. DemoError after TOPIC_DELETE_TIMEOUT_S."""
+    deadline = time.monotonic() + TOPIC_DELETE_TIMEOUT_S
+    while DEMO_TOPIC in admin.list_topics():
+        if time.monotonic() >= deadline:
+            raise DemoError(f"Timed out after {TOPIC_DELETE_TIMEOUT_S:.0f} s waiting for the old topic to disappear.")
+        try:
+            admin.delete_topics([DEMO_TOPIC], timeout_ms=int(TOPIC_TIMEOUT_S * 1000))
+        except UnknownTopicOrPartitionError:   # gone since the look above
+            return
+        remaining = max(deadline - time.monotonic(), 0.0)
+        if waiting.wait_until(lambda: DEMO_TOPIC not in admin.list_topics(), min(TOPIC_DELETE_RETRY_S, remaining)):
+            return
 
 
 def _wait_until(check: Callable, what: str, timeout_s: float = TOPIC_TIMEOUT_S):
