@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
+from consumers.kafka import clusters
 from consumers.models import (
     UNKNOWN,
     ActionLog,
@@ -194,6 +195,16 @@ def recent_actions(pipeline: Pipeline | None = None, limit: int = RECENT_ROWS):
     if pipeline is not None:
         actions = actions.filter(pipeline=pipeline)
     return list(actions.order_by("-created_at")[:limit])
+
+
+def recent_group_actions(group_id: str, cluster: str, limit: int = 20) -> list[ActionLog]:
+    """The newest entries about a group on a cluster: an entry names its cluster in its parameters; one that
+    names none (written before clusters) is about the default cluster."""
+    on_cluster = Q(params__cluster=cluster)
+    if cluster == clusters.DEFAULT:
+        on_cluster |= ~Q(params__has_key="cluster")
+    entries = ActionLog.objects.select_related("pipeline").filter(on_cluster, group_id=group_id)
+    return list(entries.order_by("-created_at")[:limit])
 
 
 def action_log_pipelines() -> tuple[list[str], list[str]]:

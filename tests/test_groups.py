@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from consumers.kafka import admin as kafka_admin
@@ -146,6 +146,42 @@ def test_a_reset_confirmed_from_the_group_page_by_htmx_loads_the_group_page_inst
     # without htmx the form still redirects
     plain = operator.post("/groups/g-htmx/reset/", {**reset, "step": "execute"})
     assert plain.status_code == 302 and plain.headers["Location"] == "/groups/g-htmx/"
+
+
+def test_a_groups_page_keeps_its_resets_however_many_other_actions_came_after(kafka_bootstrap, make_topic, operator):
+    topic = make_topic("grp-log")
+    send(topic, numbered(10))
+    kafka_admin.commit_offsets("g-log", topic, {0: 3})
+    done = operator.post("/groups/g-log/reset/", {"topic": topic, "mode": "to-earliest", "step": "execute"})
+    assert done.status_code == 302
+    entry = ActionLog.objects.get(group_id="g-log", dry_run=False)
+    ActionLog.objects.bulk_create([ActionLog(action="start", actor="cli", result="done") for _ in range(250)])
+    assert f'id="action-{entry.pk}"' in operator.get("/groups/g-log/").content.decode()
+
+
+def test_an_open_transaction_is_not_lag_of_an_external_group(kafka_bootstrap, make_topic, db):
+    # As reconciliation and watches measure: a read_committed consumer cannot pass an open transaction.
+    topic = make_topic("grp-tx")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"tx-{topic}", acks="all")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for value in range(5):
+        producer.send(topic, str(value).encode(), partition=0)
+    producer.commit_transaction()
+    read_all = kafka_admin.watermarks(topic)[0].high   # 5 records and their commit marker
+    kafka_admin.commit_offsets("g-tx", topic, {0: read_all})
+    producer.begin_transaction()
+    for value in range(100, 104):
+        producer.send(topic, str(value).encode(), partition=0)
+    producer.flush()
+    try:
+        mark = kafka_admin.watermarks(topic)[0]
+        assert mark.high > mark.end == read_all
+        report = groups.describe("g-tx")
+        assert (report.lag_records, report.partitions[0].high_watermark) == (0, mark.high)
+    finally:
+        producer.abort_transaction()
+        producer.close(timeout=5)
 
 
 def test_a_group_whose_id_ends_with_reset_or_holds_url_characters_has_its_page_and_its_reset(

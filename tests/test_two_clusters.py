@@ -11,9 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumers.engine.python import run_pipeline
 from consumers.kafka import admin as kafka_admin
 from consumers.kafka import broker, clusters
-from consumers.models import Pipeline, Watch
+from consumers.models import ActionLog, ActionResult, Pipeline, Watch
 from consumers.reconciliation.reconcile import reconcile_pipeline
 from consumers.reconciliation.snapshots import take_snapshots
+from tests.admin_support import staff_operator
 from tests.chaos import sink_counts
 from tests.conftest import drop_sink_tables
 from tests.pipelines import create_pipeline
@@ -188,3 +189,87 @@ def test_a_cluster_removed_while_its_admin_client_is_in_use_has_it_closed_once_t
         assert clusters.names() == [clusters.DEFAULT]
         assert not client._closed   # the call in progress goes on
     assert client._closed
+
+
+@pytest.fixture
+def group_on_second(two_clusters):
+    """A team's group on the second cluster only, at offset 5 of a one-partition topic of 10 records."""
+    topic, group = f"s-{uuid.uuid4().hex[:8]}", f"team-{uuid.uuid4().hex[:6]}"
+    with kafka_admin.admin_session("second") as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    producer = clusters.producer("second", acks="all")
+    for value in range(10):
+        producer.send(topic, str(value).encode(), partition=0)
+    producer.flush(timeout=30)
+    producer.close(timeout=5)
+    kafka_admin.commit_offsets(group, topic, {0: 5}, cluster="second")
+    return topic, group
+
+
+def client_of_user(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("door", ["viewer page", "bad input page", "bad input API"])
+def test_a_refused_reset_on_the_second_cluster_is_logged_on_that_clusters_group(group_on_second, door):
+    topic, group = group_on_second
+    if door == "viewer page":
+        answer = client_of_user(make_viewer()).post(f"/groups/{group}/reset/?cluster=second",
+                                                    {"topic": topic, "mode": "to-earliest", "step": "execute"})
+        assert answer.status_code == 403
+    elif door == "bad input page":
+        answer = client_of_user(make_operator()).post(f"/groups/{group}/reset/?cluster=second",
+                                                      {"topic": topic, "mode": "to-offset", "value": "x",
+                                                       "step": "preview"})
+        assert answer.status_code == 422
+    else:
+        answer = client_of_user(make_operator()).post(f"/api/groups/{group}/reset?cluster=second",
+                                                      {"topic": topic, "mode": "to-offset", "value": "x"},
+                                                      content_type="application/json")
+        assert answer.status_code == 400
+    entry = ActionLog.objects.get(group_id=group)
+    assert (entry.result, entry.cluster) == (ActionResult.REFUSED, "second")
+    assert kafka_admin.committed_offsets(group, topic, [0], cluster="second") == {0: 5}
+    viewer = client_of_user(make_viewer("v2"))
+    assert f'id="action-{entry.pk}"' in viewer.get(f"/groups/{group}/?cluster=second").content.decode()
+    assert viewer.get(f"/api/action-log?group={group}").json()["actions"][0]["cluster"] == "second"
+
+
+@pytest.mark.parametrize("door", ["page", "API"])
+def test_a_reset_naming_a_cluster_not_configured_is_refused_and_audited(group_on_second, door):
+    topic, group = group_on_second
+    operator = client_of_user(make_operator())
+    if door == "page":
+        answer = operator.post(f"/groups/{group}/reset/?cluster=nowhere",
+                               {"topic": topic, "mode": "to-earliest", "step": "execute"})
+        assert answer.status_code == 404
+    else:
+        answer = operator.post(f"/api/groups/{group}/reset?cluster=nowhere",
+                               {"topic": topic, "mode": "to-earliest", "execute": True},
+                               content_type="application/json")
+        assert answer.status_code == 400 and "cluster" in answer.json()["errors"]
+    entry = ActionLog.objects.get(group_id=group)
+    assert (entry.action, entry.result, entry.params["cluster"]) == ("reset_group", ActionResult.REFUSED, "nowhere")
+    assert kafka_admin.committed_offsets(group, topic, [0], cluster="second") == {0: 5}
+
+
+def test_the_admin_lists_and_resets_a_group_of_the_second_cluster(group_on_second):
+    topic, group = group_on_second
+    admin = client_of_user(staff_operator())
+    default_list = admin.get("/admin/consumers/groups/").content.decode()
+    assert group not in default_list and 'href="/admin/consumers/groups/?cluster=second"' in default_list
+    second_list = admin.get("/admin/consumers/groups/?cluster=second").content.decode()
+    assert f'value="{group}"' in second_list and f'href="/groups/{group}/?cluster=second"' in second_list
+    assert admin.get("/admin/consumers/groups/?cluster=nowhere").status_code == 404
+
+    form = {"group": group, "cluster": "second", "topic": topic, "mode": "to-earliest", "value": "", "partitions": ""}
+    preview = admin.post("/admin/consumers/groups/reset/", {**form, "step": "preview"}).content.decode()
+    assert 'id="execute-reset"' in preview and "5 → <b>0</b>" in preview
+    assert kafka_admin.committed_offsets(group, topic, [0], cluster="second") == {0: 5}
+    done = admin.post("/admin/consumers/groups/reset/", {**form, "step": "execute"})
+    assert done.status_code == 302 and done["Location"] == "/admin/consumers/groups/?cluster=second"
+    assert kafka_admin.committed_offsets(group, topic, [0], cluster="second") == {0: 0}
+    assert list(ActionLog.objects.filter(group_id=group).order_by("pk").values_list("dry_run", "params__cluster")) == [
+        (True, "second"), (False, "second")]

@@ -141,7 +141,8 @@ def describe(group_id: str, *, kafka=None, cluster=None, now_ms: float | None = 
         behind = {}
         for p in sorted(set(offsets) | set(marks)):
             mark, position = marks.get(p), offsets.get(p)
-            lag = max(0, mark.high - position) if mark is not None and position is not None else None
+            # To the last stable offset, as reconciliation and watches measure: an open transaction is not lag.
+            lag = max(0, mark.end - position) if mark is not None and position is not None else None
             part = GroupPartition(topic, p, position, mark.log_start if mark else None,
                                   mark.high if mark else None, lag, 0.0 if lag == 0 else None)
             report.partitions.append(part)

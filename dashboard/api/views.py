@@ -436,14 +436,20 @@ def group_detail(request, group_id):
 @permission_classes(OPERATE)
 def group_reset_view(request, group_id):
     """Body: {"topic", "mode", "value", "partitions": [..], "execute": bool (default false: a dry run)}."""
+    # Every refusal names the cluster asked for, as the operation's own refusals do.
+    asked = {"cluster": request.query_params.get("cluster") or clusters.DEFAULT}
+    try:
+        cluster = _cluster_param(request)
+    except ValidationError as exc:
+        return refuse_fields(request, exc.detail, group_reset.ACTION, group_id=group_id, params=asked)
     body = GroupResetInput(data=request.data)
     if not body.is_valid():
-        return refuse_invalid(request, body, "reset_group", group_id=group_id)
+        return refuse_fields(request, body.errors, group_reset.ACTION, group_id=group_id, params=asked)
     data = body.validated_data
     try:
         result = group_reset.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"], execute=data["execute"],
-                                         actor=request.user.username, cluster=_cluster_param(request))
+                                         actor=request.user.username, cluster=cluster)
     except NotFound as exc:
         return refusal_response(exc, status=http.HTTP_404_NOT_FOUND)
     except Unavailable as exc:  # Kafka down or refusing a request: audited by the operation, nothing was changed

@@ -31,14 +31,14 @@ def action_buttons(pipeline: Pipeline) -> list[dict]:
     return buttons
 
 
-def refuse_viewer(request, pipeline, fragment="outcome"):
+def refuse_viewer(request, pipeline, fragment="outcome", params: dict | None = None):
     """403 with the reason, on the page (htmx swaps 403s: see the htmx-config in base.html); the refusal
-    is written to the action log."""
+    is written to the action log, with the path and `params`."""
     match = request.resolver_match
     kwargs = match.kwargs if match else {}
     record_refusal(request.user, kwargs.get("action") or refused_action(request),
                    "viewer role: " + VIEWER_REFUSAL, pipeline=pipeline, group_id=kwargs.get("group_id", ""),
-                   params={"path": request.path})
+                   params={"path": request.path, **(params or {})})
     messages.error(request, VIEWER_REFUSAL)
     return render_page(request, "refused.html", {"pipeline": pipeline}, fragment=fragment, status=403)
 

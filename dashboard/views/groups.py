@@ -77,9 +77,7 @@ def _detail_context(request, group_id, form=None, preview=None, carry=None):
     topics = sorted({p.topic for p in context["partitions"]})
     context["topics"] = topics
     context["form"] = form or GroupResetForm(topics=topics, initial={"topic": topics[0] if topics else ""})
-    context["actions"] = list(status.recent_actions(None, limit=200))
-    context["actions"] = [a for a in context["actions"] if a.group_id == group_id
-                          and (a.params or {}).get("cluster", clusters.DEFAULT) == cluster][:20]
+    context["actions"] = status.recent_group_actions(group_id, cluster)
     context.update(topic_check_context(context["pipeline"]))  # only a pipeline's group can be checked
     return context
 
@@ -111,28 +109,37 @@ def group_reset(request, group_id):
             return render_page(request, "group.html", context)
         return redirect(reverse("group", kwargs={"group_id": group_id}) + _cluster_query(context["cluster"])
                         + "#rewind-panel")
+    # Every refusal names the cluster asked for, so it shows on that cluster's group page (and the action log's).
+    asked = {"cluster": request.GET.get("cluster") or clusters.DEFAULT}
     if not can_operate(request.user):
-        return refuse_viewer(request, None, fragment="panel")
+        return refuse_viewer(request, None, fragment="panel", params=asked)
+    execute = request.POST.get("step") == "execute"
+    try:
+        cluster = _cluster(request)
+    except Http404:
+        record_refusal(request.user, group_resets.ACTION, f"no Kafka cluster {asked['cluster']!r} is configured",
+                       group_id=group_id, params=asked, dry_run=not execute)
+        raise
     form = GroupResetForm(request.POST)
     if not form.is_valid():
-        record_refusal(request.user, "reset_group", f"bad input: {form_errors(form)}", group_id=group_id)
+        record_refusal(request.user, group_resets.ACTION, f"bad input: {form_errors(form)}", group_id=group_id,
+                       params=asked, dry_run=not execute)
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",
                            status=422)
     data = form.cleaned_data
-    execute = request.POST.get("step") == "execute"
     try:
         result = group_resets.reset_group(group_id, data["topic"], data["mode"], data["value"] or None,
                                          partitions=data["partitions"] or None, execute=execute,
-                                         actor=request.user.username, cluster=_cluster(request))
+                                         actor=request.user.username, cluster=cluster)
     except NotFound as exc:  # audited by the operation; nothing was created in Kafka
-        return _not_found(request, group_id, _cluster(request), str(exc), fragment="panel")
+        return _not_found(request, group_id, cluster, str(exc), fragment="panel")
     except Refused as exc:  # audited by the operation; Kafka down is a 503, as the API answers
         form.add_error(None, str(exc))
         return render_page(request, "group.html", _detail_context(request, group_id, form=form), fragment="panel",
                            status=503 if isinstance(exc, Unavailable) else 422)
     if execute:
         messages.success(request, f"Offsets of group {group_id} reset: {result.message}")
-        url = reverse("group", kwargs={"group_id": group_id}) + _cluster_query(_cluster(request))
+        url = reverse("group", kwargs={"group_id": group_id}) + _cluster_query(cluster)
         if request.htmx:  # a redirect would be followed inside the request: the whole page swapped into the panel
             return HttpResponseClientRedirect(url)
         return redirect(url)
