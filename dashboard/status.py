@@ -38,10 +38,10 @@ class PipelineRow:
     lag_records: int | None
     lag_seconds: float | None
     records_per_second: float | None
-    lost: int
-    duplicated: int
-    phantom: int
-    dead_lettered: int
+    lost: int | None          # None (each count) before the first reconciliation: nothing was measured
+    duplicated: int | None
+    phantom: int | None
+    dead_lettered: int | None
     checked_at: object
 
     @property
@@ -63,7 +63,7 @@ class PipelineRow:
 def _row(pipeline: Pipeline) -> PipelineRow:
     health = getattr(pipeline, "health", None)
     if health is None:
-        return PipelineRow(pipeline, UNKNOWN, None, None, None, 0, 0, 0, 0, None)
+        return PipelineRow(pipeline, UNKNOWN, None, None, None, None, None, None, None, None)
     return PipelineRow(pipeline, health.status, health.lag_records, health.lag_seconds,
                        health.records_per_second, health.lost, health.duplicated, health.phantom,
                        health.dead_lettered, health.checked_at)

@@ -73,9 +73,10 @@ class MonitoredConsumer:
     status: str
     lag_records: int | None
     lag_seconds: float | None
-    lost: int
-    duplicated: int
-    phantom: int
+    # None where nothing was measured: before the first check, and for a watch that names no table (lag only).
+    lost: int | None
+    duplicated: int | None
+    phantom: int | None
     checked_at: datetime | None
     partitions: list[MonitoredPartition] = field(default_factory=list)
 
@@ -93,9 +94,11 @@ class MonitoredConsumer:
 
 def of_watch(watch: Watch, partitions=None) -> MonitoredConsumer:
     rows = partitions if partitions is not None else list(WatchPartition.objects.filter(watch=watch))
+    audited = watch.checked_at is not None and watch.audits
     return MonitoredConsumer(
         WATCH, watch.name, watch.group_id, watch.topic, watch.reported_status, watch.lag_records, watch.lag_seconds,
-        sum(p.lost for p in rows), sum(p.duplicated for p in rows), sum(p.phantom for p in rows), watch.checked_at,
+        *((sum(p.lost for p in rows), sum(p.duplicated for p in rows), sum(p.phantom for p in rows)) if audited
+          else (None, None, None)), watch.checked_at,
         [MonitoredPartition(p.partition, p.committed, p.high_watermark, p.lag_records, p.lag_seconds,
                             p.reported_status) for p in sorted(rows, key=lambda p: p.partition)])
 
@@ -107,7 +110,7 @@ def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partit
     return MonitoredConsumer(
         PIPELINE, pipeline.name, pipeline.group_id, pipeline.topic, health.status if health else Status.OK,
         health.lag_records if health else None, health.lag_seconds if health else None,
-        health.lost if health else 0, health.duplicated if health else 0, health.phantom if health else 0,
+        health.lost if health else None, health.duplicated if health else None, health.phantom if health else None,
         health.checked_at if health else None,
         [MonitoredPartition(p.partition, p.next_offset, p.high_watermark, p.lag_records, p.lag_seconds, p.status)
          for p in sorted(rows, key=lambda p: p.partition)])
@@ -115,7 +118,7 @@ def of_pipeline(pipeline: Pipeline, health: PipelineHealth | None = None, partit
 
 # What of_watch reads: a list of hundreds of watches loads these only (not the audit's state, such as the
 # commits a partition saw), and groups the partitions itself rather than through a prefetch's manager per watch.
-WATCH_FIELDS = ("name", "group_id", "topic", "status", "lag_records", "lag_seconds", "checked_at")
+WATCH_FIELDS = ("name", "group_id", "topic", "sink_table", "status", "lag_records", "lag_seconds", "checked_at")
 WATCH_PARTITION_FIELDS = ("watch_id", "partition", "committed", "high_watermark", "lag_records", "lag_seconds",
                           "status", "checked_at", "lost", "duplicated", "phantom")
 

@@ -10,6 +10,8 @@ from rest_framework import serializers
 from consumers.api_base import FieldErrorsSerializer
 
 OBJECT = serializers.DictField  # a JSON object whose keys vary
+NOT_MEASURED = "null before the first reconciliation: nothing was measured yet"
+NOT_AUDITED = "null before the first check, and for a watch that names no table (lag only): nothing was audited"
 
 
 class ApiRootSerializer(serializers.Serializer):
@@ -52,10 +54,10 @@ class PipelineRowSerializer(serializers.Serializer):
     lag_records = serializers.IntegerField(allow_null=True)
     lag_seconds = serializers.FloatField(allow_null=True)
     records_per_second = serializers.FloatField(allow_null=True)
-    lost = serializers.IntegerField()
-    duplicated = serializers.IntegerField()
-    phantom = serializers.IntegerField()
-    dead_lettered = serializers.IntegerField()
+    lost = serializers.IntegerField(allow_null=True, help_text=NOT_MEASURED)
+    duplicated = serializers.IntegerField(allow_null=True, help_text=NOT_MEASURED)
+    phantom = serializers.IntegerField(allow_null=True, help_text=NOT_MEASURED)
+    dead_lettered = serializers.IntegerField(allow_null=True, help_text=NOT_MEASURED)
     last_reconciliation = serializers.DateTimeField(allow_null=True)
 
 
@@ -477,9 +479,9 @@ class WatchSerializer(serializers.Serializer):
     status = serializers.CharField(help_text="OK, WARN, ERR, STALL, STOP, REWIND or UNKNOWN (never checked)")
     lag_records = serializers.IntegerField(allow_null=True)
     lag_seconds = serializers.FloatField(allow_null=True)
-    lost = serializers.IntegerField()
-    duplicated = serializers.IntegerField()
-    phantom = serializers.IntegerField()
+    lost = serializers.IntegerField(allow_null=True, help_text=NOT_AUDITED)
+    duplicated = serializers.IntegerField(allow_null=True, help_text=NOT_AUDITED)
+    phantom = serializers.IntegerField(allow_null=True, help_text=NOT_AUDITED)
     checked_at = serializers.DateTimeField(allow_null=True)
     partitions = serializers.ListField(child=OBJECT())
     group = serializers.CharField()
