@@ -190,11 +190,27 @@ class ChannelAdmin(FormRefusalsAudited, admin.ModelAdmin):
     list_display = ("name", "kind", "sends_to", "routed_rules", "enabled", "state")
     list_filter = ("kind", "enabled")
     search_fields = ("name",)
+    # What a user who may only view a channel is shown: its masked settings (Channel.as_json). Django's read-only
+    # display would show the secret fields (a URL with its token, a routing key, a signing secret) as stored.
+    VIEW_FIELDS = ("name", "kind", "sends_to", "routing_key_masked", "signed", "routed_rules", "enabled", "state")
+
+    def get_fields(self, request, obj=None):
+        if obj is not None and not self.has_change_permission(request, obj):
+            return self.VIEW_FIELDS
+        return super().get_fields(request, obj)
 
     @admin.display(description="sends to")
     def sends_to(self, obj):
         shown = obj.as_json()
         return ", ".join(shown.get("to") or []) or shown.get("url", "")
+
+    @admin.display(description="routing key")
+    def routing_key_masked(self, obj):
+        return obj.as_json().get("routing_key", "")
+
+    @admin.display(description="signed", boolean=True)
+    def signed(self, obj):
+        return bool(obj.as_json().get("signed"))
 
     @admin.display(description="rules")
     def routed_rules(self, obj):
@@ -212,14 +228,18 @@ class ChannelAdmin(FormRefusalsAudited, admin.ModelAdmin):
         return {"channel": request.POST.get("name", "")[:200], "via": "admin"}
 
     def save_model(self, request, obj, form, change):
+        # As channel_actions.save does: incidents opened with the old kind, URL or key are resolved with them.
+        obj.closed_before_change = channel_actions.close_incidents_before_change(obj)
         obj.save()
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
         channel = form.instance
+        closed = getattr(channel, "closed_before_change", "")
         channel_actions.log("alert_channel_change" if change else "alert_channel_add", request.user.get_username(),
                             channel, f"alert channel {channel.name!r} ({channel.kind}) "
-                                     f"{'changed' if change else 'added'} in the admin")
+                                     f"{'changed' if change else 'added'} in the admin"
+                                     + (f"; with its old settings, {closed}" if closed else ""))
 
     def delete_model(self, request, obj):
         channel_actions.delete(obj, request.user.get_username())

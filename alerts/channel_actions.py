@@ -3,6 +3,7 @@ API. Everything is validated before anything is written, and every change goes t
 channel's masked settings only: no secret ever reaches the log, a page or an answer."""
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from alerts import payloads
@@ -50,13 +51,30 @@ def save(channel: Channel, actor: str, rules: list[AlertRule] | None = None) -> 
         channel.full_clean()
     except ValidationError as error:
         raise ChannelInvalid(_problems(error)) from None
+    closed = close_incidents_before_change(channel)
     with transaction.atomic():
         channel.save()
         if rules is not None:
             channel.rules.set(rules)
         log("alert_channel_add" if created else "alert_channel_change", actor, channel,
-            f"alert channel {channel.name!r} ({channel.kind}) {'added' if created else 'changed'}")
+            f"alert channel {channel.name!r} ({channel.kind}) {'added' if created else 'changed'}"
+            + (f"; with its old settings, {closed}" if closed else ""))
     return channel
+
+
+# What a channel's incidents are reached by: changed, they would be resolved elsewhere, or nowhere.
+INCIDENT_SETTINGS = ("kind", "url", "routing_key")
+
+
+def close_incidents_before_change(channel: Channel) -> str:
+    """A saved channel about to change its kind, URL or routing key first resolves the incidents it opened, with its
+    old settings, as delete() does: the resolves still to come would go through the new settings (another
+    integration, or a webhook), and the incidents would stay open for good. Call it after validation, before the
+    save. Returns what was said about them ("" when nothing was open)."""
+    old = Channel.objects.filter(pk=channel.pk).first() if channel.pk else None
+    if old is None or all(getattr(old, field) == getattr(channel, field) for field in INCIDENT_SETTINGS):
+        return ""
+    return close_open_incidents(old)
 
 
 def delete(channel: Channel, actor: str) -> str:
@@ -71,9 +89,17 @@ def delete(channel: Channel, actor: str) -> str:
     return closed
 
 
+# How a failed try's reason starts when the receiver answered 4xx (alerts/channels/http.py, Answer).
+REFUSED_ANSWER = r"^HTTP 4[0-9]{2}: "
+
+
 def incidents_opened(channel: Channel) -> list[str]:
-    """The dedup_keys of the alerts whose "fired" (or a reminder) reached the channel and whose resolve has not."""
-    heard = Notification.objects.filter(channel=channel, delivered_at__isnull=False,
+    """The dedup_keys of the alerts whose "fired" (or a reminder) reached the channel, or may have, and whose resolve
+    has not. A try that failed counts (a receiver may open the incident and still answer 500, or time out), unless
+    its answer was a 4xx: the receiver refused the event (a wrong key, a bad message, a rate limit) and opened
+    nothing, and a resolve with that key would only be refused too."""
+    may_have_opened = Q(delivered_at__isnull=False) | (Q(attempts__gt=0) & ~Q(last_error__regex=REFUSED_ANSWER))
+    heard = Notification.objects.filter(may_have_opened, channel=channel,
                                         kind__in=(NotificationKind.FIRED, NotificationKind.REMINDER))
     resolved = Notification.objects.filter(channel=channel, delivered_at__isnull=False,
                                            kind=NotificationKind.RESOLVED)

@@ -28,12 +28,14 @@ class ChannelForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.instance.pk:
+        # The admin leaves out the fields a user may only view (alerts.admin.ChannelAdmin shows them masked).
+        if self.instance.pk and "name" in self.fields:
             self.fields["name"].disabled = True  # the name is how the command and the API find it
+        if self.instance.pk:
             shown = self.instance.as_json()
             for field in SECRET_FIELDS:
                 saved = shown.get(field) if field != "secret" else ("set" if self.instance.secret else "")
-                if saved:
+                if saved and field in self.fields:
                     self.fields[field].help_text = f"Saved: {saved}. Leave empty to keep it."
 
     def _keep(self, field):

@@ -48,7 +48,10 @@ SUBJECT_PREFIX = {NotificationKind.FIRED: "FIRING", NotificationKind.REMINDER: "
 
 
 def subject(alert, kind: str) -> str:
-    return f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline_label}: {alert.summary}"[:300].replace("\n", " ")
+    """One line: a summary quoting an error may hold "\r\n" (or any line break), and Django refuses a header with
+    "\r" or "\n" in it (BadHeaderError), so the email would never go. Joined first, then cut."""
+    text = f"[Tally] {SUBJECT_PREFIX[kind]}: {alert.pipeline_label}: {alert.summary}"
+    return " ".join(text.splitlines())[:300]
 
 
 def render(alert, kind: str, sequence: int, now) -> dict:

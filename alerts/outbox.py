@@ -6,8 +6,8 @@ Queue (inside evaluation's transaction, so a message exists if and only if its s
   each unique per (alert, channel, kind, sequence). A "resolved" goes to the channels that heard the alert
   fire, even during a mute: whoever was told an incident opened is told it closed (PagerDuty resolves it).
   A channel routed to a firing alert after it fired gets its "fired" then (`queue_for_new_channels`), and an
-  operator's acknowledge goes to the channels that heard the alert fire and whose kind acknowledges
-  (`queue_acknowledged`: PagerDuty, Slack).
+  operator's acknowledge goes to the channels that heard the alert fire (or hold its "fired") and whose kind
+  acknowledges (`queue_acknowledged`: PagerDuty, Slack), disabled ones included.
 Deliver (`deliver_due`, from `check_alerts` and the Celery task), in order per channel:
   1. pick due rows, oldest first; a channel's row waits while an older one of the same channel is pending,
      so a receiver that was down gets fired, reminder, resolved in that order once it is back (a channel
@@ -39,6 +39,7 @@ from django.utils import timezone
 from alerts import notify, payloads
 from alerts.channels import KINDS, DeliveryFailed, Session, kind_of, redact
 from alerts.channels.base import short
+from alerts.channels.http import longest_send_seconds
 from alerts.models import Channel, ChannelKind, Notification, NotificationKind
 from consumers.models import error_text
 
@@ -48,8 +49,12 @@ logger = logging.getLogger("tally.alerts")
 DELIVERY_BATCH = 50
 # Rows picked per row a run may try: the rows behind a channel's failed one are picked and skipped.
 PICKED_PER_TRIED = 20
-# A claimed row is not picked again for this long, so two senders never send the same message at once.
+# A claimed row is not picked again for this long, so two senders never send the same message at once. It must
+# outlast the claim's send, or another run sends the message again meanwhile: a pace wait (Slack: 1 s at most,
+# Session.pace) and one HTTP send (5 s to connect and twice the 10 s timeout at most, http.longest_send_seconds),
+# 26 s with the defaults. A timeout raised so far that this is not well above that lengthens it (claim_seconds).
 CLAIM_SECONDS = 120
+CLAIM_MARGIN = 3
 # Email retries start at 30 s (mail servers greylist for about that long); HTTP receivers at 5 s.
 EMAIL_RETRY_BASE_SECONDS = 30
 HTTP_RETRY_BASE_SECONDS = 5
@@ -58,6 +63,13 @@ RETRY_MAX_SECONDS = 300
 # receiver asking for days would otherwise hold its channel's messages long after it is back.
 RETRY_AFTER_MAX_SECONDS = 3600
 DROPPED_WHILE_DISABLED = "dropped: the channel was disabled (a reminder is not held for it)"
+
+
+def claim_seconds() -> float:
+    """How long a claim holds its row: CLAIM_SECONDS, or longer when ALERT_CHANNEL_TIMEOUT_SECONDS is set so high
+    that the longest send with its pace wait comes within CLAIM_MARGIN times of it."""
+    pace = max(getattr(kind, "SEND_INTERVAL_SECONDS", 0) for kind in KINDS.values())
+    return max(CLAIM_SECONDS, CLAIM_MARGIN * (longest_send_seconds() + pace))
 
 
 def max_attempts() -> int:
@@ -136,11 +148,15 @@ def queue_for_new_channels(alert, now) -> list[Notification]:
 
 
 def queue_acknowledged(alert, now) -> list[Notification]:
-    """An operator's acknowledge, for the enabled channels that heard the alert fire and whose kind has a word
-    for it (PagerDuty acknowledges the incident; Slack gets a line). Email and webhooks get nothing: the next
-    message they see is the resolve. Returns the rows created."""
+    """An operator's acknowledge, for the channels that heard the alert fire and whose kind has a word for it
+    (PagerDuty acknowledges the incident; Slack gets a line). Email and webhooks get nothing: the next message
+    they see is the resolve. Returns the rows created.
+    Disabled channels too: one holding the alert's "fired" sends it once enabled again, and without its acknowledge
+    behind it PagerDuty would page for an alert someone has taken. Held behind that "fired", it goes after it, or
+    is dropped with it if the alert resolves first (_drop_held_rows_of_disabled_channels); behind a "fired" already
+    sent, it goes at once, as a resolve would."""
     kinds = [name for name, module in KINDS.items() if getattr(module, "ACKNOWLEDGES", False)]
-    channels = list(routed_channels(alert, NotificationKind.RESOLVED).filter(enabled=True, kind__in=kinds))
+    channels = list(routed_channels(alert, NotificationKind.RESOLVED).filter(kind__in=kinds))
     if not channels:
         return []
     kind = NotificationKind.ACKNOWLEDGED
@@ -165,7 +181,7 @@ def _claim(notification_id: int, now) -> bool:
     """Conditional UPDATE: only one sender gets the row (row count 1); others move on."""
     return bool(Notification.objects.filter(
         pk=notification_id, delivered_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=now,
-    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS)))
+    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=claim_seconds())))
 
 
 # What a disabled channel still sends (see deliver_due); the rest of its rows are held while it is disabled.

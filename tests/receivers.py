@@ -1,7 +1,8 @@
 """Local HTTP receivers for alert channels (http.server in a thread, on loopback): they keep every request
 and answer as told — 2xx, 500 (with the headers given), or not at all until released (too slow for the
-client's timeout)."""
+client's timeout); and one that trickles its answer a byte at a time (TricklingReceiver)."""
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -63,3 +64,50 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class TricklingReceiver:
+    """A raw-socket receiver that answers 200 at once, then sends its body one byte every `interval` seconds:
+    each byte comes well within a socket read timeout, the whole body long after it. Serves one request."""
+
+    def __init__(self, body: bytes = b"accepted-slowly-byte-by-byte", interval: float = 0.3):
+        self.body, self.interval = body, interval
+        self.stopped = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def seconds(self) -> float:
+        """How long sending the whole body takes."""
+        return len(self.body) * self.interval
+
+    def start(self) -> "TricklingReceiver":
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def _serve(self) -> None:
+        try:
+            connection, _ = self._listener.accept()
+        except OSError:
+            return   # stopped before a request came
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request and (chunk := connection.recv(65536)):
+                request += chunk
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(self.body)}\r\n\r\n"
+            try:
+                connection.sendall(head.encode())
+                for byte in self.body:
+                    if self.stopped.wait(self.interval):   # the trickle's pace; stop() ends it at once
+                        return
+                    connection.sendall(bytes([byte]))
+            except OSError:
+                return   # the client has gone
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._listener.close()

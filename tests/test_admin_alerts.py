@@ -3,9 +3,12 @@ is in the action log; alerts and mutes change through the audited actions only (
 a mute is audited."""
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from alerts.models import AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
+from alerts.channels import MASK
+from alerts.models import AlertRule, AlertState, Channel, Mute, Notification, NotificationKind, RuleKind
 from consumers.models import ActionLog, ActionResult
 from tests.alert_rows import open_alert
 from tests.views_helpers import client_of, make_pipeline, make_superuser
@@ -85,3 +88,31 @@ def test_the_outbox_is_read_only_in_the_admin_so_no_notification_is_changed_or_d
 
     assert Notification.objects.filter(pk=pending.pk, delivered_at=None, failed_at=None).exists()
     assert not LogEntry.objects.exists()
+
+
+PAGER_KEY, HOOK_SECRET, HOOK_TOKEN, SLACK_TOKEN = ("R0UTING-KEY-pd-1234", "sign-me-s3cret", "HOOK-T0KEN-987",
+                                                   "SLACK-T0KEN-xyz")
+
+
+def test_a_staff_user_who_may_only_view_channels_sees_them_masked_in_the_admin():
+    """The change page answered 500 (the form has no fields for a view-only user), and Django's read-only display
+    would have shown the URL's token, the routing key and the signing secret as stored."""
+    channels = [
+        Channel.objects.create(name="pager", kind="pagerduty", routing_key=PAGER_KEY),
+        Channel.objects.create(name="hooks", kind="webhook", url=f"https://hooks.example.com/in/{HOOK_TOKEN}",
+                               secret=HOOK_SECRET),
+        Channel.objects.create(name="chat", kind="slack", url=f"https://hooks.slack.com/services/T1/B2/{SLACK_TOKEN}"),
+    ]
+    viewer = get_user_model().objects.create_user("vic", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(content_type__app_label="alerts", codename="view_channel"))
+    client = client_of(viewer)
+
+    pages = [client.get("/admin/alerts/channel/")] + [
+        client.get(f"/admin/alerts/channel/{channel.pk}/change/") for channel in channels]
+
+    assert [page.status_code for page in pages] == [200] * 4
+    for channel, page in zip(channels, pages[1:], strict=True):
+        assert channel.name in page.content.decode() and MASK in page.content.decode()
+    for page in pages:
+        for secret in (PAGER_KEY, HOOK_SECRET, HOOK_TOKEN, SLACK_TOKEN):
+            assert secret not in page.content.decode()

@@ -9,13 +9,15 @@ import pytest
 from aiosmtpd.controller import Controller
 from django.core.management import call_command
 
+from alerts import outbox
 from alerts.evaluate import evaluate_all
-from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, RuleKind
+from alerts.models import Alert, AlertRule, AlertState, Mute, Notification, NotificationKind, RuleKind
 from alerts.outbox import deliver_due
 from consumers.kafka.broker import free_port
 from consumers.models import ActionLog, ActionResult, ConsumerRun, PartitionHealth, Pipeline, PipelineHealth, Status
 from tests.alert_clock import NOW as T0
 from tests.alert_clock import default_rules, frozen_clock  # noqa: F401 - autouse fixtures
+from tests.alert_rows import open_alert
 
 
 class Inbox:
@@ -288,3 +290,13 @@ def test_check_alerts_json_reports_what_fired(inbox):
     assert [a["summary"] for a in report["firing"]] == ["2 duplicated records (partition 0: offsets 3-4)"]
     assert report["emails"]["sent"] == 1
     assert inbox.subjects() == ["[Tally] FIRING: inventory: 2 duplicated records (partition 0: offsets 3-4)"]
+
+
+@pytest.mark.django_db
+def test_a_summary_quoting_an_error_with_crlf_goes_out_with_a_one_line_subject(inbox):
+    """Django refuses a header holding "\\r" (BadHeaderError): the email was retried and never sent."""
+    alert = open_alert(make_pipeline("ingest"), summary="consumer stopped: KafkaError\r\nbroker 1 down\rretrying")
+    outbox.queue(alert, NotificationKind.FIRED, 0, T0)
+
+    assert deliver_due(now=T0) == {"sent": 1, "failed": 0, "gave_up": 0}
+    assert inbox.subjects() == ["[Tally] FIRING: ingest: consumer stopped: KafkaError broker 1 down retrying"]

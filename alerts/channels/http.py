@@ -2,14 +2,21 @@
 2xx answer raises DeliveryFailed with a scrubbed reason: a refused connection, a timeout, the status and body,
 and on a 429 or 503 the receiver's `Retry-After` (the outbox waits at least that long, within a cap). A 400, 413
 or 422 refuses the message itself and is final: the outbox gives that message up rather than retry it. A 429 is
-`throttled`: the receiver asks us to slow down, which the outbox does without counting it a failure."""
+`throttled`: the receiver asks us to slow down, which the outbox does without counting it a failure.
+
+requests' read timeout is per socket read: a receiver trickling its answer a byte at a time would hold a send for
+as long as it likes (and past the outbox's claim, for another run to send the message again). So the answer is
+read against a deadline for the whole send, and only its first ANSWER_BYTES."""
+import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import requests
+import urllib3
 from django.conf import settings
 
-from alerts.channels.base import Answer, DeliveryFailed, redact, short
+from alerts.channels.base import ANSWER_CHARS, Answer, DeliveryFailed, redact, short
+from consumers.pg_text import storable
 
 USER_AGENT = "Tally-Alerts/1"
 # The answers whose Retry-After says when to come back (RFC 9110: 503; RFC 6585: 429).
@@ -24,6 +31,10 @@ REFUSED_STATUSES = (400, 413, 422)
 # here, Retry-After or not: it says the receiver is unavailable (down, in maintenance, a proxy with no backend),
 # and a channel whose messages do not get through is failing, which is what the admins must hear.
 THROTTLED_STATUSES = (429,)
+# Of the answer only ANSWER_CHARS characters are kept: a few KB hold them in any encoding (and a secret it quotes,
+# scrubbed before the cut), and a receiver sending megabytes does not hold the send while they come.
+ANSWER_BYTES = 16 * ANSWER_CHARS
+READ_CHUNK = 1024
 
 
 def timeout() -> tuple[float, float]:
@@ -32,27 +43,62 @@ def timeout() -> tuple[float, float]:
     return (min(seconds, 5.0), seconds)
 
 
+def longest_send_seconds() -> float:
+    """The longest one send takes: connecting, then the answer's headers within the read timeout, then its body
+    until the deadline (the read timeout from the start), where a read begun just before it may wait a read
+    timeout more. The outbox's claim must outlast it (alerts/outbox.py, claim_seconds)."""
+    connect, read = timeout()
+    return connect + 2 * read
+
+
 def post_json(url: str, body: bytes, secrets: list[str], session: requests.Session | None = None,
               headers: dict | None = None) -> Answer:
     sender = session or requests
+    deadline = time.monotonic() + timeout()[1]
+    too_slow = f"no answer within {timeout()[1]:g} s (timeout)"
     try:
-        response = sender.post(url, data=body, timeout=timeout(), allow_redirects=False,
+        response = sender.post(url, data=body, timeout=timeout(), allow_redirects=False, stream=True,
                                headers={"Content-Type": "application/json", "User-Agent": USER_AGENT,
                                         **(headers or {})})
     except requests.Timeout:
-        raise DeliveryFailed(f"no answer within {timeout()[1]:g} s (timeout)") from None
+        raise DeliveryFailed(too_slow) from None
     except requests.ConnectionError as error:
         raise DeliveryFailed("connection failed: " + redact(_reason(error), secrets)) from None
     except requests.RequestException as error:
         raise DeliveryFailed(f"{type(error).__name__}: " + redact(str(error), secrets)) from None
+    with response:   # closed unread: the connection is dropped, not pooled with the rest of a body in it
+        text = _answer_text(response, deadline, too_slow, secrets)
     # Scrubbed before it is cut short: a secret cut at the end would no longer match, and its start would show.
-    answer = Answer(response.status_code, short(redact(response.text, secrets)))
+    # Made storable here, so every path that keeps an answer can: PostgreSQL refuses a NUL in text.
+    answer = Answer(response.status_code, short(storable(redact(text, secrets))))
     if not 200 <= response.status_code < 300:
         retry_after = (retry_after_of(response.headers.get("Retry-After"))
                        if response.status_code in RETRY_AFTER_STATUSES else None)
         raise DeliveryFailed(str(answer), retry_after=retry_after, final=response.status_code in REFUSED_STATUSES,
                              throttled=response.status_code in THROTTLED_STATUSES)
     return answer
+
+
+def _answer_text(response: requests.Response, deadline: float, too_slow: str, secrets: list[str]) -> str:
+    """The first ANSWER_BYTES of the body, read before `deadline` (DeliveryFailed otherwise). read1 returns what
+    one read brings, so a trickle is checked against the deadline after each byte it sends."""
+    data = b""
+    try:
+        while len(data) < ANSWER_BYTES:
+            if time.monotonic() > deadline:
+                raise DeliveryFailed(too_slow)
+            chunk = response.raw.read1(READ_CHUNK, decode_content=True)
+            if not chunk:
+                break
+            data += chunk
+    except (urllib3.exceptions.TimeoutError, requests.Timeout):
+        raise DeliveryFailed(too_slow) from None
+    except (urllib3.exceptions.HTTPError, requests.RequestException, OSError) as error:
+        raise DeliveryFailed("connection failed while reading the answer: " + redact(str(error), secrets)) from None
+    try:
+        return data[:ANSWER_BYTES].decode(response.encoding or "utf-8", errors="replace")
+    except LookupError:   # a charset Python does not know
+        return data[:ANSWER_BYTES].decode("utf-8", errors="replace")
 
 
 def retry_after_of(value: str | None) -> int | datetime | None:

@@ -1,0 +1,62 @@
+"""One send to an HTTP receiver: what the receiver answers is kept storable, and a receiver that answers slowly
+cannot hold a send longer than the timeout (nor past the outbox's claim, to be sent twice)."""
+import time
+
+import pytest
+
+from alerts.channels import DeliveryFailed, http
+from alerts.models import Notification
+from alerts.outbox import CLAIM_SECONDS, claim_seconds, deliver_due
+from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
+from tests.receivers import TricklingReceiver
+from tests.test_alert_channels import add_channel, alert_settings, at, fire_loss  # noqa: F401 - autouse fixture
+from tests.test_alerts_email import T0
+
+
+@pytest.fixture
+def trickling():
+    receiver = TricklingReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def test_a_2xx_answer_holding_a_nul_is_marked_delivered_and_never_sent_again(receiver):
+    """PostgreSQL refused the answer in the UPDATE that marks the row delivered: the run raised, and the row was
+    sent again at every run after its claim expired."""
+    receiver.text = "accepted\x00"
+    add_channel("hooks", "webhook", receiver.url)
+    fire_loss()
+
+    assert deliver_due(now=T0) == {"sent": 1, "failed": 0, "gave_up": 0}
+    for seconds in (CLAIM_SECONDS, 600, 3600):
+        assert deliver_due(now=at(seconds)) == {"sent": 0, "failed": 0, "gave_up": 0}
+
+    row = Notification.objects.get(channel__name="hooks")
+    assert row.delivered_at == T0 and row.answer == "HTTP 200: accepted\\x00"
+    assert len(receiver.requests) == 1
+
+
+def test_a_receiver_trickling_its_answer_is_given_up_at_the_timeout_not_when_it_is_done(trickling):
+    """requests' timeout is per read: a byte every 0.3 s held the send for as long as the receiver liked."""
+    assert trickling.seconds > 6 and http.timeout()[1] == 0.5
+
+    started = time.monotonic()
+    with pytest.raises(DeliveryFailed, match="timeout"):
+        http.post_json(trickling.url, b"{}", [])
+    assert time.monotonic() - started < 3
+
+
+def test_a_trickled_answer_fails_its_row_which_waits_for_its_retry(trickling):
+    add_channel("hooks", "webhook", trickling.url)
+    fire_loss()
+
+    assert deliver_due(now=T0) == {"sent": 0, "failed": 1, "gave_up": 0}
+    row = Notification.objects.get(channel__name="hooks")
+    assert "timeout" in row.last_error and row.delivered_at is None and row.next_attempt_at == at(5)
+
+
+def test_a_claim_outlasts_the_longest_send_and_its_pace_even_with_a_long_timeout(settings):
+    settings.ALERT_CHANNEL_TIMEOUT_SECONDS = 10   # the default
+    assert claim_seconds() == CLAIM_SECONDS > 3 * (http.longest_send_seconds() + 1)
+    settings.ALERT_CHANNEL_TIMEOUT_SECONDS = 90
+    assert claim_seconds() > 3 * http.longest_send_seconds() > CLAIM_SECONDS
