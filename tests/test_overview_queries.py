@@ -19,7 +19,7 @@ PAGES = [("/", {}), ("/", {"HTTP_HX_REQUEST": "true"}), ("/watches/", {}), ("/wa
 
 def make_watch(name: str, partitions: int = 2, lost: int = 0, checked_at=None):
     watch = Watch.objects.create(name=name, group_id=f"team-{name}", topic=f"{name}-topic", lag_records=3,
-                                 lag_seconds=1.5, checked_at=checked_at)
+                                 lag_seconds=1.5, checked_at=checked_at, sink_table=f"{name}_rows")
     for p in range(partitions):
         WatchPartition.objects.create(watch=watch, partition=p, start_offset=0, settled_offset=5, committed=5,
                                       high_watermark=8, lag_records=3, lost=lost if p == 0 else 0,
