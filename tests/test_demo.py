@@ -218,6 +218,62 @@ def test_the_classic_demo_loses_with_at_most_once_duplicates_with_at_least_once_
     assert [event for _, event in exact["timeline"]] == ["started", "crashed", "started", "done"]
 
 
+def test_a_pipeline_stopped_by_sigterm_is_interrupted_not_done_with_its_unread_values_lost(demo, monkeypatch):
+    """A run_pipeline child stopped from outside (SIGTERM) ends cleanly with reason "stopped": the demo must
+    not call that finished and count every value it had not read yet as lost."""
+    import os
+    import signal
+    import threading
+
+    from django.db import connection
+
+    from consumers.demo import runner as demo_runner
+    from consumers.demo.classic import sink_counts as demo_sink_counts
+    from tests.waiting import wait_for
+
+    records, started = 5000, []
+
+    class RecordedCommand(demo_runner.ForkedCommand):
+        def __init__(self, args):
+            # 1 ms a record: the run lasts seconds, so the sink is seen half full on any machine.
+            super().__init__([*args, "--delay-ms", "1"])
+            started.append(self)
+
+    def running_child():
+        """The newest child once it runs the pipeline (its run row exists: its SIGTERM handler is set) and its
+        sink holds some rows but fewer than half."""
+        rows = sum(demo_sink_counts("demo_nums_exactly_once").values())
+        child = started[-1] if started else None
+        if child is None or not 0 < rows < records // 2 or child.process.exitcode is not None:
+            return None
+        return child if ConsumerRun.objects.filter(pipeline__name="nums-exactly-once", pid=child.process.pid,
+                                                   ended_at__isnull=True).exists() else None
+
+    stopped = []
+
+    def stop_it_midway():
+        try:
+            child = wait_for(running_child, 120, "the exactly-once sink to fill in part", interval=0.05)
+            os.kill(child.process.pid, signal.SIGTERM)
+            stopped.append(child)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(demo_runner, "ForkedCommand", RecordedCommand)
+    stopper = threading.Thread(target=stop_it_midway)
+    stopper.start()
+    result = run_classic_demo(records=records, crash_probability=0.0, seed=5, timeout_s=patience(180),
+                              pipelines=["nums-exactly-once"])
+    stopper.join()
+    outcome = result["nums-exactly-once"]
+    assert stopped and stopped[-1] is started[-1], "the child stopped was not the last one started"
+    assert outcome["state"] == "interrupted", outcome
+    assert "stopped before it caught up" in outcome["error"]
+    assert not outcome.get("missing"), "values not read yet were reported lost"
+    assert 0 < outcome["rows"] == outcome["distinct"] < records and outcome["duplicated"] == {}
+    assert [event for _, event in outcome["timeline"]][-1] == "interrupted"
+
+
 def test_the_same_seed_repeats_the_same_run(demo):
     first = run_classic_demo(records=30, crash_probability=0.3, seed=77, timeout_s=patience(180), pipelines=CLASSIC[:1])
     again = run_classic_demo(records=30, crash_probability=0.3, seed=77, timeout_s=patience(180), pipelines=CLASSIC[:1])

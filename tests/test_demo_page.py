@@ -63,6 +63,7 @@ def test_a_finished_pipeline_shows_its_numbers_and_grid_while_another_still_runs
                                "nums-at-most-once": {"state": "done", "restarts": 1, "elapsed_s": 9.5, "crashes": [
                                    {"attempt": 1, "point": "after-kafka-commit", "classic": True}]},
                                "nums-at-least-once": {"state": "running", "restarts": 0, "crashes": []}}})
+    redis_state.set(demo_runs.LOCK_KEY, "r1", ex=demo_runs.LEASE_SECONDS)   # the run is alive: it holds the demo
     html = operator().get("/demo/", HTTP_HX_REQUEST="true").content.decode()
     assert html.lstrip().startswith('<div id="demo-progress" hx-get="/demo/"')   # still polling
     assert 'id="demo-seed">4242<' in html
@@ -130,3 +131,63 @@ def test_a_viewer_sees_the_page_but_cannot_run_it(redis_state):
     viewer.force_login(make_viewer())
     assert viewer.post("/demo/run/", {"preset": "classic"}).status_code == 403
     assert "Run the classic example" not in viewer.get("/demo/").content.decode()
+
+
+@pytest.mark.parametrize("stage", ["queued", "running"])
+def test_a_run_whose_lock_is_gone_shows_as_interrupted_without_polling_and_a_new_run_may_start(
+        redis_state, monkeypatch, stage):
+    # The worker running it was SIGKILLed: its state still says queued/running, but its lease on the lock ran out.
+    queued = []
+
+    class FakeCelery:
+        def signature(self, name, args):
+            return type("Signature", (), {"delay": lambda _self: queued.append(args)})()
+
+    monkeypatch.setattr(demo_runs, "current_app", FakeCelery())
+    demo_runs.write_state({"run_id": "dead1", "state": stage, "records": 20, "crash_probability": 0.2, "seed": 7,
+                           "pipelines": {"nums-exactly-once": {"state": "running", "restarts": 0, "crashes": []}}})
+    client = operator()
+    html = client.get("/demo/", HTTP_HX_REQUEST="true").content.decode()
+    assert html.lstrip().startswith('<div id="demo-progress"') and "hx-trigger" not in html   # no polling
+    assert "<progress" not in html
+    assert 'id="demo-state">interrupted<' in html and "This demo run was interrupted" in html
+    assert "Run again with seed 7" in html
+    grid, card = cells(html, "nums-exactly-once")   # its pipeline too: no verdict, its unread values not "lost"
+    assert 'data-state="interrupted"' in card and "Interrupted before it caught up" in card
+    assert "exactly once:" not in card and {kind for _, kind in grid.values()} == {"pending"}
+    run_id = demo_runs.request_run(20, 0.2, "alice", 8)
+    assert queued == [(run_id, 20, 0.2, 8)] and demo_runs.read_state()["state"] == "queued"
+    assert 'id="demo-state">queued<' in client.get("/demo/").content.decode()
+
+
+def test_a_running_demo_holds_its_lock_on_a_short_lease_and_lets_it_go_at_the_end(redis_state, monkeypatch):
+    from consumers.demo import classic
+
+    seen = []
+
+    def fake_demo(progress, **options):
+        progress({"nums-exactly-once": {"state": "running"}})
+        seen.append((redis_state.get(demo_runs.LOCK_KEY), redis_state.ttl(demo_runs.LOCK_KEY),
+                     demo_runs.current_state()["state"]))
+        return {"nums-exactly-once": {"state": "done"}}
+
+    monkeypatch.setattr(classic, "run_classic_demo", fake_demo)
+    monkeypatch.setattr(demo_runs, "reconcile_demo_pipelines", lambda: {})
+    redis_state.set(demo_runs.LOCK_KEY, "live1", ex=demo_runs.QUEUED_SECONDS)
+    demo_runs.write_state({"run_id": "live1", "state": "queued"})
+    state = demo_runs.run("live1", 20, 0.2, 7, pipelines=["nums-exactly-once"])
+    assert state["state"] == "done"
+    assert seen == [(b"live1", pytest.approx(demo_runs.LEASE_SECONDS, abs=5), "running")]
+    assert demo_runs.LEASE_SECONDS <= 60 and redis_state.get(demo_runs.LOCK_KEY) is None
+    assert demo_runs.read_state()["state"] == "done"
+
+
+def test_a_queued_run_whose_demo_another_run_took_does_nothing(redis_state, monkeypatch):
+    from consumers.demo import classic
+
+    monkeypatch.setattr(classic, "run_classic_demo", lambda **options: pytest.fail("the stale run started"))
+    redis_state.set(demo_runs.LOCK_KEY, "newer", ex=demo_runs.LEASE_SECONDS)
+    demo_runs.write_state({"run_id": "newer", "state": "running"})
+    assert demo_runs.run("stale", 20, 0.2, 7)["state"] == "superseded"
+    assert demo_runs.read_state() == {"run_id": "newer", "state": "running"}
+    assert redis_state.get(demo_runs.LOCK_KEY) == b"newer"

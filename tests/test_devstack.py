@@ -140,3 +140,83 @@ def test_a_second_signal_while_the_stack_stops_prints_no_traceback_and_leaves_no
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child.cmdline()
     assert stack.returncode == 0
+
+
+@pytest.mark.kafka
+@pytest.mark.celery
+def test_a_killed_devstack_takes_every_process_it_started_with_it(subprocess_env):
+    """SIGKILL gives the stack no clean-up: each child is tied to it by PR_SET_PDEATHSIG and ends on its own."""
+    web_port, kafka_port = free_port(), free_port()
+    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
+               DJANGO_SUPERUSER_PASSWORD="stack-test-password")
+    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children = []
+    try:
+        wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
+        children = psutil.Process(stack.pid).children(recursive=True)
+        names = " ".join(" ".join(child.cmdline()) for child in children)
+        assert "tansu" in names and "pipelines@%h" in names and "tasks@%h" in names and "beat" in names
+        assert "runserver" in names
+    finally:
+        stack.kill()
+        stack.wait(timeout=30)
+
+    def all_ended():
+        return all(not child.is_running() or child.status() == psutil.STATUS_ZOMBIE for child in children)
+
+    try:
+        wait_for(all_ended, 30, "every process the killed stack started to end")
+    finally:
+        for child in children:   # whatever is left (the test failed): not a leak into the next tests
+            if child.is_running():
+                child.kill()
+
+
+def test_a_closed_terminal_sighup_stops_the_stack_like_ctrl_c(tmp_path, monkeypatch):
+    """SIGHUP's default would end devstack at once and leave its children running."""
+    import os
+
+    from dashboard.management.commands import devstack
+
+    monkeypatch.chdir(tmp_path)
+    command = devstack.Command()
+    stopped = []
+
+    def hang_up():
+        os.kill(os.getpid(), signal.SIGHUP)
+        pytest.fail("SIGHUP did not stop the stack")   # reached only when no handler of devstack's took it
+
+    monkeypatch.setattr(command, "start_broker_if_needed", hang_up)
+    monkeypatch.setattr(command, "stop_all", lambda: stopped.append(True))
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)   # not the default, which would end this test run
+    try:
+        command.handle(host="127.0.0.1", port=free_port(), no_demo=True)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    assert stopped == [True]
+
+
+def test_the_worker_that_takes_the_demo_task_warms_spark_and_the_other_does_not(monkeypatch):
+    """The demo runs its Spark pipeline in the process of the worker its task goes to: that worker's driver must be
+    the warm one, or the first demo waits for a JVM while another worker's sits unused."""
+    from consumers.demo.runs import RUN_DEMO_TASK
+    from dashboard.management.commands import devstack
+    from tally.celery import app
+
+    monkeypatch.delenv("SPARK_WARM_ON_WORKER_START", raising=False)
+    demo_queue = app.amqp.router.route({}, RUN_DEMO_TASK)["queue"].name
+    workers = {name: command[command.index("-Q") + 1].split(",")
+               for name, command in devstack.stack_commands("127.0.0.1", free_port()).items() if "worker" in command}
+    takers = [name for name, queues in workers.items() if demo_queue in queues]
+    assert len(takers) == 1, (demo_queue, workers)
+
+    def warms(name):
+        environment = devstack.developer_environment() | devstack.CHILD_ENVIRONMENT.get(name, {})
+        return environment["SPARK_WARM_ON_WORKER_START"] == "true"
+
+    assert warms(takers[0])
+    assert not any(warms(name) for name in workers if name != takers[0])

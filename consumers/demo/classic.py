@@ -340,8 +340,8 @@ def run_classic_demo(records: int = 100, crash_probability: float = 0.2, max_res
     as processes killed at the driver instead (to measure what a JVM start per crash costs).
 
     Returns {pipeline name: {delivery_mode, state, restarts, crashes (the schedule), rows, distinct,
-    missing (sorted list), duplicated ({value: count}), timeline, error}}; state is done, failed or
-    timed_out."""
+    missing (sorted list), duplicated ({value: count}), timeline, error}}; state is done, interrupted (stopped
+    before it caught up, e.g. by a SIGTERM: rows, distinct and duplicated, no missing), failed or timed_out."""
     if not 0.0 <= crash_probability <= 1.0:
         raise DemoError("crash_probability must be within [0, 1].")
     if max_restarts < 1:

@@ -10,9 +10,14 @@
   on a warm driver (in a Celery worker, the worker's). `spark_kills_workers=False` runs it as processes
   killed at the driver instead, to measure what a JVM start per crash costs.
 
+A run that ends cleanly is "done" only when it caught up with the topic (the run's reason, which a process
+reports with `run_pipeline --json`). One stopped before that (a SIGTERM from outside, a worker shutting down) is
+"interrupted": the values it had not read yet are not lost, so its sink is not judged against 1..N.
+
 Each pipeline's status (state, restarts, timeline, error, and its sink's counts once it is done) goes to
 `progress` whenever it changes.
 """
+import json
 import logging
 import threading
 import time
@@ -30,6 +35,9 @@ MAX_FAILED_STARTS = 2
 SESSION_READY = "Spark session ready"
 # How long a stopped Spark run may take to stop its query and end its run row.
 SPARK_STOP_WAIT_S = 60.0
+# The run's end reason (consumers/models EndReason) that finishes a demo pipeline: every run is started with
+# --stop-when-caught-up. Any other clean end (stopped by a signal) leaves it "interrupted".
+FINISHED_REASON = "caught_up"
 
 
 class _SparkInProcess:
@@ -75,6 +83,9 @@ class _SparkInProcess:
         if self.error or self.result is None:
             return self.error
         return f"{self.result.reason}: {self.result.detail}"
+
+    def reason(self) -> str:
+        return str(self.result.reason) if self.result is not None else ""
 
     def worker_deaths(self) -> int:
         return self.deaths
@@ -139,9 +150,17 @@ class DemoRunner:
             self._count_worker_deaths(demo.name, run.worker_deaths())
         if code is None:
             return
-        if code == 0:
+        if code == 0 and _reason(run) == FINISHED_REASON:
             self._finish(demo.name, "done")
             status.update(self.count(demo.sink_table))
+        elif code == 0:
+            # Ended cleanly before it caught up (stopped by a signal): what it has not read yet is not lost, so
+            # the sink is not judged against 1..N. What it wrote is counted, duplicates included.
+            why = _reason(run) or "no result"
+            self._finish(demo.name, "interrupted", f"stopped before it caught up ({why}): the values it did not "
+                                                   "read yet are not lost")
+            counts = self.count(demo.sink_table)
+            status.update(rows=counts["rows"], distinct=counts["distinct"], duplicated=counts["duplicated"])
         elif code == -9:   # SIGKILL from a fault point: the crash the demo is about
             self.runs.pop(demo.name).end()
             status["restarts"] += 1
@@ -167,7 +186,9 @@ class DemoRunner:
         if self.in_process[demo.name]:
             self.runs[demo.name] = _SparkInProcess(demo.name, self.batch_size, spec)
         else:
-            command = [demo.command, demo.name, "--batch-size", str(self.batch_size), "--stop-when-caught-up"]
+            # --json: the run's result (its end reason) is the last line of the output (_reason).
+            command = [demo.command, demo.name, "--batch-size", str(self.batch_size), "--stop-when-caught-up",
+                       "--json"]
             if spec:
                 command += ["--crash-at", spec]
             self.runs[demo.name] = ForkedCommand(command)
@@ -198,6 +219,21 @@ class DemoRunner:
     def _report(self) -> None:
         if self.progress:
             self.progress({name: dict(s) for name, s in self.status.items()})
+
+
+def _reason(run) -> str:
+    """Why a run that exited 0 ended: the Spark thread's result, or the `--json` result a process printed."""
+    if isinstance(run, _SparkInProcess):
+        return run.reason()
+    for line in reversed(run.output().splitlines()):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(result, dict) and "reason" in result:
+                return str(result["reason"])
+    return ""
 
 
 def _last_line(text: str) -> str:

@@ -5,6 +5,8 @@ Quirks of this broker are documented in docs/ and handled where they matter (see
 """
 import contextlib
 import ctypes
+import functools
+import os
 import signal
 import socket
 import subprocess
@@ -65,11 +67,26 @@ def broker_command(port: int, host: str = "127.0.0.1", advertised: str | None = 
     ]
 
 
-def _die_with_parent():
-    # Linux: the broker gets SIGTERM when the process that started it dies, however it dies, so a
-    # killed `make run` or test session never leaves a broker behind.
+def die_with_parent(parent_pid: int | None = None, libc=None) -> None:
+    """In a child, before its exec (a Popen `preexec_fn`, Linux): it gets SIGTERM when the thread that started it
+    ends — its process dies, however it dies, SIGKILL included — so a killed `make run` or test session leaves
+    nothing behind. The setting survives exec (through a wrapper too, unless setuid). Start such children from
+    the thread that lives as long as they should: the main thread. `parent_death_preexec()` gives the parent's
+    pid, read before the fork, which catches a parent that died before the setting was made, and libc loaded in
+    the parent (no dlopen between fork and exec)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        (libc or ctypes.CDLL("libc.so.6", use_errno=True)).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:   # orphaned already: no signal will come
+        os._exit(1)
+
+
+def parent_death_preexec():
+    """The `preexec_fn` that ties a child to this process (die_with_parent)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:   # not glibc Linux: children are not tied, as before
+        libc = None
+    return functools.partial(die_with_parent, os.getpid(), libc) if libc is not None else None
 
 
 def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds: float = 15.0,
@@ -83,7 +100,7 @@ def start_broker(port: int, host: str = "127.0.0.1", log_file=None, wait_seconds
                           f"another port with --port.")
     stdout = log_file if log_file is not None else subprocess.DEVNULL
     process = subprocess.Popen(broker_command(port, host, advertised), stdout=stdout, stderr=subprocess.STDOUT,
-                               start_new_session=True, preexec_fn=_die_with_parent)
+                               start_new_session=True, preexec_fn=parent_death_preexec())
     def accepting() -> bool:
         if process.poll() is not None:
             raise BrokerError(f"The embedded broker exited with code {process.returncode} during start-up.")

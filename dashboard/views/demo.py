@@ -79,9 +79,9 @@ def _columns(state: dict | None) -> list[dict]:
 
 
 def _context(request):
-    state = demo_runs.read_state()
+    state = demo_runs.current_state()   # "running" only while its run holds the demo lock
     return {"nav": "demo", "state": state, "columns": _columns(state), "can_operate": can_operate(request.user),
-            "running": bool(state and state.get("state") in ("queued", "running")),
+            "running": bool(state and state.get("state") in demo_runs.ACTIVE_STATES),
             "classic": CLASSIC_PRESET, "post": CLASSIC_POST, "max_seed": MAX_SEED,
             "defaults": {"records": DEFAULT_RECORDS, "crash_probability": DEFAULT_CRASH_PROBABILITY}}
 

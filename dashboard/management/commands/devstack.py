@@ -1,8 +1,10 @@
 """`make run`: the whole local stack in one foreground process.
 
 Starts the embedded broker (when KAFKA_BOOTSTRAP_SERVERS is not reachable), a Celery worker, Celery beat
-and the web server; seeds the demo; prints the URL and the login. Ctrl-C (or SIGTERM) stops every process
-it started — each child runs in its own session so that its whole process group can be signalled.
+and the web server; seeds the demo; prints the URL and the login. Ctrl-C (or SIGTERM, or SIGHUP when its
+terminal closes) stops every process it started — each child runs in its own session so that its whole process
+group can be signalled. A devstack killed outright (SIGKILL) takes its children with it: each is started with
+PR_SET_PDEATHSIG (SIGTERM), from the main thread (broker.die_with_parent).
 """
 import os
 import secrets
@@ -40,19 +42,24 @@ def stack_commands(host: str, port: int) -> dict[str, list[str]]:
 
 
 def developer_environment() -> dict[str, str]:
-    """The developer stack is where DEBUG is on (unless DEBUG is set): nowhere else defaults to it. Its
-    worker starts the Spark driver at once, so the first demo run does not wait for a JVM."""
+    """The developer stack is where DEBUG is on (unless DEBUG is set): nowhere else defaults to it. The worker
+    that runs the demo starts the Spark driver at once (CHILD_ENVIRONMENT), so the first demo run does not wait
+    for a JVM."""
     return {**os.environ, "TALLY_DEVELOPMENT": "1", "DEBUG": os.environ.get("DEBUG", "true"),
             "SPARK_WARM_ON_WORKER_START": os.environ.get("SPARK_WARM_ON_WORKER_START", "true"),
             "TALLY_PIPELINE_QUEUE": PIPELINE_QUEUE}
 
 
-# What one process of the stack is told besides: the periodic tasks' worker runs no Spark pipeline, so it warms no
-# Spark driver of its own (a topic check started there still starts one).
-CHILD_ENVIRONMENT = {"tasks": {"SPARK_WARM_ON_WORKER_START": "false"}}
+# What one process of the stack is told besides. The demo task (consumers.demo.runs.RUN_DEMO_TASK) goes to the default
+# "celery" queue, which the "tasks" worker takes, and it runs the demo's Spark pipeline on that worker's own driver:
+# "tasks" warms Spark (developer_environment). The pipelines worker warms none: it starts a driver only for a Spark
+# pipeline run, which the stack does not start (tests/test_devstack.py checks the route against the -Q lists).
+CHILD_ENVIRONMENT = {"worker": {"SPARK_WARM_ON_WORKER_START": "false"}}
 
 
 PASSWORD_FILE = os.path.join("var", "admin-password")
+# Each stops the stack cleanly: Ctrl-C, `kill`, and the terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CHILDREN_GRACE_S = 8  # then SIGKILL: the stack as a whole stops within 10 s of a signal
 BROKER_GRACE_S = 2  # of those, kept for the broker, which stops after its clients
 
@@ -88,9 +95,10 @@ class Command(BaseCommand):
         os.makedirs("var", exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = False
-        # Explicit handlers: a shell may start us with SIGINT ignored, and SIGTERM must clean up too.
-        signal.signal(signal.SIGINT, self.interrupt)
-        signal.signal(signal.SIGTERM, self.interrupt)
+        # Explicit handlers: a shell may start us with SIGINT ignored, and SIGTERM must clean up too; SIGHUP (the
+        # terminal closed) too, or its default would end this process and leave the children running.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.interrupt)
         try:
             self.start_broker_if_needed()
             login, password = self.ensure_operator_login()
@@ -98,8 +106,10 @@ class Command(BaseCommand):
                 call_command("seed_demo")
             for name, command in stack_commands(host, port).items():
                 log = open(os.path.join("var", f"{name}.log"), "ab")
+                # From this (the main) thread: PR_SET_PDEATHSIG fires when the thread that started a child ends.
                 self.children[name] = subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=broker.parent_death_preexec(),
                     env=developer_environment() | CHILD_ENVIRONMENT.get(name, {}))
             self.stdout.write(self.style.SUCCESS(
                 f"\nTally is starting at http://{host}:{port}/  login: {login}, {password}\n"
@@ -112,8 +122,8 @@ class Command(BaseCommand):
             self.stop_all()
             # And until the exit: at shutdown Python puts the default handlers back, so a late signal would end the
             # stopped stack as killed. (signal.signal first runs a pending handler: interrupt() absorbs it.)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
 
     def interrupt(self, signum, frame):
         # Only the first signal interrupts. A second one (Ctrl-C twice, or a `kill` meeting a Ctrl-C) may already be
