@@ -89,15 +89,17 @@ def delete(channel: Channel, actor: str) -> str:
     return closed
 
 
-# How a failed try's reason starts when the receiver answered 4xx (alerts/channels/http.py, Answer).
-REFUSED_ANSWER = r"^HTTP 4[0-9]{2}: "
+# How a failed try's reason starts when the receiver answered 4xx (alerts/channels/http.py, Answer), 429 aside: "slow
+# down" says nothing of what an earlier try (a 500, a timeout) may have opened.
+REFUSED_ANSWER = r"^HTTP 4([01][0-9]|2[0-8]|[3-9][0-9]): "
 
 
 def incidents_opened(channel: Channel) -> list[str]:
     """The dedup_keys of the alerts whose "fired" (or a reminder) reached the channel, or may have, and whose resolve
     has not. A try that failed counts (a receiver may open the incident and still answer 500, or time out), unless
-    its answer was a 4xx: the receiver refused the event (a wrong key, a bad message, a rate limit) and opened
-    nothing, and a resolve with that key would only be refused too."""
+    its last answer was a 4xx other than 429: the receiver refused the event (a wrong key, a bad message), as it
+    refused every try of that same event, so it opened nothing, and a resolve with that key would only be refused
+    too."""
     may_have_opened = Q(delivered_at__isnull=False) | (Q(attempts__gt=0) & ~Q(last_error__regex=REFUSED_ANSWER))
     heard = Notification.objects.filter(may_have_opened, channel=channel,
                                         kind__in=(NotificationKind.FIRED, NotificationKind.REMINDER))

@@ -39,9 +39,10 @@ def group_list(request, site):
     cluster = request.GET.get("cluster") or clusters.DEFAULT
     try:
         clusters.get(cluster)
-        others = [(name, _list_url(name)) for name in clusters.names() if name != cluster]
     except ClusterConfigError:
         raise Http404("No such Kafka cluster.") from None
+    # A clusters file that cannot be read hides the others, not the default cluster's groups (_known_clusters).
+    others = [(name, _list_url(name)) for name in _known_clusters() if name != cluster]
     error = ""
     try:
         names = kafka_groups.list_groups(cluster=cluster)

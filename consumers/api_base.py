@@ -9,6 +9,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
 from consumers.access import can_operate, can_view, record_refusal, refused_action
+from consumers.kafka import clusters
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -165,5 +166,8 @@ def refuse(request, reason: str, kwargs: dict | None = None) -> None:
         kwargs = getattr(request, "parser_context", {}).get("kwargs", {}) or {}
     action = kwargs.get("action") or refused_action(request, "api")
     pipeline = Pipeline.objects.filter(name=kwargs["name"]).first() if kwargs.get("name") else None
+    params = {"path": request.path}
+    if kwargs.get("group_id"):   # a group is known by its cluster too: the refusal shows on that cluster's group
+        params["cluster"] = request.GET.get("cluster") or clusters.DEFAULT
     record_refusal(request.user, action, reason, pipeline=pipeline, group_id=kwargs.get("group_id", ""),
-                   params={"path": request.path})
+                   params=params)

@@ -67,11 +67,11 @@ class Receiver:
 
 
 class TricklingReceiver:
-    """A raw-socket receiver that answers 200 at once, then sends its body one byte every `interval` seconds:
+    """A raw-socket receiver that answers `status` at once, then sends its body one byte every `interval` seconds:
     each byte comes well within a socket read timeout, the whole body long after it. Serves one request."""
 
-    def __init__(self, body: bytes = b"accepted-slowly-byte-by-byte", interval: float = 0.3):
-        self.body, self.interval = body, interval
+    def __init__(self, body: bytes = b"accepted-slowly-byte-by-byte", interval: float = 0.3, status: str = "200 OK"):
+        self.body, self.interval, self.status = body, interval, status
         self.stopped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -98,7 +98,7 @@ class TricklingReceiver:
             request = b""
             while b"\r\n\r\n" not in request and (chunk := connection.recv(65536)):
                 request += chunk
-            head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(self.body)}\r\n\r\n"
+            head = f"HTTP/1.1 {self.status}\r\nContent-Type: text/plain\r\nContent-Length: {len(self.body)}\r\n\r\n"
             try:
                 connection.sendall(head.encode())
                 for byte in self.body:

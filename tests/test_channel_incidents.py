@@ -3,7 +3,7 @@ made while the channel was disabled follows its held trigger, a channel deleted 
 still resolves it, and a channel moved to other settings resolves it with the old ones first."""
 from alerts import channel_actions, evaluate
 from alerts.evaluate import evaluate_all
-from alerts.models import Alert
+from alerts.models import Alert, Notification
 from alerts.outbox import deliver_due
 from consumers.models import ActionLog
 from tests.alert_clock import frozen_clock  # noqa: F401 - an autouse fixture
@@ -69,3 +69,19 @@ def test_a_pagerduty_channel_changed_to_a_webhook_resolves_its_open_incidents_wi
     assert events[0]["dedup_key"] == events[1]["dedup_key"] and webhook.requests == []
     change = ActionLog.objects.filter(action="alert_channel_change").latest("pk")
     assert "with its old settings, resolved the incident" in change.message and "RK" not in change.message
+
+
+def test_a_trigger_answered_500_then_429_still_has_its_incident_resolved_when_the_channel_is_deleted(receiver):
+    # The 500 may have opened the incident; the 429 after it only asked to slow down.
+    channel = pager(receiver)
+    fire_loss()
+    receiver.answers = [(500, "internal error"), (429, "rate limited")]
+    receiver.status, receiver.text = 202, "accepted"
+    assert deliver_due(now=T0)["failed"] == 1
+    row = Notification.objects.get(channel=channel)
+    deliver_due(now=row.next_attempt_at)
+    row.refresh_from_db()
+    assert row.attempts == 2 and row.last_error.startswith("HTTP 429: ")
+
+    channel_actions.delete(channel, "olga")
+    assert actions(receiver) == ["trigger", "trigger", "resolve"]

@@ -212,12 +212,17 @@ def client_of_user(user) -> Client:
     return client
 
 
-@pytest.mark.parametrize("door", ["viewer page", "bad input page", "bad input API"])
+@pytest.mark.parametrize("door", ["viewer page", "viewer API", "bad input page", "bad input API"])
 def test_a_refused_reset_on_the_second_cluster_is_logged_on_that_clusters_group(group_on_second, door):
     topic, group = group_on_second
     if door == "viewer page":
         answer = client_of_user(make_viewer()).post(f"/groups/{group}/reset/?cluster=second",
                                                     {"topic": topic, "mode": "to-earliest", "step": "execute"})
+        assert answer.status_code == 403
+    elif door == "viewer API":
+        answer = client_of_user(make_viewer()).post(f"/api/groups/{group}/reset?cluster=second",
+                                                    {"topic": topic, "mode": "to-earliest"},
+                                                    content_type="application/json")
         assert answer.status_code == 403
     elif door == "bad input page":
         answer = client_of_user(make_operator()).post(f"/groups/{group}/reset/?cluster=second",
@@ -273,3 +278,16 @@ def test_the_admin_lists_and_resets_a_group_of_the_second_cluster(group_on_secon
     assert kafka_admin.committed_offsets(group, topic, [0], cluster="second") == {0: 0}
     assert list(ActionLog.objects.filter(group_id=group).order_by("pk").values_list("dry_run", "params__cluster")) == [
         (True, "second"), (False, "second")]
+
+
+def test_the_admin_lists_the_default_clusters_groups_when_the_clusters_file_is_broken(
+        transactional_db, settings, tmp_path, monkeypatch):
+    from consumers.operations import groups as kafka_groups
+
+    monkeypatch.setattr(kafka_groups, "list_groups", lambda cluster=None, **kwargs: ["team-a"] if cluster == "default"
+                        else [])
+    path = tmp_path / "clusters.toml"
+    path.write_text("[clusters.second\nbootstrap_servers = 1\n")   # not TOML
+    settings.TALLY_KAFKA_CLUSTERS = str(path)
+    answer = client_of_user(staff_operator()).get("/admin/consumers/groups/")
+    assert answer.status_code == 200 and 'value="team-a"' in answer.content.decode()

@@ -6,7 +6,9 @@ or 422 refuses the message itself and is final: the outbox gives that message up
 
 requests' read timeout is per socket read: a receiver trickling its answer a byte at a time would hold a send for
 as long as it likes (and past the outbox's claim, for another run to send the message again). So the answer is
-read against a deadline for the whole send, and only its first ANSWER_BYTES."""
+read against a deadline for the whole send, and only its first ANSWER_BYTES (a 2xx whose body is late is delivered:
+its status accepted the message). The status line and headers are still read with the per-read timeout only:
+requests gives no way in before they have come (docs/alerts.md)."""
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -80,25 +82,32 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
 
 
 def _answer_text(response: requests.Response, deadline: float, too_slow: str, secrets: list[str]) -> str:
-    """The first ANSWER_BYTES of the body, read before `deadline` (DeliveryFailed otherwise). read1 returns what
-    one read brings, so a trickle is checked against the deadline after each byte it sends."""
-    data = b""
+    """The first ANSWER_BYTES of the body, read before `deadline`. read1 returns what one read brings, so a trickle
+    is checked against the deadline after each byte it sends. A 2xx status is the receiver's acceptance: a body
+    that does not come in time (or breaks off) is cut there and the message counts as delivered, not sent twice.
+    Any other answer must come whole in time (DeliveryFailed otherwise)."""
+    accepted = 200 <= response.status_code < 300
+    data, failure = b"", ""
     try:
         while len(data) < ANSWER_BYTES:
             if time.monotonic() > deadline:
-                raise DeliveryFailed(too_slow)
+                failure = too_slow
+                break
             chunk = response.raw.read1(READ_CHUNK, decode_content=True)
             if not chunk:
                 break
             data += chunk
     except (urllib3.exceptions.TimeoutError, requests.Timeout):
-        raise DeliveryFailed(too_slow) from None
+        failure = too_slow
     except (urllib3.exceptions.HTTPError, requests.RequestException, OSError) as error:
-        raise DeliveryFailed("connection failed while reading the answer: " + redact(str(error), secrets)) from None
+        failure = "connection failed while reading the answer: " + redact(str(error), secrets)
+    if failure and not accepted:
+        raise DeliveryFailed(failure)
     try:
-        return data[:ANSWER_BYTES].decode(response.encoding or "utf-8", errors="replace")
+        text = data[:ANSWER_BYTES].decode(response.encoding or "utf-8", errors="replace")
     except LookupError:   # a charset Python does not know
-        return data[:ANSWER_BYTES].decode("utf-8", errors="replace")
+        text = data[:ANSWER_BYTES].decode("utf-8", errors="replace")
+    return f"{text} [answer cut: {failure}]" if failure else text
 
 
 def retry_after_of(value: str | None) -> int | datetime | None:
