@@ -118,3 +118,19 @@ def test_a_key_in_two_partitions_is_judged_by_its_latest_record_across_them(make
 
     assert (report.checked, report.lost, report.duplicated) == (2, 1, 0)
     assert report.lost_offsets == [{"partition": 1, "offset": 0}]
+
+
+def test_within_a_partition_the_last_record_by_offset_decides_whatever_the_timestamps(make_topic, table_name):
+    """Producers with skewed clocks: k's tombstone comes after its upsert but carries an older timestamp. The
+    consumer applied them in offset order and deleted the row; the upsert, ranked newer by its timestamp alone, was
+    reported lost. m's second value, stamped earlier, is the one the table holds."""
+    topic, group = make_topic("skewed"), f"g-{uuid.uuid4().hex[:6]}"
+    produce_at(topic, [(0, b"k", b"k1", T0 + 2000), (0, b"k", None, T0 + 1000),
+                       (0, b"m", b"m1", T0 + 5000), (0, b"m", b"m2", T0 + 3000)])
+    upsert(table_name, [("m", "m2")])
+    admin.commit_offsets(group, topic, {0: 4})
+
+    report = watch_audit.check_watch(keyed_watch(topic, table_name, group))
+
+    assert (report.checked, report.lost, report.duplicated, report.status) == (4, 0, 0, "OK"), report.as_json()
+    assert sum(r.superseded for r in WatchRange.objects.filter(watch__name=report.watch)) == 2

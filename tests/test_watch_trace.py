@@ -151,15 +151,18 @@ def test_a_record_an_ignore_spec_names_traces_as_ignored_with_offset_ids_too(mak
     assert watch_trace.trace(watch, 0, 2).verdict == "delivered"
 
 
-def test_a_keyed_tombstone_the_audit_named_through_its_key_traces_as_the_delete_it_is(make_topic, table_name):
+@pytest.mark.parametrize("tombstone_after_ms", [2000, -1000], ids=["in-time", "stamped-before-its-record"])
+def test_a_keyed_tombstone_the_audit_named_through_its_key_traces_as_the_delete_it_is(make_topic, table_name,
+                                                                                      tombstone_after_ms):
     """`json:PATH` ids, keyed: a's tombstone deletes row A (its key's latest readable record's id) and row A is
-    gone, so the audit found it clean: the trace names that id and says the delete reached the table. d's tombstone,
-    of a key never written, names no row: unreadable."""
+    gone, so the audit found it clean: the trace names that id and says the delete reached the table, also when
+    a skewed producer clock stamped it before its record. d's tombstone, of a key never written, names no row:
+    unreadable."""
     from tests.test_watch_keyed_edges import T0, produce_at
 
     topic, group = make_topic("orders"), f"g-{uuid.uuid4().hex[:6]}"
     produce_at(topic, [(0, b"a", b'{"id": "A"}', T0), (0, b"b", b'{"id": "B"}', T0 + 1000),
-                       (0, b"a", None, T0 + 2000), (0, b"d", None, T0 + 3000)])
+                       (0, b"a", None, T0 + tombstone_after_ms), (0, b"d", None, T0 + 3000)])
     execute(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY)").format(sql.Identifier(table_name)))
     execute(sql.SQL("INSERT INTO {} VALUES ('B')").format(sql.Identifier(table_name)))
     admin.commit_offsets(group, topic, {0: 4})

@@ -53,14 +53,24 @@ UNION ALL
 SELECT partition, "offset", 'duplicated', n_rows - n_records FROM numbered WHERE nth = 1 AND n_rows > n_records
 """
 
-# Keyed: judge each id by its latest record (latest timestamp, then offset); ids whose latest record lies in
+# A record's time when ranking records of one id (or key): its timestamp, or a later one of the same id before it in
+# its partition. Within a partition the consumer applies records in offset order, whatever their timestamps (two
+# producers with skewed clocks, event times): a record never ranks before one of its id earlier in its partition.
+# Across partitions (a key written to two), time decides.
+def _ranked_time(by: str) -> str:
+    return (f'max(ts) OVER (PARTITION BY {by}, partition ORDER BY "offset" '
+            'ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)')
+
+
+# Keyed: judge each id by its latest record (latest ranked time, then offset); ids whose latest record lies in
 # the tail are left for the check that settles it.
 MATCH_KEYED = """
 WITH latest AS (
     SELECT rid, partition, "offset", tomb, tail FROM (
         SELECT rid, partition, "offset", tomb, tail,
-               row_number() OVER (PARTITION BY rid ORDER BY ts DESC, "offset" DESC) AS newest_first
-        FROM {records} WHERE rid IS NOT NULL
+               row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC) AS newest_first
+        FROM (SELECT rid, partition, "offset", tomb, tail, """ + _ranked_time("rid") + """ AS at
+              FROM {records} WHERE rid IS NOT NULL) timed
     ) ranked WHERE newest_first = 1
 ), judged AS (
     SELECT l.partition, l."offset", l.tomb, coalesce(w.n_rows, 0) AS n_rows
@@ -73,18 +83,19 @@ SELECT partition, "offset", 'duplicated', n_rows - 1 FROM judged WHERE NOT tomb 
 """
 
 # Keyed, ids read from the value: a tombstone has no value, so no id of its own. It deletes the row of its key's
-# latest readable record before it (by timestamp, then offset), among the records read: the id of each tombstone
-# that has one. `readable` numbers the key's readable records in that order, so a tombstone shares its number with
-# the readable record before it, the first of its group. Ignored records name no row and start no group.
+# latest readable record before it (by ranked time, then offset, then partition), among the records read: the id of
+# each tombstone that has one. `readable` numbers the key's readable records in that order, so a tombstone shares its
+# number with the readable record before it, the first of its group. Ignored records name no row and start no group.
 TOMBSTONE_IDS = """
 SELECT partition, "offset", rid FROM (
     SELECT partition, "offset", tomb,
-           first_value(rid) OVER (PARTITION BY k, readable ORDER BY ts, "offset", partition) AS rid
+           first_value(rid) OVER (PARTITION BY k, readable ORDER BY at, "offset", partition) AS rid
     FROM (
-        SELECT partition, "offset", rid, tomb, k, ts,
-               count(rid) OVER (PARTITION BY k ORDER BY ts, "offset", partition
+        SELECT partition, "offset", rid, tomb, k, at,
+               count(rid) OVER (PARTITION BY k ORDER BY at, "offset", partition
                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS readable
-        FROM {records} WHERE k IS NOT NULL AND (rid IS NOT NULL OR (tomb AND expected))
+        FROM (SELECT partition, "offset", rid, tomb, k, """ + _ranked_time("k") + """ AS at
+              FROM {records} WHERE k IS NOT NULL AND (rid IS NOT NULL OR (tomb AND expected))) timed
     ) counted
 ) grouped WHERE tomb AND rid IS NOT NULL
 """
@@ -106,8 +117,9 @@ WHERE s.rid IN (SELECT rid FROM {records} WHERE NOT tail AND rid IS NOT NULL)
 # Keyed: records that a later record of their id replaced (not judged, counted).
 SUPERSEDED_KEYED = """
 SELECT partition, count(*) FROM (
-    SELECT partition, tail, row_number() OVER (PARTITION BY rid ORDER BY ts DESC, "offset" DESC) AS newest_first
-    FROM {records} WHERE rid IS NOT NULL
+    SELECT partition, tail, row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC) AS newest_first
+    FROM (SELECT rid, partition, "offset", tail, """ + _ranked_time("rid") + """ AS at
+          FROM {records} WHERE rid IS NOT NULL) timed
 ) ranked WHERE newest_first > 1 AND NOT tail GROUP BY partition
 """
 

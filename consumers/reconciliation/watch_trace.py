@@ -103,7 +103,7 @@ def _names_by_key(watch: Watch, found, ignored: str) -> bool:
 
 def _tombstone_names(watch: Watch, t: WatchTrace, found, types: dict) -> dict | None:
     """A keyed tombstone of `value` or `json:PATH` ids deletes the row of its key's latest readable record before it
-    (by timestamp, then offset, then partition: watch_match.TOMBSTONE_IDS), searched among the newest KEY_SCAN_LIMIT
+    (by ranked time, then offset, then partition: watch_match.TOMBSTONE_IDS), searched among the newest KEY_SCAN_LIMIT
     records of each partition. Sets t.expected_id to that record's id; returns its {partition, offset} (None: the
     key has no readable record before it there)."""
     spec, normalise = record_ids.parse_spec(watch.record_id), record_ids.normaliser(types[watch.row_columns[0]]["type"])
@@ -111,17 +111,30 @@ def _tombstone_names(watch: Watch, t: WatchTrace, found, types: dict) -> dict | 
     partitions = kafka_admin.partitions_for(watch.topic, cluster=watch.cluster)
     same_key, _ = kafka_admin.find_records_by_key(watch.topic, found.key, partitions, KEY_SCAN_LIMIT,
                                                   cluster=watch.cluster)
-    at = (found.timestamp_ms, t.offset, t.partition)
+    ranked = _ranked_times([*same_key, found])   # the tombstone itself is one of them (at most twice: same time)
+    at = (ranked[(t.partition, t.offset)], t.offset, t.partition)
     before = []
     for r in same_key:
         rid, _ = record_ids.derive(spec, ignores, normalise, r.key, r.value)   # an ignored record names no row
-        if rid is not None and (r.timestamp_ms, r.offset, r.partition) < at:
-            before.append(((r.timestamp_ms, r.offset, r.partition), rid, r))
+        place = (ranked[(r.partition, r.offset)], r.offset, r.partition)
+        if rid is not None and place < at:
+            before.append((place, rid, r))
     if not before:
         return None
     _, rid, latest = max(before, key=lambda named: named[0])
     t.expected_id = [rid]
     return {"partition": latest.partition, "offset": latest.offset}
+
+
+def _ranked_times(records) -> dict[tuple[int, int], int]:
+    """{(partition, offset): ranked time} of one key's records, as watch_match ranks them: a record's timestamp, or
+    a later one of the key's before it in its partition (the consumer applies a partition in offset order)."""
+    times, latest = {}, {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        stamp = r.timestamp_ms if r.timestamp_ms is not None else -1   # Kafka's "no timestamp"
+        latest[r.partition] = max(latest.get(r.partition, stamp), stamp)
+        times[(r.partition, r.offset)] = latest[r.partition]
+    return times
 
 
 def _tombstone_verdict(watch: Watch, wp: WatchPartition, t: WatchTrace, found, named: dict | None
