@@ -51,8 +51,8 @@ DELIVERY_BATCH = 50
 PICKED_PER_TRIED = 20
 # A claimed row is not picked again for this long, so two senders never send the same message at once. It must
 # outlast the claim's send, or another run sends the message again meanwhile: a pace wait (Slack: 1 s at most,
-# Session.pace) and one HTTP send (5 s to connect and twice the 10 s timeout at most, http.longest_send_seconds),
-# 26 s with the defaults. A timeout raised so far that this is not well above that lengthens it (claim_seconds).
+# Session.pace) and one HTTP send (5 s to connect and three times the 10 s timeout at most, http.longest_send_seconds),
+# 36 s with the defaults. A timeout raised so far that this is not well above that lengthens it (claim_seconds).
 CLAIM_SECONDS = 120
 CLAIM_MARGIN = 3
 # Email retries start at 30 s (mail servers greylist for about that long); HTTP receivers at 5 s.

@@ -5,10 +5,10 @@ or 422 refuses the message itself and is final: the outbox gives that message up
 `throttled`: the receiver asks us to slow down, which the outbox does without counting it a failure.
 
 requests' read timeout is per socket read: a receiver trickling its answer a byte at a time would hold a send for
-as long as it likes (and past the outbox's claim, for another run to send the message again). So the answer is
-read against a deadline for the whole send, and only its first ANSWER_BYTES (a 2xx whose body is late is delivered:
-its status accepted the message). The status line and headers are still read with the per-read timeout only:
-requests gives no way in before they have come (docs/alerts.md)."""
+as long as it likes (and past the outbox's claim, for another run to send the message again). So the body is read
+against a deadline as a whole (the read timeout from the headers on), and only its first ANSWER_BYTES (a 2xx whose
+body is late is delivered: its status accepted the message). The status line and headers are still read with the
+per-read timeout only: requests gives no way in before they have come (docs/alerts.md)."""
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -47,16 +47,15 @@ def timeout() -> tuple[float, float]:
 
 def longest_send_seconds() -> float:
     """The longest one send takes: connecting, then the answer's headers within the read timeout, then its body
-    until the deadline (the read timeout from the start), where a read begun just before it may wait a read
+    until the deadline (the read timeout from the headers on), where a read begun just before it may wait a read
     timeout more. The outbox's claim must outlast it (alerts/outbox.py, claim_seconds)."""
     connect, read = timeout()
-    return connect + 2 * read
+    return connect + 3 * read
 
 
 def post_json(url: str, body: bytes, secrets: list[str], session: requests.Session | None = None,
               headers: dict | None = None) -> Answer:
     sender = session or requests
-    deadline = time.monotonic() + timeout()[1]
     too_slow = f"no answer within {timeout()[1]:g} s (timeout)"
     try:
         response = sender.post(url, data=body, timeout=timeout(), allow_redirects=False, stream=True,
@@ -68,6 +67,9 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
         raise DeliveryFailed("connection failed: " + redact(_reason(error), secrets)) from None
     except requests.RequestException as error:
         raise DeliveryFailed(f"{type(error).__name__}: " + redact(str(error), secrets)) from None
+    # The body gets the read timeout as a whole, from the headers on: the connection and the headers had their own
+    # (per read), and a deadline from the start would fail a receiver merely slow to connect on a busy host.
+    deadline = time.monotonic() + timeout()[1]
     with response:   # closed unread: the connection is dropped, not pooled with the rest of a body in it
         text = _answer_text(response, deadline, too_slow, secrets)
     # Scrubbed before it is cut short: a secret cut at the end would no longer match, and its start would show.
