@@ -311,16 +311,22 @@ def offsets_for_time(topic: str, partitions: list[int], timestamp_ms: int, clust
 
 
 def record_timestamps(topic: str, offsets: dict[int, int], timeout_s: float = 5.0,
-                      cluster=None) -> dict[int, int | None]:
-    """Timestamp (ms) of the record at each partition's offset; None where there is no such record.
-    Used for lag in seconds: the age of the record at the consumer's position."""
-    stamps = record_timestamps_of_topics({(topic, p): o for p, o in offsets.items()}, timeout_s, cluster)
+                      cluster=None, ended: set | None = None) -> dict[int, int | None]:
+    """Timestamp (ms) of the first record at or after each partition's offset; None where there is no such record.
+    Used for lag in seconds: the age of the record at the consumer's position. `ended`, when given, gets the
+    partitions read to the log end without a record: only holes (transaction markers) lie between the offset and
+    the end, so nothing is left to consume there."""
+    found: set = set()
+    stamps = record_timestamps_of_topics({(topic, p): o for p, o in offsets.items()}, timeout_s, cluster, found)
+    if ended is not None:
+        ended.update(p for _, p in found)
     return {p: stamps[(topic, p)] for p in offsets}
 
 
 def record_timestamps_of_topics(offsets: dict[tuple[str, int], int], timeout_s: float = 5.0,
-                                cluster=None) -> dict[tuple[str, int], int | None]:
-    """record_timestamps() of partitions of several topics, {(topic, partition): offset}, with one consumer."""
+                                cluster=None, ended: set | None = None) -> dict[tuple[str, int], int | None]:
+    """record_timestamps() of partitions of several topics, {(topic, partition): offset}, with one consumer;
+    `ended` gets the (topic, partition) read to the log end without a record."""
     result: dict[tuple[str, int], int | None] = {key: None for key in offsets}
     if not offsets:
         return result
@@ -340,11 +346,16 @@ def record_timestamps_of_topics(offsets: dict[tuple[str, int], int], timeout_s: 
                         result[key] = record.timestamp
                         pending.discard(key)
                         consumer.pause(tp)
-            # A partition whose high watermark is at the offset has no record there yet.
+            # A partition whose high watermark is at the offset has no record there yet; one read past the offset
+            # to its high watermark without a record holds only holes there (a transaction's marker).
             for key in list(pending):
                 mark = consumer.highwater(tps[key])
                 if mark is not None and mark <= offsets[key]:
                     pending.discard(key)
+                elif mark is not None and consumer.position(tps[key]) >= mark:
+                    pending.discard(key)
+                    if ended is not None:
+                        ended.add(key)
     finally:
         consumer.close()
     return result

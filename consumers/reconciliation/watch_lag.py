@@ -35,12 +35,14 @@ def measure(watch: Watch, parts: dict, marks: dict, kafka, now: datetime, notes:
     and in seconds (the age of the record at the committed offset)."""
     behind = measure_records(parts, marks)
     if behind:
+        ended: set[int] = set()
         try:
-            stamps = kafka.record_timestamps(watch.topic, behind)
+            stamps = kafka.record_timestamps(watch.topic, behind, ended=ended)
         except Exception as exc:  # lag in records stands; seconds stay unknown
             notes.append(lag_seconds_unknown(exc))
             stamps = {}
         measure_seconds(parts, stamps, now)
+        caught_up(parts, ended)
 
 
 def measure_records(parts: dict, marks: dict) -> dict[int, int]:
@@ -65,6 +67,13 @@ def measure_seconds(parts: dict, stamps: dict[int, int | None], now: datetime) -
     for p, stamp in stamps.items():
         if stamp is not None:
             parts[p].lag_seconds = max(0.0, now.timestamp() - stamp / 1000)
+
+
+def caught_up(parts: dict, ended) -> None:
+    """Partitions whose committed offset has only holes before the log end (a consumer that committed its last
+    record + 1, below the final transaction marker): nothing is left to consume, so no lag."""
+    for p in ended:
+        parts[p].lag_records, parts[p].lag_seconds = 0, 0.0
 
 
 def lag_seconds_unknown(exc: Exception) -> str:

@@ -128,21 +128,25 @@ def _measure(quiet: list[Watch], rows: dict, readings: dict, notes: dict, now: d
     behind = {w.pk: watch_lag.measure_records(rows[w.pk], readings[w.cluster].watermarks(w.topic)) for w in quiet}
     for cluster in sorted({w.cluster for w in quiet}):
         lagging = [w for w in quiet if w.cluster == cluster and behind[w.pk]]
-        stamps, failed = {}, None
+        stamps, ended, failed = {}, set(), None
         for wanted in _rounds((w.topic, p, offset) for w in lagging for p, offset in behind[w.pk].items()):
+            read_to_end: set = set()
             try:
-                read = readings[cluster].record_timestamps_of_topics(wanted)
+                read = readings[cluster].record_timestamps_of_topics(wanted, ended=read_to_end)
             except Exception as exc:  # noqa: BLE001 - lag in records stands; seconds stay unknown, as in a check
                 failed = exc
                 break
             stamps.update({(topic, p, offset): stamp for (topic, p), stamp in read.items()
                            for offset in [wanted[(topic, p)]]})
+            ended.update((topic, p, wanted[(topic, p)]) for topic, p in read_to_end)
         for w in lagging:
             if failed is not None:
                 notes[w.pk].append(watch_lag.lag_seconds_unknown(failed))
                 continue
             watch_lag.measure_seconds(rows[w.pk], {p: stamps.get((w.topic, p, offset))
                                                      for p, offset in behind[w.pk].items()}, now)
+            watch_lag.caught_up(rows[w.pk], [p for p, offset in behind[w.pk].items()
+                                             if (w.topic, p, offset) in ended])
 
 
 def _rounds(wanted) -> list[dict[tuple[str, int], int]]:
