@@ -1,6 +1,9 @@
 """One send to an HTTP receiver: what the receiver answers is kept storable, and a receiver that answers slowly
 cannot hold a send longer than the timeout (nor past the outbox's claim, to be sent twice)."""
+import gzip
+import struct
 import time
+import zlib
 
 import pytest
 
@@ -72,3 +75,49 @@ def test_a_claim_outlasts_the_longest_send_and_its_pace_even_with_a_long_timeout
     assert claim_seconds() == CLAIM_SECONDS > 3 * (http.longest_send_seconds() + 1)
     settings.ALERT_CHANNEL_TIMEOUT_SECONDS = 90
     assert claim_seconds() > 3 * http.longest_send_seconds() > CLAIM_SECONDS
+
+
+class GzipHeaderTrickler(TricklingReceiver):
+    """200 with Content-Encoding: gzip whatever was asked, then a gzip header whose file name never ends, a byte at a
+    time: urllib3 decoding it read on inside one call, never back to the deadline."""
+
+    def _serve(self) -> None:
+        try:
+            connection, _ = self._listener.accept()
+        except OSError:
+            return
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request and (chunk := connection.recv(65536)):
+                request += chunk
+            self.request = request
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Encoding: gzip\r\n"
+                    b"Content-Length: 100000\r\n\r\n")
+            try:
+                connection.sendall(head + b"\x1f\x8b\x08\x08" + struct.pack("<I", 0) + b"\x00\xff")
+                for byte in self.body:
+                    if self.stopped.wait(self.interval):
+                        return
+                    connection.sendall(bytes([byte]))
+            except OSError:
+                return
+
+
+def test_a_compressed_answer_trickled_byte_by_byte_is_cut_at_the_deadline():
+    receiver = GzipHeaderTrickler(body=b"n" * 25, interval=0.3).start()
+    try:
+        assert http.timeout()[1] == 0.5 and receiver.seconds > 7
+        started = time.monotonic()
+        answer = http.post_json(receiver.url, b"{}", [])
+        assert answer.status == 200 and "answer cut" in answer.text
+        assert time.monotonic() - started < 3
+        assert b"accept-encoding: identity" in receiver.request.lower()
+    finally:
+        receiver.stop()
+
+
+def test_an_answer_compressed_all_the_same_is_decoded_and_one_that_is_not_what_it_says_is_kept():
+    assert http._decompressed(gzip.compress(b"accepted"), "gzip") == b"accepted"
+    assert http._decompressed(zlib.compress(b"accepted"), "deflate") == b"accepted"
+    assert http._decompressed(b"plain", "gzip") == b"plain"
+    assert http._decompressed(b"plain", "") == b"plain"

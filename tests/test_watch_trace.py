@@ -179,6 +179,29 @@ def test_a_keyed_tombstone_the_audit_named_through_its_key_traces_as_the_delete_
     assert "tombstone" in unnamed.explanation
 
 
+def test_a_tombstone_traces_as_the_audit_ranks_it_whatever_an_unreadable_record_of_its_key_says(make_topic,
+                                                                                                  table_name):
+    """Key a: A (p0, T0+1s), an unreadable value (p0, T0+5s), a's tombstone (p0, T0+2s); B (p1, T0+3s). The audit
+    ranks readable records and expected tombstones only: the tombstone names A, and the check is clean. The trace
+    counted the unreadable record too, ranked the tombstone after B and named B."""
+    from tests.test_watch_keyed_edges import T0, produce_at
+
+    topic, group = make_topic("orders", partitions=2), f"g-{uuid.uuid4().hex[:6]}"
+    produce_at(topic, [(0, b"a", b'{"id": "A"}', T0 + 1000), (0, b"a", b'{"other": 1}', T0 + 5000),
+                       (0, b"a", None, T0 + 2000), (1, b"a", b'{"id": "B"}', T0 + 3000)])
+    execute(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY)").format(sql.Identifier(table_name)))
+    execute(sql.SQL("INSERT INTO {} VALUES ('B')").format(sql.Identifier(table_name)))
+    admin.commit_offsets(group, topic, {0: 3, 1: 1})
+    watch, _ = watch_setup.create(watch_setup.WatchSpec(name="ranked", group=group, topic=topic,
+                                                        sink_table=table_name, record_id="json:id", row_id="id",
+                                                        keyed=True, settle_seconds=0))
+    report = watch_audit.check_watch(watch)
+    assert (report.checked, report.lost, report.clean) == (4, 0, True), report.as_json()
+
+    deleted = watch_trace.trace(watch, 0, 2)
+    assert (deleted.verdict, deleted.expected_id) == ("delivered", ["A"]), deleted.explanation
+
+
 def test_an_id_its_integer_column_cannot_hold_is_unreadable_and_traces_so_on_the_api_and_the_page(make_topic,
                                                                                                     table_name):
     """An `integer` row-id column and a record whose id, 99999999999, only a bigint holds: no row can name it. The

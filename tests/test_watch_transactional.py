@@ -70,3 +70,23 @@ def test_the_record_at_a_marker_is_looked_for_no_further_than_the_log_end(commit
     started = time.monotonic()
     assert admin.record_timestamps(watch.topic, {0: 3}, timeout_s=60, ended=ended) == {0: None}
     assert ended == {0} and time.monotonic() - started < 30   # it waited out the timeout before
+
+
+def test_an_offset_retention_removed_since_the_watermarks_keeps_its_lag(monkeypatch):
+    """The probe jumped to the log end on an out-of-range offset (kafka-python's default reset), which passed for a
+    read that found only holes: a stalled group behind retention showed lag 0. It now reads from the log start."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from consumers.kafka.admin import Watermarks
+    from consumers.reconciliation import watch_lag
+    from tests.test_kafka_ranges import RetainedConsumer
+
+    monkeypatch.setattr(admin, "probe_consumer", lambda cluster, **config: RetainedConsumer(6, 10, **config))
+    ended: set = set()
+    assert admin.record_timestamps("orders", {0: 2}, timeout_s=1, ended=ended) == {0: None}
+    assert ended == set()
+    part = SimpleNamespace(committed=2, start_offset=0, log_start=None, high_watermark=None, lag_records=None,
+                           lag_seconds=None)
+    watch_lag.measure(SimpleNamespace(topic="orders"), {0: part}, {0: Watermarks(2, 10)}, admin, datetime.now(UTC), [])
+    assert part.lag_records == 8

@@ -10,6 +10,7 @@ against a deadline as a whole (the read timeout from the headers on), and only i
 body is late is delivered: its status accepted the message). The status line and headers are still read with the
 per-read timeout only: requests gives no way in before they have come (docs/alerts.md)."""
 import time
+import zlib
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -58,9 +59,11 @@ def post_json(url: str, body: bytes, secrets: list[str], session: requests.Sessi
     sender = session or requests
     too_slow = f"no answer within {timeout()[1]:g} s (timeout)"
     try:
+        # identity: a compressed answer is decoded by urllib3 inside one read, which a receiver can stretch a
+        # byte at a time past the deadline (no output, no return); raw bytes come back at each socket read.
         response = sender.post(url, data=body, timeout=timeout(), allow_redirects=False, stream=True,
                                headers={"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                                        **(headers or {})})
+                                        "Accept-Encoding": "identity", **(headers or {})})
     except requests.Timeout:
         raise DeliveryFailed(too_slow) from None
     except requests.ConnectionError as error:
@@ -95,7 +98,7 @@ def _answer_text(response: requests.Response, deadline: float, too_slow: str, se
             if time.monotonic() > deadline:
                 failure = too_slow
                 break
-            chunk = response.raw.read1(READ_CHUNK, decode_content=True)
+            chunk = response.raw.read1(READ_CHUNK, decode_content=False)
             if not chunk:
                 break
             data += chunk
@@ -105,11 +108,23 @@ def _answer_text(response: requests.Response, deadline: float, too_slow: str, se
         failure = "connection failed while reading the answer: " + redact(str(error), secrets)
     if failure and not accepted:
         raise DeliveryFailed(failure)
+    data = _decompressed(data[:ANSWER_BYTES], response.headers.get("Content-Encoding", ""))
     try:
         text = data[:ANSWER_BYTES].decode(response.encoding or "utf-8", errors="replace")
     except LookupError:   # a charset Python does not know
         text = data[:ANSWER_BYTES].decode("utf-8", errors="replace")
     return f"{text} [answer cut: {failure}]" if failure else text
+
+
+def _decompressed(data: bytes, encoding: str) -> bytes:
+    """A receiver that compressed its answer all the same (gzip or deflate): its first ANSWER_BYTES, decoded from
+    what was read; what cannot be decoded is kept as it came."""
+    if encoding.strip().lower() not in ("gzip", "x-gzip", "deflate"):
+        return data
+    try:
+        return zlib.decompressobj(wbits=47).decompress(data, ANSWER_BYTES)   # 47: a zlib or gzip header
+    except zlib.error:
+        return data
 
 
 def retry_after_of(value: str | None) -> int | datetime | None:

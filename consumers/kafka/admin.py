@@ -330,7 +330,9 @@ def record_timestamps_of_topics(offsets: dict[tuple[str, int], int], timeout_s: 
     result: dict[tuple[str, int], int | None] = {key: None for key in offsets}
     if not offsets:
         return result
-    consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16)
+    # earliest: an offset retention removed since the caller's watermarks is read from the log start (its oldest
+    # record gives the age), never jumped to the log end, where it would pass for a read that found only holes.
+    consumer = probe_consumer(cluster, max_partition_fetch_bytes=1 << 16, auto_offset_reset="earliest")
     try:
         tps = {key: TopicPartition(*key) for key in offsets}
         consumer.assign(list(tps.values()))

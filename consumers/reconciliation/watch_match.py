@@ -68,7 +68,7 @@ MATCH_KEYED = """
 WITH latest AS (
     SELECT rid, partition, "offset", tomb, tail FROM (
         SELECT rid, partition, "offset", tomb, tail,
-               row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC) AS newest_first
+               row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC, partition DESC) AS newest_first
         FROM (SELECT rid, partition, "offset", tomb, tail, """ + _ranked_time("rid") + """ AS at
               FROM {records} WHERE rid IS NOT NULL) timed
     ) ranked WHERE newest_first = 1
@@ -117,7 +117,8 @@ WHERE s.rid IN (SELECT rid FROM {records} WHERE NOT tail AND rid IS NOT NULL)
 # Keyed: records that a later record of their id replaced (not judged, counted).
 SUPERSEDED_KEYED = """
 SELECT partition, count(*) FROM (
-    SELECT partition, tail, row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC) AS newest_first
+    SELECT partition, tail,
+           row_number() OVER (PARTITION BY rid ORDER BY at DESC, "offset" DESC, partition DESC) AS newest_first
     FROM (SELECT rid, partition, "offset", tail, """ + _ranked_time("rid") + """ AS at
           FROM {records} WHERE rid IS NOT NULL) timed
 ) ranked WHERE newest_first > 1 AND NOT tail GROUP BY partition

@@ -111,13 +111,15 @@ def _tombstone_names(watch: Watch, t: WatchTrace, found, types: dict) -> dict | 
     partitions = kafka_admin.partitions_for(watch.topic, cluster=watch.cluster)
     same_key, _ = kafka_admin.find_records_by_key(watch.topic, found.key, partitions, KEY_SCAN_LIMIT,
                                                   cluster=watch.cluster)
-    ranked = _ranked_times([*same_key, found])   # the tombstone itself is one of them (at most twice: same time)
+    # Ranked among the records TOMBSTONE_IDS ranks: readable ones and the tombstones the watch expects (not an
+    # unreadable or ignored record, whose timestamp would move the ones after it).
+    derived = [(r, *record_ids.derive(spec, ignores, normalise, r.key, r.value)) for r in same_key]
+    ranked = _ranked_times([found, *(r for r, rid, ignored in derived
+                                     if rid is not None or (r.value is None and not ignored))])
     at = (ranked[(t.partition, t.offset)], t.offset, t.partition)
     before = []
-    for r in same_key:
-        rid, _ = record_ids.derive(spec, ignores, normalise, r.key, r.value)   # an ignored record names no row
-        place = (ranked[(r.partition, r.offset)], r.offset, r.partition)
-        if rid is not None and place < at:
+    for r, rid, _ in derived:   # an ignored record names no row
+        if rid is not None and (place := (ranked[(r.partition, r.offset)], r.offset, r.partition)) < at:
             before.append((place, rid, r))
     if not before:
         return None
