@@ -57,6 +57,21 @@ def assert_positions_at_high_watermarks(pipeline):
     assert positions == kafka_admin.high_watermarks(pipeline.topic)
 
 
+# Every point an exactly-once batch passes (after-kafka-commit belongs to at-most-once: it never passes it).
+EXACTLY_ONCE_POINTS = ["after-poll", "mid-write", "after-write", "after-db-commit"]
+
+
+def crash_once_at_every_point(env, pipeline):
+    for point in EXACTLY_ONCE_POINTS:
+        run_killed_at(env, pipeline.name, UNTIL_CAUGHT_UP, f"{point}:1")
+
+
+def assert_a_clean_run_ends_with_every_value_once(env, pipeline, records):
+    assert run_until_clean_exit(env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
+    assert sink_counts(pipeline.sink_table) == every_value_once(records)
+    assert_positions_at_high_watermarks(pipeline)
+
+
 def test_exactly_once_writes_every_value_once_despite_random_sigkills(chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(500, partitions=3)
     rng = random.Random()
@@ -81,26 +96,19 @@ def test_exactly_once_writes_every_value_once_despite_random_sigkills(chaos_pipe
 
 def test_exactly_once_writes_every_value_once_with_crashes_at_every_fault_point(chaos_pipeline, subprocess_env):
     pipeline = chaos_pipeline(200, partitions=2)
-    # after-kafka-commit belongs to at-most-once; an exactly-once run never passes it.
-    points = ["after-poll", "mid-write", "after-write", "after-db-commit"]
     for run in range(10):
-        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{points[run % 4]}:1")
+        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{EXACTLY_ONCE_POINTS[run % 4]}:1")
     assert ledger_batches(pipeline.pk) == 2  # only the two after-db-commit crashes had committed a batch
-    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
-    assert sink_counts(pipeline.sink_table) == every_value_once(200)
-    assert_positions_at_high_watermarks(pipeline)
+    assert_a_clean_run_ends_with_every_value_once(subprocess_env, pipeline, 200)
 
 
 def test_exactly_once_rows_written_one_by_one_survive_a_crash_at_every_fault_point(chaos_pipeline, subprocess_env):
     # The test above writes int_value's plain digits, which take the verbatim COPY. A multi-row transform never
     # does: its rows go through the row-by-row COPY, killed here between its two halves (mid-write).
     pipeline = chaos_pipeline(100, partitions=2, transform="csv_ints")
-    for point in ["after-poll", "mid-write", "after-write", "after-db-commit"]:
-        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{point}:1")
+    crash_once_at_every_point(subprocess_env, pipeline)
     assert ledger_batches(pipeline.pk) == 1  # only the after-db-commit crash had committed a batch
-    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
-    assert sink_counts(pipeline.sink_table) == every_value_once(100)
-    assert_positions_at_high_watermarks(pipeline)
+    assert_a_clean_run_ends_with_every_value_once(subprocess_env, pipeline, 100)
 
 
 def test_a_replay_after_a_rewind_that_kept_the_sink_survives_a_crash_at_every_fault_point(
@@ -111,11 +119,8 @@ def test_a_replay_after_a_rewind_that_kept_the_sink_survives_a_crash_at_every_fa
     assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
     result = rewind(pipeline.name, "to-earliest", actor="alice")
     assert result.action_log.result == "done", result.message
-    for point in ["after-poll", "mid-write", "after-write", "after-db-commit"]:
-        run_killed_at(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, f"{point}:1")
-    assert run_until_clean_exit(subprocess_env, pipeline.name, UNTIL_CAUGHT_UP, max_runs=1) == 0
-    assert sink_counts(pipeline.sink_table) == every_value_once(100)
-    assert_positions_at_high_watermarks(pipeline)
+    crash_once_at_every_point(subprocess_env, pipeline)
+    assert_a_clean_run_ends_with_every_value_once(subprocess_env, pipeline, 100)
 
 
 def test_exactly_once_holds_when_runs_die_while_polling_ahead_of_the_batch_being_committed(

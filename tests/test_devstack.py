@@ -22,14 +22,21 @@ def login_page_status(port):
         return None
 
 
+def start_stack(subprocess_env, **popen) -> tuple[subprocess.Popen, int, int]:
+    """`manage.py devstack --no-demo` on free ports (web, Kafka): (the process, web port, Kafka port)."""
+    web_port, kafka_port = free_port(), free_port()
+    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
+               DJANGO_SUPERUSER_PASSWORD="stack-test-password", PYTHONUNBUFFERED="1")
+    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
+                             cwd=ROOT, env=env, **popen)
+    return stack, web_port, kafka_port
+
+
 @pytest.mark.kafka
 @pytest.mark.celery
 def test_devstack_serves_the_login_page_and_an_interrupt_leaves_no_process_behind(subprocess_env):
-    web_port, kafka_port = free_port(), free_port()
-    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
-               DJANGO_SUPERUSER_PASSWORD="stack-test-password")
-    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stack, web_port, kafka_port = start_stack(subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True)
     try:
         wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
         assert is_reachable(f"127.0.0.1:{kafka_port}"), "the embedded broker was not started"
@@ -120,11 +127,7 @@ def test_the_stack_closes_its_own_kafka_client_before_the_broker_stops(monkeypat
 @pytest.mark.celery
 def test_a_second_signal_while_the_stack_stops_prints_no_traceback_and_leaves_no_process_behind(subprocess_env):
     """Ctrl-C, then a SIGTERM and another Ctrl-C during the clean-up: it ends quietly, every child stopped."""
-    web_port, kafka_port = free_port(), free_port()
-    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
-               DJANGO_SUPERUSER_PASSWORD="stack-test-password", PYTHONUNBUFFERED="1")
-    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stack, web_port, _ = start_stack(subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
         children = psutil.Process(stack.pid).children(recursive=True)
@@ -146,11 +149,7 @@ def test_a_second_signal_while_the_stack_stops_prints_no_traceback_and_leaves_no
 @pytest.mark.celery
 def test_a_killed_devstack_takes_every_process_it_started_with_it(subprocess_env):
     """SIGKILL gives the stack no clean-up: each child is tied to it by PR_SET_PDEATHSIG and ends on its own."""
-    web_port, kafka_port = free_port(), free_port()
-    env = dict(subprocess_env, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{kafka_port}",
-               DJANGO_SUPERUSER_PASSWORD="stack-test-password")
-    stack = subprocess.Popen([sys.executable, "manage.py", "devstack", "--port", str(web_port), "--no-demo"],
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack, web_port, _ = start_stack(subprocess_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children = []
     try:
         wait_for(lambda: login_page_status(web_port) == 200, 90, "the login page")
