@@ -29,7 +29,9 @@ def _cluster_query(cluster: str) -> str:
 
 
 def _list_url(cluster: str) -> str:
-    return reverse("admin:consumer_groups") + _cluster_query(cluster)
+    """The list of a cluster's groups; the default cluster's for one that is not configured (a posted name)."""
+    known = cluster in clusters.names_or_default()
+    return reverse("admin:consumer_groups") + _cluster_query(cluster if known else clusters.DEFAULT)
 
 
 def group_list(request, site):
@@ -41,8 +43,9 @@ def group_list(request, site):
         clusters.get(cluster)
     except ClusterConfigError:
         raise Http404("No such Kafka cluster.") from None
-    # A clusters file that cannot be read hides the others, not the default cluster's groups (_known_clusters).
-    others = [(name, _list_url(name)) for name in _known_clusters() if name != cluster]
+    # A clusters file that cannot be read hides the others, not the default cluster's groups.
+    listed = reverse("admin:consumer_groups")
+    others = [(name, listed + _cluster_query(name)) for name in clusters.names_or_default() if name != cluster]
     error = ""
     try:
         names = kafka_groups.list_groups(cluster=cluster)
@@ -72,7 +75,7 @@ def group_reset(request, site):
         _refuse_viewer(request, group_ids, cluster)
     if not group_ids:
         messages.error(request, "Select at least one consumer group.")
-        return redirect(_list_url(cluster) if cluster in _known_clusters() else reverse("admin:consumer_groups"))
+        return redirect(_list_url(cluster))
     step = request.POST.get("step", "")
     form = GroupResetForm(request.POST if step else None)
     context = _context(site, request, "Reset consumer group offsets", group_ids=group_ids, form=form, step="form",
@@ -92,7 +95,7 @@ def group_reset(request, site):
                     messages.error(request, f"Group {group_id}: reset refused: {exc}")
                 else:
                     messages.success(request, f"Group {group_id}: offsets reset: {result.message}")
-            return redirect(_list_url(cluster) if cluster in _known_clusters() else reverse("admin:consumer_groups"))
+            return redirect(_list_url(cluster))
         previews = []
         for group_id in group_ids:
             try:
@@ -104,13 +107,6 @@ def group_reset(request, site):
         context.update(step="preview", previews=previews, carry=form.hidden_copy(),
                        executable=[p["group_id"] for p in previews if "preview" in p])
     return TemplateResponse(request, "admin/consumers/group_reset.html", context)
-
-
-def _known_clusters() -> list[str]:
-    try:
-        return clusters.names()
-    except ClusterConfigError:
-        return [clusters.DEFAULT]
 
 
 def _log_invalid(request, group_ids, form, cluster: str, *, dry_run: bool) -> None:

@@ -8,7 +8,6 @@ from django import forms
 from consumers.engine import json_map
 from consumers.form_errors import add_problems
 from consumers.kafka import clusters
-from consumers.kafka.errors import ClusterConfigError
 from consumers.models import IsolationLevel, KafkaClient, LogTruncatedPolicy
 from consumers.operations import dead_letter_queries as queries
 from consumers.operations import dead_letters as dead_letter_ops
@@ -19,11 +18,7 @@ from consumers.operations.offset_specs import MAX_OFFSET, MAX_PARTITION
 def cluster_choices() -> list[tuple[str, str]]:
     """The configured Kafka clusters, for a select; only "default" while the clusters file cannot be read (the
     pages that list clusters say why)."""
-    try:
-        names = clusters.names()
-    except ClusterConfigError:
-        names = [clusters.DEFAULT]
-    return [(name, name) for name in names]
+    return [(name, name) for name in clusters.names_or_default()]
 
 
 class ClusterField(forms.CharField):

@@ -333,6 +333,15 @@ def names() -> list[str]:
     return [DEFAULT] + sorted(file_clusters())
 
 
+def names_or_default() -> list[str]:
+    """names(), or only "default" while the clusters file cannot be read: the default cluster needs no file, so a
+    page or a pass that lists clusters goes on with it (the pages that list clusters say why)."""
+    try:
+        return names()
+    except ClusterConfigError:
+        return [DEFAULT]
+
+
 def get(cluster: "Cluster | str | None" = None) -> Cluster:
     """A cluster by name (None or "" is the default); a Cluster is returned as it is."""
     if isinstance(cluster, Cluster):
